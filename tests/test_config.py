@@ -1,0 +1,69 @@
+from pathlib import Path
+
+import pytest
+
+from transformer_mt.config import config_from_dict, load_config
+from transformer_mt.errors import ConfigError
+
+
+def problems_of(raw: dict) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(raw)
+    return info.value.problems
+
+
+def test_unknown_key_suggests_the_closest_name():
+    problems = problems_of({"data": {"path": "x"}, "trian": {}})
+    assert problems == ["trian: unknown key (did you mean 'train'?)"]
+
+
+def test_every_problem_is_listed_by_dotted_key():
+    problems = problems_of({"data": {"path": "x"}, "model": {"d_model": "big", "norm": "middle"},
+                            "train": {"lr": [1], "max_stpes": 10}})
+    keys = sorted(p.split(":")[0] for p in problems)
+    assert keys == ["model.d_model", "model.norm", "train.lr", "train.max_stpes"]
+    assert any("is not one of pre, post" in p for p in problems)
+    assert any("did you mean 'max_steps'" in p for p in problems)
+
+
+def test_heads_must_divide_model_width():
+    problems = problems_of({"data": {"path": "x"}, "model": {"d_model": 512, "n_heads": 6}})
+    assert problems == ["model.n_heads: 6 does not divide model.d_model=512"]
+
+
+def test_shared_embeddings_need_a_joint_vocabulary():
+    problems = problems_of({"data": {"path": "x"}, "tokenizer": {"joint": False}, "model": {"share_embeddings": True}})
+    assert [p.split(":")[0] for p in problems] == ["model.share_embeddings"]
+
+
+def test_overrides_are_parsed_as_yaml_and_paths_resolve_against_the_config(tmp_path: Path):
+    config_file = tmp_path / "sub" / "c.yaml"
+    config_file.parent.mkdir()
+    config_file.write_text("name: x\ndata:\n  path: ../corpus\ntrain:\n  lr: 0.1\n", encoding="utf-8")
+    cfg = load_config(config_file, ["train.lr=3e-4", "train.betas=[0.8, 0.9]", "model.norm=post",
+                                    "train.max_steps=1e3"])
+    assert cfg.train.lr == 3e-4
+    assert cfg.train.betas == (0.8, 0.9)
+    assert cfg.model.norm == "post"
+    assert cfg.train.max_steps == 1000 and isinstance(cfg.train.max_steps, int)
+    assert cfg.data.path == str((tmp_path / "corpus").resolve())
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path: Path):
+    config_file = tmp_path / "bad.yaml"
+    config_file.write_text("name: x\ndata:\n  path: [unclosed\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(config_file)
+    assert f"{config_file}:" in str(info.value) and "YAML syntax error" in str(info.value)
+
+
+def test_missing_config_file_is_named(tmp_path: Path):
+    with pytest.raises(ConfigError, match="nope.yaml: config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_demo_config_is_valid():
+    from tests.conftest import DEMO_CONFIG
+
+    cfg = load_config(DEMO_CONFIG)
+    assert Path(cfg.data.path, "train.en").is_file()

@@ -1,0 +1,114 @@
+"""Checkpoints on disk: atomic save, keep-last-k step files, `best.pt`, find the newest.
+
+A checkpoint is one dict of tensors and plain containers (loadable with `weights_only=True`)
+with fixed keys: model, optimizer, scheduler, scaler, train_state, sampler, rng, config,
+model_args, format_version.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from transformer_mt.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+REQUIRED_KEYS = ("model", "config", "model_args", "format_version")
+BEST_NAME = "best.pt"
+_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+
+
+def save_atomic(state: dict, path: Path) -> None:
+    """Write `state` to a temp file beside `path`, fsync it, then rename it over `path`.
+
+    A crash at any moment leaves either the old file or the new one, never a torn file.
+    """
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"{path}: could not write checkpoint ({err.strerror or err}); "
+                              "earlier checkpoints are intact") from None
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict:
+    """Load and sanity-check a checkpoint written by `save_atomic`."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # torch raises many types for truncated or foreign files
+        raise CheckpointError(f"{path}: cannot read checkpoint, it may be truncated or corrupt ({err})") from None
+    if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
+        raise CheckpointError(f"{path}: not a tmt checkpoint (missing keys)")
+    if state["format_version"] != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format version {state['format_version']} is not supported "
+                              f"by this tmt (expects {FORMAT_VERSION})")
+    return state
+
+
+class CheckpointDir:
+    """The `checkpoints/` folder of a run: `step_00001000.pt` files plus `best.pt`."""
+
+    def __init__(self, directory: Path, keep_last: int):
+        self.directory = directory
+        self.keep_last = keep_last
+
+    def step_path(self, step: int) -> Path:
+        return self.directory / f"step_{step:08d}.pt"
+
+    @property
+    def best_path(self) -> Path:
+        return self.directory / BEST_NAME
+
+    def steps(self) -> list[int]:
+        """Steps of the step checkpoints on disk, ascending."""
+        if not self.directory.is_dir():
+            return []
+        found = (_STEP_FILE.match(p.name) for p in self.directory.iterdir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def latest(self) -> Path | None:
+        """The step checkpoint with the highest step, or None."""
+        steps = self.steps()
+        return self.step_path(steps[-1]) if steps else None
+
+    def save(self, state: dict, step: int, *, keep_step: bool, is_best: bool) -> None:
+        """Write the step checkpoint and/or `best.pt`, then delete step files beyond `keep_last`."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if keep_step:
+            save_atomic(state, self.step_path(step))
+            logger.info("saved checkpoint %s", self.step_path(step))
+        if is_best:
+            if keep_step:
+                self._copy_atomic(self.step_path(step), self.best_path)
+            else:
+                save_atomic(state, self.best_path)
+            logger.info("new best checkpoint at step %d", step)
+        for old in self.steps()[: -self.keep_last]:
+            self.step_path(old).unlink(missing_ok=True)
+
+    def _copy_atomic(self, source: Path, target: Path) -> None:
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            try:
+                os.link(source, tmp)  # same bytes, no second write
+            except OSError:
+                shutil.copyfile(source, tmp)
+            os.replace(tmp, target)
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            raise CheckpointError(f"{target}: could not write checkpoint ({err.strerror or err})") from None

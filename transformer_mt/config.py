@@ -1,0 +1,396 @@
+"""Typed, validated configuration: one frozen dataclass per section, loaded from YAML.
+
+`load_config(path, overrides)` reads YAML, applies `--set a.b=value` overrides (values parsed
+as YAML), checks every key and type, and raises one `ConfigError` listing every problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from transformer_mt.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the parallel corpus comes from and how it is filtered."""
+
+    format: Literal["hub", "text", "tsv", "jsonl"] = "text"
+    """`hub`: a HuggingFace Hub dataset with a `translation` column; `text`: aligned files
+    `{split}.{lang}[.gz]`; `tsv`: `{split}.tsv` (source<TAB>target); `jsonl`: `{split}.jsonl`."""
+    path: str = ""
+    """Hub dataset name (e.g. `Helsinki-NLP/opus_books`) or a local directory; a relative
+    directory is resolved against the config file's directory."""
+    hub_config: str | None = None
+    """Hub dataset configuration name, e.g. `en-it`."""
+    revision: str | None = None
+    """Hub dataset revision (branch, tag or commit) to pin the data."""
+    src_lang: str = "en"
+    """Source language code, as in file suffixes and the `translation` column."""
+    tgt_lang: str = "it"
+    """Target language code."""
+    valid_size: int = 1000
+    """Pairs carved from train (seeded) when the dataset has no validation split."""
+    test_size: int = 1000
+    """Pairs carved from train (seeded) when the dataset has no test split."""
+    max_words: int = 128
+    """Training pairs with more whitespace-separated words on either side are dropped."""
+    max_length_ratio: float = 3.0
+    """Training pairs whose longer side has more than this many times the words of the
+    shorter side are dropped (likely misaligned)."""
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """BPE tokenizers trained on the training split (HuggingFace `tokenizers`)."""
+
+    vocab_size: int = 8000
+    """Vocabulary size per tokenizer, special tokens included."""
+    joint: bool = True
+    """One tokenizer for both languages (needed for `model.share_embeddings`), else one each."""
+    min_frequency: int = 2
+    """A merge must occur at least this often in the training split."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Encoder-decoder Transformer dimensions (defaults: Vaswani et al. 2017, base)."""
+
+    d_model: int = 512
+    """Width of embeddings and every sublayer output."""
+    n_heads: int = 8
+    """Attention heads; must divide `d_model`."""
+    n_layers: int = 6
+    """Layers in the encoder and in the decoder."""
+    d_ff: int = 2048
+    """Inner width of the position-wise feed-forward network."""
+    dropout: float = 0.1
+    """Dropout on embeddings, attention weights, sublayer outputs and the FFN."""
+    norm: Literal["pre", "post"] = "pre"
+    """`pre`: LayerNorm before each sublayer (stable without long warmup); `post`: the
+    original paper's LayerNorm after the residual sum."""
+    max_len: int = 256
+    """Longest sequence in tokens; longer inputs are truncated."""
+    share_embeddings: bool = True
+    """Share source and target embeddings (requires `tokenizer.joint`)."""
+    tie_output: bool = True
+    """Tie the output projection to the target embedding (Press & Wolf 2017)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation, validation and checkpointing."""
+
+    max_steps: int = 100_000
+    """Optimizer updates to run."""
+    batch_tokens: int = 4096
+    """Token budget per batch: batch size × padded length (the longer of source and target)."""
+    lr: float = 7e-4
+    """Peak learning rate, reached at the end of warmup."""
+    warmup_steps: int = 4000
+    """Linear warmup steps, then decay ∝ 1/sqrt(step)."""
+    label_smoothing: float = 0.1
+    """Label-smoothing ε (Vaswani et al. 2017 §5.4)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.98)
+    """AdamW β1, β2 (Vaswani et al. 2017 §5.3)."""
+    clip_grad_norm: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """`auto`: bf16 on GPUs that support it, else fp16 with a grad scaler on CUDA, fp32 elsewhere."""
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    """`auto` picks cuda, then mps, then cpu."""
+    log_every_steps: int = 100
+    """Steps between training-loss log lines and TensorBoard points."""
+    eval_every_steps: int = 1000
+    """Steps between validations (loss, perplexity, greedy BLEU and chrF)."""
+    eval_max_sentences: int = 500
+    """Validation sentences decoded for BLEU (a fixed seeded subset); 0 decodes all."""
+    n_examples: int = 3
+    """Example translations logged at each validation."""
+    save_every_steps: int = 1000
+    """Steps between checkpoints (one is always written at the end)."""
+    keep_last: int = 3
+    """Step checkpoints kept on disk; `best.pt` is kept in addition."""
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Greedy decoding for validation and `tmt translate`."""
+
+    max_len_a: float = 1.5
+    """Generated length is capped at `max_len_a * source_length + max_len_b` tokens."""
+    max_len_b: int = 10
+    """See `max_len_a`."""
+    batch_size: int = 64
+    """Sentences decoded together."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole training run."""
+
+    name: str = "run"
+    """Run name; the run directory defaults to `runs/<name>`."""
+    seed: int = 1
+    """Seeds data splits, batching order, initialisation and dropout."""
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML config file, apply `a.b=value` overrides, and validate it.
+
+    Relative local data paths are resolved against the config file's directory.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError([f"{path}: config file not found"])
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(err, "problem", None) or str(err)
+        raise ConfigError([f"{where}: YAML syntax error: {problem}"]) from None
+    except UnicodeDecodeError as err:
+        raise ConfigError([f"{path}: not valid UTF-8 ({err.reason})"]) from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError([f"{path}: the top level must be a mapping of sections, not {type(raw).__name__}"])
+    cfg = config_from_dict(apply_overrides(raw, overrides))
+    return resolve_paths(cfg, path.parent)
+
+
+def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
+    """Return a copy of `raw` with each `a.b.c=value` set; values are parsed as YAML."""
+    raw = _deep_copy(raw)
+    problems = []
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            problems.append(f"--set {item!r}: expected KEY=VALUE, e.g. train.lr=3e-4")
+            continue
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        node = raw
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[parts[-1]] = value
+    if problems:
+        raise ConfigError(problems)
+    return raw
+
+
+def config_from_dict(raw: dict) -> Config:
+    """Build and validate a `Config`; raise one `ConfigError` listing every problem."""
+    problems: list[str] = []
+    cfg = _build(Config, raw, "", problems)
+    if not problems:
+        problems.extend(_check_values(cfg))
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def config_to_dict(cfg: Config) -> dict:
+    """Plain nested dict of the config (tuples as lists), ready for YAML or a checkpoint."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value
+
+    return {
+        f.name: ({k: plain(v) for k, v in dataclasses.asdict(getattr(cfg, f.name)).items()}
+                 if dataclasses.is_dataclass(getattr(cfg, f.name)) else getattr(cfg, f.name))
+        for f in dataclasses.fields(cfg)
+    }
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    """Write the resolved config as YAML (the run directory's `config.yaml`)."""
+    path.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True), encoding="utf-8")
+
+
+def resolve_paths(cfg: Config, base_dir: Path) -> Config:
+    """Make a relative local `data.path` absolute, relative to `base_dir`."""
+    if cfg.data.format == "hub" or not cfg.data.path:
+        return cfg
+    data_path = Path(cfg.data.path).expanduser()
+    if not data_path.is_absolute():
+        data_path = (base_dir / data_path).resolve()
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(data_path)))
+
+
+def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
+    """Instantiate dataclass `cls` from `raw`, appending problems instead of raising."""
+    label = prefix.rstrip(".") or "config"
+    if not isinstance(raw, dict):
+        problems.append(f"{label}: expected a mapping, got {_show(raw)}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for key in raw:
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else f" (valid keys: {', '.join(names)})"
+            problems.append(f"{prefix}{key}: unknown key{hint}")
+    values = {}
+    for name in names:
+        if name not in raw:
+            continue
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            values[name] = _build(hint, raw[name], f"{prefix}{name}.", problems)
+        else:
+            value, problem = _coerce(raw[name], hint)
+            if problem:
+                problems.append(f"{prefix}{name}: {problem}")
+            else:
+                values[name] = value
+    return cls(**values)
+
+
+def _coerce(value: Any, hint: Any) -> tuple[Any, str | None]:
+    """Check `value` against a type hint; return (converted value, problem or None)."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is Literal:
+        if value in args:
+            return value, None
+        return None, f"{_show(value)} is not one of {', '.join(map(str, args))}"
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None, None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0])
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            return None, f"expected a list of {len(args)} numbers, got {_show(value)}"
+        items = []
+        for item, item_hint in zip(value, args):
+            converted, problem = _coerce(item, item_hint)
+            if problem:
+                return None, problem
+            items.append(converted)
+        return tuple(items), None
+    if hint is bool:
+        return (value, None) if isinstance(value, bool) else (None, f"expected true or false, got {_show(value)}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value, None
+        if isinstance(value, str):  # YAML 1.1 reads `1e5` (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, float) and value.is_integer():
+            return int(value), None  # allows 1e5 for step counts
+        return None, f"expected an integer, got {_show(value)}"
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value), None
+        if isinstance(value, str):  # YAML 1.1 reads `3e-4` (no dot) as a string
+            try:
+                return float(value), None
+            except ValueError:
+                pass
+        return None, f"expected a number, got {_show(value)}"
+    if hint is str:
+        return (value, None) if isinstance(value, str) else (None, f"expected a string, got {_show(value)}")
+    raise TypeError(f"unsupported config type {hint}")  # a programming error, not a user one
+
+
+def _check_values(cfg: Config) -> list[str]:
+    """Cross-field and range checks on an otherwise well-typed config."""
+    p: list[str] = []
+    d, tok, m, t, dec = cfg.data, cfg.tokenizer, cfg.model, cfg.train, cfg.decode
+    if not cfg.name or "/" in cfg.name or cfg.name in (".", ".."):
+        p.append(f"name: {cfg.name!r} must be a non-empty directory name without '/'")
+    if not d.path:
+        p.append("data.path: must name a hub dataset or a local directory")
+    if d.src_lang == d.tgt_lang:
+        p.append(f"data.tgt_lang: must differ from data.src_lang ({d.src_lang!r})")
+    for key, value in [("data.valid_size", d.valid_size), ("data.test_size", d.test_size)]:
+        if value < 1:
+            p.append(f"{key}: must be at least 1, got {value}")
+    if d.max_words < 1:
+        p.append(f"data.max_words: must be at least 1, got {d.max_words}")
+    if d.max_length_ratio < 1:
+        p.append(f"data.max_length_ratio: must be at least 1, got {d.max_length_ratio}")
+    n_special = 4
+    if tok.vocab_size <= n_special:
+        p.append(f"tokenizer.vocab_size: {tok.vocab_size} leaves no room beyond the {n_special} special tokens")
+    if tok.min_frequency < 1:
+        p.append(f"tokenizer.min_frequency: must be at least 1, got {tok.min_frequency}")
+    for key, value in [("model.d_model", m.d_model), ("model.n_heads", m.n_heads), ("model.n_layers", m.n_layers),
+                       ("model.d_ff", m.d_ff), ("model.max_len", m.max_len)]:
+        if value < 1:
+            p.append(f"{key}: must be at least 1, got {value}")
+    if m.n_heads >= 1 and m.d_model % m.n_heads:
+        p.append(f"model.n_heads: {m.n_heads} does not divide model.d_model={m.d_model}")
+    if m.max_len < 2:
+        p.append(f"model.max_len: must be at least 2 (a token and end-of-sentence), got {m.max_len}")
+    if not 0 <= m.dropout < 1:
+        p.append(f"model.dropout: must be in [0, 1), got {m.dropout}")
+    if m.share_embeddings and not tok.joint:
+        p.append("model.share_embeddings: true needs tokenizer.joint: true (one vocabulary for both sides)")
+    for key, value in [("train.max_steps", t.max_steps), ("train.eval_every_steps", t.eval_every_steps),
+                       ("train.save_every_steps", t.save_every_steps), ("train.log_every_steps", t.log_every_steps),
+                       ("train.keep_last", t.keep_last)]:
+        if value < 1:
+            p.append(f"{key}: must be at least 1, got {value}")
+    if t.batch_tokens < m.max_len:
+        p.append(f"train.batch_tokens: {t.batch_tokens} cannot hold one sequence of model.max_len={m.max_len} tokens")
+    if t.lr <= 0:
+        p.append(f"train.lr: must be positive, got {t.lr}")
+    if t.warmup_steps < 0:
+        p.append(f"train.warmup_steps: must be at least 0, got {t.warmup_steps}")
+    if not 0 <= t.label_smoothing < 1:
+        p.append(f"train.label_smoothing: must be in [0, 1), got {t.label_smoothing}")
+    if t.weight_decay < 0:
+        p.append(f"train.weight_decay: must be at least 0, got {t.weight_decay}")
+    if not all(0 <= b < 1 for b in t.betas):
+        p.append(f"train.betas: each must be in [0, 1), got {list(t.betas)}")
+    if t.clip_grad_norm < 0:
+        p.append(f"train.clip_grad_norm: must be at least 0 (0 disables), got {t.clip_grad_norm}")
+    if t.eval_max_sentences < 0:
+        p.append(f"train.eval_max_sentences: must be at least 0 (0 = all), got {t.eval_max_sentences}")
+    if t.n_examples < 0:
+        p.append(f"train.n_examples: must be at least 0, got {t.n_examples}")
+    if dec.max_len_a < 0 or dec.max_len_b < 0 or (dec.max_len_a == 0 and dec.max_len_b == 0):
+        p.append(f"decode.max_len_a/max_len_b: need a·S + b ≥ 1, got a={dec.max_len_a}, b={dec.max_len_b}")
+    if dec.batch_size < 1:
+        p.append(f"decode.batch_size: must be at least 1, got {dec.batch_size}")
+    return p
+
+
+def _show(value: Any) -> str:
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _deep_copy(raw: Any) -> Any:
+    if isinstance(raw, dict):
+        return {k: _deep_copy(v) for k, v in raw.items()}
+    if isinstance(raw, list):
+        return [_deep_copy(v) for v in raw]
+    return raw

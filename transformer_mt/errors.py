@@ -1,0 +1,33 @@
+"""User-facing errors: each carries the exit code the CLI returns for it.
+
+Library code raises these with a message that names the key, file or line at fault;
+`cli.py` prints the message (no traceback) and exits with `exit_code`.
+"""
+
+
+class TmtError(Exception):
+    """A failure the user can act on (missing file, bad data, no checkpoint); exit code 1."""
+
+    exit_code = 1
+
+
+class UsageError(TmtError):
+    """Bad command-line arguments or a run directory used the wrong way; exit code 2."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """One or more problems in the configuration, each prefixed by its dotted key; exit code 2."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("invalid configuration:\n" + "\n".join(f"  {p}" for p in self.problems))
+
+
+class DataError(TmtError):
+    """The corpus cannot be read or is unusable (missing file, misaligned lines, no pairs left)."""
+
+
+class CheckpointError(TmtError):
+    """A checkpoint or run directory is missing, corrupt or incompatible."""

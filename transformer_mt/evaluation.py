@@ -1,0 +1,59 @@
+"""Translate token-id sequences in batches and score hypotheses with sacreBLEU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sacrebleu
+import torch
+
+from transformer_mt.batching import pad_sequences
+from transformer_mt.config import DecodeConfig
+from transformer_mt.decoding import greedy_decode
+from transformer_mt.model import Transformer
+from transformer_mt.runtime import Precision
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Corpus-level sacreBLEU scores with the signatures needed to report them."""
+
+    bleu: float
+    chrf: float
+    bleu_signature: str
+    chrf_signature: str
+
+
+def score(hypotheses: list[str], references: list[str], tokenize: str = "13a") -> Scores:
+    """BLEU and chrF of detokenised hypotheses against one reference each (sacreBLEU defaults)."""
+    bleu = sacrebleu.metrics.BLEU(tokenize=tokenize)
+    chrf = sacrebleu.metrics.CHRF()
+    bleu_score = bleu.corpus_score(hypotheses, [references])
+    chrf_score = chrf.corpus_score(hypotheses, [references])
+    return Scores(bleu_score.score, chrf_score.score, str(bleu.get_signature()), str(chrf.get_signature()))
+
+
+def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: DecodeConfig, *,
+                  bos_id: int, eos_id: int, device: torch.device, precision: Precision) -> list[list[int]]:
+    """Greedy-translate source id lists (no special tokens) in length-sorted batches.
+
+    Sources longer than the model allows are truncated; results come back in input order.
+    """
+    keep = model.cfg.max_len - 1  # room for the EOS appended to every source
+    sources = [list(s[:keep]) + [eos_id] for s in src_seqs]
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    results: list[list[int]] = [[] for _ in sources]
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(order), decode_cfg.batch_size):
+            chunk = order[start:start + decode_cfg.batch_size]
+            src_ids = pad_sequences([sources[i] for i in chunk], model.pad_id).to(device)
+            with precision.autocast():
+                outputs = greedy_decode(model, src_ids, bos_id=bos_id, eos_id=eos_id,
+                                        max_len_a=decode_cfg.max_len_a, max_len_b=decode_cfg.max_len_b)
+            for i, ids in zip(chunk, outputs):
+                results[i] = ids
+    finally:
+        model.train(was_training)
+    return results

@@ -1,0 +1,122 @@
+"""BPE tokenizers (HuggingFace `tokenizers`): train, save, load; special tokens at fixed ids.
+
+Text is NFC-normalised and split SentencePiece-style: spaces become `▁` on the following
+word and punctuation is its own pre-token, so decoding restores the exact spacing
+("Dov'è il caffè?" round-trips; no space appears before punctuation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from transformer_mt.config import TokenizerConfig
+from transformer_mt.errors import CheckpointError
+
+PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
+SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)  # their position here is their id
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = range(4)
+
+JOINT_FILE = "tokenizer.json"
+SRC_FILE = "tokenizer.src.json"
+TGT_FILE = "tokenizer.tgt.json"
+
+
+@dataclass(frozen=True)
+class TokenizerPair:
+    """The source and target tokenizers (the same object when the vocabulary is joint)."""
+
+    src: Tokenizer
+    tgt: Tokenizer
+
+    @property
+    def joint(self) -> bool:
+        return self.src is self.tgt
+
+    def encode_src(self, lines: list[str]) -> list[list[int]]:
+        """Token ids of each source line, without special tokens."""
+        return [e.ids for e in self.src.encode_batch(lines, add_special_tokens=False)]
+
+    def encode_tgt(self, lines: list[str]) -> list[list[int]]:
+        """Token ids of each target line, without special tokens."""
+        return [e.ids for e in self.tgt.encode_batch(lines, add_special_tokens=False)]
+
+    def decode_tgt(self, ids: list[list[int]]) -> list[str]:
+        """Detokenised text for each id sequence; special tokens are dropped."""
+        return self.tgt.decode_batch(ids, skip_special_tokens=True)
+
+    def save(self, directory: Path) -> None:
+        """Write `tokenizer.json`, or `tokenizer.src.json` and `tokenizer.tgt.json`."""
+        if self.joint:
+            self.src.save(str(directory / JOINT_FILE))
+        else:
+            self.src.save(str(directory / SRC_FILE))
+            self.tgt.save(str(directory / TGT_FILE))
+
+    @classmethod
+    def load(cls, directory: Path) -> TokenizerPair:
+        """Load the tokenizers saved in a run directory."""
+        if (directory / JOINT_FILE).is_file():
+            joint = _load_file(directory / JOINT_FILE)
+            return cls(joint, joint)
+        if (directory / SRC_FILE).is_file() and (directory / TGT_FILE).is_file():
+            return cls(_load_file(directory / SRC_FILE), _load_file(directory / TGT_FILE))
+        raise CheckpointError(
+            f"{directory}: no tokenizer files ({JOINT_FILE}, or {SRC_FILE} and {TGT_FILE}); "
+            "is this a tmt run directory?"
+        )
+
+    @classmethod
+    def exists_in(cls, directory: Path) -> bool:
+        return (directory / JOINT_FILE).is_file() or (directory / SRC_FILE).is_file()
+
+
+def train_tokenizers(cfg: TokenizerConfig, src_lines: list[str], tgt_lines: list[str]) -> TokenizerPair:
+    """Train BPE on the training split: one joint tokenizer, or one per language."""
+    if cfg.joint:
+        joint = _train_bpe(cfg, _chain(src_lines, tgt_lines), len(src_lines) + len(tgt_lines))
+        return TokenizerPair(joint, joint)
+    return TokenizerPair(_train_bpe(cfg, iter(src_lines), len(src_lines)),
+                         _train_bpe(cfg, iter(tgt_lines), len(tgt_lines)))
+
+
+def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int) -> Tokenizer:
+    tokenizer = Tokenizer(models.BPE(unk_token=UNK))
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always"),
+        pre_tokenizers.Punctuation(behavior="isolated"),
+    ])
+    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    trainer = trainers.BpeTrainer(
+        vocab_size=cfg.vocab_size,
+        min_frequency=cfg.min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(lines, trainer=trainer, length=n_lines)
+    _check_special_ids(tokenizer, "trained tokenizer")
+    return tokenizer
+
+
+def _load_file(path: Path) -> Tokenizer:
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as err:  # the tokenizers library raises a bare Exception on bad JSON
+        raise CheckpointError(f"{path}: cannot load tokenizer ({err})") from None
+    _check_special_ids(tokenizer, str(path))
+    return tokenizer
+
+
+def _check_special_ids(tokenizer: Tokenizer, where: str) -> None:
+    for expected_id, token in enumerate(SPECIAL_TOKENS):
+        if tokenizer.token_to_id(token) != expected_id:
+            raise CheckpointError(f"{where}: special token {token} does not have id {expected_id}")
+
+
+def _chain(*parts: Iterable[str]) -> Iterator[str]:
+    for part in parts:
+        yield from part

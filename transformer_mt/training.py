@@ -1,0 +1,356 @@
+"""`train(cfg, run_dir)`: build data, tokenizers and model, maybe resume, loop, validate, save."""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from transformer_mt import data as data_module
+from transformer_mt.batching import Batch, TokenBatchSampler, make_batch, sorted_batches
+from transformer_mt.checkpoint import FORMAT_VERSION, CheckpointDir, load_checkpoint
+from transformer_mt.config import Config, config_to_dict, save_config
+from transformer_mt.errors import CheckpointError, ConfigError, UsageError
+from transformer_mt.evaluation import score, translate_ids
+from transformer_mt.model import Transformer
+from transformer_mt.runtime import Precision, load_rng_state, pick_device, pick_precision, rng_state, seed_everything
+from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
+
+logger = logging.getLogger(__name__)
+
+# Sections that define what a checkpoint's weights mean; they may not change on resume.
+FROZEN_ON_RESUME = ("seed", "data", "tokenizer", "model")
+
+
+@dataclass
+class TrainState:
+    """Progress counters that a checkpoint must carry besides the tensors."""
+
+    step: int = 0
+    best_bleu: float = -1.0
+    tgt_tokens_seen: int = 0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "best_bleu": self.best_bleu, "tgt_tokens_seen": self.tgt_tokens_seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+        self.best_bleu = float(state["best_bleu"])
+        self.tgt_tokens_seen = int(state["tgt_tokens_seen"])
+
+
+@dataclass(frozen=True)
+class EncodedSplit:
+    """One split as text and as token ids (no special tokens, truncated to fit the model)."""
+
+    src_text: list[str]
+    tgt_text: list[str]
+    src_ids: list[list[int]]
+    tgt_ids: list[list[int]]
+
+    def lengths(self) -> list[int]:
+        """Padded length of each example in a batch: the longer side plus its EOS/BOS."""
+        return [max(len(s), len(t)) + 1 for s, t in zip(self.src_ids, self.tgt_ids)]
+
+    def batch(self, indices: list[int]) -> Batch:
+        return make_batch([self.src_ids[i] for i in indices], [self.tgt_ids[i] for i in indices],
+                          PAD_ID, BOS_ID, EOS_ID)
+
+
+def lr_at(step: int, peak_lr: float, warmup_steps: int) -> float:
+    """Inverse-square-root schedule: linear warmup to `peak_lr`, then ∝ 1/sqrt(step).
+
+    Equal to Vaswani et al. §5.3 with the peak set directly; `step` counts from 1.
+    """
+    warmup = max(warmup_steps, 1)
+    return peak_lr * min(step / warmup, math.sqrt(warmup / step))
+
+
+def label_smoothed_loss(logits: torch.Tensor, target_ids: torch.Tensor, pad_id: int, epsilon: float) -> torch.Tensor:
+    """Summed label-smoothed cross-entropy over non-pad targets (fp32), to be divided by token count.
+
+    logits (B, T, V), target_ids (B, T) -> scalar. PyTorch spreads ε uniformly over all V
+    classes (the gold one included): loss = (1-ε)·NLL + ε·mean_v(-log p_v).
+    """
+    return F.cross_entropy(logits.float().flatten(0, 1), target_ids.flatten(), ignore_index=pad_id,
+                           label_smoothing=epsilon, reduction="sum")
+
+
+def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
+    """Create the run directory, refusing to clobber an existing run unless asked to."""
+    if resume and overwrite:
+        raise UsageError("--resume and --overwrite contradict each other; pick one")
+    has_content = run_dir.is_dir() and any(run_dir.iterdir())
+    if resume:
+        if CheckpointDir(run_dir / "checkpoints", 1).latest() is None:
+            raise CheckpointError(f"{run_dir}: no checkpoint to resume from (start without --resume)")
+        return
+    if has_content and not overwrite:
+        raise UsageError(f"{run_dir} is not empty: use --resume to continue that run, "
+                         "--overwrite to start over, or --run-dir to train elsewhere")
+    if has_content:
+        if not (run_dir / "config.yaml").is_file():
+            raise UsageError(f"{run_dir} does not look like a tmt run (no config.yaml); "
+                             "refusing to delete it with --overwrite")
+        shutil.rmtree(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"{run_dir} exists and is not a directory")
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def prepare_data(cfg: Config, run_dir: Path) -> tuple[TokenizerPair, EncodedSplit, EncodedSplit]:
+    """Load the corpus, train (or reuse) the tokenizers, and encode the train and valid splits."""
+    corpus = data_module.load_corpus(cfg.data, cfg.seed, run_dir)
+    if TokenizerPair.exists_in(run_dir):
+        tokenizers = TokenizerPair.load(run_dir)
+        logger.info("reusing the tokenizers in %s", run_dir)
+    else:
+        started = time.perf_counter()
+        tokenizers = train_tokenizers(cfg.tokenizer, corpus.train["src"], corpus.train["tgt"])
+        tokenizers.save(run_dir)
+        logger.info("trained BPE tokenizers (vocabulary %d%s) in %.1fs", tokenizers.src.get_vocab_size(),
+                    ", joint" if tokenizers.joint else "", time.perf_counter() - started)
+    keep = cfg.model.max_len - 1  # room for EOS (source, target output) or BOS (target input)
+
+    def encode(split) -> EncodedSplit:
+        src, tgt = split["src"], split["tgt"]
+        return EncodedSplit(src, tgt, [ids[:keep] for ids in tokenizers.encode_src(src)],
+                            [ids[:keep] for ids in tokenizers.encode_tgt(tgt)])
+
+    return tokenizers, encode(corpus.train), encode(corpus.valid)
+
+
+def build_model(cfg: Config, tokenizers: TokenizerPair) -> Transformer:
+    return Transformer(cfg.model, tokenizers.src.get_vocab_size(), tokenizers.tgt.get_vocab_size(), PAD_ID)
+
+
+class Trainer:
+    """Holds everything one training run mutates, so each phase is a short named method."""
+
+    def __init__(self, cfg: Config, run_dir: Path, *, progress: bool = True):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.progress = progress
+        self.device = pick_device(cfg.train.device)
+        self.precision: Precision = pick_precision(cfg.train.precision, self.device)
+        seed_everything(cfg.seed)
+        self.tokenizers, self.train_data, self.valid_data = prepare_data(cfg, run_dir)
+        self.model = build_model(cfg, self.tokenizers).to(self.device)
+        t = cfg.train
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=t.betas, eps=1e-9,
+                                           weight_decay=t.weight_decay, fused=self.device.type == "cuda")
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda done: lr_at(done + 1, t.lr, t.warmup_steps) / t.lr)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_grad_scaler)
+        self.sampler = TokenBatchSampler(self.train_data.lengths(), t.batch_tokens, cfg.seed)
+        self.state = TrainState()
+        self.checkpoints = CheckpointDir(run_dir / "checkpoints", t.keep_last)
+        self.valid_subset = self._pick_valid_subset()
+
+    # --- checkpoints -------------------------------------------------------------------
+    def checkpoint_state(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "train_state": self.state.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(),
+            "config": config_to_dict(self.cfg),
+            "model_args": {"src_vocab_size": self.tokenizers.src.get_vocab_size(),
+                           "tgt_vocab_size": self.tokenizers.tgt.get_vocab_size(), "pad_id": PAD_ID},
+            "format_version": FORMAT_VERSION,
+        }
+
+    def resume(self) -> None:
+        """Load the newest step checkpoint into every stateful piece."""
+        path = self.checkpoints.latest()
+        if path is None:
+            raise CheckpointError(f"{self.run_dir}: no checkpoint to resume from")
+        ckpt = load_checkpoint(path, map_location=self.device)
+        _check_resume_config(ckpt["config"], config_to_dict(self.cfg), path)
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.scaler.load_state_dict(ckpt["scaler"])
+        self.state.load_state_dict(ckpt["train_state"])
+        self.sampler.load_state_dict(ckpt["sampler"])
+        load_rng_state({k: _to_cpu(v) for k, v in ckpt["rng"].items()})
+        logger.info("resuming from %s: step %d, epoch %d, batch %d of that epoch", path, self.state.step,
+                    self.sampler.epoch + 1, self.sampler.position)
+
+    def save(self, *, keep_step: bool, is_best: bool) -> None:
+        self.checkpoints.save(self.checkpoint_state(), self.state.step, keep_step=keep_step, is_best=is_best)
+
+    # --- one optimisation step ---------------------------------------------------------
+    def train_step(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward, backward, clip, update. Returns (loss per target token, grad norm) as tensors."""
+        self.model.train()
+        with self.precision.autocast():
+            logits = self.model(batch.src_ids, batch.tgt_in_ids)  # (B, T, V)
+        loss = label_smoothed_loss(logits, batch.tgt_out_ids, PAD_ID, self.cfg.train.label_smoothing)
+        loss = loss / batch.n_tgt_tokens  # normalise per target token, not per sentence
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)
+        max_norm = self.cfg.train.clip_grad_norm or float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        return loss.detach(), grad_norm.detach()
+
+    # --- validation --------------------------------------------------------------------
+    def _pick_valid_subset(self) -> list[int]:
+        n = len(self.valid_data.src_ids)
+        limit = self.cfg.train.eval_max_sentences
+        if limit == 0 or limit >= n:
+            return list(range(n))
+        gen = torch.Generator().manual_seed(self.cfg.seed)
+        return sorted(torch.randperm(n, generator=gen)[:limit].tolist())
+
+    @torch.no_grad()
+    def validation_loss(self) -> float:
+        """Mean per-token negative log-likelihood (no smoothing) over the whole validation split."""
+        self.model.eval()
+        total, tokens = torch.zeros((), device=self.device), 0
+        for indices in sorted_batches(self.valid_data.lengths(), self.cfg.train.batch_tokens):
+            batch = self.valid_data.batch(indices).to(self.device)
+            with self.precision.autocast():
+                logits = self.model(batch.src_ids, batch.tgt_in_ids)
+            total += label_smoothed_loss(logits, batch.tgt_out_ids, PAD_ID, 0.0)
+            tokens += batch.n_tgt_tokens
+        return total.item() / tokens
+
+    def validate(self, writer: SummaryWriter) -> float:
+        """Loss, perplexity, greedy BLEU/chrF on the fixed subset; logs examples. Returns BLEU."""
+        started = time.perf_counter()
+        loss = self.validation_loss()
+        sources = [self.valid_data.src_ids[i] for i in self.valid_subset]
+        hyp_ids = translate_ids(self.model, sources, self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID,
+                                device=self.device, precision=self.precision)
+        hypotheses = self.tokenizers.decode_tgt(hyp_ids)
+        references = [self.valid_data.tgt_text[i] for i in self.valid_subset]
+        scores = score(hypotheses, references)
+        step = self.state.step
+        hyp_dir = self.run_dir / "validation"
+        hyp_dir.mkdir(exist_ok=True)
+        (hyp_dir / f"step_{step:08d}.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+        ppl = math.exp(min(loss, 100.0))
+        writer.add_scalar("valid/loss", loss, step)
+        writer.add_scalar("valid/perplexity", ppl, step)
+        writer.add_scalar("valid/bleu", scores.bleu, step)
+        writer.add_scalar("valid/chrf", scores.chrf, step)
+        examples = []
+        for i in range(min(self.cfg.train.n_examples, len(hypotheses))):
+            src = self.valid_data.src_text[self.valid_subset[i]]
+            examples.append(f"source: {src}\nreference: {references[i]}\nhypothesis: {hypotheses[i]}")
+            logger.info("example %d\n  source:     %s\n  reference:  %s\n  hypothesis: %s",
+                        i + 1, src, references[i], hypotheses[i])
+        if examples:
+            writer.add_text("valid/examples", "\n\n".join(f"    {e}".replace("\n", "\n    ") for e in examples), step)
+        logger.info("validation at step %d: loss %.3f, ppl %.2f, BLEU %.2f, chrF %.2f (%d sentences, %.1fs) [%s]",
+                    step, loss, ppl, scores.bleu, scores.chrf, len(hypotheses), time.perf_counter() - started,
+                    scores.bleu_signature)
+        return scores.bleu
+
+    # --- the loop ----------------------------------------------------------------------
+    def run(self) -> TrainState:
+        t = self.cfg.train
+        logger.info("device %s, precision %s, %d parameters, %d training pairs", self.device,
+                    self.precision.name, self.model.num_parameters(), len(self.train_data.src_ids))
+        writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.state.step + 1)
+        bar = tqdm(total=t.max_steps, initial=self.state.step, desc="train", unit="step",
+                   disable=not self.progress, file=sys.stderr, dynamic_ncols=True)
+        batches = iter(self.sampler)
+        loss_sum = torch.zeros((), device=self.device)  # summed on device: no host sync per step
+        interval_steps, interval_tokens, interval_start = 0, 0, time.perf_counter()
+        try:
+            while self.state.step < t.max_steps:
+                batch = self.train_data.batch(next(batches)).to(self.device)
+                loss, grad_norm = self.train_step(batch)
+                self.state.step += 1
+                self.state.tgt_tokens_seen += batch.n_tgt_tokens
+                loss_sum += loss
+                interval_steps += 1
+                interval_tokens += batch.n_tgt_tokens
+                bar.update(1)
+                step = self.state.step
+                if step % t.log_every_steps == 0 or step == t.max_steps:
+                    elapsed = time.perf_counter() - interval_start
+                    mean_loss = loss_sum.item() / interval_steps
+                    lr = self.scheduler.get_last_lr()[0]
+                    tokens_per_s = interval_tokens / max(elapsed, 1e-9)
+                    writer.add_scalar("train/loss", mean_loss, step)
+                    writer.add_scalar("train/grad_norm", grad_norm.item(), step)
+                    writer.add_scalar("lr", lr, step)
+                    writer.add_scalar("perf/tgt_tokens_per_s", tokens_per_s, step)
+                    bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}")
+                    logger.info("step %d: loss %.4f, lr %.3e, grad norm %.3f, %.0f target tokens/s",
+                                step, mean_loss, lr, grad_norm.item(), tokens_per_s)
+                    loss_sum.zero_()
+                    interval_steps, interval_tokens, interval_start = 0, 0, time.perf_counter()
+                is_last = step == t.max_steps
+                is_best = False
+                if step % t.eval_every_steps == 0 or is_last:
+                    bleu = self.validate(writer)
+                    is_best = bleu > self.state.best_bleu
+                    if is_best:
+                        self.state.best_bleu = bleu
+                    interval_start = time.perf_counter()  # validation time is not training time
+                keep_step = step % t.save_every_steps == 0 or is_last
+                if keep_step or is_best:
+                    self.save(keep_step=keep_step, is_best=is_best)
+        finally:
+            bar.close()
+            writer.close()
+        return self.state
+
+
+def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = True) -> TrainState:
+    """Train (or resume) the run in `run_dir`, which `prepare_run_dir` has set up."""
+    if not resume:
+        save_config(cfg, run_dir / "config.yaml")
+    trainer = Trainer(cfg, run_dir, progress=progress)
+    if resume:
+        trainer.resume()
+        save_config(cfg, run_dir / "config.yaml")  # training-only settings may have changed
+        if trainer.state.step >= cfg.train.max_steps:
+            logger.info("the run is already at step %d of train.max_steps=%d; raise it to train further",
+                        trainer.state.step, cfg.train.max_steps)
+            return trainer.state
+    return trainer.run()
+
+
+def _check_resume_config(saved: dict, current: dict, path: Path) -> None:
+    """Refuse to resume when anything that defines the model, vocabulary or data changed."""
+    problems = []
+    for section in FROZEN_ON_RESUME:
+        before, after = saved.get(section), current.get(section)
+        if isinstance(before, dict) and isinstance(after, dict):
+            for key in sorted(set(before) | set(after)):
+                if before.get(key) != after.get(key):
+                    problems.append(f"{section}.{key}: {before.get(key)!r} in {path.name}, now {after.get(key)!r}")
+        elif before != after:
+            problems.append(f"{section}: {before!r} in {path.name}, now {after!r}")
+    if problems:
+        raise ConfigError(["cannot resume: these settings differ from the checkpoint "
+                           "(only train.* and decode.* may change)"] + problems)
+
+
+def _to_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, (list, tuple)):
+        return [v.cpu() for v in value]
+    return value

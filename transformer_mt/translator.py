@@ -1,0 +1,90 @@
+"""`Translator.from_run(path).translate(lines)`: greedy translation with a trained run."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from transformer_mt.checkpoint import CheckpointDir, load_checkpoint
+from transformer_mt.config import Config, DecodeConfig, config_from_dict
+from transformer_mt.errors import CheckpointError, ConfigError
+from transformer_mt.evaluation import translate_ids
+from transformer_mt.model import Transformer
+from transformer_mt.runtime import Precision, pick_device, pick_precision
+from transformer_mt.tokenization import BOS_ID, EOS_ID, TokenizerPair
+
+logger = logging.getLogger(__name__)
+
+
+class Translator:
+    """A trained model with its tokenizers, ready to translate raw sentences."""
+
+    def __init__(self, model: Transformer, tokenizers: TokenizerPair, decode_cfg: DecodeConfig,
+                 device: torch.device, precision: Precision):
+        self.model = model.eval()
+        self.tokenizers = tokenizers
+        self.decode_cfg = decode_cfg
+        self.device = device
+        self.precision = precision
+
+    @classmethod
+    def from_run(cls, run_dir: Path, checkpoint: Path | None = None, device: str = "auto") -> Translator:
+        """Load a run directory: `best.pt` (else the newest step checkpoint) or `checkpoint`."""
+        if checkpoint is None:
+            checkpoint = find_checkpoint(run_dir)
+        state = load_checkpoint(checkpoint)
+        try:
+            cfg: Config = config_from_dict(state["config"])
+        except ConfigError as err:
+            raise CheckpointError(f"{checkpoint}: the config stored in the checkpoint is invalid ({err})") from None
+        tokenizers = TokenizerPair.load(run_dir)
+        args = state["model_args"]
+        if tokenizers.src.get_vocab_size() != args["src_vocab_size"] or \
+                tokenizers.tgt.get_vocab_size() != args["tgt_vocab_size"]:
+            raise CheckpointError(f"{run_dir}: the tokenizer files do not match the checkpoint's vocabulary sizes")
+        model = Transformer(cfg.model, args["src_vocab_size"], args["tgt_vocab_size"], args["pad_id"])
+        model.load_state_dict(state["model"])
+        torch_device = pick_device(device)
+        logger.info("loaded %s (step %d) on %s", checkpoint, state.get("train_state", {}).get("step", -1), torch_device)
+        return cls(model.to(torch_device), tokenizers, cfg.decode, torch_device,
+                   pick_precision(cfg.train.precision, torch_device))
+
+    def translate(self, lines: list[str]) -> list[str]:
+        """Translate each line; an empty line gives an empty line."""
+        texts = [line.strip() for line in lines]
+        src_ids = self.tokenizers.encode_src(texts)
+        too_long = sum(len(ids) >= self.model.cfg.max_len for ids in src_ids)
+        if too_long:
+            logger.warning("%d input(s) longer than model.max_len=%d tokens were truncated",
+                           too_long, self.model.cfg.max_len)
+        hyp_ids = translate_ids(self.model, src_ids, self.decode_cfg, bos_id=BOS_ID, eos_id=EOS_ID,
+                                device=self.device, precision=self.precision)
+        hypotheses = self.tokenizers.decode_tgt(hyp_ids)
+        return [hyp if text else "" for text, hyp in zip(texts, hypotheses)]
+
+
+def find_checkpoint(run_dir: Path) -> Path:
+    """`best.pt` if the run has one, else its newest step checkpoint."""
+    checkpoints = CheckpointDir(run_dir / "checkpoints", keep_last=1)
+    if checkpoints.best_path.is_file():
+        return checkpoints.best_path
+    latest = checkpoints.latest()
+    if latest is None:
+        raise CheckpointError(f"{run_dir}: no checkpoint found in {run_dir / 'checkpoints'}")
+    return latest
+
+
+def latest_run(runs_dir: Path) -> Path:
+    """The run under `runs_dir` whose checkpoints were written most recently."""
+    candidates = []
+    if runs_dir.is_dir():
+        for run in runs_dir.iterdir():
+            files = list((run / "checkpoints").glob("*.pt")) if run.is_dir() else []
+            if files:
+                candidates.append((max(f.stat().st_mtime for f in files), run))
+    if not candidates:
+        raise CheckpointError(f"no trained run found under {runs_dir} (train one with `tmt train`, "
+                              "or pass --run DIR)")
+    return max(candidates)[1]

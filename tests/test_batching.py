@@ -1,0 +1,43 @@
+import torch
+
+from transformer_mt.batching import TokenBatchSampler, make_batch, sorted_batches
+
+
+def test_make_batch_appends_eos_and_shifts_the_target():
+    batch = make_batch([[5, 6], [7]], [[8], [9, 10, 11]], pad_id=0, bos_id=2, eos_id=3)
+    assert batch.src_ids.tolist() == [[5, 6, 3], [7, 3, 0]]
+    assert batch.tgt_in_ids.tolist() == [[2, 8, 0, 0], [2, 9, 10, 11]]
+    assert batch.tgt_out_ids.tolist() == [[8, 3, 0, 0], [9, 10, 11, 3]]
+    assert (batch.n_src_tokens, batch.n_tgt_tokens) == (5, 6)  # 3 + 2 source; 2 + 4 target
+
+
+def test_every_epoch_covers_each_example_once_within_the_token_budget():
+    lengths = torch.randint(1, 40, (500,), generator=torch.Generator().manual_seed(0)).tolist()
+    sampler = TokenBatchSampler(lengths, batch_tokens=200, seed=7)
+    for epoch in range(2):
+        batches = sampler.epoch_batches(epoch)
+        assert sorted(i for b in batches for i in b) == list(range(500))
+        assert all(len(b) * max(lengths[i] for i in b) <= 200 for b in batches)
+    assert sampler.epoch_batches(0) != sampler.epoch_batches(1)  # reshuffled each epoch
+
+
+def test_sampler_resumes_mid_epoch_with_the_same_batches():
+    lengths = [3, 9, 4, 4, 8, 1, 7, 2, 6, 5] * 5
+    first = TokenBatchSampler(lengths, batch_tokens=30, seed=1)
+    stream = iter(first)
+    n_per_epoch = len(first.epoch_batches(0))
+    for _ in range(n_per_epoch + 2):  # into the second epoch
+        next(stream)
+    state = first.state_dict()
+    assert state == {"epoch": 1, "position": 2}
+    expected = [next(stream) for _ in range(n_per_epoch)]
+
+    resumed = TokenBatchSampler(lengths, batch_tokens=30, seed=1)
+    resumed.load_state_dict(state)
+    assert [b for b, _ in zip(iter(resumed), range(n_per_epoch))] == expected
+
+
+def test_evaluation_batches_are_sorted_and_complete():
+    lengths = [5, 1, 9, 3]
+    batches = sorted_batches(lengths, batch_tokens=10)
+    assert [i for b in batches for i in b] == [1, 3, 0, 2]

@@ -1,0 +1,37 @@
+from pathlib import Path
+
+from transformer_mt.config import TokenizerConfig
+from transformer_mt.tokenization import BOS, EOS, PAD, UNK, TokenizerPair, train_tokenizers
+
+SRC = ["Where is the coffee?", "The city is beautiful, isn't it?", "I have 3 brothers."] * 5
+TGT = ["Dov'è il caffè?", "La città è bella, vero?", "Ho 3 fratelli. Perché più così?"] * 5
+
+
+def test_accented_text_round_trips_exactly():
+    pair = train_tokenizers(TokenizerConfig(vocab_size=150, min_frequency=1), SRC, TGT)
+    assert pair.decode_tgt(pair.encode_tgt(TGT[:3])) == TGT[:3]
+    assert pair.decode_tgt(pair.encode_tgt(SRC[:3])) == SRC[:3]  # joint: one vocabulary
+
+
+def test_punctuation_is_split_but_detokenised_without_spaces():
+    pair = train_tokenizers(TokenizerConfig(vocab_size=150, min_frequency=1), SRC, TGT)
+    tokens = pair.tgt.encode("Dov'è il caffè?", add_special_tokens=False).tokens
+    assert "?" in tokens  # punctuation is its own token...
+    assert pair.decode_tgt([pair.tgt.encode("Dov'è il caffè?", add_special_tokens=False).ids]) == ["Dov'è il caffè?"]
+
+
+def test_special_tokens_have_fixed_ids_and_are_dropped_when_decoding():
+    pair = train_tokenizers(TokenizerConfig(vocab_size=150, min_frequency=1, joint=False), SRC, TGT)
+    for tokenizer in (pair.src, pair.tgt):
+        assert [tokenizer.token_to_id(t) for t in (PAD, UNK, BOS, EOS)] == [0, 1, 2, 3]
+    ids = pair.encode_tgt(["La città è bella, vero?"])[0]
+    assert pair.decode_tgt([[2] + ids + [3, 0, 0]]) == ["La città è bella, vero?"]
+
+
+def test_separate_tokenizers_save_and_load(tmp_path: Path):
+    pair = train_tokenizers(TokenizerConfig(vocab_size=150, min_frequency=1, joint=False), SRC, TGT)
+    pair.save(tmp_path)
+    loaded = TokenizerPair.load(tmp_path)
+    assert not loaded.joint
+    assert loaded.encode_src(SRC[:2]) == pair.encode_src(SRC[:2])
+    assert loaded.encode_tgt(TGT[:2]) == pair.encode_tgt(TGT[:2])

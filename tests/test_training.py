@@ -1,0 +1,79 @@
+import math
+from pathlib import Path
+
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from tests.conftest import TINY_PAIRS, tiny_config, write_corpus
+from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.training import label_smoothed_loss, lr_at, prepare_run_dir, train
+
+
+def test_label_smoothed_loss_matches_a_hand_computation():
+    # logits = log(1, 1, 2, 4) -> p = (1/8, 1/8, 2/8, 4/8). Gold class 3: -log p = log 2.
+    # Mean over the 4 classes of -log p = (3 + 3 + 2 + 1)/4 · log 2 = 2.25 log 2.
+    # With ε = 0.1: 0.9 · log 2 + 0.1 · 2.25 log 2 = 1.125 log 2. The second target is pad: ignored.
+    logits = torch.log(torch.tensor([[[1.0, 1.0, 2.0, 4.0], [5.0, 1.0, 1.0, 1.0]]]))  # (1, 2, 4)
+    targets = torch.tensor([[3, 0]])
+    loss = label_smoothed_loss(logits, targets, pad_id=0, epsilon=0.1)
+    assert math.isclose(loss.item(), 1.125 * math.log(2), rel_tol=1e-6)
+
+
+def test_learning_rate_warms_up_linearly_then_decays_with_inverse_sqrt():
+    assert lr_at(1, 1.0, 4) == 0.25
+    assert lr_at(4, 1.0, 4) == 1.0  # the peak is train.lr, reached at the end of warmup
+    assert lr_at(16, 1.0, 4) == 0.5  # sqrt(4 / 16)
+
+
+def test_a_tiny_model_overfits_a_tiny_corpus(tmp_path: Path):
+    corpus = write_corpus(tmp_path / "corpus", {"train": TINY_PAIRS, "valid": TINY_PAIRS, "test": TINY_PAIRS[:2]})
+    cfg = tiny_config(corpus, tokenizer={"vocab_size": 120},
+                      model={"d_model": 32, "d_ff": 64, "dropout": 0.0},
+                      train={"max_steps": 250, "lr": 3e-3, "warmup_steps": 20, "batch_tokens": 200,
+                             "label_smoothing": 0.0, "eval_every_steps": 250, "save_every_steps": 250,
+                             "log_every_steps": 50})
+    prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
+    state = train(cfg, tmp_path / "run", progress=False)
+    assert state.best_bleu > 90
+
+
+def read_scalars(run_dir: Path, tag: str) -> dict[int, float]:
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    return {event.step: event.value for event in events.Scalars(tag)}
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_corpus: Path, tmp_path: Path):
+    # dropout 0.1 and several epochs over 12 pairs: resume must restore RNG and data position.
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 8, "eval_every_steps": 4, "save_every_steps": 4})
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    prepare_run_dir(straight, resume=False, overwrite=False)
+    train(cfg, straight, progress=False)
+
+    prepare_run_dir(interrupted, resume=False, overwrite=False)
+    train(tiny_config(tiny_corpus, train={"max_steps": 4, "eval_every_steps": 4, "save_every_steps": 4}),
+          interrupted, progress=False)
+    prepare_run_dir(interrupted, resume=True, overwrite=False)
+    state = train(cfg, interrupted, resume=True, progress=False)
+    assert state.step == 8
+
+    expected, resumed = read_scalars(straight, "train/loss"), read_scalars(interrupted, "train/loss")
+    assert sorted(resumed) == list(range(1, 9))
+    for step in range(5, 9):
+        assert abs(resumed[step] - expected[step]) < 1e-6, step
+    final_a = load_checkpoint(straight / "checkpoints" / "step_00000008.pt")
+    final_b = load_checkpoint(interrupted / "checkpoints" / "step_00000008.pt")
+    for name, tensor in final_a["model"].items():
+        assert torch.equal(tensor, final_b["model"][name]), name
+    assert final_a["sampler"] == final_b["sampler"]
+
+
+def test_only_the_last_checkpoints_and_the_best_are_kept(tiny_corpus: Path, tmp_path: Path):
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 8, "eval_every_steps": 2, "save_every_steps": 2,
+                                          "keep_last": 2})
+    prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
+    state = train(cfg, tmp_path / "run", progress=False)
+    names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert names == ["best.pt", "step_00000006.pt", "step_00000008.pt"]
+    best = load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")
+    assert best["train_state"]["best_bleu"] == state.best_bleu

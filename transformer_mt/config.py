@@ -125,7 +125,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Greedy decoding for validation and `tmt translate`."""
+    """Decoding for validation, `tmt translate` and `tmt evaluate`."""
 
     max_len_a: float = 1.5
     """Generated length is capped at `max_len_a * source_length + max_len_b` tokens."""
@@ -133,6 +133,12 @@ class DecodeConfig:
     """See `max_len_a`."""
     batch_size: int = 64
     """Sentences decoded together."""
+    beam_size: int = 1
+    """Beams per sentence for `tmt translate` and `tmt evaluate`; 1 is greedy decoding.
+    Validation during training always decodes greedily."""
+    length_penalty: float = 0.6
+    """GNMT length-penalty α for beam search: hypotheses are ranked by
+    log-prob / ((5 + length) / 6)^α; 0 ranks by raw log-prob (favours short outputs)."""
 
 
 @dataclass(frozen=True)
@@ -381,6 +387,10 @@ def _check_values(cfg: Config) -> list[str]:
         p.append(f"decode.max_len_a/max_len_b: need a·S + b ≥ 1, got a={dec.max_len_a}, b={dec.max_len_b}")
     if dec.batch_size < 1:
         p.append(f"decode.batch_size: must be at least 1, got {dec.batch_size}")
+    if dec.beam_size < 1:
+        p.append(f"decode.beam_size: must be at least 1 (1 = greedy), got {dec.beam_size}")
+    if dec.length_penalty < 0:
+        p.append(f"decode.length_penalty: must be at least 0, got {dec.length_penalty}")
     return p
 
 

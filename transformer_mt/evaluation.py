@@ -9,7 +9,7 @@ import torch
 
 from transformer_mt.batching import pad_sequences
 from transformer_mt.config import DecodeConfig
-from transformer_mt.decoding import greedy_decode
+from transformer_mt.decoding import beam_search, greedy_decode
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision
 
@@ -34,11 +34,14 @@ def score(hypotheses: list[str], references: list[str], tokenize: str = "13a") -
 
 
 def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: DecodeConfig, *,
-                  bos_id: int, eos_id: int, device: torch.device, precision: Precision) -> list[list[int]]:
-    """Greedy-translate source id lists (no special tokens) in length-sorted batches.
+                  bos_id: int, eos_id: int, device: torch.device, precision: Precision,
+                  beam_size: int | None = None) -> list[list[int]]:
+    """Translate source id lists (no special tokens) in length-sorted batches.
 
-    Sources longer than the model allows are truncated; results come back in input order.
+    Greedy when the beam size (`beam_size`, else `decode_cfg.beam_size`) is 1, else beam
+    search. Sources longer than the model allows are truncated; results come back in input order.
     """
+    beam_size = decode_cfg.beam_size if beam_size is None else beam_size
     keep = model.cfg.max_len - 1  # room for the EOS appended to every source
     sources = [list(s[:keep]) + [eos_id] for s in src_seqs]
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
@@ -50,10 +53,20 @@ def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: Dec
             chunk = order[start:start + decode_cfg.batch_size]
             src_ids = pad_sequences([sources[i] for i in chunk], model.pad_id).to(device)
             with precision.autocast():
-                outputs = greedy_decode(model, src_ids, bos_id=bos_id, eos_id=eos_id,
-                                        max_len_a=decode_cfg.max_len_a, max_len_b=decode_cfg.max_len_b)
+                outputs = _decode_batch(model, src_ids, decode_cfg, beam_size, bos_id, eos_id)
             for i, ids in zip(chunk, outputs):
                 results[i] = ids
     finally:
         model.train(was_training)
     return results
+
+
+def _decode_batch(model: Transformer, src_ids: torch.Tensor, decode_cfg: DecodeConfig, beam_size: int,
+                  bos_id: int, eos_id: int) -> list[list[int]]:
+    if beam_size == 1:
+        return greedy_decode(model, src_ids, bos_id=bos_id, eos_id=eos_id,
+                             max_len_a=decode_cfg.max_len_a, max_len_b=decode_cfg.max_len_b)
+    hypotheses = beam_search(model, src_ids, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size,
+                             max_len_a=decode_cfg.max_len_a, max_len_b=decode_cfg.max_len_b,
+                             alpha=decode_cfg.length_penalty)
+    return [hyps[0].ids for hyps in hypotheses]

@@ -9,6 +9,7 @@ D d_model, H heads, Dh head dim, V vocabulary.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -39,18 +40,22 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model)
         self.dropout = dropout
 
-    def forward(self, query: torch.Tensor, key_value: torch.Tensor, key_mask: torch.Tensor | None,
-                causal: bool = False) -> torch.Tensor:
-        """query (B, Tq, D), key_value (B, Tk, D), key_mask (B, Tk) bool or None -> (B, Tq, D).
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, D = x.shape
+        return x.view(B, L, self.n_heads, D // self.n_heads).transpose(1, 2)  # (B, H, L, Dh)
+
+    def project_kv(self, key_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """key_value (B, Tk, D) -> keys and values, each (B, H, Tk, Dh)."""
+        return self._split_heads(self.k_proj(key_value)), self._split_heads(self.v_proj(key_value))
+
+    def attend(self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
+               causal: bool = False) -> torch.Tensor:
+        """query (B, Tq, D) over projected k, v (B, H, Tk, Dh); key_mask (B, Tk) bool or None -> (B, Tq, D).
 
         `causal=True` lets query i see keys 0..i only; it assumes Tq == Tk.
         """
         B, Tq, D = query.shape
-        Tk = key_value.shape[1]
-        H = self.n_heads
-        q = self.q_proj(query).view(B, Tq, H, D // H).transpose(1, 2)  # (B, H, Tq, Dh)
-        k = self.k_proj(key_value).view(B, Tk, H, D // H).transpose(1, 2)  # (B, H, Tk, Dh)
-        v = self.v_proj(key_value).view(B, Tk, H, D // H).transpose(1, 2)  # (B, H, Tk, Dh)
+        q = self._split_heads(self.q_proj(query))  # (B, H, Tq, Dh)
         attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Tk)
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=causal,
@@ -58,6 +63,56 @@ class MultiHeadAttention(nn.Module):
         )  # (B, H, Tq, Dh)
         out = out.transpose(1, 2).reshape(B, Tq, D)  # (B, Tq, D)
         return self.out_proj(out)
+
+    def forward(self, query: torch.Tensor, key_value: torch.Tensor, key_mask: torch.Tensor | None,
+                causal: bool = False) -> torch.Tensor:
+        """query (B, Tq, D) attends over key_value (B, Tk, D) -> (B, Tq, D)."""
+        k, v = self.project_kv(key_value)
+        return self.attend(query, k, v, key_mask, causal)
+
+
+@dataclass
+class LayerCache:
+    """One decoder layer's cached keys and values, each (B, H, L, Dh)."""
+
+    self_k: torch.Tensor | None = None  # grows by one position per decoding step
+    self_v: torch.Tensor | None = None
+    cross_k: torch.Tensor | None = None  # computed once from the encoder memory
+    cross_v: torch.Tensor | None = None
+
+    def append_self(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add the new positions' keys/values and return all of them."""
+        if self.self_k is not None:
+            k = torch.cat([self.self_k, k], dim=2)  # (B, H, L + new, Dh)
+            v = torch.cat([self.self_v, v], dim=2)
+        self.self_k, self.self_v = k, v
+        return k, v
+
+
+class KVCache:
+    """Keys and values of past decoding steps, so each step runs the decoder on one new token.
+
+    Self-attention K/V grow per step; cross-attention K/V are computed from the memory on the
+    first step. `reorder` selects batch rows (beam search keeps the surviving beams, and
+    finished sentences can be dropped).
+    """
+
+    def __init__(self, n_layers: int):
+        self.layers = [LayerCache() for _ in range(n_layers)]
+
+    @property
+    def length(self) -> int:
+        """Target positions already cached."""
+        first = self.layers[0].self_k
+        return 0 if first is None else first.shape[2]
+
+    def reorder(self, indices: torch.Tensor) -> None:
+        """Keep batch rows `indices` (long, (B',)), in that order, in every cached tensor."""
+        for layer in self.layers:
+            for name in ("self_k", "self_v", "cross_k", "cross_v"):
+                tensor = getattr(layer, name)
+                if tensor is not None:
+                    setattr(layer, name, tensor.index_select(0, indices))
 
 
 class FeedForward(nn.Module):
@@ -117,13 +172,33 @@ class DecoderLayer(nn.Module):
         self.cross_block = Residual(cfg.d_model, cfg.dropout, pre)
         self.ffn_block = Residual(cfg.d_model, cfg.dropout, pre)
 
-    def forward(self, y: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, y: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+                cache: LayerCache | None = None) -> torch.Tensor:
+        """y (B, T, D) -> (B, T, D). With a cache, y holds only the positions not yet cached."""
+        y = self.self_block(y, lambda h: self._self_attention(h, cache))
+        y = self.cross_block(y, lambda h: self._cross_attention(h, memory, src_mask, cache))
+        return self.ffn_block(y, self.ffn)
+
+    def _self_attention(self, h: torch.Tensor, cache: LayerCache | None) -> torch.Tensor:
         # Target padding sits at the end, so with a causal mask a real position never sees a
         # pad; pad positions compute garbage that the loss ignores. That lets SDPA use its
         # `is_causal` fast path with no explicit target mask.
-        y = self.self_block(y, lambda h: self.self_attn(h, h, None, causal=True))
-        y = self.cross_block(y, lambda h: self.cross_attn(h, memory, src_mask))
-        return self.ffn_block(y, self.ffn)
+        if cache is None:
+            return self.self_attn(h, h, None, causal=True)
+        cached = 0 if cache.self_k is None else cache.self_k.shape[2]
+        if cached and h.shape[1] != 1:
+            raise ValueError("with a non-empty cache, decode one position at a time")
+        k, v = cache.append_self(*self.self_attn.project_kv(h))
+        # The first call may feed a whole prefix (causal); later a single query sees every key.
+        return self.self_attn.attend(h, k, v, None, causal=cached == 0 and h.shape[1] > 1)
+
+    def _cross_attention(self, h: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+                         cache: LayerCache | None) -> torch.Tensor:
+        if cache is None:
+            return self.cross_attn(h, memory, src_mask)
+        if cache.cross_k is None:
+            cache.cross_k, cache.cross_v = self.cross_attn.project_kv(memory)
+        return self.cross_attn.attend(h, cache.cross_k, cache.cross_v, src_mask)
 
 
 class Transformer(nn.Module):
@@ -178,12 +253,22 @@ class Transformer(nn.Module):
             x = layer(x, src_mask)
         return self.encoder_norm(x)
 
-    def decode(self, tgt_ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
-        """tgt_ids (B, T) long (starting with BOS), memory (B, S, D), src_mask (B, S) -> logits (B, T, V)."""
-        y = self._embed(self.tgt_embed, tgt_ids)
-        for layer in self.decoder_layers:
-            y = layer(y, memory, src_mask)
+    def decode(self, tgt_ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+               cache: KVCache | None = None) -> torch.Tensor:
+        """tgt_ids (B, T) long, memory (B, S, D), src_mask (B, S) bool -> logits (B, T, V).
+
+        Without a cache, tgt_ids is the whole prefix starting with BOS. With a cache, it holds
+        only the new positions (one per step after the first call), and the cache is updated.
+        """
+        offset = 0 if cache is None else cache.length
+        y = self._embed(self.tgt_embed, tgt_ids, offset)
+        for i, layer in enumerate(self.decoder_layers):
+            y = layer(y, memory, src_mask, None if cache is None else cache.layers[i])
         return self.output_proj(self.decoder_norm(y))
+
+    def new_cache(self) -> KVCache:
+        """An empty cache for incremental decoding with this model."""
+        return KVCache(len(self.decoder_layers))
 
     def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
         """Teacher-forced logits (B, T, V) for src_ids (B, S) and tgt_in_ids (B, T)."""

@@ -238,7 +238,7 @@ class Trainer:
         loss = self.validation_loss()
         sources = [self.valid_data.src_ids[i] for i in self.valid_subset]
         hyp_ids = translate_ids(self.model, sources, self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID,
-                                device=self.device, precision=self.precision)
+                                device=self.device, precision=self.precision, beam_size=1)
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         references = [self.valid_data.tgt_text[i] for i in self.valid_subset]
         scores = score(hypotheses, references)

@@ -4,9 +4,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 from tests.conftest import DEMO_CONFIG
 
 STEPS = 40
+CORPUS = DEMO_CONFIG.parent.parent / "transformer_mt" / "corpora" / "demo_en_it"
+VALID_EN, VALID_IT = CORPUS / "valid.en", CORPUS / "valid.it"
 
 
 def tmt(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -15,23 +20,29 @@ def tmt(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.Completed
                           env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
 
 
-def test_train_then_translate_gives_the_validation_translations(tmp_path: Path):
-    run = tmp_path / "runs" / "demo"
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A tiny demo run trained through the CLI; returns the working directory holding runs/demo."""
+    workdir = tmp_path_factory.mktemp("cli")
     result = tmt("train", "--config", str(DEMO_CONFIG), "--no-progress",
                  "--set", f"train.max_steps={STEPS}", "--set", "train.eval_every_steps=20",
                  "--set", "train.save_every_steps=20", "--set", "model.d_model=32", "--set", "model.d_ff=64",
-                 cwd=tmp_path)
+                 cwd=workdir)
     assert result.returncode == 0, result.stderr
+    return workdir
+
+
+def test_train_then_translate_gives_the_validation_translations(trained: Path):
+    tmp_path, run = trained, trained / "runs" / "demo"
     for name in ("config.yaml", "tokenizer.json", "train.log", f"checkpoints/step_{STEPS:08d}.pt", "checkpoints/best.pt"):
         assert (run / name).is_file(), name
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
 
     # Validation decoded every valid sentence (demo: eval_max_sentences 0); translating them
     # with the same checkpoint must give the same text.
-    valid_src = (Path(DEMO_CONFIG).parent.parent / "transformer_mt/corpora/demo_en_it/valid.en").read_text("utf-8")
     validation = (run / "validation" / f"step_{STEPS:08d}.txt").read_text("utf-8")
     result = tmt("translate", "--checkpoint", str(run / "checkpoints" / f"step_{STEPS:08d}.pt"),
-                 cwd=tmp_path, stdin=valid_src)
+                 cwd=tmp_path, stdin=VALID_EN.read_text("utf-8"))
     assert result.returncode == 0, result.stderr
     assert result.stdout == validation
 
@@ -69,3 +80,43 @@ def test_resume_without_a_checkpoint_exits_1(tmp_path: Path):
     result = tmt("train", "--config", str(DEMO_CONFIG), "--resume", "--run-dir", str(tmp_path / "empty"), cwd=tmp_path)
     assert result.returncode == 1
     assert "no checkpoint to resume from" in result.stderr
+
+
+def test_translate_files_with_beam_search_keeps_input_order_and_empty_lines(trained: Path):
+    lines = ["Good morning.", "", "The city is very beautiful and the coffee is hot, isn't it?", "Yes."]
+    (trained / "in.en").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    result = tmt("translate", "--run", "runs/demo", "--beam", "3", "--input", "in.en", "--output", "out/it.txt",
+                 cwd=trained)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    out = (trained / "out" / "it.txt").read_text("utf-8").split("\n")
+    assert len(out) == len(lines) + 1 and out[-1] == ""  # one line each, newline-terminated
+    assert out[1] == ""
+    # Each line translated alone gives the same result: order is restored after length sorting.
+    alone = tmt("translate", "--run", "runs/demo", "--beam", "3", lines[2], cwd=trained)
+    assert alone.stdout == out[2] + "\n"
+
+
+def test_evaluate_scores_a_split_and_files_with_the_sacrebleu_signature(trained: Path):
+    result = tmt("evaluate", "--run", "runs/demo", "--split", "valid", "--quiet", cwd=trained)
+    assert result.returncode == 0, result.stderr
+    bleu_line, chrf_line = result.stdout.splitlines()
+    assert bleu_line.startswith("BLEU = ") and "tok:13a" in bleu_line
+    assert chrf_line.startswith("chrF = ")
+    hyps = (trained / "runs" / "demo" / "evaluation" / "valid.beam1.txt").read_text("utf-8")
+    # Greedy on the whole valid split is what validation at the best step produced.
+    best_step = torch.load(trained / "runs/demo/checkpoints/best.pt", weights_only=True)["train_state"]["step"]
+    assert hyps == (trained / "runs/demo/validation" / f"step_{best_step:08d}.txt").read_text("utf-8")
+
+    result = tmt("evaluate", "--run", "runs/demo", "--src", str(VALID_EN), "--ref", str(VALID_IT),
+                 "--tokenize", "none", "--quiet", cwd=trained)
+    assert result.returncode == 0, result.stderr
+    assert "tok:none" in result.stdout
+
+
+def test_evaluate_with_misaligned_files_names_both_counts(trained: Path, tmp_path: Path):
+    (tmp_path / "ref.it").write_text("uno\n", encoding="utf-8")
+    result = tmt("evaluate", "--run", str(trained / "runs" / "demo"), "--src", str(VALID_EN),
+                 "--ref", str(tmp_path / "ref.it"), cwd=tmp_path)
+    assert result.returncode == 1
+    assert "has 60 lines but" in result.stderr and "has 1" in result.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -25,7 +26,14 @@ TRAIN_EXAMPLES = """examples:
 TRANSLATE_EXAMPLES = """examples:
   tmt translate "Where is the station?"                 # newest run under ./runs
   tmt translate --run runs/demo "Good morning." "Thank you!"
+  tmt translate --run runs/demo --beam 5 --input test.en --output test.it
   tmt translate --checkpoint runs/demo/checkpoints/step_00001000.pt < input.en > output.it
+"""
+
+EVALUATE_EXAMPLES = """examples:
+  tmt evaluate --run runs/demo                          # the run's test split, greedy
+  tmt evaluate --run runs/demo --split valid --beam 5
+  tmt evaluate --run runs/m30k --src test.en --ref test.de --tokenize none   # pre-tokenized text
 """
 
 
@@ -48,10 +56,40 @@ def build_parser() -> argparse.ArgumentParser:
     translate = commands.add_parser("translate", help="translate sentences with a trained run",
                                     epilog=TRANSLATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     translate.add_argument("text", nargs="*", help="sentences to translate (default: one per line from stdin)")
-    source = translate.add_mutually_exclusive_group()
+    _add_model_arguments(translate)
+    translate.add_argument("--input", type=Path, help="translate this file, one sentence per line")
+    translate.add_argument("--output", type=Path, help="write translations here instead of stdout")
+
+    evaluate = commands.add_parser("evaluate", help="translate a test set and score it with sacreBLEU",
+                                   epilog=EVALUATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_model_arguments(evaluate)
+    evaluate.add_argument("--split", choices=["valid", "test"], default="test",
+                          help="which split of the run's own data to score (default: test)")
+    evaluate.add_argument("--src", type=Path, help="source file to translate instead of a split (needs --ref)")
+    evaluate.add_argument("--ref", type=Path, help="reference translations of --src, line by line")
+    evaluate.add_argument("--tokenize", default="13a",
+                          help="sacreBLEU tokenizer for BLEU (default 13a; 'none' for pre-tokenized text)")
+    evaluate.add_argument("--output", type=Path,
+                          help="where to write the hypotheses (default: <run>/evaluation/<name>.beam<K>.txt)")
+    return parser
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """--run / --checkpoint, --beam and --device, shared by translate and evaluate."""
+    source = parser.add_mutually_exclusive_group()
     source.add_argument("--run", type=Path, help="run directory (default: the most recently updated run under ./runs)")
     source.add_argument("--checkpoint", type=Path, help="a checkpoint file inside a run's checkpoints/ folder")
-    translate.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    parser.add_argument("--beam", type=_positive_int, metavar="K",
+                        help="beam size (default: the run's decode.beam_size; 1 = greedy)")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
     return parser
 
 
@@ -59,10 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits with 2 on bad arguments
     try:
-        if args.command == "train":
-            run_train(args)
-        else:
-            run_translate(args)
+        {"train": run_train, "translate": run_translate, "evaluate": run_evaluate}[args.command](args)
         return 0
     except TmtError as err:
         if args.traceback:
@@ -99,20 +134,74 @@ def run_train(args: argparse.Namespace) -> None:
 
 
 def run_translate(args: argparse.Namespace) -> None:
-    from transformer_mt.translator import Translator, latest_run
+    _setup_logging(logging.WARNING)
+    if args.text and args.input:
+        raise UsageError("give sentences as arguments or --input FILE, not both")
+    if args.input:
+        lines = _read_file_lines(args.input)
+    else:
+        lines = args.text or _read_stdin_lines()
+        if not lines:
+            raise UsageError("nothing to translate: give sentences as arguments, --input FILE, "
+                             "or one per line on stdin")
+    translator = _load_translator(args)
+    hypotheses = translator.translate(lines, beam_size=args.beam, progress=bool(args.input) and not args.quiet)
+    if args.output:
+        _write_lines(args.output, hypotheses)
+    else:
+        for hypothesis in hypotheses:
+            print(hypothesis)
+
+
+def run_evaluate(args: argparse.Namespace) -> None:
+    from transformer_mt.data import load_corpus, read_aligned_files
+    from transformer_mt.evaluation import score
 
     _setup_logging(logging.WARNING)
-    lines = args.text if args.text else _read_stdin_lines()
-    if not lines:
-        raise UsageError("nothing to translate: give sentences as arguments or one per line on stdin")
+    if bool(args.src) != bool(args.ref):
+        raise UsageError("--src and --ref go together")
+    translator = _load_translator(args)
+    if args.src:
+        pairs = read_aligned_files(args.src, args.ref)
+        if not pairs:
+            raise UsageError(f"{args.src}: no sentences to evaluate")
+        sources, references = [src for src, _ in pairs], [ref for _, ref in pairs]
+        name = args.src.name
+    else:
+        corpus = load_corpus(translator.cfg.data, translator.cfg.seed, translator.run_dir)
+        split = getattr(corpus, args.split)
+        sources, references, name = split["src"], split["tgt"], args.split
+    beam = args.beam or translator.cfg.decode.beam_size
+    hypotheses = translator.translate(sources, beam_size=beam, progress=not args.quiet)
+    scores = score(hypotheses, references, tokenize=args.tokenize)
+    output = args.output or translator.run_dir / "evaluation" / f"{name}.beam{beam}.txt"
+    _write_lines(output, hypotheses)
+    print(f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}")
+    print(f"chrF = {scores.chrf:.2f}  {scores.chrf_signature}")
+    print(f"{len(hypotheses)} sentences, beam {beam}; hypotheses in {output}", file=sys.stderr)
+
+
+def _load_translator(args: argparse.Namespace):
+    from transformer_mt.translator import Translator, latest_run
+
     if args.checkpoint:
         run_dir = args.checkpoint.resolve().parent.parent  # <run>/checkpoints/<file>.pt
-        translator = Translator.from_run(run_dir, checkpoint=args.checkpoint, device=args.device)
-    else:
-        run_dir = args.run or latest_run(Path("runs"))
-        translator = Translator.from_run(run_dir, device=args.device)
-    for hypothesis in translator.translate(lines):
-        print(hypothesis)
+        return Translator.from_run(run_dir, checkpoint=args.checkpoint, device=args.device)
+    return Translator.from_run(args.run or latest_run(Path("runs")), device=args.device)
+
+
+def _read_file_lines(path: Path) -> list[str]:
+    from transformer_mt.data import read_lines
+
+    return read_lines(path)
+
+
+def _write_lines(path: Path, lines: list[str]) -> None:
+    """Write one line each, atomically: a failure never leaves a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _read_stdin_lines() -> list[str]:

@@ -131,8 +131,8 @@ class DecodeConfig:
     """Generated length is capped at `max_len_a * source_length + max_len_b` tokens."""
     max_len_b: int = 10
     """See `max_len_a`."""
-    batch_size: int = 64
-    """Sentences decoded together."""
+    batch_tokens: int = 4096
+    """Token budget per decoding batch: sentences × longest source (× beam size), sorted by length."""
     beam_size: int = 1
     """Beams per sentence for `tmt translate` and `tmt evaluate`; 1 is greedy decoding.
     Validation during training always decodes greedily."""
@@ -385,8 +385,8 @@ def _check_values(cfg: Config) -> list[str]:
         p.append(f"train.n_examples: must be at least 0, got {t.n_examples}")
     if dec.max_len_a < 0 or dec.max_len_b < 0 or (dec.max_len_a == 0 and dec.max_len_b == 0):
         p.append(f"decode.max_len_a/max_len_b: need a·S + b ≥ 1, got a={dec.max_len_a}, b={dec.max_len_b}")
-    if dec.batch_size < 1:
-        p.append(f"decode.batch_size: must be at least 1, got {dec.batch_size}")
+    if dec.batch_tokens < m.max_len:
+        p.append(f"decode.batch_tokens: {dec.batch_tokens} cannot hold one source of model.max_len={m.max_len} tokens")
     if dec.beam_size < 1:
         p.append(f"decode.beam_size: must be at least 1 (1 = greedy), got {dec.beam_size}")
     if dec.length_penalty < 0:

@@ -116,13 +116,13 @@ def _find_file(path: Path) -> Path | None:
 
 def _read_local_pairs(cfg: DataConfig, files: list[Path]) -> list[Pair]:
     if cfg.format == "text":
-        return _read_text_pairs(files[0], files[1])
+        return read_aligned_files(files[0], files[1])
     if cfg.format == "tsv":
         return _read_tsv_pairs(files[0])
     return _read_jsonl_pairs(files[0], cfg.src_lang, cfg.tgt_lang)
 
 
-def _read_lines(path: Path) -> list[str]:
+def read_lines(path: Path) -> list[str]:
     """Lines of a UTF-8 file, maybe gzipped, split on "\\n" only and without their "\\n" or "\\r\\n".
 
     The file is decoded in one go (fast); an encoding error is reported with its line number.
@@ -144,10 +144,10 @@ def _read_lines(path: Path) -> list[str]:
     return [line.removesuffix("\r") for line in lines]
 
 
-def _read_text_pairs(src_path: Path, tgt_path: Path) -> list[Pair]:
+def read_aligned_files(src_path: Path, tgt_path: Path) -> list[Pair]:
     """Pair line i of `src_path` with line i of `tgt_path`."""
-    src = [line.strip() for line in _read_lines(src_path)]
-    tgt = [line.strip() for line in _read_lines(tgt_path)]
+    src = [line.strip() for line in read_lines(src_path)]
+    tgt = [line.strip() for line in read_lines(tgt_path)]
     if len(src) != len(tgt):
         raise DataError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}; "
                         "aligned files need one line per sentence pair")
@@ -157,7 +157,7 @@ def _read_text_pairs(src_path: Path, tgt_path: Path) -> list[Pair]:
 def _read_tsv_pairs(path: Path) -> list[Pair]:
     """Read `source<TAB>target` lines verbatim (no quoting, no NA values)."""
     pairs = []
-    for lineno, line in enumerate(_read_lines(path), start=1):
+    for lineno, line in enumerate(read_lines(path), start=1):
         fields = line.split("\t")
         if len(fields) != 2:
             raise DataError(f"{path}:{lineno}: expected source<TAB>target (one tab), found {len(fields) - 1} tabs")
@@ -168,7 +168,7 @@ def _read_tsv_pairs(path: Path) -> list[Pair]:
 def _read_jsonl_pairs(path: Path, src_lang: str, tgt_lang: str) -> list[Pair]:
     """Read `{"translation": {src: .., tgt: ..}}` or `{src: .., tgt: ..}` lines; blank lines are skipped."""
     pairs = []
-    for lineno, line in enumerate(_read_lines(path), start=1):
+    for lineno, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             continue
         try:

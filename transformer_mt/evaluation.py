@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import sacrebleu
 import torch
+from tqdm import tqdm
 
-from transformer_mt.batching import pad_sequences
+from transformer_mt.batching import pad_sequences, sorted_batches
 from transformer_mt.config import DecodeConfig
 from transformer_mt.decoding import beam_search, greedy_decode
 from transformer_mt.model import Transformer
@@ -35,22 +37,23 @@ def score(hypotheses: list[str], references: list[str], tokenize: str = "13a") -
 
 def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: DecodeConfig, *,
                   bos_id: int, eos_id: int, device: torch.device, precision: Precision,
-                  beam_size: int | None = None) -> list[list[int]]:
-    """Translate source id lists (no special tokens) in length-sorted batches.
+                  beam_size: int | None = None, progress: bool = False) -> list[list[int]]:
+    """Translate source id lists (no special tokens) in length-sorted, token-budget batches.
 
     Greedy when the beam size (`beam_size`, else `decode_cfg.beam_size`) is 1, else beam
-    search. Sources longer than the model allows are truncated; results come back in input order.
+    search. Sources longer than the model allows are truncated; results come back in input
+    order. `progress` shows a bar on stderr.
     """
     beam_size = decode_cfg.beam_size if beam_size is None else beam_size
     keep = model.cfg.max_len - 1  # room for the EOS appended to every source
     sources = [list(s[:keep]) + [eos_id] for s in src_seqs]
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    # Beam search decodes K rows per sentence, so each sentence costs K times its length.
+    batches = sorted_batches([len(s) * beam_size for s in sources], decode_cfg.batch_tokens)
     results: list[list[int]] = [[] for _ in sources]
     was_training = model.training
     model.eval()
     try:
-        for start in range(0, len(order), decode_cfg.batch_size):
-            chunk = order[start:start + decode_cfg.batch_size]
+        for chunk in tqdm(batches, desc="translate", unit="batch", disable=not progress, file=sys.stderr):
             src_ids = pad_sequences([sources[i] for i in chunk], model.pad_id).to(device)
             with precision.autocast():
                 outputs = _decode_batch(model, src_ids, decode_cfg, beam_size, bos_id, eos_id)

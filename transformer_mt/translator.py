@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from transformer_mt.checkpoint import CheckpointDir, load_checkpoint
-from transformer_mt.config import Config, DecodeConfig, config_from_dict
+from transformer_mt.config import Config, config_from_dict
 from transformer_mt.errors import CheckpointError, ConfigError
 from transformer_mt.evaluation import translate_ids
 from transformer_mt.model import Transformer
@@ -21,13 +21,14 @@ logger = logging.getLogger(__name__)
 class Translator:
     """A trained model with its tokenizers, ready to translate raw sentences."""
 
-    def __init__(self, model: Transformer, tokenizers: TokenizerPair, decode_cfg: DecodeConfig,
-                 device: torch.device, precision: Precision):
+    def __init__(self, model: Transformer, tokenizers: TokenizerPair, cfg: Config, device: torch.device,
+                 precision: Precision, run_dir: Path):
         self.model = model.eval()
         self.tokenizers = tokenizers
-        self.decode_cfg = decode_cfg
+        self.cfg = cfg  # the run's config: decoding settings, and data for `tmt evaluate --split`
         self.device = device
         self.precision = precision
+        self.run_dir = run_dir
 
     @classmethod
     def from_run(cls, run_dir: Path, checkpoint: Path | None = None, device: str = "auto") -> Translator:
@@ -48,19 +49,24 @@ class Translator:
         model.load_state_dict(state["model"])
         torch_device = pick_device(device)
         logger.info("loaded %s (step %d) on %s", checkpoint, state.get("train_state", {}).get("step", -1), torch_device)
-        return cls(model.to(torch_device), tokenizers, cfg.decode, torch_device,
-                   pick_precision(cfg.train.precision, torch_device))
+        return cls(model.to(torch_device), tokenizers, cfg, torch_device,
+                   pick_precision(cfg.train.precision, torch_device), run_dir)
 
-    def translate(self, lines: list[str]) -> list[str]:
-        """Translate each line; an empty line gives an empty line."""
+    def translate(self, lines: list[str], beam_size: int | None = None, progress: bool = False) -> list[str]:
+        """Translate each line (beam size: `beam_size`, else the run's `decode.beam_size`).
+
+        An empty line gives an empty line; a line longer than the model allows is truncated
+        with a warning.
+        """
         texts = [line.strip() for line in lines]
         src_ids = self.tokenizers.encode_src(texts)
         too_long = sum(len(ids) >= self.model.cfg.max_len for ids in src_ids)
         if too_long:
             logger.warning("%d input(s) longer than model.max_len=%d tokens were truncated",
                            too_long, self.model.cfg.max_len)
-        hyp_ids = translate_ids(self.model, src_ids, self.decode_cfg, bos_id=BOS_ID, eos_id=EOS_ID,
-                                device=self.device, precision=self.precision)
+        hyp_ids = translate_ids(self.model, src_ids, self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID,
+                                device=self.device, precision=self.precision, beam_size=beam_size,
+                                progress=progress)
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         return [hyp if text else "" for text, hyp in zip(texts, hypotheses)]
 

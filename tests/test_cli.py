@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import DEMO_CONFIG
+from tests.conftest import DEMO_CONFIG, REPO
 
 STEPS = 40
 CORPUS = DEMO_CONFIG.parent.parent / "transformer_mt" / "corpora" / "demo_en_it"
@@ -17,7 +17,8 @@ VALID_EN, VALID_IT = CORPUS / "valid.en", CORPUS / "valid.it"
 def tmt(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "transformer_mt", *args], cwd=cwd, input=stdin,
                           capture_output=True, text=True, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+                               "PYTHONPATH": str(REPO)})  # test this checkout, not an installed copy
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +121,10 @@ def test_evaluate_with_misaligned_files_names_both_counts(trained: Path, tmp_pat
                  "--ref", str(tmp_path / "ref.it"), cwd=tmp_path)
     assert result.returncode == 1
     assert "has 60 lines but" in result.stderr and "has 1" in result.stderr
+
+
+def test_translate_into_a_closed_pipe_exits_quietly(trained: Path):
+    script = f"{sys.executable} -m transformer_mt translate --run runs/demo 'Good morning.' 'Yes.' 'No.' | head -c 0"
+    result = subprocess.run(["bash", "-c", script], cwd=trained, capture_output=True, text=True, timeout=120,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+    assert "Error" not in result.stderr and "Traceback" not in result.stderr

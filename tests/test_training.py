@@ -1,12 +1,14 @@
 import math
 from pathlib import Path
 
+import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.conftest import TINY_PAIRS, tiny_config, write_corpus
 from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.training import label_smoothed_loss, lr_at, prepare_run_dir, train
+from transformer_mt.errors import DataError, UsageError
+from transformer_mt.training import Trainer, label_smoothed_loss, lr_at, prepare_run_dir, train
 
 
 def test_label_smoothed_loss_matches_a_hand_computation():
@@ -77,3 +79,53 @@ def test_only_the_last_checkpoints_and_the_best_are_kept(tiny_corpus: Path, tmp_
     assert names == ["best.pt", "step_00000006.pt", "step_00000008.pt"]
     best = load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")
     assert best["train_state"]["best_bleu"] == state.best_bleu
+
+
+def test_the_first_update_uses_the_first_warmup_rate_and_loss_is_per_target_token(tiny_corpus: Path, tmp_path: Path):
+    cfg = tiny_config(tiny_corpus, model={"dropout": 0.0}, train={"lr": 1e-3, "warmup_steps": 4})
+    prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
+    trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(1, 1e-3, 4))  # 2.5e-4
+    batch = trainer.train_data.batch([0, 1, 2])
+    with torch.no_grad():
+        summed = label_smoothed_loss(trainer.model(batch.src_ids, batch.tgt_in_ids), batch.tgt_out_ids, 0, 0.1)
+    loss, _ = trainer.train_step(batch)
+    assert loss.item() == pytest.approx(summed.item() / batch.n_tgt_tokens, rel=1e-6)
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(2, 1e-3, 4))
+
+
+def test_resume_applies_a_changed_learning_rate(tiny_corpus: Path, tmp_path: Path):
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    train(tiny_config(tiny_corpus, train={"max_steps": 4}), run, progress=False)
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 6, "lr": 1e-2, "weight_decay": 0.5})
+    trainer = Trainer(cfg, run, progress=False)
+    trainer.resume()
+    group = trainer.optimizer.param_groups[0]
+    assert group["lr"] == pytest.approx(lr_at(5, 1e-2, 2))  # the next (5th) update, on the new peak
+    assert group["weight_decay"] == 0.5
+
+
+def test_overwrite_deletes_only_what_tmt_wrote(tiny_corpus: Path, tmp_path: Path):
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    train(tiny_config(tiny_corpus, train={"max_steps": 2}), run, progress=False)
+    with pytest.raises(UsageError, match="already holds a trained run"):
+        prepare_run_dir(run, resume=False, overwrite=False)
+    (run / "notes.txt").write_text("mine", encoding="utf-8")
+    with pytest.raises(UsageError, match="files tmt did not write \\(notes.txt\\)"):
+        prepare_run_dir(run, resume=False, overwrite=True)
+    assert (run / "notes.txt").is_file() and (run / "checkpoints").is_dir()
+    (run / "notes.txt").unlink()
+    prepare_run_dir(run, resume=False, overwrite=True)
+    assert list(run.iterdir()) == []
+
+
+def test_a_start_that_failed_before_its_first_checkpoint_can_be_retried(tmp_path: Path):
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    with pytest.raises(DataError):  # no corpus at that path
+        train(tiny_config(tmp_path / "missing"), run, progress=False)
+    assert (run / "config.yaml").is_file()
+    prepare_run_dir(run, resume=False, overwrite=False)  # no --overwrite needed
+    assert list(run.iterdir()) == []

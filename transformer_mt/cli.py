@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"tmt: error: {err}", file=sys.stderr)
         return err.exit_code
+    except BrokenPipeError:  # e.g. `tmt translate ... | head -1`: the reader left, nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
     except KeyboardInterrupt:
         print("tmt: interrupted", file=sys.stderr)
         return 130
@@ -151,6 +154,7 @@ def run_translate(args: argparse.Namespace) -> None:
     else:
         for hypothesis in hypotheses:
             print(hypothesis)
+        sys.stdout.flush()  # a closed pipe fails here, inside main's error handling, not at exit
 
 
 def run_evaluate(args: argparse.Namespace) -> None:

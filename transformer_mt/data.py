@@ -13,6 +13,7 @@ import os
 import random
 import socket
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -158,6 +159,9 @@ def _read_tsv_pairs(path: Path) -> list[Pair]:
     """Read `source<TAB>target` lines verbatim (no quoting, no NA values)."""
     pairs = []
     for lineno, line in enumerate(read_lines(path), start=1):
+        if not line.strip():
+            pairs.append(("", ""))  # a blank line is an empty pair: the `empty` filter drops it
+            continue
         fields = line.split("\t")
         if len(fields) != 2:
             raise DataError(f"{path}:{lineno}: expected source<TAB>target (one tab), found {len(fields) - 1} tabs")
@@ -200,7 +204,8 @@ def _pair_from_record(record: Any, src_lang: str, tgt_lang: str, where: str) -> 
 
 def _read_hub(cfg: DataConfig) -> dict[str, list[Pair] | None]:
     """Load a Hub dataset with a `translation` column; valid/test are None when it lacks them."""
-    if not _hub_offline() and not Path(cfg.path).is_dir():  # a local dataset folder needs no network
+    # A local dataset folder needs no network; behind a proxy a direct probe proves nothing.
+    if not _hub_offline() and not _behind_proxy() and not Path(cfg.path).is_dir():
         _check_hub_reachable(cfg.path)
     dataset_dict = _load_hub_dataset(cfg)
     names = {"train": ["train"], "valid": list(HUB_VALID_NAMES), "test": ["test"]}
@@ -222,20 +227,40 @@ def _hub_offline() -> bool:
     return any(os.environ.get(name, "").upper() in true_values for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
+def _behind_proxy() -> bool:
+    return any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
+
+
 def _check_hub_reachable(name: str) -> None:
-    """Fail in seconds, not after minutes of retries, when the Hub host cannot be reached."""
+    """Fail in seconds, not after minutes of retries, when the Hub host cannot be reached.
+
+    The probe runs in a daemon thread so that a stalled DNS lookup (which `timeout` does not
+    bound) cannot hang the run either.
+    """
     endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     host = endpoint.hostname or "huggingface.co"
     port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
-    try:
-        socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
-    except OSError as err:
+
+    outcome: list[OSError | None] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+            outcome.append(None)
+        except OSError as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=probe, name="hub-probe", daemon=True)
+    thread.start()
+    thread.join(PROBE_TIMEOUT_S + 1)
+    error = outcome[0] if outcome else TimeoutError("timed out")
+    if error is not None:
         raise DataError(
-            f"cannot reach the Hugging Face Hub to download {name!r} ({host}:{port}: {err}). "
+            f"cannot reach the Hugging Face Hub to download {name!r} ({host}:{port}: {error}). "
             "Without a network, train from local files instead: set data.format: text and data.path: "
             "a directory with train.en/train.it (see README); or, if the dataset is already in your "
             "HF cache, set HF_HUB_OFFLINE=1."
-        ) from None
+        )
 
 
 def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:

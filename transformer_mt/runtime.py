@@ -55,14 +55,20 @@ def pick_precision(name: str, device: torch.device) -> Precision:
     if name == "auto":
         if device.type != "cuda":
             return Precision(None, device.type)
-        name = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        name = "bf16" if _native_bf16(device) else "fp16"
     if name == "fp32":
         return Precision(None, device.type)
     if name == "fp16" and device.type != "cuda":
         raise UsageError(f"train.precision: fp16 needs a CUDA GPU, but the device is {device.type}")
-    if name == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise UsageError("train.precision: bf16 is not supported by this GPU; use fp16 or auto")
+    if name == "bf16" and device.type == "cuda" and not _native_bf16(device):
+        raise UsageError("train.precision: bf16 is not supported natively by this GPU (compute capability "
+                         "below 8.0); use fp16 or auto")
     return Precision(torch.bfloat16 if name == "bf16" else torch.float16, device.type)
+
+
+def _native_bf16(device: torch.device) -> bool:
+    # `torch.cuda.is_bf16_supported()` also says yes for emulated (slow) bf16 on pre-Ampere GPUs.
+    return torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def seed_everything(seed: int) -> None:

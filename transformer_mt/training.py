@@ -19,7 +19,7 @@ from transformer_mt import data as data_module
 from transformer_mt.batching import Batch, TokenBatchSampler, make_batch, sorted_batches
 from transformer_mt.checkpoint import FORMAT_VERSION, CheckpointDir, load_checkpoint
 from transformer_mt.config import Config, config_to_dict, save_config
-from transformer_mt.errors import CheckpointError, ConfigError, UsageError
+from transformer_mt.errors import CheckpointError, ConfigError, DataError, UsageError
 from transformer_mt.evaluation import score, translate_ids
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision, load_rng_state, pick_device, pick_precision, rng_state, seed_everything
@@ -85,25 +85,37 @@ def label_smoothed_loss(logits: torch.Tensor, target_ids: torch.Tensor, pad_id: 
                            label_smoothing=epsilon, reduction="sum")
 
 
+# Everything tmt writes at the top of a run directory; nothing else is ever deleted.
+RUN_DIR_ENTRIES = frozenset({"config.yaml", "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json",
+                             "splits.json", "train.log", "checkpoints", "tensorboard", "validation", "evaluation"})
+
+
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
-    """Create the run directory, refusing to clobber an existing run unless asked to."""
+    """Create the run directory, refusing to clobber a run or anything tmt did not write.
+
+    A directory left by a start that failed before its first checkpoint is reused.
+    """
     if resume and overwrite:
         raise UsageError("--resume and --overwrite contradict each other; pick one")
-    has_content = run_dir.is_dir() and any(run_dir.iterdir())
-    if resume:
-        if CheckpointDir(run_dir / "checkpoints", 1).latest() is None:
-            raise CheckpointError(f"{run_dir}: no checkpoint to resume from (start without --resume)")
-        return
-    if has_content and not overwrite:
-        raise UsageError(f"{run_dir} is not empty: use --resume to continue that run, "
-                         "--overwrite to start over, or --run-dir to train elsewhere")
-    if has_content:
-        if not (run_dir / "config.yaml").is_file():
-            raise UsageError(f"{run_dir} does not look like a tmt run (no config.yaml); "
-                             "refusing to delete it with --overwrite")
-        shutil.rmtree(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"{run_dir} exists and is not a directory")
+    checkpoints = CheckpointDir(run_dir / "checkpoints", 1)
+    has_run = checkpoints.latest() is not None or checkpoints.best_path.is_file()
+    if resume:
+        if checkpoints.latest() is None:
+            raise CheckpointError(f"{run_dir}: no checkpoint to resume from (start without --resume)")
+        return
+    entries = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    foreign = [name for name in entries if name not in RUN_DIR_ENTRIES]
+    if foreign:
+        raise UsageError(f"{run_dir} holds files tmt did not write ({', '.join(foreign[:3])}"
+                         f"{', ...' if len(foreign) > 3 else ''}); pick another --run-dir")
+    if has_run and not overwrite:
+        raise UsageError(f"{run_dir} already holds a trained run: use --resume to continue it, "
+                         "--overwrite to start over, or --run-dir to train elsewhere")
+    for name in entries:  # an earlier run (--overwrite) or the leftovers of a failed start
+        path = run_dir / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
@@ -121,12 +133,22 @@ def prepare_data(cfg: Config, run_dir: Path) -> tuple[TokenizerPair, EncodedSpli
                     ", joint" if tokenizers.joint else "", time.perf_counter() - started)
     keep = cfg.model.max_len - 1  # room for EOS (source, target output) or BOS (target input)
 
-    def encode(split) -> EncodedSplit:
+    def encode(split, drop_long: bool) -> EncodedSplit:
         src, tgt = split["src"], split["tgt"]
-        return EncodedSplit(src, tgt, [ids[:keep] for ids in tokenizers.encode_src(src)],
-                            [ids[:keep] for ids in tokenizers.encode_tgt(tgt)])
+        src_ids, tgt_ids = tokenizers.encode_src(src), tokenizers.encode_tgt(tgt)
+        if drop_long:  # a truncated training pair would teach the model to stop mid-sentence
+            fits = [i for i, (s, t) in enumerate(zip(src_ids, tgt_ids)) if len(s) <= keep and len(t) <= keep]
+            if len(fits) < len(src):
+                logger.info("filter too_many_tokens: removed %d training pairs longer than model.max_len=%d "
+                            "tokens", len(src) - len(fits), cfg.model.max_len)
+            if not fits:
+                raise DataError(f"no training pair fits in model.max_len={cfg.model.max_len} tokens")
+            src, tgt = [src[i] for i in fits], [tgt[i] for i in fits]
+            src_ids, tgt_ids = [src_ids[i] for i in fits], [tgt_ids[i] for i in fits]
+        # Evaluation sets are never filtered; their over-long sentences are truncated instead.
+        return EncodedSplit(src, tgt, [ids[:keep] for ids in src_ids], [ids[:keep] for ids in tgt_ids])
 
-    return tokenizers, encode(corpus.train), encode(corpus.valid)
+    return tokenizers, encode(corpus.train, drop_long=True), encode(corpus.valid, drop_long=False)
 
 
 def build_model(cfg: Config, tokenizers: TokenizerPair) -> Transformer:
@@ -182,12 +204,31 @@ class Trainer:
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
-        self.scaler.load_state_dict(ckpt["scaler"])
+        self._apply_optimizer_settings()
+        if ckpt["scaler"] and self.scaler.is_enabled():  # a run may switch between fp32 and fp16
+            self.scaler.load_state_dict(ckpt["scaler"])
         self.state.load_state_dict(ckpt["train_state"])
         self.sampler.load_state_dict(ckpt["sampler"])
         load_rng_state({k: _to_cpu(v) for k, v in ckpt["rng"].items()})
         logger.info("resuming from %s: step %d, epoch %d, batch %d of that epoch", path, self.state.step,
                     self.sampler.epoch + 1, self.sampler.position)
+
+    def _apply_optimizer_settings(self) -> None:
+        """Make the current config's train.* values win over those stored in a checkpoint.
+
+        Loading optimizer and scheduler state restores the old lr, betas and weight decay; a
+        resumed run may change them (README: train.* may change on resume). With unchanged
+        settings this recomputes exactly the values that were loaded.
+        """
+        t = self.cfg.train
+        for group in self.optimizer.param_groups:
+            group.update(initial_lr=t.lr, betas=t.betas, weight_decay=t.weight_decay,
+                         fused=self.device.type == "cuda")
+        self.scheduler.base_lrs = [t.lr for _ in self.optimizer.param_groups]
+        factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+        for group in self.optimizer.param_groups:
+            group["lr"] = t.lr * factor  # what LambdaLR computes: base_lr * lambda(last_epoch)
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def save(self, *, keep_step: bool, is_best: bool) -> None:
         self.checkpoints.save(self.checkpoint_state(), self.state.step, keep_step=keep_step, is_best=is_best)
@@ -289,7 +330,7 @@ class Trainer:
                 if step % t.log_every_steps == 0 or step == t.max_steps:
                     elapsed = time.perf_counter() - interval_start
                     mean_loss = loss_sum.item() / interval_steps
-                    lr = self.scheduler.get_last_lr()[0]
+                    lr = lr_at(step, t.lr, t.warmup_steps)  # the rate this step used
                     tokens_per_s = interval_tokens / max(elapsed, 1e-9)
                     writer.add_scalar("train/loss", mean_loss, step)
                     writer.add_scalar("train/grad_norm", grad_norm.item(), step)

@@ -9,7 +9,7 @@ import torch
 
 from transformer_mt.checkpoint import CheckpointDir, load_checkpoint
 from transformer_mt.config import Config, config_from_dict
-from transformer_mt.errors import CheckpointError, ConfigError
+from transformer_mt.errors import CheckpointError, ConfigError, UsageError
 from transformer_mt.evaluation import translate_ids
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision, pick_device, pick_precision
@@ -49,8 +49,7 @@ class Translator:
         model.load_state_dict(state["model"])
         torch_device = pick_device(device)
         logger.info("loaded %s (step %d) on %s", checkpoint, state.get("train_state", {}).get("step", -1), torch_device)
-        return cls(model.to(torch_device), tokenizers, cfg, torch_device,
-                   pick_precision(cfg.train.precision, torch_device), run_dir)
+        return cls(model.to(torch_device), tokenizers, cfg, torch_device, _precision_for(cfg, torch_device), run_dir)
 
     def translate(self, lines: list[str], beam_size: int | None = None, progress: bool = False) -> list[str]:
         """Translate each line (beam size: `beam_size`, else the run's `decode.beam_size`).
@@ -69,6 +68,14 @@ class Translator:
                                 progress=progress)
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         return [hyp if text else "" for text, hyp in zip(texts, hypotheses)]
+
+
+def _precision_for(cfg: Config, device: torch.device) -> Precision:
+    """The run's training precision (as validation used it) where this device allows it, else auto."""
+    try:
+        return pick_precision(cfg.train.precision, device)
+    except UsageError:  # e.g. an fp16 run translated on a CPU
+        return pick_precision("auto", device)
 
 
 def find_checkpoint(run_dir: Path) -> Path:

@@ -1,5 +1,6 @@
 """End to end through the real `tmt` entry point, in subprocesses, in a temp directory."""
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -128,3 +129,21 @@ def test_translate_into_a_closed_pipe_exits_quietly(trained: Path):
     result = subprocess.run(["bash", "-c", script], cwd=trained, capture_output=True, text=True, timeout=120,
                             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
     assert "Error" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(tmp_path: Path):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "transformer_mt", "train", "--config", str(DEMO_CONFIG), "--no-progress",
+         "--set", "train.max_steps=100000", "--set", "train.log_every_steps=1", "--set", "model.d_model=32",
+         "--set", "model.d_ff=64", "--set", "train.save_every_steps=100000"],
+        cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+    for line in process.stderr:  # wait until training steps are running
+        if "step 3:" in line:
+            break
+    process.send_signal(signal.SIGINT)
+    rest = process.stderr.read()
+    assert process.wait(timeout=60) == 130
+    assert "--resume" in rest and "Traceback" not in rest
+    checkpoints = list((tmp_path / "runs" / "demo" / "checkpoints").glob("step_*.pt"))
+    assert len(checkpoints) == 1

@@ -129,3 +129,15 @@ def test_a_start_that_failed_before_its_first_checkpoint_can_be_retried(tmp_path
     assert (run / "config.yaml").is_file()
     prepare_run_dir(run, resume=False, overwrite=False)  # no --overwrite needed
     assert list(run.iterdir()) == []
+
+
+def test_resume_skips_a_truncated_checkpoint_and_uses_the_previous_one(tiny_corpus: Path, tmp_path: Path):
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 6, "save_every_steps": 2, "eval_every_steps": 6})
+    train(cfg, run, progress=False)
+    newest = run / "checkpoints" / "step_00000006.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # a write cut short by a crash
+    trainer = Trainer(cfg, run, progress=False)
+    trainer.resume()
+    assert trainer.state.step == 4

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from transformer_mt import __version__
-from transformer_mt.errors import TmtError, UsageError
+from transformer_mt.errors import TmtError, TrainingStopped, UsageError
 
 logger = logging.getLogger("transformer_mt")
 
@@ -129,6 +129,10 @@ def run_train(args: argparse.Namespace) -> None:
     log_file = _setup_logging(logging.INFO, run_dir / "train.log")
     try:
         state = train(cfg, run_dir, resume=args.resume, progress=not args.no_progress)
+    except TrainingStopped as err:
+        run_dir_arg = f" --run-dir {run_dir}" if args.run_dir else ""
+        raise TrainingStopped(f"{err}; continue with: tmt train --config {args.config}{run_dir_arg} --resume",
+                              err.exit_code - 128) from None
     finally:
         logging.getLogger().removeHandler(log_file)
         log_file.close()

@@ -31,3 +31,11 @@ class DataError(TmtError):
 
 class CheckpointError(TmtError):
     """A checkpoint or run directory is missing, corrupt or incompatible."""
+
+
+class TrainingStopped(TmtError):
+    """Training stopped on SIGINT/SIGTERM after saving a checkpoint; exit code 128 + signal (130 for Ctrl-C)."""
+
+    def __init__(self, message: str, signal_number: int):
+        super().__init__(message)
+        self.exit_code = 128 + signal_number

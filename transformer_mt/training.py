@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import math
 import shutil
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +21,7 @@ from transformer_mt import data as data_module
 from transformer_mt.batching import Batch, TokenBatchSampler, make_batch, sorted_batches
 from transformer_mt.checkpoint import FORMAT_VERSION, CheckpointDir, load_checkpoint
 from transformer_mt.config import Config, config_to_dict, save_config
-from transformer_mt.errors import CheckpointError, ConfigError, DataError, UsageError
+from transformer_mt.errors import CheckpointError, ConfigError, DataError, TrainingStopped, UsageError
 from transformer_mt.evaluation import score, translate_ids
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision, load_rng_state, pick_device, pick_precision, rng_state, seed_everything
@@ -195,11 +197,8 @@ class Trainer:
         }
 
     def resume(self) -> None:
-        """Load the newest step checkpoint into every stateful piece."""
-        path = self.checkpoints.latest()
-        if path is None:
-            raise CheckpointError(f"{self.run_dir}: no checkpoint to resume from")
-        ckpt = load_checkpoint(path, map_location=self.device)
+        """Load the newest intact step checkpoint into every stateful piece."""
+        path, ckpt = self._newest_intact_checkpoint()
         _check_resume_config(ckpt["config"], config_to_dict(self.cfg), path)
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
@@ -212,6 +211,19 @@ class Trainer:
         load_rng_state({k: _to_cpu(v) for k, v in ckpt["rng"].items()})
         logger.info("resuming from %s: step %d, epoch %d, batch %d of that epoch", path, self.state.step,
                     self.sampler.epoch + 1, self.sampler.position)
+
+    def _newest_intact_checkpoint(self) -> tuple[Path, dict]:
+        """The newest step checkpoint that loads; unreadable ones are reported and skipped."""
+        problems = []
+        for step in reversed(self.checkpoints.steps()):
+            path = self.checkpoints.step_path(step)
+            try:
+                return path, load_checkpoint(path, map_location=self.device)
+            except CheckpointError as err:
+                logger.warning("skipping checkpoint: %s", err)
+                problems.append(str(err))
+        detail = ("; ".join(problems)) if problems else "none found"
+        raise CheckpointError(f"{self.run_dir}: no intact checkpoint to resume from ({detail})")
 
     def _apply_optimizer_settings(self) -> None:
         """Make the current config's train.* values win over those stored in a checkpoint.
@@ -316,8 +328,16 @@ class Trainer:
         batches = iter(self.sampler)
         loss_sum = torch.zeros((), device=self.device)  # summed on device: no host sync per step
         interval_steps, interval_tokens, interval_start = 0, 0, time.perf_counter()
+        stop = StopRequest()
         try:
+            stop.install()
             while self.state.step < t.max_steps:
+                if stop.signal_number is not None:
+                    logger.warning("received %s: saving a checkpoint, then stopping",
+                                   signal.Signals(stop.signal_number).name)
+                    self.save(keep_step=True, is_best=False)
+                    raise TrainingStopped(f"stopped by {signal.Signals(stop.signal_number).name} at step "
+                                          f"{self.state.step}; checkpoint saved", stop.signal_number)
                 batch = self.train_data.batch(next(batches)).to(self.device)
                 loss, grad_norm = self.train_step(batch)
                 self.state.step += 1
@@ -353,9 +373,39 @@ class Trainer:
                 if keep_step or is_best:
                     self.save(keep_step=keep_step, is_best=is_best)
         finally:
+            stop.uninstall()
             bar.close()
             writer.close()
         return self.state
+
+
+class StopRequest:
+    """Turns the first SIGINT/SIGTERM into a request to stop after the current step.
+
+    The loop then saves a checkpoint and stops; a second signal interrupts at once, unsaved.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signal_number: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signal_number: int, frame) -> None:
+        if self.signal_number is not None:
+            raise KeyboardInterrupt  # asked twice: stop now, without a checkpoint
+        self.signal_number = signal_number  # no logging here: a handler may interrupt a log write
 
 
 def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = True) -> TrainState:

@@ -67,3 +67,13 @@ def test_demo_config_is_valid():
 
     cfg = load_config(DEMO_CONFIG)
     assert Path(cfg.data.path, "train.en").is_file()
+
+
+def test_readme_configuration_reference_matches_the_dataclasses():
+    from tests.conftest import REPO
+    from transformer_mt.config import reference_markdown
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    start = readme.index("<!-- config-reference:start")
+    body = readme[readme.index("\n", start) + 1: readme.index("<!-- config-reference:end -->")]
+    assert body == reference_markdown(), "README is stale: paste config.reference_markdown() between the markers"

@@ -6,8 +6,11 @@ as YAML), checks every key and type, and raises one `ConfigError` listing every 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
+import inspect
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -25,7 +28,7 @@ class DataConfig:
 
     format: Literal["hub", "text", "tsv", "jsonl"] = "text"
     """`hub`: a HuggingFace Hub dataset with a `translation` column; `text`: aligned files
-    `{split}.{lang}[.gz]`; `tsv`: `{split}.tsv` (source<TAB>target); `jsonl`: `{split}.jsonl`."""
+    `{split}.{lang}[.gz]`; `tsv`: `{split}.tsv` (source, a tab, target); `jsonl`: `{split}.jsonl`."""
     path: str = ""
     """Hub dataset name (e.g. `Helsinki-NLP/opus_books`) or a local directory; a relative
     directory is resolved against the config file's directory."""
@@ -78,7 +81,8 @@ class ModelConfig:
     """`pre`: LayerNorm before each sublayer (stable without long warmup); `post`: the
     original paper's LayerNorm after the residual sum."""
     max_len: int = 256
-    """Longest sequence in tokens; longer inputs are truncated."""
+    """Longest sequence in tokens: longer training pairs are dropped, longer inputs to
+    translate are truncated."""
     share_embeddings: bool = True
     """Share source and target embeddings (requires `tokenizer.joint`)."""
     tie_output: bool = True
@@ -404,3 +408,33 @@ def _deep_copy(raw: Any) -> Any:
     if isinstance(raw, list):
         return [_deep_copy(v) for v in raw]
     return raw
+
+
+def reference_markdown() -> str:
+    """A Markdown table per config section: key, default and the field's docstring.
+
+    Read from this module's source, so the README's configuration reference cannot drift
+    from the dataclasses (a test compares them).
+    """
+    tree = ast.parse(inspect.getsource(sys.modules[__name__]))
+    docs: dict[str, dict[str, str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            docs[node.name] = {}
+            body = node.body
+            for item, following in zip(body, body[1:] + [None]):
+                if isinstance(item, ast.AnnAssign) and isinstance(following, ast.Expr) \
+                        and isinstance(following.value, ast.Constant):
+                    docs[node.name][item.target.id] = " ".join(following.value.value.split())
+    root = Config()
+    lines = ["| key | default | meaning |", "| --- | --- | --- |"]
+    for f in dataclasses.fields(Config):
+        value = getattr(root, f.name)
+        if not dataclasses.is_dataclass(value):
+            lines.append(f"| `{f.name}` | `{value!r}` | {docs['Config'].get(f.name, '')} |")
+            continue
+        for sub in dataclasses.fields(value):
+            default = config_to_dict(root)[f.name][sub.name]
+            meaning = docs[type(value).__name__].get(sub.name, "").replace("|", "\\|")
+            lines.append(f"| `{f.name}.{sub.name}` | `{default!r}` | {meaning} |")
+    return "\n".join(lines) + "\n"

@@ -53,7 +53,8 @@ def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: Dec
     was_training = model.training
     model.eval()
     try:
-        for chunk in tqdm(batches, desc="translate", unit="batch", disable=not progress, file=sys.stderr):
+        for chunk in tqdm(batches, desc="translate", unit="batch", disable=not (progress and sys.stderr.isatty()),
+                          file=sys.stderr):
             src_ids = pad_sequences([sources[i] for i in chunk], model.pad_id).to(device)
             with precision.autocast():
                 outputs = _decode_batch(model, src_ids, decode_cfg, beam_size, bos_id, eos_id)

@@ -324,7 +324,8 @@ class Trainer:
                     self.precision.name, self.model.num_parameters(), len(self.train_data.src_ids))
         writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.state.step + 1)
         bar = tqdm(total=t.max_steps, initial=self.state.step, desc="train", unit="step",
-                   disable=not self.progress, file=sys.stderr, dynamic_ncols=True)
+                   # Not a terminal (a CI log, a file): the periodic log lines stand in for the bar.
+                   disable=not (self.progress and sys.stderr.isatty()), file=sys.stderr, dynamic_ncols=True)
         batches = iter(self.sampler)
         loss_sum = torch.zeros((), device=self.device)  # summed on device: no host sync per step
         interval_steps, interval_tokens, interval_start = 0, 0, time.perf_counter()

@@ -37,6 +37,13 @@ EVALUATE_EXAMPLES = """examples:
 """
 
 
+EXPORT_EXAMPLES = """examples:
+  pip install ctranslate2
+  tmt export --format ctranslate2 --run runs/demo --output demo-ct2
+  tmt export --format ctranslate2 --run runs/demo --output demo-ct2-int8 --quantization int8
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tmt", description="Train Transformer translation models and translate with them.")
     parser.add_argument("--version", action="version", version=f"tmt {__version__}")
@@ -71,6 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
                           help="sacreBLEU tokenizer for BLEU (default 13a; 'none' for pre-tokenized text)")
     evaluate.add_argument("--output", type=Path,
                           help="where to write the hypotheses (default: <run>/evaluation/<name>.beam<K>.txt)")
+
+    export = commands.add_parser("export", help="export a trained run to another inference engine",
+                                 epilog=EXPORT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    export.add_argument("--format", choices=["ctranslate2"], required=True)
+    export.add_argument("--run", type=Path, required=True, help="run directory")
+    export.add_argument("--output", type=Path, required=True, help="new model directory to write")
+    export.add_argument("--checkpoint", type=Path, help="default: best.pt, else the newest step checkpoint")
+    export.add_argument("--quantization", help="CTranslate2 weight type: int8, int8_float16, float16, ... "
+                                               "(default: float32)")
     return parser
 
 
@@ -97,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits with 2 on bad arguments
     try:
-        {"train": run_train, "translate": run_translate, "evaluate": run_evaluate}[args.command](args)
+        {"train": run_train, "translate": run_translate, "evaluate": run_evaluate,
+         "export": run_export}[args.command](args)
         return 0
     except TmtError as err:
         if args.traceback:
@@ -187,6 +204,13 @@ def run_evaluate(args: argparse.Namespace) -> None:
     print(f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}")
     print(f"chrF = {scores.chrf:.2f}  {scores.chrf_signature}")
     print(f"{len(hypotheses)} sentences, beam {beam}; hypotheses in {output}", file=sys.stderr)
+
+
+def run_export(args: argparse.Namespace) -> None:
+    from transformer_mt.export import export_ctranslate2
+
+    _setup_logging(logging.INFO)
+    export_ctranslate2(args.run, args.output, args.checkpoint, args.quantization)
 
 
 def _load_translator(args: argparse.Namespace):

@@ -1,0 +1,146 @@
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import TINY_PAIRS, tiny_config
+from transformer_mt.batching import pad_sequences
+from transformer_mt.checkpoint import FORMAT_VERSION, save_atomic
+from transformer_mt.config import config_to_dict
+from transformer_mt.decoding import greedy_decode
+from transformer_mt.errors import TmtError, UsageError
+from transformer_mt.export import export_ctranslate2
+from transformer_mt.model import Transformer
+from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
+
+SOURCES = [src for src, _ in TINY_PAIRS]
+TARGETS = [tgt for _, tgt in TINY_PAIRS]
+MAX_TOKENS = 5  # generation cap, EOS included: short enough that some outputs hit it
+
+
+@pytest.fixture
+def ct2():
+    return pytest.importorskip("ctranslate2")
+
+
+def make_run(run_dir: Path, norm: str, share: bool) -> tuple[Transformer, TokenizerPair]:
+    """A run directory (tokenizers + best.pt) holding a briefly trained tiny model.
+
+    20 teacher-forced steps: enough that greedy outputs differ and some end with EOS before
+    the cap, too few to learn every pair, so others run to the cap. Biases and LayerNorm
+    parameters are perturbed first, so a misplaced one would change the outputs.
+    """
+    cfg = tiny_config(run_dir, tokenizer={"joint": share},
+                      model={"norm": norm, "share_embeddings": share, "tie_output": share, "dropout": 0.0})
+    run_dir.mkdir(parents=True)
+    tokenizers = train_tokenizers(cfg.tokenizer, SOURCES, TARGETS)
+    tokenizers.save(run_dir)
+    torch.manual_seed(0)
+    model = Transformer(cfg.model, tokenizers.src.get_vocab_size(), tokenizers.tgt.get_vocab_size(), PAD_ID)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 1:
+                param.add_(0.2 * torch.randn_like(param))
+    src_ids, tgt_in_ids, tgt_out_ids = encode_pairs(tokenizers)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(20):
+        logits = model(src_ids, tgt_in_ids)  # (B, T, V)
+        loss = F.cross_entropy(logits.flatten(0, 1), tgt_out_ids.flatten(), ignore_index=PAD_ID)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    state = {"model": model.state_dict(), "config": config_to_dict(cfg), "format_version": FORMAT_VERSION,
+             "model_args": {"src_vocab_size": tokenizers.src.get_vocab_size(),
+                            "tgt_vocab_size": tokenizers.tgt.get_vocab_size(), "pad_id": PAD_ID}}
+    (run_dir / "checkpoints").mkdir()
+    save_atomic(state, run_dir / "checkpoints" / "best.pt")
+    return model, tokenizers
+
+
+def encode_pairs(tokenizers: TokenizerPair) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Padded (source + EOS, BOS + target, target + EOS) ids of the tiny pairs."""
+    src = tokenizers.encode_src(SOURCES)
+    tgt = tokenizers.encode_tgt(TARGETS)
+    return (pad_sequences([ids + [EOS_ID] for ids in src], PAD_ID),
+            pad_sequences([[BOS_ID] + ids for ids in tgt], PAD_ID),
+            pad_sequences([ids + [EOS_ID] for ids in tgt], PAD_ID))
+
+
+def src_tokens(tokenizers: TokenizerPair) -> list[list[str]]:
+    return [encoding.tokens for encoding in tokenizers.src.encode_batch(SOURCES, add_special_tokens=False)]
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "unshared"])
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_ctranslate2_greedy_output_equals_tmt_greedy_output(ct2, tmp_path: Path, norm: str, share: bool):
+    model, tokenizers = make_run(tmp_path / "run", norm, share)
+    export_ctranslate2(tmp_path / "run", tmp_path / "ct2")
+
+    src_ids, _, _ = encode_pairs(tokenizers)
+    expected = greedy_decode(model, src_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=0, max_len_b=MAX_TOKENS)
+    translator = ct2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    # CTranslate2 forbids EOS as the first token unless min_decoding_length=0; tmt allows it.
+    results = translator.translate_batch(src_tokens(tokenizers), beam_size=1, max_decoding_length=MAX_TOKENS,
+                                         min_decoding_length=0)
+    got = [[tokenizers.tgt.token_to_id(token) for token in result.hypotheses[0]] for result in results]
+
+    assert got == expected
+    lengths = {len(ids) for ids in expected}
+    assert MAX_TOKENS in lengths and min(lengths) < MAX_TOKENS - 1  # some hit the cap, some stop at EOS
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "unshared"])
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_ctranslate2_scores_equal_tmt_log_probs(ct2, tmp_path: Path, norm: str, share: bool):
+    model, tokenizers = make_run(tmp_path / "run", norm, share)
+    export_ctranslate2(tmp_path / "run", tmp_path / "ct2")
+
+    src_ids, tgt_in_ids, tgt_out_ids = encode_pairs(tokenizers)
+    with torch.no_grad():
+        logits = model(src_ids, tgt_in_ids)  # (B, T, V)
+    # tmt's search never emits padding or BOS; the export forbids them in the same way.
+    logits[..., [PAD_ID, BOS_ID]] = torch.finfo(logits.dtype).min
+    log_probs = torch.log_softmax(logits, dim=-1).gather(2, tgt_out_ids[..., None])[..., 0]  # (B, T)
+    translator = ct2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    targets = [e.tokens for e in tokenizers.tgt.encode_batch(TARGETS, add_special_tokens=False)]
+    results = translator.score_batch(src_tokens(tokenizers), targets)
+
+    for row, result in enumerate(results):
+        n = len(targets[row]) + 1  # target tokens and EOS
+        assert result.log_probs == pytest.approx(log_probs[row, :n].tolist(), abs=1e-4)
+
+
+def test_int8_export_is_smaller_and_translates(ct2, tmp_path: Path):
+    _, tokenizers = make_run(tmp_path / "run", "pre", True)
+    export_ctranslate2(tmp_path / "run", tmp_path / "fp32")
+    export_ctranslate2(tmp_path / "run", tmp_path / "int8", quantization="int8")
+    assert (tmp_path / "int8" / "model.bin").stat().st_size < (tmp_path / "fp32" / "model.bin").stat().st_size
+    translator = ct2.Translator(str(tmp_path / "int8"), device="cpu", intra_threads=1)
+    results = translator.translate_batch(src_tokens(tokenizers), beam_size=1, max_decoding_length=MAX_TOKENS)
+    for result in results:
+        hypothesis = result.hypotheses[0]
+        assert len(hypothesis) <= MAX_TOKENS
+        assert all(tokenizers.tgt.token_to_id(token) not in (None, PAD_ID, BOS_ID) for token in hypothesis)
+
+
+def test_export_without_ctranslate2_says_how_to_install_it(tmp_path: Path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # makes `import ctranslate2...` fail
+    with pytest.raises(TmtError, match="pip install ctranslate2"):
+        export_ctranslate2(tmp_path / "run", tmp_path / "ct2")
+
+
+def test_export_refuses_a_non_empty_output_directory(ct2, tmp_path: Path):
+    make_run(tmp_path / "run", "pre", True)
+    (tmp_path / "ct2").mkdir()
+    (tmp_path / "ct2" / "keep.txt").write_text("user data")
+    with pytest.raises(UsageError, match="not an empty directory"):
+        export_ctranslate2(tmp_path / "run", tmp_path / "ct2")
+    assert (tmp_path / "ct2" / "keep.txt").read_text() == "user data"
+
+
+def test_unknown_quantization_lists_the_valid_choices(ct2, tmp_path: Path):
+    with pytest.raises(UsageError, match="int8_float16"):
+        export_ctranslate2(tmp_path / "run", tmp_path / "ct2", quantization="int3")

@@ -1,0 +1,187 @@
+"""Export a trained run to other inference engines: CTranslate2 (`tmt export --format ctranslate2`).
+
+The exported model is the same network with the same weights: CTranslate2's greedy search
+gives tmt's greedy output token for token (tests/test_export.py checks it).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from transformer_mt.errors import TmtError, UsageError
+from transformer_mt.model import DecoderLayer, EncoderLayer, MultiHeadAttention, Transformer
+from transformer_mt.tokenization import BOS, BOS_ID, EOS, PAD, PAD_ID, UNK
+from transformer_mt.translator import Translator
+
+logger = logging.getLogger(__name__)
+
+# CTranslate2 names its padding token `<blank>` (OpenNMT's); its other special tokens are
+# tmt's own strings. fairseq's converter renames `<pad>` the same way.
+CT2_PAD = "<blank>"
+# Added to the logits of tokens tmt never generates (padding, a second BOS), as tmt's search
+# does with `finfo.min`. -1e4 is far below any real logit and still finite in fp16.
+_FORBIDDEN_LOGIT_BIAS = -1e4
+
+
+def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None = None,
+                       quantization: str | None = None) -> None:
+    """Write a CTranslate2 model directory for a run: `model.bin`, `config.json`, the vocabularies
+    (`shared_vocabulary.json`, or `source_`/`target_vocabulary.json`) and tmt's tokenizer files.
+
+    Weights come from `checkpoint` (default: the run's `best.pt`, else its newest step
+    checkpoint). `quantization` is CTranslate2's weight type (int8, int8_float16, float16, ...);
+    None keeps fp32. Use the result with token strings from tmt's tokenizer (the files are
+    copied in): `ctranslate2.Translator(dir).translate_batch([tokenizer.encode(text).tokens],
+    beam_size=1, min_decoding_length=0)` gives tmt's greedy output (CTranslate2's default
+    `min_decoding_length=1` forbids an empty translation; tmt's length cap a·S + b maps to
+    `max_decoding_length`).
+    """
+    try:
+        import ctranslate2  # noqa: F401  (an optional dependency)
+        from ctranslate2.specs import model_spec
+    except ImportError:
+        raise TmtError("exporting to CTranslate2 needs the ctranslate2 package: pip install ctranslate2") from None
+    if quantization is not None and quantization not in model_spec.ACCEPTED_MODEL_TYPES:
+        raise UsageError(f"--quantization: {quantization!r} is not one of "
+                         f"{', '.join(model_spec.ACCEPTED_MODEL_TYPES)}")
+    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
+        raise UsageError(f"{output_dir} already exists and is not an empty directory; choose another --output")
+
+    translator = Translator.from_run(run_dir, checkpoint, device="cpu")
+    spec = build_ctranslate2_spec(translator.model)
+    spec.register_source_vocabulary(ctranslate2_vocabulary(translator.tokenizers.src))
+    spec.register_target_vocabulary(ctranslate2_vocabulary(translator.tokenizers.tgt))
+    for tokenizer_file in sorted(run_dir.glob("tokenizer*.json")):
+        spec.register_file(str(tokenizer_file))  # so the directory alone can translate text
+    spec.validate()
+    spec.optimize(quantization=quantization)  # aliases tied/shared weights, then quantizes
+
+    # Write beside the target and rename, so a failed export leaves no half-written model.
+    tmp = output_dir.with_name(f".{output_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        spec.save(str(tmp))
+        if output_dir.exists():
+            output_dir.rmdir()  # empty, checked above
+        tmp.rename(output_dir)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise TmtError(f"{output_dir}: could not write the CTranslate2 model ({err.strerror or err})") from None
+    logger.info("exported %s to %s (CTranslate2, %s)", run_dir, output_dir, quantization or "float32")
+
+
+def ctranslate2_vocabulary(tokenizer) -> list[str]:
+    """The tokenizer's tokens in id order, so CTranslate2 token i is tmt id i; `<pad>` becomes `<blank>`."""
+    vocab = tokenizer.get_vocab(with_added_tokens=True)  # token -> id
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    if [vocab[t] for t in tokens] != list(range(len(tokens))):
+        raise TmtError("the tokenizer's ids are not contiguous from 0; cannot write a CTranslate2 vocabulary")
+    if CT2_PAD in vocab:
+        raise TmtError(f"the tokenizer has a token {CT2_PAD!r}, which CTranslate2 reserves for padding")
+    tokens[PAD_ID] = CT2_PAD
+    return tokens
+
+
+def build_ctranslate2_spec(model: Transformer):
+    """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights (fp32 numpy arrays).
+
+    Mapping: q/k/v projections are fused (self-attention: one QKV matrix; cross-attention:
+    Q, then one KV matrix); each tmt `Residual` LayerNorm is the sublayer's `layer_norm`, which
+    CTranslate2 applies before (pre-norm) or after the residual sum (post-norm), as tmt does.
+    Positions are tmt's own sinusoidal table (CTranslate2's built-in one concatenates sin and cos
+    and starts at position 1), embeddings are scaled by sqrt(D), and the output projection gets
+    a bias that forbids padding and BOS, which tmt's search never emits.
+    """
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    cfg = model.cfg
+    spec = transformer_spec.TransformerSpec.from_config(
+        cfg.n_layers, cfg.n_heads, pre_norm=cfg.norm == "pre", activation=common_spec.Activation.RELU)
+    spec.config.layer_norm_epsilon = model.decoder_layers[0].ffn_block.norm.eps  # nn.LayerNorm's 1e-5
+    spec.config.add_source_eos = True  # tmt appends EOS to every source
+    spec.config.decoder_start_token = BOS
+    spec.config.bos_token, spec.config.eos_token, spec.config.unk_token = BOS, EOS, UNK
+
+    positions = _array(model.positions)  # (max_len, D): row i is position i, as in `Transformer._embed`
+    embed_scale = math.sqrt(cfg.d_model)
+    if not math.isclose(model.embed_scale, embed_scale):
+        raise TmtError(f"unexpected embedding scale {model.embed_scale}; the exporter assumes sqrt(d_model)")
+
+    encoder = spec.encoder
+    encoder.embeddings[0].weight = _array(model.src_embed.weight)
+    encoder.scale_embeddings = True  # CTranslate2 multiplies by sqrt(D)
+    encoder.position_encodings.encodings = positions
+    for layer_spec, layer in zip(encoder.layer, model.encoder_layers):
+        _set_encoder_layer(layer_spec, layer)
+    if cfg.norm == "pre":
+        _set_layer_norm(encoder.layer_norm, model.encoder_norm)
+
+    decoder = spec.decoder
+    decoder.embeddings.weight = _array(model.tgt_embed.weight)
+    decoder.scale_embeddings = True
+    decoder.position_encodings.encodings = positions
+    for layer_spec, layer in zip(decoder.layer, model.decoder_layers):
+        _set_decoder_layer(layer_spec, layer)
+    if cfg.norm == "pre":
+        _set_layer_norm(decoder.layer_norm, model.decoder_norm)
+    decoder.projection.weight = _array(model.output_proj.weight)  # (V, D), tied weights alias on save
+    bias = np.zeros(model.output_proj.weight.shape[0], dtype=np.float32)
+    bias[[PAD_ID, BOS_ID]] = _FORBIDDEN_LOGIT_BIAS
+    decoder.projection.bias = bias
+    return spec
+
+
+def _set_encoder_layer(spec, layer: EncoderLayer) -> None:
+    _set_self_attention(spec.self_attention, layer.self_attn)
+    _set_layer_norm(spec.self_attention.layer_norm, layer.attn_block.norm)
+    _set_ffn(spec.ffn, layer)
+
+
+def _set_decoder_layer(spec, layer: DecoderLayer) -> None:
+    _set_self_attention(spec.self_attention, layer.self_attn)
+    _set_layer_norm(spec.self_attention.layer_norm, layer.self_block.norm)
+    attention = layer.cross_attn
+    _set_linear(spec.attention.linear[0], attention.q_proj)
+    _set_fused(spec.attention.linear[1], [attention.k_proj, attention.v_proj])  # (2D, D)
+    _set_linear(spec.attention.linear[2], attention.out_proj)
+    _set_layer_norm(spec.attention.layer_norm, layer.cross_block.norm)
+    _set_ffn(spec.ffn, layer)
+
+
+def _set_self_attention(spec, attention: MultiHeadAttention) -> None:
+    _set_fused(spec.linear[0], [attention.q_proj, attention.k_proj, attention.v_proj])  # (3D, D)
+    _set_linear(spec.linear[1], attention.out_proj)
+
+
+def _set_ffn(spec, layer: EncoderLayer | DecoderLayer) -> None:
+    _set_linear(spec.linear_0, layer.ffn.linear1)
+    _set_linear(spec.linear_1, layer.ffn.linear2)
+    _set_layer_norm(spec.layer_norm, layer.ffn_block.norm)
+
+
+def _set_fused(spec, linears: list[nn.Linear]) -> None:
+    """Stack Linear layers' (out, in) weights and biases along the output dimension."""
+    spec.weight = np.concatenate([_array(linear.weight) for linear in linears])
+    spec.bias = np.concatenate([_array(linear.bias) for linear in linears])
+
+
+def _set_linear(spec, linear: nn.Linear) -> None:
+    spec.weight = _array(linear.weight)  # (out, in): CTranslate2 computes x @ W^T as torch does
+    spec.bias = _array(linear.bias)
+
+
+def _set_layer_norm(spec, norm: nn.LayerNorm) -> None:
+    spec.gamma = _array(norm.weight)
+    spec.beta = _array(norm.bias)
+
+
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().to("cpu", torch.float32).numpy().copy()

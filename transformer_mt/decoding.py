@@ -45,7 +45,8 @@ def greedy_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos
     memory = model.encode(src_ids, src_mask)  # (B, S, D)
     limits = max_target_lengths(src_mask, max_len_a, max_len_b, model.cfg.max_len)  # (B,)
     B = src_ids.shape[0]
-    cache = model.new_cache() if use_cache else None
+    # The decoder is fed BOS plus all but the last generated token: at most `limits.max()` positions.
+    cache = model.new_cache(int(limits.max())) if use_cache else None
     tgt_ids = torch.full((B, 1), bos_id, dtype=torch.long, device=src_ids.device)  # (B, 1)
     finished = torch.zeros(B, dtype=torch.bool, device=src_ids.device)
     for step in range(int(limits.max())):
@@ -103,7 +104,7 @@ def beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_i
     limits = max_target_lengths(src_mask, max_len_a, max_len_b, model.cfg.max_len).tolist()
     memory = model.encode(src_ids, src_mask).repeat_interleave(K, dim=0)  # (B·K, S, D)
     src_mask = src_mask.repeat_interleave(K, dim=0)  # (B·K, S)
-    cache = model.new_cache()
+    cache = model.new_cache(max(limits))
 
     active = list(range(B))  # sentences still searching, in the order of the rows below
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
@@ -144,8 +145,12 @@ def beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_i
         rows = beam_rows[keep].flatten()  # (N'·K,)
         tokens = torch.cat([tokens.index_select(0, rows), next_tokens[keep].reshape(-1, 1)], dim=1)
         scores = live_scores[keep].flatten()
-        cache.reorder(rows)
-        memory, src_mask = memory.index_select(0, rows), src_mask.index_select(0, rows)
+        # Beams move only within their sentence, and a sentence's beams share the same memory
+        # and cross-attention K/V: those need gathering only when sentences leave the batch.
+        pruned = len(still) < N
+        cache.reorder(rows, cross=pruned)
+        if pruned:
+            memory, src_mask = memory.index_select(0, rows), src_mask.index_select(0, rows)
         active = [active[row] for row in still]
         step += 1
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:n_best] for hyps in finished]

@@ -73,46 +73,70 @@ class MultiHeadAttention(nn.Module):
 
 @dataclass
 class LayerCache:
-    """One decoder layer's cached keys and values, each (B, H, L, Dh)."""
+    """One decoder layer's cached keys and values, each (B, H, L, Dh).
 
-    self_k: torch.Tensor | None = None  # grows by one position per decoding step
+    Self-attention K/V live in buffers of `capacity` positions allocated on the first step and
+    written in place, so a step copies only its new position (growing them with `torch.cat`
+    would copy the whole prefix every step).
+    """
+
+    capacity: int
+    length: int = 0  # positions written so far
+    self_k: torch.Tensor | None = None  # (B, H, capacity, Dh) buffer
     self_v: torch.Tensor | None = None
-    cross_k: torch.Tensor | None = None  # computed once from the encoder memory
+    cross_k: torch.Tensor | None = None  # (B, H, S, Dh), computed once from the encoder memory
     cross_v: torch.Tensor | None = None
 
     def append_self(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add the new positions' keys/values and return all of them."""
-        if self.self_k is not None:
-            k = torch.cat([self.self_k, k], dim=2)  # (B, H, L + new, Dh)
-            v = torch.cat([self.self_v, v], dim=2)
-        self.self_k, self.self_v = k, v
-        return k, v
+        """Write the new positions' keys/values (B, H, n, Dh); return views of all written so far."""
+        n = k.shape[2]
+        if self.length + n > self.capacity:
+            raise ValueError(f"KV cache full: {self.length} + {n} positions exceed its capacity {self.capacity}")
+        if self.self_k is None:
+            B, H, _, Dh = k.shape
+            self.self_k = k.new_empty(B, H, self.capacity, Dh)
+            self.self_v = v.new_empty(B, H, self.capacity, Dh)
+        self.self_k[:, :, self.length:self.length + n] = k
+        self.self_v[:, :, self.length:self.length + n] = v
+        self.length += n
+        return self.self_k[:, :, :self.length], self.self_v[:, :, :self.length]  # (B, H, length, Dh)
 
 
 class KVCache:
     """Keys and values of past decoding steps, so each step runs the decoder on one new token.
 
-    Self-attention K/V grow per step; cross-attention K/V are computed from the memory on the
-    first step. `reorder` selects batch rows (beam search keeps the surviving beams, and
-    finished sentences can be dropped).
+    Self-attention K/V grow by one position per step (up to `capacity` positions);
+    cross-attention K/V are computed from the memory on the first step. `reorder` selects
+    batch rows: beam search keeps the surviving beams, and finished sentences can be dropped.
     """
 
-    def __init__(self, n_layers: int):
-        self.layers = [LayerCache() for _ in range(n_layers)]
+    def __init__(self, n_layers: int, capacity: int):
+        self.layers = [LayerCache(capacity) for _ in range(n_layers)]
 
     @property
     def length(self) -> int:
         """Target positions already cached."""
-        first = self.layers[0].self_k
-        return 0 if first is None else first.shape[2]
+        return self.layers[0].length
 
-    def reorder(self, indices: torch.Tensor) -> None:
-        """Keep batch rows `indices` (long, (B',)), in that order, in every cached tensor."""
+    def reorder(self, indices: torch.Tensor, *, cross: bool = True) -> None:
+        """Keep batch rows `indices` (long, (B',)), in that order, in every cached tensor.
+
+        `cross=False` leaves the cross-attention K/V alone: valid when each row is replaced by
+        a row of the same source sentence (beams of one sentence share the same K/V), with the
+        row count unchanged.
+        """
         for layer in self.layers:
-            for name in ("self_k", "self_v", "cross_k", "cross_v"):
-                tensor = getattr(layer, name)
-                if tensor is not None:
-                    setattr(layer, name, tensor.index_select(0, indices))
+            if layer.self_k is not None:
+                n = layer.length
+                if indices.shape[0] == layer.self_k.shape[0]:  # same rows: gather the written part in place
+                    layer.self_k[:, :, :n] = layer.self_k[:, :, :n].index_select(0, indices)
+                    layer.self_v[:, :, :n] = layer.self_v[:, :, :n].index_select(0, indices)
+                else:
+                    layer.self_k = layer.self_k.index_select(0, indices)
+                    layer.self_v = layer.self_v.index_select(0, indices)
+            if cross and layer.cross_k is not None:
+                layer.cross_k = layer.cross_k.index_select(0, indices)
+                layer.cross_v = layer.cross_v.index_select(0, indices)
 
 
 class FeedForward(nn.Module):
@@ -185,7 +209,7 @@ class DecoderLayer(nn.Module):
         # `is_causal` fast path with no explicit target mask.
         if cache is None:
             return self.self_attn(h, h, None, causal=True)
-        cached = 0 if cache.self_k is None else cache.self_k.shape[2]
+        cached = cache.length
         if cached and h.shape[1] != 1:
             raise ValueError("with a non-empty cache, decode one position at a time")
         k, v = cache.append_self(*self.self_attn.project_kv(h))
@@ -266,9 +290,9 @@ class Transformer(nn.Module):
             y = layer(y, memory, src_mask, None if cache is None else cache.layers[i])
         return self.output_proj(self.decoder_norm(y))
 
-    def new_cache(self) -> KVCache:
-        """An empty cache for incremental decoding with this model."""
-        return KVCache(len(self.decoder_layers))
+    def new_cache(self, capacity: int) -> KVCache:
+        """An empty cache for incremental decoding of up to `capacity` target positions."""
+        return KVCache(len(self.decoder_layers), capacity)
 
     def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
         """Teacher-forced logits (B, T, V) for src_ids (B, S) and tgt_in_ids (B, T)."""

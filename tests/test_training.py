@@ -89,7 +89,7 @@ def test_the_first_update_uses_the_first_warmup_rate_and_loss_is_per_target_toke
     batch = trainer.train_data.batch([0, 1, 2])
     with torch.no_grad():
         summed = label_smoothed_loss(trainer.model(batch.src_ids, batch.tgt_in_ids), batch.tgt_out_ids, 0, 0.1)
-    loss, _ = trainer.train_step(batch)
+    loss = trainer.train_step(batch).loss
     assert loss.item() == pytest.approx(summed.item() / batch.n_tgt_tokens, rel=1e-6)
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(2, 1e-3, 4))
 

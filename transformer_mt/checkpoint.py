@@ -93,14 +93,24 @@ class CheckpointDir:
             logger.info("saved checkpoint %s", self.step_path(step))
         if is_best:
             if keep_step:
-                self._copy_atomic(self.step_path(step), self.best_path)
+                self.copy_to_best(self.step_path(step))
             else:
                 save_atomic(state, self.best_path)
             logger.info("new best checkpoint at step %d", step)
         for old in self.steps()[: -self.keep_last]:
             self.step_path(old).unlink(missing_ok=True)
 
-    def _copy_atomic(self, source: Path, target: Path) -> None:
+    def remove_temp_files(self) -> None:
+        """Delete the half-written `.<name>.tmp` files a crash during a save leaves behind."""
+        for tmp in self.directory.glob(".*.tmp"):
+            logger.info("removing %s, left by an interrupted save", tmp)
+            tmp.unlink(missing_ok=True)
+
+    def copy_to_best(self, source: Path) -> None:
+        """Make `best.pt` a copy of `source` (a hard link where possible), atomically."""
+        target = self.best_path
+        if target.is_file() and os.path.samefile(source, target):
+            return  # already linked (renaming a link over itself would leave the temp link behind)
         tmp = target.with_name(f".{target.name}.tmp")
         tmp.unlink(missing_ok=True)
         try:

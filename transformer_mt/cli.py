@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from transformer_mt import __version__
-from transformer_mt.errors import TmtError, TrainingStopped, UsageError
+from transformer_mt.errors import DataError, TmtError, TrainingStopped, UsageError
 
 logger = logging.getLogger("transformer_mt")
 
@@ -242,7 +242,7 @@ def _read_stdin_lines() -> list[str]:
         try:
             lines.append(raw.decode("utf-8").rstrip("\r\n"))
         except UnicodeDecodeError as err:
-            raise UsageError(f"stdin line {number}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
+            raise DataError(f"stdin line {number}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
     return lines
 
 

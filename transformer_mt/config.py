@@ -125,6 +125,9 @@ class TrainConfig:
     """Steps between checkpoints (one is always written at the end)."""
     keep_last: int = 3
     """Step checkpoints kept on disk; `best.pt` is kept in addition."""
+    max_nonfinite_steps: int = 25
+    """A batch whose loss or gradient is NaN/inf is skipped (no update, not counted as a step);
+    this many in a row stop the run. With fp16, gradient-scaler overflows count too."""
 
 
 @dataclass(frozen=True)
@@ -366,7 +369,7 @@ def _check_values(cfg: Config) -> list[str]:
         p.append("model.share_embeddings: true needs tokenizer.joint: true (one vocabulary for both sides)")
     for key, value in [("train.max_steps", t.max_steps), ("train.eval_every_steps", t.eval_every_steps),
                        ("train.save_every_steps", t.save_every_steps), ("train.log_every_steps", t.log_every_steps),
-                       ("train.keep_last", t.keep_last)]:
+                       ("train.keep_last", t.keep_last), ("train.max_nonfinite_steps", t.max_nonfinite_steps)]:
         if value < 1:
             p.append(f"{key}: must be at least 1, got {value}")
     if t.batch_tokens < m.max_len:

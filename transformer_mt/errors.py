@@ -33,6 +33,10 @@ class CheckpointError(TmtError):
     """A checkpoint or run directory is missing, corrupt or incompatible."""
 
 
+class TrainingError(TmtError):
+    """Training cannot go on: non-finite losses in a row, or out of memory again; exit code 1."""
+
+
 class TrainingStopped(TmtError):
     """Training stopped on SIGINT/SIGTERM after saving a checkpoint; exit code 128 + signal (130 for Ctrl-C)."""
 

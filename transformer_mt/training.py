@@ -21,7 +21,8 @@ from transformer_mt import data as data_module
 from transformer_mt.batching import Batch, TokenBatchSampler, make_batch, sorted_batches
 from transformer_mt.checkpoint import FORMAT_VERSION, CheckpointDir, load_checkpoint
 from transformer_mt.config import Config, config_to_dict, save_config
-from transformer_mt.errors import CheckpointError, ConfigError, DataError, TrainingStopped, UsageError
+from transformer_mt.errors import (CheckpointError, ConfigError, DataError, TrainingError, TrainingStopped,
+                                   UsageError)
 from transformer_mt.evaluation import score, translate_ids
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision, load_rng_state, pick_device, pick_precision, rng_state, seed_everything
@@ -37,17 +38,34 @@ FROZEN_ON_RESUME = ("seed", "data", "tokenizer", "model")
 class TrainState:
     """Progress counters that a checkpoint must carry besides the tensors."""
 
-    step: int = 0
+    step: int = 0  # optimizer updates done; a skipped batch is not a step
     best_bleu: float = -1.0
+    best_step: int = -1  # the step `best.pt` holds
     tgt_tokens_seen: int = 0
+    skipped_nonfinite: int = 0  # batches skipped for a NaN/inf loss or gradient
+    skipped_oom: int = 0  # batches skipped for running out of device memory
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "best_bleu": self.best_bleu, "tgt_tokens_seen": self.tgt_tokens_seen}
+        return {"step": self.step, "best_bleu": self.best_bleu, "best_step": self.best_step,
+                "tgt_tokens_seen": self.tgt_tokens_seen,
+                "skipped_nonfinite": self.skipped_nonfinite, "skipped_oom": self.skipped_oom}
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
         self.best_bleu = float(state["best_bleu"])
         self.tgt_tokens_seen = int(state["tgt_tokens_seen"])
+        self.best_step = int(state.get("best_step", -1))  # absent in checkpoints older than these counters
+        self.skipped_nonfinite = int(state.get("skipped_nonfinite", 0))
+        self.skipped_oom = int(state.get("skipped_oom", 0))
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one training step reports; the tensors stay on the device until a log line needs them."""
+
+    loss: torch.Tensor  # label-smoothed loss per target token
+    grad_norm: torch.Tensor  # global gradient norm before clipping
+    updated: bool  # False: the loss or a gradient was not finite and the update was skipped
 
 
 @dataclass(frozen=True)
@@ -199,7 +217,7 @@ class Trainer:
     def resume(self) -> None:
         """Load the newest intact step checkpoint into every stateful piece."""
         path, ckpt = self._newest_intact_checkpoint()
-        _check_resume_config(ckpt["config"], config_to_dict(self.cfg), path)
+        changes = _resume_config_changes(ckpt["config"], config_to_dict(self.cfg), path)
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
@@ -211,6 +229,10 @@ class Trainer:
         load_rng_state({k: _to_cpu(v) for k, v in ckpt["rng"].items()})
         logger.info("resuming from %s: step %d, epoch %d, batch %d of that epoch", path, self.state.step,
                     self.sampler.epoch + 1, self.sampler.position)
+        logger.info("settings changed since that checkpoint: %s", "; ".join(changes) if changes else "none")
+        self.checkpoints.remove_temp_files()  # left by a crash during a save
+        if self.state.best_step == self.state.step:  # a crash may have come between this file and best.pt
+            self.checkpoints.copy_to_best(path)
 
     def _newest_intact_checkpoint(self) -> tuple[Path, dict]:
         """The newest step checkpoint that loads; unreadable ones are reported and skipped."""
@@ -246,8 +268,12 @@ class Trainer:
         self.checkpoints.save(self.checkpoint_state(), self.state.step, keep_step=keep_step, is_best=is_best)
 
     # --- one optimisation step ---------------------------------------------------------
-    def train_step(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward, backward, clip, update. Returns (loss per target token, grad norm) as tensors."""
+    def train_step(self, batch: Batch) -> StepResult:
+        """Forward, backward, clip, update; a NaN/inf loss or gradient norm skips the update.
+
+        The finiteness check reads one boolean from the device per step: the price of never
+        letting a NaN reach the weights or the optimizer's moments.
+        """
         self.model.train()
         with self.precision.autocast():
             logits = self.model(batch.src_ids, batch.tgt_in_ids)  # (B, T, V)
@@ -258,10 +284,14 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)
         max_norm = self.cfg.train.clip_grad_norm or float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.scheduler.step()
-        return loss.detach(), grad_norm.detach()
+        finite = bool(torch.isfinite(loss) & torch.isfinite(grad_norm))
+        if finite or self.scaler.is_enabled():
+            # The fp16 scaler skips a non-finite update itself, and must see it to lower its scale.
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        if finite:
+            self.scheduler.step()
+        return StepResult(loss.detach(), grad_norm.detach(), finite)
 
     # --- validation --------------------------------------------------------------------
     def _pick_valid_subset(self) -> list[int]:
@@ -327,49 +357,39 @@ class Trainer:
                    # Not a terminal (a CI log, a file): the periodic log lines stand in for the bar.
                    disable=not (self.progress and sys.stderr.isatty()), file=sys.stderr, dynamic_ncols=True)
         batches = iter(self.sampler)
-        loss_sum = torch.zeros((), device=self.device)  # summed on device: no host sync per step
-        interval_steps, interval_tokens, interval_start = 0, 0, time.perf_counter()
+        interval = _Interval(self.device)
+        nonfinite_in_a_row = 0
         stop = StopRequest()
         try:
             stop.install()
             while self.state.step < t.max_steps:
                 if stop.signal_number is not None:
-                    logger.warning("received %s: saving a checkpoint, then stopping",
-                                   signal.Signals(stop.signal_number).name)
-                    self.save(keep_step=True, is_best=False)
-                    raise TrainingStopped(f"stopped by {signal.Signals(stop.signal_number).name} at step "
-                                          f"{self.state.step}; checkpoint saved", stop.signal_number)
+                    self._stop_on_signal(stop.signal_number)
                 batch = self.train_data.batch(next(batches)).to(self.device)
-                loss, grad_norm = self.train_step(batch)
+                result = self._step_or_none(batch)
+                if result is None:  # out of memory: the batch was skipped
+                    writer.add_scalar("train/skipped_oom", self.state.skipped_oom, self.state.step)
+                    continue
+                if not result.updated:
+                    nonfinite_in_a_row += 1
+                    self._skip_nonfinite(nonfinite_in_a_row, writer)
+                    continue
+                nonfinite_in_a_row = 0
                 self.state.step += 1
                 self.state.tgt_tokens_seen += batch.n_tgt_tokens
-                loss_sum += loss
-                interval_steps += 1
-                interval_tokens += batch.n_tgt_tokens
+                interval.add(result.loss, batch.n_tgt_tokens)
                 bar.update(1)
                 step = self.state.step
                 if step % t.log_every_steps == 0 or step == t.max_steps:
-                    elapsed = time.perf_counter() - interval_start
-                    mean_loss = loss_sum.item() / interval_steps
-                    lr = lr_at(step, t.lr, t.warmup_steps)  # the rate this step used
-                    tokens_per_s = interval_tokens / max(elapsed, 1e-9)
-                    writer.add_scalar("train/loss", mean_loss, step)
-                    writer.add_scalar("train/grad_norm", grad_norm.item(), step)
-                    writer.add_scalar("lr", lr, step)
-                    writer.add_scalar("perf/tgt_tokens_per_s", tokens_per_s, step)
-                    bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}")
-                    logger.info("step %d: loss %.4f, lr %.3e, grad norm %.3f, %.0f target tokens/s",
-                                step, mean_loss, lr, grad_norm.item(), tokens_per_s)
-                    loss_sum.zero_()
-                    interval_steps, interval_tokens, interval_start = 0, 0, time.perf_counter()
+                    self._log_interval(interval, result.grad_norm, writer, bar)
                 is_last = step == t.max_steps
                 is_best = False
                 if step % t.eval_every_steps == 0 or is_last:
                     bleu = self.validate(writer)
                     is_best = bleu > self.state.best_bleu
                     if is_best:
-                        self.state.best_bleu = bleu
-                    interval_start = time.perf_counter()  # validation time is not training time
+                        self.state.best_bleu, self.state.best_step = bleu, step
+                    interval.restart_clock()  # validation time is not training time
                 keep_step = step % t.save_every_steps == 0 or is_last
                 if keep_step or is_best:
                     self.save(keep_step=keep_step, is_best=is_best)
@@ -378,6 +398,90 @@ class Trainer:
             bar.close()
             writer.close()
         return self.state
+
+    def _stop_on_signal(self, signal_number: int) -> None:
+        name = signal.Signals(signal_number).name
+        logger.warning("received %s: saving a checkpoint, then stopping", name)
+        self.save(keep_step=True, is_best=False)
+        raise TrainingStopped(f"stopped by {name} at step {self.state.step}; checkpoint saved", signal_number)
+
+    def _step_or_none(self, batch: Batch) -> StepResult | None:
+        """`train_step`, or None when the batch ran out of device memory and was skipped.
+
+        The first out-of-memory batch is skipped (its memory freed, its size logged); a second
+        one stops the run: the budget is too large for this device, and skipping would bias
+        training against long sentences.
+        """
+        try:
+            return self.train_step(batch)
+        except torch.OutOfMemoryError:
+            pass  # free the memory outside the handler, where the traceback no longer pins it
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.state.skipped_oom += 1
+        n_sentences, width = batch.tgt_out_ids.shape
+        size = (f"{n_sentences} sentences, {batch.n_src_tokens} source and {batch.n_tgt_tokens} target tokens, "
+                f"padded length {max(width, batch.src_ids.shape[1])}")
+        if self.state.skipped_oom > 1:
+            raise TrainingError(
+                f"out of memory again at step {self.state.step + 1} ({size}); lower train.batch_tokens "
+                f"(now {self.cfg.train.batch_tokens}) or model.max_len, then resume with --resume")
+        logger.warning("out of memory at step %d on a batch of %s: skipped it and freed its memory; a second "
+                       "time stops the run", self.state.step + 1, size)
+        return None
+
+    def _skip_nonfinite(self, in_a_row: int, writer: SummaryWriter) -> None:
+        """Count a skipped NaN/inf update; too many in a row stop the run."""
+        self.state.skipped_nonfinite += 1
+        step, limit = self.state.step + 1, self.cfg.train.max_nonfinite_steps
+        writer.add_scalar("train/skipped_nonfinite", self.state.skipped_nonfinite, self.state.step)
+        logger.warning("step %d: non-finite loss or gradient, update skipped (%d in a row, %d in all)",
+                       step, in_a_row, self.state.skipped_nonfinite)
+        if in_a_row >= limit:
+            raise TrainingError(
+                f"stopping at step {step}: {in_a_row} updates in a row had a non-finite loss or gradient "
+                f"(train.max_nonfinite_steps={limit}); try a lower train.lr, more train.warmup_steps or "
+                f"train.precision fp32/bf16, then resume from the last checkpoint with --resume")
+
+    def _log_interval(self, interval: _Interval, grad_norm: torch.Tensor, writer: SummaryWriter, bar: tqdm) -> None:
+        """Log line and TensorBoard points for the steps since the last log; one host sync."""
+        t, step = self.cfg.train, self.state.step
+        mean_loss, tokens_per_s = interval.read_and_reset()
+        lr = lr_at(step, t.lr, t.warmup_steps)  # the rate this step used
+        writer.add_scalar("train/loss", mean_loss, step)
+        writer.add_scalar("train/grad_norm", grad_norm.item(), step)
+        writer.add_scalar("lr", lr, step)
+        writer.add_scalar("perf/tgt_tokens_per_s", tokens_per_s, step)
+        bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}")
+        logger.info("step %d: loss %.4f, lr %.3e, grad norm %.3f, %.0f target tokens/s",
+                    step, mean_loss, lr, grad_norm.item(), tokens_per_s)
+
+
+class _Interval:
+    """Loss and throughput since the last log line; the loss is summed on the device (no sync per step)."""
+
+    def __init__(self, device: torch.device):
+        self.loss_sum = torch.zeros((), device=device)
+        self.steps, self.tokens = 0, 0
+        self.started = time.perf_counter()
+
+    def add(self, loss: torch.Tensor, n_tgt_tokens: int) -> None:
+        self.loss_sum += loss
+        self.steps += 1
+        self.tokens += n_tgt_tokens
+
+    def restart_clock(self) -> None:
+        self.started = time.perf_counter()
+
+    def read_and_reset(self) -> tuple[float, float]:
+        """(mean loss per step, target tokens per second) over the interval."""
+        elapsed = time.perf_counter() - self.started
+        result = (self.loss_sum.item() / max(self.steps, 1), self.tokens / max(elapsed, 1e-9))
+        self.loss_sum.zero_()
+        self.steps, self.tokens = 0, 0
+        self.restart_clock()
+        return result
 
 
 class StopRequest:
@@ -413,6 +517,9 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
     """Train (or resume) the run in `run_dir`, which `prepare_run_dir` has set up."""
     if not resume:
         save_config(cfg, run_dir / "config.yaml")
+    if resume and not TokenizerPair.exists_in(run_dir):  # never silently train a different vocabulary
+        raise CheckpointError(f"{run_dir}: the tokenizer files are missing, so its checkpoints cannot be "
+                              "resumed; restore them or start a new run")
     trainer = Trainer(cfg, run_dir, progress=progress)
     if resume:
         trainer.resume()
@@ -424,20 +531,26 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
     return trainer.run()
 
 
-def _check_resume_config(saved: dict, current: dict, path: Path) -> None:
-    """Refuse to resume when anything that defines the model, vocabulary or data changed."""
-    problems = []
-    for section in FROZEN_ON_RESUME:
+def _resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:
+    """The settings that differ from the checkpoint's, as `key: old -> new` lines.
+
+    Raises `ConfigError` listing them when any defines the model, vocabulary or data
+    (`FROZEN_ON_RESUME`); changes to train.* and decode.* are allowed and returned.
+    """
+    frozen, allowed = [], []
+    for section in sorted(set(saved) | set(current)):
         before, after = saved.get(section), current.get(section)
         if isinstance(before, dict) and isinstance(after, dict):
-            for key in sorted(set(before) | set(after)):
-                if before.get(key) != after.get(key):
-                    problems.append(f"{section}.{key}: {before.get(key)!r} in {path.name}, now {after.get(key)!r}")
-        elif before != after:
-            problems.append(f"{section}: {before!r} in {path.name}, now {after!r}")
-    if problems:
-        raise ConfigError(["cannot resume: these settings differ from the checkpoint "
-                           "(only train.* and decode.* may change)"] + problems)
+            keys = [(f"{section}.{key}", before.get(key), after.get(key)) for key in sorted(set(before) | set(after))]
+        else:
+            keys = [(section, before, after)]
+        for key, old, new in keys:
+            if old != new:
+                (frozen if section in FROZEN_ON_RESUME else allowed).append(f"{key}: {old!r} -> {new!r}")
+    if frozen:
+        raise ConfigError([f"cannot resume from {path.name}: these settings differ from the checkpoint "
+                           "(only train.* and decode.* may change)"] + frozen)
+    return allowed
 
 
 def _to_cpu(value):

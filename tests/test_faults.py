@@ -1,0 +1,423 @@
+"""Never lose a run: bad inputs get clear errors, faults are survived, kills are resumed exactly.
+
+The bad-input table runs the real `tmt` entry point in-process (`cli.main`), which is what the
+console script calls; test_cli.py covers the same path in subprocesses.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO, TINY_PAIRS, tiny_config, write_corpus
+from tests.test_training import read_scalars
+from transformer_mt import cli, training
+from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.config import save_config
+from transformer_mt.errors import CheckpointError, TrainingError
+from transformer_mt.training import Trainer, prepare_run_dir, train
+
+# Small enough to be quick, long enough for three checkpoints and several epochs of 12 pairs.
+KILL_RUN = {"max_steps": 9, "eval_every_steps": 3, "save_every_steps": 3, "keep_last": 5}
+
+
+def run_cli(args: list[str], monkeypatch, capsys, cwd: Path, stdin: bytes | None = None) -> tuple[int, str, str]:
+    monkeypatch.chdir(cwd)
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        code = cli.main(args)
+    finally:  # cli.main logs to this test's captured stderr, which is closed after the test
+        root.handlers, root.level = handlers, level
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file under `directory` with its bytes: what 'nothing was overwritten' compares."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    """A trained tiny run (config file beside it), shared by the read-only rows below."""
+    root = tmp_path_factory.mktemp("faults")
+    corpus = write_corpus(root / "corpus", {"train": TINY_PAIRS, "valid": TINY_PAIRS[:4], "test": TINY_PAIRS[4:6]})
+    cfg = tiny_config(corpus, train={"max_steps": 3, "eval_every_steps": 3, "save_every_steps": 3})
+    save_config(cfg, root / "tiny.yaml")
+    run_dir = root / "runs" / "tiny"
+    prepare_run_dir(run_dir, resume=False, overwrite=False)
+    train(cfg, run_dir, progress=False)
+    return run_dir
+
+
+def copy_run(run_dir: Path, target: Path) -> Path:
+    subprocess.run(["cp", "-r", str(run_dir), str(target)], check=True)
+    return target
+
+
+# --- bad inputs -----------------------------------------------------------------------
+
+def config_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def corpus_config(tmp_path: Path, corpus: Path, extra: str = "") -> Path:
+    return config_file(tmp_path, f"name: bad\ndata: {{format: text, path: {corpus}, valid_size: 2, test_size: 2}}\n"
+                                 f"tokenizer: {{vocab_size: 200}}\n"
+                                 "model: {d_model: 16, n_heads: 2, n_layers: 1, d_ff: 32, max_len: 64}\n"
+                                 "train: {max_steps: 2, batch_tokens: 64, device: cpu}\n" + extra)
+
+
+CONFIG_ROWS = {
+    "missing config file": (None, "config.yaml", 2),
+    "YAML syntax error": ("name: x\ntrain: {max_steps: 3\n", "config.yaml:3: YAML syntax error", 2),
+    "unknown key": ("name: x\nmodel: {d_modle: 64}\n", "model.d_modle: unknown key (did you mean 'd_model'?)", 2),
+    "wrong type": ("name: x\ntrain: {max_steps: many}\n", "train.max_steps: expected an integer", 2),
+    "impossible value": ("name: x\nmodel: {d_model: 30, n_heads: 4}\n", "model.n_heads: 4 does not divide", 2),
+    "vocabulary too small": ("name: x\ntokenizer: {vocab_size: 4}\n", "tokenizer.vocab_size: 4 leaves no room", 2),
+}
+
+
+@pytest.mark.parametrize("row", CONFIG_ROWS)
+def test_bad_config_is_named_with_exit_2(row, tmp_path: Path, monkeypatch, capsys):
+    text, expected, code = CONFIG_ROWS[row]
+    path = tmp_path / "config.yaml" if text is None else config_file(tmp_path, text)
+    result = run_cli(["train", "--config", str(path)], monkeypatch, capsys, tmp_path)
+    assert result[0] == code, result
+    assert expected in result[2] and "Traceback" not in result[2], result[2]
+    assert not (tmp_path / "runs").exists()  # nothing was created
+
+
+def write_lines(path: Path, lines: list[bytes]) -> None:
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+
+
+DATA_ROWS = ["missing data file", "different line counts", "invalid UTF-8", "no pairs left after filtering"]
+
+
+@pytest.mark.parametrize("row", DATA_ROWS)
+def test_bad_data_is_named_with_exit_1(row, tmp_path: Path, monkeypatch, capsys):
+    corpus = write_corpus(tmp_path / "corpus", {"train": TINY_PAIRS, "valid": TINY_PAIRS[:4], "test": TINY_PAIRS[:2]})
+    extra = ""
+    if row == "missing data file":
+        (corpus / "train.it").unlink()
+        expected = "train.it"
+    elif row == "different line counts":
+        write_lines(corpus / "train.it", [t.encode() for _, t in TINY_PAIRS[:-1]])
+        expected = "has 12 lines but"
+    elif row == "invalid UTF-8":
+        write_lines(corpus / "train.en", [s.encode() for s, _ in TINY_PAIRS[:4]] + [b"caf\xe9 au lait"]
+                    + [s.encode() for s, _ in TINY_PAIRS[5:]])
+        expected = "train.en:5: not valid UTF-8"
+    else:
+        extra = "data: {format: text, path: %s, valid_size: 2, test_size: 2, max_words: 1}\n" % corpus
+        expected = "data.max_words"
+    config = corpus_config(tmp_path, corpus)
+    if extra:  # replace the data section
+        config.write_text(config.read_text().split("\n", 2)[0] + "\n" + extra + config.read_text().split("\n", 2)[2])
+    code, _, err = run_cli(["train", "--config", str(config)], monkeypatch, capsys, tmp_path)
+    assert code == 1, err
+    assert expected in err and "Traceback" not in err, err
+
+
+def test_training_into_a_used_run_directory_refuses_and_keeps_everything(tiny_run: Path, tmp_path: Path,
+                                                                        monkeypatch, capsys):
+    before = snapshot(tiny_run)
+    code, _, err = run_cli(["train", "--config", str(tiny_run.parent.parent / "tiny.yaml"), "--run-dir",
+                            str(tiny_run)], monkeypatch, capsys, tmp_path)
+    assert code == 2 and "--resume" in err and "Traceback" not in err
+    assert snapshot(tiny_run) == before
+
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("precious")
+    code, _, err = run_cli(["train", "--config", str(tiny_run.parent.parent / "tiny.yaml"), "--run-dir",
+                            str(foreign), "--overwrite"], monkeypatch, capsys, tmp_path)
+    assert code == 2 and "notes.txt" in err
+    assert (foreign / "notes.txt").read_text() == "precious"
+
+
+def test_resume_without_a_checkpoint_names_the_run_directory(tiny_run: Path, tmp_path: Path, monkeypatch, capsys):
+    code, _, err = run_cli(["train", "--config", str(tiny_run.parent.parent / "tiny.yaml"), "--resume",
+                            "--run-dir", str(tmp_path / "empty")], monkeypatch, capsys, tmp_path)
+    assert code == 1 and "no checkpoint to resume from" in err and str(tmp_path / "empty") in err
+
+
+def test_translate_with_no_run_found(tmp_path: Path, monkeypatch, capsys):
+    code, _, err = run_cli(["translate", "hello"], monkeypatch, capsys, tmp_path)
+    assert code == 1 and "no trained run found" in err and "Traceback" not in err
+
+
+def test_checkpoint_from_another_format_version_is_refused(tiny_run: Path, tmp_path: Path, monkeypatch, capsys):
+    run = copy_run(tiny_run, tmp_path / "run")
+    path = run / "checkpoints" / "best.pt"
+    state = torch.load(path, weights_only=True)
+    state["format_version"] = 99
+    torch.save(state, path)
+    code, _, err = run_cli(["translate", "--run", str(run), "hello"], monkeypatch, capsys, tmp_path)
+    assert code == 1 and "format version 99" in err and "best.pt" in err
+
+
+def test_missing_tokenizer_files_are_named_for_translate_and_resume(tiny_run: Path, tmp_path: Path,
+                                                                   monkeypatch, capsys):
+    run = copy_run(tiny_run, tmp_path / "run")
+    (run / "tokenizer.json").unlink()
+    code, _, err = run_cli(["translate", "--run", str(run), "hello"], monkeypatch, capsys, tmp_path)
+    assert code == 1 and "no tokenizer files" in err
+    before = snapshot(run)
+    code, _, err = run_cli(["train", "--config", str(tiny_run.parent.parent / "tiny.yaml"), "--run-dir", str(run),
+                            "--resume", "--set", "train.max_steps=6"], monkeypatch, capsys, tmp_path)
+    assert code == 1 and "tokenizer files are missing" in err
+    assert {k: v for k, v in snapshot(run).items() if k != "train.log"} == \
+        {k: v for k, v in before.items() if k != "train.log"}  # no new vocabulary was trained
+
+
+@pytest.mark.parametrize("stdin, code, expected", [
+    (b"", 2, "nothing to translate"),
+    (b"Good morning.\n\xff\xfe bad bytes\n", 1, "stdin line 2: not valid UTF-8"),
+])
+def test_bad_stdin_for_translate(stdin, code, expected, tiny_run: Path, tmp_path: Path, monkeypatch, capsys):
+    result = run_cli(["translate", "--run", str(tiny_run)], monkeypatch, capsys, tmp_path, stdin=stdin)
+    assert result[0] == code and expected in result[2] and "Traceback" not in result[2], result
+
+
+def test_a_10000_word_sentence_is_truncated_with_a_warning(tiny_run: Path, tmp_path: Path, monkeypatch, capsys):
+    long_line = " ".join(["bread"] * 10_000).encode() + b"\nGood morning.\n"
+    code, out, err = run_cli(["translate", "--run", str(tiny_run)], monkeypatch, capsys, tmp_path, stdin=long_line)
+    assert code == 0, err
+    assert len(out.splitlines()) == 2
+    assert "truncated" in err
+
+
+# --- resume: what may change --------------------------------------------------------
+
+def test_resume_refuses_model_or_data_changes_listing_every_key(tiny_run: Path, tmp_path: Path,
+                                                                monkeypatch, capsys):
+    run = copy_run(tiny_run, tmp_path / "run")
+    before = snapshot(run)
+    code, _, err = run_cli(["train", "--config", str(tiny_run.parent.parent / "tiny.yaml"), "--run-dir", str(run),
+                            "--resume", "--set", "model.d_ff=48", "--set", "data.max_words=50",
+                            "--set", "train.max_steps=6"], monkeypatch, capsys, tmp_path)
+    assert code == 2, err
+    assert "model.d_ff: 32 -> 48" in err and "data.max_words" in err and "train.max_steps" not in err
+    assert {k: v for k, v in snapshot(run).items() if k != "train.log"} == \
+        {k: v for k, v in before.items() if k != "train.log"}
+
+
+def test_resume_report_names_the_position_and_the_changed_training_settings(tiny_run: Path, tmp_path: Path,
+                                                                           monkeypatch, capsys):
+    run = copy_run(tiny_run, tmp_path / "run")
+    code, _, err = run_cli(["train", "--config", str(tiny_run.parent.parent / "tiny.yaml"), "--run-dir", str(run),
+                            "--resume", "--no-progress", "--set", "train.max_steps=4",
+                            "--set", "train.eval_every_steps=2"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    assert "resuming from" in err and "step_00000003.pt: step 3, epoch" in err and "batch" in err
+    assert "train.max_steps: 3 -> 4" in err and "train.eval_every_steps: 3 -> 2" in err
+
+
+# --- faults during training -------------------------------------------------------------
+
+def test_a_non_finite_loss_skips_the_update_and_training_goes_on(tiny_corpus: Path, tmp_path: Path, monkeypatch):
+    real_loss, calls = training.label_smoothed_loss, []
+
+    def loss_with_a_nan(logits, *args):
+        loss = real_loss(logits, *args)
+        if torch.is_grad_enabled():  # a training step, not validation
+            calls.append(1)
+            if len(calls) == 3:
+                return loss * float("nan")
+        return loss
+
+    monkeypatch.setattr(training, "label_smoothed_loss", loss_with_a_nan)
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 5, "eval_every_steps": 5, "save_every_steps": 5})
+    prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
+    state = train(cfg, tmp_path / "run", progress=False)
+    assert state.step == 5 and state.skipped_nonfinite == 1 and len(calls) == 6  # 6 batches for 5 updates
+    saved = load_checkpoint(tmp_path / "run" / "checkpoints" / "step_00000005.pt")
+    assert all(torch.isfinite(t).all() for t in saved["model"].values())
+    adam_steps = {int(s["step"]) for s in saved["optimizer"]["state"].values()}
+    assert adam_steps == {5}  # the skipped batch did not reach the optimizer
+    assert read_scalars(tmp_path / "run", "train/skipped_nonfinite") == {2: 1.0}
+
+
+def test_non_finite_losses_in_a_row_stop_the_run_naming_the_step(tiny_corpus: Path, tmp_path: Path, monkeypatch):
+    real_loss = training.label_smoothed_loss
+    monkeypatch.setattr(training, "label_smoothed_loss",
+                        lambda logits, *a: real_loss(logits, *a) * (float("inf") if torch.is_grad_enabled() else 1))
+    cfg = tiny_config(tiny_corpus, train={"max_nonfinite_steps": 3})
+    prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
+    with pytest.raises(TrainingError, match=r"stopping at step 1: 3 updates in a row .*train.max_nonfinite_steps=3"):
+        train(cfg, tmp_path / "run", progress=False)
+
+
+def test_out_of_memory_skips_one_batch_and_stops_with_advice_the_second_time(tiny_corpus: Path, tmp_path: Path):
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 4, "eval_every_steps": 4, "save_every_steps": 4})
+    prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
+    trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    real_forward, calls = trainer.model.forward, []
+
+    def forward(*args, fail_at=(2,)):
+        calls.append(1)
+        if len(calls) in fail_at and torch.is_grad_enabled():
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real_forward(*args)
+
+    trainer.model.forward = forward
+    state = trainer.run()
+    assert state.step == 4 and state.skipped_oom == 1
+
+    trainer.model.forward = lambda *args: forward(*args, fail_at=range(len(calls) + 1, len(calls) + 100))
+    trainer.cfg = tiny_config(tiny_corpus, train={"max_steps": 8})
+    with pytest.raises(TrainingError, match=r"out of memory again at step 5 .*lower train.batch_tokens \(now 64\)"):
+        trainer.run()
+
+
+def test_a_full_disk_keeps_the_earlier_checkpoints_and_stops_clearly(tiny_corpus: Path, tmp_path: Path,
+                                                                    monkeypatch, capsys):
+    run = tmp_path / "run"
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 6, "eval_every_steps": 3, "save_every_steps": 3})
+    save_config(cfg, tmp_path / "tiny.yaml")
+    real_save, saves = torch.save, []
+
+    def save_onto_a_full_disk(obj, handle):
+        saves.append(1)
+        if len(saves) == 2:  # the second checkpoint: write it to a device that is always full
+            with open("/dev/full", "wb") as full:
+                real_save(obj, full)
+                full.flush()
+        real_save(obj, handle)
+
+    monkeypatch.setattr(torch, "save", save_onto_a_full_disk)
+    code, _, err = run_cli(["train", "--config", str(tmp_path / "tiny.yaml"), "--run-dir", str(run),
+                            "--no-progress"], monkeypatch, capsys, tmp_path)
+    assert code == 1 and "Traceback" not in err
+    assert "step_00000006.pt: could not write checkpoint (No space left on device)" in err
+    assert "earlier checkpoints are intact" in err
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == ["best.pt", "step_00000003.pt"]  # no temp file left behind
+    assert load_checkpoint(run / "checkpoints" / "step_00000003.pt")["train_state"]["step"] == 3
+
+    monkeypatch.setattr(torch, "save", real_save)  # space freed: resume finishes the run
+    code, _, err = run_cli(["train", "--config", str(tmp_path / "tiny.yaml"), "--run-dir", str(run),
+                            "--resume", "--no-progress"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+
+
+# --- kill -9 at any moment, then resume ------------------------------------------------
+
+# Runs `train` in a child process that SIGKILLs itself at a chosen point: `step@N` before
+# update N+1, `write@N` half-way through writing the N-th checkpoint file, `rename@N` just
+# before the N-th checkpoint rename (the temp file complete), `validate@N` inside the N-th
+# validation. With `resume`, it continues the run instead (and is not killed).
+DRIVER = r"""
+import logging, os, signal, sys
+from pathlib import Path
+import torch
+torch.set_num_threads(1)
+logging.basicConfig(level=logging.INFO)
+from transformer_mt import checkpoint, training
+from transformer_mt.config import load_config
+
+config, run_dir, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+point, _, n = mode.partition("@")
+n, calls = int(n or 0), []
+
+def kill_on_nth_call():
+    calls.append(1)
+    if len(calls) == n:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+if point == "step":
+    real_step = training.Trainer.train_step
+    def train_step(self, batch):
+        if self.state.step == n:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_step(self, batch)
+    training.Trainer.train_step = train_step
+elif point == "write":
+    real_save = torch.save
+    def save(obj, handle):
+        real_save(obj, handle)
+        if len(calls) + 1 == n:
+            handle.flush()
+            handle.truncate(handle.tell() // 2)  # what the disk holds when the process dies mid-write
+        kill_on_nth_call()
+    torch.save = save
+elif point == "rename":
+    real_replace = os.replace
+    def replace(src, dst):
+        if str(dst).endswith(".pt"):
+            kill_on_nth_call()
+        real_replace(src, dst)
+    checkpoint.os.replace = replace
+elif point == "validate":
+    real_validate = training.Trainer.validate
+    def validate(self, writer):
+        kill_on_nth_call()
+        return real_validate(self, writer)
+    training.Trainer.validate = validate
+
+resume = point == "resume"
+training.prepare_run_dir(run_dir, resume=resume, overwrite=False)
+training.train(load_config(config), run_dir, resume=resume, progress=False)
+"""
+
+
+def drive(config: Path, run_dir: Path, mode: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", DRIVER, str(config), str(run_dir), mode], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> tuple[Path, Path]:
+    """(config file, run directory) of the reference run that was never killed."""
+    root = tmp_path_factory.mktemp("kill")
+    corpus = write_corpus(root / "corpus", {"train": TINY_PAIRS, "valid": TINY_PAIRS[:4], "test": TINY_PAIRS[4:6]})
+    config = root / "tiny.yaml"
+    save_config(tiny_config(corpus, train=KILL_RUN), config)
+    result = drive(config, root / "straight", "none")
+    assert result.returncode == 0, result.stderr
+    return config, root / "straight"
+
+
+# (kill point, the step the resumed run continues from)
+KILL_POINTS = [("step@2", None), ("step@4", 3), ("write@2", 3), ("rename@2", 3), ("validate@2", 3), ("step@8", 6)]
+
+
+@pytest.mark.parametrize("point, resumes_from", KILL_POINTS)
+def test_a_killed_run_resumes_to_exactly_the_uninterrupted_result(point, resumes_from, uninterrupted, tmp_path):
+    config, straight = uninterrupted
+    run = tmp_path / "run"
+    killed = drive(config, run, point)
+    assert killed.returncode == -9, killed.stderr  # it really died by SIGKILL
+
+    # No checkpoint yet: starting again (without --resume) reuses the half-made run directory.
+    resumed = drive(config, run, "resume" if resumes_from else "none")
+    assert resumed.returncode == 0, resumed.stderr
+    if resumes_from:
+        assert f"step_{resumes_from:08d}.pt: step {resumes_from}," in resumed.stderr
+
+    expected, got = read_scalars(straight, "train/loss"), read_scalars(run, "train/loss")
+    assert sorted(got) == sorted(expected) == list(range(1, KILL_RUN["max_steps"] + 1))
+    for step in expected:
+        assert abs(got[step] - expected[step]) < 1e-6, (step, got[step], expected[step])
+    final = f"step_{KILL_RUN['max_steps']:08d}.pt"
+    a, b = (load_checkpoint(d / "checkpoints" / final) for d in (straight, run))
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    assert a["sampler"] == b["sampler"] and a["train_state"] == b["train_state"]
+    assert not list((run / "checkpoints").glob(".*.tmp"))  # what the crash left was cleaned up
+    best_a, best_b = (load_checkpoint(d / "checkpoints" / "best.pt") for d in (straight, run))
+    assert best_a["train_state"] == best_b["train_state"]

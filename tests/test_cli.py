@@ -131,7 +131,8 @@ def test_translate_into_a_closed_pipe_exits_quietly(trained: Path):
     assert "Error" not in result.stderr and "Traceback" not in result.stderr
 
 
-def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(tmp_path: Path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_saves_a_checkpoint_and_says_how_to_resume(sig, tmp_path: Path):
     process = subprocess.Popen(
         [sys.executable, "-m", "transformer_mt", "train", "--config", str(DEMO_CONFIG), "--no-progress",
          "--set", "train.max_steps=100000", "--set", "train.log_every_steps=1", "--set", "model.d_model=32",
@@ -141,9 +142,9 @@ def test_ctrl_c_saves_a_checkpoint_and_says_how_to_resume(tmp_path: Path):
     for line in process.stderr:  # wait until training steps are running
         if "step 3:" in line:
             break
-    process.send_signal(signal.SIGINT)
+    process.send_signal(sig)
     rest = process.stderr.read()
-    assert process.wait(timeout=60) == 130
+    assert process.wait(timeout=60) == 128 + sig  # 130 for Ctrl-C, 143 for SIGTERM
     assert "--resume" in rest and "Traceback" not in rest
     checkpoints = list((tmp_path / "runs" / "demo" / "checkpoints").glob("step_*.pt"))
     assert len(checkpoints) == 1

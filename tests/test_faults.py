@@ -408,6 +408,8 @@ def test_a_killed_run_resumes_to_exactly_the_uninterrupted_result(point, resumes
     assert resumed.returncode == 0, resumed.stderr
     if resumes_from:
         assert f"step_{resumes_from:08d}.pt: step {resumes_from}," in resumed.stderr
+    if resumes_from == 3:  # 12 pairs make 2 batches per epoch: step 3 is in the middle of epoch 2
+        assert "epoch 2, batch 1 of that epoch" in resumed.stderr
 
     expected, got = read_scalars(straight, "train/loss"), read_scalars(run, "train/loss")
     assert sorted(got) == sorted(expected) == list(range(1, KILL_RUN["max_steps"] + 1))

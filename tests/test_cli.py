@@ -148,3 +148,16 @@ def test_ctrl_c_or_sigterm_saves_a_checkpoint_and_says_how_to_resume(sig, tmp_pa
     assert "--resume" in rest and "Traceback" not in rest
     checkpoints = list((tmp_path / "runs" / "demo" / "checkpoints").glob("step_*.pt"))
     assert len(checkpoints) == 1
+
+
+def test_show_attention_draws_a_png_of_one_sentence(trained: Path):
+    result = tmt("translate", "--run", "runs/demo", "--show-attention", "att/a.png", "--attention-layer", "0",
+                 "Where is the station?", cwd=trained)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 1  # the translation, as without --show-attention
+    assert (trained / "att" / "a.png").read_bytes().startswith(b"\x89PNG")
+    result = tmt("translate", "--run", "runs/demo", "--show-attention", "b.png", "One.", "Two.", cwd=trained)
+    assert result.returncode == 2 and "one sentence" in result.stderr
+    result = tmt("translate", "--run", "runs/demo", "--show-attention", "b.png", "--attention-layer", "7", "One.",
+                 cwd=trained)
+    assert result.returncode == 2 and "decoder layers" in result.stderr

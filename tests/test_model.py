@@ -71,3 +71,24 @@ def test_greedy_decoding_stops_at_eos_and_respects_the_length_cap():
     bias[9] = 10.0  # now token 9 always wins and EOS never comes: the cap a·S + b stops decoding
     out = greedy_decode(model, src, bos_id=BOS, eos_id=EOS, max_len_a=1.0, max_len_b=2)
     assert out == [[9] * (3 + 2), [9] * (4 + 2)]  # S counts real tokens including EOS
+
+
+def test_attention_weights_are_the_ones_the_layer_attends_with():
+    model = tiny_model()
+    attention = model.decoder_layers[0].cross_attn
+    query, memory = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
+    mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    weights = attention.attention_weights(query, memory, mask)  # (B, H, Tq, Tk)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 2, 3))
+    assert (weights[1, :, :, 3:] == 0).all()  # padding gets no attention
+    _, v = attention.project_kv(memory)  # (B, H, Tk, Dh)
+    mixed = (weights @ v).transpose(1, 2).reshape(2, 3, 16)
+    torch.testing.assert_close(attention.out_proj(mixed), attention(query, memory, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_cross_attention_map_has_one_row_per_target_position():
+    model = tiny_model()
+    src, tgt = torch.tensor([[5, 6, 7, EOS, PAD]]), torch.tensor([[BOS, 8, 9]])
+    weights = model.cross_attention(src, tgt, layer=-1)
+    assert weights.shape == (1, 2, 3, 5)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 2, 3))

@@ -141,3 +141,25 @@ def test_resume_skips_a_truncated_checkpoint_and_uses_the_previous_one(tiny_corp
     trainer = Trainer(cfg, run, progress=False)
     trainer.resume()
     assert trainer.state.step == 4
+
+
+def test_tensorboard_has_scalars_examples_attention_images_and_hparams(tiny_corpus: Path, tmp_path: Path):
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    train(tiny_config(tiny_corpus, train={"max_steps": 3, "eval_every_steps": 3}), run, progress=False)
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0, "tensors": 0})
+    events.Reload()
+    tags = events.Tags()
+    for tag in ("train/loss", "train/grad_norm", "lr", "perf/tgt_tokens_per_s", "valid/loss", "valid/perplexity",
+                "valid/bleu", "valid/chrf"):
+        assert tag in tags["scalars"], tag
+    assert "valid/examples/text_summary" in tags["tensors"]
+    # tiny_config has 2 decoder layers and train.attention_layer 0: the first and the last.
+    assert set(tags["images"]) == {"valid/attention_layer_1", "valid/attention_layer_2"}
+    image = events.Images("valid/attention_layer_2")[0]
+    assert image.step == 3 and image.encoded_image_string.startswith(b"\x89PNG")
+
+    hparams = EventAccumulator(str(run / "tensorboard" / "hparams"))
+    hparams.Reload()
+    assert "_hparams_/session_start_info" in hparams.PluginTagToContent("hparams")
+    assert set(hparams.Tags()["scalars"]) == {"hparam/best_bleu", "hparam/last_bleu"}

@@ -28,6 +28,7 @@ TRANSLATE_EXAMPLES = """examples:
   tmt translate --run runs/demo "Good morning." "Thank you!"
   tmt translate --run runs/demo --beam 5 --input test.en --output test.it
   tmt translate --checkpoint runs/demo/checkpoints/step_00001000.pt < input.en > output.it
+  tmt translate --run runs/demo --show-attention attention.png "Where is the station?"
 """
 
 EVALUATE_EXAMPLES = """examples:
@@ -66,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_arguments(translate)
     translate.add_argument("--input", type=Path, help="translate this file, one sentence per line")
     translate.add_argument("--output", type=Path, help="write translations here instead of stdout")
+    translate.add_argument("--show-attention", type=Path, metavar="FILE.png",
+                           help="draw the cross-attention of the (single) sentence's translation to FILE.png")
+    translate.add_argument("--attention-layer", type=int, default=-1, metavar="N",
+                           help="decoder layer to draw for --show-attention: 0 is the first, -1 (default) the last")
 
     evaluate = commands.add_parser("evaluate", help="translate a test set and score it with sacreBLEU",
                                    epilog=EVALUATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -168,7 +173,12 @@ def run_translate(args: argparse.Namespace) -> None:
         if not lines:
             raise UsageError("nothing to translate: give sentences as arguments, --input FILE, "
                              "or one per line on stdin")
+    if args.show_attention and len(lines) != 1:
+        raise UsageError(f"--show-attention draws one sentence; got {len(lines)}")
     translator = _load_translator(args)
+    if args.show_attention:
+        _draw_attention(translator, lines[0], args)
+        return
     hypotheses = translator.translate(lines, beam_size=args.beam, progress=bool(args.input) and not args.quiet)
     if args.output:
         _write_lines(args.output, hypotheses)
@@ -176,6 +186,21 @@ def run_translate(args: argparse.Namespace) -> None:
         for hypothesis in hypotheses:
             print(hypothesis)
         sys.stdout.flush()  # a closed pipe fails here, inside main's error handling, not at exit
+
+
+def _draw_attention(translator, line: str, args: argparse.Namespace) -> None:
+    from transformer_mt.plotting import save_attention_png
+
+    n_layers = translator.model.cfg.n_layers
+    if not -n_layers <= args.attention_layer < n_layers:
+        raise UsageError(f"--attention-layer {args.attention_layer}: the model has {n_layers} decoder layers "
+                         f"(0..{n_layers - 1}, or -1 for the last)")
+    attention = translator.attention(line, layer=args.attention_layer, beam_size=args.beam)
+    layer = args.attention_layer % n_layers
+    save_attention_png(args.show_attention, attention.weights, attention.src_pieces, attention.tgt_pieces,
+                       f"cross-attention, decoder layer {layer + 1} of {n_layers}, mean over heads")
+    print(attention.translation)
+    print(f"attention drawn to {args.show_attention}", file=sys.stderr)
 
 
 def run_evaluate(args: argparse.Namespace) -> None:

@@ -125,6 +125,9 @@ class TrainConfig:
     """Steps between checkpoints (one is always written at the end)."""
     keep_last: int = 3
     """Step checkpoints kept on disk; `best.pt` is kept in addition."""
+    attention_layer: int = 0
+    """Decoder layer (0 = first, -1 = last) whose cross-attention over one validation sentence
+    is drawn in TensorBoard at each validation, next to the last layer's."""
     max_nonfinite_steps: int = 25
     """A batch whose loss or gradient is NaN/inf is skipped (no update, not counted as a step);
     this many in a row stop the run. With fp16, gradient-scaler overflows count too."""
@@ -386,6 +389,9 @@ def _check_values(cfg: Config) -> list[str]:
         p.append(f"train.betas: each must be in [0, 1), got {list(t.betas)}")
     if t.clip_grad_norm < 0:
         p.append(f"train.clip_grad_norm: must be at least 0 (0 disables), got {t.clip_grad_norm}")
+    if m.n_layers >= 1 and not -m.n_layers <= t.attention_layer < m.n_layers:
+        p.append(f"train.attention_layer: {t.attention_layer} is not a decoder layer (0..{m.n_layers - 1}, "
+                 "or negative to count from the last)")
     if t.eval_max_sentences < 0:
         p.append(f"train.eval_max_sentences: must be at least 0 (0 = all), got {t.eval_max_sentences}")
     if t.n_examples < 0:

@@ -74,3 +74,18 @@ def _decode_batch(model: Transformer, src_ids: torch.Tensor, decode_cfg: DecodeC
                              max_len_a=decode_cfg.max_len_a, max_len_b=decode_cfg.max_len_b,
                              alpha=decode_cfg.length_penalty)
     return [hyps[0].ids for hyps in hypotheses]
+
+
+def cross_attention_map(model: Transformer, src_ids: list[int], hyp_ids: list[int], *, bos_id: int, eos_id: int,
+                        device: torch.device, layer: int = -1) -> torch.Tensor:
+    """Head-averaged cross-attention of decoder `layer` while producing `hyp_ids` + EOS from
+    `src_ids` + EOS (teacher-forced on the hypothesis): (T + 1, S + 1), fp32 on the CPU."""
+    keep = model.cfg.max_len - 1
+    src = torch.tensor([list(src_ids[:keep]) + [eos_id]], device=device)  # (1, S+1)
+    tgt_in = torch.tensor([[bos_id] + list(hyp_ids[:keep])], device=device)  # (1, T+1)
+    was_training = model.training
+    model.eval()
+    try:
+        return model.cross_attention(src, tgt_in, layer)[0].mean(dim=0).cpu()  # (H, T+1, S+1) -> (T+1, S+1)
+    finally:
+        model.train(was_training)

@@ -70,6 +70,20 @@ class MultiHeadAttention(nn.Module):
         k, v = self.project_kv(key_value)
         return self.attend(query, k, v, key_mask, causal)
 
+    def attention_weights(self, query: torch.Tensor, key_value: torch.Tensor,
+                          key_mask: torch.Tensor | None) -> torch.Tensor:
+        """The probabilities `forward` attends with, (B, H, Tq, Tk), for inspection and plots.
+
+        SDPA never materialises them, so this recomputes softmax(q·kᵀ/√Dh) explicitly (no
+        causal mask: meant for cross-attention).
+        """
+        q = self._split_heads(self.q_proj(query))  # (B, H, Tq, Dh)
+        k = self._split_heads(self.k_proj(key_value))  # (B, H, Tk, Dh)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+        if key_mask is not None:
+            scores = scores.masked_fill(~key_mask[:, None, None, :], float("-inf"))
+        return scores.float().softmax(dim=-1)
+
 
 @dataclass
 class LayerCache:
@@ -298,6 +312,22 @@ class Transformer(nn.Module):
         """Teacher-forced logits (B, T, V) for src_ids (B, S) and tgt_in_ids (B, T)."""
         src_mask = src_ids != self.pad_id  # (B, S) True = real token
         return self.decode(tgt_in_ids, self.encode(src_ids, src_mask), src_mask)
+
+    @torch.no_grad()
+    def cross_attention(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, layer: int = -1) -> torch.Tensor:
+        """Cross-attention probabilities of decoder layer `layer` under teacher forcing, (B, H, T, S).
+
+        Row t is where the decoder looks when predicting target token t (`tgt_in_ids` shifted).
+        """
+        captured = []
+        attention = self.decoder_layers[layer].cross_attn
+        hook = attention.register_forward_hook(
+            lambda module, args, output: captured.append(module.attention_weights(*args[:3])))
+        try:
+            self(src_ids, tgt_in_ids)
+        finally:
+            hook.remove()
+        return captured[0]
 
     def num_parameters(self) -> int:
         """Trainable parameters, counting tied weights once."""

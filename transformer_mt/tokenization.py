@@ -48,6 +48,13 @@ class TokenizerPair:
         """Detokenised text for each id sequence; special tokens are dropped."""
         return self.tgt.decode_batch(ids, skip_special_tokens=True)
 
+    def src_pieces(self, ids: list[int]) -> list[str]:
+        """The BPE pieces behind source ids, e.g. for the axes of an attention plot."""
+        return [self.src.id_to_token(i) for i in ids]
+
+    def tgt_pieces(self, ids: list[int]) -> list[str]:
+        return [self.tgt.id_to_token(i) for i in ids]
+
     def save(self, directory: Path) -> None:
         """Write `tokenizer.json`, or `tokenizer.src.json` and `tokenizer.tgt.json`."""
         if self.joint:

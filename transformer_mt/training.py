@@ -23,10 +23,11 @@ from transformer_mt.checkpoint import FORMAT_VERSION, CheckpointDir, load_checkp
 from transformer_mt.config import Config, config_to_dict, save_config
 from transformer_mt.errors import (CheckpointError, ConfigError, DataError, TrainingError, TrainingStopped,
                                    UsageError)
-from transformer_mt.evaluation import score, translate_ids
+from transformer_mt.evaluation import cross_attention_map, score, translate_ids
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision, load_rng_state, pick_device, pick_precision, rng_state, seed_everything
-from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
+from transformer_mt.plotting import attention_figure
+from transformer_mt.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
 
 logger = logging.getLogger(__name__)
 
@@ -326,6 +327,7 @@ class Trainer:
         references = [self.valid_data.tgt_text[i] for i in self.valid_subset]
         scores = score(hypotheses, references)
         step = self.state.step
+        self._log_attention(writer, sources[0], hyp_ids[0])
         hyp_dir = self.run_dir / "validation"
         hyp_dir.mkdir(exist_ok=True)
         (hyp_dir / f"step_{step:08d}.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
@@ -346,6 +348,30 @@ class Trainer:
                     step, loss, ppl, scores.bleu, scores.chrf, len(hypotheses), time.perf_counter() - started,
                     scores.bleu_signature)
         return scores.bleu
+
+    def _log_attention(self, writer: SummaryWriter, src_ids: list[int], hyp_ids: list[int]) -> None:
+        """Cross-attention images of the first validation sentence's translation: the last decoder
+        layer and `train.attention_layer`, mean over heads, pieces on the axes."""
+        n_layers = self.cfg.model.n_layers
+        hyp_ids = hyp_ids[: self.cfg.model.max_len - 1]
+        src_pieces = self.tokenizers.src_pieces(src_ids) + [EOS]
+        tgt_pieces = self.tokenizers.tgt_pieces(hyp_ids) + [EOS]
+        for layer in sorted({n_layers - 1, self.cfg.train.attention_layer % n_layers}):
+            weights = cross_attention_map(self.model, src_ids, hyp_ids, bos_id=BOS_ID, eos_id=EOS_ID,
+                                          device=self.device, layer=layer)
+            title = f"step {self.state.step}, decoder layer {layer + 1} of {n_layers}, mean over heads"
+            writer.add_figure(f"valid/attention_layer_{layer + 1}",
+                              attention_figure(weights, src_pieces, tgt_pieces, title), self.state.step)
+
+    def _log_hparams(self, writer: SummaryWriter, last_bleu: float) -> None:
+        """The config beside the final validation BLEU, for TensorBoard's HParams tab."""
+        hparams = {}
+        for section, values in config_to_dict(self.cfg).items():
+            for key, value in (values.items() if isinstance(values, dict) else [("", values)]):
+                name = f"{section}.{key}" if key else section
+                hparams[name] = value if isinstance(value, (bool, int, float, str)) else str(value)
+        writer.add_hparams(hparams, {"hparam/best_bleu": self.state.best_bleu, "hparam/last_bleu": last_bleu},
+                           run_name="hparams", global_step=self.state.step)
 
     # --- the loop ----------------------------------------------------------------------
     def run(self) -> TrainState:
@@ -386,6 +412,8 @@ class Trainer:
                 is_best = False
                 if step % t.eval_every_steps == 0 or is_last:
                     bleu = self.validate(writer)
+                    if is_last:
+                        self._log_hparams(writer, bleu)
                     is_best = bleu > self.state.best_bleu
                     if is_best:
                         self.state.best_bleu, self.state.best_step = bleu, step

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -10,10 +11,10 @@ import torch
 from transformer_mt.checkpoint import CheckpointDir, load_checkpoint
 from transformer_mt.config import Config, config_from_dict
 from transformer_mt.errors import CheckpointError, ConfigError, UsageError
-from transformer_mt.evaluation import translate_ids
+from transformer_mt.evaluation import cross_attention_map, translate_ids
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision, pick_device, pick_precision
-from transformer_mt.tokenization import BOS_ID, EOS_ID, TokenizerPair
+from transformer_mt.tokenization import BOS_ID, EOS, EOS_ID, TokenizerPair
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,29 @@ class Translator:
                                 progress=progress)
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         return [hyp if text else "" for text, hyp in zip(texts, hypotheses)]
+
+
+    def attention(self, line: str, layer: int = -1, beam_size: int | None = None) -> AttentionMap:
+        """Translate one line and return where decoder layer `layer` (-1: the last) looked."""
+        text = line.strip()
+        src_ids = self.tokenizers.encode_src([text])[0][: self.model.cfg.max_len - 1]
+        hyp_ids = translate_ids(self.model, [src_ids], self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID,
+                                device=self.device, precision=self.precision, beam_size=beam_size)[0]
+        hyp_ids = hyp_ids[: self.model.cfg.max_len - 1]
+        weights = cross_attention_map(self.model, src_ids, hyp_ids, bos_id=BOS_ID, eos_id=EOS_ID,
+                                      device=self.device, layer=layer)
+        return AttentionMap(weights, self.tokenizers.src_pieces(src_ids) + [EOS],
+                            self.tokenizers.tgt_pieces(hyp_ids) + [EOS], self.tokenizers.decode_tgt([hyp_ids])[0])
+
+
+@dataclass(frozen=True)
+class AttentionMap:
+    """Cross-attention of one translated sentence, ready to plot."""
+
+    weights: torch.Tensor  # (T, S): row t is where the decoder looked while producing target piece t
+    src_pieces: list[str]
+    tgt_pieces: list[str]
+    translation: str
 
 
 def _precision_for(cfg: Config, device: torch.device) -> Precision:

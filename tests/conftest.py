@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import io
+import logging
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from transformer_mt import cli
 from transformer_mt.config import Config, config_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,3 +70,18 @@ def tiny_config(data_dir: Path, **sections) -> Config:
 @pytest.fixture
 def tiny_corpus(tmp_path: Path) -> Path:
     return write_corpus(tmp_path / "corpus", {"train": TINY_PAIRS, "valid": TINY_PAIRS[:4], "test": TINY_PAIRS[4:6]})
+
+
+def run_cli(args: list[str], monkeypatch, capsys, cwd: Path, stdin: bytes | None = None) -> tuple[int, str, str]:
+    """Run `tmt ARGS` in-process (what the console script calls) in `cwd`: (exit code, stdout, stderr)."""
+    monkeypatch.chdir(cwd)
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        code = cli.main(args)
+    finally:  # cli.main logs to this test's captured stderr, which is closed after the test
+        root.handlers, root.level = handlers, level
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -6,8 +6,6 @@ console script calls; test_cli.py covers the same path in subprocesses.
 
 from __future__ import annotations
 
-import io
-import logging
 import os
 import subprocess
 import sys
@@ -16,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, TINY_PAIRS, tiny_config, write_corpus
+from tests.conftest import REPO, TINY_PAIRS, run_cli, tiny_config, write_corpus
 from tests.test_training import read_scalars
-from transformer_mt import cli, training
+from transformer_mt import training
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import save_config
 from transformer_mt.errors import CheckpointError, TrainingError
@@ -26,20 +24,6 @@ from transformer_mt.training import Trainer, prepare_run_dir, train
 
 # Small enough to be quick, long enough for three checkpoints and several epochs of 12 pairs.
 KILL_RUN = {"max_steps": 9, "eval_every_steps": 3, "save_every_steps": 3, "keep_last": 5}
-
-
-def run_cli(args: list[str], monkeypatch, capsys, cwd: Path, stdin: bytes | None = None) -> tuple[int, str, str]:
-    monkeypatch.chdir(cwd)
-    if stdin is not None:
-        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    try:
-        code = cli.main(args)
-    finally:  # cli.main logs to this test's captured stderr, which is closed after the test
-        root.handlers, root.level = handlers, level
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def snapshot(directory: Path) -> dict[str, bytes]:

@@ -45,6 +45,13 @@ EXPORT_EXAMPLES = """examples:
 """
 
 
+AVERAGE_EXAMPLES = """examples:
+  tmt average --run runs/demo                           # the last 5 step checkpoints
+  tmt average --run runs/demo --last 3
+  tmt evaluate --checkpoint runs/demo/checkpoints/average_steps_00001000-00001200.pt --beam 5
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tmt", description="Train Transformer translation models and translate with them.")
     parser.add_argument("--version", action="version", version=f"tmt {__version__}")
@@ -92,6 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--checkpoint", type=Path, help="default: best.pt, else the newest step checkpoint")
     export.add_argument("--quantization", help="CTranslate2 weight type: int8, int8_float16, float16, ... "
                                                "(default: float32)")
+
+    average = commands.add_parser("average", help="average the weights of a run's last step checkpoints",
+                                  epilog=AVERAGE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    average.add_argument("--run", type=Path, required=True, help="run directory")
+    average.add_argument("--last", type=_positive_int, default=5, metavar="N",
+                         help="how many of the newest step checkpoints to average (default 5)")
+    average.add_argument("--output", type=Path,
+                         help="default: <run>/checkpoints/average_steps_<first>-<last>.pt (keep it in "
+                              "<run>/checkpoints/ so that --checkpoint finds the run's tokenizers)")
     return parser
 
 
@@ -118,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits with 2 on bad arguments
     try:
-        {"train": run_train, "translate": run_translate, "evaluate": run_evaluate,
-         "export": run_export}[args.command](args)
+        {"train": run_train, "translate": run_translate, "evaluate": run_evaluate, "export": run_export,
+         "average": run_average}[args.command](args)
         return 0
     except TmtError as err:
         if args.traceback:
@@ -236,6 +252,21 @@ def run_export(args: argparse.Namespace) -> None:
 
     _setup_logging(logging.INFO)
     export_ctranslate2(args.run, args.output, args.checkpoint, args.quantization)
+
+
+def run_average(args: argparse.Namespace) -> None:
+    from transformer_mt.checkpoint import CheckpointDir, average_checkpoints, save_atomic
+
+    _setup_logging(logging.INFO)
+    checkpoints = CheckpointDir(args.run / "checkpoints", keep_last=1)
+    steps = checkpoints.steps()
+    if len(steps) < args.last:
+        raise UsageError(f"{args.run}: {len(steps)} step checkpoint(s) on disk, fewer than --last {args.last} "
+                         "(train.keep_last sets how many a run keeps)")
+    steps = steps[-args.last:]
+    output = args.output or checkpoints.directory / f"average_steps_{steps[0]:08d}-{steps[-1]:08d}.pt"
+    save_atomic(average_checkpoints([checkpoints.step_path(step) for step in steps]), output)
+    print(f"averaged steps {', '.join(map(str, steps))} into {output}", file=sys.stderr)
 
 
 def _load_translator(args: argparse.Namespace):

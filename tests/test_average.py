@@ -1,0 +1,31 @@
+"""`tmt average`: the mean of a run's last step checkpoints, usable by translate and evaluate."""
+
+from pathlib import Path
+
+import torch
+
+from tests.conftest import run_cli, tiny_config
+from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.training import prepare_run_dir, train
+
+
+def test_average_of_the_last_checkpoints_is_their_mean_and_translates(tiny_corpus: Path, tmp_path: Path,
+                                                                      monkeypatch, capsys):
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    train(tiny_config(tiny_corpus, train={"max_steps": 8, "save_every_steps": 2, "eval_every_steps": 8,
+                                          "keep_last": 3}), run, progress=False)
+    code, _, err = run_cli(["average", "--run", str(run), "--last", "3"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    averaged = load_checkpoint(run / "checkpoints" / "average_steps_00000004-00000008.pt")
+    parts = [load_checkpoint(run / "checkpoints" / f"step_{s:08d}.pt")["model"] for s in (4, 6, 8)]
+    for name, tensor in averaged["model"].items():
+        torch.testing.assert_close(tensor, (parts[0][name] + parts[1][name] + parts[2][name]) / 3)
+    assert averaged["averaged_from"] == ["step_00000004.pt", "step_00000006.pt", "step_00000008.pt"]
+
+    code, out, err = run_cli(["translate", "--checkpoint", str(run / "checkpoints" / "average_steps_00000004-00000008.pt"),
+                              "Good morning."], monkeypatch, capsys, tmp_path)
+    assert code == 0 and len(out.splitlines()) == 1, err
+
+    code, _, err = run_cli(["average", "--run", str(run), "--last", "5"], monkeypatch, capsys, tmp_path)
+    assert code == 2 and "3 step checkpoint(s) on disk, fewer than --last 5" in err

@@ -163,3 +163,23 @@ def test_tensorboard_has_scalars_examples_attention_images_and_hparams(tiny_corp
     hparams.Reload()
     assert "_hparams_/session_start_info" in hparams.PluginTagToContent("hparams")
     assert set(hparams.Tags()["scalars"]) == {"hparam/best_bleu", "hparam/last_bleu"}
+
+
+def test_early_stopping_after_patience_validations_without_a_better_bleu(tiny_corpus: Path, tmp_path: Path,
+                                                                        monkeypatch):
+    scores = iter([5.0, 7.0, 6.0, 7.0, 1.0, 2.0, 3.0, 4.0])
+    monkeypatch.setattr(Trainer, "validate", lambda self, writer: next(scores))
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 8, "eval_every_steps": 1, "save_every_steps": 100,
+                                          "patience": 2})
+    state = train(cfg, run, progress=False)
+    # Best 7.0 at step 2; steps 3 and 4 do not beat it (equal is not better): stop after step 4.
+    assert (state.step, state.best_step, state.stopped_early) == (4, 2, True)
+    assert load_checkpoint(run / "checkpoints" / "step_00000004.pt")["train_state"]["stopped_early"]
+
+    prepare_run_dir(run, resume=True, overwrite=False)
+    assert train(cfg, run, resume=True, progress=False).step == 4  # still out of patience: nothing to do
+    no_patience = tiny_config(tiny_corpus, train={"max_steps": 8, "eval_every_steps": 1, "save_every_steps": 100})
+    state = train(no_patience, run, resume=True, progress=False)
+    assert (state.step, state.stopped_early) == (8, False)

@@ -125,6 +125,9 @@ class TrainConfig:
     """Steps between checkpoints (one is always written at the end)."""
     keep_last: int = 3
     """Step checkpoints kept on disk; `best.pt` is kept in addition."""
+    patience: int = 0
+    """Stop early when validation BLEU has not improved for this many validations in a row;
+    0 trains to `max_steps`."""
     attention_layer: int = 0
     """Decoder layer (0 = first, -1 = last) whose cross-attention over one validation sentence
     is drawn in TensorBoard at each validation, next to the last layer's."""
@@ -392,6 +395,8 @@ def _check_values(cfg: Config) -> list[str]:
     if m.n_layers >= 1 and not -m.n_layers <= t.attention_layer < m.n_layers:
         p.append(f"train.attention_layer: {t.attention_layer} is not a decoder layer (0..{m.n_layers - 1}, "
                  "or negative to count from the last)")
+    if t.patience < 0:
+        p.append(f"train.patience: must be at least 0 (0 = no early stopping), got {t.patience}")
     if t.eval_max_sentences < 0:
         p.append(f"train.eval_max_sentences: must be at least 0 (0 = all), got {t.eval_max_sentences}")
     if t.n_examples < 0:

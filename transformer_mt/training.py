@@ -42,12 +42,15 @@ class TrainState:
     step: int = 0  # optimizer updates done; a skipped batch is not a step
     best_bleu: float = -1.0
     best_step: int = -1  # the step `best.pt` holds
+    evals_since_best: int = 0  # validations without a new best BLEU (early stopping)
+    stopped_early: bool = False
     tgt_tokens_seen: int = 0
     skipped_nonfinite: int = 0  # batches skipped for a NaN/inf loss or gradient
     skipped_oom: int = 0  # batches skipped for running out of device memory
 
     def state_dict(self) -> dict:
         return {"step": self.step, "best_bleu": self.best_bleu, "best_step": self.best_step,
+                "evals_since_best": self.evals_since_best, "stopped_early": self.stopped_early,
                 "tgt_tokens_seen": self.tgt_tokens_seen,
                 "skipped_nonfinite": self.skipped_nonfinite, "skipped_oom": self.skipped_oom}
 
@@ -56,6 +59,8 @@ class TrainState:
         self.best_bleu = float(state["best_bleu"])
         self.tgt_tokens_seen = int(state["tgt_tokens_seen"])
         self.best_step = int(state.get("best_step", -1))  # absent in checkpoints older than these counters
+        self.evals_since_best = int(state.get("evals_since_best", 0))
+        self.stopped_early = bool(state.get("stopped_early", False))
         self.skipped_nonfinite = int(state.get("skipped_nonfinite", 0))
         self.skipped_oom = int(state.get("skipped_oom", 0))
 
@@ -408,24 +413,37 @@ class Trainer:
                 step = self.state.step
                 if step % t.log_every_steps == 0 or step == t.max_steps:
                     self._log_interval(interval, result.grad_norm, writer, bar)
-                is_last = step == t.max_steps
-                is_best = False
-                if step % t.eval_every_steps == 0 or is_last:
-                    bleu = self.validate(writer)
-                    if is_last:
-                        self._log_hparams(writer, bleu)
-                    is_best = bleu > self.state.best_bleu
-                    if is_best:
-                        self.state.best_bleu, self.state.best_step = bleu, step
-                    interval.restart_clock()  # validation time is not training time
-                keep_step = step % t.save_every_steps == 0 or is_last
-                if keep_step or is_best:
-                    self.save(keep_step=keep_step, is_best=is_best)
+                if self._after_step(writer, interval):
+                    break
         finally:
             stop.uninstall()
             bar.close()
             writer.close()
         return self.state
+
+    def _after_step(self, writer: SummaryWriter, interval: _Interval) -> bool:
+        """Validate and save when due. True when training is over: `max_steps`, or early stopping."""
+        t, step = self.cfg.train, self.state.step
+        finished = step >= t.max_steps
+        is_best = False
+        if step % t.eval_every_steps == 0 or finished:
+            bleu = self.validate(writer)
+            is_best = bleu > self.state.best_bleu
+            if is_best:
+                self.state.best_bleu, self.state.best_step = bleu, step
+            self.state.evals_since_best = 0 if is_best else self.state.evals_since_best + 1
+            if t.patience and self.state.evals_since_best >= t.patience:
+                logger.info("stopping early at step %d: validation BLEU has not improved on %.2f (step %d) for %d "
+                            "validations (train.patience)", step, self.state.best_bleu, self.state.best_step,
+                            self.state.evals_since_best)
+                self.state.stopped_early = finished = True
+            if finished:
+                self._log_hparams(writer, bleu)
+            interval.restart_clock()  # validation time is not training time
+        keep_step = step % t.save_every_steps == 0 or finished
+        if keep_step or is_best:
+            self.save(keep_step=keep_step, is_best=is_best)
+        return finished
 
     def _stop_on_signal(self, signal_number: int) -> None:
         name = signal.Signals(signal_number).name
@@ -552,10 +570,16 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
     if resume:
         trainer.resume()
         save_config(cfg, run_dir / "config.yaml")  # training-only settings may have changed
-        if trainer.state.step >= cfg.train.max_steps:
+        state, patience = trainer.state, cfg.train.patience
+        if state.step >= cfg.train.max_steps:
             logger.info("the run is already at step %d of train.max_steps=%d; raise it to train further",
-                        trainer.state.step, cfg.train.max_steps)
-            return trainer.state
+                        state.step, cfg.train.max_steps)
+            return state
+        if state.stopped_early and patience and state.evals_since_best >= patience:
+            logger.info("the run stopped early at step %d (no better validation BLEU for %d validations); raise "
+                        "train.patience, or set it to 0, to train further", state.step, state.evals_since_best)
+            return state
+        state.stopped_early = False
     return trainer.run()
 
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from transformer_mt import __version__
+from transformer_mt.config import BLEU_TOKENIZERS
 from transformer_mt.errors import DataError, TmtError, TrainingStopped, UsageError
 
 logger = logging.getLogger("transformer_mt")
@@ -86,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="which split of the run's own data to score (default: test)")
     evaluate.add_argument("--src", type=Path, help="source file to translate instead of a split (needs --ref)")
     evaluate.add_argument("--ref", type=Path, help="reference translations of --src, line by line")
-    evaluate.add_argument("--tokenize", default="13a",
-                          help="sacreBLEU tokenizer for BLEU (default 13a; 'none' for pre-tokenized text)")
+    evaluate.add_argument("--tokenize", choices=BLEU_TOKENIZERS, help="sacreBLEU tokenizer for BLEU (default: the run's train.bleu_tokenize, "
+                                             "normally 13a; 'none' for pre-tokenized text)")
     evaluate.add_argument("--output", type=Path,
                           help="where to write the hypotheses (default: <run>/evaluation/<name>.beam<K>.txt)")
 
@@ -239,7 +240,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
         sources, references, name = split["src"], split["tgt"], args.split
     beam = args.beam or translator.cfg.decode.beam_size
     hypotheses = translator.translate(sources, beam_size=beam, progress=not args.quiet)
-    scores = score(hypotheses, references, tokenize=args.tokenize)
+    scores = score(hypotheses, references, tokenize=args.tokenize or translator.cfg.train.bleu_tokenize)
     output = args.output or translator.run_dir / "evaluation" / f"{name}.beam{beam}.txt"
     _write_lines(output, hypotheses)
     print(f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}")

@@ -125,6 +125,10 @@ class TrainConfig:
     """Steps between checkpoints (one is always written at the end)."""
     keep_last: int = 3
     """Step checkpoints kept on disk; `best.pt` is kept in addition."""
+    bleu_tokenize: Literal["13a", "none", "intl", "zh", "char", "ja-mecab", "ko-mecab", "spm", "flores101",
+                           "flores200"] = "13a"
+    """sacreBLEU tokenizer for validation BLEU, `tmt evaluate` and the final test score: `13a`
+    (sacreBLEU's default) for raw text, `none` for pre-tokenized text such as Multi30k's `tok/`."""
     patience: int = 0
     """Stop early when validation BLEU has not improved for this many validations in a row;
     0 trains to `max_steps`."""
@@ -134,6 +138,9 @@ class TrainConfig:
     max_nonfinite_steps: int = 25
     """A batch whose loss or gradient is NaN/inf is skipped (no update, not counted as a step);
     this many in a row stop the run. With fp16, gradient-scaler overflows count too."""
+
+
+BLEU_TOKENIZERS: tuple[str, ...] = typing.get_args(typing.get_type_hints(TrainConfig)["bleu_tokenize"])
 
 
 @dataclass(frozen=True)

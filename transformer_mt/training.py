@@ -330,7 +330,7 @@ class Trainer:
                                 device=self.device, precision=self.precision, beam_size=1)
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         references = [self.valid_data.tgt_text[i] for i in self.valid_subset]
-        scores = score(hypotheses, references)
+        scores = score(hypotheses, references, tokenize=self.cfg.train.bleu_tokenize)
         step = self.state.step
         self._log_attention(writer, sources[0], hyp_ids[0])
         hyp_dir = self.run_dir / "validation"

@@ -1,3 +1,4 @@
+import json
 import math
 from pathlib import Path
 
@@ -183,3 +184,18 @@ def test_early_stopping_after_patience_validations_without_a_better_bleu(tiny_co
     no_patience = tiny_config(tiny_corpus, train={"max_steps": 8, "eval_every_steps": 1, "save_every_steps": 100})
     state = train(no_patience, run, resume=True, progress=False)
     assert (state.step, state.stopped_early) == (8, False)
+
+
+@pytest.mark.parametrize("average_last", [0, 2])
+def test_training_ends_by_scoring_the_test_split_with_beam_search(average_last, tiny_corpus: Path, tmp_path: Path):
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 4, "save_every_steps": 2, "average_last": average_last},
+                      decode={"beam_size": 3})
+    train(cfg, run, progress=False)
+    report = json.loads((run / "evaluation" / "test_scores.json").read_text())
+    expected = "average_steps_00000002-00000004.pt" if average_last else "best.pt"
+    assert report["checkpoint"] == expected and (run / "checkpoints" / expected).is_file()
+    assert report["sentences"] == 2 and report["beam_size"] == 3
+    assert "tok:13a" in report["bleu_signature"] and "nc:6" in report["chrf_signature"]
+    assert len((run / "evaluation" / "test.beam3.txt").read_text("utf-8").splitlines()) == 2

@@ -132,6 +132,13 @@ class TrainConfig:
     patience: int = 0
     """Stop early when validation BLEU has not improved for this many validations in a row;
     0 trains to `max_steps`."""
+    test_at_end: bool = True
+    """After the last step, translate the test split with `decode.beam_size` beams using `best.pt`
+    (or the average below) and write BLEU/chrF with their sacreBLEU signatures to
+    `evaluation/test_scores.json`."""
+    average_last: int = 0
+    """For that final test, average the newest this-many step checkpoints instead of using
+    `best.pt` (0: best.pt); see also `tmt average`."""
     attention_layer: int = 0
     """Decoder layer (0 = first, -1 = last) whose cross-attention over one validation sentence
     is drawn in TensorBoard at each validation, next to the last layer's."""
@@ -402,6 +409,11 @@ def _check_values(cfg: Config) -> list[str]:
     if m.n_layers >= 1 and not -m.n_layers <= t.attention_layer < m.n_layers:
         p.append(f"train.attention_layer: {t.attention_layer} is not a decoder layer (0..{m.n_layers - 1}, "
                  "or negative to count from the last)")
+    if t.average_last < 0:
+        p.append(f"train.average_last: must be at least 0 (0 = use best.pt), got {t.average_last}")
+    elif t.average_last > t.keep_last:
+        p.append(f"train.average_last: {t.average_last} is more than the train.keep_last={t.keep_last} "
+                 "step checkpoints a run keeps")
     if t.patience < 0:
         p.append(f"train.patience: must be at least 0 (0 = no early stopping), got {t.patience}")
     if t.eval_max_sentences < 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import shutil
@@ -19,11 +20,12 @@ from tqdm import tqdm
 
 from transformer_mt import data as data_module
 from transformer_mt.batching import Batch, TokenBatchSampler, make_batch, sorted_batches
-from transformer_mt.checkpoint import FORMAT_VERSION, CheckpointDir, load_checkpoint
+from transformer_mt.checkpoint import (FORMAT_VERSION, CheckpointDir, average_checkpoints, load_checkpoint,
+                                       save_atomic)
 from transformer_mt.config import Config, config_to_dict, save_config
 from transformer_mt.errors import (CheckpointError, ConfigError, DataError, TrainingError, TrainingStopped,
                                    UsageError)
-from transformer_mt.evaluation import cross_attention_map, score, translate_ids
+from transformer_mt.evaluation import Scores, cross_attention_map, score, translate_ids
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision, load_rng_state, pick_device, pick_precision, rng_state, seed_everything
 from transformer_mt.plotting import attention_figure
@@ -378,6 +380,36 @@ class Trainer:
         writer.add_hparams(hparams, {"hparam/best_bleu": self.state.best_bleu, "hparam/last_bleu": last_bleu},
                            run_name="hparams", global_step=self.state.step)
 
+    # --- the final test ----------------------------------------------------------------
+    def final_test(self) -> Scores:
+        """Translate the test split with the best (or averaged) weights; write hypotheses and scores."""
+        cfg, checkpoints = self.cfg, self.checkpoints
+        if cfg.train.average_last:
+            steps = checkpoints.steps()[-cfg.train.average_last:]
+            path = checkpoints.directory / f"average_steps_{steps[0]:08d}-{steps[-1]:08d}.pt"
+            save_atomic(average_checkpoints([checkpoints.step_path(step) for step in steps]), path)
+        else:
+            path = checkpoints.best_path if checkpoints.best_path.is_file() else checkpoints.latest()
+        self.model.load_state_dict(load_checkpoint(path, map_location=self.device)["model"])
+        test = data_module.load_corpus(cfg.data, cfg.seed, self.run_dir).test
+        beam = cfg.decode.beam_size
+        started = time.perf_counter()
+        hyp_ids = translate_ids(self.model, self.tokenizers.encode_src(test["src"]), cfg.decode, bos_id=BOS_ID,
+                                eos_id=EOS_ID, device=self.device, precision=self.precision, beam_size=beam)
+        hypotheses = self.tokenizers.decode_tgt(hyp_ids)
+        scores = score(hypotheses, test["tgt"], tokenize=cfg.train.bleu_tokenize)
+        out_dir = self.run_dir / "evaluation"
+        out_dir.mkdir(exist_ok=True)
+        (out_dir / f"test.beam{beam}.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+        report = {"checkpoint": path.name, "step": self.state.step, "sentences": len(hypotheses), "beam_size": beam,
+                  "length_penalty": cfg.decode.length_penalty, "bleu": round(scores.bleu, 2),
+                  "chrf": round(scores.chrf, 2), "bleu_signature": scores.bleu_signature,
+                  "chrf_signature": scores.chrf_signature, "seconds": round(time.perf_counter() - started, 1)}
+        (out_dir / "test_scores.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        logger.info("test (%s, beam %d, %d sentences): BLEU %.2f [%s], chrF %.2f [%s]", path.name, beam,
+                    len(hypotheses), scores.bleu, scores.bleu_signature, scores.chrf, scores.chrf_signature)
+        return scores
+
     # --- the loop ----------------------------------------------------------------------
     def run(self) -> TrainState:
         t = self.cfg.train
@@ -580,7 +612,10 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
                         "train.patience, or set it to 0, to train further", state.step, state.evals_since_best)
             return state
         state.stopped_early = False
-    return trainer.run()
+    state = trainer.run()
+    if cfg.train.test_at_end:
+        trainer.final_test()
+    return state
 
 
 def _resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:

@@ -46,6 +46,12 @@ EXPORT_EXAMPLES = """examples:
 """
 
 
+RUNS_EXAMPLES = """examples:
+  tmt runs                                              # the runs under ./runs, newest first
+  tmt runs --dir /data/experiments
+  cat runs/demo/summary.json                            # one run's provenance, metrics and throughput
+"""
+
 AVERAGE_EXAMPLES = """examples:
   tmt average --run runs/demo                           # the last 5 step checkpoints
   tmt average --run runs/demo --last 3
@@ -101,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--quantization", help="CTranslate2 weight type: int8, int8_float16, float16, ... "
                                                "(default: float32)")
 
+    runs = commands.add_parser("runs", help="list training runs: status, steps, best BLEU, last update",
+                               epilog=RUNS_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    runs.add_argument("--dir", type=Path, default=Path("runs"), help="folder holding run directories (default: runs)")
+
     average = commands.add_parser("average", help="average the weights of a run's last step checkpoints",
                                   epilog=AVERAGE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     average.add_argument("--run", type=Path, required=True, help="run directory")
@@ -136,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)  # exits with 2 on bad arguments
     try:
         {"train": run_train, "translate": run_translate, "evaluate": run_evaluate, "export": run_export,
-         "average": run_average}[args.command](args)
+         "average": run_average,
+         "runs": run_runs}[args.command](args)
         return 0
     except TmtError as err:
         if args.traceback:
@@ -167,7 +178,8 @@ def run_train(args: argparse.Namespace) -> None:
     prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)
     log_file = _setup_logging(logging.INFO, run_dir / "train.log")
     try:
-        state = train(cfg, run_dir, resume=args.resume, progress=not args.no_progress)
+        state = train(cfg, run_dir, resume=args.resume, progress=not args.no_progress,
+                      config_dir=args.config.resolve().parent)
     except TrainingStopped as err:
         run_dir_arg = f" --run-dir {run_dir}" if args.run_dir else ""
         raise TrainingStopped(f"{err}; continue with: tmt train --config {args.config}{run_dir_arg} --resume",
@@ -253,6 +265,15 @@ def run_export(args: argparse.Namespace) -> None:
 
     _setup_logging(logging.INFO)
     export_ctranslate2(args.run, args.output, args.checkpoint, args.quantization)
+
+
+def run_runs(args: argparse.Namespace) -> None:
+    from transformer_mt.summary import read_summaries, runs_table
+
+    rows = read_summaries(args.dir)
+    if not rows:
+        raise TmtError(f"no runs with a summary.json under {args.dir} (train one with `tmt train`, or pass --dir)")
+    print(runs_table(rows))
 
 
 def run_average(args: argparse.Namespace) -> None:

@@ -23,12 +23,13 @@ from transformer_mt.batching import Batch, TokenBatchSampler, make_batch, sorted
 from transformer_mt.checkpoint import (FORMAT_VERSION, CheckpointDir, average_checkpoints, load_checkpoint,
                                        save_atomic)
 from transformer_mt.config import Config, config_to_dict, save_config
-from transformer_mt.errors import (CheckpointError, ConfigError, DataError, TrainingError, TrainingStopped,
-                                   UsageError)
+from transformer_mt.errors import (CheckpointError, ConfigError, DataError, TmtError, TrainingError,
+                                   TrainingStopped, UsageError)
 from transformer_mt.evaluation import Scores, cross_attention_map, score, translate_ids
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision, load_rng_state, pick_device, pick_precision, rng_state, seed_everything
 from transformer_mt.plotting import attention_figure
+from transformer_mt.summary import provenance, write_summary
 from transformer_mt.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
 
 logger = logging.getLogger(__name__)
@@ -49,12 +50,15 @@ class TrainState:
     tgt_tokens_seen: int = 0
     skipped_nonfinite: int = 0  # batches skipped for a NaN/inf loss or gradient
     skipped_oom: int = 0  # batches skipped for running out of device memory
+    train_seconds: float = 0.0  # wall time spent in this run's training processes, validation included
+    last_valid: dict | None = None  # the latest validation's step and metrics
 
     def state_dict(self) -> dict:
         return {"step": self.step, "best_bleu": self.best_bleu, "best_step": self.best_step,
                 "evals_since_best": self.evals_since_best, "stopped_early": self.stopped_early,
                 "tgt_tokens_seen": self.tgt_tokens_seen,
-                "skipped_nonfinite": self.skipped_nonfinite, "skipped_oom": self.skipped_oom}
+                "skipped_nonfinite": self.skipped_nonfinite, "skipped_oom": self.skipped_oom,
+                "train_seconds": self.train_seconds, "last_valid": self.last_valid}
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
@@ -65,6 +69,8 @@ class TrainState:
         self.stopped_early = bool(state.get("stopped_early", False))
         self.skipped_nonfinite = int(state.get("skipped_nonfinite", 0))
         self.skipped_oom = int(state.get("skipped_oom", 0))
+        self.train_seconds = float(state.get("train_seconds", 0.0))
+        self.last_valid = state.get("last_valid")
 
 
 @dataclass(frozen=True)
@@ -115,7 +121,8 @@ def label_smoothed_loss(logits: torch.Tensor, target_ids: torch.Tensor, pad_id: 
 
 # Everything tmt writes at the top of a run directory; nothing else is ever deleted.
 RUN_DIR_ENTRIES = frozenset({"config.yaml", "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json",
-                             "splits.json", "train.log", "checkpoints", "tensorboard", "validation", "evaluation"})
+                             "splits.json", "train.log", "checkpoints", "tensorboard", "validation", "evaluation",
+                             "summary.json", ".summary.json.tmp"})
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
@@ -186,7 +193,7 @@ def build_model(cfg: Config, tokenizers: TokenizerPair) -> Transformer:
 class Trainer:
     """Holds everything one training run mutates, so each phase is a short named method."""
 
-    def __init__(self, cfg: Config, run_dir: Path, *, progress: bool = True):
+    def __init__(self, cfg: Config, run_dir: Path, *, progress: bool = True, config_dir: Path | None = None):
         self.cfg = cfg
         self.run_dir = run_dir
         self.progress = progress
@@ -205,6 +212,9 @@ class Trainer:
         self.state = TrainState()
         self.checkpoints = CheckpointDir(run_dir / "checkpoints", t.keep_last)
         self.valid_subset = self._pick_valid_subset()
+        self.provenance = provenance(cfg, run_dir, self.device, config_dir)
+        self.test_report: dict | None = None
+        self._clock = time.perf_counter()  # train_seconds counts from here
 
     # --- checkpoints -------------------------------------------------------------------
     def checkpoint_state(self) -> dict:
@@ -273,7 +283,27 @@ class Trainer:
         self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def save(self, *, keep_step: bool, is_best: bool) -> None:
+        self._tick()
         self.checkpoints.save(self.checkpoint_state(), self.state.step, keep_step=keep_step, is_best=is_best)
+        self.write_summary("running")
+
+    def _tick(self) -> None:
+        now = time.perf_counter()
+        self.state.train_seconds += now - self._clock
+        self._clock = now
+
+    def write_summary(self, status: str) -> None:
+        """Rewrite `summary.json`: provenance, progress, metrics and throughput so far."""
+        self._tick()
+        s = self.state
+        write_summary(self.run_dir, {
+            "name": self.cfg.name, "status": status, "step": s.step, "max_steps": self.cfg.train.max_steps,
+            "epoch": self.sampler.epoch + 1, "best_bleu": s.best_bleu, "best_step": s.best_step,
+            "last_valid": s.last_valid, "test": self.test_report, "tgt_tokens_seen": s.tgt_tokens_seen,
+            "train_seconds": round(s.train_seconds, 1),
+            "tgt_tokens_per_s": round(s.tgt_tokens_seen / s.train_seconds, 1) if s.train_seconds else None,
+            "skipped_nonfinite": s.skipped_nonfinite, "skipped_oom": s.skipped_oom,
+            "parameters": self.model.num_parameters(), "provenance": self.provenance})
 
     # --- one optimisation step ---------------------------------------------------------
     def train_step(self, batch: Batch) -> StepResult:
@@ -351,6 +381,8 @@ class Trainer:
                         i + 1, src, references[i], hypotheses[i])
         if examples:
             writer.add_text("valid/examples", "\n\n".join(f"    {e}".replace("\n", "\n    ") for e in examples), step)
+        self.state.last_valid = {"step": step, "loss": round(loss, 4), "perplexity": round(ppl, 2),
+                                 "bleu": round(scores.bleu, 2), "chrf": round(scores.chrf, 2)}
         logger.info("validation at step %d: loss %.3f, ppl %.2f, BLEU %.2f, chrF %.2f (%d sentences, %.1fs) [%s]",
                     step, loss, ppl, scores.bleu, scores.chrf, len(hypotheses), time.perf_counter() - started,
                     scores.bleu_signature)
@@ -406,6 +438,7 @@ class Trainer:
                   "chrf": round(scores.chrf, 2), "bleu_signature": scores.bleu_signature,
                   "chrf_signature": scores.chrf_signature, "seconds": round(time.perf_counter() - started, 1)}
         (out_dir / "test_scores.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        self.test_report = report
         logger.info("test (%s, beam %d, %d sentences): BLEU %.2f [%s], chrF %.2f [%s]", path.name, beam,
                     len(hypotheses), scores.bleu, scores.bleu_signature, scores.chrf, scores.chrf_signature)
         return scores
@@ -416,6 +449,7 @@ class Trainer:
         logger.info("device %s, precision %s, %d parameters, %d training pairs", self.device,
                     self.precision.name, self.model.num_parameters(), len(self.train_data.src_ids))
         writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.state.step + 1)
+        self.write_summary("running")
         bar = tqdm(total=t.max_steps, initial=self.state.step, desc="train", unit="step",
                    # Not a terminal (a CI log, a file): the periodic log lines stand in for the bar.
                    disable=not (self.progress and sys.stderr.isatty()), file=sys.stderr, dynamic_ncols=True)
@@ -591,14 +625,18 @@ class StopRequest:
         self.signal_number = signal_number  # no logging here: a handler may interrupt a log write
 
 
-def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = True) -> TrainState:
-    """Train (or resume) the run in `run_dir`, which `prepare_run_dir` has set up."""
+def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = True,
+          config_dir: Path | None = None) -> TrainState:
+    """Train (or resume) the run in `run_dir`, which `prepare_run_dir` has set up.
+
+    `config_dir`, the config file's folder, is where `summary.json` looks for a git commit.
+    """
     if not resume:
         save_config(cfg, run_dir / "config.yaml")
     if resume and not TokenizerPair.exists_in(run_dir):  # never silently train a different vocabulary
         raise CheckpointError(f"{run_dir}: the tokenizer files are missing, so its checkpoints cannot be "
                               "resumed; restore them or start a new run")
-    trainer = Trainer(cfg, run_dir, progress=progress)
+    trainer = Trainer(cfg, run_dir, progress=progress, config_dir=config_dir)
     if resume:
         trainer.resume()
         save_config(cfg, run_dir / "config.yaml")  # training-only settings may have changed
@@ -612,9 +650,17 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
                         "train.patience, or set it to 0, to train further", state.step, state.evals_since_best)
             return state
         state.stopped_early = False
-    state = trainer.run()
-    if cfg.train.test_at_end:
-        trainer.final_test()
+    try:
+        state = trainer.run()
+        if cfg.train.test_at_end:
+            trainer.final_test()
+    except (TrainingStopped, KeyboardInterrupt):
+        trainer.write_summary("interrupted")
+        raise
+    except BaseException as err:
+        trainer.write_summary(f"failed: {err}" if isinstance(err, TmtError) else f"failed: {type(err).__name__}")
+        raise
+    trainer.write_summary("stopped early" if state.stopped_early else "finished")
     return state
 
 

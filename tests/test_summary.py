@@ -1,0 +1,44 @@
+"""`summary.json` (provenance, progress, metrics) and `tmt runs`."""
+
+import json
+from pathlib import Path
+
+from tests.conftest import REPO, run_cli, tiny_config
+from transformer_mt.training import prepare_run_dir, train
+
+
+def test_summary_records_provenance_metrics_and_throughput(tiny_corpus: Path, tmp_path: Path):
+    run = tmp_path / "runs" / "tiny"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    state = train(tiny_config(tiny_corpus, train={"max_steps": 4}), run, progress=False, config_dir=REPO)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["step"] == summary["max_steps"] == 4
+    assert summary["best_bleu"] == state.best_bleu and summary["last_valid"]["step"] == 4
+    assert summary["test"]["checkpoint"] == "best.pt" and "bleu_signature" in summary["test"]
+    assert summary["tgt_tokens_seen"] == state.tgt_tokens_seen > 0 and summary["tgt_tokens_per_s"] > 0
+    provenance = summary["provenance"]
+    assert provenance["data"]["path"] == str(tiny_corpus) and provenance["split_seed"] == 3
+    assert set(provenance["tokenizers_sha256"]) == {"tokenizer.json"}
+    assert len(provenance["tokenizers_sha256"]["tokenizer.json"]) == 64
+    assert provenance["versions"]["torch"] and provenance["device"].startswith("cpu")
+    assert provenance["config_git_commit"] is None or len(provenance["config_git_commit"]) >= 40
+
+
+def test_runs_lists_each_run_and_notices_a_dead_one(tiny_corpus: Path, tmp_path: Path, monkeypatch, capsys):
+    run = tmp_path / "runs" / "tiny"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    train(tiny_config(tiny_corpus, train={"max_steps": 2}), run, progress=False)
+    dead = tmp_path / "runs" / "killed"
+    dead.mkdir()
+    summary = json.loads((run / "summary.json").read_text())
+    (dead / "summary.json").write_text(json.dumps({**summary, "status": "running", "pid": 2 ** 22 + 12345}))
+
+    code, out, err = run_cli(["runs"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    header, *rows = out.splitlines()
+    assert header.split()[:3] == ["run", "status", "steps"]
+    assert any(r.startswith("tiny") and "finished" in r and "2/2" in r for r in rows), out
+    assert any(r.startswith("killed") and "died (process gone)" in r for r in rows), out
+
+    code, _, err = run_cli(["runs", "--dir", str(tmp_path / "nothing")], monkeypatch, capsys, tmp_path)
+    assert code == 1 and "no runs" in err

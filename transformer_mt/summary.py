@@ -1,0 +1,124 @@
+"""`runs/<name>/summary.json`: where a run came from and how it went; `tmt runs` lists them.
+
+The summary is rewritten (atomically) at every checkpoint and when training ends, so it is
+current even for a run that was killed; `status` then still says `running`, and `tmt runs`
+notices when the process that wrote it is gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import socket
+import subprocess
+import time
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from transformer_mt.config import Config
+
+SUMMARY_NAME = "summary.json"
+PACKAGES = ("transformer-mt", "torch", "tokenizers", "datasets", "sacrebleu")
+
+
+def provenance(cfg: Config, run_dir: Path, device: torch.device, config_dir: Path | None) -> dict:
+    """What the run was made from: data, split seed, tokenizers, software, device, config's git commit."""
+    tokenizer_files = sorted(run_dir.glob("tokenizer*.json"))
+    return {
+        "data": {"format": cfg.data.format, "path": cfg.data.path, "hub_config": cfg.data.hub_config,
+                 "revision": cfg.data.revision, "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang},
+        "split_seed": cfg.seed,
+        "tokenizers_sha256": {path.name: _sha256(path) for path in tokenizer_files},
+        "versions": {**{name: _version(name) for name in PACKAGES}, "python": platform.python_version()},
+        "device": _device_name(device),
+        "config_git_commit": git_commit(config_dir) if config_dir else None,
+        "host": socket.gethostname(),
+    }
+
+
+def git_commit(directory: Path) -> str | None:
+    """HEAD of the git repository holding `directory` (with `-dirty` if it has changes), else None."""
+    try:
+        run = lambda *args: subprocess.run(["git", "-C", str(directory), *args], capture_output=True, text=True,
+                                           timeout=10)
+        head = run("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return None
+        dirty = run("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return head.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):  # no git installed, or it hung
+        return None
+
+
+def write_summary(run_dir: Path, summary: dict) -> None:
+    """Write `summary.json` atomically, stamped with the writing process and time."""
+    summary = {**summary, "pid": os.getpid(), "updated": time.strftime("%Y-%m-%d %H:%M:%S")}
+    tmp = run_dir / f".{SUMMARY_NAME}.tmp"
+    tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, run_dir / SUMMARY_NAME)
+
+
+def read_summaries(runs_dir: Path) -> list[dict]:
+    """The summaries of the runs directly under `runs_dir`, most recently updated first."""
+    rows = []
+    for path in runs_dir.glob(f"*/{SUMMARY_NAME}"):
+        try:
+            summary = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            summary = {"status": "unreadable summary.json"}
+        summary["run_dir"] = str(path.parent)
+        summary["mtime"] = path.stat().st_mtime
+        if summary.get("status") == "running" and not _writer_alive(summary):
+            summary["status"] = "died (process gone)"
+        rows.append(summary)
+    return sorted(rows, key=lambda row: row["mtime"], reverse=True)
+
+
+def runs_table(rows: list[dict]) -> str:
+    """A plain-text table: run, status, steps, best validation BLEU, test BLEU, last update."""
+    header = ("run", "status", "steps", "best valid BLEU", "test BLEU", "updated")
+    lines = [header]
+    for row in rows:
+        best = row.get("best_bleu")
+        test = (row.get("test") or {}).get("bleu")
+        lines.append((Path(row["run_dir"]).name, str(row.get("status", "?")),
+                      f"{row.get('step', '?')}/{row.get('max_steps', '?')}",
+                      f"{best:.2f}" if isinstance(best, (int, float)) and best >= 0 else "-",
+                      f"{test:.2f}" if isinstance(test, (int, float)) else "-",
+                      time.strftime("%Y-%m-%d %H:%M", time.localtime(row["mtime"]))))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines)
+
+
+def _writer_alive(summary: dict) -> bool:
+    """False when the summary was written on this host by a process that no longer exists."""
+    if summary.get("provenance", {}).get("host") != socket.gethostname() or not summary.get("pid"):
+        return True  # another machine's run: we cannot tell
+    try:
+        os.kill(int(summary["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    return f"{device.type}: {platform.processor() or platform.machine()}"

@@ -1,5 +1,6 @@
 """End to end through the real `tmt` entry point, in subprocesses, in a temp directory."""
 
+import argparse
 import signal
 import subprocess
 import sys
@@ -161,3 +162,14 @@ def test_show_attention_draws_a_png_of_one_sentence(trained: Path):
     result = tmt("translate", "--run", "runs/demo", "--show-attention", "b.png", "--attention-layer", "7", "One.",
                  cwd=trained)
     assert result.returncode == 2 and "decoder layers" in result.stderr
+
+
+def test_every_command_help_has_examples():
+    from transformer_mt.cli import build_parser
+
+    parser = build_parser()
+    assert "tmt train --config configs/demo.yaml" in parser.format_help()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert set(commands) >= {"train", "translate", "evaluate", "export", "average", "runs"}
+    for name, command in commands.items():
+        assert "examples:" in command.format_help(), name

@@ -17,6 +17,16 @@ from transformer_mt.errors import DataError, TmtError, TrainingStopped, UsageErr
 
 logger = logging.getLogger("transformer_mt")
 
+MAIN_EXAMPLES = """a first run (CPU, a few minutes):
+  tmt train --config configs/demo.yaml                  # train on the bundled English-Italian corpus
+  tensorboard --logdir runs                             # curves, example translations, attention
+  tmt translate "Where is the station?"                 # translate with the newest run
+  tmt evaluate --run runs/demo --beam 5                 # BLEU and chrF on the test split
+  tmt runs                                              # every run: status, steps, BLEU
+
+`tmt COMMAND --help` shows each command's options and examples.
+"""
+
 TRAIN_EXAMPLES = """examples:
   tmt train --config configs/demo.yaml
   tmt train --config configs/demo.yaml --set train.max_steps=2000 --set model.dropout=0.2
@@ -60,7 +70,8 @@ AVERAGE_EXAMPLES = """examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tmt", description="Train Transformer translation models and translate with them.")
+    parser = argparse.ArgumentParser(prog="tmt", description="Train Transformer translation models and translate with them.",
+                                     epilog=MAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"tmt {__version__}")
     parser.add_argument("--traceback", action="store_true", help="show the full Python traceback on errors")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -73,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a config value, e.g. --set train.lr=3e-4 (repeatable)")
     train.add_argument("--resume", action="store_true", help="continue from the run's newest checkpoint")
     train.add_argument("--overwrite", action="store_true", help="delete an existing run in --run-dir and start over")
-    train.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
+    train.add_argument("--quiet", "--no-progress", dest="no_progress", action="store_true",
+                       help="no progress bars (the log lines stay)")
 
     translate = commands.add_parser("translate", help="translate sentences with a trained run",
                                     epilog=TRANSLATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -359,7 +359,7 @@ class Trainer:
         loss = self.validation_loss()
         sources = [self.valid_data.src_ids[i] for i in self.valid_subset]
         hyp_ids = translate_ids(self.model, sources, self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID,
-                                device=self.device, precision=self.precision, beam_size=1)
+                                device=self.device, precision=self.precision, beam_size=1, progress=self.progress)
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         references = [self.valid_data.tgt_text[i] for i in self.valid_subset]
         scores = score(hypotheses, references, tokenize=self.cfg.train.bleu_tokenize)
@@ -427,7 +427,8 @@ class Trainer:
         beam = cfg.decode.beam_size
         started = time.perf_counter()
         hyp_ids = translate_ids(self.model, self.tokenizers.encode_src(test["src"]), cfg.decode, bos_id=BOS_ID,
-                                eos_id=EOS_ID, device=self.device, precision=self.precision, beam_size=beam)
+                                eos_id=EOS_ID, device=self.device, precision=self.precision, beam_size=beam,
+                                progress=self.progress)
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         scores = score(hypotheses, test["tgt"], tokenize=cfg.train.bleu_tokenize)
         out_dir = self.run_dir / "evaluation"

@@ -70,23 +70,34 @@ class TokenBatchSampler:
     """Endless stream of training batches (lists of example indices), resumable mid-epoch.
 
     Each epoch: a seeded shuffle, a stable sort by length (so similar lengths share a batch
-    and little is padding), cut into token-budget batches, then the batch order is shuffled.
-    The batches of epoch e depend only on (seed, e), so the state is just (epoch, position).
+    and little is padding), cut into token-budget batches, then the batch order is shuffled
+    in groups of `world_size` neighbours: a DDP step takes one group, rank r its r-th batch,
+    so every rank gets a batch of similar length. With `world_size` 1 every batch is its own
+    group. The batches of epoch e depend only on (seed, e, world_size), so the state is just
+    (epoch, position).
     """
 
-    def __init__(self, lengths: Sequence[int], batch_tokens: int, seed: int):
+    def __init__(self, lengths: Sequence[int], batch_tokens: int, seed: int, world_size: int = 1):
         self.lengths = list(lengths)  # padded length of each example: max(source, target) + 1
         self.batch_tokens = batch_tokens
         self.seed = seed
+        self.world_size = world_size
         self.epoch = 0
         self.position = 0  # batches of the current epoch already handed out
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """The epoch's batches in training order; their count is a multiple of `world_size`."""
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         shuffled = torch.randperm(len(self.lengths), generator=gen).tolist()
         by_length = sorted(shuffled, key=self.lengths.__getitem__)  # stable: ties stay shuffled
         batches = token_budget_batches(by_length, self.lengths, self.batch_tokens)
-        return [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
+        W = self.world_size
+        # An incomplete last group (the longest batches) is filled with the shortest batches,
+        # which then come twice this epoch; dropping it would never train on the longest pairs.
+        n = len(batches)
+        batches += [batches[i % n] for i in range(-n % W)]
+        groups = [batches[i:i + W] for i in range(0, len(batches), W)]
+        return [batch for i in torch.randperm(len(groups), generator=gen).tolist() for batch in groups[i]]
 
     def __iter__(self) -> Iterator[list[int]]:
         while True:

@@ -23,6 +23,7 @@ from transformer_mt.batching import Batch, TokenBatchSampler, make_batch, sorted
 from transformer_mt.checkpoint import (FORMAT_VERSION, CheckpointDir, average_checkpoints, load_checkpoint,
                                        save_atomic)
 from transformer_mt.config import Config, config_to_dict, save_config
+from transformer_mt.distributed import Distributed, interleave
 from transformer_mt.errors import (CheckpointError, ConfigError, DataError, TmtError, TrainingError,
                                    TrainingStopped, UsageError)
 from transformer_mt.evaluation import Scores, cross_attention_map, score, translate_ids
@@ -94,6 +95,10 @@ class EncodedSplit:
     def lengths(self) -> list[int]:
         """Padded length of each example in a batch: the longer side plus its EOS/BOS."""
         return [max(len(s), len(t)) + 1 for s, t in zip(self.src_ids, self.tgt_ids)]
+
+    def n_tgt_tokens(self, indices: list[int]) -> int:
+        """Target tokens the loss is computed over for these examples (each with its EOS)."""
+        return sum(len(self.tgt_ids[i]) + 1 for i in indices)
 
     def batch(self, indices: list[int]) -> Batch:
         return make_batch([self.src_ids[i] for i in indices], [self.tgt_ids[i] for i in indices],
@@ -193,22 +198,31 @@ def build_model(cfg: Config, tokenizers: TokenizerPair) -> Transformer:
 class Trainer:
     """Holds everything one training run mutates, so each phase is a short named method."""
 
-    def __init__(self, cfg: Config, run_dir: Path, *, progress: bool = True, config_dir: Path | None = None):
+    def __init__(self, cfg: Config, run_dir: Path, *, progress: bool = True, config_dir: Path | None = None,
+                 dist: Distributed = Distributed()):
         self.cfg = cfg
         self.run_dir = run_dir
-        self.progress = progress
-        self.device = pick_device(cfg.train.device)
+        self.dist = dist
+        self.progress = progress and dist.is_main
+        self.device = dist.local_device(pick_device(cfg.train.device))
         self.precision: Precision = pick_precision(cfg.train.precision, self.device)
         seed_everything(cfg.seed)
-        self.tokenizers, self.train_data, self.valid_data = prepare_data(cfg, run_dir)
-        self.model = build_model(cfg, self.tokenizers).to(self.device)
+        with dist.main_first():  # rank 0 trains the tokenizers and carves the splits; the others reuse them
+            self.tokenizers, self.train_data, self.valid_data = prepare_data(cfg, run_dir)
+        self.model = build_model(cfg, self.tokenizers).to(self.device)  # the same initial weights on every rank
+        # What runs the training forward pass: under torchrun, DDP averages the gradients in backward.
+        self.train_model = self.model
+        if dist.enabled:
+            seed_everything(cfg.seed + dist.rank)  # different dropout masks on each rank
+            self.train_model = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
         t = cfg.train
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=t.betas, eps=1e-9,
                                            weight_decay=t.weight_decay, fused=self.device.type == "cuda")
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda done: lr_at(done + 1, t.lr, t.warmup_steps) / t.lr)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_grad_scaler)
-        self.sampler = TokenBatchSampler(self.train_data.lengths(), t.batch_tokens, cfg.seed)
+        self.sampler = TokenBatchSampler(self.train_data.lengths(), t.batch_tokens, cfg.seed, dist.world_size)
         self.state = TrainState()
         self.checkpoints = CheckpointDir(run_dir / "checkpoints", t.keep_last)
         self.valid_subset = self._pick_valid_subset()
@@ -225,7 +239,8 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "train_state": self.state.state_dict(),
             "sampler": self.sampler.state_dict(),
-            "rng": rng_state(),
+            # Every rank's RNG state (dropout differs per rank); a collective, so all ranks call this.
+            "rng": rng_state() if not self.dist.enabled else {"ranks": self.dist.gather(rng_state())},
             "config": config_to_dict(self.cfg),
             "model_args": {"src_vocab_size": self.tokenizers.src.get_vocab_size(),
                            "tgt_vocab_size": self.tokenizers.tgt.get_vocab_size(), "pad_id": PAD_ID},
@@ -244,13 +259,26 @@ class Trainer:
             self.scaler.load_state_dict(ckpt["scaler"])
         self.state.load_state_dict(ckpt["train_state"])
         self.sampler.load_state_dict(ckpt["sampler"])
-        load_rng_state({k: _to_cpu(v) for k, v in ckpt["rng"].items()})
+        load_rng_state({k: _to_cpu(v) for k, v in self._own_rng_state(ckpt["rng"], path).items()})
         logger.info("resuming from %s: step %d, epoch %d, batch %d of that epoch", path, self.state.step,
                     self.sampler.epoch + 1, self.sampler.position)
         logger.info("settings changed since that checkpoint: %s", "; ".join(changes) if changes else "none")
-        self.checkpoints.remove_temp_files()  # left by a crash during a save
-        if self.state.best_step == self.state.step:  # a crash may have come between this file and best.pt
-            self.checkpoints.copy_to_best(path)
+        if self.dist.is_main:
+            self.checkpoints.remove_temp_files()  # left by a crash during a save
+            if self.state.best_step == self.state.step:  # a crash may have come between this file and best.pt
+                self.checkpoints.copy_to_best(path)
+
+    def _own_rng_state(self, saved: dict, path: Path) -> dict:
+        """This rank's RNG state from a checkpoint, which must come from a run of as many processes.
+
+        The data position and the random streams are per process, so a different world size
+        could not continue the run exactly; it is refused rather than silently changed.
+        """
+        saved_world = len(saved["ranks"]) if "ranks" in saved else 1
+        if saved_world != self.dist.world_size:
+            raise UsageError(f"{path} was written by a run of {saved_world} process(es); resume it with the same "
+                             f"number (torchrun --nproc_per_node/--nnodes), not {self.dist.world_size}")
+        return saved["ranks"][self.dist.rank] if "ranks" in saved else saved
 
     def _newest_intact_checkpoint(self) -> tuple[Path, dict]:
         """The newest step checkpoint that loads; unreadable ones are reported and skipped."""
@@ -283,8 +311,11 @@ class Trainer:
         self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def save(self, *, keep_step: bool, is_best: bool) -> None:
+        """Write a checkpoint (rank 0); every rank calls this at the same step."""
         self._tick()
-        self.checkpoints.save(self.checkpoint_state(), self.state.step, keep_step=keep_step, is_best=is_best)
+        state = self.checkpoint_state()
+        if self.dist.is_main:
+            self.checkpoints.save(state, self.state.step, keep_step=keep_step, is_best=is_best)
         self.write_summary("running")
 
     def _tick(self) -> None:
@@ -293,8 +324,10 @@ class Trainer:
         self._clock = now
 
     def write_summary(self, status: str) -> None:
-        """Rewrite `summary.json`: provenance, progress, metrics and throughput so far."""
+        """Rewrite `summary.json` (rank 0): provenance, progress, metrics and throughput so far."""
         self._tick()
+        if not self.dist.is_main:
+            return
         s = self.state
         write_summary(self.run_dir, {
             "name": self.cfg.name, "status": status, "step": s.step, "max_steps": self.cfg.train.max_steps,
@@ -306,23 +339,28 @@ class Trainer:
             "parameters": self.model.num_parameters(), "provenance": self.provenance})
 
     # --- one optimisation step ---------------------------------------------------------
-    def train_step(self, batch: Batch) -> StepResult:
+    def train_step(self, batch: Batch, step_tgt_tokens: int | None = None) -> StepResult:
         """Forward, backward, clip, update; a NaN/inf loss or gradient norm skips the update.
 
+        `step_tgt_tokens`: target tokens of the whole step, all ranks together (default: this
+        batch's). The loss is normalised by it, so a DDP step computes the same gradient as one
+        process on the union of the ranks' batches. The returned loss is this rank's share.
         The finiteness check reads one boolean from the device per step: the price of never
         letting a NaN reach the weights or the optimizer's moments.
         """
         self.model.train()
         with self.precision.autocast():
-            logits = self.model(batch.src_ids, batch.tgt_in_ids)  # (B, T, V)
+            logits = self.train_model(batch.src_ids, batch.tgt_in_ids)  # (B, T, V)
         loss = label_smoothed_loss(logits, batch.tgt_out_ids, PAD_ID, self.cfg.train.label_smoothing)
-        loss = loss / batch.n_tgt_tokens  # normalise per target token, not per sentence
+        loss = loss / (step_tgt_tokens or batch.n_tgt_tokens)  # normalise per target token, not per sentence
         self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
+        # DDP averages gradients over the W ranks; scaling by W turns that mean into the sum.
+        self.scaler.scale(loss * self.dist.world_size if self.dist.enabled else loss).backward()
         self.scaler.unscale_(self.optimizer)
         max_norm = self.cfg.train.clip_grad_norm or float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        finite = bool(torch.isfinite(loss) & torch.isfinite(grad_norm))
+        # Ranks must agree: one rank's non-finite loss would otherwise skip the update there only.
+        finite = bool(self.dist.max_((~(torch.isfinite(loss) & torch.isfinite(grad_norm))).float()) == 0)
         if finite or self.scaler.is_enabled():
             # The fp16 scaler skips a non-finite update itself, and must see it to lower its scale.
             self.scaler.step(self.optimizer)
@@ -345,29 +383,35 @@ class Trainer:
         """Mean per-token negative log-likelihood (no smoothing) over the whole validation split."""
         self.model.eval()
         total, tokens = torch.zeros((), device=self.device), 0
-        for indices in sorted_batches(self.valid_data.lengths(), self.cfg.train.batch_tokens):
+        batches = sorted_batches(self.valid_data.lengths(), self.cfg.train.batch_tokens)
+        for indices in batches[self.dist.rank::self.dist.world_size]:  # each rank its share
             batch = self.valid_data.batch(indices).to(self.device)
             with self.precision.autocast():
                 logits = self.model(batch.src_ids, batch.tgt_in_ids)
             total += label_smoothed_loss(logits, batch.tgt_out_ids, PAD_ID, 0.0)
             tokens += batch.n_tgt_tokens
-        return total.item() / tokens
+        loss_sum, tokens = self.dist.sum_(torch.stack([total, total.new_tensor(tokens)])).tolist()
+        return loss_sum / tokens
 
     def validate(self, writer: SummaryWriter) -> float:
         """Loss, perplexity, greedy BLEU/chrF on the fixed subset; logs examples. Returns BLEU."""
         started = time.perf_counter()
         loss = self.validation_loss()
         sources = [self.valid_data.src_ids[i] for i in self.valid_subset]
-        hyp_ids = translate_ids(self.model, sources, self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID,
-                                device=self.device, precision=self.precision, beam_size=1, progress=self.progress)
+        rank, world = self.dist.rank, self.dist.world_size
+        mine = translate_ids(self.model, sources[rank::world], self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID,
+                             device=self.device, precision=self.precision, beam_size=1,
+                             progress=self.progress) if sources[rank::world] else []
+        hyp_ids = interleave(self.dist.gather(mine))  # every rank scores all: they agree on the best step
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         references = [self.valid_data.tgt_text[i] for i in self.valid_subset]
         scores = score(hypotheses, references, tokenize=self.cfg.train.bleu_tokenize)
         step = self.state.step
-        self._log_attention(writer, sources[0], hyp_ids[0])
-        hyp_dir = self.run_dir / "validation"
-        hyp_dir.mkdir(exist_ok=True)
-        (hyp_dir / f"step_{step:08d}.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+        if self.dist.is_main:
+            self._log_attention(writer, sources[0], hyp_ids[0])
+            hyp_dir = self.run_dir / "validation"
+            hyp_dir.mkdir(exist_ok=True)
+            (hyp_dir / f"step_{step:08d}.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
         ppl = math.exp(min(loss, 100.0))
         writer.add_scalar("valid/loss", loss, step)
         writer.add_scalar("valid/perplexity", ppl, step)
@@ -449,22 +493,26 @@ class Trainer:
         t = self.cfg.train
         logger.info("device %s, precision %s, %d parameters, %d training pairs", self.device,
                     self.precision.name, self.model.num_parameters(), len(self.train_data.src_ids))
-        writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.state.step + 1)
+        writer = (SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.state.step + 1)
+                  if self.dist.is_main else _NoWriter())
         self.write_summary("running")
         bar = tqdm(total=t.max_steps, initial=self.state.step, desc="train", unit="step",
                    # Not a terminal (a CI log, a file): the periodic log lines stand in for the bar.
                    disable=not (self.progress and sys.stderr.isatty()), file=sys.stderr, dynamic_ncols=True)
         batches = iter(self.sampler)
-        interval = _Interval(self.device)
+        interval = _Interval(self.device, self.dist)
         nonfinite_in_a_row = 0
-        stop = StopRequest()
+        stop = StopRequest(second_signal_interrupts=not self.dist.enabled)
         try:
             stop.install()
             while self.state.step < t.max_steps:
-                if stop.signal_number is not None:
-                    self._stop_on_signal(stop.signal_number)
-                batch = self.train_data.batch(next(batches)).to(self.device)
-                result = self._step_or_none(batch)
+                signal_number = self._agreed_signal(stop)
+                if signal_number:
+                    self._stop_on_signal(signal_number)
+                group = [next(batches) for _ in range(self.dist.world_size)]  # one batch per rank
+                batch = self.train_data.batch(group[self.dist.rank]).to(self.device)
+                step_tgt_tokens = self.train_data.n_tgt_tokens([i for b in group for i in b])
+                result = self._step_or_none(batch, step_tgt_tokens)
                 if result is None:  # out of memory: the batch was skipped
                     writer.add_scalar("train/skipped_oom", self.state.skipped_oom, self.state.step)
                     continue
@@ -474,8 +522,8 @@ class Trainer:
                     continue
                 nonfinite_in_a_row = 0
                 self.state.step += 1
-                self.state.tgt_tokens_seen += batch.n_tgt_tokens
-                interval.add(result.loss, batch.n_tgt_tokens)
+                self.state.tgt_tokens_seen += step_tgt_tokens
+                interval.add(result.loss, step_tgt_tokens)
                 bar.update(1)
                 step = self.state.step
                 if step % t.log_every_steps == 0 or step == t.max_steps:
@@ -512,23 +560,34 @@ class Trainer:
             self.save(keep_step=keep_step, is_best=is_best)
         return finished
 
+    def _agreed_signal(self, stop: StopRequest) -> int:
+        """The stop signal any rank received (0: none), so that all ranks stop at the same step."""
+        number = stop.signal_number or 0
+        if not self.dist.enabled:
+            return number
+        return int(self.dist.max_(torch.tensor([number], device=self.device)).item())
+
     def _stop_on_signal(self, signal_number: int) -> None:
         name = signal.Signals(signal_number).name
         logger.warning("received %s: saving a checkpoint, then stopping", name)
         self.save(keep_step=True, is_best=False)
         raise TrainingStopped(f"stopped by {name} at step {self.state.step}; checkpoint saved", signal_number)
 
-    def _step_or_none(self, batch: Batch) -> StepResult | None:
+    def _step_or_none(self, batch: Batch, step_tgt_tokens: int) -> StepResult | None:
         """`train_step`, or None when the batch ran out of device memory and was skipped.
 
         The first out-of-memory batch is skipped (its memory freed, its size logged); a second
         one stops the run: the budget is too large for this device, and skipping would bias
-        training against long sentences.
+        training against long sentences. Under DDP the other ranks are already waiting in the
+        gradient all-reduce, so one rank cannot skip alone: the run stops at once.
         """
         try:
-            return self.train_step(batch)
+            return self.train_step(batch, step_tgt_tokens)
         except torch.OutOfMemoryError:
-            pass  # free the memory outside the handler, where the traceback no longer pins it
+            if self.dist.enabled:
+                raise TrainingError(f"rank {self.dist.rank} ran out of memory at step {self.state.step + 1}; lower "
+                                    f"train.batch_tokens (now {self.cfg.train.batch_tokens}) and resume") from None
+            # Single process: free the memory below, outside the handler, where the traceback no longer pins it.
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -574,7 +633,8 @@ class Trainer:
 class _Interval:
     """Loss and throughput since the last log line; the loss is summed on the device (no sync per step)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, dist: Distributed):
+        self.dist = dist
         self.loss_sum = torch.zeros((), device=device)
         self.steps, self.tokens = 0, 0
         self.started = time.perf_counter()
@@ -590,6 +650,7 @@ class _Interval:
     def read_and_reset(self) -> tuple[float, float]:
         """(mean loss per step, target tokens per second) over the interval."""
         elapsed = time.perf_counter() - self.started
+        self.dist.sum_(self.loss_sum)  # each rank holds its share of every step's per-token loss
         result = (self.loss_sum.item() / max(self.steps, 1), self.tokens / max(elapsed, 1e-9))
         self.loss_sum.zero_()
         self.steps, self.tokens = 0, 0
@@ -597,16 +658,27 @@ class _Interval:
         return result
 
 
+class _NoWriter:
+    """Stands in for the SummaryWriter on ranks other than 0, which write no files."""
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None
+
+
 class StopRequest:
     """Turns the first SIGINT/SIGTERM into a request to stop after the current step.
 
     The loop then saves a checkpoint and stops; a second signal interrupts at once, unsaved.
+    Under torchrun a second signal is expected (Ctrl-C reaches every process, then torchrun
+    sends SIGTERM while it waits for them), so it is ignored: torchrun's own SIGKILL after
+    its grace period is the hard stop there.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self):
+    def __init__(self, second_signal_interrupts: bool = True):
         self.signal_number: int | None = None
+        self.second_signal_interrupts = second_signal_interrupts
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
@@ -622,25 +694,30 @@ class StopRequest:
 
     def _handle(self, signal_number: int, frame) -> None:
         if self.signal_number is not None:
-            raise KeyboardInterrupt  # asked twice: stop now, without a checkpoint
+            if self.second_signal_interrupts:
+                raise KeyboardInterrupt  # asked twice: stop now, without a checkpoint
+            return
         self.signal_number = signal_number  # no logging here: a handler may interrupt a log write
 
 
 def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = True,
-          config_dir: Path | None = None) -> TrainState:
+          config_dir: Path | None = None, dist: Distributed = Distributed()) -> TrainState:
     """Train (or resume) the run in `run_dir`, which `prepare_run_dir` has set up.
 
     `config_dir`, the config file's folder, is where `summary.json` looks for a git commit.
+    Under torchrun every rank calls this with its `dist` (process group started); rank 0
+    alone writes files, and alone scores the test split at the end.
     """
-    if not resume:
+    if not resume and dist.is_main:
         save_config(cfg, run_dir / "config.yaml")
     if resume and not TokenizerPair.exists_in(run_dir):  # never silently train a different vocabulary
         raise CheckpointError(f"{run_dir}: the tokenizer files are missing, so its checkpoints cannot be "
                               "resumed; restore them or start a new run")
-    trainer = Trainer(cfg, run_dir, progress=progress, config_dir=config_dir)
+    trainer = Trainer(cfg, run_dir, progress=progress, config_dir=config_dir, dist=dist)
     if resume:
         trainer.resume()
-        save_config(cfg, run_dir / "config.yaml")  # training-only settings may have changed
+        if dist.is_main:
+            save_config(cfg, run_dir / "config.yaml")  # training-only settings may have changed
         state, patience = trainer.state, cfg.train.patience
         if state.step >= cfg.train.max_steps:
             logger.info("the run is already at step %d of train.max_steps=%d; raise it to train further",
@@ -653,7 +730,7 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
         state.stopped_early = False
     try:
         state = trainer.run()
-        if cfg.train.test_at_end:
+        if cfg.train.test_at_end and dist.is_main:
             trainer.final_test()
     except (TrainingStopped, KeyboardInterrupt):
         trainer.write_summary("interrupted")

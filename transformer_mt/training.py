@@ -571,6 +571,7 @@ class Trainer:
         name = signal.Signals(signal_number).name
         logger.warning("received %s: saving a checkpoint, then stopping", name)
         self.save(keep_step=True, is_best=False)
+        self.dist.barrier()  # no rank leaves while rank 0 still writes: torchrun would kill it mid-write
         raise TrainingStopped(f"stopped by {name} at step {self.state.step}; checkpoint saved", signal_number)
 
     def _step_or_none(self, batch: Batch, step_tgt_tokens: int) -> StepResult | None:
@@ -730,6 +731,7 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
         state.stopped_early = False
     try:
         state = trainer.run()
+        dist.barrier()  # every rank is done training (and rank 0 done writing) before any leaves
         if cfg.train.test_at_end and dist.is_main:
             trainer.final_test()
     except (TrainingStopped, KeyboardInterrupt):

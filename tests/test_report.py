@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from tests.conftest import DEMO_CONFIG, run_cli, tiny_config, write_corpus
+from tests.conftest import DEMO_CONFIG, TINY_PAIRS, run_cli, tiny_config, write_corpus
 from transformer_mt.config import save_config
 from transformer_mt.report import estimated_time, format_duration, percentile
 from transformer_mt.tokenization import SPECIAL_TOKENS
@@ -176,3 +177,27 @@ def test_tmt_data_with_a_bad_config_exits_2_naming_the_key(tmp_path: Path, monke
     code, _, err = run_cli(["data", "--config", str(tmp_path / "missing.yaml")], monkeypatch, capsys, tmp_path)
     assert code == 2 and "missing.yaml" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_tmt_data_on_an_existing_run_reports_what_its_training_saw(tmp_path: Path, monkeypatch, capsys):
+    # Only a train split: valid and test are carved, and the run's splits.json must be reused.
+    corpus = write_corpus(tmp_path / "corpus", {"train": TINY_PAIRS})
+    cfg = tiny_config(corpus)
+    config_file, run_dir = tmp_path / "tiny.yaml", tmp_path / "runs" / "tiny"
+    save_config(cfg, config_file)
+    prepare_run_dir(run_dir, resume=False, overwrite=False)
+    save_config(cfg, run_dir / "config.yaml")
+    # A split the seeded carve would not make: the two longest sentences as validation.
+    (run_dir / "splits.json").write_text(json.dumps({"source_rows": 12, "seed": 3, "valid": [2, 3], "test": [0, 1]}))
+    *_, report = prepare_data(cfg, run_dir)  # reuses splits.json and writes tokenizer.json, as training does
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir()}
+    assert set(before) == {"config.yaml", "splits.json", "tokenizer.json"}
+
+    code, out, err = run_cli(["data", "--config", str(config_file)], monkeypatch, capsys, tmp_path)  # runs/tiny
+    assert code == 0, err
+    assert out == report.render() + "\n"
+    assert "train 8   valid 2   test 2" in out  # 12 pairs, 2 + 2 carved
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir()} == before
+    (tmp_path / "fresh").mkdir()
+    *_, fresh = prepare_data(cfg, tmp_path / "fresh")  # without the run: its own carve and tokenizer
+    assert fresh.render() != report.render()

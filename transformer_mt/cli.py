@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from transformer_mt import __version__
-from transformer_mt.config import BLEU_TOKENIZERS
+from transformer_mt.config import BLEU_TOKENIZERS, Config
 from transformer_mt.errors import DataError, TmtError, TrainingStopped, UsageError
 
 logger = logging.getLogger("transformer_mt")
@@ -253,7 +253,7 @@ def run_data(args: argparse.Namespace) -> None:
     print(f"tmt: data report of {args.config} with {source}", file=sys.stderr)
 
 
-def _same_data_settings(cfg, run_dir: Path) -> bool:
+def _same_data_settings(cfg: Config, run_dir: Path) -> bool:
     """True when `run_dir` holds a run made with the seed, data and tokenizer settings of `cfg`."""
     from transformer_mt.config import config_to_dict, load_config
     from transformer_mt.tokenization import TokenizerPair

@@ -1,6 +1,7 @@
 from pathlib import Path
 
 from transformer_mt.config import TokenizerConfig
+from transformer_mt import tokenization
 from transformer_mt.tokenization import BOS, EOS, PAD, UNK, TokenizerPair, train_tokenizers
 
 SRC = ["Where is the coffee?", "The city is beautiful, isn't it?", "I have 3 brothers."] * 5
@@ -35,3 +36,19 @@ def test_separate_tokenizers_save_and_load(tmp_path: Path):
     assert not loaded.joint
     assert loaded.encode_src(SRC[:2]) == pair.encode_src(SRC[:2])
     assert loaded.encode_tgt(TGT[:2]) == pair.encode_tgt(TGT[:2])
+
+
+def test_encoding_in_chunks_gives_the_ids_of_one_batch_call(monkeypatch):
+    pair = train_tokenizers(TokenizerConfig(vocab_size=150, min_frequency=1), SRC, TGT)
+    whole = pair.encode_src(SRC)
+    monkeypatch.setattr(tokenization, "ENCODE_CHUNK_LINES", 2)  # several chunks and a short last one
+    assert pair.encode_src(SRC, progress=True) == whole
+    assert whole == [e.ids for e in pair.src.encode_batch(SRC, add_special_tokens=False)]
+
+
+def test_progress_bars_stay_off_when_stderr_is_not_a_terminal(capsys):
+    quiet = train_tokenizers(TokenizerConfig(vocab_size=150, min_frequency=1), SRC, TGT)
+    shown = train_tokenizers(TokenizerConfig(vocab_size=150, min_frequency=1), SRC, TGT, progress=True)
+    assert shown.encode_tgt(TGT, progress=True) == quiet.encode_tgt(TGT)  # the bar changes nothing
+    assert shown.src.to_str() == quiet.src.to_str()
+    assert capsys.readouterr().err == ""  # captured stderr is not a TTY

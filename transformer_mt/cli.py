@@ -12,12 +12,13 @@ import sys
 from pathlib import Path
 
 from transformer_mt import __version__
-from transformer_mt.config import BLEU_TOKENIZERS
+from transformer_mt.config import BLEU_TOKENIZERS, Config
 from transformer_mt.errors import DataError, TmtError, TrainingStopped, UsageError
 
 logger = logging.getLogger("transformer_mt")
 
 MAIN_EXAMPLES = """a first run (CPU, a few minutes):
+  tmt data --config configs/demo.yaml                   # look at the data first: pairs, lengths, steps per epoch
   tmt train --config configs/demo.yaml                  # train on the bundled English-Italian corpus
   tensorboard --logdir runs                             # curves, example translations, attention
   tmt translate "Where is the station?"                 # translate with the newest run
@@ -32,6 +33,15 @@ TRAIN_EXAMPLES = """examples:
   tmt train --config configs/demo.yaml --set train.max_steps=2000 --set model.dropout=0.2
   tmt train --config configs/demo.yaml --resume        # continue from the newest checkpoint
   tensorboard --logdir runs                            # watch the curves
+"""
+
+DATA_EXAMPLES = """examples:
+  tmt data --config configs/demo.yaml                   # the report tmt train logs before its first step
+  tmt data --config configs/demo.yaml --set tokenizer.vocab_size=2000 --set model.max_len=32
+  tmt data --config configs/en-it.yaml --set train.batch_tokens=8192   # steps per epoch at another budget
+
+Nothing is written: tokenizers are trained in a temporary folder, or reused from the run
+directory (--run-dir, default runs/<name>) when its data and tokenizer settings are the same.
 """
 
 TRANSLATE_EXAMPLES = """examples:
@@ -86,6 +96,16 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--overwrite", action="store_true", help="delete an existing run in --run-dir and start over")
     train.add_argument("--quiet", "--no-progress", dest="no_progress", action="store_true",
                        help="no progress bars (the log lines stay)")
+
+    data = commands.add_parser("data", help="report on the data before training: pairs, filters, lengths, "
+                                             "unknown tokens, steps per epoch",
+                               epilog=DATA_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    data.add_argument("--config", required=True, type=Path, help="YAML config file")
+    data.add_argument("--run-dir", type=Path, help="a run whose tokenizers and data split to reuse, read only "
+                                                   "(default: runs/<name from config>, if it exists)")
+    data.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config value, e.g. --set model.max_len=64 (repeatable)")
+    data.add_argument("--quiet", action="store_true", help="no progress bars")
 
     translate = commands.add_parser("translate", help="translate sentences with a trained run",
                                     epilog=TRANSLATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -157,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits with 2 on bad arguments
     try:
-        {"train": run_train, "translate": run_translate, "evaluate": run_evaluate, "export": run_export,
+        {"train": run_train, "data": run_data, "translate": run_translate, "evaluate": run_evaluate, "export": run_export,
          "average": run_average,
          "runs": run_runs}[args.command](args)
         return 0
@@ -214,6 +234,51 @@ def run_train(args: argparse.Namespace) -> None:
         return
     best = f", best validation BLEU {state.best_bleu:.2f}" if state.best_bleu >= 0 else ""
     print(f"tmt: finished at step {state.step}{best}; run directory {run_dir}", file=sys.stderr)
+
+
+def run_data(args: argparse.Namespace) -> None:
+    """Print the data report of a config without training, leaving no file behind.
+
+    The corpus is loaded and the tokenizers trained in a temporary folder; an existing run's
+    tokenizers and carved split (`splits.json`) are copied there first when the run was made
+    from the same seed, data and tokenizer settings, so the report describes that run.
+    """
+    import shutil
+    import tempfile
+
+    from transformer_mt.config import load_config
+    from transformer_mt.data import SPLITS_FILE
+    from transformer_mt.tokenization import JOINT_FILE, SRC_FILE, TGT_FILE
+    from transformer_mt.training import prepare_data
+
+    _setup_logging(logging.WARNING)
+    cfg = load_config(args.config, args.overrides)
+    run_dir = args.run_dir or Path("runs") / cfg.name
+    reuse = _same_data_settings(cfg, run_dir)
+    with tempfile.TemporaryDirectory(prefix="tmt-data-") as scratch:
+        if reuse:
+            for name in (SPLITS_FILE, JOINT_FILE, SRC_FILE, TGT_FILE):
+                if (run_dir / name).is_file():
+                    shutil.copyfile(run_dir / name, Path(scratch) / name)
+        *_, report = prepare_data(cfg, Path(scratch), progress=not args.quiet)
+    print(report.render())
+    source = f"the tokenizers of {run_dir}" if reuse else "tokenizers trained for this report (not saved)"
+    print(f"tmt: data report of {args.config} with {source}", file=sys.stderr)
+
+
+def _same_data_settings(cfg: Config, run_dir: Path) -> bool:
+    """True when `run_dir` holds a run made with the seed, data and tokenizer settings of `cfg`."""
+    from transformer_mt.config import config_to_dict, load_config
+    from transformer_mt.tokenization import TokenizerPair
+
+    if not (run_dir / "config.yaml").is_file() or not TokenizerPair.exists_in(run_dir):
+        return False
+    try:
+        saved = config_to_dict(load_config(run_dir / "config.yaml"))
+    except TmtError:
+        return False  # an unreadable config: train fresh tokenizers rather than guess
+    current = config_to_dict(cfg)
+    return all(saved[key] == current[key] for key in ("seed", "data", "tokenizer"))
 
 
 def run_translate(args: argparse.Namespace) -> None:

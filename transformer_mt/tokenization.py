@@ -7,11 +7,13 @@ word and punctuation is its own pre-token, so decoding restores the exact spacin
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tqdm import tqdm
 
 from transformer_mt.config import TokenizerConfig
 from transformer_mt.errors import CheckpointError
@@ -23,6 +25,9 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = range(4)
 JOINT_FILE = "tokenizer.json"
 SRC_FILE = "tokenizer.src.json"
 TGT_FILE = "tokenizer.tgt.json"
+# Lines per `encode_batch` call when encoding with a progress bar: large enough that the Rust
+# side still parallelises well, small enough that the bar moves every second or so.
+ENCODE_CHUNK_LINES = 20_000
 
 
 @dataclass(frozen=True)
@@ -36,13 +41,13 @@ class TokenizerPair:
     def joint(self) -> bool:
         return self.src is self.tgt
 
-    def encode_src(self, lines: list[str]) -> list[list[int]]:
-        """Token ids of each source line, without special tokens."""
-        return [e.ids for e in self.src.encode_batch(lines, add_special_tokens=False)]
+    def encode_src(self, lines: list[str], progress: bool = False) -> list[list[int]]:
+        """Token ids of each source line, without special tokens; `progress` shows a bar on stderr."""
+        return _encode(self.src, lines, "tokenize source", progress)
 
-    def encode_tgt(self, lines: list[str]) -> list[list[int]]:
-        """Token ids of each target line, without special tokens."""
-        return [e.ids for e in self.tgt.encode_batch(lines, add_special_tokens=False)]
+    def encode_tgt(self, lines: list[str], progress: bool = False) -> list[list[int]]:
+        """Token ids of each target line, without special tokens; `progress` shows a bar on stderr."""
+        return _encode(self.tgt, lines, "tokenize target", progress)
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         """Detokenised text for each id sequence; special tokens are dropped."""
@@ -81,16 +86,23 @@ class TokenizerPair:
         return (directory / JOINT_FILE).is_file() or (directory / SRC_FILE).is_file()
 
 
-def train_tokenizers(cfg: TokenizerConfig, src_lines: list[str], tgt_lines: list[str]) -> TokenizerPair:
-    """Train BPE on the training split: one joint tokenizer, or one per language."""
+def train_tokenizers(cfg: TokenizerConfig, src_lines: list[str], tgt_lines: list[str],
+                     progress: bool = False) -> TokenizerPair:
+    """Train BPE on the training split: one joint tokenizer, or one per language.
+
+    `progress` shows a bar on stderr (a terminal only) over the lines read; reading and counting
+    words is most of the time, computing the merges comes after the bar ends.
+    """
     if cfg.joint:
-        joint = _train_bpe(cfg, _chain(src_lines, tgt_lines), len(src_lines) + len(tgt_lines))
+        joint = _train_bpe(cfg, _chain(src_lines, tgt_lines), len(src_lines) + len(tgt_lines),
+                           "BPE (joint)", progress)
         return TokenizerPair(joint, joint)
-    return TokenizerPair(_train_bpe(cfg, iter(src_lines), len(src_lines)),
-                         _train_bpe(cfg, iter(tgt_lines), len(tgt_lines)))
+    return TokenizerPair(_train_bpe(cfg, iter(src_lines), len(src_lines), "BPE (source)", progress),
+                         _train_bpe(cfg, iter(tgt_lines), len(tgt_lines), "BPE (target)", progress))
 
 
-def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int) -> Tokenizer:
+def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int, desc: str = "BPE",
+               progress: bool = False) -> Tokenizer:
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
@@ -104,9 +116,40 @@ def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int) -> Toke
         special_tokens=list(SPECIAL_TOKENS),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(lines, trainer=trainer, length=n_lines)
+    with _bar(n_lines, desc, progress) as bar:
+        tokenizer.train_from_iterator(_counted(lines, bar), trainer=trainer, length=n_lines)
     _check_special_ids(tokenizer, "trained tokenizer")
     return tokenizer
+
+
+def _encode(tokenizer: Tokenizer, lines: list[str], desc: str, progress: bool) -> list[list[int]]:
+    """Token ids of each line, encoded in chunks so that a progress bar can follow."""
+    ids: list[list[int]] = []
+    with _bar(len(lines), desc, progress) as bar:
+        for start in range(0, len(lines), ENCODE_CHUNK_LINES):
+            chunk = lines[start:start + ENCODE_CHUNK_LINES]
+            ids.extend(e.ids for e in tokenizer.encode_batch(chunk, add_special_tokens=False))
+            bar.update(len(chunk))
+    return ids
+
+
+def _bar(total: int, desc: str, progress: bool) -> tqdm:
+    # Not a terminal (a CI log, a file): no bar; the log lines stand in for it.
+    # Once done, the bar makes way (leave=False) for the log lines and the next bar.
+    return tqdm(total=total, desc=desc, unit="line", unit_scale=total >= 10_000, leave=False, file=sys.stderr,
+                dynamic_ncols=True, disable=not (progress and sys.stderr.isatty()))
+
+
+def _counted(lines: Iterator[str], bar: tqdm) -> Iterator[str]:
+    """Yield `lines`, advancing `bar` every 10,000 lines (a call per line would cost more than the line)."""
+    pending = 0
+    for line in lines:
+        yield line
+        pending += 1
+        if pending == 10_000:
+            bar.update(pending)
+            pending = 0
+    bar.update(pending)
 
 
 def _load_file(path: Path) -> Tokenizer:

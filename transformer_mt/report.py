@@ -1,0 +1,185 @@
+"""The preflight data report: what the corpus looks like to the model, before any training step.
+
+Built from the loaded corpus and the tokenizers, rendered as a compact text table by `tmt data`
+and at the start of `tmt train`; `estimated_time` turns the first measured throughput into the
+time per epoch and to `train.max_steps`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from transformer_mt.batching import TokenBatchSampler
+from transformer_mt.config import Config
+from transformer_mt.data import SPLITS, Corpus
+from transformer_mt.tokenization import UNK_ID, TokenizerPair
+
+PERCENTILES = (50, 90, 99)
+SIDES = ("src", "tgt")
+
+
+@dataclass(frozen=True)
+class LengthStats:
+    """Nearest-rank percentiles and the maximum of a list of lengths (BPE tokens, no EOS/BOS)."""
+
+    percentiles: dict[int, int]  # {50: p50, 90: p90, 99: p99}
+    max: int
+
+
+@dataclass(frozen=True)
+class DataReport:
+    """Counts and rates that describe a corpus as the model will see it.
+
+    Definitions (each per side, `src` and `tgt`):
+    - `pairs[split]`: pairs left after every filter; train also after `too_many_tokens`.
+    - `removed[filter]`: pairs each filter dropped, in the order they run: `empty` (all splits),
+      `too_long` and `length_ratio` (train, in whitespace words; `data.max_words`,
+      `data.max_length_ratio`), then `too_many_tokens` (train pairs with more than
+      `model.max_len - 1` BPE tokens on a side, as `training.prepare_data` drops them).
+    - `lengths[(split, side)]`: BPE tokens per sentence of the training pairs that are trained on
+      and of the validation pairs, untruncated.
+    - `valid_truncated`: validation pairs with a side longer than `model.max_len - 1` tokens
+      (evaluation sets are never filtered; such sentences are cut when translated).
+    - `unk_rate[side]`: share of the validation side's BPE tokens that are `<unk>` (characters
+      the tokenizer never saw in training).
+    - `word_coverage[side]`: share of the validation side's running words (whitespace-separated,
+      every occurrence counted) that occur as a word on that side of the training split (after
+      the `data.*` filters); 1 - this is the out-of-vocabulary word rate.
+    - `tgt_tokens_per_epoch`: target tokens of one pass over the training pairs, EOS included
+      (what the loss is averaged over; `perf/tgt_tokens_per_s` counts the same tokens).
+    - `steps_per_epoch`: token-budget batches the training sampler cuts from one epoch; the
+      same in every epoch, since the cut only sees the length-sorted sequence of lengths.
+    """
+
+    pairs: dict[str, int]
+    removed: dict[str, int]
+    lengths: dict[tuple[str, str], LengthStats]
+    valid_truncated: int
+    unk_rate: dict[str, float]
+    word_coverage: dict[str, float]
+    src_tokens_per_epoch: int
+    tgt_tokens_per_epoch: int
+    steps_per_epoch: int
+    batch_tokens: int
+    max_steps: int
+    languages: dict[str, str]  # {"src": "en", "tgt": "it"}
+
+    @property
+    def epochs_to_max_steps(self) -> float:
+        return self.max_steps / self.steps_per_epoch
+
+    def render(self) -> str:
+        """The report as a compact text table: a label column, then aligned cells per block."""
+        lang = self.languages
+        blocks = [
+            [["pairs", *(f"{split} {self.pairs[split]:,}" for split in SPLITS)]],
+            [["removed by filters", *(f"{name} {count:,}" for name, count in self.removed.items())]],
+            [["BPE tokens per sentence", *(f"p{p}" for p in PERCENTILES), "max"]]
+            + [[f"  {split} {lang[side]}", *(f"{stats.percentiles[p]:,}" for p in PERCENTILES), f"{stats.max:,}"]
+               for (split, side), stats in self.lengths.items()],
+            [["validation", lang["src"], lang["tgt"]],
+             ["  <unk> tokens", *(f"{100 * self.unk_rate[side]:.2f}%" for side in SIDES)],
+             ["  words seen in train", *(f"{100 * self.word_coverage[side]:.1f}%" for side in SIDES)]],
+            [["per epoch", f"{self.tgt_tokens_per_epoch:,} target tokens ({self.src_tokens_per_epoch:,} source), "
+                           f"{self.steps_per_epoch:,} steps of at most {self.batch_tokens:,} padded tokens"]],
+            [["until max_steps", f"{self.max_steps:,} steps = {self.epochs_to_max_steps:,.1f} epochs"]],
+        ]
+        if self.valid_truncated:
+            blocks.insert(3, [["  longer than max_len", f"{self.valid_truncated:,} valid pair"
+                                                         f"{'s' if self.valid_truncated != 1 else ''}, truncated "
+                                                         "when translated"]])
+        label_width = max(len(row[0]) for block in blocks for row in block)
+        lines = []
+        for block in blocks:
+            if len(block) == 1:  # free text: cells three spaces apart
+                lines.append(f"{block[0][0].ljust(label_width)}  {'   '.join(block[0][1:])}")
+                continue
+            widths = [max(len(row[i]) for row in block) for i in range(1, len(block[0]))]
+            lines.extend(f"{row[0].ljust(label_width)}  " + "  ".join(cell.rjust(w) for cell, w in zip(row[1:], widths))
+                         for row in block)
+        return "\n".join(line.rstrip() for line in lines)
+
+
+def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair,
+                 train_src_ids: Sequence[Sequence[int]], train_tgt_ids: Sequence[Sequence[int]]) -> DataReport:
+    """Describe `corpus` as tokenized for training.
+
+    `train_src_ids` / `train_tgt_ids` are the training pairs that are trained on (no special
+    tokens, after the `too_many_tokens` filter); the validation split is encoded here.
+    """
+    keep = cfg.model.max_len - 1
+    valid_src_ids = tokenizers.encode_src(corpus.valid["src"])
+    valid_tgt_ids = tokenizers.encode_tgt(corpus.valid["tgt"])
+    ids = {("train", "src"): train_src_ids, ("train", "tgt"): train_tgt_ids,
+           ("valid", "src"): valid_src_ids, ("valid", "tgt"): valid_tgt_ids}
+    # As training's EncodedSplit.lengths: the longer side plus its EOS (source, target output) or BOS.
+    padded_lengths = [max(len(s), len(t)) + 1 for s, t in zip(train_src_ids, train_tgt_ids)]
+    sampler = TokenBatchSampler(padded_lengths, cfg.train.batch_tokens, cfg.seed)
+    return DataReport(
+        pairs={"train": len(train_src_ids), "valid": len(corpus.valid), "test": len(corpus.test)},
+        removed={**corpus.removed, "too_many_tokens": len(corpus.train) - len(train_src_ids)},
+        lengths={key: length_stats([len(seq) for seq in seqs]) for key, seqs in ids.items()},
+        valid_truncated=sum(len(s) > keep or len(t) > keep for s, t in zip(valid_src_ids, valid_tgt_ids)),
+        unk_rate={"src": unk_rate(valid_src_ids), "tgt": unk_rate(valid_tgt_ids)},
+        word_coverage={side: word_coverage(corpus.valid[side][:], corpus.train[side][:]) for side in SIDES},
+        src_tokens_per_epoch=sum(len(seq) + 1 for seq in train_src_ids),
+        tgt_tokens_per_epoch=sum(len(seq) + 1 for seq in train_tgt_ids),
+        steps_per_epoch=len(sampler.epoch_batches(0)),
+        batch_tokens=cfg.train.batch_tokens,
+        max_steps=cfg.train.max_steps,
+        languages={"src": cfg.data.src_lang, "tgt": cfg.data.tgt_lang},
+    )
+
+
+def percentile(values: Sequence[int], p: float) -> int:
+    """Nearest-rank percentile: the smallest value with at least `p`% of `values` at or below it."""
+    ordered = sorted(values)
+    rank = math.ceil(p * len(ordered) / 100)  # p·n first: exact for integers, so 90·100/100 is 90
+    return ordered[max(rank, 1) - 1]
+
+
+def length_stats(lengths: Sequence[int]) -> LengthStats:
+    return LengthStats({p: percentile(lengths, p) for p in PERCENTILES}, max(lengths))
+
+
+def unk_rate(id_seqs: Sequence[Sequence[int]]) -> float:
+    """Share of all tokens in `id_seqs` that are `<unk>`; 0 when there are no tokens."""
+    total = sum(len(seq) for seq in id_seqs)
+    return sum(token == UNK_ID for seq in id_seqs for token in seq) / max(total, 1)
+
+
+def word_coverage(lines: Sequence[str], reference_lines: Sequence[str]) -> float:
+    """Share of the running words of `lines` that occur as a word anywhere in `reference_lines`."""
+    known = {word for line in reference_lines for word in line.split()}
+    words = [word for line in lines for word in line.split()]
+    return sum(word in known for word in words) / max(len(words), 1)
+
+
+def estimated_time(report: DataReport, tgt_tokens_per_s: float, step: int) -> str:
+    """A log line: time per epoch and to `train.max_steps` at the measured training throughput.
+
+    An average step holds `tgt_tokens_per_epoch / steps_per_epoch` target tokens. Validation and
+    checkpoint time are not included (the throughput excludes them).
+    """
+    seconds_per_epoch = report.tgt_tokens_per_epoch / max(tgt_tokens_per_s, 1e-9)
+    seconds_left = max(report.max_steps - step, 0) * seconds_per_epoch / report.steps_per_epoch
+    return (f"estimated training time at {tgt_tokens_per_s:,.0f} target tokens/s: {format_duration(seconds_per_epoch)} "
+            f"per epoch, {format_duration(seconds_left)} more to train.max_steps={report.max_steps:,} "
+            "(validation not included)")
+
+
+def format_duration(seconds: float) -> str:
+    """`42s`, `3m 05s`, `2h 07m`, `3d 04h`."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m {seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours:02d}h"

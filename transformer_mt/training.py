@@ -19,7 +19,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from transformer_mt import data as data_module
-from transformer_mt.batching import Batch, TokenBatchSampler, make_batch, sorted_batches
+from transformer_mt.batching import Batch, TokenBatchSampler, sorted_batches
 from transformer_mt.checkpoint import (FORMAT_VERSION, CheckpointDir, average_checkpoints, load_checkpoint,
                                        save_atomic)
 from transformer_mt.config import Config, config_to_dict, save_config
@@ -30,6 +30,7 @@ from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision, load_rng_state, pick_device, pick_precision, rng_state, seed_everything
 from transformer_mt.plotting import attention_figure
 from transformer_mt.summary import provenance, write_summary
+from transformer_mt.token_cache import CACHE_DIR, TokenizedSplit, tokenize_split
 from transformer_mt.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
 
 logger = logging.getLogger(__name__)
@@ -82,24 +83,6 @@ class StepResult:
     updated: bool  # False: the loss or a gradient was not finite and the update was skipped
 
 
-@dataclass(frozen=True)
-class EncodedSplit:
-    """One split as text and as token ids (no special tokens, truncated to fit the model)."""
-
-    src_text: list[str]
-    tgt_text: list[str]
-    src_ids: list[list[int]]
-    tgt_ids: list[list[int]]
-
-    def lengths(self) -> list[int]:
-        """Padded length of each example in a batch: the longer side plus its EOS/BOS."""
-        return [max(len(s), len(t)) + 1 for s, t in zip(self.src_ids, self.tgt_ids)]
-
-    def batch(self, indices: list[int]) -> Batch:
-        return make_batch([self.src_ids[i] for i in indices], [self.tgt_ids[i] for i in indices],
-                          PAD_ID, BOS_ID, EOS_ID)
-
-
 def lr_at(step: int, peak_lr: float, warmup_steps: int) -> float:
     """Inverse-square-root schedule: linear warmup to `peak_lr`, then ∝ 1/sqrt(step).
 
@@ -122,7 +105,7 @@ def label_smoothed_loss(logits: torch.Tensor, target_ids: torch.Tensor, pad_id: 
 # Everything tmt writes at the top of a run directory; nothing else is ever deleted.
 RUN_DIR_ENTRIES = frozenset({"config.yaml", "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json",
                              "splits.json", "train.log", "checkpoints", "tensorboard", "validation", "evaluation",
-                             "summary.json", ".summary.json.tmp"})
+                             "summary.json", ".summary.json.tmp", CACHE_DIR})
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
@@ -154,8 +137,9 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
-def prepare_data(cfg: Config, run_dir: Path) -> tuple[TokenizerPair, EncodedSplit, EncodedSplit]:
-    """Load the corpus, train (or reuse) the tokenizers, and encode the train and valid splits."""
+def prepare_data(cfg: Config, run_dir: Path) -> tuple[TokenizerPair, TokenizedSplit, TokenizedSplit]:
+    """Load the corpus, train (or reuse) the tokenizers, and tokenize the train and valid splits once
+    (cached in the run directory, see `token_cache`)."""
     corpus = data_module.load_corpus(cfg.data, cfg.seed, run_dir)
     if TokenizerPair.exists_in(run_dir):
         tokenizers = TokenizerPair.load(run_dir)
@@ -166,24 +150,12 @@ def prepare_data(cfg: Config, run_dir: Path) -> tuple[TokenizerPair, EncodedSpli
         tokenizers.save(run_dir)
         logger.info("trained BPE tokenizers (vocabulary %d%s) in %.1fs", tokenizers.src.get_vocab_size(),
                     ", joint" if tokenizers.joint else "", time.perf_counter() - started)
-    keep = cfg.model.max_len - 1  # room for EOS (source, target output) or BOS (target input)
-
-    def encode(split, drop_long: bool) -> EncodedSplit:
-        src, tgt = split["src"], split["tgt"]
-        src_ids, tgt_ids = tokenizers.encode_src(src), tokenizers.encode_tgt(tgt)
-        if drop_long:  # a truncated training pair would teach the model to stop mid-sentence
-            fits = [i for i, (s, t) in enumerate(zip(src_ids, tgt_ids)) if len(s) <= keep and len(t) <= keep]
-            if len(fits) < len(src):
-                logger.info("filter too_many_tokens: removed %d training pairs longer than model.max_len=%d "
-                            "tokens", len(src) - len(fits), cfg.model.max_len)
-            if not fits:
-                raise DataError(f"no training pair fits in model.max_len={cfg.model.max_len} tokens")
-            src, tgt = [src[i] for i in fits], [tgt[i] for i in fits]
-            src_ids, tgt_ids = [src_ids[i] for i in fits], [tgt_ids[i] for i in fits]
-        # Evaluation sets are never filtered; their over-long sentences are truncated instead.
-        return EncodedSplit(src, tgt, [ids[:keep] for ids in src_ids], [ids[:keep] for ids in tgt_ids])
-
-    return tokenizers, encode(corpus.train, drop_long=True), encode(corpus.valid, drop_long=False)
+    cache = run_dir / CACHE_DIR
+    train = tokenize_split(corpus.train, tokenizers, cfg.model.max_len, cache, "train", drop_long=True)
+    # Evaluation sets are never filtered; their over-long sentences are truncated instead.
+    valid = tokenize_split(corpus.valid, tokenizers, cfg.model.max_len, cache, "valid", drop_long=False,
+                           keep_text=True)
+    return tokenizers, train, valid
 
 
 def build_model(cfg: Config, tokenizers: TokenizerPair) -> Transformer:
@@ -333,7 +305,7 @@ class Trainer:
 
     # --- validation --------------------------------------------------------------------
     def _pick_valid_subset(self) -> list[int]:
-        n = len(self.valid_data.src_ids)
+        n = len(self.valid_data)
         limit = self.cfg.train.eval_max_sentences
         if limit == 0 or limit >= n:
             return list(range(n))
@@ -448,7 +420,7 @@ class Trainer:
     def run(self) -> TrainState:
         t = self.cfg.train
         logger.info("device %s, precision %s, %d parameters, %d training pairs", self.device,
-                    self.precision.name, self.model.num_parameters(), len(self.train_data.src_ids))
+                    self.precision.name, self.model.num_parameters(), len(self.train_data))
         writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.state.step + 1)
         self.write_summary("running")
         bar = tqdm(total=t.max_steps, initial=self.state.step, desc="train", unit="step",

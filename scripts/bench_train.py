@@ -42,7 +42,6 @@ import torch.nn.functional as F
 
 from transformer_mt.batching import Batch
 from transformer_mt.config import Config, DataConfig, ModelConfig, TokenizerConfig, TrainConfig
-from transformer_mt.data import SPLITS, _find_file
 from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.throughput import peak_flops_per_s, train_flops
 from transformer_mt.training import Trainer
@@ -90,7 +89,6 @@ def target_lang(data: Path, src_lang: str) -> str:
 def build_trainer(args: argparse.Namespace, run_dir: Path) -> Trainer:
     preset = PRESETS[args.preset]
     tgt_lang = target_lang(args.data, args.src_lang)
-    has_splits = all(_find_file(args.data / f"{split}.{args.src_lang}") for split in SPLITS)
     train = TrainConfig(max_steps=10**9, batch_tokens=args.batch_tokens or preset["batch_tokens"],
                         device=args.device, log_every_steps=10**9, eval_every_steps=10**9, test_at_end=False)
     for item in args.overrides:
@@ -101,7 +99,7 @@ def build_trainer(args: argparse.Namespace, run_dir: Path) -> Trainer:
         train = replace(train, **{key[len("train."):]: yaml.safe_load(value)})
     cfg = Config(name="bench", seed=args.seed,
                  data=DataConfig(format="text", path=str(args.data), src_lang=args.src_lang, tgt_lang=tgt_lang,
-                                 valid_size=0 if has_splits else 100, test_size=0 if has_splits else 100),
+                                 valid_size=100, test_size=100),  # used only when the corpus lacks them
                  tokenizer=TokenizerConfig(vocab_size=preset["vocab_size"], joint=True, min_frequency=2),
                  model=preset["model"], train=train)
     return Trainer(cfg, run_dir, progress=False)
@@ -265,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     # tmt
     def tmt_step(indices) -> Callable[[], int]:
         def run() -> int:
-            batch = data.batch(indices).to(device)
+            batch = trainer.load_batch(indices)  # as the training loop builds it (padding, pinned memory)
             trainer.train_step(batch)
             return batch.n_tgt_tokens
         return run
@@ -298,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def marian_step(indices) -> Callable[[], int]:
         def run() -> int:
-            batch = data.batch(indices).to(device)
+            batch = trainer.load_batch(indices)
             marian.train()
             with trainer.precision.autocast():
                 loss = marian(**marian_inputs(batch)).loss

@@ -44,8 +44,9 @@ class TokenizedSplit:
                  tgt_text: Sequence[str] | None = None):
         self.dataset = dataset
         self._arrow = dataset.with_format("arrow")
-        self.src_len = np.asarray(dataset.with_format("numpy")["src_len"], dtype=np.int64)
-        self.tgt_len = np.asarray(dataset.with_format("numpy")["tgt_len"], dtype=np.int64)
+        table = self._arrow[:]  # a zero-copy pyarrow view (a numpy-formatted column would convert row by row)
+        self.src_len = table.column("src_len").to_numpy().astype(np.int64)
+        self.tgt_len = table.column("tgt_len").to_numpy().astype(np.int64)
         self.src_text, self.tgt_text = src_text, tgt_text
         self._src_ids: list[list[int]] | None = None
 
@@ -56,7 +57,7 @@ class TokenizedSplit:
     def src_ids(self) -> list[list[int]]:
         """Every source sequence as a list (for decoding); built on first use."""
         if self._src_ids is None:
-            self._src_ids = self.dataset["src_ids"]
+            self._src_ids = self._arrow[:].column("src_ids").to_pylist()
         return self._src_ids
 
     def lengths(self) -> np.ndarray:

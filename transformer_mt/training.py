@@ -23,7 +23,7 @@ from transformer_mt.batching import Batch, TokenBatchSampler, sorted_batches
 from transformer_mt.checkpoint import (FORMAT_VERSION, CheckpointDir, average_checkpoints, load_checkpoint,
                                        save_atomic)
 from transformer_mt.config import Config, config_to_dict, save_config
-from transformer_mt.errors import (CheckpointError, ConfigError, DataError, TmtError, TrainingError,
+from transformer_mt.errors import (CheckpointError, ConfigError, TmtError, TrainingError,
                                    TrainingStopped, UsageError)
 from transformer_mt.evaluation import Scores, cross_attention_map, score, translate_ids
 from transformer_mt.model import Transformer

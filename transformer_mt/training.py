@@ -19,11 +19,11 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from transformer_mt import data as data_module
-from transformer_mt.batching import Batch, TokenBatchSampler, make_batch, sorted_batches
+from transformer_mt.batching import Batch, TokenBatchSampler, sorted_batches
 from transformer_mt.checkpoint import (FORMAT_VERSION, CheckpointDir, average_checkpoints, load_checkpoint,
                                        save_atomic)
 from transformer_mt.config import Config, config_to_dict, save_config
-from transformer_mt.errors import (CheckpointError, ConfigError, DataError, TmtError, TrainingError,
+from transformer_mt.errors import (CheckpointError, ConfigError, TmtError, TrainingError,
                                    TrainingStopped, UsageError)
 from transformer_mt.evaluation import Scores, cross_attention_map, score, translate_ids
 from transformer_mt.model import Transformer
@@ -31,6 +31,8 @@ from transformer_mt.runtime import Precision, load_rng_state, pick_device, pick_
 from transformer_mt.plotting import attention_figure
 from transformer_mt.report import DataReport, build_report, estimated_time
 from transformer_mt.summary import provenance, write_summary
+from transformer_mt.throughput import padding_efficiency, peak_flops_per_s, train_flops
+from transformer_mt.token_cache import CACHE_DIR, TokenizedSplit, tokenize_split
 from transformer_mt.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
 
 logger = logging.getLogger(__name__)
@@ -83,24 +85,6 @@ class StepResult:
     updated: bool  # False: the loss or a gradient was not finite and the update was skipped
 
 
-@dataclass(frozen=True)
-class EncodedSplit:
-    """One split as text and as token ids (no special tokens, truncated to fit the model)."""
-
-    src_text: list[str]
-    tgt_text: list[str]
-    src_ids: list[list[int]]
-    tgt_ids: list[list[int]]
-
-    def lengths(self) -> list[int]:
-        """Padded length of each example in a batch: the longer side plus its EOS/BOS."""
-        return [max(len(s), len(t)) + 1 for s, t in zip(self.src_ids, self.tgt_ids)]
-
-    def batch(self, indices: list[int]) -> Batch:
-        return make_batch([self.src_ids[i] for i in indices], [self.tgt_ids[i] for i in indices],
-                          PAD_ID, BOS_ID, EOS_ID)
-
-
 def lr_at(step: int, peak_lr: float, warmup_steps: int) -> float:
     """Inverse-square-root schedule: linear warmup to `peak_lr`, then ∝ 1/sqrt(step).
 
@@ -123,7 +107,7 @@ def label_smoothed_loss(logits: torch.Tensor, target_ids: torch.Tensor, pad_id: 
 # Everything tmt writes at the top of a run directory; nothing else is ever deleted.
 RUN_DIR_ENTRIES = frozenset({"config.yaml", "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json",
                              "splits.json", "train.log", "checkpoints", "tensorboard", "validation", "evaluation",
-                             "summary.json", ".summary.json.tmp"})
+                             "summary.json", ".summary.json.tmp", CACHE_DIR})
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
@@ -156,8 +140,9 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
 
 
 def prepare_data(cfg: Config, run_dir: Path, progress: bool = False
-                 ) -> tuple[TokenizerPair, EncodedSplit, EncodedSplit, DataReport]:
-    """Load the corpus, train (or reuse) the tokenizers, encode the train and valid splits, log the data report."""
+                 ) -> tuple[TokenizerPair, TokenizedSplit, TokenizedSplit, DataReport]:
+    """Load the corpus, train (or reuse) the tokenizers, tokenize the train and valid splits once
+    (cached in the run directory, see `token_cache`), and log the data report."""
     corpus = data_module.load_corpus(cfg.data, cfg.seed, run_dir)
     if TokenizerPair.exists_in(run_dir):
         tokenizers = TokenizerPair.load(run_dir)
@@ -168,25 +153,13 @@ def prepare_data(cfg: Config, run_dir: Path, progress: bool = False
         tokenizers.save(run_dir)
         logger.info("trained BPE tokenizers (vocabulary %d%s) in %.1fs", tokenizers.src.get_vocab_size(),
                     ", joint" if tokenizers.joint else "", time.perf_counter() - started)
-    keep = cfg.model.max_len - 1  # room for EOS (source, target output) or BOS (target input)
-
-    def encode(split, drop_long: bool) -> EncodedSplit:
-        src, tgt = split["src"][:], split["tgt"][:]  # lists: a datasets Column read row by row is ~40 µs a row
-        src_ids, tgt_ids = tokenizers.encode_src(src, progress), tokenizers.encode_tgt(tgt, progress)
-        if drop_long:  # a truncated training pair would teach the model to stop mid-sentence
-            fits = [i for i, (s, t) in enumerate(zip(src_ids, tgt_ids)) if len(s) <= keep and len(t) <= keep]
-            if len(fits) < len(src):
-                logger.info("filter too_many_tokens: removed %d training pairs longer than model.max_len=%d "
-                            "tokens", len(src) - len(fits), cfg.model.max_len)
-            if not fits:
-                raise DataError(f"no training pair fits in model.max_len={cfg.model.max_len} tokens")
-            src, tgt = [src[i] for i in fits], [tgt[i] for i in fits]
-            src_ids, tgt_ids = [src_ids[i] for i in fits], [tgt_ids[i] for i in fits]
-        # Evaluation sets are never filtered; their over-long sentences are truncated instead.
-        return EncodedSplit(src, tgt, [ids[:keep] for ids in src_ids], [ids[:keep] for ids in tgt_ids])
-
-    train, valid = encode(corpus.train, drop_long=True), encode(corpus.valid, drop_long=False)
-    report = build_report(cfg, corpus, tokenizers, train.src_ids, train.tgt_ids)
+    cache = run_dir / CACHE_DIR
+    train = tokenize_split(corpus.train, tokenizers, cfg.model.max_len, cache, "train", drop_long=True,
+                           progress=progress)
+    # Evaluation sets are never filtered; their over-long sentences are truncated instead.
+    valid = tokenize_split(corpus.valid, tokenizers, cfg.model.max_len, cache, "valid", drop_long=False,
+                           keep_text=True, progress=progress)
+    report = build_report(cfg, corpus, tokenizers, train.src_len, train.tgt_len)
     logger.info("data report:\n%s", report.render())
     return tokenizers, train, valid, report
 
@@ -208,8 +181,17 @@ class Trainer:
         self.tokenizers, self.train_data, self.valid_data, self.data_report = prepare_data(cfg, run_dir, progress)
         self.model = build_model(cfg, self.tokenizers).to(self.device)
         t = cfg.train
+        # The module train steps call. torch.compile wraps the same parameters, so checkpoints,
+        # validation and decoding keep using the plain `self.model`. Batch sizes vary per batch;
+        # Dynamo's automatic dynamic shapes compile a shape-generic graph after the first change,
+        # and train.pad_to_multiple keeps the lengths on a coarse grid, so it does not recompile
+        # for every batch.
+        self.step_model = torch.compile(self.model) if t.compile else self.model
+        # One fused kernel per parameter group instead of a chain of foreach ops: CUDA, and CPU
+        # (supported there since torch 2.4); MPS keeps the foreach path.
+        self.fused_optimizer = self.device.type in ("cuda", "cpu")
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=t.betas, eps=1e-9,
-                                           weight_decay=t.weight_decay, fused=self.device.type == "cuda")
+                                           weight_decay=t.weight_decay, fused=self.fused_optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda done: lr_at(done + 1, t.lr, t.warmup_steps) / t.lr)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_grad_scaler)
@@ -218,6 +200,7 @@ class Trainer:
         self.checkpoints = CheckpointDir(run_dir / "checkpoints", t.keep_last)
         self.valid_subset = self._pick_valid_subset()
         self.provenance = provenance(cfg, run_dir, self.device, config_dir)
+        self.peak_flops = peak_flops_per_s(self.device, self.precision.name)  # None: no MFU (CPU, unknown GPU)
         self.test_report: dict | None = None
         self._time_estimated = False
         self._clock = time.perf_counter()  # train_seconds counts from here
@@ -280,8 +263,7 @@ class Trainer:
         """
         t = self.cfg.train
         for group in self.optimizer.param_groups:
-            group.update(initial_lr=t.lr, betas=t.betas, weight_decay=t.weight_decay,
-                         fused=self.device.type == "cuda")
+            group.update(initial_lr=t.lr, betas=t.betas, weight_decay=t.weight_decay, fused=self.fused_optimizer)
         self.scheduler.base_lrs = [t.lr for _ in self.optimizer.param_groups]
         factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
         for group in self.optimizer.param_groups:
@@ -312,34 +294,56 @@ class Trainer:
             "parameters": self.model.num_parameters(), "provenance": self.provenance})
 
     # --- one optimisation step ---------------------------------------------------------
-    def train_step(self, batch: Batch) -> StepResult:
-        """Forward, backward, clip, update; a NaN/inf loss or gradient norm skips the update.
+    def train_step(self, batches: Batch | list[Batch]) -> StepResult:
+        """Forward and backward over one or more batches (gradient accumulation), then clip and
+        update; a NaN/inf loss or gradient norm skips the update.
 
-        The finiteness check reads one boolean from the device per step: the price of never
-        letting a NaN reach the weights or the optimizer's moments.
+        The loss of every batch is divided by the target tokens of all of them, so accumulating
+        the halves of a batch gives the gradient of the whole batch (not a mean of means).
+
+        The finiteness check reads one boolean from the device per update: the price of never
+        letting a NaN reach the weights or the optimizer's moments. It comes after the backward
+        passes are queued, so the GPU has a whole step of work in hand when the host waits; only
+        the optimizer's few fused kernels then wait on the host. Reading it one step later instead
+        would let the next batch's dropout and sampler position into the checkpoint written for
+        this step, and exact resume would be lost; the fp16 scaler's device-side `found_inf` skip
+        would not tell the step counter or the LR schedule that no update happened.
         """
+        batches = [batches] if isinstance(batches, Batch) else batches
+        n_tgt_tokens = sum(batch.n_tgt_tokens for batch in batches)
         self.model.train()
-        with self.precision.autocast():
-            logits = self.model(batch.src_ids, batch.tgt_in_ids)  # (B, T, V)
-        loss = label_smoothed_loss(logits, batch.tgt_out_ids, PAD_ID, self.cfg.train.label_smoothing)
-        loss = loss / batch.n_tgt_tokens  # normalise per target token, not per sentence
         self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.scale(loss).backward()
+        total = torch.zeros((), device=self.device)
+        for batch in batches:
+            with self.precision.autocast():
+                logits = self.step_model(batch.src_ids, batch.tgt_in_ids)  # (B, T, V)
+            loss = label_smoothed_loss(logits, batch.tgt_out_ids, PAD_ID, self.cfg.train.label_smoothing)
+            loss = loss / n_tgt_tokens  # normalise per target token of the whole update, not per sentence
+            self.scaler.scale(loss).backward()  # frees this batch's activations before the next one
+            total += loss.detach()
         self.scaler.unscale_(self.optimizer)
         max_norm = self.cfg.train.clip_grad_norm or float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        finite = bool(torch.isfinite(loss) & torch.isfinite(grad_norm))
+        finite = bool(torch.isfinite(total) & torch.isfinite(grad_norm))
         if finite or self.scaler.is_enabled():
             # The fp16 scaler skips a non-finite update itself, and must see it to lower its scale.
             self.scaler.step(self.optimizer)
             self.scaler.update()
         if finite:
             self.scheduler.step()
-        return StepResult(loss.detach(), grad_norm.detach(), finite)
+        return StepResult(total, grad_norm.detach(), finite)
+
+    def load_batch(self, indices: list[int]) -> Batch:
+        """Training examples -> a padded batch on the device; on CUDA through pinned memory, so the
+        copy is asynchronous (`non_blocking`) and overlaps with queued GPU work."""
+        batch = self.train_data.batch(indices, self.cfg.train.pad_to_multiple)
+        if self.device.type == "cuda":
+            batch = batch.pin_memory()
+        return batch.to(self.device)
 
     # --- validation --------------------------------------------------------------------
     def _pick_valid_subset(self) -> list[int]:
-        n = len(self.valid_data.src_ids)
+        n = len(self.valid_data)
         limit = self.cfg.train.eval_max_sentences
         if limit == 0 or limit >= n:
             return list(range(n))
@@ -352,7 +356,7 @@ class Trainer:
         self.model.eval()
         total, tokens = torch.zeros((), device=self.device), 0
         for indices in sorted_batches(self.valid_data.lengths(), self.cfg.train.batch_tokens):
-            batch = self.valid_data.batch(indices).to(self.device)
+            batch = self.valid_data.batch(indices, self.cfg.train.pad_to_multiple).to(self.device)
             with self.precision.autocast():
                 logits = self.model(batch.src_ids, batch.tgt_in_ids)
             total += label_smoothed_loss(logits, batch.tgt_out_ids, PAD_ID, 0.0)
@@ -454,14 +458,14 @@ class Trainer:
     def run(self) -> TrainState:
         t = self.cfg.train
         logger.info("device %s, precision %s, %d parameters, %d training pairs", self.device,
-                    self.precision.name, self.model.num_parameters(), len(self.train_data.src_ids))
+                    self.precision.name, self.model.num_parameters(), len(self.train_data))
         writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.state.step + 1)
         self.write_summary("running")
         bar = tqdm(total=t.max_steps, initial=self.state.step, desc="train", unit="step",
                    # Not a terminal (a CI log, a file): the periodic log lines stand in for the bar.
                    disable=not (self.progress and sys.stderr.isatty()), file=sys.stderr, dynamic_ncols=True)
         batches = iter(self.sampler)
-        interval = _Interval(self.device)
+        interval = _Interval(self.device, self.peak_flops)
         nonfinite_in_a_row = 0
         stop = StopRequest()
         try:
@@ -469,8 +473,9 @@ class Trainer:
             while self.state.step < t.max_steps:
                 if stop.signal_number is not None:
                     self._stop_on_signal(stop.signal_number)
-                batch = self.train_data.batch(next(batches)).to(self.device)
-                result = self._step_or_none(batch)
+                indices = [next(batches) for _ in range(t.accum_steps)]
+                micro_batches = [self.load_batch(i) for i in indices]
+                result = self._step_or_none(micro_batches)
                 if result is None:  # out of memory: the batch was skipped
                     writer.add_scalar("train/skipped_oom", self.state.skipped_oom, self.state.step)
                     continue
@@ -480,8 +485,10 @@ class Trainer:
                     continue
                 nonfinite_in_a_row = 0
                 self.state.step += 1
-                self.state.tgt_tokens_seen += batch.n_tgt_tokens
-                interval.add(result.loss, batch.n_tgt_tokens)
+                self.state.tgt_tokens_seen += sum(b.n_tgt_tokens for b in micro_batches)
+                flops = sum(train_flops(self.cfg.model, self.tokenizers.tgt.get_vocab_size(),
+                                        *self.train_data.lengths_of(i)) for i in indices)
+                interval.add(result.loss, micro_batches, flops)
                 bar.update(1)
                 step = self.state.step
                 if step % t.log_every_steps == 0 or step == t.max_steps:
@@ -524,7 +531,7 @@ class Trainer:
         self.save(keep_step=True, is_best=False)
         raise TrainingStopped(f"stopped by {name} at step {self.state.step}; checkpoint saved", signal_number)
 
-    def _step_or_none(self, batch: Batch) -> StepResult | None:
+    def _step_or_none(self, batches: list[Batch]) -> StepResult | None:
         """`train_step`, or None when the batch ran out of device memory and was skipped.
 
         The first out-of-memory batch is skipped (its memory freed, its size logged); a second
@@ -532,13 +539,14 @@ class Trainer:
         training against long sentences.
         """
         try:
-            return self.train_step(batch)
+            return self.train_step(batches)
         except torch.OutOfMemoryError:
             pass  # free the memory outside the handler, where the traceback no longer pins it
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.state.skipped_oom += 1
+        batch = max(batches, key=lambda b: b.src_ids.numel() + b.tgt_out_ids.numel())  # the largest
         n_sentences, width = batch.tgt_out_ids.shape
         size = (f"{n_sentences} sentences, {batch.n_src_tokens} source and {batch.n_tgt_tokens} target tokens, "
                 f"padded length {max(width, batch.src_ids.shape[1])}")
@@ -566,44 +574,99 @@ class Trainer:
     def _log_interval(self, interval: _Interval, grad_norm: torch.Tensor, writer: SummaryWriter, bar: tqdm) -> None:
         """Log line and TensorBoard points for the steps since the last log; one host sync."""
         t, step = self.cfg.train, self.state.step
-        mean_loss, tokens_per_s = interval.read_and_reset()
+        stats = interval.read_and_reset()
         lr = lr_at(step, t.lr, t.warmup_steps)  # the rate this step used
-        writer.add_scalar("train/loss", mean_loss, step)
-        writer.add_scalar("train/grad_norm", grad_norm.item(), step)
+        grad_norm_value = grad_norm.item()
+        writer.add_scalar("train/loss", stats.mean_loss, step)
+        writer.add_scalar("train/grad_norm", grad_norm_value, step)
         writer.add_scalar("lr", lr, step)
-        writer.add_scalar("perf/tgt_tokens_per_s", tokens_per_s, step)
-        bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}")
-        logger.info("step %d: loss %.4f, lr %.3e, grad norm %.3f, %.0f target tokens/s",
-                    step, mean_loss, lr, grad_norm.item(), tokens_per_s)
+        for name, value in stats.perf().items():
+            writer.add_scalar(f"perf/{name}", value, step)
+        postfix = {"loss": f"{stats.mean_loss:.3f}", "lr": f"{lr:.2e}", "tgt_tok_s": f"{stats.tgt_tokens_per_s:,.0f}",
+                   "src_tok_s": f"{stats.src_tokens_per_s:,.0f}"}
+        if stats.mfu is not None:
+            postfix["mfu"] = f"{stats.mfu:.1%}"
+        if stats.peak_memory_mb is not None:
+            postfix["mem"] = f"{stats.peak_memory_mb / 1024:.1f}G"
+        bar.set_postfix(postfix)
+        extra = "".join([f", MFU {stats.mfu:.1%}" if stats.mfu is not None else "",
+                         f", peak memory {stats.peak_memory_mb:,.0f} MB" if stats.peak_memory_mb is not None else ""])
+        logger.info("step %d: loss %.4f, lr %.3e, grad norm %.3f, %.0f source and %.0f target tokens/s, padding "
+                    "efficiency %.3f source, %.3f target%s", step, stats.mean_loss, lr, grad_norm_value,
+                    stats.src_tokens_per_s, stats.tgt_tokens_per_s, stats.src_padding_efficiency,
+                    stats.tgt_padding_efficiency, extra)
         if not self._time_estimated:  # the first measured interval of this process
             self._time_estimated = True
-            logger.info("%s", estimated_time(self.data_report, tokens_per_s, step))
+            logger.info("%s", estimated_time(self.data_report, stats.tgt_tokens_per_s, step))
+
+
+@dataclass(frozen=True)
+class IntervalStats:
+    """What one log line reports about the steps since the previous one."""
+
+    mean_loss: float  # per target token, averaged over the steps
+    src_tokens_per_s: float  # real (non-pad) tokens
+    tgt_tokens_per_s: float
+    src_padding_efficiency: float  # real tokens ÷ padded slots in the batches
+    tgt_padding_efficiency: float
+    mfu: float | None  # model FLOPs (see `throughput.train_flops`) ÷ (seconds × device peak); None off-GPU
+    peak_memory_mb: float | None  # most GPU memory allocated at once in the interval; None off-GPU
+
+    def perf(self) -> dict[str, float]:
+        """The TensorBoard `perf/` scalars."""
+        values = {"src_tokens_per_s": self.src_tokens_per_s, "tgt_tokens_per_s": self.tgt_tokens_per_s,
+                  "src_padding_efficiency": self.src_padding_efficiency,
+                  "tgt_padding_efficiency": self.tgt_padding_efficiency,
+                  "mfu": self.mfu, "peak_memory_mb": self.peak_memory_mb}
+        return {name: value for name, value in values.items() if value is not None}
 
 
 class _Interval:
-    """Loss and throughput since the last log line; the loss is summed on the device (no sync per step)."""
+    """Loss, throughput and padding since the last log line; the loss is summed on the device (no sync per step)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, peak_flops: float | None = None):
+        self.device = device
+        self.peak_flops = peak_flops
         self.loss_sum = torch.zeros((), device=device)
-        self.steps, self.tokens = 0, 0
+        self._zero_counts()
         self.started = time.perf_counter()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
 
-    def add(self, loss: torch.Tensor, n_tgt_tokens: int) -> None:
+    def _zero_counts(self) -> None:
+        self.steps = self.src_tokens = self.tgt_tokens = self.src_slots = self.tgt_slots = 0
+        self.flops = 0.0
+
+    def add(self, loss: torch.Tensor, batches: list[Batch], flops: float = 0.0) -> None:
+        """Count one update: its loss (a device scalar), its batches and their model FLOPs."""
         self.loss_sum += loss
         self.steps += 1
-        self.tokens += n_tgt_tokens
+        for batch in batches:
+            self.src_tokens += batch.n_src_tokens
+            self.tgt_tokens += batch.n_tgt_tokens
+            self.src_slots += batch.padded_src_slots
+            self.tgt_slots += batch.padded_tgt_slots
+        self.flops += flops
 
     def restart_clock(self) -> None:
         self.started = time.perf_counter()
 
-    def read_and_reset(self) -> tuple[float, float]:
-        """(mean loss per step, target tokens per second) over the interval."""
-        elapsed = time.perf_counter() - self.started
-        result = (self.loss_sum.item() / max(self.steps, 1), self.tokens / max(elapsed, 1e-9))
+    def read_and_reset(self) -> IntervalStats:
+        mean_loss = self.loss_sum.item() / max(self.steps, 1)  # waits for the device: the clock then counts its work
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        peak_memory_mb = None
+        if self.device.type == "cuda":
+            peak_memory_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
+            torch.cuda.reset_peak_memory_stats(self.device)
+        stats = IntervalStats(
+            mean_loss=mean_loss, src_tokens_per_s=self.src_tokens / elapsed, tgt_tokens_per_s=self.tgt_tokens / elapsed,
+            src_padding_efficiency=padding_efficiency(self.src_tokens, self.src_slots),
+            tgt_padding_efficiency=padding_efficiency(self.tgt_tokens, self.tgt_slots),
+            mfu=self.flops / elapsed / self.peak_flops if self.peak_flops else None, peak_memory_mb=peak_memory_mb)
         self.loss_sum.zero_()
-        self.steps, self.tokens = 0, 0
+        self._zero_counts()
         self.restart_clock()
-        return result
+        return stats
 
 
 class StopRequest:

@@ -1,6 +1,7 @@
+import numpy as np
 import torch
 
-from transformer_mt.batching import TokenBatchSampler, make_batch, sorted_batches
+from transformer_mt.batching import TokenBatchSampler, make_batch, make_batch_from_flat, sorted_batches
 
 
 def test_make_batch_appends_eos_and_shifts_the_target():
@@ -41,3 +42,25 @@ def test_evaluation_batches_are_sorted_and_complete():
     lengths = [5, 1, 9, 3]
     batches = sorted_batches(lengths, batch_tokens=10)
     assert [i for b in batches for i in b] == [1, 3, 0, 2]
+
+
+def test_batches_from_concatenated_ids_equal_the_plain_path():
+    gen = torch.Generator().manual_seed(0)
+    src = [torch.randint(4, 50, (int(n),), generator=gen).tolist() for n in torch.randint(1, 12, (9,), generator=gen)]
+    tgt = [torch.randint(4, 50, (int(n),), generator=gen).tolist() for n in torch.randint(1, 12, (9,), generator=gen)]
+    flat = lambda seqs: np.array([i for s in seqs for i in s], dtype=np.int32)  # noqa: E731
+    lengths = lambda seqs: np.array([len(s) for s in seqs])  # noqa: E731
+    for multiple in (1, 8):
+        plain = make_batch(src, tgt, pad_id=0, bos_id=2, eos_id=3, pad_to_multiple=multiple)
+        fast = make_batch_from_flat(flat(src), lengths(src), flat(tgt), lengths(tgt), pad_id=0, bos_id=2, eos_id=3,
+                                    pad_to_multiple=multiple)
+        for name in ("src_ids", "tgt_in_ids", "tgt_out_ids"):
+            assert torch.equal(getattr(plain, name), getattr(fast, name)), name
+        assert (plain.n_src_tokens, plain.n_tgt_tokens) == (fast.n_src_tokens, fast.n_tgt_tokens)
+
+
+def test_padding_to_a_multiple_rounds_lengths_up_and_adds_only_pad():
+    batch = make_batch([[5, 6], [7]], [[8], [9, 10, 11]], pad_id=0, bos_id=2, eos_id=3, pad_to_multiple=8)
+    assert batch.src_ids.shape == (2, 8) and batch.tgt_in_ids.shape == (2, 8)
+    assert batch.src_ids[:, 3:].eq(0).all() and batch.tgt_out_ids[:, 4:].eq(0).all()
+    assert (batch.n_src_tokens, batch.n_tgt_tokens) == (5, 6)

@@ -139,6 +139,12 @@ def test_training_logs_the_report_before_the_first_step_and_then_the_time_estima
 
 # --- tmt data --------------------------------------------------------------------------------
 
+def snapshot(directory: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under `directory`, by relative path: its bytes and modification time."""
+    return {p.relative_to(directory).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
 def test_tmt_data_prints_the_report_and_writes_nothing(tmp_path: Path, monkeypatch, capsys):
     code, out, err = run_cli(["data", "--config", str(DEMO_CONFIG), "--quiet"], monkeypatch, capsys, tmp_path)
     assert code == 0, err
@@ -152,21 +158,21 @@ def test_tmt_data_reuses_a_runs_tokenizer_without_touching_the_run(counted, tmp_
     config_file = tmp_path / "counted.yaml"
     save_config(cfg, config_file)
     save_config(cfg, run_dir / "config.yaml")
-    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir()}
+    before = snapshot(run_dir)
 
     code, out, err = run_cli(["data", "--config", str(config_file), "--run-dir", str(run_dir)],
                              monkeypatch, capsys, tmp_path)
     assert code == 0, err
     assert "12.50%" in out  # the word-level tokenizer's <unk> rate: it was reused
     assert f"the tokenizers of {run_dir}" in err
-    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir()} == before
+    assert snapshot(run_dir) == before
 
     # Other tokenizer settings than the run's: fresh BPE (it saw every character: no <unk>).
     code, out, err = run_cli(["data", "--config", str(config_file), "--run-dir", str(run_dir),
                               "--set", "tokenizer.vocab_size=300"], monkeypatch, capsys, tmp_path)
     assert code == 0, err
     assert "trained for this report" in err and "12.50%" not in out
-    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir()} == before
+    assert snapshot(run_dir) == before
 
 
 def test_tmt_data_with_a_bad_config_exits_2_naming_the_key(tmp_path: Path, monkeypatch, capsys):
@@ -190,14 +196,14 @@ def test_tmt_data_on_an_existing_run_reports_what_its_training_saw(tmp_path: Pat
     # A split the seeded carve would not make: the two longest sentences as validation.
     (run_dir / "splits.json").write_text(json.dumps({"source_rows": 12, "seed": 3, "valid": [2, 3], "test": [0, 1]}))
     *_, report = prepare_data(cfg, run_dir)  # reuses splits.json and writes tokenizer.json, as training does
-    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir()}
-    assert set(before) == {"config.yaml", "splits.json", "tokenizer.json"}
+    before = snapshot(run_dir)
+    assert {name.split("/")[0] for name in before} == {"config.yaml", "splits.json", "tokenizer.json", "token_cache"}
 
     code, out, err = run_cli(["data", "--config", str(config_file)], monkeypatch, capsys, tmp_path)  # runs/tiny
     assert code == 0, err
     assert out == report.render() + "\n"
     assert "train 8   valid 2   test 2" in out  # 12 pairs, 2 + 2 carved
-    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir()} == before
+    assert snapshot(run_dir) == before
     (tmp_path / "fresh").mkdir()
     *_, fresh = prepare_data(cfg, tmp_path / "fresh")  # without the run: its own carve and tokenizer
     assert fresh.render() != report.render()

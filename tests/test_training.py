@@ -46,15 +46,18 @@ def read_scalars(run_dir: Path, tag: str) -> dict[int, float]:
     return {event.step: event.value for event in events.Scalars(tag)}
 
 
-def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_corpus: Path, tmp_path: Path):
+@pytest.mark.parametrize("accum_steps", [1, 2])
+def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_corpus: Path, tmp_path: Path, accum_steps: int):
     # dropout 0.1 and several epochs over 12 pairs: resume must restore RNG and data position.
-    cfg = tiny_config(tiny_corpus, train={"max_steps": 8, "eval_every_steps": 4, "save_every_steps": 4})
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 8, "eval_every_steps": 4, "save_every_steps": 4,
+                                          "accum_steps": accum_steps})
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     prepare_run_dir(straight, resume=False, overwrite=False)
     train(cfg, straight, progress=False)
 
     prepare_run_dir(interrupted, resume=False, overwrite=False)
-    train(tiny_config(tiny_corpus, train={"max_steps": 4, "eval_every_steps": 4, "save_every_steps": 4}),
+    train(tiny_config(tiny_corpus, train={"max_steps": 4, "eval_every_steps": 4, "save_every_steps": 4,
+                                          "accum_steps": accum_steps}),
           interrupted, progress=False)
     prepare_run_dir(interrupted, resume=True, overwrite=False)
     state = train(cfg, interrupted, resume=True, progress=False)
@@ -151,9 +154,13 @@ def test_tensorboard_has_scalars_examples_attention_images_and_hparams(tiny_corp
     events = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0, "tensors": 0})
     events.Reload()
     tags = events.Tags()
-    for tag in ("train/loss", "train/grad_norm", "lr", "perf/tgt_tokens_per_s", "valid/loss", "valid/perplexity",
+    for tag in ("train/loss", "train/grad_norm", "lr", "perf/tgt_tokens_per_s", "perf/src_tokens_per_s",
+                "perf/src_padding_efficiency", "perf/tgt_padding_efficiency", "valid/loss", "valid/perplexity",
                 "valid/bleu", "valid/chrf"):
         assert tag in tags["scalars"], tag
+    assert "perf/mfu" not in tags["scalars"]  # no MFU on a CPU: there is no peak to divide by
+    for side in ("src", "tgt"):
+        assert all(0 < e.value <= 1 for e in events.Scalars(f"perf/{side}_padding_efficiency"))
     assert "valid/examples/text_summary" in tags["tensors"]
     # tiny_config has 2 decoder layers and train.attention_layer 0: the first and the last.
     assert set(tags["images"]) == {"valid/attention_layer_1", "valid/attention_layer_2"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -19,31 +20,83 @@ class Batch:
     n_tgt_tokens: int  # real target tokens predicted: the loss normaliser
 
     def to(self, device: torch.device) -> Batch:
+        """The batch on `device`; asynchronous from pinned memory (`pin_memory`) to a GPU."""
         return Batch(self.src_ids.to(device, non_blocking=True), self.tgt_in_ids.to(device, non_blocking=True),
                      self.tgt_out_ids.to(device, non_blocking=True), self.n_src_tokens, self.n_tgt_tokens)
 
+    def pin_memory(self) -> Batch:
+        """A copy in page-locked host memory, so `to(cuda)` overlaps with the running step."""
+        return Batch(self.src_ids.pin_memory(), self.tgt_in_ids.pin_memory(), self.tgt_out_ids.pin_memory(),
+                     self.n_src_tokens, self.n_tgt_tokens)
 
-def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int) -> torch.Tensor:
-    """Right-pad id lists to one (N, max_len) long tensor."""
-    out = torch.full((len(seqs), max(len(s) for s in seqs)), pad_id, dtype=torch.long)
+    @property
+    def padded_src_slots(self) -> int:
+        return self.src_ids.numel()
+
+    @property
+    def padded_tgt_slots(self) -> int:
+        return self.tgt_out_ids.numel()
+
+
+def round_up(length: int, multiple: int) -> int:
+    """`length` rounded up to a multiple of `multiple` (1: unchanged)."""
+    return -(-length // multiple) * multiple
+
+
+def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, pad_to_multiple: int = 1) -> torch.Tensor:
+    """Right-pad id lists to one (N, L) long tensor; L = the longest, rounded up to `pad_to_multiple`."""
+    out = torch.full((len(seqs), round_up(max(len(s) for s in seqs), pad_to_multiple)), pad_id, dtype=torch.long)
     for row, seq in enumerate(seqs):
         out[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
     return out
 
 
 def make_batch(src_seqs: Sequence[Sequence[int]], tgt_seqs: Sequence[Sequence[int]],
-               pad_id: int, bos_id: int, eos_id: int) -> Batch:
-    """Build a `Batch` from token-id lists that carry no special tokens."""
+               pad_id: int, bos_id: int, eos_id: int, pad_to_multiple: int = 1) -> Batch:
+    """Build a `Batch` from token-id lists that carry no special tokens (the plain path)."""
     src = [list(s) + [eos_id] for s in src_seqs]
     tgt_in = [[bos_id] + list(t) for t in tgt_seqs]
     tgt_out = [list(t) + [eos_id] for t in tgt_seqs]
     return Batch(
-        src_ids=pad_sequences(src, pad_id),
-        tgt_in_ids=pad_sequences(tgt_in, pad_id),
-        tgt_out_ids=pad_sequences(tgt_out, pad_id),
+        src_ids=pad_sequences(src, pad_id, pad_to_multiple),
+        tgt_in_ids=pad_sequences(tgt_in, pad_id, pad_to_multiple),
+        tgt_out_ids=pad_sequences(tgt_out, pad_id, pad_to_multiple),
         n_src_tokens=sum(map(len, src)),
         n_tgt_tokens=sum(map(len, tgt_out)),
     )
+
+
+def _place_rows(values: np.ndarray, lengths: np.ndarray, width: int, pad_id: int, start: int) -> np.ndarray:
+    """(B, width) int64 of pad_id with row i's `lengths[i]` values (concatenated in `values`) at
+    columns start .. start + lengths[i]. One vectorised scatter instead of a loop over rows."""
+    out = np.full((len(lengths), width), pad_id, dtype=np.int64)
+    columns = np.arange(width)
+    # Boolean assignment fills True cells in row-major order: row 0's tokens first, and so on.
+    out[(columns >= start) & (columns < start + lengths[:, None])] = values
+    return out
+
+
+def make_batch_from_flat(src_values: np.ndarray, src_lengths: np.ndarray, tgt_values: np.ndarray,
+                         tgt_lengths: np.ndarray, pad_id: int, bos_id: int, eos_id: int,
+                         pad_to_multiple: int = 1) -> Batch:
+    """`make_batch` for sequences stored back to back (as Arrow list columns are), without Python lists.
+
+    `*_values` (sum of lengths,) ints: every sequence's ids, concatenated; `*_lengths` (B,) ints.
+    Returns exactly what `make_batch` returns for the same sequences.
+    """
+    src_lengths, tgt_lengths = np.asarray(src_lengths, dtype=np.int64), np.asarray(tgt_lengths, dtype=np.int64)
+    rows = np.arange(len(src_lengths))
+    S = round_up(int(src_lengths.max()) + 1, pad_to_multiple)  # + EOS
+    T = round_up(int(tgt_lengths.max()) + 1, pad_to_multiple)  # + BOS (input) or EOS (output)
+    src = _place_rows(src_values, src_lengths, S, pad_id, 0)  # (B, S)
+    src[rows, src_lengths] = eos_id
+    tgt_in = _place_rows(tgt_values, tgt_lengths, T, pad_id, 1)  # (B, T)
+    tgt_in[:, 0] = bos_id
+    tgt_out = _place_rows(tgt_values, tgt_lengths, T, pad_id, 0)  # (B, T)
+    tgt_out[rows, tgt_lengths] = eos_id
+    return Batch(src_ids=torch.from_numpy(src), tgt_in_ids=torch.from_numpy(tgt_in),
+                 tgt_out_ids=torch.from_numpy(tgt_out), n_src_tokens=int(src_lengths.sum()) + len(rows),
+                 n_tgt_tokens=int(tgt_lengths.sum()) + len(rows))
 
 
 def token_budget_batches(order: Sequence[int], lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
@@ -77,8 +130,8 @@ class TokenBatchSampler:
     (epoch, position).
     """
 
-    def __init__(self, lengths: Sequence[int], batch_tokens: int, seed: int, world_size: int = 1):
-        self.lengths = list(lengths)  # padded length of each example: max(source, target) + 1
+    def __init__(self, lengths: Sequence[int] | np.ndarray, batch_tokens: int, seed: int, world_size: int = 1):
+        self.lengths = np.asarray(lengths, dtype=np.int64)  # padded length of each example: max(source, target) + 1
         self.batch_tokens = batch_tokens
         self.seed = seed
         self.world_size = world_size
@@ -88,9 +141,9 @@ class TokenBatchSampler:
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         """The epoch's batches in training order; their count is a multiple of `world_size`."""
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        shuffled = torch.randperm(len(self.lengths), generator=gen).tolist()
-        by_length = sorted(shuffled, key=self.lengths.__getitem__)  # stable: ties stay shuffled
-        batches = token_budget_batches(by_length, self.lengths, self.batch_tokens)
+        shuffled = torch.randperm(len(self.lengths), generator=gen).numpy()
+        by_length = shuffled[np.argsort(self.lengths[shuffled], kind="stable")]  # stable: ties stay shuffled
+        batches = token_budget_batches(by_length.tolist(), self.lengths.tolist(), self.batch_tokens)
         W = self.world_size
         # An incomplete last group (the longest batches) is filled with the shortest batches,
         # which then come twice this epoch; dropping it would never train on the longest pairs.

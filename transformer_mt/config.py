@@ -97,6 +97,16 @@ class TrainConfig:
     """Optimizer updates to run."""
     batch_tokens: int = 4096
     """Token budget per batch: batch size × padded length (the longer of source and target)."""
+    accum_steps: int = 1
+    """Batches accumulated into one optimizer update (gradient accumulation). The loss is
+    normalised by the target tokens of all of them, so the update equals one batch of
+    accum_steps × batch_tokens; a step still means one update."""
+    pad_to_multiple: int = 8
+    """Batch lengths are padded up to a multiple of this: GPU tensor cores want multiples of 8,
+    and it bounds the distinct shapes `compile` sees. 1 disables. The loss ignores the padding."""
+    compile: bool = False
+    """Run the model through `torch.compile` for training steps (checkpoints still hold the plain
+    module's weights). The first steps of each new batch shape are slow while it compiles."""
     lr: float = 7e-4
     """Peak learning rate, reached at the end of warmup."""
     warmup_steps: int = 4000
@@ -389,7 +399,8 @@ def _check_values(cfg: Config) -> list[str]:
         p.append("model.share_embeddings: true needs tokenizer.joint: true (one vocabulary for both sides)")
     for key, value in [("train.max_steps", t.max_steps), ("train.eval_every_steps", t.eval_every_steps),
                        ("train.save_every_steps", t.save_every_steps), ("train.log_every_steps", t.log_every_steps),
-                       ("train.keep_last", t.keep_last), ("train.max_nonfinite_steps", t.max_nonfinite_steps)]:
+                       ("train.keep_last", t.keep_last), ("train.max_nonfinite_steps", t.max_nonfinite_steps),
+                       ("train.accum_steps", t.accum_steps), ("train.pad_to_multiple", t.pad_to_multiple)]:
         if value < 1:
             p.append(f"{key}: must be at least 1, got {value}")
     if t.batch_tokens < m.max_len:

@@ -103,29 +103,30 @@ class DataReport:
 
 
 def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair,
-                 train_src_ids: Sequence[Sequence[int]], train_tgt_ids: Sequence[Sequence[int]]) -> DataReport:
+                 train_src_lengths: Sequence[int], train_tgt_lengths: Sequence[int]) -> DataReport:
     """Describe `corpus` as tokenized for training.
 
-    `train_src_ids` / `train_tgt_ids` are the training pairs that are trained on (no special
-    tokens, after the `too_many_tokens` filter); the validation split is encoded here.
+    `train_src_lengths` / `train_tgt_lengths`: BPE tokens (no special tokens) of each training
+    pair that is trained on, after the `too_many_tokens` filter; the validation split is encoded here.
     """
     keep = cfg.model.max_len - 1
-    valid_src_ids = tokenizers.encode_src(corpus.valid["src"])
-    valid_tgt_ids = tokenizers.encode_tgt(corpus.valid["tgt"])
-    ids = {("train", "src"): train_src_ids, ("train", "tgt"): train_tgt_ids,
-           ("valid", "src"): valid_src_ids, ("valid", "tgt"): valid_tgt_ids}
-    # As training's EncodedSplit.lengths: the longer side plus its EOS (source, target output) or BOS.
-    padded_lengths = [max(len(s), len(t)) + 1 for s, t in zip(train_src_ids, train_tgt_ids)]
+    train_src_lengths, train_tgt_lengths = list(map(int, train_src_lengths)), list(map(int, train_tgt_lengths))
+    valid_src_ids = tokenizers.encode_src(corpus.valid["src"][:])
+    valid_tgt_ids = tokenizers.encode_tgt(corpus.valid["tgt"][:])
+    lengths = {("train", "src"): train_src_lengths, ("train", "tgt"): train_tgt_lengths,
+               ("valid", "src"): [len(seq) for seq in valid_src_ids], ("valid", "tgt"): [len(seq) for seq in valid_tgt_ids]}
+    # As training's TokenizedSplit.lengths: the longer side plus its EOS (source, target output) or BOS.
+    padded_lengths = [max(s, t) + 1 for s, t in zip(train_src_lengths, train_tgt_lengths)]
     sampler = TokenBatchSampler(padded_lengths, cfg.train.batch_tokens, cfg.seed)
     return DataReport(
-        pairs={"train": len(train_src_ids), "valid": len(corpus.valid), "test": len(corpus.test)},
-        removed={**corpus.removed, "too_many_tokens": len(corpus.train) - len(train_src_ids)},
-        lengths={key: length_stats([len(seq) for seq in seqs]) for key, seqs in ids.items()},
+        pairs={"train": len(train_src_lengths), "valid": len(corpus.valid), "test": len(corpus.test)},
+        removed={**corpus.removed, "too_many_tokens": len(corpus.train) - len(train_src_lengths)},
+        lengths={key: length_stats(values) for key, values in lengths.items()},
         valid_truncated=sum(len(s) > keep or len(t) > keep for s, t in zip(valid_src_ids, valid_tgt_ids)),
         unk_rate={"src": unk_rate(valid_src_ids), "tgt": unk_rate(valid_tgt_ids)},
         word_coverage={side: word_coverage(corpus.valid[side][:], corpus.train[side][:]) for side in SIDES},
-        src_tokens_per_epoch=sum(len(seq) + 1 for seq in train_src_ids),
-        tgt_tokens_per_epoch=sum(len(seq) + 1 for seq in train_tgt_ids),
+        src_tokens_per_epoch=sum(train_src_lengths) + len(train_src_lengths),
+        tgt_tokens_per_epoch=sum(train_tgt_lengths) + len(train_tgt_lengths),
         steps_per_epoch=len(sampler.epoch_batches(0)),
         batch_tokens=cfg.train.batch_tokens,
         max_steps=cfg.train.max_steps,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -19,12 +20,12 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from transformer_mt import data as data_module
-from transformer_mt.batching import Batch, TokenBatchSampler, make_batch, sorted_batches
+from transformer_mt.batching import Batch, TokenBatchSampler, sorted_batches
 from transformer_mt.checkpoint import (FORMAT_VERSION, CheckpointDir, average_checkpoints, load_checkpoint,
                                        save_atomic)
 from transformer_mt.config import Config, config_to_dict, save_config
 from transformer_mt.distributed import Distributed, interleave
-from transformer_mt.errors import (CheckpointError, ConfigError, DataError, TmtError, TrainingError,
+from transformer_mt.errors import (CheckpointError, ConfigError, TmtError, TrainingError,
                                    TrainingStopped, UsageError)
 from transformer_mt.evaluation import Scores, cross_attention_map, score, translate_ids
 from transformer_mt.model import Transformer
@@ -32,6 +33,8 @@ from transformer_mt.runtime import Precision, load_rng_state, pick_device, pick_
 from transformer_mt.plotting import attention_figure
 from transformer_mt.report import DataReport, build_report, estimated_time
 from transformer_mt.summary import provenance, write_summary
+from transformer_mt.throughput import padding_efficiency, peak_flops_per_s, train_flops
+from transformer_mt.token_cache import CACHE_DIR, TokenizedSplit, tokenize_split
 from transformer_mt.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
 
 logger = logging.getLogger(__name__)
@@ -84,28 +87,6 @@ class StepResult:
     updated: bool  # False: the loss or a gradient was not finite and the update was skipped
 
 
-@dataclass(frozen=True)
-class EncodedSplit:
-    """One split as text and as token ids (no special tokens, truncated to fit the model)."""
-
-    src_text: list[str]
-    tgt_text: list[str]
-    src_ids: list[list[int]]
-    tgt_ids: list[list[int]]
-
-    def lengths(self) -> list[int]:
-        """Padded length of each example in a batch: the longer side plus its EOS/BOS."""
-        return [max(len(s), len(t)) + 1 for s, t in zip(self.src_ids, self.tgt_ids)]
-
-    def n_tgt_tokens(self, indices: list[int]) -> int:
-        """Target tokens the loss is computed over for these examples (each with its EOS)."""
-        return sum(len(self.tgt_ids[i]) + 1 for i in indices)
-
-    def batch(self, indices: list[int]) -> Batch:
-        return make_batch([self.src_ids[i] for i in indices], [self.tgt_ids[i] for i in indices],
-                          PAD_ID, BOS_ID, EOS_ID)
-
-
 def lr_at(step: int, peak_lr: float, warmup_steps: int) -> float:
     """Inverse-square-root schedule: linear warmup to `peak_lr`, then ∝ 1/sqrt(step).
 
@@ -128,7 +109,7 @@ def label_smoothed_loss(logits: torch.Tensor, target_ids: torch.Tensor, pad_id: 
 # Everything tmt writes at the top of a run directory; nothing else is ever deleted.
 RUN_DIR_ENTRIES = frozenset({"config.yaml", "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json",
                              "splits.json", "train.log", "checkpoints", "tensorboard", "validation", "evaluation",
-                             "summary.json", ".summary.json.tmp"})
+                             "summary.json", ".summary.json.tmp", CACHE_DIR})
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
@@ -161,8 +142,9 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
 
 
 def prepare_data(cfg: Config, run_dir: Path, progress: bool = False
-                 ) -> tuple[TokenizerPair, EncodedSplit, EncodedSplit, DataReport]:
-    """Load the corpus, train (or reuse) the tokenizers, encode the train and valid splits, log the data report."""
+                 ) -> tuple[TokenizerPair, TokenizedSplit, TokenizedSplit, DataReport]:
+    """Load the corpus, train (or reuse) the tokenizers, tokenize the train and valid splits once
+    (cached in the run directory, see `token_cache`), and log the data report."""
     corpus = data_module.load_corpus(cfg.data, cfg.seed, run_dir)
     if TokenizerPair.exists_in(run_dir):
         tokenizers = TokenizerPair.load(run_dir)
@@ -173,25 +155,13 @@ def prepare_data(cfg: Config, run_dir: Path, progress: bool = False
         tokenizers.save(run_dir)
         logger.info("trained BPE tokenizers (vocabulary %d%s) in %.1fs", tokenizers.src.get_vocab_size(),
                     ", joint" if tokenizers.joint else "", time.perf_counter() - started)
-    keep = cfg.model.max_len - 1  # room for EOS (source, target output) or BOS (target input)
-
-    def encode(split, drop_long: bool) -> EncodedSplit:
-        src, tgt = split["src"][:], split["tgt"][:]  # lists: a datasets Column read row by row is ~40 µs a row
-        src_ids, tgt_ids = tokenizers.encode_src(src, progress), tokenizers.encode_tgt(tgt, progress)
-        if drop_long:  # a truncated training pair would teach the model to stop mid-sentence
-            fits = [i for i, (s, t) in enumerate(zip(src_ids, tgt_ids)) if len(s) <= keep and len(t) <= keep]
-            if len(fits) < len(src):
-                logger.info("filter too_many_tokens: removed %d training pairs longer than model.max_len=%d "
-                            "tokens", len(src) - len(fits), cfg.model.max_len)
-            if not fits:
-                raise DataError(f"no training pair fits in model.max_len={cfg.model.max_len} tokens")
-            src, tgt = [src[i] for i in fits], [tgt[i] for i in fits]
-            src_ids, tgt_ids = [src_ids[i] for i in fits], [tgt_ids[i] for i in fits]
-        # Evaluation sets are never filtered; their over-long sentences are truncated instead.
-        return EncodedSplit(src, tgt, [ids[:keep] for ids in src_ids], [ids[:keep] for ids in tgt_ids])
-
-    train, valid = encode(corpus.train, drop_long=True), encode(corpus.valid, drop_long=False)
-    report = build_report(cfg, corpus, tokenizers, train.src_ids, train.tgt_ids)
+    cache = run_dir / CACHE_DIR
+    train = tokenize_split(corpus.train, tokenizers, cfg.model.max_len, cache, "train", drop_long=True,
+                           progress=progress)
+    # Evaluation sets are never filtered; their over-long sentences are truncated instead.
+    valid = tokenize_split(corpus.valid, tokenizers, cfg.model.max_len, cache, "valid", drop_long=False,
+                           keep_text=True, progress=progress)
+    report = build_report(cfg, corpus, tokenizers, train.src_len, train.tgt_len)
     logger.info("data report:\n%s", report.render())
     return tokenizers, train, valid, report
 
@@ -212,19 +182,30 @@ class Trainer:
         self.device = dist.local_device(pick_device(cfg.train.device))
         self.precision: Precision = pick_precision(cfg.train.precision, self.device)
         seed_everything(cfg.seed)
-        with dist.main_first():  # rank 0 trains the tokenizers and carves the splits; the others reuse them
+        with dist.main_first():  # rank 0 trains the tokenizers, carves the splits, fills the token cache
             self.tokenizers, self.train_data, self.valid_data, self.data_report = prepare_data(
                 cfg, run_dir, self.progress)
         self.model = build_model(cfg, self.tokenizers).to(self.device)  # the same initial weights on every rank
-        # What runs the training forward pass: under torchrun, DDP averages the gradients in backward.
-        self.train_model = self.model
+        t = cfg.train
+        # The module train steps call. Under torchrun, DDP wraps the model and averages the
+        # gradients in backward. torch.compile wraps the same parameters, so checkpoints,
+        # validation and decoding keep using the plain `self.model`. Batch sizes vary per batch;
+        # Dynamo's automatic dynamic shapes compile a shape-generic graph after the first change,
+        # and train.pad_to_multiple keeps the lengths on a coarse grid, so it does not recompile
+        # for every batch.
+        self.ddp_model: torch.nn.parallel.DistributedDataParallel | None = None
         if dist.enabled:
             seed_everything(cfg.seed + dist.rank)  # different dropout masks on each rank
-            self.train_model = torch.nn.parallel.DistributedDataParallel(
+            self.ddp_model = torch.nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
-        t = cfg.train
+        self.step_model = self.ddp_model or self.model
+        if t.compile:
+            self.step_model = torch.compile(self.step_model)
+        # One fused kernel per parameter group instead of a chain of foreach ops: CUDA, and CPU
+        # (supported there since torch 2.4); MPS keeps the foreach path.
+        self.fused_optimizer = self.device.type in ("cuda", "cpu")
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=t.lr, betas=t.betas, eps=1e-9,
-                                           weight_decay=t.weight_decay, fused=self.device.type == "cuda")
+                                           weight_decay=t.weight_decay, fused=self.fused_optimizer)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda done: lr_at(done + 1, t.lr, t.warmup_steps) / t.lr)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_grad_scaler)
@@ -233,6 +214,7 @@ class Trainer:
         self.checkpoints = CheckpointDir(run_dir / "checkpoints", t.keep_last)
         self.valid_subset = self._pick_valid_subset()
         self.provenance = provenance(cfg, run_dir, self.device, config_dir)
+        self.peak_flops = peak_flops_per_s(self.device, self.precision.name)  # None: no MFU (CPU, unknown GPU)
         self.test_report: dict | None = None
         self._time_estimated = False
         self._clock = time.perf_counter()  # train_seconds counts from here
@@ -309,8 +291,7 @@ class Trainer:
         """
         t = self.cfg.train
         for group in self.optimizer.param_groups:
-            group.update(initial_lr=t.lr, betas=t.betas, weight_decay=t.weight_decay,
-                         fused=self.device.type == "cuda")
+            group.update(initial_lr=t.lr, betas=t.betas, weight_decay=t.weight_decay, fused=self.fused_optimizer)
         self.scheduler.base_lrs = [t.lr for _ in self.optimizer.param_groups]
         factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
         for group in self.optimizer.param_groups:
@@ -346,39 +327,69 @@ class Trainer:
             "parameters": self.model.num_parameters(), "provenance": self.provenance})
 
     # --- one optimisation step ---------------------------------------------------------
-    def train_step(self, batch: Batch, step_tgt_tokens: int | None = None) -> StepResult:
-        """Forward, backward, clip, update; a NaN/inf loss or gradient norm skips the update.
+    def train_step(self, batches: Batch | list[Batch], step_tgt_tokens: int | None = None) -> StepResult:
+        """Forward and backward over one or more batches (gradient accumulation), then clip and
+        update; a NaN/inf loss or gradient norm skips the update.
 
-        `step_tgt_tokens`: target tokens of the whole step, all ranks together (default: this
-        batch's). The loss is normalised by it, so a DDP step computes the same gradient as one
-        process on the union of the ranks' batches. The returned loss is this rank's share.
-        The finiteness check reads one boolean from the device per step: the price of never
-        letting a NaN reach the weights or the optimizer's moments.
+        The loss of every batch is divided by the target tokens of all of them, so accumulating
+        the halves of a batch gives the gradient of the whole batch (not a mean of means).
+        Under DDP, `step_tgt_tokens` counts the target tokens of every rank's batches: a DDP step
+        then computes the update one process would on all of them. The returned loss is this
+        rank's share of the step's per-token loss.
+
+        The finiteness check reads one boolean from the device per update: the price of never
+        letting a NaN reach the weights or the optimizer's moments. It comes after the backward
+        passes are queued, so the GPU has a whole step of work in hand when the host waits; only
+        the optimizer's few fused kernels then wait on the host. Reading it one step later instead
+        would let the next batch's dropout and sampler position into the checkpoint written for
+        this step, and exact resume would be lost; the fp16 scaler's device-side `found_inf` skip
+        would not tell the step counter or the LR schedule that no update happened.
         """
+        batches = [batches] if isinstance(batches, Batch) else batches
+        n_tgt_tokens = step_tgt_tokens or sum(batch.n_tgt_tokens for batch in batches)
+        # DDP averages gradients over the W ranks; scaling each rank's loss by W turns that into the sum.
+        world = self.dist.world_size
         self.model.train()
-        with self.precision.autocast():
-            logits = self.train_model(batch.src_ids, batch.tgt_in_ids)  # (B, T, V)
-        loss = label_smoothed_loss(logits, batch.tgt_out_ids, PAD_ID, self.cfg.train.label_smoothing)
-        loss = loss / (step_tgt_tokens or batch.n_tgt_tokens)  # normalise per target token, not per sentence
         self.optimizer.zero_grad(set_to_none=True)
-        # DDP averages gradients over the W ranks; scaling by W turns that mean into the sum.
-        self.scaler.scale(loss * self.dist.world_size if self.dist.enabled else loss).backward()
+        total = torch.zeros((), device=self.device)
+        for i, batch in enumerate(batches):
+            with self._gradient_sync(last=i == len(batches) - 1):
+                with self.precision.autocast():
+                    logits = self.step_model(batch.src_ids, batch.tgt_in_ids)  # (B, T, V)
+                loss = label_smoothed_loss(logits, batch.tgt_out_ids, PAD_ID, self.cfg.train.label_smoothing)
+                loss = loss / n_tgt_tokens  # normalise per target token of the whole update, not per sentence
+                self.scaler.scale(loss * world if world > 1 else loss).backward()  # frees this batch's activations
+            total += loss.detach()
         self.scaler.unscale_(self.optimizer)
         max_norm = self.cfg.train.clip_grad_norm or float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        # Ranks must agree: one rank's non-finite loss would otherwise skip the update there only.
-        finite = bool(self.dist.max_((~(torch.isfinite(loss) & torch.isfinite(grad_norm))).float()) == 0)
+        # Ranks must agree: one rank's non-finite loss must skip the update on every rank.
+        finite = bool(self.dist.max_((~(torch.isfinite(total) & torch.isfinite(grad_norm))).float()) == 0)
         if finite or self.scaler.is_enabled():
             # The fp16 scaler skips a non-finite update itself, and must see it to lower its scale.
             self.scaler.step(self.optimizer)
             self.scaler.update()
         if finite:
             self.scheduler.step()
-        return StepResult(loss.detach(), grad_norm.detach(), finite)
+        return StepResult(total, grad_norm.detach(), finite)
+
+    def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """Under DDP, gradients are all-reduced only in the backward of a step's last micro-batch."""
+        if self.ddp_model is None or last:
+            return contextlib.nullcontext()
+        return self.ddp_model.no_sync()
+
+    def load_batch(self, indices: list[int]) -> Batch:
+        """Training examples -> a padded batch on the device; on CUDA through pinned memory, so the
+        copy is asynchronous (`non_blocking`) and overlaps with queued GPU work."""
+        batch = self.train_data.batch(indices, self.cfg.train.pad_to_multiple)
+        if self.device.type == "cuda":
+            batch = batch.pin_memory()
+        return batch.to(self.device)
 
     # --- validation --------------------------------------------------------------------
     def _pick_valid_subset(self) -> list[int]:
-        n = len(self.valid_data.src_ids)
+        n = len(self.valid_data)
         limit = self.cfg.train.eval_max_sentences
         if limit == 0 or limit >= n:
             return list(range(n))
@@ -392,7 +403,7 @@ class Trainer:
         total, tokens = torch.zeros((), device=self.device), 0
         batches = sorted_batches(self.valid_data.lengths(), self.cfg.train.batch_tokens)
         for indices in batches[self.dist.rank::self.dist.world_size]:  # each rank its share
-            batch = self.valid_data.batch(indices).to(self.device)
+            batch = self.valid_data.batch(indices, self.cfg.train.pad_to_multiple).to(self.device)
             with self.precision.autocast():
                 logits = self.model(batch.src_ids, batch.tgt_in_ids)
             total += label_smoothed_loss(logits, batch.tgt_out_ids, PAD_ID, 0.0)
@@ -405,11 +416,10 @@ class Trainer:
         started = time.perf_counter()
         loss = self.validation_loss()
         sources = [self.valid_data.src_ids[i] for i in self.valid_subset]
-        rank, world = self.dist.rank, self.dist.world_size
-        mine = translate_ids(self.model, sources[rank::world], self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID,
-                             device=self.device, precision=self.precision, beam_size=1,
-                             progress=self.progress) if sources[rank::world] else []
-        hyp_ids = interleave(self.dist.gather(mine))  # every rank scores all: they agree on the best step
+        mine = sources[self.dist.rank::self.dist.world_size]  # each rank translates its share
+        mine_ids = translate_ids(self.model, mine, self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID, device=self.device,
+                                 precision=self.precision, beam_size=1, progress=self.progress) if mine else []
+        hyp_ids = interleave(self.dist.gather(mine_ids))  # every rank scores all: they agree on the best step
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         references = [self.valid_data.tgt_text[i] for i in self.valid_subset]
         scores = score(hypotheses, references, tokenize=self.cfg.train.bleu_tokenize)
@@ -499,7 +509,7 @@ class Trainer:
     def run(self) -> TrainState:
         t = self.cfg.train
         logger.info("device %s, precision %s, %d parameters, %d training pairs", self.device,
-                    self.precision.name, self.model.num_parameters(), len(self.train_data.src_ids))
+                    self.precision.name, self.model.num_parameters(), len(self.train_data))
         writer = (SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.state.step + 1)
                   if self.dist.is_main else _NoWriter())
         self.write_summary("running")
@@ -507,19 +517,21 @@ class Trainer:
                    # Not a terminal (a CI log, a file): the periodic log lines stand in for the bar.
                    disable=not (self.progress and sys.stderr.isatty()), file=sys.stderr, dynamic_ncols=True)
         batches = iter(self.sampler)
-        interval = _Interval(self.device, self.dist)
+        interval = _Interval(self.device, self.dist, self.peak_flops)
         nonfinite_in_a_row = 0
         stop = StopRequest(second_signal_interrupts=not self.dist.enabled)
+        W, rank = self.dist.world_size, self.dist.rank
         try:
             stop.install()
             while self.state.step < t.max_steps:
                 signal_number = self._agreed_signal(stop)
                 if signal_number:
                     self._stop_on_signal(signal_number)
-                group = [next(batches) for _ in range(self.dist.world_size)]  # one batch per rank
-                batch = self.train_data.batch(group[self.dist.rank]).to(self.device)
-                step_tgt_tokens = self.train_data.n_tgt_tokens([i for b in group for i in b])
-                result = self._step_or_none(batch, step_tgt_tokens)
+                step_batches = [next(batches) for _ in range(t.accum_steps * W)]  # every rank's, in groups of W
+                indices = step_batches[rank::W]  # this rank's micro-batches
+                step_tgt_tokens = int(self.train_data.lengths_of([i for b in step_batches for i in b])[1].sum())
+                micro_batches = [self.load_batch(i) for i in indices]
+                result = self._step_or_none(micro_batches, step_tgt_tokens)
                 if result is None:  # out of memory: the batch was skipped
                     writer.add_scalar("train/skipped_oom", self.state.skipped_oom, self.state.step)
                     continue
@@ -530,7 +542,9 @@ class Trainer:
                 nonfinite_in_a_row = 0
                 self.state.step += 1
                 self.state.tgt_tokens_seen += step_tgt_tokens
-                interval.add(result.loss, step_tgt_tokens)
+                flops = sum(train_flops(self.cfg.model, self.tokenizers.tgt.get_vocab_size(),
+                                        *self.train_data.lengths_of(i)) for i in indices)
+                interval.add(result.loss, micro_batches, flops)
                 bar.update(1)
                 step = self.state.step
                 if step % t.log_every_steps == 0 or step == t.max_steps:
@@ -581,7 +595,7 @@ class Trainer:
         self.dist.barrier()  # no rank leaves while rank 0 still writes: torchrun would kill it mid-write
         raise TrainingStopped(f"stopped by {name} at step {self.state.step}; checkpoint saved", signal_number)
 
-    def _step_or_none(self, batch: Batch, step_tgt_tokens: int) -> StepResult | None:
+    def _step_or_none(self, batches: list[Batch], step_tgt_tokens: int) -> StepResult | None:
         """`train_step`, or None when the batch ran out of device memory and was skipped.
 
         The first out-of-memory batch is skipped (its memory freed, its size logged); a second
@@ -590,16 +604,18 @@ class Trainer:
         gradient all-reduce, so one rank cannot skip alone: the run stops at once.
         """
         try:
-            return self.train_step(batch, step_tgt_tokens)
+            return self.train_step(batches, step_tgt_tokens)
         except torch.OutOfMemoryError:
             if self.dist.enabled:
                 raise TrainingError(f"rank {self.dist.rank} ran out of memory at step {self.state.step + 1}; lower "
-                                    f"train.batch_tokens (now {self.cfg.train.batch_tokens}) and resume") from None
-            # Single process: free the memory below, outside the handler, where the traceback no longer pins it.
+                                    f"train.batch_tokens (now {self.cfg.train.batch_tokens}) or raise "
+                                    "train.accum_steps, then resume with --resume") from None
+            # One process: free the memory below, outside the handler, where the traceback no longer pins it.
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.state.skipped_oom += 1
+        batch = max(batches, key=lambda b: b.src_ids.numel() + b.tgt_out_ids.numel())  # the largest
         n_sentences, width = batch.tgt_out_ids.shape
         size = (f"{n_sentences} sentences, {batch.n_src_tokens} source and {batch.n_tgt_tokens} target tokens, "
                 f"padded length {max(width, batch.src_ids.shape[1])}")
@@ -627,46 +643,108 @@ class Trainer:
     def _log_interval(self, interval: _Interval, grad_norm: torch.Tensor, writer: SummaryWriter, bar: tqdm) -> None:
         """Log line and TensorBoard points for the steps since the last log; one host sync."""
         t, step = self.cfg.train, self.state.step
-        mean_loss, tokens_per_s = interval.read_and_reset()
+        stats = interval.read_and_reset()
         lr = lr_at(step, t.lr, t.warmup_steps)  # the rate this step used
-        writer.add_scalar("train/loss", mean_loss, step)
-        writer.add_scalar("train/grad_norm", grad_norm.item(), step)
+        grad_norm_value = grad_norm.item()
+        writer.add_scalar("train/loss", stats.mean_loss, step)
+        writer.add_scalar("train/grad_norm", grad_norm_value, step)
         writer.add_scalar("lr", lr, step)
-        writer.add_scalar("perf/tgt_tokens_per_s", tokens_per_s, step)
-        bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}")
-        logger.info("step %d: loss %.4f, lr %.3e, grad norm %.3f, %.0f target tokens/s",
-                    step, mean_loss, lr, grad_norm.item(), tokens_per_s)
+        for name, value in stats.perf().items():
+            writer.add_scalar(f"perf/{name}", value, step)
+        postfix = {"loss": f"{stats.mean_loss:.3f}", "lr": f"{lr:.2e}", "tgt_tok_s": f"{stats.tgt_tokens_per_s:,.0f}",
+                   "src_tok_s": f"{stats.src_tokens_per_s:,.0f}"}
+        if stats.mfu is not None:
+            postfix["mfu"] = f"{stats.mfu:.1%}"
+        if stats.peak_memory_mb is not None:
+            postfix["mem"] = f"{stats.peak_memory_mb / 1024:.1f}G"
+        bar.set_postfix(postfix)
+        extra = "".join([f", MFU {stats.mfu:.1%}" if stats.mfu is not None else "",
+                         f", peak memory {stats.peak_memory_mb:,.0f} MB" if stats.peak_memory_mb is not None else ""])
+        logger.info("step %d: loss %.4f, lr %.3e, grad norm %.3f, %.0f source and %.0f target tokens/s, padding "
+                    "efficiency %.3f source, %.3f target%s", step, stats.mean_loss, lr, grad_norm_value,
+                    stats.src_tokens_per_s, stats.tgt_tokens_per_s, stats.src_padding_efficiency,
+                    stats.tgt_padding_efficiency, extra)
         if not self._time_estimated:  # the first measured interval of this process
             self._time_estimated = True
-            logger.info("%s", estimated_time(self.data_report, tokens_per_s, step))
+            logger.info("%s", estimated_time(self.data_report, stats.tgt_tokens_per_s, step))
+
+
+@dataclass(frozen=True)
+class IntervalStats:
+    """What one log line reports about the steps since the previous one."""
+
+    mean_loss: float  # per target token, averaged over the steps
+    src_tokens_per_s: float  # real (non-pad) tokens
+    tgt_tokens_per_s: float
+    src_padding_efficiency: float  # real tokens ÷ padded slots in the batches
+    tgt_padding_efficiency: float
+    mfu: float | None  # model FLOPs (see `throughput.train_flops`) ÷ (seconds × device peak); None off-GPU
+    peak_memory_mb: float | None  # most GPU memory allocated at once in the interval; None off-GPU
+
+    def perf(self) -> dict[str, float]:
+        """The TensorBoard `perf/` scalars."""
+        values = {"src_tokens_per_s": self.src_tokens_per_s, "tgt_tokens_per_s": self.tgt_tokens_per_s,
+                  "src_padding_efficiency": self.src_padding_efficiency,
+                  "tgt_padding_efficiency": self.tgt_padding_efficiency,
+                  "mfu": self.mfu, "peak_memory_mb": self.peak_memory_mb}
+        return {name: value for name, value in values.items() if value is not None}
 
 
 class _Interval:
-    """Loss and throughput since the last log line; the loss is summed on the device (no sync per step)."""
+    """Loss, throughput and padding since the last log line; the loss is summed on the device (no sync per step)."""
 
-    def __init__(self, device: torch.device, dist: Distributed):
+    def __init__(self, device: torch.device, dist: Distributed, peak_flops: float | None = None):
+        self.device = device
         self.dist = dist
+        self.peak_flops = peak_flops
         self.loss_sum = torch.zeros((), device=device)
-        self.steps, self.tokens = 0, 0
+        self._zero_counts()
         self.started = time.perf_counter()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
 
-    def add(self, loss: torch.Tensor, n_tgt_tokens: int) -> None:
+    def _zero_counts(self) -> None:
+        self.steps = self.src_tokens = self.tgt_tokens = self.src_slots = self.tgt_slots = 0
+        self.flops = 0.0
+
+    def add(self, loss: torch.Tensor, batches: list[Batch], flops: float = 0.0) -> None:
+        """Count one update: its loss (a device scalar), its batches and their model FLOPs."""
         self.loss_sum += loss
         self.steps += 1
-        self.tokens += n_tgt_tokens
+        for batch in batches:
+            self.src_tokens += batch.n_src_tokens
+            self.tgt_tokens += batch.n_tgt_tokens
+            self.src_slots += batch.padded_src_slots
+            self.tgt_slots += batch.padded_tgt_slots
+        self.flops += flops
 
     def restart_clock(self) -> None:
         self.started = time.perf_counter()
 
-    def read_and_reset(self) -> tuple[float, float]:
-        """(mean loss per step, target tokens per second) over the interval."""
-        elapsed = time.perf_counter() - self.started
-        self.dist.sum_(self.loss_sum)  # each rank holds its share of every step's per-token loss
-        result = (self.loss_sum.item() / max(self.steps, 1), self.tokens / max(elapsed, 1e-9))
+    def read_and_reset(self) -> IntervalStats:
+        """The interval's figures; under DDP summed over the ranks (a collective: every rank calls it)."""
+        if self.dist.enabled:
+            values = [self.loss_sum.item(), self.src_tokens, self.tgt_tokens, self.src_slots, self.tgt_slots, self.flops]
+            summed = self.dist.sum_(torch.tensor(values, dtype=torch.float64, device=self.device)).tolist()
+            self.loss_sum.fill_(summed[0])  # each rank held its share of every step's per-token loss
+            self.src_tokens, self.tgt_tokens, self.src_slots, self.tgt_slots = map(int, summed[1:5])
+            self.flops = summed[5]
+        mean_loss = self.loss_sum.item() / max(self.steps, 1)  # waits for the device: the clock then counts its work
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        peak_memory_mb = None
+        if self.device.type == "cuda":
+            peak_memory_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
+            torch.cuda.reset_peak_memory_stats(self.device)
+        stats = IntervalStats(
+            mean_loss=mean_loss, src_tokens_per_s=self.src_tokens / elapsed, tgt_tokens_per_s=self.tgt_tokens / elapsed,
+            src_padding_efficiency=padding_efficiency(self.src_tokens, self.src_slots),
+            tgt_padding_efficiency=padding_efficiency(self.tgt_tokens, self.tgt_slots),
+            mfu=self.flops / elapsed / (self.peak_flops * self.dist.world_size) if self.peak_flops else None,
+            peak_memory_mb=peak_memory_mb)
         self.loss_sum.zero_()
-        self.steps, self.tokens = 0, 0
+        self._zero_counts()
         self.restart_clock()
-        return result
+        return stats
 
 
 class _NoWriter:

@@ -1,0 +1,397 @@
+"""Training speed of tmt against a from-scratch tutorial baseline and Hugging Face's MarianMTModel.
+
+One process, the same training sentences for all three engines, each timed after warm-up:
+
+- **tmt** as configured: a `Trainer` built from the preset (token-budget, length-bucketed
+  batches from its own sampler, its own `train_step`: autocast, GradScaler, fused AdamW on CUDA).
+- **tutorial**: the approach of the common from-scratch tutorials, written here so nothing else
+  depends on it: every pair padded to a fixed length (default 350), fp32, a fixed number of
+  sentences per batch, masks built as dense float tensors, attention as plain matmul/softmax.
+- **hf_marian**: `transformers.MarianMTModel` built locally from a `MarianConfig` with the same
+  dimensions (no download), trained with its own loss on tmt's batches.
+
+Speed is real (non-pad) target tokens per second. The engines run interleaved, `--repeats`
+rounds of each, and the reported figure is each engine's median round: on a shared machine a
+neighbour's burst then hits one round, not one engine.
+
+    python scripts/bench_train.py                                   # demo corpus, cpu-small, 1 thread
+    python scripts/bench_train.py --data /work/shared/data/multi30k_en_de
+    python scripts/bench_train.py --device cuda --preset base --data /work/shared/data/multi30k_en_de
+
+The last line of output is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from transformer_mt.batching import Batch
+from transformer_mt.config import Config, DataConfig, ModelConfig, TokenizerConfig, TrainConfig
+from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.throughput import peak_flops_per_s, train_flops
+from transformer_mt.training import Trainer
+
+DEMO_CORPUS = Path(__file__).resolve().parents[1] / "transformer_mt" / "corpora" / "demo_en_it"
+PRESETS = {
+    "cpu-small": {"model": ModelConfig(d_model=256, n_heads=4, n_layers=3, d_ff=1024, dropout=0.1, max_len=256),
+                  "vocab_size": 8000, "batch_tokens": 2048, "steps": 6, "warmup": 2},
+    "base": {"model": ModelConfig(d_model=512, n_heads=8, n_layers=6, d_ff=2048, dropout=0.1, max_len=256),
+             "vocab_size": 8000, "batch_tokens": 16384, "steps": 60, "warmup": 10},
+}
+
+
+TUTORIAL_ROUNDS = 3
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=DEMO_CORPUS,
+                        help="corpus directory in the shared/data layout (default: the demo corpus)")
+    parser.add_argument("--src-lang", default="en", help="source language suffix (the other is the target)")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu-small", help="model dimensions")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="timed tmt/Marian steps per round (default: the preset's)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help=f"interleaved timing rounds (default 5; the tutorial runs in the first {TUTORIAL_ROUNDS})")
+    parser.add_argument("--batch-tokens", type=int, default=None, help="tmt's train.batch_tokens (default: preset's)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="train.KEY=VALUE",
+                        help="extra train.* settings for tmt, e.g. --set train.compile=true")
+    parser.add_argument("--tutorial-pad-len", type=int, default=350, help="tutorial: fixed padded length")
+    parser.add_argument("--tutorial-batch-sentences", type=int, default=8, help="tutorial: sentences per batch")
+    parser.add_argument("--tutorial-steps", type=int, default=None,
+                        help="tutorial steps timed per round (default 2; each takes seconds on a CPU)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--seed", type=int, default=1)
+    return parser.parse_args(argv)
+
+
+def target_lang(data: Path, src_lang: str) -> str:
+    langs = sorted({p.name.split(".")[1] for p in data.iterdir()
+                    if p.name.startswith("train.") and len(p.name.split(".")) >= 2})
+    others = [lang for lang in langs if lang != src_lang]
+    if src_lang not in langs or len(others) != 1:
+        raise SystemExit(f"{data}: expected train.{src_lang} and one other train.<lang> file, found {langs}")
+    return others[0]
+
+
+def build_trainer(args: argparse.Namespace, run_dir: Path) -> Trainer:
+    preset = PRESETS[args.preset]
+    tgt_lang = target_lang(args.data, args.src_lang)
+    train = TrainConfig(max_steps=10**9, batch_tokens=args.batch_tokens or preset["batch_tokens"],
+                        device=args.device, log_every_steps=10**9, eval_every_steps=10**9, test_at_end=False)
+    for item in args.overrides:
+        key, _, value = item.partition("=")
+        if not key.startswith("train."):
+            raise SystemExit(f"--set {item}: only train.* keys may be set here")
+        import yaml
+        train = replace(train, **{key[len("train."):]: yaml.safe_load(value)})
+    cfg = Config(name="bench", seed=args.seed,
+                 data=DataConfig(format="text", path=str(args.data), src_lang=args.src_lang, tgt_lang=tgt_lang,
+                                 valid_size=100, test_size=100),  # used only when the corpus lacks them
+                 tokenizer=TokenizerConfig(vocab_size=preset["vocab_size"], joint=True, min_frequency=2),
+                 model=preset["model"], train=train)
+    return Trainer(cfg, run_dir, progress=False)
+
+
+# --- the tutorial baseline --------------------------------------------------------------------
+# Written the way the popular from-scratch tutorials write it (fixed-length padding, dense float
+# masks, -1e9 fills, explicit softmax attention); deliberately not using any of tmt's code.
+
+class TutorialAttention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.h, self.d_k = n_heads, d_model // n_heads
+        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model) for _ in range(4))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, q, k, v, mask):
+        B = q.shape[0]
+        q = self.w_q(q).view(B, -1, self.h, self.d_k).transpose(1, 2)  # (B, H, L, Dh)
+        k = self.w_k(k).view(B, -1, self.h, self.d_k).transpose(1, 2)
+        v = self.w_v(v).view(B, -1, self.h, self.d_k).transpose(1, 2)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)  # (B, H, Lq, Lk)
+        scores = scores.masked_fill(mask == 0, -1e9)
+        attn = self.dropout(scores.softmax(dim=-1))
+        return self.w_o((attn @ v).transpose(1, 2).contiguous().view(B, -1, self.h * self.d_k))
+
+
+class TutorialBlock(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float, cross: bool):
+        super().__init__()
+        self.self_attn = TutorialAttention(d_model, n_heads, dropout)
+        self.cross_attn = TutorialAttention(d_model, n_heads, dropout) if cross else None
+        self.ff = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Dropout(dropout), nn.Linear(d_ff, d_model))
+        self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(3 if cross else 2))
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x, mask, memory=None, memory_mask=None):
+        h = self.norms[0](x)
+        x = x + self.dropout(self.self_attn(h, h, h, mask))
+        if self.cross_attn is not None:
+            h = self.norms[1](x)
+            x = x + self.dropout(self.cross_attn(h, memory, memory, memory_mask))
+        return x + self.dropout(self.ff(self.norms[-1](x)))
+
+
+class TutorialTransformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, vocab_size: int, max_len: int):
+        super().__init__()
+        self.d_model = cfg.d_model
+        self.src_embed = nn.Embedding(vocab_size, cfg.d_model)
+        self.tgt_embed = nn.Embedding(vocab_size, cfg.d_model)
+        position = torch.arange(max_len).unsqueeze(1)
+        div = torch.exp(torch.arange(0, cfg.d_model, 2) * (-math.log(10000.0) / cfg.d_model))
+        pe = torch.zeros(max_len, cfg.d_model)
+        pe[:, 0::2], pe[:, 1::2] = torch.sin(position * div), torch.cos(position * div)
+        self.register_buffer("pe", pe)
+        self.dropout = nn.Dropout(cfg.dropout)
+        args = (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout)
+        self.encoder = nn.ModuleList(TutorialBlock(*args, cross=False) for _ in range(cfg.n_layers))
+        self.decoder = nn.ModuleList(TutorialBlock(*args, cross=True) for _ in range(cfg.n_layers))
+        self.enc_norm, self.dec_norm = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, vocab_size)
+        for p in self.parameters():
+            if p.dim() > 1:
+                nn.init.xavier_uniform_(p)
+
+    def embed(self, embedding, ids):
+        return self.dropout(embedding(ids) * math.sqrt(self.d_model) + self.pe[: ids.shape[1]])
+
+    def forward(self, src, tgt, src_mask, tgt_mask):
+        x = self.embed(self.src_embed, src)
+        for layer in self.encoder:
+            x = layer(x, src_mask)
+        memory = self.enc_norm(x)
+        y = self.embed(self.tgt_embed, tgt)
+        for layer in self.decoder:
+            y = layer(y, tgt_mask, memory, src_mask)
+        return self.proj(self.dec_norm(y))  # (B, L, V)
+
+
+def tutorial_batches(pairs: list[tuple[list[int], list[int]]], n_sentences: int, pad_len: int,
+                     device: torch.device) -> list[tuple[torch.Tensor, ...]]:
+    """Fixed-length, fixed-count batches with dense float masks, as the tutorials build them."""
+    batches = []
+    for start in range(0, len(pairs), n_sentences):
+        chunk = pairs[start:start + n_sentences]
+        src = torch.full((len(chunk), pad_len), PAD_ID, dtype=torch.long)
+        tgt_in, tgt_out = src.clone(), src.clone()
+        for row, (s, t) in enumerate(chunk):
+            s, t = s[: pad_len - 1], t[: pad_len - 1]
+            src[row, : len(s) + 1] = torch.tensor(s + [EOS_ID])
+            tgt_in[row, : len(t) + 1] = torch.tensor([BOS_ID] + t)
+            tgt_out[row, : len(t) + 1] = torch.tensor(t + [EOS_ID])
+        src_mask = (src != PAD_ID).float()[:, None, None, :]  # (B, 1, 1, L) float
+        causal = torch.tril(torch.ones(pad_len, pad_len))  # (L, L) float
+        tgt_mask = (tgt_in != PAD_ID).float()[:, None, None, :] * causal  # (B, 1, L, L) float
+        n_tgt = int((tgt_out != PAD_ID).sum())
+        batches.append((src.to(device), tgt_in.to(device), tgt_out.to(device), src_mask.to(device),
+                        tgt_mask.to(device), n_tgt))
+    return batches
+
+
+# --- Hugging Face Marian ------------------------------------------------------------------------
+
+def build_marian(cfg: ModelConfig, vocab_size: int):
+    from transformers import MarianConfig, MarianMTModel
+    config = MarianConfig(
+        vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=cfg.d_model,
+        encoder_layers=cfg.n_layers, decoder_layers=cfg.n_layers,
+        encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu",
+        dropout=cfg.dropout, attention_dropout=cfg.dropout, activation_dropout=cfg.dropout,  # as tmt applies it
+        max_position_embeddings=cfg.max_len, scale_embedding=True, share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True, pad_token_id=PAD_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID,
+        forced_eos_token_id=EOS_ID)
+    return MarianMTModel(config)
+
+
+def marian_inputs(batch: Batch) -> dict[str, torch.Tensor]:
+    labels = batch.tgt_out_ids.masked_fill(batch.tgt_out_ids == PAD_ID, -100)  # HF's ignore index
+    return {"input_ids": batch.src_ids, "attention_mask": (batch.src_ids != PAD_ID).long(),
+            "decoder_input_ids": batch.tgt_in_ids, "labels": labels}
+
+
+# --- timing -------------------------------------------------------------------------------------
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(device: torch.device, steps: list[Callable[[], int]]) -> tuple[float, float, int]:
+    """Run each step (which returns its real target tokens); (wall seconds, process CPU seconds, tokens)."""
+    synchronize(device)
+    started, cpu_started = time.perf_counter(), time.process_time()
+    tokens = sum(step() for step in steps)
+    synchronize(device)
+    return time.perf_counter() - started, time.process_time() - cpu_started, tokens
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    logging.basicConfig(level=logging.WARNING)
+    preset = PRESETS[args.preset]
+    steps = args.steps or preset["steps"]
+    if steps < 1 or args.repeats < 1:
+        raise SystemExit("--steps and --repeats must be at least 1")
+    warmup = preset["warmup"]
+    tutorial_steps = args.tutorial_steps or 2
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = build_trainer(args, Path(tmp))
+    device, cfg = trainer.device, trainer.cfg
+    data = trainer.train_data
+    vocab_size = trainer.tokenizers.src.get_vocab_size()
+    sampler = iter(trainer.sampler)
+    # The same index batches for tmt and Marian: warm-up batches, then `steps` per round.
+    index_batches = [next(sampler) for _ in range(warmup + steps)]
+    timed_indices = index_batches[warmup:]
+    sentence_order = [i for batch in timed_indices for i in batch]
+    src_ids, tgt_ids = data.ids(sentence_order)
+
+    # tmt
+    def tmt_step(indices) -> Callable[[], int]:
+        def run() -> int:
+            batch = trainer.load_batch(indices)  # as the training loop builds it (padding, pinned memory)
+            trainer.train_step(batch)
+            return batch.n_tgt_tokens
+        return run
+
+    # tutorial (its own model, fp32, fixed-length batches of the same sentences)
+    torch.manual_seed(args.seed)
+    tutorial = TutorialTransformer(cfg.model, vocab_size, args.tutorial_pad_len).to(device)
+    tutorial_opt = torch.optim.Adam(tutorial.parameters(), lr=1e-4, eps=1e-9)
+    tut_batches = tutorial_batches(list(zip(src_ids, tgt_ids)), args.tutorial_batch_sentences,
+                                   args.tutorial_pad_len, device)
+
+    def tutorial_step(b) -> Callable[[], int]:
+        def run() -> int:
+            src, tgt_in, tgt_out, src_mask, tgt_mask, n_tgt = b
+            tutorial.train()
+            logits = tutorial(src, tgt_in, src_mask, tgt_mask)
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), tgt_out.view(-1), ignore_index=PAD_ID,
+                                   label_smoothing=cfg.train.label_smoothing)
+            tutorial_opt.zero_grad()
+            loss.backward()
+            tutorial_opt.step()
+            return n_tgt
+        return run
+
+    # Hugging Face Marian on tmt's batches, with its own loss; same optimizer settings and precision.
+    torch.manual_seed(args.seed)
+    marian = build_marian(cfg.model, vocab_size).to(device)
+    marian_opt = torch.optim.AdamW(marian.parameters(), lr=cfg.train.lr, betas=cfg.train.betas, eps=1e-9,
+                                   fused=trainer.fused_optimizer)  # the same optimizer as tmt
+
+    def marian_step(indices) -> Callable[[], int]:
+        def run() -> int:
+            batch = trainer.load_batch(indices)
+            marian.train()
+            with trainer.precision.autocast():
+                loss = marian(**marian_inputs(batch)).loss
+            marian_opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(marian.parameters(), cfg.train.clip_grad_norm)
+            marian_opt.step()
+            return batch.n_tgt_tokens
+        return run
+
+    engines = {
+        "tmt": ([tmt_step(b) for b in index_batches[:warmup]], [tmt_step(b) for b in timed_indices]),
+        "tutorial": ([tutorial_step(tut_batches[0])], [tutorial_step(b) for b in tut_batches[:tutorial_steps]]),
+        "hf_marian": ([marian_step(b) for b in index_batches[:warmup]], [marian_step(b) for b in timed_indices]),
+    }
+    peak_mb: dict[str, float | None] = {}
+    for name, (warm, _) in engines.items():
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        timed(device, warm)
+        peak_mb[name] = None
+    rates: dict[str, list[float]] = {name: [] for name in engines}
+    cpu_rates: dict[str, list[float]] = {name: [] for name in engines}
+    seconds: dict[str, float] = dict.fromkeys(engines, 0.0)
+    names = list(engines)
+    for round_number in range(args.repeats):
+        # Rotate the order each round, so no engine always runs after the memory-hungry tutorial.
+        for name in names[round_number % 3:] + names[:round_number % 3]:
+            if name == "tutorial" and round_number >= TUTORIAL_ROUNDS:
+                continue  # tens of times slower: a few rounds pin its figure down well enough
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            elapsed, cpu_elapsed, n = timed(device, engines[name][1])
+            rates[name].append(n / elapsed)
+            cpu_rates[name].append(n / cpu_elapsed)
+            seconds[name] += elapsed
+            if device.type == "cuda":
+                peak_mb[name] = max(peak_mb[name] or 0.0, torch.cuda.max_memory_allocated(device) / 2**20)
+    speed = {name: statistics.median(r) for name, r in rates.items()}
+    # On a CPU shared with other jobs, wall time swings with their load; with one torch thread the
+    # process's CPU time counts only this engine's work, so its ratios are the steadier figure.
+    cpu_speed = {name: statistics.median(r) for name, r in cpu_rates.items()}
+
+    # MFU of tmt: useful FLOPs of the timed batches (real tokens only) over the device's peak.
+    lengths = data.lengths_of
+    flops_per_round = sum(train_flops(cfg.model, vocab_size, *lengths(b)) for b in timed_indices)
+    peak = peak_flops_per_s(device, trainer.precision.name)
+    mfu = flops_per_round * len(rates["tmt"]) / seconds["tmt"] / peak if peak else None
+    tgt_tokens_per_step = sum(len(tgt_ids[i]) + 1 for i in range(len(tgt_ids))) / max(len(timed_indices), 1)
+
+    print(f"# {args.preset}: d_model={cfg.model.d_model} layers={cfg.model.n_layers}+{cfg.model.n_layers} "
+          f"heads={cfg.model.n_heads} d_ff={cfg.model.d_ff} vocab={vocab_size}; device {device}, "
+          f"tmt precision {trainer.precision.name}, {torch.get_num_threads()} thread(s), torch {torch.__version__}, "
+          f"{platform.processor() or platform.machine()}")
+    print(f"# corpus {args.data}: {len(sentence_order)} sentences per round in {len(timed_indices)} tmt/Marian "
+          f"batches (batch_tokens {cfg.train.batch_tokens}, {tgt_tokens_per_step:.0f} target tokens per step); "
+          f"tutorial: {tutorial_steps} of its {len(tut_batches)} batches of {args.tutorial_batch_sentences} "
+          f"sentences padded to {args.tutorial_pad_len}; {args.repeats} interleaved rounds (tutorial: "
+          f"{min(args.repeats, TUTORIAL_ROUNDS)}), median shown")
+    print(f"{'engine':<12} {'tgt tokens/s':>13} {'per CPU-s':>10} {'rounds (tokens/s, wall)':<44} {'peak MB':>8}")
+    for name in engines:
+        rounds = ", ".join(f"{r:.0f}" for r in rates[name])
+        mem = f"{peak_mb[name]:.0f}" if peak_mb[name] is not None else "n/a"
+        print(f"{name:<12} {speed[name]:>13.1f} {cpu_speed[name]:>10.1f} {rounds:<44} {mem:>8}")
+    result = {
+        "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
+        "preset": args.preset,
+        "data": str(args.data),
+        "precision": trainer.precision.name,
+        "threads": torch.get_num_threads(),
+        "tmt_tokens_per_s": round(speed["tmt"], 1),
+        "tutorial_tokens_per_s": round(speed["tutorial"], 1),
+        "hf_marian_tokens_per_s": round(speed["hf_marian"], 1),
+        "tmt_vs_tutorial": round(speed["tmt"] / speed["tutorial"], 3),
+        "tmt_vs_hf_marian": round(speed["tmt"] / speed["hf_marian"], 3),
+        "mfu": round(mfu, 4) if mfu is not None else None,
+        "peak_memory_mb": round(peak_mb["tmt"], 1) if peak_mb["tmt"] is not None else None,
+        "peak_memory_mb_per_1k_tgt_tokens": (round(peak_mb["tmt"] / tgt_tokens_per_step * 1000, 2)
+                                             if peak_mb["tmt"] is not None else None),
+        "hf_marian_peak_memory_mb": peak_mb["hf_marian"],
+        "tokens_per_cpu_s": {name: round(v, 1) for name, v in cpu_speed.items()},
+        "tmt_vs_tutorial_cpu_time": round(cpu_speed["tmt"] / cpu_speed["tutorial"], 3),
+        "tmt_vs_hf_marian_cpu_time": round(cpu_speed["tmt"] / cpu_speed["hf_marian"], 3),
+        "rounds": {name: [round(r, 1) for r in values] for name, values in rates.items()},
+        "steps": steps, "repeats": args.repeats, "batch_tokens": cfg.train.batch_tokens,
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY_PAIRS
+from transformer_mt.config import TokenizerConfig
+from transformer_mt.data import _to_dataset
+from transformer_mt.errors import DataError
+from transformer_mt.token_cache import tokenize_split
+from transformer_mt.tokenization import train_tokenizers
+
+
+def tokenizers(vocab_size: int = 120):
+    return train_tokenizers(TokenizerConfig(vocab_size=vocab_size, min_frequency=1),
+                            [s for s, _ in TINY_PAIRS], [t for _, t in TINY_PAIRS])
+
+
+def entries(cache: Path) -> list[str]:
+    return sorted(p.name for p in cache.iterdir())
+
+
+def test_a_cache_hit_gives_the_same_ids_as_encoding(tmp_path: Path):
+    split, pair = _to_dataset(TINY_PAIRS), tokenizers()
+    first = tokenize_split(split, pair, 64, tmp_path, "train", drop_long=True)
+    (entry,) = entries(tmp_path)
+    again = tokenize_split(split, pair, 64, tmp_path, "train", drop_long=True)
+    assert entries(tmp_path) == [entry]  # reused, not rewritten
+    expected_src = pair.encode_src([s for s, _ in TINY_PAIRS])
+    expected_tgt = pair.encode_tgt([t for _, t in TINY_PAIRS])
+    for cached in (first, again):
+        src, tgt = cached.ids(range(len(TINY_PAIRS)))
+        assert (src, tgt) == (expected_src, expected_tgt)
+        assert cached.lengths_of([0])[0][0] == len(expected_src[0]) + 1
+
+
+def test_changing_the_tokenizer_the_data_or_max_len_invalidates_the_cache(tmp_path: Path):
+    split = _to_dataset(TINY_PAIRS)
+    tokenize_split(split, tokenizers(120), 64, tmp_path, "train", drop_long=True)
+    (original,) = entries(tmp_path)
+    for args in [(split, tokenizers(80), 64), (_to_dataset(TINY_PAIRS[1:]), tokenizers(120), 64),
+                 (split, tokenizers(120), 8)]:
+        tokenize_split(*args, tmp_path, "train", drop_long=True)
+        (entry,) = entries(tmp_path)  # the old entry of the split is removed
+        assert entry != original
+        original = entry
+
+
+def test_training_drops_over_long_pairs_and_evaluation_truncates_them(tmp_path: Path):
+    split, pair = _to_dataset(TINY_PAIRS), tokenizers()
+    lengths = [max(len(s), len(t)) for s, t in zip(pair.encode_src([s for s, _ in TINY_PAIRS]),
+                                                   pair.encode_tgt([t for _, t in TINY_PAIRS]))]
+    max_len = sorted(lengths)[len(lengths) // 2] + 1
+    train = tokenize_split(split, pair, max_len, tmp_path, "train", drop_long=True)
+    assert len(train) == sum(n <= max_len - 1 for n in lengths)
+    valid = tokenize_split(split, pair, max_len, tmp_path, "valid", drop_long=False, keep_text=True)
+    assert len(valid) == len(TINY_PAIRS) and max(valid.lengths()) <= max_len
+    assert valid.tgt_text[3] == TINY_PAIRS[3][1]
+    with pytest.raises(DataError, match="no training pair fits"):
+        tokenize_split(split, pair, 2, tmp_path, "train", drop_long=True)

@@ -1,0 +1,101 @@
+"""The fast training paths compute what the plain ones do: accumulation, padding, bucketing, FLOPs."""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import tiny_config
+from transformer_mt.batching import make_batch, sorted_batches
+from transformer_mt.config import ModelConfig
+from transformer_mt.throughput import train_flops
+from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.training import Trainer, label_smoothed_loss, prepare_run_dir
+
+
+def make_trainer(tiny_corpus: Path, run: Path, **train) -> Trainer:
+    cfg = tiny_config(tiny_corpus, model={"dropout": 0.0}, train={"clip_grad_norm": 0.0, **train})
+    prepare_run_dir(run, resume=False, overwrite=False)
+    return Trainer(cfg, run, progress=False)
+
+
+def test_two_accumulated_half_batches_make_the_same_update_as_one_batch(tiny_corpus: Path, tmp_path: Path):
+    whole = make_trainer(tiny_corpus, tmp_path / "whole")
+    halves = make_trainer(tiny_corpus, tmp_path / "halves", accum_steps=2)
+    indices = list(range(8))
+    one = whole.train_step(whole.load_batch(indices))
+    two = halves.train_step([halves.load_batch(indices[:3]), halves.load_batch(indices[3:])])
+    # The loss is normalised by the target tokens of both halves: the whole batch's loss per token.
+    assert two.loss.item() == pytest.approx(one.loss.item(), rel=1e-5)
+    assert two.grad_norm.item() == pytest.approx(one.grad_norm.item(), rel=1e-4)
+    # Compare gradients, not the updated weights: Adam's first update is about lr·sign(g), so a
+    # parameter whose true gradient is 0 (the key bias: softmax ignores it) moves by rounding noise.
+    for (name, a), b in zip(whole.model.named_parameters(), halves.model.parameters()):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-7), name
+
+
+def pairs_of(trainer: Trainer) -> tuple[list[list[int]], list[list[int]]]:
+    return trainer.train_data.ids(range(len(trainer.train_data)))
+
+
+@torch.no_grad()
+def loss_per_token(model, batches) -> float:
+    total, tokens = 0.0, 0
+    for batch in batches:
+        total += label_smoothed_loss(model(batch.src_ids, batch.tgt_in_ids), batch.tgt_out_ids, PAD_ID, 0.1).item()
+        tokens += batch.n_tgt_tokens
+    return total / tokens
+
+
+def test_padding_to_a_multiple_of_8_does_not_change_the_loss_per_token(tiny_corpus: Path, tmp_path: Path):
+    trainer = make_trainer(tiny_corpus, tmp_path / "run")
+    model = trainer.model.eval()
+    src, tgt = pairs_of(trainer)
+    plain = make_batch(src, tgt, PAD_ID, BOS_ID, EOS_ID)
+    padded = make_batch(src, tgt, PAD_ID, BOS_ID, EOS_ID, pad_to_multiple=8)
+    assert padded.src_ids.shape[1] % 8 == 0 and padded.src_ids.shape[1] > plain.src_ids.shape[1]
+    assert loss_per_token(model, [padded]) == pytest.approx(loss_per_token(model, [plain]), rel=1e-5)
+
+
+def test_length_bucketed_batches_give_the_loss_per_token_of_one_unbucketed_batch(tiny_corpus: Path, tmp_path: Path):
+    trainer = make_trainer(tiny_corpus, tmp_path / "run", batch_tokens=64)
+    model = trainer.model.eval()
+    data = trainer.train_data
+    buckets = sorted_batches(data.lengths(), 64)
+    assert len(buckets) > 1
+    bucketed = [data.batch(b, pad_to_multiple=8) for b in buckets]
+    src, tgt = pairs_of(trainer)
+    unbucketed = make_batch(src, tgt, PAD_ID, BOS_ID, EOS_ID)
+    assert loss_per_token(model, bucketed) == pytest.approx(loss_per_token(model, [unbucketed]), rel=1e-5)
+    # ...and bucketing is what keeps the padding low.
+    slots = lambda batches: sum(b.tgt_out_ids.numel() for b in batches)  # noqa: E731
+    assert slots([data.batch(b) for b in buckets]) < slots([unbucketed])
+
+
+def test_flop_formula_matches_a_hand_computation():
+    cfg = ModelConfig(d_model=4, n_heads=2, n_layers=2, d_ff=8)
+    # One sentence, S = 3 source and T = 2 target tokens; V = 10.
+    # encoder matmuls:  6·2·(4·16 + 2·4·8)·3 = 12·128·3 = 4608
+    # decoder matmuls:  6·2·(6·16 + 2·4·8)·2 = 12·160·2 = 3840
+    # cross K/V:        6·2·(2·16)·3         = 12·32·3  = 1152
+    # output:           6·4·10·2                        =  480
+    # attention:        12·2·4·(9 + 4 + 6)   = 96·19    = 1824
+    assert train_flops(cfg, 10, [3], [2]) == 4608 + 3840 + 1152 + 480 + 1824
+    # Sentences add up: two copies cost twice one.
+    assert train_flops(cfg, 10, np.array([3, 3]), np.array([2, 2])) == 2 * train_flops(cfg, 10, [3], [2])
+
+
+@pytest.mark.skipif(not os.environ.get("TMT_TEST_COMPILE"),
+                    reason="torch.compile takes about a minute per shape on a small CPU; set TMT_TEST_COMPILE=1")
+def test_a_compiled_step_makes_the_same_update_as_an_eager_one(tiny_corpus: Path, tmp_path: Path):
+    eager = make_trainer(tiny_corpus, tmp_path / "eager")
+    compiled = make_trainer(tiny_corpus, tmp_path / "compiled", compile=True)
+    indices = list(range(6))
+    one = eager.train_step(eager.load_batch(indices))
+    two = compiled.train_step(compiled.load_batch(indices))
+    assert two.loss.item() == pytest.approx(one.loss.item(), rel=1e-4)
+    for (name, a), b in zip(eager.model.named_parameters(), compiled.model.parameters()):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-3, atol=1e-6), name
+    assert all(not k.startswith("_orig_mod") for k in compiled.checkpoint_state()["model"])  # plain module saved

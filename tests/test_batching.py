@@ -64,3 +64,18 @@ def test_padding_to_a_multiple_rounds_lengths_up_and_adds_only_pad():
     assert batch.src_ids.shape == (2, 8) and batch.tgt_in_ids.shape == (2, 8)
     assert batch.src_ids[:, 3:].eq(0).all() and batch.tgt_out_ids[:, 4:].eq(0).all()
     assert (batch.n_src_tokens, batch.n_tgt_tokens) == (5, 6)
+
+
+def test_breaking_length_ties_by_target_length_keeps_every_example_and_pads_targets_less():
+    gen = torch.Generator().manual_seed(0)
+    tgt = torch.randint(1, 30, (400,), generator=gen).numpy()
+    src = torch.randint(1, 30, (400,), generator=gen).numpy()
+    lengths = np.maximum(src, tgt) + 1
+    plain = TokenBatchSampler(lengths, batch_tokens=120, seed=3)
+    tied = TokenBatchSampler(lengths, batch_tokens=120, seed=3, tie_break=tgt)
+    target_slots = lambda batches: sum(len(b) * (tgt[b].max() + 1) for b in batches)  # noqa: E731
+    for epoch in range(2):
+        batches = tied.epoch_batches(epoch)
+        assert sorted(i for b in batches for i in b) == list(range(400))
+        assert all(len(b) * lengths[b].max() <= 120 for b in batches)
+        assert target_slots(batches) < target_slots(plain.epoch_batches(epoch))

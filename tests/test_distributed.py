@@ -67,10 +67,11 @@ def test_each_step_gives_every_rank_a_batch_of_neighbouring_length():
 
 
 def test_a_ddp_step_equals_one_process_on_the_union_of_the_ranks_batches(tmp_path: Path):
+    # Two ranks, each accumulating two micro-batches (gradients all-reduced after the second).
     config = write_config(tmp_path, "ddp.yaml", max_steps=3, eval_every_steps=3, save_every_steps=3)
     cfg_no_dropout = tiny_config(tmp_path / "corpus", model={"dropout": 0.0},
                                  train={"max_steps": 3, "eval_every_steps": 3, "save_every_steps": 3,
-                                        "test_at_end": False})
+                                        "accum_steps": 2, "test_at_end": False})
     save_config(cfg_no_dropout, config)
     run = tmp_path / "run"
     result = torchrun(config, run)
@@ -78,14 +79,14 @@ def test_a_ddp_step_equals_one_process_on_the_union_of_the_ranks_batches(tmp_pat
     ddp_losses = read_scalars(run, "train/loss")
     assert sorted(ddp_losses) == [1, 2, 3]
 
-    # One process, the same initial weights (same seed), each step on the union of both ranks' batches.
+    # One process, the same initial weights (same seed), each step on the union of the 2 x 2 batches.
     trainer = Trainer(cfg_no_dropout, run, progress=False)  # reuses the run's tokenizers and splits
-    batches = TokenBatchSampler(trainer.train_data.lengths(), cfg_no_dropout.train.batch_tokens,
-                                cfg_no_dropout.seed, world_size=2).epoch_batches(0)
+    batches = iter(TokenBatchSampler(trainer.train_data.lengths(), cfg_no_dropout.train.batch_tokens,
+                                     cfg_no_dropout.seed, tie_break=trainer.train_data.tgt_len, world_size=2))
     for step in (1, 2, 3):
-        first, second = batches[2 * step - 2], batches[2 * step - 1]
-        assert first != second
-        result = trainer.train_step(trainer.train_data.batch(first + second))
+        step_batches = [next(batches) for _ in range(4)]  # rank 0 trained on the 1st and 3rd, rank 1 on the others
+        assert len({tuple(b) for b in step_batches}) > 1
+        result = trainer.train_step(trainer.train_data.batch([i for b in step_batches for i in b]))
         assert abs(result.loss.item() - ddp_losses[step]) < 1e-5, (step, result.loss.item(), ddp_losses[step])
     ddp_weights = load_checkpoint(run / "checkpoints" / "step_00000003.pt")["model"]
     for name, tensor in trainer.model.state_dict().items():

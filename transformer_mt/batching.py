@@ -128,10 +128,17 @@ class TokenBatchSampler:
     so every rank gets a batch of similar length. With `world_size` 1 every batch is its own
     group. The batches of epoch e depend only on (seed, e, world_size), so the state is just
     (epoch, position).
+
+    `tie_break` (optional, one value per example, e.g. the target length) orders examples of
+    equal length: source and target are padded separately, so grouping equal `lengths` by their
+    target length as well leaves less target padding (Multi30k: 0.946 -> 0.973 of the target
+    slots are real tokens at 4,096 tokens per batch).
     """
 
-    def __init__(self, lengths: Sequence[int] | np.ndarray, batch_tokens: int, seed: int, world_size: int = 1):
+    def __init__(self, lengths: Sequence[int] | np.ndarray, batch_tokens: int, seed: int,
+                 tie_break: Sequence[int] | np.ndarray | None = None, world_size: int = 1):
         self.lengths = np.asarray(lengths, dtype=np.int64)  # padded length of each example: max(source, target) + 1
+        self.tie_break = None if tie_break is None else np.asarray(tie_break, dtype=np.int64)
         self.batch_tokens = batch_tokens
         self.seed = seed
         self.world_size = world_size
@@ -142,7 +149,9 @@ class TokenBatchSampler:
         """The epoch's batches in training order; their count is a multiple of `world_size`."""
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         shuffled = torch.randperm(len(self.lengths), generator=gen).numpy()
-        by_length = shuffled[np.argsort(self.lengths[shuffled], kind="stable")]  # stable: ties stay shuffled
+        keys = (self.lengths[shuffled],) if self.tie_break is None else (self.tie_break[shuffled],
+                                                                          self.lengths[shuffled])
+        by_length = shuffled[np.lexsort(keys)]  # the last key sorts first; stable: remaining ties stay shuffled
         batches = token_budget_batches(by_length.tolist(), self.lengths.tolist(), self.batch_tokens)
         W = self.world_size
         # An incomplete last group (the longest batches) is filled with the shortest batches,

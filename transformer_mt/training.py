@@ -209,7 +209,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda done: lr_at(done + 1, t.lr, t.warmup_steps) / t.lr)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_grad_scaler)
-        self.sampler = TokenBatchSampler(self.train_data.lengths(), t.batch_tokens, cfg.seed, dist.world_size)
+        self.sampler = TokenBatchSampler(self.train_data.lengths(), t.batch_tokens, cfg.seed,
+                                         tie_break=self.train_data.tgt_len, world_size=dist.world_size)
         self.state = TrainState()
         self.checkpoints = CheckpointDir(run_dir / "checkpoints", t.keep_last)
         self.valid_subset = self._pick_valid_subset()

@@ -71,6 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "batches of the length-sorted set (default 64)")
     parser.add_argument("--warmup-batches", type=int, default=2, help="untimed batches before each timing (default 2)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also print a torch.profiler table of tmt greedy (cached) over N batches of the "
+                        "largest batch size (default 0: no profile)")
     return parser.parse_args(argv)
 
 
@@ -211,6 +214,16 @@ def time_engines(runs: list[tuple[str, Callable]], batches: list, batch_size: in
             for name, _ in runs]
 
 
+def print_profile(run: Callable, batches: list) -> None:
+    """Operator self-times of `run` over `batches`, largest first (wall clock, so on a shared
+    machine read the shares, not the absolute times)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for ids, tokens in batches:
+            run(ids, tokens)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -288,6 +301,10 @@ def main(argv: list[str] | None = None) -> None:
                               f"{timing.tokens:>7} tokens  {timing.seconds:8.2f} s  {timing.tokens_per_s:10.1f} tokens/s"
                               f"  (CPU {timing.cpu_seconds:8.2f} s  {timing.tokens_per_cpu_s:10.1f} tokens/CPU-s)",
                               flush=True)
+            if args.profile:
+                print_profile(tmt_engine(model, device, precision, n_tokens, beam=1, use_cache=True),
+                              source_batches(sources, tokenizers, args.profile * batch_sizes[-1], batch_sizes[-1],
+                                             model.cfg.max_len))
         finally:
             hook.remove()
 

@@ -194,7 +194,8 @@ class CrossAttention(MultiHeadAttention):
         k, v = self.kv_proj(key_value).view(B, Tk, 2, self.n_heads, D // self.n_heads).unbind(2)  # (B, Tk, H, Dh)
         return k.transpose(1, 2), v.transpose(1, 2)  # (B, H, Tk, Dh) each
 
-    def attend(self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
+    def attend(self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               key_mask: torch.Tensor | None) -> torch.Tensor:
         """query (B, Tq, D) over projected k, v (B, H, Tk, Dh); key_mask (B, Tk) bool or None -> (B, Tq, D)."""
         return self._attend(self._split_heads(self.q_proj(query)), k, v, key_mask, causal=False)
 

@@ -211,3 +211,10 @@ def test_a_checkpoint_with_separate_projections_resumes_training_exactly(tmp_pat
     train_step(resumed, resumed_optimizer)
     for (name, a), b in zip(model.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_output_projection_computes_y_times_w_transposed_for_few_and_many_rows():
+    projection = tiny_model().output_proj
+    assert projection.max_rows_transposed < 3 * 100
+    for y in (torch.randn(3, 100, 16), torch.randn(4, 1, 16), torch.randn(2, 3, 16)):  # F.linear, then (W·yᵀ)ᵀ
+        torch.testing.assert_close(projection(y), F.linear(y, projection.weight))

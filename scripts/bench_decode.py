@@ -5,7 +5,9 @@ vocabulary trained on the corpus's train split, exports it with `export_ctransla
 engines run the same weights), and times every engine on the same source sentences after a
 warm-up. Each sentence generates exactly `--gen-tokens` tokens in every engine (EOS is
 suppressed), so all do the same work; the script checks the counts. Speed is generated target
-tokens per second.
+tokens per second. Engines that decode the same batches are timed interleaved, batch by batch
+in rotating order, so a change in the machine's load during the run hits them alike; CPU
+time (process time, all threads) is reported beside wall time.
 
     python scripts/bench_decode.py                                   # demo corpus, cpu-small, 1 thread
     python scripts/bench_decode.py --data /work/shared/data/multi30k_en_de
@@ -69,6 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "batches of the length-sorted set (default 64)")
     parser.add_argument("--warmup-batches", type=int, default=2, help="untimed batches before each timing (default 2)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also print a torch.profiler table of tmt greedy (cached) over N batches of the "
+                        "largest batch size (default 0: no profile)")
     return parser.parse_args(argv)
 
 
@@ -80,11 +85,16 @@ class Timing:
     batch_size: int
     sentences: int
     tokens: int
-    seconds: float
+    seconds: float  # wall clock
+    cpu_seconds: float  # process time, all threads
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds
+
+    @property
+    def tokens_per_cpu_s(self) -> float:
+        return self.tokens / self.cpu_seconds
 
 
 # --- setup -------------------------------------------------------------------------------------
@@ -179,18 +189,39 @@ def ct2_engine(translator, n_tokens: int, *, beam: int) -> Callable:
     return run
 
 
-def time_engine(name: str, run: Callable, batches: list, batch_size: int, n_tokens: int, warmup: int,
-                device: torch.device) -> Timing:
-    for ids, tokens in batches[:warmup]:
-        run(ids, tokens)
-    _sync(device)
-    started = time.perf_counter()
-    lengths = [n for ids, tokens in batches for n in run(ids, tokens)]
-    _sync(device)
-    seconds = time.perf_counter() - started
-    if any(n != n_tokens for n in lengths):
-        sys.exit(f"{name}: expected {n_tokens} tokens per sentence, got lengths {sorted(set(lengths))}")
-    return Timing(name, batch_size, len(lengths), sum(lengths), seconds)
+def time_engines(runs: list[tuple[str, Callable]], batches: list, batch_size: int, n_tokens: int, warmup: int,
+                 device: torch.device) -> list[Timing]:
+    """Time engines on the same batches, interleaved: each batch is decoded by every engine in
+    turn, the order rotating from batch to batch."""
+    for _, run in runs:
+        for ids, tokens in batches[:warmup]:
+            run(ids, tokens)
+    wall = dict.fromkeys((name for name, _ in runs), 0.0)
+    cpu = dict(wall)
+    lengths: dict[str, list[int]] = {name: [] for name, _ in runs}
+    for i, (ids, tokens) in enumerate(batches):
+        for name, run in runs[i % len(runs):] + runs[:i % len(runs)]:
+            _sync(device)
+            started, cpu_started = time.perf_counter(), time.process_time()
+            lengths[name] += run(ids, tokens)
+            _sync(device)
+            wall[name] += time.perf_counter() - started
+            cpu[name] += time.process_time() - cpu_started
+    for name, got in lengths.items():
+        if any(n != n_tokens for n in got):
+            sys.exit(f"{name}: expected {n_tokens} tokens per sentence, got lengths {sorted(set(got))}")
+    return [Timing(name, batch_size, len(lengths[name]), sum(lengths[name]), wall[name], cpu[name])
+            for name, _ in runs]
+
+
+def print_profile(run: Callable, batches: list) -> None:
+    """Operator self-times of `run` over `batches`, largest first (wall clock, so on a shared
+    machine read the shares, not the absolute times)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for ids, tokens in batches:
+            run(ids, tokens)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
 def _sync(device: torch.device) -> None:
@@ -252,21 +283,28 @@ def main(argv: list[str] | None = None) -> None:
                 n = args.n_batch1 if batch_size == 1 else args.n_sentences
                 batches = source_batches(sources, tokenizers, n, batch_size, model.cfg.max_len)
                 uncached = spread_subset(batches, args.n_uncached)
-                engines = [
-                    ("tmt greedy, cached", tmt_engine(model, device, precision, n_tokens, beam=1, use_cache=True), batches),
-                    ("tmt greedy, uncached", tmt_engine(model, device, precision, n_tokens, beam=1, use_cache=False),
-                     uncached),
-                    (f"tmt beam {BEAM}", tmt_engine(model, device, precision, n_tokens, beam=BEAM, use_cache=True),
-                     batches),
-                    ("ct2 greedy", ct2_engine(translator, n_tokens, beam=1), batches),
-                    (f"ct2 beam {BEAM}", ct2_engine(translator, n_tokens, beam=BEAM), batches),
+                # Each group decodes the same batches, interleaved; the slow uncached reference
+                # runs alone on its subset.
+                groups = [
+                    ([("tmt greedy, cached", tmt_engine(model, device, precision, n_tokens, beam=1, use_cache=True)),
+                      ("ct2 greedy", ct2_engine(translator, n_tokens, beam=1))], batches),
+                    ([("tmt greedy, uncached", tmt_engine(model, device, precision, n_tokens, beam=1,
+                                                          use_cache=False))], uncached),
+                    ([(f"tmt beam {BEAM}", tmt_engine(model, device, precision, n_tokens, beam=BEAM, use_cache=True)),
+                      (f"ct2 beam {BEAM}", ct2_engine(translator, n_tokens, beam=BEAM))], batches),
                 ]
-                for name, run, engine_batches in engines:
-                    timing = time_engine(name, run, engine_batches, batch_size, n_tokens, args.warmup_batches, device)
-                    timings.append(timing)
-                    print(f"{name:<22} batch {batch_size:>3}  {timing.sentences:>5} sentences  "
-                          f"{timing.tokens:>7} tokens  {timing.seconds:8.2f} s  {timing.tokens_per_s:10.1f} tokens/s",
-                          flush=True)
+                for runs, engine_batches in groups:
+                    for timing in time_engines(runs, engine_batches, batch_size, n_tokens, args.warmup_batches,
+                                               device):
+                        timings.append(timing)
+                        print(f"{timing.engine:<22} batch {batch_size:>3}  {timing.sentences:>5} sentences  "
+                              f"{timing.tokens:>7} tokens  {timing.seconds:8.2f} s  {timing.tokens_per_s:10.1f} tokens/s"
+                              f"  (CPU {timing.cpu_seconds:8.2f} s  {timing.tokens_per_cpu_s:10.1f} tokens/CPU-s)",
+                              flush=True)
+            if args.profile:
+                print_profile(tmt_engine(model, device, precision, n_tokens, beam=1, use_cache=True),
+                              source_batches(sources, tokenizers, args.profile * batch_sizes[-1], batch_sizes[-1],
+                                             model.cfg.max_len))
         finally:
             hook.remove()
 
@@ -277,6 +315,7 @@ def summary(args, device, precision, vocab_size, model, timings, batch_sizes, ag
     by_batch: dict[str, dict] = {}
     for batch_size in batch_sizes:
         rate = {t.engine: t.tokens_per_s for t in timings if t.batch_size == batch_size}
+        cpu_rate = {t.engine: t.tokens_per_cpu_s for t in timings if t.batch_size == batch_size}
         sentences = {t.engine: t.sentences for t in timings if t.batch_size == batch_size}
         by_batch[str(batch_size)] = {
             "cached_tokens_per_s": round(rate["tmt greedy, cached"], 1),
@@ -287,6 +326,8 @@ def summary(args, device, precision, vocab_size, model, timings, batch_sizes, ag
             "cache_speedup": round(rate["tmt greedy, cached"] / rate["tmt greedy, uncached"], 2),
             "tmt_vs_ct2": round(rate["tmt greedy, cached"] / rate["ct2 greedy"], 3),
             "tmt_beam4_vs_ct2": round(rate[f"tmt beam {BEAM}"] / rate[f"ct2 beam {BEAM}"], 3),
+            "tmt_vs_ct2_cpu_time": round(cpu_rate["tmt greedy, cached"] / cpu_rate["ct2 greedy"], 3),
+            "tmt_beam4_vs_ct2_cpu_time": round(cpu_rate[f"tmt beam {BEAM}"] / cpu_rate[f"ct2 beam {BEAM}"], 3),
             "sentences": sentences,
         }
     headline = by_batch[str(max(batch_sizes))]

@@ -1,6 +1,8 @@
 import pytest
 import torch
+import torch.nn.functional as F
 
+from transformer_mt.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
 from transformer_mt.config import ModelConfig
 from transformer_mt.decoding import greedy_decode
 from transformer_mt.model import Transformer
@@ -92,3 +94,127 @@ def test_cross_attention_map_has_one_row_per_target_position():
     weights = model.cross_attention(src, tgt, layer=-1)
     assert weights.shape == (1, 2, 3, 5)
     torch.testing.assert_close(weights.sum(-1), torch.ones(1, 2, 3))
+
+
+def separate_projections(state: dict) -> dict:
+    """`state` (a model state dict, or any per-parameter tensors) as saved before the projections
+    were fused: `nn.Linear` weights (out, in) and separate q/k/v (self-attention) and k/v
+    (cross-attention) projections. Unconverted tensors are kept as they are (tied ones stay tied)."""
+    old = {}
+    for key, tensor in state.items():
+        if key.endswith(".kernel"):
+            key, tensor = key[: -len("kernel")] + "weight", tensor.t()
+        module, _, name = key.rpartition(".")
+        for fused, parts in (("qkv_proj", ["q_proj", "k_proj", "v_proj"]), ("kv_proj", ["k_proj", "v_proj"])):
+            if module.endswith("." + fused):
+                chunks = tensor.chunk(len(parts)) if tensor.dim() else [tensor] * len(parts)
+                for part, chunk in zip(parts, chunks):
+                    old[f"{module[: -len(fused)]}{part}.{name}"] = chunk.clone()
+                break
+        else:
+            old[key] = tensor.contiguous() if key.endswith(".weight") and tensor.dim() == 2 else tensor
+    return old
+
+
+def unfused_attention(state: dict, prefix: str, query, key_value, mask, causal: bool, n_heads: int = 2):
+    """Multi-head attention computed the plain way: separate F.linear projections of (out, in) weights."""
+    def linear(name, x):
+        return F.linear(x, state[f"{prefix}{name}.weight"], state[f"{prefix}{name}.bias"])
+
+    def heads(x):  # (B, L, D) -> (B, H, L, Dh)
+        return x.view(x.shape[0], x.shape[1], n_heads, -1).transpose(1, 2)
+
+    q, k, v = heads(linear("q_proj", query)), heads(linear("k_proj", key_value)), heads(linear("v_proj", key_value))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[:, None, None, :],
+                                         is_causal=causal)  # (B, H, Tq, Dh)
+    return linear("out_proj", out.transpose(1, 2).flatten(2))
+
+
+def test_fused_projections_compute_what_separate_ones_do():
+    model = tiny_model()
+    old = separate_projections(model.state_dict())
+    x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
+    mask = torch.tensor([[True] * 7, [True] * 4 + [False] * 3])
+    layer = model.decoder_layers[1]
+    torch.testing.assert_close(layer.self_attn(x, None, causal=True),
+                               unfused_attention(old, "decoder_layers.1.self_attn.", x, x, None, True))
+    torch.testing.assert_close(layer.cross_attn(x, memory, mask),
+                               unfused_attention(old, "decoder_layers.1.cross_attn.", x, memory, mask, False))
+    ffn = model.encoder_layers[0].ffn
+    torch.testing.assert_close(ffn(x), F.linear(F.relu(F.linear(x, old["encoder_layers.0.ffn.linear1.weight"],
+                                                                 old["encoder_layers.0.ffn.linear1.bias"])),
+                                                old["encoder_layers.0.ffn.linear2.weight"],
+                                                old["encoder_layers.0.ffn.linear2.bias"]))
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_checkpoints_with_separate_projections_still_load(share):
+    model = tiny_model(share_embeddings=share, tie_output=share)
+    old = separate_projections(model.state_dict())
+    assert "decoder_layers.0.self_attn.k_proj.weight" in old and not any(k.endswith("kernel") for k in old)
+    torch.manual_seed(1)
+    loaded = Transformer(model.cfg, V, V, PAD).eval()
+    loaded.load_state_dict(old)  # strict: every old key is converted, none is missing
+    for key, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], tensor), key
+    src, tgt = torch.tensor([[5, 6, 7, EOS]]), torch.tensor([[BOS, 8, 9]])
+    assert torch.equal(loaded(src, tgt), model(src, tgt))
+
+
+def test_fused_projections_start_like_separate_ones():
+    # Xavier-uniform per block: each q, k, v block gets the bound of a (D, D) matrix, not of (D, 3D).
+    model = tiny_model(d_model=64, n_heads=4)
+    kernel = model.encoder_layers[0].self_attn.qkv_proj.kernel  # (D, 3D)
+    bound = (6 / (64 + 64)) ** 0.5
+    assert kernel.abs().max() <= bound
+    assert kernel.abs().max() > 0.9 * bound  # not the smaller (D, 3D) bound sqrt(6 / 4D)
+
+
+def test_a_checkpoint_with_separate_projections_resumes_training_exactly(tmp_path):
+    model = tiny_model(share_embeddings=True, tie_output=True).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    src, tgt = torch.tensor([[5, 6, 7, EOS], [8, 9, EOS, PAD]]), torch.tensor([[BOS, 8, 9], [BOS, 4, PAD]])
+
+    def train_step(model, optimizer):
+        torch.manual_seed(5)  # the same dropout masks in both runs
+        loss = model(src, tgt).logsumexp(-1).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    train_step(model, optimizer)
+    # Save it as tmt saved checkpoints before the fused projections: old names, old layouts, and
+    # optimizer state indexed by the old parameter order.
+    old_model = separate_projections(model.state_dict())
+    old_names, seen = [], set()  # parameter order: state dict order, tied tensors once
+    for key, tensor in old_model.items():
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            old_names.append(key)
+    new_names = [name for name, _ in model.named_parameters()]
+    saved = optimizer.state_dict()
+    old_state = {}
+    for field in ("step", "exp_avg", "exp_avg_sq"):
+        by_old_name = separate_projections({new_names[i]: saved["state"][i][field] for i in saved["state"]})
+        for name, tensor in by_old_name.items():
+            old_state.setdefault(old_names.index(name), {})[field] = tensor
+    old_groups = [{**saved["param_groups"][0], "params": list(range(len(old_names)))}]
+    save_atomic({"model": old_model, "optimizer": {"state": old_state, "param_groups": old_groups}, "config": {},
+                 "model_args": {}, "format_version": FORMAT_VERSION}, tmp_path / "old.pt")
+
+    state = load_checkpoint(tmp_path / "old.pt")
+    resumed = tiny_model(share_embeddings=True, tie_output=True).train()
+    resumed_optimizer = torch.optim.AdamW(resumed.parameters(), lr=1e-2, weight_decay=0.01)
+    resumed.load_state_dict(state["model"])
+    resumed_optimizer.load_state_dict(state["optimizer"])
+    train_step(model, optimizer)
+    train_step(resumed, resumed_optimizer)
+    for (name, a), b in zip(model.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_output_projection_computes_y_times_w_transposed_for_few_and_many_rows():
+    projection = tiny_model().output_proj
+    assert projection.max_rows_transposed < 3 * 100
+    for y in (torch.randn(3, 100, 16), torch.randn(4, 1, 16), torch.randn(2, 3, 16)):  # F.linear, then (W·yᵀ)ᵀ
+        torch.testing.assert_close(projection(y), F.linear(y, projection.weight))

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from transformer_mt.errors import CheckpointError
+from transformer_mt.model import fuse_projections, fused_parameter_name, has_separate_projections
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,35 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     if state["format_version"] != FORMAT_VERSION:
         raise CheckpointError(f"{path}: checkpoint format version {state['format_version']} is not supported "
                               f"by this tmt (expects {FORMAT_VERSION})")
+    if has_separate_projections(state["model"]):
+        _fuse_saved_projections(state)
     return state
+
+
+def _fuse_saved_projections(state: dict) -> None:
+    """Convert, in place, a checkpoint saved before the model fused its q/k/v projections
+    (`model.fuse_projections`): its weights and, so that training resumes exactly, the
+    optimizer's per-parameter state."""
+    optimizer = state.get("optimizer")
+    if optimizer:
+        # Optimizer state is indexed by position in `model.parameters()`: the state dict's keys
+        # in order, each tied tensor (shared embeddings, tied output) counted once.
+        names, seen = [], set()
+        for key, tensor in state["model"].items():
+            if tensor.data_ptr() not in seen:
+                seen.add(tensor.data_ptr())
+                names.append(key)
+        new_names = list(dict.fromkeys(fused_parameter_name(name) for name in names))
+        new_index = {old: new_names.index(fused_parameter_name(name)) for old, name in enumerate(names)}
+        new_state: dict[int, dict] = {}
+        for field in {field for per_param in optimizer["state"].values() for field in per_param}:
+            by_name = {names[i]: per_param[field] for i, per_param in optimizer["state"].items()}
+            for key, tensor in fuse_projections(by_name).items():
+                new_state.setdefault(new_names.index(key), {})[field] = tensor
+        optimizer["state"] = dict(sorted(new_state.items()))
+        for group in optimizer["param_groups"]:
+            group["params"] = list(dict.fromkeys(new_index[i] for i in group["params"]))
+    state["model"] = fuse_projections(state["model"])
 
 
 class CheckpointDir:

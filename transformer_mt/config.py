@@ -102,8 +102,9 @@ class TrainConfig:
     normalised by the target tokens of all of them, so the update equals one batch of
     accum_steps × batch_tokens; a step still means one update."""
     pad_to_multiple: int = 8
-    """Batch lengths are padded up to a multiple of this: GPU tensor cores want multiples of 8,
-    and it bounds the distinct shapes `compile` sees. 1 disables. The loss ignores the padding."""
+    """Batch lengths are padded up to a multiple of this on CUDA, where tensor cores want multiples
+    of 8, and with `compile`, where it bounds the distinct shapes; elsewhere padding only costs
+    time, so it is not applied. 1 disables. The loss ignores the padding."""
     compile: bool = False
     """Run the model through `torch.compile` for training steps (checkpoints still hold the plain
     module's weights). The first steps of each new batch shape are slow while it compiles."""

@@ -31,7 +31,7 @@ def _forbid_special(logits: torch.Tensor, pad_id: int, bos_id: int) -> torch.Ten
     return logits
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def greedy_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_id: int,
                   max_len_a: float, max_len_b: int, use_cache: bool = True) -> list[list[int]]:
     """Pick the most probable token at each step for a batch of sources.
@@ -44,17 +44,18 @@ def greedy_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos
     src_mask = src_ids != pad_id  # (B, S) True = real token
     memory = model.encode(src_ids, src_mask)  # (B, S, D)
     limits = max_target_lengths(src_mask, max_len_a, max_len_b, model.cfg.max_len)  # (B,)
-    B = src_ids.shape[0]
-    # The decoder is fed BOS plus all but the last generated token: at most `limits.max()` positions.
-    cache = model.new_cache(int(limits.max())) if use_cache else None
-    tgt_ids = torch.full((B, 1), bos_id, dtype=torch.long, device=src_ids.device)  # (B, 1)
+    B, max_steps = src_ids.shape[0], int(limits.max())
+    # The decoder is fed BOS plus all but the last generated token: at most `max_steps` positions.
+    cache = model.new_cache(max_steps) if use_cache else None
+    tgt_ids = torch.full((B, max_steps + 1), pad_id, dtype=torch.long, device=src_ids.device)  # BOS + generated
+    tgt_ids[:, 0] = bos_id
     finished = torch.zeros(B, dtype=torch.bool, device=src_ids.device)
-    for step in range(int(limits.max())):
-        new_ids = tgt_ids[:, -1:] if use_cache else tgt_ids  # (B, 1) or (B, step + 1)
+    for step in range(max_steps):
+        new_ids = tgt_ids[:, step:step + 1] if use_cache else tgt_ids[:, :step + 1]  # (B, 1) or (B, step + 1)
         logits = model.decode(new_ids, memory, src_mask, cache)[:, -1, :]  # (B, V) last position
-        next_ids = _forbid_special(logits, pad_id, bos_id).argmax(dim=-1)  # (B,)
-        next_ids = torch.where(finished, torch.full_like(next_ids, pad_id), next_ids)
-        tgt_ids = torch.cat([tgt_ids, next_ids[:, None]], dim=1)  # (B, step + 2)
+        # `max(dim).indices` is argmax (first index among ties) by a faster kernel than `argmax` on CPU.
+        next_ids = _forbid_special(logits, pad_id, bos_id).max(dim=-1).indices  # (B,)
+        tgt_ids[:, step + 1] = next_ids.masked_fill(finished, pad_id)
         finished |= (next_ids == eos_id) | (step + 1 >= limits)
         if bool(finished.all()):
             break
@@ -83,7 +84,7 @@ class Hypothesis:
     score: float
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_id: int, beam_size: int,
                 max_len_a: float, max_len_b: int, alpha: float = 0.6, n_best: int = 1) -> list[list[Hypothesis]]:
     """Beam search with K = `beam_size` beams per sentence, batched over sentences.

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from transformer_mt.errors import TmtError, UsageError
-from transformer_mt.model import DecoderLayer, EncoderLayer, MultiHeadAttention, Transformer
+from transformer_mt.model import DecoderLayer, EncoderLayer, Linear, SelfAttention, Transformer
 from transformer_mt.tokenization import BOS, BOS_ID, EOS, PAD, PAD_ID, UNK
 from transformer_mt.translator import Translator
 
@@ -93,8 +93,9 @@ def ctranslate2_vocabulary(tokenizer) -> list[str]:
 def build_ctranslate2_spec(model: Transformer):
     """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights (fp32 numpy arrays).
 
-    Mapping: q/k/v projections are fused (self-attention: one QKV matrix; cross-attention:
-    Q, then one KV matrix); each tmt `Residual` LayerNorm is the sublayer's `layer_norm`, which
+    Mapping: tmt's fused projections are CTranslate2's (self-attention: one QKV matrix;
+    cross-attention: Q, then one KV matrix), transposed from tmt's (in, out) `kernel` to
+    CTranslate2's (out, in); each tmt `Residual` LayerNorm is the sublayer's `layer_norm`, which
     CTranslate2 applies before (pre-norm) or after the residual sum (post-norm), as tmt does.
     Positions are tmt's own sinusoidal table (CTranslate2's built-in one concatenates sin and cos
     and starts at position 1), embeddings are scaled by sqrt(D), and the output projection gets
@@ -150,14 +151,14 @@ def _set_decoder_layer(spec, layer: DecoderLayer) -> None:
     _set_layer_norm(spec.self_attention.layer_norm, layer.self_block.norm)
     attention = layer.cross_attn
     _set_linear(spec.attention.linear[0], attention.q_proj)
-    _set_fused(spec.attention.linear[1], [attention.k_proj, attention.v_proj])  # (2D, D)
+    _set_linear(spec.attention.linear[1], attention.kv_proj)  # (2D, D): k rows, then v rows
     _set_linear(spec.attention.linear[2], attention.out_proj)
     _set_layer_norm(spec.attention.layer_norm, layer.cross_block.norm)
     _set_ffn(spec.ffn, layer)
 
 
-def _set_self_attention(spec, attention: MultiHeadAttention) -> None:
-    _set_fused(spec.linear[0], [attention.q_proj, attention.k_proj, attention.v_proj])  # (3D, D)
+def _set_self_attention(spec, attention: SelfAttention) -> None:
+    _set_linear(spec.linear[0], attention.qkv_proj)  # (3D, D): q rows, k rows, then v rows
     _set_linear(spec.linear[1], attention.out_proj)
 
 
@@ -167,14 +168,8 @@ def _set_ffn(spec, layer: EncoderLayer | DecoderLayer) -> None:
     _set_layer_norm(spec.layer_norm, layer.ffn_block.norm)
 
 
-def _set_fused(spec, linears: list[nn.Linear]) -> None:
-    """Stack Linear layers' (out, in) weights and biases along the output dimension."""
-    spec.weight = np.concatenate([_array(linear.weight) for linear in linears])
-    spec.bias = np.concatenate([_array(linear.bias) for linear in linears])
-
-
-def _set_linear(spec, linear: nn.Linear) -> None:
-    spec.weight = _array(linear.weight)  # (out, in): CTranslate2 computes x @ W^T as torch does
+def _set_linear(spec, linear: Linear) -> None:
+    spec.weight = _array(linear.kernel.t())  # (out, in): CTranslate2 computes x @ W^T
     spec.bias = _array(linear.bias)
 
 

@@ -28,57 +28,189 @@ def sinusoidal_positions(length: int, d_model: int) -> torch.Tensor:
     return table
 
 
-class MultiHeadAttention(nn.Module):
-    """Scaled dot-product attention over H heads, computed by `F.scaled_dot_product_attention`."""
+class Linear(nn.Module):
+    """y = x·W + b with the matrix W stored (in, out), the transpose of `nn.Linear`'s (out, in).
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float):
+    At the few rows of a decoding step (batch × 1 position), MKL's CPU GEMM multiplies by an
+    (in, out) matrix 20–45% faster than by the transposed view `nn.Linear` uses; at training
+    sizes the two are equally fast (docs/benchmarks.md, "Where tmt's time goes"). The matrix is
+    named `kernel`, as in Keras and Flax, whose dense layers use this layout. A fused layer
+    (`blocks` > 1) stacks several projections of the same input along the output dimension.
+    """
+
+    def __init__(self, in_features: int, out_features: int, blocks: int = 1):
+        super().__init__()
+        self.blocks = blocks
+        self.kernel = nn.Parameter(torch.empty(in_features, out_features))  # (in, out)
+        self.bias = nn.Parameter(torch.zeros(out_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., in) -> (..., out)."""
+        out = torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.kernel)  # (N, out)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform matrix, drawn per block so that a fused layer starts like separate
+        ones (its bound depends on the fan-in plus fan-out of one projection); zero bias."""
+        for block in self.kernel.chunk(self.blocks, dim=1):  # (in, out / blocks) each
+            nn.init.xavier_uniform_(block)
+        nn.init.zeros_(self.bias)
+
+
+# Checkpoints written before the projections were fused: per decoder/encoder sublayer, the
+# separate (out, in) `nn.Linear` weights of each name below become one fused (in, out) kernel.
+_FUSED = {"self_attn": ("qkv_proj", ["q_proj", "k_proj", "v_proj"]), "cross_attn": ("kv_proj", ["k_proj", "v_proj"])}
+_NN_LINEAR = {"q_proj", "k_proj", "v_proj", "out_proj", "linear1", "linear2"}
+
+
+def has_separate_projections(state: dict[str, torch.Tensor]) -> bool:
+    """Whether a model state dict predates the fused projections and (in, out) kernels."""
+    return any(key.endswith(".self_attn.q_proj.weight") for key in state)
+
+
+def fused_parameter_name(key: str) -> str:
+    """Today's name of a parameter saved before the fused projections, e.g.
+    `decoder_layers.0.self_attn.k_proj.weight` -> `decoder_layers.0.self_attn.qkv_proj.kernel`."""
+    module, _, name = key.rpartition(".")  # e.g. "decoder_layers.0.self_attn.k_proj", "weight"
+    parent, _, layer = module.rpartition(".")
+    sublayer = parent.rpartition(".")[2]
+    if sublayer in _FUSED and layer in _FUSED[sublayer][1]:
+        module = f"{parent}.{_FUSED[sublayer][0]}"
+    if layer in _NN_LINEAR and name == "weight":
+        name = "kernel"
+    return f"{module}.{name}"
+
+
+def fuse_projections(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Convert per-parameter tensors saved before the fused projections to today's names and layouts.
+
+    Works on a model state dict and equally on per-parameter optimizer state (Adam's moments,
+    which are elementwise, so converting them like the weights resumes exactly): `nn.Linear`
+    `weight` (out, in) becomes `kernel` (in, out); self-attention q/k/v become `qkv_proj`,
+    cross-attention k/v `kv_proj`, stacked in that order. Keys keep their order, a fused
+    parameter taking the place of its first part; 0-dim tensors (a step count) are shared.
+    """
+    parts: dict[str, list[torch.Tensor]] = {}  # new key -> its old tensors in (out, in) layout
+    for key, tensor in state.items():
+        parts.setdefault(fused_parameter_name(key), []).append(tensor)
+    converted = {}
+    for key, tensors in parts.items():
+        tensor = torch.cat(tensors) if tensors[0].dim() > 0 else tensors[0]
+        converted[key] = tensor.t().contiguous() if key.endswith(".kernel") else tensor
+    return converted
+
+
+class OutputProjection(nn.Module):
+    """Logits y·Wᵀ with W (V, D) stored like an embedding matrix, so it can be the target embedding (tied).
+
+    For the few rows of a decoding step it computes (W·yᵀ)ᵀ instead, the same products in the
+    orientation MKL's CPU GEMM runs 20–35% faster at those sizes (docs/benchmarks.md); the
+    logits are then a transposed view. Larger inputs (training) keep the contiguous `F.linear`,
+    whose output the loss reads row by row.
+    """
+
+    max_rows_transposed = 256  # decoding steps: batch (× beams) rows; a training batch has thousands
+
+    def __init__(self, d_model: int, vocab_size: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, d_model))  # (V, D)
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        """y (..., D) -> logits (..., V)."""
+        rows = y.reshape(-1, y.shape[-1])  # (N, D)
+        if rows.shape[0] > self.max_rows_transposed:
+            return F.linear(y, self.weight)
+        return torch.mm(self.weight, rows.t()).t().view(*y.shape[:-1], -1)  # (V, N) -> (N, V) view -> (..., V)
+
+
+class MultiHeadAttention(nn.Module):
+    """Scaled dot-product attention over H heads, computed by `F.scaled_dot_product_attention`.
+
+    Subclasses project queries, keys and values, then register `out_proj` (D, D) last, so that
+    parameters keep the order they had as separate q, k, v, out layers (`fuse_projections`).
+    """
+
+    out_proj: Linear
+
+    def __init__(self, n_heads: int, dropout: float):
         super().__init__()
         self.n_heads = n_heads
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
         self.dropout = dropout
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         B, L, D = x.shape
         return x.view(B, L, self.n_heads, D // self.n_heads).transpose(1, 2)  # (B, H, L, Dh)
 
-    def project_kv(self, key_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """key_value (B, Tk, D) -> keys and values, each (B, H, Tk, Dh)."""
-        return self._split_heads(self.k_proj(key_value)), self._split_heads(self.v_proj(key_value))
-
-    def attend(self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
-               causal: bool = False) -> torch.Tensor:
-        """query (B, Tq, D) over projected k, v (B, H, Tk, Dh); key_mask (B, Tk) bool or None -> (B, Tq, D).
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
+                causal: bool) -> torch.Tensor:
+        """q (B, H, Tq, Dh) over k, v (B, H, Tk, Dh); key_mask (B, Tk) bool or None -> (B, Tq, D).
 
         `causal=True` lets query i see keys 0..i only; it assumes Tq == Tk.
         """
-        B, Tq, D = query.shape
-        q = self._split_heads(self.q_proj(query))  # (B, H, Tq, Dh)
+        B, H, Tq, Dh = q.shape
         attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Tk)
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=causal,
             dropout_p=self.dropout if self.training else 0.0,
         )  # (B, H, Tq, Dh)
-        out = out.transpose(1, 2).reshape(B, Tq, D)  # (B, Tq, D)
-        return self.out_proj(out)
+        return self.out_proj(out.transpose(1, 2).reshape(B, Tq, H * Dh))  # (B, Tq, D)
 
-    def forward(self, query: torch.Tensor, key_value: torch.Tensor, key_mask: torch.Tensor | None,
-                causal: bool = False) -> torch.Tensor:
+
+class SelfAttention(MultiHeadAttention):
+    """Attention of a sequence over itself; one (D, 3D) projection gives queries, keys and values."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__(n_heads, dropout)
+        self.qkv_proj = Linear(d_model, 3 * d_model, blocks=3)  # columns: q, k, v
+        self.out_proj = Linear(d_model, d_model)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, L, D) -> queries, keys and values, each (B, H, L, Dh)."""
+        B, L, D = x.shape
+        q, k, v = self.qkv_proj(x).view(B, L, 3, self.n_heads, D // self.n_heads).unbind(2)  # (B, L, H, Dh) each
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, L, Dh) each
+
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None, causal: bool = False) -> torch.Tensor:
+        """x (B, L, D) attends over itself; key_mask (B, L) bool or None -> (B, L, D)."""
+        return self._attend(*self.project(x), key_mask, causal)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
+        """Projected q (B, H, Tq, Dh) over projected (e.g. cached) k, v (B, H, Tk, Dh) -> (B, Tq, D)."""
+        return self._attend(q, k, v, None, causal)
+
+
+class CrossAttention(MultiHeadAttention):
+    """Attention of target positions over the encoder memory; one (D, 2D) projection gives keys and values."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__(n_heads, dropout)
+        self.q_proj = Linear(d_model, d_model)
+        self.kv_proj = Linear(d_model, 2 * d_model, blocks=2)  # columns: k, v
+        self.out_proj = Linear(d_model, d_model)
+
+    def project_kv(self, key_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """key_value (B, Tk, D) -> keys and values, each (B, H, Tk, Dh)."""
+        B, Tk, D = key_value.shape
+        k, v = self.kv_proj(key_value).view(B, Tk, 2, self.n_heads, D // self.n_heads).unbind(2)  # (B, Tk, H, Dh)
+        return k.transpose(1, 2), v.transpose(1, 2)  # (B, H, Tk, Dh) each
+
+    def attend(self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               key_mask: torch.Tensor | None) -> torch.Tensor:
+        """query (B, Tq, D) over projected k, v (B, H, Tk, Dh); key_mask (B, Tk) bool or None -> (B, Tq, D)."""
+        return self._attend(self._split_heads(self.q_proj(query)), k, v, key_mask, causal=False)
+
+    def forward(self, query: torch.Tensor, key_value: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         """query (B, Tq, D) attends over key_value (B, Tk, D) -> (B, Tq, D)."""
-        k, v = self.project_kv(key_value)
-        return self.attend(query, k, v, key_mask, causal)
+        return self.attend(query, *self.project_kv(key_value), key_mask)
 
     def attention_weights(self, query: torch.Tensor, key_value: torch.Tensor,
                           key_mask: torch.Tensor | None) -> torch.Tensor:
         """The probabilities `forward` attends with, (B, H, Tq, Tk), for inspection and plots.
 
-        SDPA never materialises them, so this recomputes softmax(q·kᵀ/√Dh) explicitly (no
-        causal mask: meant for cross-attention).
+        SDPA never materialises them, so this recomputes softmax(q·kᵀ/√Dh) explicitly.
         """
         q = self._split_heads(self.q_proj(query))  # (B, H, Tq, Dh)
-        k = self._split_heads(self.k_proj(key_value))  # (B, H, Tk, Dh)
+        k, _ = self.project_kv(key_value)  # (B, H, Tk, Dh)
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
         if key_mask is not None:
             scores = scores.masked_fill(~key_mask[:, None, None, :], float("-inf"))
@@ -158,8 +290,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, d_model: int, d_ff: int, dropout: float):
         super().__init__()
-        self.linear1 = nn.Linear(d_model, d_ff)
-        self.linear2 = nn.Linear(d_ff, d_model)
+        self.linear1 = Linear(d_model, d_ff)
+        self.linear2 = Linear(d_ff, d_model)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -187,13 +319,13 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         pre = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
+        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
         self.attn_block = Residual(cfg.d_model, cfg.dropout, pre)
         self.ffn_block = Residual(cfg.d_model, cfg.dropout, pre)
 
     def forward(self, x: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
-        x = self.attn_block(x, lambda h: self.self_attn(h, h, src_mask))
+        x = self.attn_block(x, lambda h: self.self_attn(h, src_mask))
         return self.ffn_block(x, self.ffn)
 
 
@@ -203,8 +335,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         pre = cfg.norm == "pre"
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
+        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
+        self.cross_attn = CrossAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
         self.self_block = Residual(cfg.d_model, cfg.dropout, pre)
         self.cross_block = Residual(cfg.d_model, cfg.dropout, pre)
@@ -222,13 +354,14 @@ class DecoderLayer(nn.Module):
         # pad; pad positions compute garbage that the loss ignores. That lets SDPA use its
         # `is_causal` fast path with no explicit target mask.
         if cache is None:
-            return self.self_attn(h, h, None, causal=True)
+            return self.self_attn(h, None, causal=True)
         cached = cache.length
         if cached and h.shape[1] != 1:
             raise ValueError("with a non-empty cache, decode one position at a time")
-        k, v = cache.append_self(*self.self_attn.project_kv(h))
+        q, k, v = self.self_attn.project(h)  # (B, H, n, Dh) each
+        k, v = cache.append_self(k, v)  # (B, H, cached + n, Dh) each
         # The first call may feed a whole prefix (causal); later a single query sees every key.
-        return self.self_attn.attend(h, k, v, None, causal=cached == 0 and h.shape[1] > 1)
+        return self.self_attn.attend(q, k, v, causal=cached == 0 and h.shape[1] > 1)
 
     def _cross_attention(self, h: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                          cache: LayerCache | None) -> torch.Tensor:
@@ -259,19 +392,27 @@ class Transformer(nn.Module):
         # Pre-norm stacks end with a LayerNorm, otherwise the last residual sum is unnormalised.
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
-        self.output_proj = nn.Linear(cfg.d_model, tgt_vocab_size, bias=False)
+        self.output_proj = OutputProjection(cfg.d_model, tgt_vocab_size)
         self._init_weights()
         if cfg.tie_output:
             self.output_proj.weight = self.tgt_embed.weight
+        self.register_load_state_dict_pre_hook(Transformer._load_separate_projections)
+
+    @staticmethod
+    def _load_separate_projections(module, state_dict: dict, prefix: str, *args) -> None:
+        """`load_state_dict` accepts a state dict saved before the projections were fused."""
+        if not prefix and has_separate_projections(state_dict):
+            converted = fuse_projections(state_dict)
+            state_dict.clear()
+            state_dict.update(converted)
 
     def _init_weights(self) -> None:
-        for name, param in self.named_parameters():
-            if param.dim() > 1:
-                nn.init.xavier_uniform_(param)
-            elif name.endswith("bias"):
-                nn.init.zeros_(param)
+        for module in self.modules():  # Xavier-uniform matrices, zero biases
+            if isinstance(module, Linear):
+                module.reset_parameters()
+        nn.init.xavier_uniform_(self.output_proj.weight)  # replaced by the embedding when tied
         # With embeddings scaled by sqrt(D), N(0, D^-1/2) keeps embedding outputs at unit scale.
-        for embed in {self.src_embed, self.tgt_embed}:
+        for embed in dict.fromkeys([self.src_embed, self.tgt_embed]):  # once each, in a fixed order
             nn.init.normal_(embed.weight, mean=0.0, std=self.cfg.d_model ** -0.5)
             with torch.no_grad():
                 embed.weight[self.pad_id].zero_()

@@ -216,6 +216,9 @@ class Trainer:
         self.valid_subset = self._pick_valid_subset()
         self.provenance = provenance(cfg, run_dir, self.device, config_dir)
         self.peak_flops = peak_flops_per_s(self.device, self.precision.name)  # None: no MFU (CPU, unknown GPU)
+        # On a CPU, padding to a multiple of 8 cost 25% of the demo's throughput and bought nothing
+        # (docs/benchmarks.md); tensor cores and compile's shape bound are what it is for.
+        self.pad_to_multiple = t.pad_to_multiple if self.device.type == "cuda" or t.compile else 1
         self.test_report: dict | None = None
         self._time_estimated = False
         self._clock = time.perf_counter()  # train_seconds counts from here
@@ -383,7 +386,7 @@ class Trainer:
     def load_batch(self, indices: list[int]) -> Batch:
         """Training examples -> a padded batch on the device; on CUDA through pinned memory, so the
         copy is asynchronous (`non_blocking`) and overlaps with queued GPU work."""
-        batch = self.train_data.batch(indices, self.cfg.train.pad_to_multiple)
+        batch = self.train_data.batch(indices, self.pad_to_multiple)
         if self.device.type == "cuda":
             batch = batch.pin_memory()
         return batch.to(self.device)
@@ -404,7 +407,7 @@ class Trainer:
         total, tokens = torch.zeros((), device=self.device), 0
         batches = sorted_batches(self.valid_data.lengths(), self.cfg.train.batch_tokens)
         for indices in batches[self.dist.rank::self.dist.world_size]:  # each rank its share
-            batch = self.valid_data.batch(indices, self.cfg.train.pad_to_multiple).to(self.device)
+            batch = self.valid_data.batch(indices, self.pad_to_multiple).to(self.device)
             with self.precision.autocast():
                 logits = self.model(batch.src_ids, batch.tgt_in_ids)
             total += label_smoothed_loss(logits, batch.tgt_out_ids, PAD_ID, 0.0)

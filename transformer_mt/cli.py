@@ -222,8 +222,9 @@ def run_train(args: argparse.Namespace) -> None:
                           config_dir=args.config.resolve().parent, dist=dist)
         except TrainingStopped as err:
             run_dir_arg = f" --run-dir {run_dir}" if args.run_dir else ""
-            raise TrainingStopped(f"{err}; continue with: tmt train --config {args.config}{run_dir_arg} --resume",
-                                  err.exit_code - 128) from None
+            again = ("the same torchrun command with --resume" if dist.enabled else
+                     f"tmt train --config {args.config}{run_dir_arg} --resume")
+            raise TrainingStopped(f"{err}; continue with: {again}", err.exit_code - 128) from None
         finally:
             if log_file is not None:
                 logging.getLogger().removeHandler(log_file)

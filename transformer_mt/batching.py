@@ -123,8 +123,11 @@ class TokenBatchSampler:
     """Endless stream of training batches (lists of example indices), resumable mid-epoch.
 
     Each epoch: a seeded shuffle, a stable sort by length (so similar lengths share a batch
-    and little is padding), cut into token-budget batches, then the batch order is shuffled.
-    The batches of epoch e depend only on (seed, e), so the state is just (epoch, position).
+    and little is padding), cut into token-budget batches, then the batch order is shuffled
+    in groups of `world_size` neighbours: a DDP step takes one group, rank r its r-th batch,
+    so every rank gets a batch of similar length. With `world_size` 1 every batch is its own
+    group. The batches of epoch e depend only on (seed, e, world_size), so the state is just
+    (epoch, position).
 
     `tie_break` (optional, one value per example, e.g. the target length) orders examples of
     equal length: source and target are padded separately, so grouping equal `lengths` by their
@@ -133,22 +136,30 @@ class TokenBatchSampler:
     """
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, batch_tokens: int, seed: int,
-                 tie_break: Sequence[int] | np.ndarray | None = None):
+                 tie_break: Sequence[int] | np.ndarray | None = None, world_size: int = 1):
         self.lengths = np.asarray(lengths, dtype=np.int64)  # padded length of each example: max(source, target) + 1
         self.tie_break = None if tie_break is None else np.asarray(tie_break, dtype=np.int64)
         self.batch_tokens = batch_tokens
         self.seed = seed
+        self.world_size = world_size
         self.epoch = 0
         self.position = 0  # batches of the current epoch already handed out
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """The epoch's batches in training order; their count is a multiple of `world_size`."""
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         shuffled = torch.randperm(len(self.lengths), generator=gen).numpy()
         keys = (self.lengths[shuffled],) if self.tie_break is None else (self.tie_break[shuffled],
                                                                           self.lengths[shuffled])
         by_length = shuffled[np.lexsort(keys)]  # the last key sorts first; stable: remaining ties stay shuffled
         batches = token_budget_batches(by_length.tolist(), self.lengths.tolist(), self.batch_tokens)
-        return [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
+        W = self.world_size
+        # An incomplete last group (the longest batches) is filled with the shortest batches,
+        # which then come twice this epoch; dropping it would never train on the longest pairs.
+        n = len(batches)
+        batches += [batches[i % n] for i in range(-n % W)]
+        groups = [batches[i:i + W] for i in range(0, len(batches), W)]
+        return [batch for i in torch.randperm(len(groups), generator=gen).tolist() for batch in groups[i]]
 
     def __iter__(self) -> Iterator[list[int]]:
         while True:

@@ -203,22 +203,36 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_train(args: argparse.Namespace) -> None:
     from transformer_mt.config import load_config
+    from transformer_mt.distributed import Distributed
+    from transformer_mt.runtime import pick_device
     from transformer_mt.training import prepare_run_dir, train
 
     cfg = load_config(args.config, args.overrides)
     run_dir = args.run_dir or Path("runs") / cfg.name
-    prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)
-    log_file = _setup_logging(logging.INFO, run_dir / "train.log")
+    dist = Distributed.from_environment()  # a world of one unless started by torchrun
+    dist.start(pick_device(cfg.train.device))
     try:
-        state = train(cfg, run_dir, resume=args.resume, progress=not args.no_progress,
-                      config_dir=args.config.resolve().parent)
-    except TrainingStopped as err:
-        run_dir_arg = f" --run-dir {run_dir}" if args.run_dir else ""
-        raise TrainingStopped(f"{err}; continue with: tmt train --config {args.config}{run_dir_arg} --resume",
-                              err.exit_code - 128) from None
+        if dist.is_main:  # rank 0 prepares the directory; the others wait for it
+            prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)
+        dist.barrier()
+        log_file = _setup_logging(logging.INFO if dist.is_main else logging.WARNING,
+                                  run_dir / "train.log" if dist.is_main else None)
+        try:
+            state = train(cfg, run_dir, resume=args.resume, progress=not args.no_progress,
+                          config_dir=args.config.resolve().parent, dist=dist)
+        except TrainingStopped as err:
+            run_dir_arg = f" --run-dir {run_dir}" if args.run_dir else ""
+            again = ("the same torchrun command with --resume" if dist.enabled else
+                     f"tmt train --config {args.config}{run_dir_arg} --resume")
+            raise TrainingStopped(f"{err}; continue with: {again}", err.exit_code - 128) from None
+        finally:
+            if log_file is not None:
+                logging.getLogger().removeHandler(log_file)
+                log_file.close()
     finally:
-        logging.getLogger().removeHandler(log_file)
-        log_file.close()
+        dist.stop()
+    if not dist.is_main:
+        return
     best = f", best validation BLEU {state.best_bleu:.2f}" if state.best_bleu >= 0 else ""
     print(f"tmt: finished at step {state.step}{best}; run directory {run_dir}", file=sys.stderr)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -23,6 +24,7 @@ from transformer_mt.batching import Batch, TokenBatchSampler, sorted_batches
 from transformer_mt.checkpoint import (FORMAT_VERSION, CheckpointDir, average_checkpoints, load_checkpoint,
                                        save_atomic)
 from transformer_mt.config import Config, config_to_dict, save_config
+from transformer_mt.distributed import Distributed, interleave
 from transformer_mt.errors import (CheckpointError, ConfigError, TmtError, TrainingError,
                                    TrainingStopped, UsageError)
 from transformer_mt.evaluation import Scores, cross_attention_map, score, translate_ids
@@ -171,22 +173,34 @@ def build_model(cfg: Config, tokenizers: TokenizerPair) -> Transformer:
 class Trainer:
     """Holds everything one training run mutates, so each phase is a short named method."""
 
-    def __init__(self, cfg: Config, run_dir: Path, *, progress: bool = True, config_dir: Path | None = None):
+    def __init__(self, cfg: Config, run_dir: Path, *, progress: bool = True, config_dir: Path | None = None,
+                 dist: Distributed = Distributed()):
         self.cfg = cfg
         self.run_dir = run_dir
-        self.progress = progress
-        self.device = pick_device(cfg.train.device)
+        self.dist = dist
+        self.progress = progress and dist.is_main
+        self.device = dist.local_device(pick_device(cfg.train.device))
         self.precision: Precision = pick_precision(cfg.train.precision, self.device)
         seed_everything(cfg.seed)
-        self.tokenizers, self.train_data, self.valid_data, self.data_report = prepare_data(cfg, run_dir, progress)
-        self.model = build_model(cfg, self.tokenizers).to(self.device)
+        with dist.main_first():  # rank 0 trains the tokenizers, carves the splits, fills the token cache
+            self.tokenizers, self.train_data, self.valid_data, self.data_report = prepare_data(
+                cfg, run_dir, self.progress)
+        self.model = build_model(cfg, self.tokenizers).to(self.device)  # the same initial weights on every rank
         t = cfg.train
-        # The module train steps call. torch.compile wraps the same parameters, so checkpoints,
+        # The module train steps call. Under torchrun, DDP wraps the model and averages the
+        # gradients in backward. torch.compile wraps the same parameters, so checkpoints,
         # validation and decoding keep using the plain `self.model`. Batch sizes vary per batch;
         # Dynamo's automatic dynamic shapes compile a shape-generic graph after the first change,
         # and train.pad_to_multiple keeps the lengths on a coarse grid, so it does not recompile
         # for every batch.
-        self.step_model = torch.compile(self.model) if t.compile else self.model
+        self.ddp_model: torch.nn.parallel.DistributedDataParallel | None = None
+        if dist.enabled:
+            seed_everything(cfg.seed + dist.rank)  # different dropout masks on each rank
+            self.ddp_model = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
+        self.step_model = self.ddp_model or self.model
+        if t.compile:
+            self.step_model = torch.compile(self.step_model)
         # One fused kernel per parameter group instead of a chain of foreach ops: CUDA, and CPU
         # (supported there since torch 2.4); MPS keeps the foreach path.
         self.fused_optimizer = self.device.type in ("cuda", "cpu")
@@ -196,7 +210,7 @@ class Trainer:
             self.optimizer, lambda done: lr_at(done + 1, t.lr, t.warmup_steps) / t.lr)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_grad_scaler)
         self.sampler = TokenBatchSampler(self.train_data.lengths(), t.batch_tokens, cfg.seed,
-                                         tie_break=self.train_data.tgt_len)
+                                         tie_break=self.train_data.tgt_len, world_size=dist.world_size)
         self.state = TrainState()
         self.checkpoints = CheckpointDir(run_dir / "checkpoints", t.keep_last)
         self.valid_subset = self._pick_valid_subset()
@@ -218,7 +232,8 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "train_state": self.state.state_dict(),
             "sampler": self.sampler.state_dict(),
-            "rng": rng_state(),
+            # Every rank's RNG state (dropout differs per rank); a collective, so all ranks call this.
+            "rng": rng_state() if not self.dist.enabled else {"ranks": self.dist.gather(rng_state())},
             "config": config_to_dict(self.cfg),
             "model_args": {"src_vocab_size": self.tokenizers.src.get_vocab_size(),
                            "tgt_vocab_size": self.tokenizers.tgt.get_vocab_size(), "pad_id": PAD_ID},
@@ -237,13 +252,26 @@ class Trainer:
             self.scaler.load_state_dict(ckpt["scaler"])
         self.state.load_state_dict(ckpt["train_state"])
         self.sampler.load_state_dict(ckpt["sampler"])
-        load_rng_state({k: _to_cpu(v) for k, v in ckpt["rng"].items()})
+        load_rng_state({k: _to_cpu(v) for k, v in self._own_rng_state(ckpt["rng"], path).items()})
         logger.info("resuming from %s: step %d, epoch %d, batch %d of that epoch", path, self.state.step,
                     self.sampler.epoch + 1, self.sampler.position)
         logger.info("settings changed since that checkpoint: %s", "; ".join(changes) if changes else "none")
-        self.checkpoints.remove_temp_files()  # left by a crash during a save
-        if self.state.best_step == self.state.step:  # a crash may have come between this file and best.pt
-            self.checkpoints.copy_to_best(path)
+        if self.dist.is_main:
+            self.checkpoints.remove_temp_files()  # left by a crash during a save
+            if self.state.best_step == self.state.step:  # a crash may have come between this file and best.pt
+                self.checkpoints.copy_to_best(path)
+
+    def _own_rng_state(self, saved: dict, path: Path) -> dict:
+        """This rank's RNG state from a checkpoint, which must come from a run of as many processes.
+
+        The data position and the random streams are per process, so a different world size
+        could not continue the run exactly; it is refused rather than silently changed.
+        """
+        saved_world = len(saved["ranks"]) if "ranks" in saved else 1
+        if saved_world != self.dist.world_size:
+            raise UsageError(f"{path} was written by a run of {saved_world} process(es); resume it with the same "
+                             f"number (torchrun --nproc_per_node/--nnodes), not {self.dist.world_size}")
+        return saved["ranks"][self.dist.rank] if "ranks" in saved else saved
 
     def _newest_intact_checkpoint(self) -> tuple[Path, dict]:
         """The newest step checkpoint that loads; unreadable ones are reported and skipped."""
@@ -275,8 +303,11 @@ class Trainer:
         self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
     def save(self, *, keep_step: bool, is_best: bool) -> None:
+        """Write a checkpoint (rank 0); every rank calls this at the same step."""
         self._tick()
-        self.checkpoints.save(self.checkpoint_state(), self.state.step, keep_step=keep_step, is_best=is_best)
+        state = self.checkpoint_state()
+        if self.dist.is_main:
+            self.checkpoints.save(state, self.state.step, keep_step=keep_step, is_best=is_best)
         self.write_summary("running")
 
     def _tick(self) -> None:
@@ -285,8 +316,10 @@ class Trainer:
         self._clock = now
 
     def write_summary(self, status: str) -> None:
-        """Rewrite `summary.json`: provenance, progress, metrics and throughput so far."""
+        """Rewrite `summary.json` (rank 0): provenance, progress, metrics and throughput so far."""
         self._tick()
+        if not self.dist.is_main:
+            return
         s = self.state
         write_summary(self.run_dir, {
             "name": self.cfg.name, "status": status, "step": s.step, "max_steps": self.cfg.train.max_steps,
@@ -298,12 +331,15 @@ class Trainer:
             "parameters": self.model.num_parameters(), "provenance": self.provenance})
 
     # --- one optimisation step ---------------------------------------------------------
-    def train_step(self, batches: Batch | list[Batch]) -> StepResult:
+    def train_step(self, batches: Batch | list[Batch], step_tgt_tokens: int | None = None) -> StepResult:
         """Forward and backward over one or more batches (gradient accumulation), then clip and
         update; a NaN/inf loss or gradient norm skips the update.
 
         The loss of every batch is divided by the target tokens of all of them, so accumulating
         the halves of a batch gives the gradient of the whole batch (not a mean of means).
+        Under DDP, `step_tgt_tokens` counts the target tokens of every rank's batches: a DDP step
+        then computes the update one process would on all of them. The returned loss is this
+        rank's share of the step's per-token loss.
 
         The finiteness check reads one boolean from the device per update: the price of never
         letting a NaN reach the weights or the optimizer's moments. It comes after the backward
@@ -314,21 +350,25 @@ class Trainer:
         would not tell the step counter or the LR schedule that no update happened.
         """
         batches = [batches] if isinstance(batches, Batch) else batches
-        n_tgt_tokens = sum(batch.n_tgt_tokens for batch in batches)
+        n_tgt_tokens = step_tgt_tokens or sum(batch.n_tgt_tokens for batch in batches)
+        # DDP averages gradients over the W ranks; scaling each rank's loss by W turns that into the sum.
+        world = self.dist.world_size
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
-        for batch in batches:
-            with self.precision.autocast():
-                logits = self.step_model(batch.src_ids, batch.tgt_in_ids)  # (B, T, V)
-            loss = label_smoothed_loss(logits, batch.tgt_out_ids, PAD_ID, self.cfg.train.label_smoothing)
-            loss = loss / n_tgt_tokens  # normalise per target token of the whole update, not per sentence
-            self.scaler.scale(loss).backward()  # frees this batch's activations before the next one
+        for i, batch in enumerate(batches):
+            with self._gradient_sync(last=i == len(batches) - 1):
+                with self.precision.autocast():
+                    logits = self.step_model(batch.src_ids, batch.tgt_in_ids)  # (B, T, V)
+                loss = label_smoothed_loss(logits, batch.tgt_out_ids, PAD_ID, self.cfg.train.label_smoothing)
+                loss = loss / n_tgt_tokens  # normalise per target token of the whole update, not per sentence
+                self.scaler.scale(loss * world if world > 1 else loss).backward()  # frees this batch's activations
             total += loss.detach()
         self.scaler.unscale_(self.optimizer)
         max_norm = self.cfg.train.clip_grad_norm or float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        finite = bool(torch.isfinite(total) & torch.isfinite(grad_norm))
+        # Ranks must agree: one rank's non-finite loss must skip the update on every rank.
+        finite = bool(self.dist.max_((~(torch.isfinite(total) & torch.isfinite(grad_norm))).float()) == 0)
         if finite or self.scaler.is_enabled():
             # The fp16 scaler skips a non-finite update itself, and must see it to lower its scale.
             self.scaler.step(self.optimizer)
@@ -336,6 +376,12 @@ class Trainer:
         if finite:
             self.scheduler.step()
         return StepResult(total, grad_norm.detach(), finite)
+
+    def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """Under DDP, gradients are all-reduced only in the backward of a step's last micro-batch."""
+        if self.ddp_model is None or last:
+            return contextlib.nullcontext()
+        return self.ddp_model.no_sync()
 
     def load_batch(self, indices: list[int]) -> Batch:
         """Training examples -> a padded batch on the device; on CUDA through pinned memory, so the
@@ -359,29 +405,34 @@ class Trainer:
         """Mean per-token negative log-likelihood (no smoothing) over the whole validation split."""
         self.model.eval()
         total, tokens = torch.zeros((), device=self.device), 0
-        for indices in sorted_batches(self.valid_data.lengths(), self.cfg.train.batch_tokens):
+        batches = sorted_batches(self.valid_data.lengths(), self.cfg.train.batch_tokens)
+        for indices in batches[self.dist.rank::self.dist.world_size]:  # each rank its share
             batch = self.valid_data.batch(indices, self.pad_to_multiple).to(self.device)
             with self.precision.autocast():
                 logits = self.model(batch.src_ids, batch.tgt_in_ids)
             total += label_smoothed_loss(logits, batch.tgt_out_ids, PAD_ID, 0.0)
             tokens += batch.n_tgt_tokens
-        return total.item() / tokens
+        loss_sum, tokens = self.dist.sum_(torch.stack([total, total.new_tensor(tokens)])).tolist()
+        return loss_sum / tokens
 
     def validate(self, writer: SummaryWriter) -> float:
         """Loss, perplexity, greedy BLEU/chrF on the fixed subset; logs examples. Returns BLEU."""
         started = time.perf_counter()
         loss = self.validation_loss()
         sources = [self.valid_data.src_ids[i] for i in self.valid_subset]
-        hyp_ids = translate_ids(self.model, sources, self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID,
-                                device=self.device, precision=self.precision, beam_size=1, progress=self.progress)
+        mine = sources[self.dist.rank::self.dist.world_size]  # each rank translates its share
+        mine_ids = translate_ids(self.model, mine, self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID, device=self.device,
+                                 precision=self.precision, beam_size=1, progress=self.progress) if mine else []
+        hyp_ids = interleave(self.dist.gather(mine_ids))  # every rank scores all: they agree on the best step
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         references = [self.valid_data.tgt_text[i] for i in self.valid_subset]
         scores = score(hypotheses, references, tokenize=self.cfg.train.bleu_tokenize)
         step = self.state.step
-        self._log_attention(writer, sources[0], hyp_ids[0])
-        hyp_dir = self.run_dir / "validation"
-        hyp_dir.mkdir(exist_ok=True)
-        (hyp_dir / f"step_{step:08d}.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+        if self.dist.is_main:
+            self._log_attention(writer, sources[0], hyp_ids[0])
+            hyp_dir = self.run_dir / "validation"
+            hyp_dir.mkdir(exist_ok=True)
+            (hyp_dir / f"step_{step:08d}.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
         ppl = math.exp(min(loss, 100.0))
         writer.add_scalar("valid/loss", loss, step)
         writer.add_scalar("valid/perplexity", ppl, step)
@@ -463,23 +514,28 @@ class Trainer:
         t = self.cfg.train
         logger.info("device %s, precision %s, %d parameters, %d training pairs", self.device,
                     self.precision.name, self.model.num_parameters(), len(self.train_data))
-        writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.state.step + 1)
+        writer = (SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.state.step + 1)
+                  if self.dist.is_main else _NoWriter())
         self.write_summary("running")
         bar = tqdm(total=t.max_steps, initial=self.state.step, desc="train", unit="step",
                    # Not a terminal (a CI log, a file): the periodic log lines stand in for the bar.
                    disable=not (self.progress and sys.stderr.isatty()), file=sys.stderr, dynamic_ncols=True)
         batches = iter(self.sampler)
-        interval = _Interval(self.device, self.peak_flops)
+        interval = _Interval(self.device, self.dist, self.peak_flops)
         nonfinite_in_a_row = 0
-        stop = StopRequest()
+        stop = StopRequest(second_signal_interrupts=not self.dist.enabled)
+        W, rank = self.dist.world_size, self.dist.rank
         try:
             stop.install()
             while self.state.step < t.max_steps:
-                if stop.signal_number is not None:
-                    self._stop_on_signal(stop.signal_number)
-                indices = [next(batches) for _ in range(t.accum_steps)]
+                signal_number = self._agreed_signal(stop)
+                if signal_number:
+                    self._stop_on_signal(signal_number)
+                step_batches = [next(batches) for _ in range(t.accum_steps * W)]  # every rank's, in groups of W
+                indices = step_batches[rank::W]  # this rank's micro-batches
+                step_tgt_tokens = int(self.train_data.lengths_of([i for b in step_batches for i in b])[1].sum())
                 micro_batches = [self.load_batch(i) for i in indices]
-                result = self._step_or_none(micro_batches)
+                result = self._step_or_none(micro_batches, step_tgt_tokens)
                 if result is None:  # out of memory: the batch was skipped
                     writer.add_scalar("train/skipped_oom", self.state.skipped_oom, self.state.step)
                     continue
@@ -489,7 +545,7 @@ class Trainer:
                     continue
                 nonfinite_in_a_row = 0
                 self.state.step += 1
-                self.state.tgt_tokens_seen += sum(b.n_tgt_tokens for b in micro_batches)
+                self.state.tgt_tokens_seen += step_tgt_tokens
                 flops = sum(train_flops(self.cfg.model, self.tokenizers.tgt.get_vocab_size(),
                                         *self.train_data.lengths_of(i)) for i in indices)
                 interval.add(result.loss, micro_batches, flops)
@@ -529,23 +585,36 @@ class Trainer:
             self.save(keep_step=keep_step, is_best=is_best)
         return finished
 
+    def _agreed_signal(self, stop: StopRequest) -> int:
+        """The stop signal any rank received (0: none), so that all ranks stop at the same step."""
+        number = stop.signal_number or 0
+        if not self.dist.enabled:
+            return number
+        return int(self.dist.max_(torch.tensor([number], device=self.device)).item())
+
     def _stop_on_signal(self, signal_number: int) -> None:
         name = signal.Signals(signal_number).name
         logger.warning("received %s: saving a checkpoint, then stopping", name)
         self.save(keep_step=True, is_best=False)
+        self.dist.barrier()  # no rank leaves while rank 0 still writes: torchrun would kill it mid-write
         raise TrainingStopped(f"stopped by {name} at step {self.state.step}; checkpoint saved", signal_number)
 
-    def _step_or_none(self, batches: list[Batch]) -> StepResult | None:
+    def _step_or_none(self, batches: list[Batch], step_tgt_tokens: int) -> StepResult | None:
         """`train_step`, or None when the batch ran out of device memory and was skipped.
 
         The first out-of-memory batch is skipped (its memory freed, its size logged); a second
         one stops the run: the budget is too large for this device, and skipping would bias
-        training against long sentences.
+        training against long sentences. Under DDP the other ranks are already waiting in the
+        gradient all-reduce, so one rank cannot skip alone: the run stops at once.
         """
         try:
-            return self.train_step(batches)
+            return self.train_step(batches, step_tgt_tokens)
         except torch.OutOfMemoryError:
-            pass  # free the memory outside the handler, where the traceback no longer pins it
+            if self.dist.enabled:
+                raise TrainingError(f"rank {self.dist.rank} ran out of memory at step {self.state.step + 1}; lower "
+                                    f"train.batch_tokens (now {self.cfg.train.batch_tokens}) or raise "
+                                    "train.accum_steps, then resume with --resume") from None
+            # One process: free the memory below, outside the handler, where the traceback no longer pins it.
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -628,8 +697,9 @@ class IntervalStats:
 class _Interval:
     """Loss, throughput and padding since the last log line; the loss is summed on the device (no sync per step)."""
 
-    def __init__(self, device: torch.device, peak_flops: float | None = None):
+    def __init__(self, device: torch.device, dist: Distributed, peak_flops: float | None = None):
         self.device = device
+        self.dist = dist
         self.peak_flops = peak_flops
         self.loss_sum = torch.zeros((), device=device)
         self._zero_counts()
@@ -656,6 +726,13 @@ class _Interval:
         self.started = time.perf_counter()
 
     def read_and_reset(self) -> IntervalStats:
+        """The interval's figures; under DDP summed over the ranks (a collective: every rank calls it)."""
+        if self.dist.enabled:
+            values = [self.loss_sum.item(), self.src_tokens, self.tgt_tokens, self.src_slots, self.tgt_slots, self.flops]
+            summed = self.dist.sum_(torch.tensor(values, dtype=torch.float64, device=self.device)).tolist()
+            self.loss_sum.fill_(summed[0])  # each rank held its share of every step's per-token loss
+            self.src_tokens, self.tgt_tokens, self.src_slots, self.tgt_slots = map(int, summed[1:5])
+            self.flops = summed[5]
         mean_loss = self.loss_sum.item() / max(self.steps, 1)  # waits for the device: the clock then counts its work
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         peak_memory_mb = None
@@ -666,23 +743,35 @@ class _Interval:
             mean_loss=mean_loss, src_tokens_per_s=self.src_tokens / elapsed, tgt_tokens_per_s=self.tgt_tokens / elapsed,
             src_padding_efficiency=padding_efficiency(self.src_tokens, self.src_slots),
             tgt_padding_efficiency=padding_efficiency(self.tgt_tokens, self.tgt_slots),
-            mfu=self.flops / elapsed / self.peak_flops if self.peak_flops else None, peak_memory_mb=peak_memory_mb)
+            mfu=self.flops / elapsed / (self.peak_flops * self.dist.world_size) if self.peak_flops else None,
+            peak_memory_mb=peak_memory_mb)
         self.loss_sum.zero_()
         self._zero_counts()
         self.restart_clock()
         return stats
 
 
+class _NoWriter:
+    """Stands in for the SummaryWriter on ranks other than 0, which write no files."""
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None
+
+
 class StopRequest:
     """Turns the first SIGINT/SIGTERM into a request to stop after the current step.
 
     The loop then saves a checkpoint and stops; a second signal interrupts at once, unsaved.
+    Under torchrun a second signal is expected (Ctrl-C reaches every process, then torchrun
+    sends SIGTERM while it waits for them), so it is ignored: torchrun's own SIGKILL after
+    its grace period is the hard stop there.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self):
+    def __init__(self, second_signal_interrupts: bool = True):
         self.signal_number: int | None = None
+        self.second_signal_interrupts = second_signal_interrupts
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
@@ -698,25 +787,30 @@ class StopRequest:
 
     def _handle(self, signal_number: int, frame) -> None:
         if self.signal_number is not None:
-            raise KeyboardInterrupt  # asked twice: stop now, without a checkpoint
+            if self.second_signal_interrupts:
+                raise KeyboardInterrupt  # asked twice: stop now, without a checkpoint
+            return
         self.signal_number = signal_number  # no logging here: a handler may interrupt a log write
 
 
 def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = True,
-          config_dir: Path | None = None) -> TrainState:
+          config_dir: Path | None = None, dist: Distributed = Distributed()) -> TrainState:
     """Train (or resume) the run in `run_dir`, which `prepare_run_dir` has set up.
 
     `config_dir`, the config file's folder, is where `summary.json` looks for a git commit.
+    Under torchrun every rank calls this with its `dist` (process group started); rank 0
+    alone writes files, and alone scores the test split at the end.
     """
-    if not resume:
+    if not resume and dist.is_main:
         save_config(cfg, run_dir / "config.yaml")
     if resume and not TokenizerPair.exists_in(run_dir):  # never silently train a different vocabulary
         raise CheckpointError(f"{run_dir}: the tokenizer files are missing, so its checkpoints cannot be "
                               "resumed; restore them or start a new run")
-    trainer = Trainer(cfg, run_dir, progress=progress, config_dir=config_dir)
+    trainer = Trainer(cfg, run_dir, progress=progress, config_dir=config_dir, dist=dist)
     if resume:
         trainer.resume()
-        save_config(cfg, run_dir / "config.yaml")  # training-only settings may have changed
+        if dist.is_main:
+            save_config(cfg, run_dir / "config.yaml")  # training-only settings may have changed
         state, patience = trainer.state, cfg.train.patience
         if state.step >= cfg.train.max_steps:
             logger.info("the run is already at step %d of train.max_steps=%d; raise it to train further",
@@ -729,7 +823,8 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
         state.stopped_early = False
     try:
         state = trainer.run()
-        if cfg.train.test_at_end:
+        dist.barrier()  # every rank is done training (and rank 0 done writing) before any leaves
+        if cfg.train.test_at_end and dist.is_main:
             trainer.final_test()
     except (TrainingStopped, KeyboardInterrupt):
         trainer.write_summary("interrupted")

@@ -1,0 +1,171 @@
+"""Several processes under torchrun (gloo on CPU): the same updates as one process, exact resume,
+rank-0-only writes, and a world-size change refused."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import REPO, TINY_PAIRS, tiny_config, write_corpus
+from tests.test_training import read_scalars
+from transformer_mt.batching import TokenBatchSampler
+from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.config import save_config
+from transformer_mt.distributed import Distributed, interleave
+from transformer_mt.errors import UsageError
+from transformer_mt.training import Trainer, prepare_run_dir, train
+
+# 24 pairs make several 64-token batches, so a step of 2 ranks takes two different batches.
+PAIRS = TINY_PAIRS + [(f"{s} {s}", f"{t} {t}") for s, t in TINY_PAIRS]
+
+
+def torchrun(config: Path, run_dir: Path, *extra: str, wait: bool = True):
+    """`torchrun --nproc_per_node 2 -m transformer_mt train ...` on the CPU (gloo)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "transformer_mt", "train", "--config", str(config), "--run-dir", str(run_dir),
+               "--no-progress", *extra]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    if not wait:
+        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+
+def write_config(root: Path, name: str, **train_settings) -> Path:
+    corpus = write_corpus(root / "corpus", {"train": PAIRS, "valid": PAIRS[:6], "test": PAIRS[6:8]})
+    cfg = tiny_config(corpus, train={"test_at_end": False, **train_settings})
+    save_config(cfg, root / name)
+    return root / name
+
+
+def test_interleave_undoes_a_strided_split():
+    items = list(range(7))
+    assert interleave([items[r::3] for r in range(3)]) == items
+    assert interleave([items[r::1] for r in range(1)]) == items
+
+
+def test_each_step_gives_every_rank_a_batch_of_neighbouring_length():
+    lengths = torch.randint(1, 40, (300,), generator=torch.Generator().manual_seed(0)).tolist()
+    single = TokenBatchSampler(lengths, batch_tokens=120, seed=5).epoch_batches(0)
+    batches = TokenBatchSampler(lengths, batch_tokens=120, seed=5, world_size=4).epoch_batches(0)
+    assert len(batches) % 4 == 0 and len(batches) >= len(single)
+    assert {i for b in batches for i in b} == set(range(300))  # the filled-up last group repeats, never drops
+    spans = []  # (shortest, longest) batch of each step, by the batches' padded lengths
+    for step in range(len(batches) // 4):
+        longest = [max(lengths[i] for i in b) for b in batches[4 * step:4 * step + 4]]
+        spans.append((min(longest), max(longest)))
+    spans.remove(max(spans, key=lambda span: span[1]))  # the last group, filled up with the shortest batches
+    spans.sort()
+    # The batches of one step are neighbours in length order: the steps' length ranges never interleave.
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+
+
+def test_a_ddp_step_equals_one_process_on_the_union_of_the_ranks_batches(tmp_path: Path):
+    # Two ranks, each accumulating two micro-batches (gradients all-reduced after the second).
+    config = write_config(tmp_path, "ddp.yaml", max_steps=3, eval_every_steps=3, save_every_steps=3)
+    cfg_no_dropout = tiny_config(tmp_path / "corpus", model={"dropout": 0.0},
+                                 train={"max_steps": 3, "eval_every_steps": 3, "save_every_steps": 3,
+                                        "accum_steps": 2, "test_at_end": False})
+    save_config(cfg_no_dropout, config)
+    run = tmp_path / "run"
+    result = torchrun(config, run)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ddp_losses = read_scalars(run, "train/loss")
+    assert sorted(ddp_losses) == [1, 2, 3]
+
+    # One process, the same initial weights (same seed), each step on the union of the 2 x 2 batches.
+    trainer = Trainer(cfg_no_dropout, run, progress=False)  # reuses the run's tokenizers and splits
+    batches = iter(TokenBatchSampler(trainer.train_data.lengths(), cfg_no_dropout.train.batch_tokens,
+                                     cfg_no_dropout.seed, tie_break=trainer.train_data.tgt_len, world_size=2))
+    for step in (1, 2, 3):
+        step_batches = [next(batches) for _ in range(4)]  # rank 0 trained on the 1st and 3rd, rank 1 on the others
+        assert len({tuple(b) for b in step_batches}) > 1
+        result = trainer.train_step(trainer.train_data.batch([i for b in step_batches for i in b]))
+        assert abs(result.loss.item() - ddp_losses[step]) < 1e-5, (step, result.loss.item(), ddp_losses[step])
+    ddp_weights = load_checkpoint(run / "checkpoints" / "step_00000003.pt")["model"]
+    D = cfg_no_dropout.model.d_model
+    for name, tensor in trainer.model.state_dict().items():
+        expected = ddp_weights[name]
+        if name.endswith("qkv_proj.bias") or name.endswith("kv_proj.bias"):
+            # The key bias's true gradient is zero (q·(k + b) adds the same q·b to every score of a
+            # query, which softmax ignores), so Adam amplifies rounding noise into full-size steps.
+            key_slice = slice(D, 2 * D) if name.endswith("qkv_proj.bias") else slice(0, D)
+            keep = torch.ones_like(tensor, dtype=torch.bool)
+            keep[key_slice] = False
+            tensor, expected = tensor[keep], expected[keep]
+        assert torch.allclose(tensor, expected, atol=1e-5), name
+
+    # Rank 0 alone wrote: one TensorBoard file, one log line per step, one validation file.
+    assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    log = (run / "train.log").read_text(encoding="utf-8")
+    assert log.count("training: step 3: loss") == 1
+    assert [p.name for p in (run / "validation").iterdir()] == ["step_00000003.txt"]
+
+
+def test_ddp_stopped_by_sigterm_resumes_to_the_uninterrupted_result(tmp_path: Path):
+    # Dropout on: each rank's own random stream must be saved and restored.
+    steps = 30
+    config = write_config(tmp_path, "ddp.yaml", max_steps=steps, eval_every_steps=steps, save_every_steps=2,
+                          log_every_steps=1, keep_last=100)
+    straight = torchrun(config, tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    run = tmp_path / "run"
+    process = torchrun(config, run, wait=False)
+    deadline = time.monotonic() + 120
+    while not (run / "checkpoints" / "step_00000002.pt").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)  # as a cluster scheduler would; torchrun passes it on
+    _, err = process.communicate(timeout=120)
+    assert process.returncode != 0
+    assert "received SIGTERM: saving a checkpoint" in err, err[-3000:]
+    stopped_at = max(load_checkpoint(p)["train_state"]["step"] for p in (run / "checkpoints").glob("step_*.pt"))
+    assert stopped_at < steps, "the run ended before the signal arrived; nothing was resumed"
+
+    resumed = torchrun(config, run, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"step {stopped_at}," in resumed.stderr
+    final = f"step_{steps:08d}.pt"
+    a, b = (load_checkpoint(d / "checkpoints" / final) for d in (tmp_path / "straight", run))
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    expected, got = read_scalars(tmp_path / "straight", "train/loss"), read_scalars(run, "train/loss")
+    for step in range(stopped_at + 1, steps + 1):
+        assert abs(got[step] - expected[step]) < 1e-6, step
+
+
+def test_resuming_with_another_number_of_processes_is_refused(tmp_path: Path, monkeypatch):
+    corpus = write_corpus(tmp_path / "corpus", {"train": PAIRS, "valid": PAIRS[:4], "test": PAIRS[4:6]})
+    cfg = tiny_config(corpus, train={"max_steps": 2, "eval_every_steps": 2, "save_every_steps": 2,
+                                     "test_at_end": False})
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    train(cfg, run, progress=False)  # one process
+
+    # A second rank's view of the same run (no process group is needed to reach the check).
+    trainer = Trainer(cfg, run, progress=False)
+    monkeypatch.setattr(trainer, "dist", Distributed(rank=0, local_rank=0, world_size=2))
+    with pytest.raises(UsageError, match=r"written by a run of 1 process\(es\); resume it with the same number"):
+        trainer.resume()
+
+
+def test_torchrun_environment_is_read_and_checked(monkeypatch):
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert Distributed.from_environment() == Distributed(0, 0, 1)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert Distributed.from_environment() == Distributed(1, 1, 2)
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(UsageError, match="RANK=2, LOCAL_RANK=1, WORLD_SIZE=2"):
+        Distributed.from_environment()
+    monkeypatch.delenv("WORLD_SIZE")
+    with pytest.raises(UsageError, match="WORLD_SIZE=None"):
+        Distributed.from_environment()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -77,8 +78,18 @@ def test_report_counts_pairs_filters_lengths_unknowns_and_steps_by_hand(counted)
     assert (report.src_tokens_per_epoch, report.tgt_tokens_per_epoch) == (18, 16)
     # Padded lengths max(src, tgt) + 1 sorted: 2 2 3 3 4 4; with 8 tokens a batch that is
     # [2 2] (2·2=4; adding a 3 gives 3·3=9), [3 3] (6; adding a 4 gives 12), [4 4] (8).
-    assert report.steps_per_epoch == 3
+    assert report.batches_per_epoch == report.steps_per_epoch == 3
     assert report.epochs_to_max_steps == 2.0
+
+
+def test_steps_count_accumulated_batches_and_processes(counted):
+    cfg, run_dir = counted
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, accum_steps=2))
+    *_, report = prepare_data(cfg, run_dir, world_size=2)
+    # 3 batches per epoch (as above), 2 accumulated x 2 processes = 4 batches per update.
+    assert (report.batches_per_epoch, report.steps_per_epoch) == (3, 0.75)
+    assert report.epochs_to_max_steps == 8.0  # 6 steps x 4 batches / 3
+    assert "3 batches of at most 8 padded tokens = 0.8 steps of 4 batches" in report.render()
 
 
 def test_report_renders_a_table_with_every_number(counted):
@@ -86,7 +97,7 @@ def test_report_renders_a_table_with_every_number(counted):
     *_, report = prepare_data(cfg, run_dir)
     text = report.render()
     for expected in ("train 6   valid 3   test 1", "too_many_tokens 1", "12.50%", "75.0%", "87.5%",
-                     "16 target tokens (18 source), 3 steps of at most 8 padded tokens", "6 steps = 2.0 epochs",
+                     "16 target tokens (18 source), 3 batches of at most 8 padded tokens", "6 steps = 2.0 epochs",
                      "1 valid pair, truncated"):
         assert expected in text, expected
     train_en = next(line for line in text.splitlines() if line.strip().startswith("train en"))
@@ -101,7 +112,7 @@ def test_steps_and_tokens_per_epoch_are_what_the_training_sampler_produces(tiny_
     report = trainer.data_report
     for epoch in range(4):  # the shuffle differs per epoch, the number of batches does not
         batches = trainer.sampler.epoch_batches(epoch)
-        assert len(batches) == report.steps_per_epoch
+        assert len(batches) == report.batches_per_epoch
         assert sum(trainer.train_data.batch(b).n_tgt_tokens for b in batches) == report.tgt_tokens_per_epoch
 
 
@@ -148,7 +159,7 @@ def snapshot(directory: Path) -> dict[str, tuple[bytes, int]]:
 def test_tmt_data_prints_the_report_and_writes_nothing(tmp_path: Path, monkeypatch, capsys):
     code, out, err = run_cli(["data", "--config", str(DEMO_CONFIG), "--quiet"], monkeypatch, capsys, tmp_path)
     assert code == 0, err
-    assert "train 640   valid 60   test 60" in out and "steps of at most 1,024 padded tokens" in out
+    assert "train 640   valid 60   test 60" in out and "batches of at most 1,024 padded tokens" in out
     assert "trained for this report" in err
     assert list(tmp_path.iterdir()) == []  # no runs/demo, no tokenizer, no splits.json
 

@@ -49,7 +49,7 @@ class DataReport:
       the `data.*` filters); 1 - this is the out-of-vocabulary word rate.
     - `tgt_tokens_per_epoch`: target tokens of one pass over the training pairs, EOS included
       (what the loss is averaged over; `perf/tgt_tokens_per_s` counts the same tokens).
-    - `steps_per_epoch`: token-budget batches the training sampler cuts from one epoch; the
+    - `batches_per_epoch`: token-budget batches the training sampler cuts from one epoch; the
       same in every epoch, since the cut only sees the length-sorted sequence of lengths.
     """
 
@@ -61,10 +61,16 @@ class DataReport:
     word_coverage: dict[str, float]
     src_tokens_per_epoch: int
     tgt_tokens_per_epoch: int
-    steps_per_epoch: int
+    batches_per_epoch: int
+    batches_per_step: int  # train.accum_steps × the number of training processes (torchrun)
     batch_tokens: int
     max_steps: int
     languages: dict[str, str]  # {"src": "en", "tgt": "it"}
+
+    @property
+    def steps_per_epoch(self) -> float:
+        """Updates per epoch: each takes `batches_per_step` batches (accumulated, and one per process)."""
+        return self.batches_per_epoch / self.batches_per_step
 
     @property
     def epochs_to_max_steps(self) -> float:
@@ -83,7 +89,9 @@ class DataReport:
              ["  <unk> tokens", *(f"{100 * self.unk_rate[side]:.2f}%" for side in SIDES)],
              ["  words seen in train", *(f"{100 * self.word_coverage[side]:.1f}%" for side in SIDES)]],
             [["per epoch", f"{self.tgt_tokens_per_epoch:,} target tokens ({self.src_tokens_per_epoch:,} source), "
-                           f"{self.steps_per_epoch:,} steps of at most {self.batch_tokens:,} padded tokens"]],
+                           f"{self.batches_per_epoch:,} batches of at most {self.batch_tokens:,} padded tokens"
+                           + (f" = {self.steps_per_epoch:,.1f} steps of {self.batches_per_step} batches"
+                              if self.batches_per_step > 1 else "")]],
             [["until max_steps", f"{self.max_steps:,} steps = {self.epochs_to_max_steps:,.1f} epochs"]],
         ]
         if self.valid_truncated:
@@ -102,12 +110,13 @@ class DataReport:
         return "\n".join(line.rstrip() for line in lines)
 
 
-def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair,
-                 train_src_lengths: Sequence[int], train_tgt_lengths: Sequence[int]) -> DataReport:
+def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train_src_lengths: Sequence[int],
+                 train_tgt_lengths: Sequence[int], world_size: int = 1) -> DataReport:
     """Describe `corpus` as tokenized for training.
 
     `train_src_lengths` / `train_tgt_lengths`: BPE tokens (no special tokens) of each training
     pair that is trained on, after the `too_many_tokens` filter; the validation split is encoded here.
+    `world_size`: training processes (torchrun), each taking its own batches every step.
     """
     keep = cfg.model.max_len - 1
     train_src_lengths, train_tgt_lengths = list(map(int, train_src_lengths)), list(map(int, train_tgt_lengths))
@@ -127,7 +136,8 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair,
         word_coverage={side: word_coverage(corpus.valid[side][:], corpus.train[side][:]) for side in SIDES},
         src_tokens_per_epoch=sum(train_src_lengths) + len(train_src_lengths),
         tgt_tokens_per_epoch=sum(train_tgt_lengths) + len(train_tgt_lengths),
-        steps_per_epoch=len(sampler.epoch_batches(0)),
+        batches_per_epoch=len(sampler.epoch_batches(0)),
+        batches_per_step=cfg.train.accum_steps * world_size,
         batch_tokens=cfg.train.batch_tokens,
         max_steps=cfg.train.max_steps,
         languages={"src": cfg.data.src_lang, "tgt": cfg.data.tgt_lang},

@@ -141,7 +141,7 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
 
 
-def prepare_data(cfg: Config, run_dir: Path, progress: bool = False
+def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size: int = 1
                  ) -> tuple[TokenizerPair, TokenizedSplit, TokenizedSplit, DataReport]:
     """Load the corpus, train (or reuse) the tokenizers, tokenize the train and valid splits once
     (cached in the run directory, see `token_cache`), and log the data report."""
@@ -161,7 +161,7 @@ def prepare_data(cfg: Config, run_dir: Path, progress: bool = False
     # Evaluation sets are never filtered; their over-long sentences are truncated instead.
     valid = tokenize_split(corpus.valid, tokenizers, cfg.model.max_len, cache, "valid", drop_long=False,
                            keep_text=True, progress=progress)
-    report = build_report(cfg, corpus, tokenizers, train.src_len, train.tgt_len)
+    report = build_report(cfg, corpus, tokenizers, train.src_len, train.tgt_len, world_size)
     logger.info("data report:\n%s", report.render())
     return tokenizers, train, valid, report
 
@@ -184,7 +184,7 @@ class Trainer:
         seed_everything(cfg.seed)
         with dist.main_first():  # rank 0 trains the tokenizers, carves the splits, fills the token cache
             self.tokenizers, self.train_data, self.valid_data, self.data_report = prepare_data(
-                cfg, run_dir, self.progress)
+                cfg, run_dir, self.progress, dist.world_size)
         self.model = build_model(cfg, self.tokenizers).to(self.device)  # the same initial weights on every rank
         t = cfg.train
         # The module train steps call. Under torchrun, DDP wraps the model and averages the

@@ -344,7 +344,10 @@ def run_evaluate(args: argparse.Namespace) -> None:
     beam = args.beam or translator.cfg.decode.beam_size
     hypotheses = translator.translate(sources, beam_size=beam, progress=not args.quiet)
     scores = score(hypotheses, references, tokenize=args.tokenize or translator.cfg.train.bleu_tokenize)
-    output = args.output or translator.run_dir / "evaluation" / f"{name}.beam{beam}.txt"
+    # A named checkpoint gets its own file, so scoring best.pt or an average never overwrites
+    # the hypotheses behind the run's own evaluation/test_scores.json.
+    stem = f"{name}.{args.checkpoint.stem}" if args.checkpoint else name
+    output = args.output or translator.run_dir / "evaluation" / f"{stem}.beam{beam}.txt"
     _write_lines(output, hypotheses)
     print(f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}")
     print(f"chrF = {scores.chrf:.2f}  {scores.chrf_signature}")

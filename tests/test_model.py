@@ -218,3 +218,18 @@ def test_output_projection_computes_y_times_w_transposed_for_few_and_many_rows()
     assert projection.max_rows_transposed < 3 * 100
     for y in (torch.randn(3, 100, 16), torch.randn(4, 1, 16), torch.randn(2, 3, 16)):  # F.linear, then (W·yᵀ)ᵀ
         torch.testing.assert_close(projection(y), F.linear(y, projection.weight))
+
+
+@pytest.mark.parametrize("attention, activation", [(None, None), (0.0, 0.0), (0.2, None)])
+def test_attention_and_activation_dropout_default_to_model_dropout(attention, activation):
+    cfg = ModelConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32, dropout=0.3, max_len=32,
+                      attention_dropout=attention, activation_dropout=activation)
+    model = Transformer(cfg, 50, 50, pad_id=0)
+    expected_attention = 0.3 if attention is None else attention
+    expected_activation = 0.3 if activation is None else activation
+    for layer in (model.encoder_layers[0], model.decoder_layers[0]):
+        assert layer.self_attn.dropout == expected_attention
+        assert layer.ffn.dropout.p == expected_activation
+        assert layer.ffn_block.dropout.p == 0.3  # sublayer outputs always use model.dropout
+    assert model.decoder_layers[0].cross_attn.dropout == expected_attention
+    assert model.embed_dropout.p == 0.3

@@ -76,7 +76,12 @@ class ModelConfig:
     d_ff: int = 2048
     """Inner width of the position-wise feed-forward network."""
     dropout: float = 0.1
-    """Dropout on embeddings, attention weights, sublayer outputs and the FFN."""
+    """Dropout on embeddings and on every sublayer output before the residual sum; also on
+    attention weights and FFN activations unless the two keys below say otherwise."""
+    attention_dropout: float | None = None
+    """Dropout on attention probabilities; unset: `dropout`. fairseq's Transformer recipes use 0."""
+    activation_dropout: float | None = None
+    """Dropout on the FFN's hidden activations (after ReLU); unset: `dropout`. fairseq's recipes use 0."""
     norm: Literal["pre", "post"] = "pre"
     """`pre`: LayerNorm before each sublayer (stable without long warmup); `post`: the
     original paper's LayerNorm after the residual sum."""
@@ -396,6 +401,9 @@ def _check_values(cfg: Config) -> list[str]:
         p.append(f"model.max_len: must be at least 2 (a token and end-of-sentence), got {m.max_len}")
     if not 0 <= m.dropout < 1:
         p.append(f"model.dropout: must be in [0, 1), got {m.dropout}")
+    for key, value in (("model.attention_dropout", m.attention_dropout), ("model.activation_dropout", m.activation_dropout)):
+        if value is not None and not 0 <= value < 1:
+            p.append(f"{key}: must be in [0, 1), got {value}")
     if m.share_embeddings and not tok.joint:
         p.append("model.share_embeddings: true needs tokenizer.joint: true (one vocabulary for both sides)")
     for key, value in [("train.max_steps", t.max_steps), ("train.eval_every_steps", t.eval_every_steps),

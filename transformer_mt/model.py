@@ -298,6 +298,16 @@ class FeedForward(nn.Module):
         return self.linear2(self.dropout(F.relu(self.linear1(x))))
 
 
+def attention_dropout(cfg: ModelConfig) -> float:
+    """Dropout on attention probabilities: `model.attention_dropout`, else `model.dropout`."""
+    return cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout
+
+
+def activation_dropout(cfg: ModelConfig) -> float:
+    """Dropout on the FFN's hidden activations: `model.activation_dropout`, else `model.dropout`."""
+    return cfg.dropout if cfg.activation_dropout is None else cfg.activation_dropout
+
+
 class Residual(nn.Module):
     """A sublayer wrapped with dropout, the residual sum and LayerNorm (pre- or post-norm)."""
 
@@ -319,8 +329,8 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         pre = cfg.norm == "pre"
-        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
+        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, attention_dropout(cfg))
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation_dropout(cfg))
         self.attn_block = Residual(cfg.d_model, cfg.dropout, pre)
         self.ffn_block = Residual(cfg.d_model, cfg.dropout, pre)
 
@@ -335,9 +345,9 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         pre = cfg.norm == "pre"
-        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
-        self.cross_attn = CrossAttention(cfg.d_model, cfg.n_heads, cfg.dropout)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.dropout)
+        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, attention_dropout(cfg))
+        self.cross_attn = CrossAttention(cfg.d_model, cfg.n_heads, attention_dropout(cfg))
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation_dropout(cfg))
         self.self_block = Residual(cfg.d_model, cfg.dropout, pre)
         self.cross_block = Residual(cfg.d_model, cfg.dropout, pre)
         self.ffn_block = Residual(cfg.d_model, cfg.dropout, pre)

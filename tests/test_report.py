@@ -129,7 +129,8 @@ def test_estimated_time_scales_tokens_per_epoch_by_the_measured_throughput(count
     # 16 target tokens an epoch at 4 tokens/s: 4 s. At step 3 of 6, 3 steps of 16/3 tokens remain: 4 s.
     line = estimated_time(report, 4.0, step=3)
     assert "4s per epoch, 4s more to train.max_steps=6" in line
-    assert [format_duration(s) for s in (42, 185, 7620, 273600)] == ["42s", "3m 05s", "2h 07m", "3d 04h"]
+    assert [format_duration(s) for s in (0.44, 4, 42, 185, 7620, 273600)] == ["0.4s", "4s", "42s", "3m 05s", "2h 07m",
+                                                                            "3d 04h"]
 
 
 def test_training_logs_the_report_before_the_first_step_and_then_the_time_estimate(tiny_corpus: Path, tmp_path: Path,

@@ -182,7 +182,9 @@ def estimated_time(report: DataReport, tgt_tokens_per_s: float, step: int) -> st
 
 
 def format_duration(seconds: float) -> str:
-    """`42s`, `3m 05s`, `2h 07m`, `3d 04h`."""
+    """`0.4s`, `42s`, `3m 05s`, `2h 07m`, `3d 04h`."""
+    if seconds < 9.95:  # a tiny corpus's epoch takes well under a second
+        return f"{seconds:.1f}s".replace(".0s", "s")
     seconds = round(seconds)
     if seconds < 60:
         return f"{seconds}s"

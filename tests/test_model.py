@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -5,7 +7,7 @@ import torch.nn.functional as F
 from transformer_mt.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
 from transformer_mt.config import ModelConfig
 from transformer_mt.decoding import greedy_decode
-from transformer_mt.model import Transformer
+from transformer_mt.model import Dropout, Transformer, dropped_positions
 
 PAD, BOS, EOS, V = 0, 2, 3, 30
 
@@ -233,3 +235,104 @@ def test_attention_and_activation_dropout_default_to_model_dropout(attention, ac
         assert layer.ffn_block.dropout.p == 0.3  # sublayer outputs always use model.dropout
     assert model.decoder_layers[0].cross_attn.dropout == expected_attention
     assert model.embed_dropout.p == 0.3
+
+
+# --- training fast paths: real positions only, and dropout drawn by its gaps ---------------------
+
+def padded_pairs() -> tuple[torch.Tensor, torch.Tensor]:
+    """Three pairs padded to different source and target lengths (pads at the end)."""
+    src = torch.tensor([[5, 6, 7, EOS, PAD, PAD], [4, 5, 6, 7, 8, EOS], [9, EOS, PAD, PAD, PAD, PAD]])
+    tgt = torch.tensor([[BOS, 8, 9, PAD, PAD], [BOS, 4, 4, 4, 4], [BOS, 11, PAD, PAD, PAD]])
+    return src, tgt
+
+
+@pytest.mark.parametrize("overrides", [{"norm": "pre"}, {"norm": "post"},
+                                       {"share_embeddings": False, "tie_output": False}])
+def test_real_only_logits_are_the_padded_logits_at_real_positions(overrides):
+    model = tiny_model(**overrides)
+    src, tgt = padded_pairs()
+    real = tgt != PAD
+    packed = model(src, tgt, real_only=True)  # (N, V)
+    assert packed.shape == (int(real.sum()), V)
+    torch.testing.assert_close(packed, model(src, tgt)[real], atol=1e-5, rtol=1e-5)
+
+
+def test_real_only_loss_has_the_gradients_of_the_padded_loss():
+    model = tiny_model(dropout=0.0).train()
+    src, tgt = padded_pairs()
+    real = tgt != PAD
+    labels = torch.where(real, (tgt * 7 + 3) % (V - 4) + 4, PAD)  # some real token at each real position
+    padded_loss = F.cross_entropy(model(src, tgt).flatten(0, 1), labels.flatten(), ignore_index=PAD,
+                                  label_smoothing=0.1, reduction="sum")  # the plain path: pads ignored
+    padded_loss.backward()
+    padded_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    packed_loss = F.cross_entropy(model(src, tgt, real_only=True), labels[real], label_smoothing=0.1,
+                                  reduction="sum")
+    packed_loss.backward()
+    torch.testing.assert_close(packed_loss, padded_loss, atol=1e-5, rtol=1e-5)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, padded_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_dropout_is_the_identity_at_p_0_and_in_eval():
+    x = torch.randn(50, 7)
+    assert Dropout(0.0).train()(x) is x
+    assert Dropout(0.3).eval()(x) is x
+
+
+def test_dropout_is_determined_by_the_seed():
+    x = torch.randn(300, 11)
+    torch.manual_seed(3)
+    a = Dropout(0.1).train()(x)
+    torch.manual_seed(3)
+    b = Dropout(0.1).train()(x)
+    torch.manual_seed(4)
+    c = Dropout(0.1).train()(x)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.7])
+def test_dropout_zeroes_each_element_independently_with_probability_p(p):
+    torch.manual_seed(0)
+    n = 200_000
+    x = torch.rand(n) + 1.0  # never 0, so a 0 in the output is a drop
+    out = Dropout(p).train()(x.view(400, 500)).flatten()
+    dropped = out == 0
+    sigma = (p * (1 - p) / n) ** 0.5
+    assert abs(dropped.float().mean().item() - p) < 5 * sigma  # the rate
+    torch.testing.assert_close(out[~dropped], x[~dropped] / (1 - p))  # kept elements scaled by 1/(1-p)
+    for part in dropped.view(10, -1).float().mean(1):  # the same rate at the start, middle and end
+        assert abs(part.item() - p) < 5 * sigma * 10 ** 0.5
+    # Independent: neighbours are both dropped with probability p², not more or less.
+    both = (dropped[1:] & dropped[:-1]).float().mean().item()
+    assert abs(both - p * p) < 5 * (p * p * (1 - p * p) / n) ** 0.5
+
+
+@pytest.mark.parametrize("chunk", [None, 1])  # 1: a gap per draw, the loop that continues past a short draw
+def test_dropout_positions_have_the_bernoulli_distribution_at_every_position(chunk):
+    # Many draws of a short sequence: each position, including the first and last, is dropped
+    # with probability p, and the number dropped is Binomial(n, p).
+    torch.manual_seed(1)
+    n, p, draws = 6, 0.3, 4_000
+    counts = torch.zeros(n)
+    per_draw = torch.zeros(n + 1)
+    for _ in range(draws):
+        positions = dropped_positions(n, p, chunk)
+        assert positions.dtype == torch.long and torch.all(positions[1:] > positions[:-1])
+        assert positions.numel() == 0 or 0 <= positions.min() and positions.max() < n
+        counts[positions] += 1
+        per_draw[positions.numel()] += 1
+    sigma = (p * (1 - p) / draws) ** 0.5
+    assert torch.all((counts / draws - p).abs() < 5 * sigma)
+    binomial = torch.tensor([math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(n + 1)])
+    assert torch.all((per_draw / draws - binomial).abs() < 5 * (binomial * (1 - binomial) / draws) ** 0.5 + 1e-3)
+    assert dropped_positions(0, p).numel() == 0
+
+
+def test_dropout_gradient_is_the_kept_mask_scaled():
+    torch.manual_seed(2)
+    x = (torch.rand(64, 33) + 1.0).requires_grad_()
+    out = Dropout(0.2).train()(x)
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, (out != 0).float() / 0.8)

@@ -123,6 +123,36 @@ class OutputProjection(nn.Module):
         return torch.mm(self.weight, rows.t()).t().view(*y.shape[:-1], -1)  # (V, N) -> (N, V) view -> (..., V)
 
 
+@dataclass(frozen=True)
+class Packing:
+    """The real (non-pad) tokens of a right-padded (B, L) batch, as rows of the flattened batch.
+
+    Training can run every position-wise layer (projections, FFN, LayerNorm, dropout, the output
+    projection) on these N rows only, and skip the pads. Attention `pad`s its projected rows
+    back to (B, L, ·) with zeros at the pads: the key mask keeps them out of source attention,
+    and the causal mask out of target self-attention (target pads come last); the rows at the
+    pads are then dropped again by `unpad`. Every real position computes what it would padded.
+    """
+
+    index: torch.Tensor  # (N,) long: b·L + l of each real token, in row-major order
+    batch: int  # B
+    length: int  # L
+
+    @classmethod
+    def of(cls, real: torch.Tensor) -> Packing:
+        """real (B, L) bool, True = real token -> the packing of its True positions."""
+        return cls(real.flatten().nonzero().squeeze(1), real.shape[0], real.shape[1])
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, L, ...) -> its real rows (N, ...)."""
+        return x.flatten(0, 1).index_select(0, self.index)
+
+    def pad(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows (N, C) -> (B, L, C), zeros at the pads."""
+        padded = rows.new_zeros(self.batch * self.length, rows.shape[-1]).index_copy(0, self.index, rows)
+        return padded.view(self.batch, self.length, -1)  # (B, L, C)
+
+
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention over H heads, computed by `F.scaled_dot_product_attention`.
 
@@ -142,8 +172,9 @@ class MultiHeadAttention(nn.Module):
         return x.view(B, L, self.n_heads, D // self.n_heads).transpose(1, 2)  # (B, H, L, Dh)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
-                causal: bool) -> torch.Tensor:
-        """q (B, H, Tq, Dh) over k, v (B, H, Tk, Dh); key_mask (B, Tk) bool or None -> (B, Tq, D).
+                causal: bool, packing: Packing | None = None) -> torch.Tensor:
+        """q (B, H, Tq, Dh) over k, v (B, H, Tk, Dh); key_mask (B, Tk) bool or None -> (B, Tq, D),
+        or with the queries' `packing`, their real rows (N, D).
 
         `causal=True` lets query i see keys 0..i only; it assumes Tq == Tk.
         """
@@ -153,7 +184,8 @@ class MultiHeadAttention(nn.Module):
             q, k, v, attn_mask=attn_mask, is_causal=causal,
             dropout_p=self.dropout if self.training else 0.0,
         )  # (B, H, Tq, Dh)
-        return self.out_proj(out.transpose(1, 2).reshape(B, Tq, H * Dh))  # (B, Tq, D)
+        out = out.transpose(1, 2).reshape(B, Tq, H * Dh)  # (B, Tq, D)
+        return self.out_proj(out if packing is None else packing.pack(out))  # (B, Tq, D) or (N, D)
 
 
 class SelfAttention(MultiHeadAttention):
@@ -164,15 +196,21 @@ class SelfAttention(MultiHeadAttention):
         self.qkv_proj = Linear(d_model, 3 * d_model, blocks=3)  # columns: q, k, v
         self.out_proj = Linear(d_model, d_model)
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x (B, L, D) -> queries, keys and values, each (B, H, L, Dh)."""
-        B, L, D = x.shape
-        q, k, v = self.qkv_proj(x).view(B, L, 3, self.n_heads, D // self.n_heads).unbind(2)  # (B, L, H, Dh) each
+    def project(self, x: torch.Tensor, packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, L, D), or its real rows (N, D) with their `packing` -> queries, keys and values,
+        each (B, H, L, Dh)."""
+        qkv = self.qkv_proj(x)  # (B, L, 3D) or (N, 3D)
+        if packing is not None:
+            qkv = packing.pad(qkv)  # (B, L, 3D)
+        B, L, D3 = qkv.shape
+        q, k, v = qkv.view(B, L, 3, self.n_heads, D3 // (3 * self.n_heads)).unbind(2)  # (B, L, H, Dh) each
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, L, Dh) each
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None, causal: bool = False) -> torch.Tensor:
-        """x (B, L, D) attends over itself; key_mask (B, L) bool or None -> (B, L, D)."""
-        return self._attend(*self.project(x), key_mask, causal)
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None, causal: bool = False,
+                packing: Packing | None = None) -> torch.Tensor:
+        """x (B, L, D) attends over itself; key_mask (B, L) bool or None -> (B, L, D).
+        With `packing`, x and the result are the real rows (N, D)."""
+        return self._attend(*self.project(x, packing), key_mask, causal, packing)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
         """Projected q (B, H, Tq, Dh) over projected (e.g. cached) k, v (B, H, Tk, Dh) -> (B, Tq, D)."""
@@ -188,16 +226,24 @@ class CrossAttention(MultiHeadAttention):
         self.kv_proj = Linear(d_model, 2 * d_model, blocks=2)  # columns: k, v
         self.out_proj = Linear(d_model, d_model)
 
-    def project_kv(self, key_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """key_value (B, Tk, D) -> keys and values, each (B, H, Tk, Dh)."""
-        B, Tk, D = key_value.shape
-        k, v = self.kv_proj(key_value).view(B, Tk, 2, self.n_heads, D // self.n_heads).unbind(2)  # (B, Tk, H, Dh)
+    def project_kv(self, key_value: torch.Tensor, packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """key_value (B, Tk, D), or its real rows (N, D) with their `packing` -> keys and values,
+        each (B, H, Tk, Dh)."""
+        kv = self.kv_proj(key_value)  # (B, Tk, 2D) or (N, 2D)
+        if packing is not None:
+            kv = packing.pad(kv)  # (B, Tk, 2D)
+        B, Tk, D2 = kv.shape
+        k, v = kv.view(B, Tk, 2, self.n_heads, D2 // (2 * self.n_heads)).unbind(2)  # (B, Tk, H, Dh) each
         return k.transpose(1, 2), v.transpose(1, 2)  # (B, H, Tk, Dh) each
 
     def attend(self, query: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-               key_mask: torch.Tensor | None) -> torch.Tensor:
-        """query (B, Tq, D) over projected k, v (B, H, Tk, Dh); key_mask (B, Tk) bool or None -> (B, Tq, D)."""
-        return self._attend(self._split_heads(self.q_proj(query)), k, v, key_mask, causal=False)
+               key_mask: torch.Tensor | None, packing: Packing | None = None) -> torch.Tensor:
+        """query (B, Tq, D) over projected k, v (B, H, Tk, Dh); key_mask (B, Tk) bool or None -> (B, Tq, D).
+        With the queries' `packing`, query and the result are their real rows (N, D)."""
+        q = self.q_proj(query)  # (B, Tq, D) or (N, D)
+        if packing is not None:
+            q = packing.pad(q)  # (B, Tq, D)
+        return self._attend(self._split_heads(q), k, v, key_mask, False, packing)
 
     def forward(self, query: torch.Tensor, key_value: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
         """query (B, Tq, D) attends over key_value (B, Tk, D) -> (B, Tq, D)."""
@@ -285,6 +331,59 @@ class KVCache:
                 layer.cross_v = layer.cross_v.index_select(0, indices)
 
 
+def dropped_positions(n: int, p: float, chunk: int | None = None) -> torch.Tensor:
+    """Positions (long, sorted) that dropout with rate p zeroes among n elements: each one
+    independently with probability p, drawn through the gaps between drops.
+
+    A Bernoulli(p) sequence is the same thing as its gaps, independent Geometric(p) counts
+    (P(gap = g) = (1-p)^(g-1)·p, g >= 1), so drawing about n·p gaps by inversion of a float64
+    uniform v in (0, 1], g = floor(log v / log(1-p)) + 1, gives the same distribution as n
+    Bernoulli draws at a p-th of the random numbers. Draws come from torch's default generator,
+    so `torch.manual_seed` fixes them. Gaps are drawn `chunk` at a time until they pass n
+    (default: enough to pass it almost always at the first draw).
+    """
+    if n == 0:
+        return torch.empty(0, dtype=torch.long)
+    log_keep = math.log1p(-p)
+    chunks, covered = [], 0  # covered: positions decided so far, 0 .. covered - 1
+    while covered < n:
+        expected = (n - covered) * p
+        count = chunk or int(expected + 6 * math.sqrt(expected) + 16)  # nearly always enough to pass n
+        v = torch.rand(count, dtype=torch.float64).neg_().add_(1.0)  # uniform in (0, 1]
+        gaps = v.log_().div_(log_keep).floor_().add_(1.0)  # Geometric(p), exact integers in float64
+        positions = gaps.cumsum_(0).add_(covered - 1)  # where each drop falls
+        chunks.append(positions)
+        covered = int(positions[-1].item()) + 1  # everything up to the last drop is decided
+    positions = torch.cat(chunks) if len(chunks) > 1 else chunks[0]
+    return positions[: int(torch.searchsorted(positions, float(n)))].long()  # (drops,) those below n
+
+
+class Dropout(nn.Module):
+    """Inverted dropout: in training, zero each element with probability p and scale the rest by 1/(1-p).
+
+    Equal in distribution to `nn.Dropout`. On a CPU it draws only the dropped positions
+    (`dropped_positions`, about n·p random numbers) instead of n Bernoulli samples, which made
+    `bernoulli_` 18% of a CPU training step (docs/benchmarks.md, "Training"); elsewhere, and
+    under `torch.compile` (the draw loop reads a length from the tensor), it is `F.dropout`.
+    """
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if x.device.type != "cpu" or not 0.0 < self.p < 1.0 or torch.compiler.is_compiling():
+            return F.dropout(x, self.p, training=True)
+        noise = torch.full((x.numel(),), 1.0 / (1.0 - self.p), dtype=x.dtype)  # the kept elements' scale
+        noise.index_fill_(0, dropped_positions(x.numel(), self.p), 0.0)
+        return x * noise.view(x.shape)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
 class FeedForward(nn.Module):
     """Position-wise feed-forward network: Linear -> ReLU -> dropout -> Linear."""
 
@@ -292,7 +391,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.linear1 = Linear(d_model, d_ff)
         self.linear2 = Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear2(self.dropout(F.relu(self.linear1(x))))
@@ -314,7 +413,7 @@ class Residual(nn.Module):
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.pre_norm = pre_norm
 
     def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
@@ -334,8 +433,9 @@ class EncoderLayer(nn.Module):
         self.attn_block = Residual(cfg.d_model, cfg.dropout, pre)
         self.ffn_block = Residual(cfg.d_model, cfg.dropout, pre)
 
-    def forward(self, x: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
-        x = self.attn_block(x, lambda h: self.self_attn(h, src_mask))
+    def forward(self, x: torch.Tensor, src_mask: torch.Tensor, packing: Packing | None = None) -> torch.Tensor:
+        """x (B, S, D), or its real rows (N, D) with their `packing` -> the same shape."""
+        x = self.attn_block(x, lambda h: self.self_attn(h, src_mask, packing=packing))
         return self.ffn_block(x, self.ffn)
 
 
@@ -353,8 +453,15 @@ class DecoderLayer(nn.Module):
         self.ffn_block = Residual(cfg.d_model, cfg.dropout, pre)
 
     def forward(self, y: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
-                cache: LayerCache | None = None) -> torch.Tensor:
-        """y (B, T, D) -> (B, T, D). With a cache, y holds only the positions not yet cached."""
+                cache: LayerCache | None = None, packings: tuple[Packing, Packing] | None = None) -> torch.Tensor:
+        """y (B, T, D) -> (B, T, D). With a cache, y holds only the positions not yet cached.
+        With `packings` (source, target), y, memory and the result are their real rows."""
+        if packings is not None:
+            src, tgt = packings
+            y = self.self_block(y, lambda h: self.self_attn(h, None, causal=True, packing=tgt))
+            y = self.cross_block(y, lambda h: self.cross_attn.attend(
+                h, *self.cross_attn.project_kv(memory, src), src_mask, packing=tgt))
+            return self.ffn_block(y, self.ffn)
         y = self.self_block(y, lambda h: self._self_attention(h, cache))
         y = self.cross_block(y, lambda h: self._cross_attention(h, memory, src_mask, cache))
         return self.ffn_block(y, self.ffn)
@@ -396,7 +503,7 @@ class Transformer(nn.Module):
             tgt_vocab_size, cfg.d_model, padding_idx=pad_id)
         self.embed_scale = math.sqrt(cfg.d_model)  # §3.4: embeddings are multiplied by sqrt(D)
         self.register_buffer("positions", sinusoidal_positions(cfg.max_len, cfg.d_model), persistent=False)
-        self.embed_dropout = nn.Dropout(cfg.dropout)
+        self.embed_dropout = Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
         # Pre-norm stacks end with a LayerNorm, otherwise the last residual sum is unnormalised.
@@ -435,11 +542,21 @@ class Transformer(nn.Module):
         x = embedding(ids) * self.embed_scale + self.positions[offset:offset + L].to(embedding.weight.dtype)
         return self.embed_dropout(x)
 
-    def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
-        """src_ids (B, S) long, src_mask (B, S) bool -> memory (B, S, D)."""
-        x = self._embed(self.src_embed, src_ids)
+    def _embed_rows(self, embedding: nn.Embedding, ids: torch.Tensor, packing: Packing) -> torch.Tensor:
+        """ids (B, L) -> the real rows (N, D) of `_embed`'s output."""
+        if packing.length > self.positions.shape[0]:
+            raise ValueError(f"sequence of {packing.length} tokens exceeds model.max_len={self.positions.shape[0]}")
+        token = embedding(ids.flatten().index_select(0, packing.index))  # (N, D)
+        position = self.positions.index_select(0, packing.index % packing.length)  # (N, D)
+        return self.embed_dropout(token * self.embed_scale + position.to(embedding.weight.dtype))
+
+    def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor, packing: Packing | None = None) -> torch.Tensor:
+        """src_ids (B, S) long, src_mask (B, S) bool -> memory (B, S, D); with the source
+        `packing`, only its real rows (N, D)."""
+        x = self._embed(self.src_embed, src_ids) if packing is None else self._embed_rows(
+            self.src_embed, src_ids, packing)
         for layer in self.encoder_layers:
-            x = layer(x, src_mask)
+            x = layer(x, src_mask, packing)
         return self.encoder_norm(x)
 
     def decode(self, tgt_ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
@@ -459,10 +576,23 @@ class Transformer(nn.Module):
         """An empty cache for incremental decoding of up to `capacity` target positions."""
         return KVCache(len(self.decoder_layers), capacity)
 
-    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced logits (B, T, V) for src_ids (B, S) and tgt_in_ids (B, T)."""
+    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, real_only: bool = False) -> torch.Tensor:
+        """Teacher-forced logits (B, T, V) for src_ids (B, S) and tgt_in_ids (B, T).
+
+        `real_only=True` returns the logits of the real (non-pad) target positions only, (N, V)
+        in row-major order, i.e. aligned with `tgt_out_ids[tgt_out_ids != pad_id]`; every layer
+        then computes only at real source and target positions (`Packing`), which gives the
+        same values there and skips the padding's share of the work (training on a CPU).
+        """
         src_mask = src_ids != self.pad_id  # (B, S) True = real token
-        return self.decode(tgt_in_ids, self.encode(src_ids, src_mask), src_mask)
+        if not real_only:
+            return self.decode(tgt_in_ids, self.encode(src_ids, src_mask), src_mask)
+        packings = Packing.of(src_mask), Packing.of(tgt_in_ids != self.pad_id)  # source, target
+        memory = self.encode(src_ids, src_mask, packings[0])  # (Ns, D)
+        y = self._embed_rows(self.tgt_embed, tgt_in_ids, packings[1])  # (Nt, D)
+        for layer in self.decoder_layers:
+            y = layer(y, memory, src_mask, packings=packings)
+        return self.output_proj(self.decoder_norm(y))  # (Nt, V)
 
     @torch.no_grad()
     def cross_attention(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, layer: int = -1) -> torch.Tensor:

@@ -12,6 +12,7 @@ from transformer_mt.batching import make_batch, sorted_batches
 from transformer_mt.config import ModelConfig
 from transformer_mt.throughput import train_flops
 from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt import training
 from transformer_mt.training import Trainer, label_smoothed_loss, prepare_run_dir
 
 
@@ -34,6 +35,43 @@ def test_two_accumulated_half_batches_make_the_same_update_as_one_batch(tiny_cor
     # parameter whose true gradient is 0 (the key bias: softmax ignores it) moves by rounding noise.
     for (name, a), b in zip(whole.model.named_parameters(), halves.model.parameters()):
         assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-7), name
+
+
+def test_a_step_on_real_positions_only_makes_the_update_of_a_padded_step(tiny_corpus: Path, tmp_path: Path):
+    real_only = make_trainer(tiny_corpus, tmp_path / "real")
+    padded = make_trainer(tiny_corpus, tmp_path / "padded")
+    assert real_only.real_positions_only  # the CPU default
+    padded.real_positions_only = False  # the plain path: (B, T, V) logits, pads ignored by the loss
+    batch = real_only.load_batch(list(range(8)))
+    assert batch.n_tgt_tokens < batch.tgt_out_ids.numel()  # there is padding to skip
+    one = padded.train_step(batch)
+    two = real_only.train_step(batch)
+    assert two.loss.item() == pytest.approx(one.loss.item(), rel=1e-5)
+    assert two.grad_norm.item() == pytest.approx(one.grad_norm.item(), rel=1e-4)
+    for (name, a), b in zip(padded.model.named_parameters(), real_only.model.parameters()):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-7), name
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+@pytest.mark.parametrize("overwrite_logits", [False, True])
+def test_label_smoothed_loss_and_its_gradient_are_those_of_torch_cross_entropy(epsilon, overwrite_logits,
+                                                                                monkeypatch):
+    monkeypatch.setattr(training._LabelSmoothedNLL, "ROW_BLOCK_ELEMENTS", 20)  # log-sum-exp in blocks of 2 rows
+    torch.manual_seed(0)
+    weights = (torch.randn(3, 5, 11) * 3).requires_grad_()
+    targets = torch.randint(1, 11, (3, 5))
+    targets[0, 3:] = PAD_ID  # padded rows are ignored
+    targets[2, 1:] = PAD_ID
+    plain = torch.nn.functional.cross_entropy(weights.flatten(0, 1), targets.flatten(), ignore_index=PAD_ID,
+                                              label_smoothing=epsilon, reduction="sum")
+    (grad_plain,) = torch.autograd.grad(plain * 0.7, weights)
+    logits = weights * 1.0  # (B, T, V), a non-leaf like a model's output
+    ours = label_smoothed_loss(logits, targets, PAD_ID, epsilon, overwrite_logits=overwrite_logits)
+    (grad_ours,) = torch.autograd.grad(ours * 0.7, weights)  # a scaled loss, as train_step divides it
+    torch.testing.assert_close(ours, plain)
+    torch.testing.assert_close(grad_ours, grad_plain)
+    assert torch.all(grad_ours[0, 3:] == 0) and torch.all(grad_ours[2, 1:] == 0)
+    assert torch.equal(logits, weights) != overwrite_logits  # only the opt-in overwrites them
 
 
 def pairs_of(trainer: Trainer) -> tuple[list[list[int]], list[list[int]]]:

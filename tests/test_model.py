@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from transformer_mt.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
 from transformer_mt.config import ModelConfig
 from transformer_mt.decoding import greedy_decode
-from transformer_mt.model import Dropout, Transformer, dropped_positions
+from transformer_mt import model as model_module
+from transformer_mt.model import Dropout, Transformer, attention_with_dropout, dropped_positions
 
 PAD, BOS, EOS, V = 0, 2, 3, 30
 
@@ -336,3 +337,37 @@ def test_dropout_gradient_is_the_kept_mask_scaled():
     out = Dropout(0.2).train()(x)
     out.sum().backward()
     torch.testing.assert_close(x.grad, (out != 0).float() / 0.8)
+
+
+def attention_inputs():
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(2, 2, 4, 8, requires_grad=True) for _ in range(3))  # (B, H, T, Dh)
+    key_mask = torch.tensor([[True, True, True, False], [True, True, True, True]])  # (B, Tk)
+    return q, k, v, key_mask
+
+
+@pytest.mark.parametrize("masking", ["keys", "causal"])
+def test_attention_with_dropout_is_sdpa_when_nothing_is_dropped(masking, monkeypatch):
+    q, k, v, key_mask = attention_inputs()
+    key_mask, causal = (key_mask, False) if masking == "keys" else (None, True)
+    monkeypatch.setattr(model_module, "dropped_positions", lambda n, p: torch.empty(0, dtype=torch.long))
+    ours = attention_with_dropout(q, k, v, key_mask, causal, 0.2)
+    mask = None if key_mask is None else key_mask[:, None, None, :]
+    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    torch.testing.assert_close(ours, sdpa / 0.8)  # every probability kept, scaled by 1/(1-p)
+    grads = torch.autograd.grad(ours.sum(), (q, k, v))
+    for ours_grad, sdpa_grad in zip(grads, torch.autograd.grad((sdpa / 0.8).sum(), (q, k, v))):
+        torch.testing.assert_close(ours_grad, sdpa_grad)
+
+
+def test_attention_with_dropout_drops_the_drawn_attention_probabilities():
+    q, k, v, key_mask = attention_inputs()
+    torch.manual_seed(9)
+    ours = attention_with_dropout(q, k, v, key_mask, False, 0.3)
+    torch.manual_seed(9)
+    dropped = dropped_positions(2 * 2 * 4 * 4, 0.3)  # the same draw: (B·H·Tq·Tk) probabilities
+    assert 0 < dropped.numel() < 32
+    scores = (q @ k.transpose(-2, -1) / 8**0.5).masked_fill(~key_mask[:, None, None, :], float("-inf"))
+    keep = torch.ones(2 * 2 * 4 * 4).index_fill_(0, dropped, 0.0).view(2, 2, 4, 4)
+    reference = (scores.softmax(-1) * keep / 0.7) @ v
+    torch.testing.assert_close(ours, reference)

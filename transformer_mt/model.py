@@ -149,7 +149,8 @@ class Packing:
 
     def pad(self, rows: torch.Tensor) -> torch.Tensor:
         """rows (N, C) -> (B, L, C), zeros at the pads."""
-        padded = rows.new_zeros(self.batch * self.length, rows.shape[-1]).index_copy(0, self.index, rows)
+        padded = rows.new_zeros(self.batch * self.length, rows.shape[-1])  # (B·L, C)
+        padded.index_copy_(0, self.index, rows)  # in place: the out-of-place form would copy the zeros first
         return padded.view(self.batch, self.length, -1)  # (B, L, C)
 
 
@@ -179,11 +180,14 @@ class MultiHeadAttention(nn.Module):
         `causal=True` lets query i see keys 0..i only; it assumes Tq == Tk.
         """
         B, H, Tq, Dh = q.shape
-        attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Tk)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=causal,
-            dropout_p=self.dropout if self.training else 0.0,
-        )  # (B, H, Tq, Dh)
+        if self.training and fast_dropout_applies(q, self.dropout):
+            out = attention_with_dropout(q, k, v, key_mask, causal, self.dropout)  # (B, H, Tq, Dh)
+        else:
+            attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Tk)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, is_causal=causal,
+                dropout_p=self.dropout if self.training else 0.0,
+            )  # (B, H, Tq, Dh)
         out = out.transpose(1, 2).reshape(B, Tq, H * Dh)  # (B, Tq, D)
         return self.out_proj(out if packing is None else packing.pack(out))  # (B, Tq, D) or (N, D)
 
@@ -358,6 +362,59 @@ def dropped_positions(n: int, p: float, chunk: int | None = None) -> torch.Tenso
     return positions[: int(torch.searchsorted(positions, float(n)))].long()  # (drops,) those below n
 
 
+class _DropPositions(torch.autograd.Function):
+    """x · scale with the elements at `positions` (of the flattened x) set to 0; the gradient
+    likewise. One pass each way and only the positions saved, where x · mask would first write
+    an n-element mask and save it."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, positions: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(positions)
+        ctx.scale = scale
+        out = x.contiguous().mul(scale)  # a new contiguous tensor, so its flat view is x's element order
+        out.view(-1).index_fill_(0, positions, 0.0)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (positions,) = ctx.saved_tensors
+        grad_x = grad.contiguous().mul(ctx.scale)
+        grad_x.view(-1).index_fill_(0, positions, 0.0)
+        return grad_x, None, None
+
+
+def fast_dropout_applies(x: torch.Tensor, p: float) -> bool:
+    """Whether `drop_positions` serves dropout of rate p on x: on a CPU, outside torch.compile."""
+    return x.device.type == "cpu" and 0.0 < p < 1.0 and not torch.compiler.is_compiling()
+
+
+def drop_positions(x: torch.Tensor, p: float) -> torch.Tensor:
+    """Dropout of rate p (training) on a CPU tensor x, drawn by `dropped_positions`."""
+    return _DropPositions.apply(x, dropped_positions(x.numel(), p), 1.0 / (1.0 - p))
+
+
+def attention_with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
+                           causal: bool, p: float) -> torch.Tensor:
+    """softmax(q·kᵀ/√Dh + mask), dropout of rate p on it, then ·v: q (B, H, Tq, Dh), k, v (B, H, Tk, Dh),
+    key_mask (B, Tk) bool or None -> (B, H, Tq, Dh).
+
+    What `F.scaled_dot_product_attention` computes with `dropout_p=p`, written out for training
+    on a CPU, where SDPA's math path draws its dropout with `bernoulli_` (see `Dropout`).
+    """
+    B, H, Tq, Dh = q.shape
+    Tk = k.shape[2]
+    bias = q.new_zeros(1, 1, 1)  # additive mask: 0 = may attend, -inf = may not
+    if key_mask is not None:
+        bias = q.new_zeros(B, 1, 1, Tk).masked_fill_(~key_mask[:, None, None, :], float("-inf"))
+        bias = bias.expand(B, H, 1, Tk).reshape(B * H, 1, Tk)  # (B·H, 1, Tk)
+    if causal:
+        bias = bias + q.new_full((Tq, Tk), float("-inf")).triu_(1)  # query i sees keys 0..i
+    scores = torch.baddbmm(bias, q.reshape(B * H, Tq, Dh), k.reshape(B * H, Tk, Dh).transpose(1, 2),
+                           alpha=1.0 / math.sqrt(Dh))  # (B·H, Tq, Tk)
+    probs = drop_positions(scores.softmax(dim=-1), p)
+    return torch.bmm(probs, v.reshape(B * H, Tk, Dh)).view(B, H, Tq, Dh)
+
+
 class Dropout(nn.Module):
     """Inverted dropout: in training, zero each element with probability p and scale the rest by 1/(1-p).
 
@@ -365,6 +422,7 @@ class Dropout(nn.Module):
     (`dropped_positions`, about n·p random numbers) instead of n Bernoulli samples, which made
     `bernoulli_` 18% of a CPU training step (docs/benchmarks.md, "Training"); elsewhere, and
     under `torch.compile` (the draw loop reads a length from the tensor), it is `F.dropout`.
+    Attention dropout goes the same way in training on a CPU (`attention_with_dropout`).
     """
 
     def __init__(self, p: float):
@@ -374,11 +432,9 @@ class Dropout(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
-        if x.device.type != "cpu" or not 0.0 < self.p < 1.0 or torch.compiler.is_compiling():
+        if not fast_dropout_applies(x, self.p):
             return F.dropout(x, self.p, training=True)
-        noise = torch.full((x.numel(),), 1.0 / (1.0 - self.p), dtype=x.dtype)  # the kept elements' scale
-        noise.index_fill_(0, dropped_positions(x.numel(), self.p), 0.0)
-        return x * noise.view(x.shape)
+        return drop_positions(x, self.p)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

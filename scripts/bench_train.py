@@ -3,7 +3,8 @@
 One process, the same training sentences for all three engines, each timed after warm-up:
 
 - **tmt** as configured: a `Trainer` built from the preset (token-budget, length-bucketed
-  batches from its own sampler, its own `train_step`: autocast, GradScaler, fused AdamW on CUDA).
+  batches from its own sampler, its own `train_step`: autocast, GradScaler, fused AdamW; on a
+  CPU every layer runs at the real tokens only, and dropout draws only its dropped positions).
 - **tutorial**: the approach of the common from-scratch tutorials, written here so nothing else
   depends on it: every pair padded to a fixed length (default 350), fp32, a fixed number of
   sentences per batch, masks built as dense float tensors, attention as plain matmul/softmax.
@@ -16,6 +17,7 @@ neighbour's burst then hits one round, not one engine.
 
     python scripts/bench_train.py                                   # demo corpus, cpu-small, 1 thread
     python scripts/bench_train.py --data /work/shared/data/multi30k_en_de
+    python scripts/bench_train.py --data /work/shared/data/multi30k_en_de --profile 25   # where the time goes
     python scripts/bench_train.py --device cuda --preset base --data /work/shared/data/multi30k_en_de
 
 The last line of output is one JSON object.
@@ -78,6 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="tutorial steps timed per round (default 2; each takes seconds on a CPU)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="after timing, profile one more round of tmt and of Marian with torch.profiler "
+                             "and print their N costliest operators side by side (self CPU ms)")
     return parser.parse_args(argv)
 
 
@@ -389,8 +394,29 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": {name: [round(r, 1) for r in values] for name, values in rates.items()},
         "steps": steps, "repeats": args.repeats, "batch_tokens": cfg.train.batch_tokens,
     }
+    if args.profile:
+        print_profile({name: engines[name][1] for name in ("tmt", "hf_marian")}, args.profile)
     print(json.dumps(result))
     return 0
+
+
+def print_profile(rounds: dict[str, list[Callable[[], int]]], top: int) -> None:
+    """One round of each engine under torch.profiler: self CPU milliseconds and calls per operator."""
+    from torch.profiler import ProfilerActivity, profile
+    costs: dict[str, dict[str, tuple[float, int]]] = {}
+    for name, steps in rounds.items():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for step in steps:
+                step()
+        costs[name] = {e.key: (e.self_cpu_time_total / 1e3, e.count) for e in prof.key_averages()}
+    names = list(costs)
+    ops = sorted(set().union(*costs.values()), key=lambda op: -max(costs[n].get(op, (0.0, 0))[0] for n in names))
+    print("# profile of one round (self CPU ms, calls)")
+    print(f"{'operator':<48}" + "".join(f" {n + ' ms':>12} {'calls':>6}" for n in names))
+    for op in ops[:top]:
+        print(f"{op[:48]:<48}" + "".join(f" {costs[n].get(op, (0.0, 0))[0]:>12.1f} {costs[n].get(op, (0.0, 0))[1]:>6}"
+                                        for n in names))
+    print(f"{'total':<48}" + "".join(f" {sum(c for c, _ in costs[n].values()):>12.1f} {'':>6}" for n in names))
 
 
 if __name__ == "__main__":

@@ -249,16 +249,16 @@ def padded_pairs() -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("overrides", [{"norm": "pre"}, {"norm": "post"},
                                        {"share_embeddings": False, "tie_output": False}])
-def test_real_only_logits_are_the_padded_logits_at_real_positions(overrides):
+def test_real_states_give_the_padded_logits_at_real_positions(overrides):
     model = tiny_model(**overrides)
     src, tgt = padded_pairs()
     real = tgt != PAD
-    packed = model(src, tgt, real_only=True)  # (N, V)
-    assert packed.shape == (int(real.sum()), V)
-    torch.testing.assert_close(packed, model(src, tgt)[real], atol=1e-5, rtol=1e-5)
+    states = model(src, tgt, real_states=True)  # (N, D)
+    assert states.shape == (int(real.sum()), 16)
+    torch.testing.assert_close(model.output_proj(states), model(src, tgt)[real], atol=1e-5, rtol=1e-5)
 
 
-def test_real_only_loss_has_the_gradients_of_the_padded_loss():
+def test_real_states_loss_has_the_gradients_of_the_padded_loss():
     model = tiny_model(dropout=0.0).train()
     src, tgt = padded_pairs()
     real = tgt != PAD
@@ -268,8 +268,8 @@ def test_real_only_loss_has_the_gradients_of_the_padded_loss():
     padded_loss.backward()
     padded_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
-    packed_loss = F.cross_entropy(model(src, tgt, real_only=True), labels[real], label_smoothing=0.1,
-                                  reduction="sum")
+    packed_loss = F.cross_entropy(model.output_proj(model(src, tgt, real_states=True)), labels[real],
+                                  label_smoothing=0.1, reduction="sum")
     packed_loss.backward()
     torch.testing.assert_close(packed_loss, padded_loss, atol=1e-5, rtol=1e-5)
     for name, p in model.named_parameters():

@@ -53,25 +53,24 @@ def test_a_step_on_real_positions_only_makes_the_update_of_a_padded_step(tiny_co
 
 
 @pytest.mark.parametrize("epsilon", [0.0, 0.1])
-@pytest.mark.parametrize("overwrite_logits", [False, True])
-def test_label_smoothed_loss_and_its_gradient_are_those_of_torch_cross_entropy(epsilon, overwrite_logits,
-                                                                                monkeypatch):
-    monkeypatch.setattr(training._LabelSmoothedNLL, "ROW_BLOCK_ELEMENTS", 20)  # log-sum-exp in blocks of 2 rows
+def test_label_smoothed_loss_fused_with_the_projection_is_cross_entropy_of_the_logits(epsilon, monkeypatch):
+    monkeypatch.setattr(training._ProjectedLabelSmoothedNLL, "ROW_BLOCK_ELEMENTS", 22)  # blocks of 2 rows
     torch.manual_seed(0)
-    weights = (torch.randn(3, 5, 11) * 3).requires_grad_()
-    targets = torch.randint(1, 11, (3, 5))
-    targets[0, 3:] = PAD_ID  # padded rows are ignored
-    targets[2, 1:] = PAD_ID
-    plain = torch.nn.functional.cross_entropy(weights.flatten(0, 1), targets.flatten(), ignore_index=PAD_ID,
+    states = torch.randn(7, 4, requires_grad=True)  # (N, D)
+    weight = torch.randn(11, 4, requires_grad=True)  # (V, D)
+    targets = torch.randint(1, 11, (7,))
+    targets[[2, 5]] = PAD_ID  # pad rows are ignored
+    plain = torch.nn.functional.cross_entropy(states @ weight.t(), targets, ignore_index=PAD_ID,
                                               label_smoothing=epsilon, reduction="sum")
-    (grad_plain,) = torch.autograd.grad(plain * 0.7, weights)
-    logits = weights * 1.0  # (B, T, V), a non-leaf like a model's output
-    ours = label_smoothed_loss(logits, targets, PAD_ID, epsilon, overwrite_logits=overwrite_logits)
-    (grad_ours,) = torch.autograd.grad(ours * 0.7, weights)  # a scaled loss, as train_step divides it
-    torch.testing.assert_close(ours, plain)
-    torch.testing.assert_close(grad_ours, grad_plain)
-    assert torch.all(grad_ours[0, 3:] == 0) and torch.all(grad_ours[2, 1:] == 0)
-    assert torch.equal(logits, weights) != overwrite_logits  # only the opt-in overwrites them
+    plain_grads = torch.autograd.grad(plain * 0.7, (states, weight))  # a scaled loss, as train_step divides it
+    fused = label_smoothed_loss(states, targets, PAD_ID, epsilon, weight)
+    fused_grads = torch.autograd.grad(fused * 0.7, (states, weight))
+    torch.testing.assert_close(fused, plain)
+    for ours, theirs in zip(fused_grads, plain_grads):
+        torch.testing.assert_close(ours, theirs)
+    assert torch.all(fused_grads[0][[2, 5]] == 0)
+    with torch.no_grad():  # validation: no gradient work, the same loss
+        torch.testing.assert_close(label_smoothed_loss(states, targets, PAD_ID, epsilon, weight), plain.detach())
 
 
 def pairs_of(trainer: Trainer) -> tuple[list[list[int]], list[list[int]]]:

@@ -135,13 +135,15 @@ class Packing:
     """
 
     index: torch.Tensor  # (N,) long: b·L + l of each real token, in row-major order
+    pad_index: torch.Tensor  # (B·L - N,) long: the other positions, the pads
     batch: int  # B
     length: int  # L
 
     @classmethod
     def of(cls, real: torch.Tensor) -> Packing:
         """real (B, L) bool, True = real token -> the packing of its True positions."""
-        return cls(real.flatten().nonzero().squeeze(1), real.shape[0], real.shape[1])
+        flat = real.flatten()  # (B·L,)
+        return cls(flat.nonzero().squeeze(1), (~flat).nonzero().squeeze(1), real.shape[0], real.shape[1])
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, L, ...) -> its real rows (N, ...)."""
@@ -149,8 +151,9 @@ class Packing:
 
     def pad(self, rows: torch.Tensor) -> torch.Tensor:
         """rows (N, C) -> (B, L, C), zeros at the pads."""
-        padded = rows.new_zeros(self.batch * self.length, rows.shape[-1])  # (B·L, C)
-        padded.index_copy_(0, self.index, rows)  # in place: the out-of-place form would copy the zeros first
+        padded = rows.new_empty(self.batch * self.length, rows.shape[-1])  # (B·L, C)
+        padded.index_fill_(0, self.pad_index, 0.0)  # zero only the pad rows (a pad row of garbage could be NaN)
+        padded.index_copy_(0, self.index, rows)  # in place: the out-of-place form would copy the buffer first
         return padded.view(self.batch, self.length, -1)  # (B, L, C)
 
 
@@ -632,23 +635,26 @@ class Transformer(nn.Module):
         """An empty cache for incremental decoding of up to `capacity` target positions."""
         return KVCache(len(self.decoder_layers), capacity)
 
-    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, real_only: bool = False) -> torch.Tensor:
+    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, real_states: bool = False) -> torch.Tensor:
         """Teacher-forced logits (B, T, V) for src_ids (B, S) and tgt_in_ids (B, T).
 
-        `real_only=True` returns the logits of the real (non-pad) target positions only, (N, V)
-        in row-major order, i.e. aligned with `tgt_out_ids[tgt_out_ids != pad_id]`; every layer
-        then computes only at real source and target positions (`Packing`), which gives the
-        same values there and skips the padding's share of the work (training on a CPU).
+        `real_states=True` returns instead the decoder's final states at the real (non-pad)
+        target positions, (N, D) in row-major order, i.e. aligned with
+        `tgt_out_ids[tgt_out_ids != pad_id]`; `output_proj` of them are those positions'
+        logits. Every layer then computes only at real source and target positions
+        (`Packing`), which gives the same values there and skips the padding's share of the
+        work; the output projection is left to the caller, so a loss can fuse it with the
+        softmax and never hold all (N, V) logits (training on a CPU).
         """
         src_mask = src_ids != self.pad_id  # (B, S) True = real token
-        if not real_only:
+        if not real_states:
             return self.decode(tgt_in_ids, self.encode(src_ids, src_mask), src_mask)
         packings = Packing.of(src_mask), Packing.of(tgt_in_ids != self.pad_id)  # source, target
         memory = self.encode(src_ids, src_mask, packings[0])  # (Ns, D)
         y = self._embed_rows(self.tgt_embed, tgt_in_ids, packings[1])  # (Nt, D)
         for layer in self.decoder_layers:
             y = layer(y, memory, src_mask, packings=packings)
-        return self.output_proj(self.decoder_norm(y))  # (Nt, V)
+        return self.decoder_norm(y)  # (Nt, D)
 
     @torch.no_grad()
     def cross_attention(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, layer: int = -1) -> torch.Tensor:

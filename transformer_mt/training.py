@@ -97,58 +97,71 @@ def lr_at(step: int, peak_lr: float, warmup_steps: int) -> float:
 
 
 def label_smoothed_loss(logits: torch.Tensor, target_ids: torch.Tensor, pad_id: int, epsilon: float,
-                        overwrite_logits: bool = False) -> torch.Tensor:
+                        output_weight: torch.Tensor | None = None) -> torch.Tensor:
     """Summed label-smoothed cross-entropy over non-pad targets (fp32), to be divided by token count.
 
-    logits (B, T, V), target_ids (B, T) -> scalar; or any matching (..., V) and (...), e.g. the
-    real positions' (N, V) and (N,). ε is spread uniformly over all V classes (the gold one
-    included), as PyTorch's `label_smoothing` does: loss = (1-ε)·NLL + ε·mean_v(-log p_v), equal
-    to `F.cross_entropy(..., ignore_index=pad_id, label_smoothing=ε, reduction="sum")`
-    (tests/test_training_speed.py) in fewer passes over the (N, V) logits (`_LabelSmoothedNLL`).
-    `overwrite_logits=True` lets the backward pass write the gradient into the fp32 logits'
-    memory instead of a new (N, V) buffer: only for logits nothing reads after `backward`.
+    logits (B, T, V), target_ids (B, T) -> scalar; or any matching (..., V) and (...). ε is
+    spread uniformly over all V classes (the gold one included), as PyTorch's `label_smoothing`
+    does: loss = (1-ε)·NLL + ε·mean_v(-log p_v), equal to `F.cross_entropy(...,
+    ignore_index=pad_id, label_smoothing=ε, reduction="sum")` (tests/test_training_speed.py).
+
+    With `output_weight` W (V, D), the first argument is instead the final states h (N, D),
+    and the logits h·Wᵀ are computed inside, a block of rows at a time, never all at once
+    (`_ProjectedLabelSmoothedNLL`).
     """
-    return _LabelSmoothedNLL.apply(logits.float().reshape(-1, logits.shape[-1]), target_ids.flatten(), pad_id,
-                                   epsilon, overwrite_logits)
+    if output_weight is not None:
+        return _ProjectedLabelSmoothedNLL.apply(logits.float(), output_weight.float(), target_ids.flatten(),
+                                                pad_id, epsilon)
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target_ids.flatten(), ignore_index=pad_id,
+                           label_smoothing=epsilon, reduction="sum")
 
 
-class _LabelSmoothedNLL(torch.autograd.Function):
-    """`label_smoothed_loss` by hand: with lse = log Σ_v exp(z_v) per row,
-    loss = lse - (1-ε)·z_gold - ε·mean_v(z_v), and d loss / d z = softmax(z) - (1-ε)·onehot(gold) - ε/V.
+class _ProjectedLabelSmoothedNLL(torch.autograd.Function):
+    """`label_smoothed_loss` of the logits z = h·Wᵀ, fused with the projection, by blocks of rows.
 
-    The forward pass reads the logits a few times and writes nothing of their size (log-softmax
-    would write an (N, V) tensor); the backward pass computes the gradient in one buffer. Autograd
-    through `F.cross_entropy` builds the NLL and smoothing gradients as separate (N, V) tensors,
-    adds them and runs log-softmax's backward: several more passes over the step's largest
-    activation (8,000-wide on Multi30k), each a fresh allocation.
+    With lse = log Σ_v exp(z_v) per row: loss = lse - (1-ε)·z_gold - ε·mean_v(z_v), and
+    d loss / d z = softmax(z) - (1-ε)·onehot(gold) - ε/V. That gradient is linear in the
+    incoming gradient, so the forward pass computes, per block of rows, the block's logits,
+    its loss and its contribution to d/dh (rows) and d/dW (summed), and discards the logits;
+    backward only scales the two. The same products as projecting and then taking the loss
+    (one forward and two backward matmuls), but each block's (rows, V) logits stay in cache
+    and are reused from one block to the next, where an (N, V) tensor would be a fresh,
+    page-faulted allocation every step, read and written several times by log-softmax,
+    the NLL and smoothing terms and their backward.
     """
 
-    ROW_BLOCK_ELEMENTS = 1 << 19  # log-sum-exp runs over blocks of rows of about 2 MB, not one (N, V) temporary
+    ROW_BLOCK_ELEMENTS = 1 << 20  # logits per block (4 MB of fp32): 131 rows at V = 8,000
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, target_ids: torch.Tensor, pad_id: int, epsilon: float,
-                overwrite_logits: bool) -> torch.Tensor:
-        # logits (N, V) fp32, target_ids (N,) long
-        N, V = logits.shape
-        rows = max(1, _LabelSmoothedNLL.ROW_BLOCK_ELEMENTS // V)
-        lse = torch.cat([torch.logsumexp(logits[i:i + rows], dim=1) for i in range(0, N, rows)]) if N else \
-            logits.new_zeros(0)  # (N,)
-        counted = target_ids != pad_id  # (N,)
-        gold = logits.gather(1, target_ids[:, None]).squeeze(1)  # (N,)
-        per_row = lse - (1.0 - epsilon) * gold - (epsilon / V) * logits.sum(dim=1)  # (N,)
-        ctx.save_for_backward(logits, lse, target_ids, counted)
-        ctx.epsilon, ctx.overwrite_logits = epsilon, overwrite_logits
-        return torch.where(counted, per_row, 0.0).sum()
+    def forward(ctx, states: torch.Tensor, weight: torch.Tensor, target_ids: torch.Tensor, pad_id: int,
+                epsilon: float) -> torch.Tensor:
+        # states (N, D), weight (V, D), target_ids (N,) long
+        (N, D), V = states.shape, weight.shape[0]
+        rows = max(1, _ProjectedLabelSmoothedNLL.ROW_BLOCK_ELEMENTS // V)
+        counted = (target_ids != pad_id).to(states.dtype)  # (N,) 1 = a real target
+        grads = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        grad_states = states.new_empty(N, D) if grads else None
+        grad_weight = torch.zeros_like(weight) if grads else None
+        loss = states.new_zeros(())
+        for i in range(0, N, rows):
+            h, gold_ids, scale = states[i:i + rows], target_ids[i:i + rows, None], counted[i:i + rows, None]
+            z = torch.mm(h, weight.t())  # (r, V) logits of the block
+            lse = torch.logsumexp(z, dim=1, keepdim=True)  # (r, 1)
+            per_row = lse - (1.0 - epsilon) * z.gather(1, gold_ids) - (epsilon / V) * z.sum(dim=1, keepdim=True)
+            loss += (per_row * scale).sum()
+            if grads:
+                grad = z.sub_(lse).exp_()  # (r, V) softmax, in the logits' buffer
+                torch.addcmul(-(epsilon / V) * scale, grad, scale, out=grad)  # (softmax - ε/V) · [real]
+                grad.scatter_add_(1, gold_ids, -(1.0 - epsilon) * scale)
+                torch.mm(grad, weight, out=grad_states[i:i + rows])  # (r, D)
+                grad_weight.addmm_(grad.t(), h)  # (V, D)
+        ctx.save_for_backward(grad_states, grad_weight)
+        return loss
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
-        logits, lse, target_ids, counted = ctx.saved_tensors
-        eps, V = ctx.epsilon, logits.shape[-1]
-        row_scale = (grad_loss * counted)[:, None]  # (N, 1): 0 for pad rows
-        grad = logits.sub_(lse[:, None]) if ctx.overwrite_logits else logits - lse[:, None]  # (N, V) log-probs
-        grad.exp_().sub_(eps / V).mul_(row_scale)  # (softmax - ε/V) · scale
-        grad.scatter_add_(1, target_ids[:, None], -(1.0 - eps) * row_scale)
-        return grad, None, None, None, None
+        grad_states, grad_weight = ctx.saved_tensors
+        return grad_states * grad_loss, grad_weight * grad_loss, None, None, None
 
 
 # Everything tmt writes at the top of a run directory; nothing else is ever deleted.
@@ -265,8 +278,9 @@ class Trainer:
         # (docs/benchmarks.md); tensor cores and compile's shape bound are what it is for.
         self.pad_to_multiple = t.pad_to_multiple if self.device.type == "cuda" or t.compile else 1
         # On a CPU the step runs every layer at the real tokens only (`Transformer.forward`'s
-        # `real_only`): the same loss and gradients without the padding's share of the work
-        # (docs/benchmarks.md, "Training"). Elsewhere the padded path stays: picking the real
+        # `real_states`), and the loss projects them to the vocabulary block by block: the
+        # same loss and gradients without the padding's share of the work or whole (N, V)
+        # logits (docs/benchmarks.md, "Training"). Elsewhere the padded path stays: picking the real
         # rows reads their count from the device (a host sync per step), and on a GPU that
         # trade is unmeasured; under torch.compile the row count would be one more dynamic shape.
         self.real_positions_only = self.device.type == "cpu" and not t.compile
@@ -409,13 +423,12 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
             with self._gradient_sync(last=i == len(batches) - 1):
-                with self.precision.autocast():
-                    logits = self.step_model(batch.src_ids, batch.tgt_in_ids, self.real_positions_only)  # real_only
-                targets = batch.tgt_out_ids  # (B, T): logits (B, T, V)
-                if self.real_positions_only:
-                    targets = targets[targets != PAD_ID]  # (N,): logits (N, V) of the real positions only
-                # overwrite_logits=True: nothing reads the logits after backward
-                loss = label_smoothed_loss(logits, targets, PAD_ID, self.cfg.train.label_smoothing, True)
+                with self.precision.autocast():  # logits (B, T, V), or the real positions' states (N, D)
+                    out = self.step_model(batch.src_ids, batch.tgt_in_ids, self.real_positions_only)  # real_states
+                targets, output_weight = batch.tgt_out_ids, None  # (B, T)
+                if self.real_positions_only:  # the loss projects the states itself, block by block
+                    targets, output_weight = targets[targets != PAD_ID], self.model.output_proj.weight  # (N,)
+                loss = label_smoothed_loss(out, targets, PAD_ID, self.cfg.train.label_smoothing, output_weight)
                 loss = loss / n_tgt_tokens  # normalise per target token of the whole update, not per sentence
                 self.scaler.scale(loss * world if world > 1 else loss).backward()  # frees this batch's activations
             total += loss.detach()

@@ -203,7 +203,8 @@ class SelfAttention(MultiHeadAttention):
         self.qkv_proj = Linear(d_model, 3 * d_model, blocks=3)  # columns: q, k, v
         self.out_proj = Linear(d_model, d_model)
 
-    def project(self, x: torch.Tensor, packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(self, x: torch.Tensor,
+                packing: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, L, D), or its real rows (N, D) with their `packing` -> queries, keys and values,
         each (B, H, L, Dh)."""
         qkv = self.qkv_proj(x)  # (B, L, 3D) or (N, 3D)

@@ -49,6 +49,9 @@ class DataConfig:
     max_length_ratio: float = 3.0
     """Training pairs whose longer side has more than this many times the words of the
     shorter side are dropped (likely misaligned)."""
+    num_proc: int | None = None
+    """Processes that tokenize a large split (100,000 pairs or more) into the token cache;
+    unset: the machine's cores, at most 8. Smaller splits take one process."""
 
 
 @dataclass(frozen=True)
@@ -386,6 +389,8 @@ def _check_values(cfg: Config) -> list[str]:
         p.append(f"data.max_words: must be at least 1, got {d.max_words}")
     if d.max_length_ratio < 1:
         p.append(f"data.max_length_ratio: must be at least 1, got {d.max_length_ratio}")
+    if d.num_proc is not None and d.num_proc < 1:
+        p.append(f"data.num_proc: must be at least 1 (or unset for automatic), got {d.num_proc}")
     n_special = 4
     if tok.vocab_size <= n_special:
         p.append(f"tokenizer.vocab_size: {tok.vocab_size} leaves no room beyond the {n_special} special tokens")

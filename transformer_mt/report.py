@@ -78,6 +78,15 @@ class DataReport:
     def epochs_to_max_steps(self) -> float:
         return self.max_steps / self.steps_per_epoch
 
+    def to_dict(self) -> dict:
+        """The report as plain JSON values, for `summary.json`."""
+        return {"pairs": self.pairs, "removed": self.removed,
+                "lengths": {f"{split}.{side}": {**{f"p{p}": v for p, v in stats.percentiles.items()}, "max": stats.max}
+                            for (split, side), stats in self.lengths.items()},
+                "valid_truncated": self.valid_truncated, "unk_rate": self.unk_rate, "word_coverage": self.word_coverage,
+                "src_tokens_per_epoch": self.src_tokens_per_epoch, "tgt_tokens_per_epoch": self.tgt_tokens_per_epoch,
+                "batches_per_epoch": self.batches_per_epoch, "steps_per_epoch": self.steps_per_epoch}
+
     def render(self) -> str:
         """The report as a compact text table: a label column, then aligned cells per block."""
         lang = self.languages

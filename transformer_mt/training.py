@@ -323,7 +323,7 @@ class Trainer:
         self._clock = now
 
     def write_summary(self, status: str) -> None:
-        """Rewrite `summary.json` (rank 0): provenance, progress, metrics and throughput so far."""
+        """Rewrite `summary.json` (rank 0): provenance, the data report, progress, metrics and throughput so far."""
         self._tick()
         if not self.dist.is_main:
             return
@@ -335,7 +335,8 @@ class Trainer:
             "train_seconds": round(s.train_seconds, 1),
             "tgt_tokens_per_s": round(s.tgt_tokens_seen / s.train_seconds, 1) if s.train_seconds else None,
             "skipped_nonfinite": s.skipped_nonfinite, "skipped_oom": s.skipped_oom,
-            "parameters": self.model.num_parameters(), "provenance": self.provenance})
+            "parameters": self.model.num_parameters(), "data": self.data_report.to_dict(),
+            "provenance": self.provenance})
 
     # --- one optimisation step ---------------------------------------------------------
     def train_step(self, batches: Batch | list[Batch], step_tgt_tokens: int | None = None) -> StepResult:

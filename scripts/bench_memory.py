@@ -110,10 +110,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"bench_memory: training failed (exit {process.returncode}); see {args.work / 'train-output.log'}:\n"
                  + output[-3000:])
     disk = {name: sum(f.stat().st_size for f in (run_dir / name).rglob("*") if f.is_file()) / 2**20
-            for name in ("corpus", "token_cache")}
+            for name in ("corpus_cache", "token_cache")}
     result = {"pairs": args.pairs, "steps": args.steps, "peak_rss_mb": round(peak["hwm"] / 1024),
               "peak_anon_mb": round(peak["anon"] / 1024), "peak_tree_rss_mb": round(peak["tree"] / 1024),
-              "corpus_files_mb": round(disk["corpus"]), "token_cache_mb": round(disk["token_cache"]),
+              "corpus_files_mb": round(disk["corpus_cache"]), "token_cache_mb": round(disk["token_cache"]),
               "wall_s": round(seconds)}
     print(f"{'pairs':>12} {'peak RSS':>10} {'peak anon':>10} {'peak tree':>10} {'corpus files':>13} "
           f"{'token cache':>12} {'wall':>7}")

@@ -64,6 +64,9 @@ class TokenizerConfig:
     """One tokenizer for both languages (needed for `model.share_embeddings`), else one each."""
     min_frequency: int = 2
     """A merge must occur at least this often in the training split."""
+    max_train_pairs: int | None = None
+    """Train the BPE on at most this many training pairs, a seeded random sample; unset: all.
+    Counting words is most of the tokenizer's training time (10 M pairs: 7.5 min on 2 cores)."""
 
 
 @dataclass(frozen=True)
@@ -396,6 +399,8 @@ def _check_values(cfg: Config) -> list[str]:
         p.append(f"tokenizer.vocab_size: {tok.vocab_size} leaves no room beyond the {n_special} special tokens")
     if tok.min_frequency < 1:
         p.append(f"tokenizer.min_frequency: must be at least 1, got {tok.min_frequency}")
+    if tok.max_train_pairs is not None and tok.max_train_pairs < 1:
+        p.append(f"tokenizer.max_train_pairs: must be at least 1 (or unset for all pairs), got {tok.max_train_pairs}")
     for key, value in [("model.d_model", m.d_model), ("model.n_heads", m.n_heads), ("model.n_layers", m.n_layers),
                        ("model.d_ff", m.d_ff), ("model.max_len", m.max_len)]:
         if value < 1:

@@ -1,6 +1,6 @@
 """The corpus of a run: `src` / `tgt` pairs per split, filtered, as memory-mapped Arrow files.
 
-`load_corpus` streams each split from its source (`data_sources`) into `<run_dir>/corpus/`,
+`load_corpus` streams each split from its source (`data_sources`) into `<run_dir>/corpus_cache/`,
 carves missing valid/test splits from train with a seeded shuffle (recorded in the run's
 `splits.json` so a resumed run sees the same rows), and filters pairs. Nothing holds the whole
 corpus in memory; the files are reused while the sources, the data settings and the carving
@@ -34,9 +34,9 @@ logger = logging.getLogger(__name__)
 FILTERS = ("empty", "too_long", "length_ratio")
 KEPT, EMPTY, TOO_LONG, LENGTH_RATIO = 0, 1, 2, 3  # per-row filter verdicts, in the order the filters apply
 SPLITS_FILE = "splits.json"
-CORPUS_DIR = "corpus"
-CORPUS_BUILD_DIR = ".corpus.tmp"  # the next corpus/ while it is written
-CORPUS_OLD_DIR = ".corpus.old"  # the previous corpus/ while it is replaced
+CORPUS_DIR = "corpus_cache"
+CORPUS_BUILD_DIR = ".corpus_cache.tmp"  # the next corpus_cache/ while it is written
+CORPUS_OLD_DIR = ".corpus_cache.old"  # the previous corpus_cache/ while it is replaced
 MANIFEST_FILE = "corpus.json"
 CORPUS_FORMAT = 1  # bump when the files or the filters change meaning
 HASH_BLOCK_BYTES = 8 << 20
@@ -56,7 +56,7 @@ class Corpus:
 
 
 def load_corpus(cfg: DataConfig, seed: int, run_dir: Path) -> Corpus:
-    """Read the corpus described by `cfg` into `run_dir/corpus/` (or reuse it), carve missing
+    """Read the corpus described by `cfg` into `run_dir/corpus_cache/` (or reuse it), carve missing
     valid/test splits, and filter pairs.
 
     `seed` drives the carving shuffle; the carved row indices are saved to (or, when present,
@@ -105,7 +105,11 @@ def _reusable_manifest(directory: Path, key: str, splits_path: Path) -> dict | N
 # --- building the corpus files -----------------------------------------------------------------
 
 def _build(cfg: DataConfig, seed: int, sources: dict[str, SplitSource | None], run_dir: Path, key: str) -> dict:
-    """Write train/valid/test Arrow files and the manifest into a fresh `corpus/`; return the manifest."""
+    """Write train/valid/test Arrow files and the manifest into a fresh `corpus_cache/`; return the manifest."""
+    target = run_dir / CORPUS_DIR
+    if target.exists() and any(target.iterdir()) and not (target / MANIFEST_FILE).is_file():
+        raise DataError(f"{target} exists but tmt did not write it (no {MANIFEST_FILE}); move it, or train "
+                        "in another run directory")  # never replace a folder of the user's
     build = run_dir / CORPUS_BUILD_DIR
     shutil.rmtree(build, ignore_errors=True)  # left by an interrupted start
     build.mkdir(parents=True)
@@ -135,7 +139,7 @@ def _build(cfg: DataConfig, seed: int, sources: dict[str, SplitSource | None], r
     manifest = {"format": CORPUS_FORMAT, "key": key, "rows": rows, "removed": removed, "digests": digests,
                 "splits_digest": _file_digest(run_dir / SPLITS_FILE) if plan else None}
     (build / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    _replace_directory(build, run_dir / CORPUS_DIR, run_dir / CORPUS_OLD_DIR)
+    _replace_directory(build, target, run_dir / CORPUS_OLD_DIR)
     return manifest
 
 
@@ -314,8 +318,9 @@ def _write_json_atomically(path: Path, obj: dict) -> None:
         raise
 
 
-def iter_text_batches(split: datasets.Dataset, column: str) -> Iterator[list[str]]:
-    """The strings of one column (`src` or `tgt`) of a corpus split, a record batch at a time.
+def iter_text_batches(split: datasets.Dataset, column: str, rows: np.ndarray | None = None) -> Iterator[list[str]]:
+    """The strings of one column (`src` or `tgt`) of a corpus split, a record batch at a time;
+    only those of `rows` (sorted row indices) when given.
 
     Read from the split's Arrow file with plain file reads, not through its memory map, for the
     reason `_write_selected` gives.
@@ -323,12 +328,26 @@ def iter_text_batches(split: datasets.Dataset, column: str) -> Iterator[list[str
     import pyarrow as pa
 
     (path,) = [entry["filename"] for entry in split.cache_files]  # load_corpus: one file per split
+    start = 0
     with pa.OSFile(path) as source:
         for batch in pa.ipc.open_stream(source):
-            yield batch.column(column).to_pylist()
+            strings = batch.column(column)
+            if rows is not None:
+                wanted = rows[np.searchsorted(rows, start):np.searchsorted(rows, start + batch.num_rows)]
+                strings = strings.take(pa.array(wanted - start))
+            start += batch.num_rows
+            yield strings.to_pylist()
 
 
-def iter_text(split: datasets.Dataset, column: str) -> Iterator[str]:
-    """The strings of one column, one at a time, without reading the column into memory."""
-    for batch in iter_text_batches(split, column):
+def iter_text(split: datasets.Dataset, column: str, rows: np.ndarray | None = None) -> Iterator[str]:
+    """The strings of one column (of `rows` only, when given), one at a time, without reading
+    the column into memory."""
+    for batch in iter_text_batches(split, column, rows):
         yield from batch
+
+
+def sample_rows(n_rows: int, max_rows: int | None, seed: int) -> np.ndarray | None:
+    """Sorted, seeded random row indices, `max_rows` of them; None (all rows) when `n_rows` is no more."""
+    if max_rows is None or n_rows <= max_rows:
+        return None
+    return np.sort(np.random.default_rng(seed).choice(n_rows, size=max_rows, replace=False))

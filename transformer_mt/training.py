@@ -155,8 +155,13 @@ def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size:
         logger.info("reusing the tokenizers in %s", run_dir)
     else:
         started = time.perf_counter()
-        tokenizers = train_tokenizers(cfg.tokenizer, data_module.iter_text(corpus.train, "src"),
-                                      data_module.iter_text(corpus.train, "tgt"), progress, n_lines=len(corpus.train))
+        rows = data_module.sample_rows(len(corpus.train), cfg.tokenizer.max_train_pairs, cfg.seed)
+        if rows is not None:
+            logger.info("training the tokenizers on %d of the %d training pairs (tokenizer.max_train_pairs)",
+                        len(rows), len(corpus.train))
+        tokenizers = train_tokenizers(cfg.tokenizer, data_module.iter_text(corpus.train, "src", rows),
+                                      data_module.iter_text(corpus.train, "tgt", rows), progress,
+                                      n_lines=len(corpus.train) if rows is None else len(rows))
         tokenizers.save(run_dir)
         logger.info("trained BPE tokenizers (vocabulary %d%s) in %.1fs", tokenizers.src.get_vocab_size(),
                     ", joint" if tokenizers.joint else "", time.perf_counter() - started)

@@ -28,6 +28,7 @@ from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
 
 if TYPE_CHECKING:
     import datasets
+    import pyarrow as pa
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +51,11 @@ class TokenizedSplit:
     def __init__(self, dataset: datasets.Dataset, src_text: Sequence[str] | None = None,
                  tgt_text: Sequence[str] | None = None):
         self.dataset = dataset
-        self._table = dataset.with_format("arrow")[:]  # a zero-copy pyarrow view of the (memory-mapped) rows
-        self.src_len = self._table.column("src_len").to_numpy().astype(np.int64)
-        self.tgt_len = self._table.column("tgt_len").to_numpy().astype(np.int64)
+        self._arrow = dataset.with_format("arrow")
+        self._table = self._arrow[:]  # a zero-copy pyarrow view of the (memory-mapped) rows
+        # int32 as stored: 10 M pairs take 40 MB per array (sums still come out int64).
+        self.src_len = self._table.column("src_len").to_numpy()
+        self.tgt_len = self._table.column("tgt_len").to_numpy()
         self.src_text, self.tgt_text = src_text, tgt_text
         self._src_ids: list[list[int]] | None = None
 
@@ -77,13 +80,19 @@ class TokenizedSplit:
 
     def ids(self, indices: Sequence[int] | np.ndarray) -> tuple[list[list[int]], list[list[int]]]:
         """Source and target token ids of the given examples, as lists."""
-        rows = self._table.take(np.asarray(indices, dtype=np.int64))
+        rows = self._rows(indices)
         return rows.column("src_ids").to_pylist(), rows.column("tgt_ids").to_pylist()
+
+    def _rows(self, indices: Sequence[int] | np.ndarray) -> pa.Table:
+        """A pyarrow Table of the given rows, in this order, gathered by `datasets` one row slice
+        at a time. (`Table.take` on a split of 10 M rows in thousands of record batches first
+        concatenates whole columns: 0.8 s and 750 MB for a batch of 150 rows, against 1.2 ms.)"""
+        return self._arrow[np.asarray(indices, dtype=np.int64).tolist()]
 
     def batch(self, indices: Sequence[int] | np.ndarray, pad_to_multiple: int = 1) -> Batch:
         """The padded `Batch` of the given examples, straight from the Arrow buffers."""
         idx = np.asarray(indices, dtype=np.int64)
-        rows = self._table.take(idx)  # a pyarrow Table of these rows, in this order
+        rows = self._rows(idx)
         src = rows.column("src_ids").combine_chunks().flatten().to_numpy()
         tgt = rows.column("tgt_ids").combine_chunks().flatten().to_numpy()
         return make_batch_from_flat(src, self.src_len[idx], tgt, self.tgt_len[idx], PAD_ID, BOS_ID, EOS_ID,

@@ -34,7 +34,7 @@ import torch
 from transformer_mt.batching import pad_sequences
 from transformer_mt.checkpoint import FORMAT_VERSION, save_atomic
 from transformer_mt.config import Config, DataConfig, ModelConfig, TokenizerConfig, config_to_dict
-from transformer_mt.data import read_aligned_files
+from transformer_mt.data_sources import read_aligned_files
 from transformer_mt.decoding import beam_search, greedy_decode
 from transformer_mt.export import export_ctranslate2
 from transformer_mt.model import Transformer

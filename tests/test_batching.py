@@ -1,7 +1,25 @@
 import numpy as np
 import torch
 
-from transformer_mt.batching import TokenBatchSampler, make_batch, make_batch_from_flat, sorted_batches
+from transformer_mt.batching import (TokenBatchSampler, make_batch, make_batch_from_flat, sorted_batches,
+                                     token_budget_batches)
+
+
+def as_lists(batches) -> list[list[int]]:
+    return [[int(i) for i in b] for b in batches]
+
+
+def greedy_batches(order, lengths, batch_tokens):
+    """The plain cut: add examples one at a time until the next would break the budget."""
+    batches, current, longest = [], [], 0
+    for idx in order:
+        new_longest = max(longest, lengths[idx])
+        if current and (len(current) + 1) * new_longest > batch_tokens:
+            batches.append(current)
+            current, new_longest = [], lengths[idx]
+        current.append(idx)
+        longest = new_longest
+    return batches + [current] if current else batches
 
 
 def test_make_batch_appends_eos_and_shifts_the_target():
@@ -19,7 +37,17 @@ def test_every_epoch_covers_each_example_once_within_the_token_budget():
         batches = sampler.epoch_batches(epoch)
         assert sorted(i for b in batches for i in b) == list(range(500))
         assert all(len(b) * max(lengths[i] for i in b) <= 200 for b in batches)
-    assert sampler.epoch_batches(0) != sampler.epoch_batches(1)  # reshuffled each epoch
+    assert as_lists(sampler.epoch_batches(0)) != as_lists(sampler.epoch_batches(1))  # reshuffled each epoch
+
+
+def test_the_vectorised_cut_equals_adding_examples_one_by_one():
+    gen = torch.Generator().manual_seed(3)
+    for budget in (1, 7, 64, 200, 5000):
+        lengths = torch.randint(1, 90, (700,), generator=gen).numpy()
+        lengths[:5] = [300, 1, 1, 250, 90]  # some longer than the smaller budgets: a batch of their own
+        order = np.argsort(lengths, kind="stable")
+        expected = greedy_batches(order.tolist(), lengths.tolist(), budget)
+        assert as_lists(token_budget_batches(order, lengths, budget)) == expected
 
 
 def test_sampler_resumes_mid_epoch_with_the_same_batches():
@@ -35,7 +63,7 @@ def test_sampler_resumes_mid_epoch_with_the_same_batches():
 
     resumed = TokenBatchSampler(lengths, batch_tokens=30, seed=1)
     resumed.load_state_dict(state)
-    assert [b for b, _ in zip(iter(resumed), range(n_per_epoch))] == expected
+    assert as_lists(b for b, _ in zip(iter(resumed), range(n_per_epoch))) == as_lists(expected)
 
 
 def test_evaluation_batches_are_sorted_and_complete():

@@ -174,6 +174,61 @@ def test_invalid_utf8_error_names_file_and_line(data_dir, run_dir):
         load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)
 
 
+def test_utf8_error_in_a_later_read_chunk_names_the_right_line(data_dir, run_dir, monkeypatch):
+    from transformer_mt import data_sources
+
+    monkeypatch.setattr(data_sources, "READ_CHUNK_BYTES", 16)  # many chunks of a few lines each
+    write_lines(data_dir / "train.en", [f"line {i}" for i in range(40)])
+    good = [f"riga {i}" for i in range(40)]
+    (data_dir / "train.it").write_bytes("\n".join(good[:29]).encode() + b"\nbad \xff\n"
+                                        + "\n".join(good[30:]).encode() + b"\n")
+
+    with pytest.raises(DataError, match=rf"{data_dir / 'train.it'}:30: not valid UTF-8"):
+        load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)
+
+
+def test_streaming_in_small_chunks_reads_the_same_pairs(data_dir, tmp_path, monkeypatch):
+    from transformer_mt import data_sources
+
+    rows = [(f"\ufeffword {i}" if i == 0 else f" word {i}\r", f"parola {i} ") for i in range(57)]
+    write_text_split(data_dir, "train", rows)
+    expected = [(s.strip().removeprefix("\ufeff"), t.strip()) for s, t in rows]
+    whole = pairs_of(load_corpus(make_cfg(data_dir), seed=1, run_dir=tmp_path / "whole").train)
+    monkeypatch.setattr(data_sources, "READ_CHUNK_BYTES", 10)
+    monkeypatch.setattr(data_sources, "CHUNK_ROWS", 4)
+    chunked = pairs_of(load_corpus(make_cfg(data_dir), seed=1, run_dir=tmp_path / "chunked").train)
+    assert whole == chunked
+    assert len(whole) == 57 - 4 and set(whole) <= set(expected)  # less the 2 + 2 carved rows
+
+
+def test_the_corpus_files_are_reused_until_a_source_file_changes(data_dir, run_dir, caplog):
+    write_text_split(data_dir, "train", numbered_pairs(20))
+    write_text_split(data_dir, "valid", numbered_pairs(3))
+    write_text_split(data_dir, "test", numbered_pairs(3))
+    first = load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)
+    manifest = (run_dir / "corpus_cache" / "corpus.json").read_bytes()
+    with caplog.at_level("INFO", logger="transformer_mt.data"):
+        again = load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)
+    assert "reusing the corpus" in caplog.text
+    assert pairs_of(again.train) == pairs_of(first.train) and again.digests == first.digests
+    assert (run_dir / "corpus_cache" / "corpus.json").read_bytes() == manifest
+
+    write_text_split(data_dir, "train", numbered_pairs(21))  # another size and modification time
+    changed = load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)
+    assert len(changed.train) == 21 and changed.digests["train"] != first.digests["train"]
+    assert changed.digests["valid"] == first.digests["valid"]  # same text, same digest
+    assert pairs_of(first.train) == numbered_pairs(20)  # the old files stay readable to whoever holds them
+    assert sorted(p.name for p in run_dir.iterdir()) == ["corpus_cache"]  # no temporary folder left
+
+
+def test_a_changed_filter_setting_rebuilds_the_corpus(data_dir, run_dir):
+    write_text_split(data_dir, "train", [("a b c d", "a b c d"), ("a", "b")] + numbered_pairs(10))
+    write_text_split(data_dir, "valid", numbered_pairs(2))
+    write_text_split(data_dir, "test", numbered_pairs(2))
+    assert len(load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir).train) == 12
+    assert len(load_corpus(make_cfg(data_dir, max_words=3), seed=1, run_dir=run_dir).train) == 11
+
+
 # --- carving valid/test from train -------------------------------------------------------------
 
 def test_carved_splits_are_deterministic_disjoint_and_saved(data_dir, tmp_path):
@@ -356,3 +411,33 @@ def test_hub_language_missing_from_translation_column_names_key_and_available_la
 
     with pytest.raises(DataError, match=r"data\.tgt_lang='fr' not in .*\(available: en, it\)"):
         load_corpus(cfg, seed=1, run_dir=run_dir)
+
+
+def test_iter_text_streams_every_row_or_only_the_given_ones(data_dir, run_dir, monkeypatch):
+    import numpy as np
+
+    from transformer_mt import data_sources
+    from transformer_mt.data import iter_text, sample_rows
+
+    monkeypatch.setattr(data_sources, "CHUNK_ROWS", 4)  # several record batches
+    rows = numbered_pairs(19)
+    write_text_split(data_dir, "train", rows)
+    write_text_split(data_dir, "valid", numbered_pairs(2))
+    write_text_split(data_dir, "test", numbered_pairs(2))
+    train = load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir).train
+    assert list(iter_text(train, "src")) == [s for s, _ in rows]
+    picked = np.array([0, 3, 4, 9, 18])
+    assert list(iter_text(train, "tgt", picked)) == [rows[i][1] for i in picked]
+    sample = sample_rows(19, 5, seed=7)
+    assert len(sample) == 5 and list(sample) == sorted(set(sample.tolist())) and sample.max() < 19
+    assert (sample == sample_rows(19, 5, seed=7)).all() and sample_rows(19, 19, seed=7) is None
+
+
+def test_a_corpus_cache_folder_tmt_did_not_write_is_never_replaced(data_dir, run_dir):
+    write_text_split(data_dir, "train", numbered_pairs(10))
+    theirs = run_dir / "corpus_cache"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    with pytest.raises(DataError, match="tmt did not write it"):
+        load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)
+    assert (theirs / "notes.txt").read_text() == "mine"

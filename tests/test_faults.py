@@ -412,3 +412,11 @@ def test_a_killed_run_resumes_to_exactly_the_uninterrupted_result(point, resumes
 def progress_of(checkpoint: dict) -> dict:
     """The train state without the wall time, which no two runs share."""
     return {k: v for k, v in checkpoint["train_state"].items() if k != "train_seconds"}
+
+
+def test_resume_may_change_how_many_processes_tokenize():
+    from transformer_mt.training import _resume_config_changes
+
+    changes = _resume_config_changes({"data": {"path": "d", "num_proc": 2}}, {"data": {"path": "d", "num_proc": 4}},
+                                     Path("step_00000010.pt"))
+    assert changes == ["data.num_proc: 2 -> 4"]

@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from tests.conftest import REPO, run_cli, tiny_config
+from tests.conftest import REPO, TINY_PAIRS, run_cli, tiny_config
 from transformer_mt.training import prepare_run_dir, train
 
 
@@ -16,6 +16,10 @@ def test_summary_records_provenance_metrics_and_throughput(tiny_corpus: Path, tm
     assert summary["best_bleu"] == state.best_bleu and summary["last_valid"]["step"] == 4
     assert summary["test"]["checkpoint"] == "best.pt" and "bleu_signature" in summary["test"]
     assert summary["tgt_tokens_seen"] == state.tgt_tokens_seen > 0 and summary["tgt_tokens_per_s"] > 0
+    data = summary["data"]  # the preflight data report, as the train log shows it
+    assert data["pairs"] == {"train": len(TINY_PAIRS) - data["removed"]["too_many_tokens"], "valid": 4, "test": 2}
+    assert data["batches_per_epoch"] >= 1
+    assert data["lengths"]["train.src"]["p50"] <= data["lengths"]["train.src"]["max"]
     provenance = summary["provenance"]
     assert provenance["data"]["path"] == str(tiny_corpus) and provenance["split_seed"] == 3
     assert set(provenance["tokenizers_sha256"]) == {"tokenizer.json"}

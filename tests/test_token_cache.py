@@ -4,10 +4,19 @@ import pytest
 
 from tests.conftest import TINY_PAIRS
 from transformer_mt.config import TokenizerConfig
-from transformer_mt.data import _to_dataset
 from transformer_mt.errors import DataError
-from transformer_mt.token_cache import tokenize_split
+from transformer_mt.token_cache import MIN_ROWS_PER_PROCESS, processes_for, tokenize_split
 from transformer_mt.tokenization import train_tokenizers
+
+
+def dataset_of(pairs):
+    import datasets
+
+    return datasets.Dataset.from_dict({"src": [s for s, _ in pairs], "tgt": [t for _, t in pairs]})
+
+
+def digest_of(pairs) -> str:
+    return str(hash(tuple(pairs)))  # any string that changes with the text (Corpus.digests in training)
 
 
 def tokenizers(vocab_size: int = 120):
@@ -20,10 +29,10 @@ def entries(cache: Path) -> list[str]:
 
 
 def test_a_cache_hit_gives_the_same_ids_as_encoding(tmp_path: Path):
-    split, pair = _to_dataset(TINY_PAIRS), tokenizers()
-    first = tokenize_split(split, pair, 64, tmp_path, "train", drop_long=True)
+    split, digest, pair = dataset_of(TINY_PAIRS), digest_of(TINY_PAIRS), tokenizers()
+    first = tokenize_split(split, digest, pair, 64, tmp_path, "train", drop_long=True)
     (entry,) = entries(tmp_path)
-    again = tokenize_split(split, pair, 64, tmp_path, "train", drop_long=True)
+    again = tokenize_split(split, digest, pair, 64, tmp_path, "train", drop_long=True)
     assert entries(tmp_path) == [entry]  # reused, not rewritten
     expected_src = pair.encode_src([s for s, _ in TINY_PAIRS])
     expected_tgt = pair.encode_tgt([t for _, t in TINY_PAIRS])
@@ -34,11 +43,12 @@ def test_a_cache_hit_gives_the_same_ids_as_encoding(tmp_path: Path):
 
 
 def test_changing_the_tokenizer_the_data_or_max_len_invalidates_the_cache(tmp_path: Path):
-    split = _to_dataset(TINY_PAIRS)
-    tokenize_split(split, tokenizers(120), 64, tmp_path, "train", drop_long=True)
+    split, digest = dataset_of(TINY_PAIRS), digest_of(TINY_PAIRS)
+    tokenize_split(split, digest, tokenizers(120), 64, tmp_path, "train", drop_long=True)
     (original,) = entries(tmp_path)
-    for args in [(split, tokenizers(80), 64), (_to_dataset(TINY_PAIRS[1:]), tokenizers(120), 64),
-                 (split, tokenizers(120), 8)]:
+    for args in [(split, digest, tokenizers(80), 64),
+                 (dataset_of(TINY_PAIRS[1:]), digest_of(TINY_PAIRS[1:]), tokenizers(120), 64),
+                 (split, digest, tokenizers(120), 8)]:
         tokenize_split(*args, tmp_path, "train", drop_long=True)
         (entry,) = entries(tmp_path)  # the old entry of the split is removed
         assert entry != original
@@ -46,14 +56,34 @@ def test_changing_the_tokenizer_the_data_or_max_len_invalidates_the_cache(tmp_pa
 
 
 def test_training_drops_over_long_pairs_and_evaluation_truncates_them(tmp_path: Path):
-    split, pair = _to_dataset(TINY_PAIRS), tokenizers()
+    split, digest, pair = dataset_of(TINY_PAIRS), digest_of(TINY_PAIRS), tokenizers()
     lengths = [max(len(s), len(t)) for s, t in zip(pair.encode_src([s for s, _ in TINY_PAIRS]),
                                                    pair.encode_tgt([t for _, t in TINY_PAIRS]))]
     max_len = sorted(lengths)[len(lengths) // 2] + 1
-    train = tokenize_split(split, pair, max_len, tmp_path, "train", drop_long=True)
+    train = tokenize_split(split, digest, pair, max_len, tmp_path, "train", drop_long=True)
     assert len(train) == sum(n <= max_len - 1 for n in lengths)
-    valid = tokenize_split(split, pair, max_len, tmp_path, "valid", drop_long=False, keep_text=True)
+    valid = tokenize_split(split, digest, pair, max_len, tmp_path, "valid", drop_long=False, keep_text=True)
     assert len(valid) == len(TINY_PAIRS) and max(valid.lengths()) <= max_len
     assert valid.tgt_text[3] == TINY_PAIRS[3][1]
     with pytest.raises(DataError, match="no training pair fits"):
-        tokenize_split(split, pair, 2, tmp_path, "train", drop_long=True)
+        tokenize_split(split, digest, pair, 2, tmp_path, "train", drop_long=True)
+
+
+def test_several_processes_cache_the_same_ids_in_the_same_order(tmp_path: Path):
+    pairs = TINY_PAIRS * 3
+    split, pair = dataset_of(pairs), tokenizers()
+    one = tokenize_split(split, "text", pair, 64, tmp_path / "one", "train", drop_long=True)
+    three = tokenize_split(split, "text", pair, 64, tmp_path / "three", "train", drop_long=True, num_proc=3)
+    (entry,) = entries(tmp_path / "three")
+    assert len(list((tmp_path / "three" / entry).glob("*.arrow"))) == 3  # one file per process
+    assert three.ids(range(len(pairs))) == one.ids(range(len(pairs)))
+    reloaded = tokenize_split(split, "text", pair, 64, tmp_path / "three", "train", drop_long=True, num_proc=3)
+    assert reloaded.ids(range(len(pairs))) == one.ids(range(len(pairs)))
+    assert (reloaded.src_len == one.src_len).all() and (reloaded.tgt_len == one.tgt_len).all()
+
+
+def test_small_splits_take_one_process():
+    assert processes_for(MIN_ROWS_PER_PROCESS - 1, 8) == 1
+    assert processes_for(3 * MIN_ROWS_PER_PROCESS, 8) == 3
+    assert processes_for(100 * MIN_ROWS_PER_PROCESS, 4) == 4
+    assert processes_for(100 * MIN_ROWS_PER_PROCESS, None) >= 1

@@ -52,3 +52,20 @@ def test_progress_bars_stay_off_when_stderr_is_not_a_terminal(capsys):
     assert shown.encode_tgt(TGT, progress=True) == quiet.encode_tgt(TGT)  # the bar changes nothing
     assert shown.src.to_str() == quiet.src.to_str()
     assert capsys.readouterr().err == ""  # captured stderr is not a TTY
+
+
+def test_max_train_pairs_trains_the_tokenizers_on_the_seeded_sample(tiny_corpus, tmp_path):
+    from tests.conftest import tiny_config
+    from transformer_mt.data import load_corpus, sample_rows
+    from transformer_mt.training import prepare_data
+
+    cfg = tiny_config(tiny_corpus, tokenizer={"max_train_pairs": 4})
+    run = tmp_path / "run"
+    tokenizers, *_ = prepare_data(cfg, run)
+    train = load_corpus(cfg.data, cfg.seed, run).train  # the same rows training saw
+    rows = sample_rows(len(train), 4, cfg.seed)
+    expected = train_tokenizers(cfg.tokenizer, [train["src"][int(i)] for i in rows],
+                                [train["tgt"][int(i)] for i in rows])
+    assert tokenizers.src.to_str() == expected.src.to_str()
+    everything = train_tokenizers(cfg.tokenizer, train["src"][:], train["tgt"][:])
+    assert tokenizers.src.to_str() != everything.src.to_str()  # the sample is not the whole split

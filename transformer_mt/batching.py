@@ -99,23 +99,28 @@ def make_batch_from_flat(src_values: np.ndarray, src_lengths: np.ndarray, tgt_va
                  n_tgt_tokens=int(tgt_lengths.sum()) + len(rows))
 
 
-def token_budget_batches(order: Sequence[int], lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
+def token_budget_batches(order: np.ndarray, lengths: np.ndarray, batch_tokens: int) -> list[np.ndarray]:
     """Cut `order` into consecutive batches whose size × longest length stays within the budget.
 
-    A single example longer than the budget still gets a batch of its own.
+    `order` (N,) example indices whose `lengths` never decrease along it (both callers sort by
+    length first): then a batch's longest example is its last, and a batch starting at i holds
+    the longest run i..j with (j - i + 1) × lengths[order[j]] <= batch_tokens. That is what adding
+    examples one by one until the budget breaks gives, found with one vectorised test per batch
+    instead of a Python step per example (10 M examples: a second instead of a minute, and no
+    Python list of them). A single example longer than the budget gets a batch of its own.
+    Returns the batches as views into `order`.
     """
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for idx in order:
-        new_longest = max(longest, lengths[idx])
-        if current and (len(current) + 1) * new_longest > batch_tokens:
-            batches.append(current)
-            current, new_longest = [], lengths[idx]
-        current.append(idx)
-        longest = new_longest
-    if current:
-        batches.append(current)
+    order = np.asarray(order, dtype=np.int64)
+    sorted_lengths = np.asarray(lengths)[order]  # (N,) non-decreasing
+    batches: list[np.ndarray] = []
+    start, n = 0, len(order)
+    while start < n:
+        # Every later example is at least as long, so at most batch_tokens // first fit.
+        window = sorted_lengths[start:start + max(1, batch_tokens // max(int(sorted_lengths[start]), 1))]
+        fits = np.arange(1, len(window) + 1) * window <= batch_tokens  # True..True False..False
+        size = len(window) if fits.all() else max(int(np.argmin(fits)), 1)
+        batches.append(order[start:start + size])
+        start += size
     return batches
 
 
@@ -137,22 +142,24 @@ class TokenBatchSampler:
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, batch_tokens: int, seed: int,
                  tie_break: Sequence[int] | np.ndarray | None = None, world_size: int = 1):
-        self.lengths = np.asarray(lengths, dtype=np.int64)  # padded length of each example: max(source, target) + 1
-        self.tie_break = None if tie_break is None else np.asarray(tie_break, dtype=np.int64)
+        # int32: a 10 M-pair corpus costs 40 MB per array (batch sizes are computed in int64).
+        self.lengths = np.asarray(lengths, dtype=np.int32)  # padded length of each example: max(source, target) + 1
+        self.tie_break = None if tie_break is None else np.asarray(tie_break, dtype=np.int32)
         self.batch_tokens = batch_tokens
         self.seed = seed
         self.world_size = world_size
         self.epoch = 0
         self.position = 0  # batches of the current epoch already handed out
 
-    def epoch_batches(self, epoch: int) -> list[list[int]]:
-        """The epoch's batches in training order; their count is a multiple of `world_size`."""
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        """The epoch's batches (arrays of example indices) in training order; their count is a
+        multiple of `world_size`. Memory: a few int64 arrays of the corpus size, no Python lists."""
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         shuffled = torch.randperm(len(self.lengths), generator=gen).numpy()
         keys = (self.lengths[shuffled],) if self.tie_break is None else (self.tie_break[shuffled],
                                                                           self.lengths[shuffled])
         by_length = shuffled[np.lexsort(keys)]  # the last key sorts first; stable: remaining ties stay shuffled
-        batches = token_budget_batches(by_length.tolist(), self.lengths.tolist(), self.batch_tokens)
+        batches = token_budget_batches(by_length, self.lengths, self.batch_tokens)
         W = self.world_size
         # An incomplete last group (the longest batches) is filled with the shortest batches,
         # which then come twice this epoch; dropping it would never train on the longest pairs.
@@ -161,7 +168,7 @@ class TokenBatchSampler:
         groups = [batches[i:i + W] for i in range(0, len(batches), W)]
         return [batch for i in torch.randperm(len(groups), generator=gen).tolist() for batch in groups[i]]
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[np.ndarray]:
         while True:
             batches = self.epoch_batches(self.epoch)
             while self.position < len(batches):
@@ -178,7 +185,7 @@ class TokenBatchSampler:
         self.position = int(state["position"])
 
 
-def sorted_batches(lengths: Sequence[int], batch_tokens: int) -> list[list[int]]:
-    """Deterministic batches for evaluation: examples sorted by length, cut by token budget."""
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    return token_budget_batches(order, lengths, batch_tokens)
+def sorted_batches(lengths: Sequence[int] | np.ndarray, batch_tokens: int) -> list[np.ndarray]:
+    """Deterministic batches for evaluation: examples sorted by length (stable), cut by token budget."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return token_budget_batches(np.argsort(lengths, kind="stable"), lengths, batch_tokens)

@@ -324,7 +324,8 @@ def _draw_attention(translator, line: str, args: argparse.Namespace) -> None:
 
 
 def run_evaluate(args: argparse.Namespace) -> None:
-    from transformer_mt.data import load_corpus, read_aligned_files
+    from transformer_mt.data import load_corpus
+    from transformer_mt.data_sources import read_aligned_files
     from transformer_mt.evaluation import score
 
     _setup_logging(logging.WARNING)
@@ -395,7 +396,7 @@ def _load_translator(args: argparse.Namespace):
 
 
 def _read_file_lines(path: Path) -> list[str]:
-    from transformer_mt.data import read_lines
+    from transformer_mt.data_sources import read_lines
 
     return read_lines(path)
 

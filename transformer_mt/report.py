@@ -8,12 +8,14 @@ time per epoch and to `train.max_steps`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from transformer_mt.batching import TokenBatchSampler
 from transformer_mt.config import Config
-from transformer_mt.data import SPLITS, Corpus
+from transformer_mt.data import SPLITS, Corpus, iter_text_batches
 from transformer_mt.tokenization import UNK_ID, TokenizerPair
 
 PERCENTILES = (50, 90, 99)
@@ -76,6 +78,15 @@ class DataReport:
     def epochs_to_max_steps(self) -> float:
         return self.max_steps / self.steps_per_epoch
 
+    def to_dict(self) -> dict:
+        """The report as plain JSON values, for `summary.json`."""
+        return {"pairs": self.pairs, "removed": self.removed,
+                "lengths": {f"{split}.{side}": {**{f"p{p}": v for p, v in stats.percentiles.items()}, "max": stats.max}
+                            for (split, side), stats in self.lengths.items()},
+                "valid_truncated": self.valid_truncated, "unk_rate": self.unk_rate, "word_coverage": self.word_coverage,
+                "src_tokens_per_epoch": self.src_tokens_per_epoch, "tgt_tokens_per_epoch": self.tgt_tokens_per_epoch,
+                "batches_per_epoch": self.batches_per_epoch, "steps_per_epoch": self.steps_per_epoch}
+
     def render(self) -> str:
         """The report as a compact text table: a label column, then aligned cells per block."""
         lang = self.languages
@@ -110,32 +121,36 @@ class DataReport:
         return "\n".join(line.rstrip() for line in lines)
 
 
-def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train_src_lengths: Sequence[int],
-                 train_tgt_lengths: Sequence[int], world_size: int = 1) -> DataReport:
+def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train_src_lengths: Sequence[int] | np.ndarray,
+                 train_tgt_lengths: Sequence[int] | np.ndarray, world_size: int = 1) -> DataReport:
     """Describe `corpus` as tokenized for training.
 
     `train_src_lengths` / `train_tgt_lengths`: BPE tokens (no special tokens) of each training
     pair that is trained on, after the `too_many_tokens` filter; the validation split is encoded here.
     `world_size`: training processes (torchrun), each taking its own batches every step.
+    The training split is only streamed (word coverage) and seen through its length arrays,
+    so the report costs no memory that grows with the corpus beyond those.
     """
     keep = cfg.model.max_len - 1
-    train_src_lengths, train_tgt_lengths = list(map(int, train_src_lengths)), list(map(int, train_tgt_lengths))
+    train_src = np.asarray(train_src_lengths, dtype=np.int64)
+    train_tgt = np.asarray(train_tgt_lengths, dtype=np.int64)
     valid_src_ids = tokenizers.encode_src(corpus.valid["src"][:])
     valid_tgt_ids = tokenizers.encode_tgt(corpus.valid["tgt"][:])
-    lengths = {("train", "src"): train_src_lengths, ("train", "tgt"): train_tgt_lengths,
-               ("valid", "src"): [len(seq) for seq in valid_src_ids], ("valid", "tgt"): [len(seq) for seq in valid_tgt_ids]}
+    lengths = {("train", "src"): train_src, ("train", "tgt"): train_tgt,
+               ("valid", "src"): np.array([len(seq) for seq in valid_src_ids], dtype=np.int64),
+               ("valid", "tgt"): np.array([len(seq) for seq in valid_tgt_ids], dtype=np.int64)}
     # As training's TokenizedSplit.lengths: the longer side plus its EOS (source, target output) or BOS.
-    padded_lengths = [max(s, t) + 1 for s, t in zip(train_src_lengths, train_tgt_lengths)]
-    sampler = TokenBatchSampler(padded_lengths, cfg.train.batch_tokens, cfg.seed)
+    sampler = TokenBatchSampler(np.maximum(train_src, train_tgt) + 1, cfg.train.batch_tokens, cfg.seed)
     return DataReport(
-        pairs={"train": len(train_src_lengths), "valid": len(corpus.valid), "test": len(corpus.test)},
-        removed={**corpus.removed, "too_many_tokens": len(corpus.train) - len(train_src_lengths)},
+        pairs={"train": len(train_src), "valid": len(corpus.valid), "test": len(corpus.test)},
+        removed={**corpus.removed, "too_many_tokens": len(corpus.train) - len(train_src)},
         lengths={key: length_stats(values) for key, values in lengths.items()},
         valid_truncated=sum(len(s) > keep or len(t) > keep for s, t in zip(valid_src_ids, valid_tgt_ids)),
         unk_rate={"src": unk_rate(valid_src_ids), "tgt": unk_rate(valid_tgt_ids)},
-        word_coverage={side: word_coverage(corpus.valid[side][:], corpus.train[side][:]) for side in SIDES},
-        src_tokens_per_epoch=sum(train_src_lengths) + len(train_src_lengths),
-        tgt_tokens_per_epoch=sum(train_tgt_lengths) + len(train_tgt_lengths),
+        word_coverage={side: word_coverage(corpus.valid[side][:], iter_text_batches(corpus.train, side))
+                       for side in SIDES},
+        src_tokens_per_epoch=int(train_src.sum()) + len(train_src),
+        tgt_tokens_per_epoch=int(train_tgt.sum()) + len(train_tgt),
         batches_per_epoch=len(sampler.epoch_batches(0)),
         batches_per_step=cfg.train.accum_steps * world_size,
         batch_tokens=cfg.train.batch_tokens,
@@ -144,15 +159,16 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train_s
     )
 
 
-def percentile(values: Sequence[int], p: float) -> int:
+def percentile(values: Sequence[int] | np.ndarray, p: float) -> int:
     """Nearest-rank percentile: the smallest value with at least `p`% of `values` at or below it."""
-    ordered = sorted(values)
+    ordered = np.sort(np.asarray(values))
     rank = math.ceil(p * len(ordered) / 100)  # p·n first: exact for integers, so 90·100/100 is 90
-    return ordered[max(rank, 1) - 1]
+    return int(ordered[max(rank, 1) - 1])
 
 
-def length_stats(lengths: Sequence[int]) -> LengthStats:
-    return LengthStats({p: percentile(lengths, p) for p in PERCENTILES}, max(lengths))
+def length_stats(lengths: Sequence[int] | np.ndarray) -> LengthStats:
+    ordered = np.sort(np.asarray(lengths))  # once, not once per percentile: the train split may be large
+    return LengthStats({p: percentile(ordered, p) for p in PERCENTILES}, int(ordered[-1]))
 
 
 def unk_rate(id_seqs: Sequence[Sequence[int]]) -> float:
@@ -161,10 +177,13 @@ def unk_rate(id_seqs: Sequence[Sequence[int]]) -> float:
     return sum(token == UNK_ID for seq in id_seqs for token in seq) / max(total, 1)
 
 
-def word_coverage(lines: Sequence[str], reference_lines: Sequence[str]) -> float:
-    """Share of the running words of `lines` that occur as a word anywhere in `reference_lines`."""
-    known = {word for line in reference_lines for word in line.split()}
+def word_coverage(lines: Sequence[str], reference_batches: Iterable[Sequence[str]]) -> float:
+    """Share of the running words of `lines` that occur as a word anywhere in `reference_batches`
+    (batches of lines, read once: only the words of `lines` are remembered, not the reference's)."""
     words = [word for line in lines for word in line.split()]
+    wanted, known = set(words), set()
+    for batch in reference_batches:
+        known |= wanted.intersection(" ".join(batch).split())
     return sum(word in known for word in words) / max(len(words), 1)
 
 

@@ -86,19 +86,21 @@ class TokenizerPair:
         return (directory / JOINT_FILE).is_file() or (directory / SRC_FILE).is_file()
 
 
-def train_tokenizers(cfg: TokenizerConfig, src_lines: list[str], tgt_lines: list[str],
-                     progress: bool = False) -> TokenizerPair:
+def train_tokenizers(cfg: TokenizerConfig, src_lines: Iterable[str], tgt_lines: Iterable[str],
+                     progress: bool = False, n_lines: int | None = None) -> TokenizerPair:
     """Train BPE on the training split: one joint tokenizer, or one per language.
 
+    `src_lines` / `tgt_lines` are read once, so they may be streams (a corpus larger than memory);
+    `n_lines`, the lines per side, sizes the progress bar (default: `len(src_lines)`).
     `progress` shows a bar on stderr (a terminal only) over the lines read; reading and counting
     words is most of the time, computing the merges comes after the bar ends.
     """
+    n = len(src_lines) if n_lines is None else n_lines  # type: ignore[arg-type]
     if cfg.joint:
-        joint = _train_bpe(cfg, _chain(src_lines, tgt_lines), len(src_lines) + len(tgt_lines),
-                           "BPE (joint)", progress)
+        joint = _train_bpe(cfg, _chain(src_lines, tgt_lines), 2 * n, "BPE (joint)", progress)
         return TokenizerPair(joint, joint)
-    return TokenizerPair(_train_bpe(cfg, iter(src_lines), len(src_lines), "BPE (source)", progress),
-                         _train_bpe(cfg, iter(tgt_lines), len(tgt_lines), "BPE (target)", progress))
+    return TokenizerPair(_train_bpe(cfg, iter(src_lines), n, "BPE (source)", progress),
+                         _train_bpe(cfg, iter(tgt_lines), n, "BPE (target)", progress))
 
 
 def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int, desc: str = "BPE",

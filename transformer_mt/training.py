@@ -14,8 +14,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+import yaml
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
@@ -34,13 +36,14 @@ from transformer_mt.plotting import attention_figure
 from transformer_mt.report import DataReport, build_report, estimated_time
 from transformer_mt.summary import provenance, write_summary
 from transformer_mt.throughput import padding_efficiency, peak_flops_per_s, train_flops
-from transformer_mt.token_cache import CACHE_DIR, TokenizedSplit, tokenize_split
+from transformer_mt.token_cache import CACHE_DIR, TokenizedSplit, processes_for, tokenize_split
 from transformer_mt.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
 
 logger = logging.getLogger(__name__)
 
 # Sections that define what a checkpoint's weights mean; they may not change on resume.
 FROZEN_ON_RESUME = ("seed", "data", "tokenizer", "model")
+CHANGEABLE_ON_RESUME = ("data.num_proc",)  # how fast the cache is filled, not what it holds
 
 
 @dataclass
@@ -167,7 +170,8 @@ class _ProjectedLabelSmoothedNLL(torch.autograd.Function):
 # Everything tmt writes at the top of a run directory; nothing else is ever deleted.
 RUN_DIR_ENTRIES = frozenset({"config.yaml", "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json",
                              "splits.json", "train.log", "checkpoints", "tensorboard", "validation", "evaluation",
-                             "summary.json", ".summary.json.tmp", CACHE_DIR})
+                             "summary.json", ".summary.json.tmp", CACHE_DIR, data_module.CORPUS_DIR,
+                             data_module.CORPUS_BUILD_DIR, data_module.CORPUS_OLD_DIR})
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
@@ -209,16 +213,24 @@ def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size:
         logger.info("reusing the tokenizers in %s", run_dir)
     else:
         started = time.perf_counter()
-        tokenizers = train_tokenizers(cfg.tokenizer, corpus.train["src"][:], corpus.train["tgt"][:], progress)
+        rows = data_module.sample_rows(len(corpus.train), cfg.tokenizer.max_train_pairs, cfg.seed)
+        if rows is not None:
+            logger.info("training the tokenizers on %d of the %d training pairs (tokenizer.max_train_pairs)",
+                        len(rows), len(corpus.train))
+        tokenizers = train_tokenizers(cfg.tokenizer, data_module.iter_text(corpus.train, "src", rows),
+                                      data_module.iter_text(corpus.train, "tgt", rows), progress,
+                                      n_lines=len(corpus.train) if rows is None else len(rows))
         tokenizers.save(run_dir)
         logger.info("trained BPE tokenizers (vocabulary %d%s) in %.1fs", tokenizers.src.get_vocab_size(),
                     ", joint" if tokenizers.joint else "", time.perf_counter() - started)
     cache = run_dir / CACHE_DIR
-    train = tokenize_split(corpus.train, tokenizers, cfg.model.max_len, cache, "train", drop_long=True,
+    train = tokenize_split(corpus.train, corpus.digests["train"], tokenizers, cfg.model.max_len, cache, "train",
+                           drop_long=True, num_proc=processes_for(len(corpus.train), cfg.data.num_proc),
                            progress=progress)
     # Evaluation sets are never filtered; their over-long sentences are truncated instead.
-    valid = tokenize_split(corpus.valid, tokenizers, cfg.model.max_len, cache, "valid", drop_long=False,
-                           keep_text=True, progress=progress)
+    valid = tokenize_split(corpus.valid, corpus.digests["valid"], tokenizers, cfg.model.max_len, cache, "valid",
+                           drop_long=False, keep_text=True, num_proc=processes_for(len(corpus.valid), cfg.data.num_proc),
+                           progress=progress)
     report = build_report(cfg, corpus, tokenizers, train.src_len, train.tgt_len, world_size)
     logger.info("data report:\n%s", report.render())
     return tokenizers, train, valid, report
@@ -381,7 +393,7 @@ class Trainer:
         self._clock = now
 
     def write_summary(self, status: str) -> None:
-        """Rewrite `summary.json` (rank 0): provenance, progress, metrics and throughput so far."""
+        """Rewrite `summary.json` (rank 0): provenance, the data report, progress, metrics and throughput so far."""
         self._tick()
         if not self.dist.is_main:
             return
@@ -393,7 +405,8 @@ class Trainer:
             "train_seconds": round(s.train_seconds, 1),
             "tgt_tokens_per_s": round(s.tgt_tokens_seen / s.train_seconds, 1) if s.train_seconds else None,
             "skipped_nonfinite": s.skipped_nonfinite, "skipped_oom": s.skipped_oom,
-            "parameters": self.model.num_parameters(), "provenance": self.provenance})
+            "parameters": self.model.num_parameters(), "data": self.data_report.to_dict(),
+            "provenance": self.provenance})
 
     # --- one optimisation step ---------------------------------------------------------
     def train_step(self, batches: Batch | list[Batch], step_tgt_tokens: int | None = None) -> StepResult:
@@ -601,7 +614,7 @@ class Trainer:
                     self._stop_on_signal(signal_number)
                 step_batches = [next(batches) for _ in range(t.accum_steps * W)]  # every rank's, in groups of W
                 indices = step_batches[rank::W]  # this rank's micro-batches
-                step_tgt_tokens = int(self.train_data.lengths_of([i for b in step_batches for i in b])[1].sum())
+                step_tgt_tokens = int(self.train_data.lengths_of(np.concatenate(step_batches))[1].sum())
                 micro_batches = [self.load_batch(i) for i in indices]
                 result = self._step_or_none(micro_batches, step_tgt_tokens)
                 if result is None:  # out of memory: the batch was skipped
@@ -874,6 +887,8 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
     if resume and not TokenizerPair.exists_in(run_dir):  # never silently train a different vocabulary
         raise CheckpointError(f"{run_dir}: the tokenizer files are missing, so its checkpoints cannot be "
                               "resumed; restore them or start a new run")
+    if resume:
+        _check_saved_config(cfg, run_dir)  # before the data is prepared: refusing then costs nothing, changes nothing
     trainer = Trainer(cfg, run_dir, progress=progress, config_dir=config_dir, dist=dist)
     if resume:
         trainer.resume()
@@ -904,11 +919,28 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
     return state
 
 
+def _check_saved_config(cfg: Config, run_dir: Path) -> None:
+    """Refuse a resume whose model, vocabulary or data settings differ from the run's `config.yaml`.
+
+    The checkpoint's own config is checked again in `Trainer.resume`; this earlier check spares
+    preparing a large corpus for a run that cannot continue. A missing or unreadable file is
+    left to that later check.
+    """
+    path = run_dir / "config.yaml"
+    try:
+        saved = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return
+    if isinstance(saved, dict):
+        _resume_config_changes(saved, config_to_dict(cfg), path)
+
+
 def _resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:
-    """The settings that differ from the checkpoint's, as `key: old -> new` lines.
+    """The settings that differ from the checkpoint's (or `config.yaml`'s), as `key: old -> new` lines.
 
     Raises `ConfigError` listing them when any defines the model, vocabulary or data
-    (`FROZEN_ON_RESUME`); changes to train.* and decode.* are allowed and returned.
+    (`FROZEN_ON_RESUME`, less `CHANGEABLE_ON_RESUME`); changes to train.* and decode.* are
+    allowed and returned.
     """
     frozen, allowed = [], []
     for section in sorted(set(saved) | set(current)):
@@ -919,9 +951,10 @@ def _resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:
             keys = [(section, before, after)]
         for key, old, new in keys:
             if old != new:
-                (frozen if section in FROZEN_ON_RESUME else allowed).append(f"{key}: {old!r} -> {new!r}")
+                frozen_key = section in FROZEN_ON_RESUME and key not in CHANGEABLE_ON_RESUME
+                (frozen if frozen_key else allowed).append(f"{key}: {old!r} -> {new!r}")
     if frozen:
-        raise ConfigError([f"cannot resume from {path.name}: these settings differ from the checkpoint "
+        raise ConfigError([f"cannot resume from {path.name}: these settings differ from the run's "
                            "(only train.* and decode.* may change)"] + frozen)
     return allowed
 

@@ -1,0 +1,128 @@
+"""Peak memory of preparing a large corpus and starting to train on it (issue: corpora larger than memory).
+
+    python scripts/bench_memory.py --pairs 10000000 --work /tmp/tmt-memory
+
+Makes (once) a synthetic corpus of --pairs pairs with scripts/make_synthetic_corpus.py in
+--work, then runs `python -m transformer_mt train` on it for --steps steps with a small model
+and samples the memory of the training process (and of its tokenizing worker processes) from
+/proc every 0.2 s. Reported:
+
+- peak_rss_mb: the kernel's high-water mark of the training process (VmHWM), what `ps` and a
+  job scheduler's memory limit see; it includes pages of memory-mapped files that happen to be
+  resident (the Arrow files), which the kernel can drop at any time;
+- peak_anon_mb: the sampled peak of its anonymous memory (RssAnon): the heap, numpy arrays,
+  Python objects; what really has to fit in memory;
+- peak_tree_rss_mb: the sampled peak of the RSS summed over the process and its children.
+
+Linux only (/proc). The last line of output is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE_EVERY_S = 0.2
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=10_000_000, help="training pairs (default 10 M)")
+    parser.add_argument("--work", type=Path, required=True, help="folder for the corpus and the run")
+    parser.add_argument("--steps", type=int, default=20, help="training steps to take (default 20)")
+    parser.add_argument("--num-proc", type=int, default=None, help="data.num_proc (default: automatic)")
+    return parser.parse_args(argv)
+
+
+def status_kb(pid: int) -> dict[str, int]:
+    """The kB fields of /proc/<pid>/status (VmRSS, VmHWM, RssAnon, RssFile, ...); {} once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {}
+    fields = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if value.strip().endswith("kB"):
+            fields[name] = int(value.split()[0])
+    return fields
+
+
+def children_of(pid: int) -> list[int]:
+    """Every descendant of `pid` (reads /proc/<pid>/task/*/children)."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def write_config(path: Path, corpus: Path, steps: int, num_proc: int | None) -> None:
+    lines = ["name: memory", "seed: 1",
+             "data: {format: text, path: %s, src_lang: en, tgt_lang: it%s}"
+             % (corpus, f", num_proc: {num_proc}" if num_proc else ""),
+             "tokenizer: {vocab_size: 8000, joint: true}",
+             "model: {d_model: 64, n_heads: 2, n_layers: 1, d_ff: 128, max_len: 128}",
+             f"train: {{max_steps: {steps}, batch_tokens: 4096, warmup_steps: 10, log_every_steps: 5, "
+             f"eval_every_steps: {10 * steps}, save_every_steps: {10 * steps}, test_at_end: false, device: cpu}}"]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    corpus = args.work / f"synthetic-{args.pairs}"
+    if not (corpus / "train.it").is_file():
+        subprocess.run([sys.executable, str(REPO / "scripts" / "make_synthetic_corpus.py"), "--pairs",
+                        str(args.pairs), "--out", str(corpus)], check=True)
+    config, run_dir = args.work / "memory.yaml", args.work / "run"
+    write_config(config, corpus, args.steps, args.num_proc)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "transformer_mt", "train", "--config", str(config), "--run-dir", str(run_dir),
+               "--overwrite"]
+    started = time.perf_counter()
+    log = open(args.work / "train-output.log", "w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    peak = {"hwm": 0, "anon": 0, "tree": 0}
+    while process.poll() is None:
+        own = status_kb(process.pid)
+        if own:
+            peak["hwm"] = max(peak["hwm"], own.get("VmHWM", 0))
+            peak["anon"] = max(peak["anon"], own.get("RssAnon", 0))
+            tree = own.get("VmRSS", 0) + sum(status_kb(pid).get("VmRSS", 0) for pid in children_of(process.pid))
+            peak["tree"] = max(peak["tree"], tree)
+        time.sleep(SAMPLE_EVERY_S)
+    log.close()
+    seconds = time.perf_counter() - started
+    output = (args.work / "train-output.log").read_text(errors="replace")
+    if process.returncode != 0:
+        sys.exit(f"bench_memory: training failed (exit {process.returncode}); see {args.work / 'train-output.log'}:\n"
+                 + output[-3000:])
+    disk = {name: sum(f.stat().st_size for f in (run_dir / name).rglob("*") if f.is_file()) / 2**20
+            for name in ("corpus_cache", "token_cache")}
+    result = {"pairs": args.pairs, "steps": args.steps, "peak_rss_mb": round(peak["hwm"] / 1024),
+              "peak_anon_mb": round(peak["anon"] / 1024), "peak_tree_rss_mb": round(peak["tree"] / 1024),
+              "corpus_files_mb": round(disk["corpus_cache"]), "token_cache_mb": round(disk["token_cache"]),
+              "wall_s": round(seconds)}
+    print(f"{'pairs':>12} {'peak RSS':>10} {'peak anon':>10} {'peak tree':>10} {'corpus files':>13} "
+          f"{'token cache':>12} {'wall':>7}")
+    print(f"{args.pairs:>12,} {result['peak_rss_mb']:>8,}MB {result['peak_anon_mb']:>8,}MB "
+          f"{result['peak_tree_rss_mb']:>8,}MB {result['corpus_files_mb']:>11,}MB {result['token_cache_mb']:>10,}MB "
+          f"{result['wall_s']:>6}s")
+    print(f"training log: {run_dir / 'train.log'}", file=sys.stderr)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,340 @@
+"""Where parallel text comes from: local files (text, tsv, jsonl, maybe gzipped) or a Hub dataset.
+
+Each split is read as a stream of chunks of stripped (source, target) strings, so a corpus of
+any size passes through in bounded memory. Errors name the file and line (or Hub split and row).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import chain, islice
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from transformer_mt.config import DataConfig
+from transformer_mt.errors import DataError
+
+if TYPE_CHECKING:
+    import datasets
+
+logger = logging.getLogger(__name__)
+
+SPLITS = ("train", "valid", "test")
+HUB_VALID_NAMES = ("validation", "valid", "dev")
+PROBE_TIMEOUT_S = 5.0
+CHUNK_ROWS = 50_000
+READ_CHUNK_BYTES = 4 << 20
+
+Pair = tuple[str, str]
+PairChunk = tuple[list[str], list[str]]
+"""Stripped source and target strings of consecutive rows (equally long lists)."""
+
+
+@dataclass(frozen=True)
+class SplitSource:
+    """One split's origin: how to stream it, and a key that changes whenever its content may have."""
+
+    description: str
+    """The files, or the Hub dataset and split, for log lines."""
+    key: str
+    """Paths, sizes and modification times of the files, or the Hub dataset's own fingerprint."""
+    chunks: Callable[[], Iterator[PairChunk]]
+    """A fresh stream of the split's rows, `CHUNK_ROWS` at a time (the last chunk may be shorter)."""
+
+
+def open_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
+    """The sources of train, valid and test (None: the data has no such split; train always exists).
+
+    Reads nothing but file metadata (local) or the Hub's memory-mapped Arrow cache (hub), and
+    checks what can be checked without reading the text: files that exist, columns, languages.
+    """
+    return _hub_sources(cfg) if cfg.format == "hub" else _local_sources(cfg)
+
+
+# --- local files -------------------------------------------------------------------------------
+
+def _local_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
+    directory = Path(cfg.path)
+    if not directory.is_dir():
+        raise DataError(f"data.path: {cfg.path!r} is not a directory (data.format: {cfg.format})")
+    sources: dict[str, SplitSource | None] = {}
+    for split in SPLITS:
+        names = _local_file_names(cfg, split)
+        files = [_find_file(directory / name) for name in names]
+        if all(f is None for f in files):
+            sources[split] = None
+            continue
+        missing = [directory / name for name, f in zip(names, files) if f is None]
+        if missing:
+            raise DataError(f"{split} split: {missing[0]} (or {missing[0]}.gz) not found, "
+                            f"but {next(f for f in files if f is not None)} exists")
+        present = [f for f in files if f is not None]
+        sources[split] = SplitSource(", ".join(map(str, present)), _files_key(present),
+                                     _local_chunks(cfg, present))
+    if sources["train"] is None:
+        expected = [f"{directory / name} (or {directory / name}.gz)" for name in _local_file_names(cfg, "train")]
+        raise DataError(f"no training data: expected {' and '.join(expected)} (data.format: {cfg.format})")
+    return sources
+
+
+def _local_file_names(cfg: DataConfig, split: str) -> list[str]:
+    """File names (before an optional `.gz`) that hold `split` in `cfg.format`."""
+    if cfg.format == "text":
+        return [f"{split}.{cfg.src_lang}", f"{split}.{cfg.tgt_lang}"]
+    return [f"{split}.{cfg.format}"]
+
+
+def _find_file(path: Path) -> Path | None:
+    """Return `path` or `path.gz`, whichever exists; None if neither; error if both."""
+    gz_path = path.with_name(path.name + ".gz")
+    if path.is_file() and gz_path.is_file():
+        raise DataError(f"both {path} and {gz_path} exist; remove one so it is clear which to read")
+    return path if path.is_file() else gz_path if gz_path.is_file() else None
+
+
+def _files_key(files: list[Path]) -> str:
+    """Resolved path, size and modification time (ns) of each file: cheap, and changes when a file does."""
+    parts = []
+    for path in files:
+        stat = path.stat()
+        parts.append(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}")
+    return hashlib.blake2b("\n".join(parts).encode("utf-8"), digest_size=16).hexdigest()
+
+
+def _local_chunks(cfg: DataConfig, files: list[Path]) -> Callable[[], Iterator[PairChunk]]:
+    if cfg.format == "text":
+        return lambda: iter_aligned_files(files[0], files[1])
+    if cfg.format == "tsv":
+        return lambda: _iter_tsv(files[0])
+    return lambda: _iter_jsonl(files[0], cfg.src_lang, cfg.tgt_lang)
+
+
+def iter_lines(path: Path) -> Iterator[list[str]]:
+    """Lines of a UTF-8 file, maybe gzipped, in chunks of a few MB: split on "\\n" only, without
+    their "\\n" or "\\r\\n"; a byte-order mark at the start is dropped. An encoding error is
+    reported with its line number."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    lines_before = 0  # lines in earlier chunks, for error messages
+    try:
+        with opener(path, "rb") as f:
+            while raw := f.readlines(READ_CHUNK_BYTES):  # whole lines of about that many bytes
+                data = b"".join(raw)
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    lineno = lines_before + data.count(b"\n", 0, err.start) + 1
+                    raise DataError(f"{path}:{lineno}: not valid UTF-8 ({err.reason})") from None
+                if lines_before == 0:
+                    text = text.removeprefix("\ufeff")  # a byte-order mark is not text
+                lines = text.split("\n")
+                if lines[-1] == "":
+                    lines.pop()  # the newline that ends the last line starts no new one
+                yield [line.removesuffix("\r") for line in lines]
+                lines_before += len(raw)
+    except (OSError, EOFError) as err:  # unreadable, not gzip, or a truncated .gz
+        raise DataError(f"{path}: cannot read ({err})") from None
+
+
+def read_lines(path: Path) -> list[str]:
+    """All lines of a (small) UTF-8 file, as `iter_lines` reads them."""
+    return [line for chunk in iter_lines(path) for line in chunk]
+
+
+def iter_aligned_files(src_path: Path, tgt_path: Path, chunk_rows: int = CHUNK_ROWS) -> Iterator[PairChunk]:
+    """Pair line i of `src_path` with line i of `tgt_path` (both stripped), `chunk_rows` at a time."""
+    src_lines = chain.from_iterable(iter_lines(src_path))
+    tgt_lines = chain.from_iterable(iter_lines(tgt_path))
+    rows = 0
+    while True:
+        src, tgt = list(islice(src_lines, chunk_rows)), list(islice(tgt_lines, chunk_rows))
+        if len(src) != len(tgt):
+            n_src = rows + len(src) + sum(1 for _ in src_lines)
+            n_tgt = rows + len(tgt) + sum(1 for _ in tgt_lines)
+            raise DataError(f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; "
+                            "aligned files need one line per sentence pair")
+        if not src:
+            return
+        rows += len(src)
+        yield [line.strip() for line in src], [line.strip() for line in tgt]
+
+
+def read_aligned_files(src_path: Path, tgt_path: Path) -> list[Pair]:
+    """All pairs of two (small) aligned files, e.g. a test set given on the command line."""
+    return [pair for src, tgt in iter_aligned_files(src_path, tgt_path) for pair in zip(src, tgt)]
+
+
+def _rechunk(pairs: Iterator[Pair], chunk_rows: int = CHUNK_ROWS) -> Iterator[PairChunk]:
+    while chunk := list(islice(pairs, chunk_rows)):
+        yield [s for s, _ in chunk], [t for _, t in chunk]
+
+
+def _iter_tsv(path: Path) -> Iterator[PairChunk]:
+    """`source<TAB>target` lines, verbatim (no quoting, no NA values)."""
+    def pairs() -> Iterator[Pair]:
+        lineno = 0
+        for lines in iter_lines(path):
+            for line in lines:
+                lineno += 1
+                if not line.strip():
+                    yield "", ""  # a blank line is an empty pair: the `empty` filter drops it
+                    continue
+                fields = line.split("\t")
+                if len(fields) != 2:
+                    raise DataError(f"{path}:{lineno}: expected source<TAB>target (one tab), "
+                                    f"found {len(fields) - 1} tabs")
+                yield fields[0].strip(), fields[1].strip()
+    return _rechunk(pairs())
+
+
+def _iter_jsonl(path: Path, src_lang: str, tgt_lang: str) -> Iterator[PairChunk]:
+    """`{"translation": {src: .., tgt: ..}}` or `{src: .., tgt: ..}` lines; blank lines are skipped."""
+    def pairs() -> Iterator[Pair]:
+        lineno = 0
+        for lines in iter_lines(path):
+            for line in lines:
+                lineno += 1
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise DataError(f"{path}:{lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+                if isinstance(record, dict) and isinstance(record.get("translation"), dict):
+                    record = record["translation"]
+                yield pair_from_record(record, src_lang, tgt_lang, where=f"{path}:{lineno}")
+    return _rechunk(pairs())
+
+
+def pair_from_record(record: Any, src_lang: str, tgt_lang: str, where: str) -> Pair:
+    """Take the (stripped) source and target strings from a {lang: text} mapping.
+
+    A null text becomes "" so that the `empty` filter drops and counts it.
+    """
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object with keys {src_lang!r} and {tgt_lang!r}")
+    for key, lang in (("data.src_lang", src_lang), ("data.tgt_lang", tgt_lang)):
+        if lang not in record:
+            raise DataError(f"{where}: missing key {lang!r} ({key}); keys found: {', '.join(map(str, record))}")
+        if not isinstance(record[lang], (str, type(None))):
+            raise DataError(f"{where}: {lang!r} must be a string, got {type(record[lang]).__name__}")
+    return (record[src_lang] or "").strip(), (record[tgt_lang] or "").strip()
+
+
+# --- Hugging Face Hub --------------------------------------------------------------------------
+
+def _hub_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
+    """A Hub dataset with a `translation` column; valid/test are None when it lacks them."""
+    # A local dataset folder needs no network; behind a proxy a direct probe proves nothing.
+    if not _hub_offline() and not _behind_proxy() and not Path(cfg.path).is_dir():
+        _check_hub_reachable(cfg.path)
+    dataset_dict = _load_hub_dataset(cfg)
+    names = {"train": ["train"], "valid": list(HUB_VALID_NAMES), "test": ["test"]}
+    sources: dict[str, SplitSource | None] = {}
+    for split in SPLITS:
+        found = next((name for name in names[split] if name in dataset_dict), None)
+        if found is None:
+            sources[split] = None
+            continue
+        dataset = dataset_dict[found]
+        _check_translation_column(dataset, cfg, found)
+        sources[split] = SplitSource(f"hub split {found!r} of {cfg.path} ({len(dataset)} rows)",
+                                     f"hub:{dataset._fingerprint}", _hub_chunks(dataset, cfg, found))
+    if sources["train"] is None:
+        raise DataError(f"data.path: hub dataset {cfg.path!r} has no 'train' split "
+                        f"(splits: {', '.join(dataset_dict)})")
+    return sources
+
+
+def _hub_offline() -> bool:
+    """True when the environment tells `datasets` to use only its local cache."""
+    true_values = {"1", "ON", "YES", "TRUE"}  # as datasets.config.ENV_VARS_TRUE_VALUES
+    return any(os.environ.get(name, "").upper() in true_values for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def _behind_proxy() -> bool:
+    return any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
+
+
+def _check_hub_reachable(name: str) -> None:
+    """Fail in seconds, not after minutes of retries, when the Hub host cannot be reached.
+
+    The probe runs in a daemon thread so that a stalled DNS lookup (which `timeout` does not
+    bound) cannot hang the run either.
+    """
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host = endpoint.hostname or "huggingface.co"
+    port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
+
+    outcome: list[OSError | None] = []
+
+    def probe() -> None:
+        try:
+            socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+            outcome.append(None)
+        except OSError as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=probe, name="hub-probe", daemon=True)
+    thread.start()
+    thread.join(PROBE_TIMEOUT_S + 1)
+    error = outcome[0] if outcome else TimeoutError("timed out")
+    if error is not None:
+        raise DataError(
+            f"cannot reach the Hugging Face Hub to download {name!r} ({host}:{port}: {error}). "
+            "Without a network, train from local files instead: set data.format: text and data.path: "
+            "a directory with train.en/train.it (see README); or, if the dataset is already in your "
+            "HF cache, set HF_HUB_OFFLINE=1."
+        )
+
+
+def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
+    import datasets
+
+    try:
+        return datasets.load_dataset(cfg.path, cfg.hub_config, revision=cfg.revision)
+    except (OSError, ValueError) as err:  # not found, no network, bad config name or revision
+        raise DataError(f"cannot load hub dataset data.path={cfg.path!r}, data.hub_config={cfg.hub_config!r}"
+                        f"{f', data.revision={cfg.revision!r}' if cfg.revision else ''}: "
+                        f"{type(err).__name__}: {err}") from None
+
+
+def _check_translation_column(dataset: datasets.Dataset, cfg: DataConfig, split_name: str) -> None:
+    if "translation" not in dataset.column_names:
+        raise DataError(f"data.path: hub dataset {cfg.path!r} split {split_name!r} has no 'translation' column "
+                        f"(columns: {', '.join(dataset.column_names)}); data.format: hub needs one")
+    languages = _translation_languages(dataset)
+    missing = [f"data.{side}_lang={lang!r}" for side, lang in (("src", cfg.src_lang), ("tgt", cfg.tgt_lang))
+               if lang not in languages]
+    if missing:
+        raise DataError(f"{' and '.join(missing)} not in the translation column of hub dataset {cfg.path!r} "
+                        f"(available: {', '.join(languages)})")
+
+
+def _hub_chunks(dataset: datasets.Dataset, cfg: DataConfig, split_name: str) -> Callable[[], Iterator[PairChunk]]:
+    """Stripped (src, tgt) chunks from the `translation` column, read from the memory-mapped Arrow table."""
+    def chunks() -> Iterator[PairChunk]:
+        column = dataset.with_format("arrow").select_columns(["translation"])
+        for start in range(0, len(dataset), CHUNK_ROWS):
+            rows = column[start:start + CHUNK_ROWS]["translation"].to_pylist()  # ~50x faster than row access
+            pairs = [pair_from_record(row, cfg.src_lang, cfg.tgt_lang, where=f"{cfg.path} {split_name} row {start + i}")
+                     for i, row in enumerate(rows)]
+            yield [s for s, _ in pairs], [t for _, t in pairs]
+    return chunks
+
+
+def _translation_languages(dataset: datasets.Dataset) -> list[str]:
+    """Language keys of the `translation` column: a `Translation` feature or a struct of strings."""
+    feature = dataset.features["translation"]
+    languages = getattr(feature, "languages", None)
+    if languages is None and isinstance(feature, dict):
+        languages = list(feature)
+    return [str(lang) for lang in languages or []]

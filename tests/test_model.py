@@ -7,8 +7,9 @@ import torch.nn.functional as F
 from transformer_mt.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
 from transformer_mt.config import ModelConfig
 from transformer_mt.decoding import greedy_decode
-from transformer_mt import model as model_module
-from transformer_mt.model import Dropout, Transformer, attention_with_dropout, dropped_positions
+from transformer_mt import dropout as dropout_module
+from transformer_mt.dropout import Dropout, attention_with_dropout, dropped_positions
+from transformer_mt.model import Transformer
 
 PAD, BOS, EOS, V = 0, 2, 3, 30
 
@@ -350,7 +351,7 @@ def attention_inputs():
 def test_attention_with_dropout_is_sdpa_when_nothing_is_dropped(masking, monkeypatch):
     q, k, v, key_mask = attention_inputs()
     key_mask, causal = (key_mask, False) if masking == "keys" else (None, True)
-    monkeypatch.setattr(model_module, "dropped_positions", lambda n, p: torch.empty(0, dtype=torch.long))
+    monkeypatch.setattr(dropout_module, "dropped_positions", lambda n, p: torch.empty(0, dtype=torch.long))
     ours = attention_with_dropout(q, k, v, key_mask, causal, 0.2)
     mask = None if key_mask is None else key_mask[:, None, None, :]
     sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)

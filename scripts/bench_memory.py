@@ -12,7 +12,12 @@ and samples the memory of the training process (and of its tokenizing worker pro
   resident (the Arrow files), which the kernel can drop at any time;
 - peak_anon_mb: the sampled peak of its anonymous memory (RssAnon): the heap, numpy arrays,
   Python objects; what really has to fit in memory;
-- peak_tree_rss_mb: the sampled peak of the RSS summed over the process and its children.
+- peak_tree_rss_mb: the sampled peak of the RSS summed over the process and its children (the
+  tokenizing workers); this counts pages they share (forked from the training process, or the
+  same file mapped by several) once per process, so it overstates their sum;
+- peak_tree_pss_mb / peak_tree_pss_anon_mb: the sampled peak of the proportional set size
+  summed over the same processes (a shared page counted as 1/k in each of its k sharers), in
+  all and of anonymous memory only: what the processes together hold.
 
 Linux only (/proc). The last line of output is one JSON object.
 """
@@ -52,6 +57,16 @@ def status_kb(pid: int) -> dict[str, int]:
         if value.strip().endswith("kB"):
             fields[name] = int(value.split()[0])
     return fields
+
+
+def pss_kb(pid: int) -> tuple[int, int]:
+    """(Pss, Pss_Anon) of a process in kB from /proc/<pid>/smaps_rollup; (0, 0) once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0, 0
+    fields = {line.split(":")[0]: int(line.split()[1]) for line in text.splitlines()[1:] if line.endswith("kB")}
+    return fields.get("Pss", 0), fields.get("Pss_Anon", 0)
 
 
 def children_of(pid: int) -> list[int]:
@@ -94,14 +109,17 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     log = open(args.work / "train-output.log", "w")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    peak = {"hwm": 0, "anon": 0, "tree": 0}
+    peak = {"hwm": 0, "anon": 0, "tree": 0, "pss": 0, "pss_anon": 0}
     while process.poll() is None:
         own = status_kb(process.pid)
         if own:
             peak["hwm"] = max(peak["hwm"], own.get("VmHWM", 0))
             peak["anon"] = max(peak["anon"], own.get("RssAnon", 0))
-            tree = own.get("VmRSS", 0) + sum(status_kb(pid).get("VmRSS", 0) for pid in children_of(process.pid))
-            peak["tree"] = max(peak["tree"], tree)
+            tree = [process.pid, *children_of(process.pid)]
+            peak["tree"] = max(peak["tree"], sum(status_kb(pid).get("VmRSS", 0) for pid in tree))
+            pss = [pss_kb(pid) for pid in tree]
+            peak["pss"] = max(peak["pss"], sum(total for total, _ in pss))
+            peak["pss_anon"] = max(peak["pss_anon"], sum(anon for _, anon in pss))
         time.sleep(SAMPLE_EVERY_S)
     log.close()
     seconds = time.perf_counter() - started
@@ -113,13 +131,14 @@ def main(argv: list[str] | None = None) -> None:
             for name in ("corpus_cache", "token_cache")}
     result = {"pairs": args.pairs, "steps": args.steps, "peak_rss_mb": round(peak["hwm"] / 1024),
               "peak_anon_mb": round(peak["anon"] / 1024), "peak_tree_rss_mb": round(peak["tree"] / 1024),
+              "peak_tree_pss_mb": round(peak["pss"] / 1024), "peak_tree_pss_anon_mb": round(peak["pss_anon"] / 1024),
               "corpus_files_mb": round(disk["corpus_cache"]), "token_cache_mb": round(disk["token_cache"]),
               "wall_s": round(seconds)}
-    print(f"{'pairs':>12} {'peak RSS':>10} {'peak anon':>10} {'peak tree':>10} {'corpus files':>13} "
-          f"{'token cache':>12} {'wall':>7}")
+    print(f"{'pairs':>12} {'peak RSS':>10} {'peak anon':>10} {'tree RSS':>10} {'tree PSS':>10} {'PSS anon':>10} "
+          f"{'corpus files':>13} {'token cache':>12} {'wall':>7}")
     print(f"{args.pairs:>12,} {result['peak_rss_mb']:>8,}MB {result['peak_anon_mb']:>8,}MB "
-          f"{result['peak_tree_rss_mb']:>8,}MB {result['corpus_files_mb']:>11,}MB {result['token_cache_mb']:>10,}MB "
-          f"{result['wall_s']:>6}s")
+          f"{result['peak_tree_rss_mb']:>8,}MB {result['peak_tree_pss_mb']:>8,}MB {result['peak_tree_pss_anon_mb']:>8,}MB "
+          f"{result['corpus_files_mb']:>11,}MB {result['token_cache_mb']:>10,}MB {result['wall_s']:>6}s")
     print(f"training log: {run_dir / 'train.log'}", file=sys.stderr)
     print(json.dumps(result))
 

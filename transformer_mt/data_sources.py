@@ -177,40 +177,38 @@ def _rechunk(pairs: Iterator[Pair], chunk_rows: int = CHUNK_ROWS) -> Iterator[Pa
         yield [s for s, _ in chunk], [t for _, t in chunk]
 
 
+def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of every line of `path`, numbered from 1."""
+    return enumerate(chain.from_iterable(iter_lines(path)), start=1)
+
+
 def _iter_tsv(path: Path) -> Iterator[PairChunk]:
     """`source<TAB>target` lines, verbatim (no quoting, no NA values)."""
     def pairs() -> Iterator[Pair]:
-        lineno = 0
-        for lines in iter_lines(path):
-            for line in lines:
-                lineno += 1
-                if not line.strip():
-                    yield "", ""  # a blank line is an empty pair: the `empty` filter drops it
-                    continue
-                fields = line.split("\t")
-                if len(fields) != 2:
-                    raise DataError(f"{path}:{lineno}: expected source<TAB>target (one tab), "
-                                    f"found {len(fields) - 1} tabs")
-                yield fields[0].strip(), fields[1].strip()
+        for lineno, line in _numbered_lines(path):
+            if not line.strip():
+                yield "", ""  # a blank line is an empty pair: the `empty` filter drops it
+                continue
+            fields = line.split("\t")
+            if len(fields) != 2:
+                raise DataError(f"{path}:{lineno}: expected source<TAB>target (one tab), found {len(fields) - 1} tabs")
+            yield fields[0].strip(), fields[1].strip()
     return _rechunk(pairs())
 
 
 def _iter_jsonl(path: Path, src_lang: str, tgt_lang: str) -> Iterator[PairChunk]:
     """`{"translation": {src: .., tgt: ..}}` or `{src: .., tgt: ..}` lines; blank lines are skipped."""
     def pairs() -> Iterator[Pair]:
-        lineno = 0
-        for lines in iter_lines(path):
-            for line in lines:
-                lineno += 1
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{path}:{lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
-                if isinstance(record, dict) and isinstance(record.get("translation"), dict):
-                    record = record["translation"]
-                yield pair_from_record(record, src_lang, tgt_lang, where=f"{path}:{lineno}")
+        for lineno, line in _numbered_lines(path):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+            if isinstance(record, dict) and isinstance(record.get("translation"), dict):
+                record = record["translation"]
+            yield pair_from_record(record, src_lang, tgt_lang, where=f"{path}:{lineno}")
     return _rechunk(pairs())
 
 

@@ -161,14 +161,18 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train_s
 
 def percentile(values: Sequence[int] | np.ndarray, p: float) -> int:
     """Nearest-rank percentile: the smallest value with at least `p`% of `values` at or below it."""
-    ordered = np.sort(np.asarray(values))
+    return _nearest_rank(np.sort(np.asarray(values)), p)
+
+
+def _nearest_rank(ordered: np.ndarray, p: float) -> int:
+    """`percentile` of values already sorted ascending."""
     rank = math.ceil(p * len(ordered) / 100)  # p·n first: exact for integers, so 90·100/100 is 90
     return int(ordered[max(rank, 1) - 1])
 
 
 def length_stats(lengths: Sequence[int] | np.ndarray) -> LengthStats:
     ordered = np.sort(np.asarray(lengths))  # once, not once per percentile: the train split may be large
-    return LengthStats({p: percentile(ordered, p) for p in PERCENTILES}, int(ordered[-1]))
+    return LengthStats({p: _nearest_rank(ordered, p) for p in PERCENTILES}, int(ordered[-1]))
 
 
 def unk_rate(id_seqs: Sequence[Sequence[int]]) -> float:

@@ -235,6 +235,13 @@ def marian_inputs(batch: Batch) -> dict[str, torch.Tensor]:
 
 # --- timing -------------------------------------------------------------------------------------
 
+def resident_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes a model keeps between steps: parameters, their gradients, the optimizer's state tensors."""
+    tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
+    tensors += [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -283,8 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     tutorial = TutorialTransformer(cfg.model, vocab_size, args.tutorial_pad_len).to(device)
     tutorial_opt = torch.optim.Adam(tutorial.parameters(), lr=1e-4, eps=1e-9)
-    tut_batches = tutorial_batches(list(zip(src_ids, tgt_ids)), args.tutorial_batch_sentences,
-                                   args.tutorial_pad_len, device)
+    # Only the batches it times: each carries a dense (B, 1, L, L) float mask (3.9 MB at 8 x 350),
+    # and a base-preset round's sentences would fill tens of GB of a GPU with unused masks.
+    tut_pairs = list(zip(src_ids, tgt_ids))
+    tut_total_batches = math.ceil(len(tut_pairs) / args.tutorial_batch_sentences)
+    tut_batches = tutorial_batches(tut_pairs[:tutorial_steps * args.tutorial_batch_sentences],
+                                   args.tutorial_batch_sentences, args.tutorial_pad_len, device)
 
     def tutorial_step(b) -> Callable[[], int]:
         def run() -> int:
@@ -318,6 +329,12 @@ def main(argv: list[str] | None = None) -> int:
             return batch.n_tgt_tokens
         return run
 
+    # What each engine keeps on the device between steps (weights, gradients, optimizer moments):
+    # the peak of one engine's round counts the other engines' resident state too, so each
+    # peak below is taken over the memory allocated when its round starts, plus its own state.
+    resident = {"tmt": (trainer.model, trainer.optimizer), "tutorial": (tutorial, tutorial_opt),
+                "hf_marian": (marian, marian_opt)}
+
     engines = {
         "tmt": ([tmt_step(b) for b in index_batches[:warmup]], [tmt_step(b) for b in timed_indices]),
         "tutorial": ([tutorial_step(tut_batches[0])], [tutorial_step(b) for b in tut_batches[:tutorial_steps]]),
@@ -340,12 +357,14 @@ def main(argv: list[str] | None = None) -> int:
                 continue  # tens of times slower: a few rounds pin its figure down well enough
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
+                start_bytes = torch.cuda.memory_allocated(device)
             elapsed, cpu_elapsed, n = timed(device, engines[name][1])
             rates[name].append(n / elapsed)
             cpu_rates[name].append(n / cpu_elapsed)
             seconds[name] += elapsed
             if device.type == "cuda":
-                peak_mb[name] = max(peak_mb[name] or 0.0, torch.cuda.max_memory_allocated(device) / 2**20)
+                own_peak = torch.cuda.max_memory_allocated(device) - start_bytes + resident_bytes(*resident[name])
+                peak_mb[name] = max(peak_mb[name] or 0.0, own_peak / 2**20)
     speed = {name: statistics.median(r) for name, r in rates.items()}
     # On a CPU shared with other jobs, wall time swings with their load; with one torch thread the
     # process's CPU time counts only this engine's work, so its ratios are the steadier figure.
@@ -364,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{platform.processor() or platform.machine()}")
     print(f"# corpus {args.data}: {len(sentence_order)} sentences per round in {len(timed_indices)} tmt/Marian "
           f"batches (batch_tokens {cfg.train.batch_tokens}, {tgt_tokens_per_step:.0f} target tokens per step); "
-          f"tutorial: {tutorial_steps} of its {len(tut_batches)} batches of {args.tutorial_batch_sentences} "
+          f"tutorial: {tutorial_steps} of its {tut_total_batches} batches of {args.tutorial_batch_sentences} "
           f"sentences padded to {args.tutorial_pad_len}; {args.repeats} interleaved rounds (tutorial: "
           f"{min(args.repeats, TUTORIAL_ROUNDS)}), median shown")
     print(f"{'engine':<12} {'tgt tokens/s':>13} {'per CPU-s':>10} {'rounds (tokens/s, wall)':<44} {'peak MB':>8}")

@@ -11,6 +11,7 @@ the same code.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +23,9 @@ from transformer_mt.errors import UsageError
 
 # The variables torchrun sets for each process it starts.
 ENV_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+# How long the other ranks wait for rank 0 to prepare the data (`main_first`).
+MAIN_FIRST_TIMEOUT = datetime.timedelta(days=1)
 
 
 @dataclass(frozen=True)
@@ -96,11 +100,19 @@ class Distributed:
         For work that writes shared files once (tokenizers, the carved splits, the token
         cache): rank 0 creates them, the others find and reuse them.
         """
+        if not self.enabled:
+            yield
+            return
+        # Rank 0 may work here for a long time (10 M pairs: ~20 minutes of BPE and tokenizing)
+        # while the others wait. They wait in a gloo barrier of its own, with a day's timeout:
+        # in the default group, NCCL's watchdog would abort the run after 10 minutes.
+        waiting_room = dist.new_group(backend="gloo", timeout=MAIN_FIRST_TIMEOUT)
         if not self.is_main:
-            self.barrier()
+            dist.barrier(group=waiting_room)
         yield
         if self.is_main:
-            self.barrier()
+            dist.barrier(group=waiting_room)
+        dist.destroy_process_group(waiting_room)
 
     def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum `tensor` over all ranks, in place; returns it."""

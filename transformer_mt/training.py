@@ -266,8 +266,11 @@ class Trainer:
         self.ddp_model: torch.nn.parallel.DistributedDataParallel | None = None
         if dist.enabled:
             seed_everything(cfg.seed + dist.rank)  # different dropout masks on each rank
+            # No buffer broadcast before every forward: the model's only buffer, the sinusoidal
+            # position table, is the same constant on every rank.
             self.ddp_model = torch.nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[self.device] if self.device.type == "cuda" else None)
+                self.model, device_ids=[self.device] if self.device.type == "cuda" else None,
+                broadcast_buffers=False)
         self.step_model = self.ddp_model or self.model
         if t.compile:
             self.step_model = torch.compile(self.step_model)

@@ -325,10 +325,10 @@ def kill_on_nth_call():
 
 if point == "step":
     real_step = training.Trainer.train_step
-    def train_step(self, *args):
+    def train_step(self, *args, **kwargs):
         if self.state.step == n:
             os.kill(os.getpid(), signal.SIGKILL)
-        return real_step(self, *args)
+        return real_step(self, *args, **kwargs)
     training.Trainer.train_step = train_step
 elif point == "write":
     real_save = torch.save

@@ -7,6 +7,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.conftest import TINY_PAIRS, tiny_config, write_corpus
+from transformer_mt.batching import TokenBatchSampler
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.errors import DataError, UsageError
 from transformer_mt.training import Trainer, label_smoothed_loss, lr_at, prepare_run_dir, train
@@ -72,6 +73,39 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_corpus: Path, t
     for name, tensor in final_a["model"].items():
         assert torch.equal(tensor, final_b["model"][name]), name
     assert final_a["sampler"] == final_b["sampler"]
+
+
+def test_the_loop_trains_the_sampler_batches_in_order_and_checkpoints_their_end(tiny_corpus: Path, tmp_path: Path):
+    # The loop loads the next update's batches while the device works on this one (inside
+    # train_step): the batches trained must still be the sampler's, in order, and a checkpoint
+    # must record where the trained ones end, not the one drawn ahead.
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 5, "accum_steps": 2, "eval_every_steps": 5,
+                                          "save_every_steps": 3})
+    prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
+    trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    expected = iter(TokenBatchSampler(trainer.train_data.lengths(), cfg.train.batch_tokens, cfg.seed,
+                                      tie_break=trainer.train_data.tgt_len))
+    expected = [[next(expected).tolist() for _ in range(2)] for _ in range(5)]
+    indices_of, trained = {}, []
+    real_load, real_step = trainer.load_batch, trainer.train_step
+
+    def load_batch(indices):
+        batch = real_load(indices)
+        indices_of[id(batch)] = indices.tolist()
+        return batch
+
+    def train_step(batches, *args, **kwargs):
+        trained.append([indices_of[id(batch)] for batch in batches])
+        return real_step(batches, *args, **kwargs)
+
+    trainer.load_batch, trainer.train_step = load_batch, train_step
+    trainer.run()
+    assert trained == expected
+    position = load_checkpoint(tmp_path / "run" / "checkpoints" / "step_00000003.pt")["sampler"]
+    sampler = TokenBatchSampler(trainer.train_data.lengths(), cfg.train.batch_tokens, cfg.seed)
+    sampler.load_state_dict(position)
+    epoch_length = len(sampler.epoch_batches(0))
+    assert position["epoch"] * epoch_length + position["position"] == 6  # 3 updates of 2 batches
 
 
 def test_only_the_last_checkpoints_and_the_best_are_kept(tiny_corpus: Path, tmp_path: Path):

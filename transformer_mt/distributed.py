@@ -2,7 +2,7 @@
 
 Under `torchrun`, every process runs the same `tmt train` on its own device. Rank 0 alone
 writes files (checkpoints, TensorBoard, logs); the ranks meet in a few collectives: DDP's
-gradient all-reduce, two small all-reduces per step to agree on stopping and on skipping a
+gradient all-reduce, one small all-reduce per step to agree on stopping and on skipping a
 non-finite update, and the gathering of validation translations. Without torchrun,
 `Distributed()` is a world of one and every method is a no-op, so single-process training runs
 the same code.

@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +89,17 @@ class StepResult:
     loss: torch.Tensor  # label-smoothed loss per target token
     grad_norm: torch.Tensor  # global gradient norm before clipping
     updated: bool  # False: the loss or a gradient was not finite and the update was skipped
+    stop_signal: int = 0  # the stop signal any rank had received by this step (0: none)
+
+
+@dataclass
+class _StepBatches:
+    """One update's micro-batches, drawn from the sampler and already on the device."""
+
+    micro_batches: list[Batch]  # this rank's
+    indices: list[np.ndarray]  # their example indices
+    tgt_tokens: int  # target tokens of every rank's micro-batches: the loss's denominator
+    sampler_state: dict  # the sampler's position once these batches are drawn
 
 
 def lr_at(step: int, peak_lr: float, warmup_steps: int) -> float:
@@ -284,6 +296,9 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_grad_scaler)
         self.sampler = TokenBatchSampler(self.train_data.lengths(), t.batch_tokens, cfg.seed,
                                          tie_break=self.train_data.tgt_len, world_size=dist.world_size)
+        # The sampler runs one update ahead of training (the loop prepares the next update's
+        # batches while the device works); checkpoints record where the trained batches end.
+        self.sampler_state = self.sampler.state_dict()
         self.state = TrainState()
         self.checkpoints = CheckpointDir(run_dir / "checkpoints", t.keep_last)
         self.valid_subset = self._pick_valid_subset()
@@ -311,7 +326,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "train_state": self.state.state_dict(),
-            "sampler": self.sampler.state_dict(),
+            "sampler": self.sampler_state,
             # Every rank's RNG state (dropout differs per rank); a collective, so all ranks call this.
             "rng": rng_state() if not self.dist.enabled else {"ranks": self.dist.gather(rng_state())},
             "config": config_to_dict(self.cfg),
@@ -332,6 +347,7 @@ class Trainer:
             self.scaler.load_state_dict(ckpt["scaler"])
         self.state.load_state_dict(ckpt["train_state"])
         self.sampler.load_state_dict(ckpt["sampler"])
+        self.sampler_state = self.sampler.state_dict()
         load_rng_state({k: _to_cpu(v) for k, v in self._own_rng_state(ckpt["rng"], path).items()})
         logger.info("resuming from %s: step %d, epoch %d, batch %d of that epoch", path, self.state.step,
                     self.sampler.epoch + 1, self.sampler.position)
@@ -403,7 +419,7 @@ class Trainer:
         s = self.state
         write_summary(self.run_dir, {
             "name": self.cfg.name, "status": status, "step": s.step, "max_steps": self.cfg.train.max_steps,
-            "epoch": self.sampler.epoch + 1, "best_bleu": s.best_bleu, "best_step": s.best_step,
+            "epoch": self.sampler_state["epoch"] + 1, "best_bleu": s.best_bleu, "best_step": s.best_step,
             "last_valid": s.last_valid, "test": self.test_report, "tgt_tokens_seen": s.tgt_tokens_seen,
             "train_seconds": round(s.train_seconds, 1),
             "tgt_tokens_per_s": round(s.tgt_tokens_seen / s.train_seconds, 1) if s.train_seconds else None,
@@ -412,7 +428,8 @@ class Trainer:
             "provenance": self.provenance})
 
     # --- one optimisation step ---------------------------------------------------------
-    def train_step(self, batches: Batch | list[Batch], step_tgt_tokens: int | None = None) -> StepResult:
+    def train_step(self, batches: Batch | list[Batch], step_tgt_tokens: int | None = None, *,
+                   while_device_works: Callable[[], None] | None = None, stop_signal: int = 0) -> StepResult:
         """Forward and backward over one or more batches (gradient accumulation), then clip and
         update; a NaN/inf loss or gradient norm skips the update.
 
@@ -424,11 +441,14 @@ class Trainer:
 
         The finiteness check reads one boolean from the device per update: the price of never
         letting a NaN reach the weights or the optimizer's moments. It comes after the backward
-        passes are queued, so the GPU has a whole step of work in hand when the host waits; only
-        the optimizer's few fused kernels then wait on the host. Reading it one step later instead
-        would let the next batch's dropout and sampler position into the checkpoint written for
-        this step, and exact resume would be lost; the fp16 scaler's device-side `found_inf` skip
-        would not tell the step counter or the LR schedule that no update happened.
+        passes are queued, and after `while_device_works` (the loop's preparation of the next
+        batches), so the GPU has a whole step of work in hand while the host works and waits; only
+        the optimizer's few fused kernels then wait on the host. Under DDP the same all-reduce
+        agrees on `stop_signal` (this rank's pending stop signal): one sync per step for both
+        questions. Reading the check one step later instead would let the next batch's dropout
+        and sampler position into the checkpoint written for this step, and exact resume would be
+        lost; the fp16 scaler's device-side `found_inf` skip would not tell the step counter or
+        the LR schedule that no update happened.
         """
         batches = [batches] if isinstance(batches, Batch) else batches
         n_tgt_tokens = step_tgt_tokens or sum(batch.n_tgt_tokens for batch in batches)
@@ -451,15 +471,24 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)
         max_norm = self.cfg.train.clip_grad_norm or float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        # Ranks must agree: one rank's non-finite loss must skip the update on every rank.
-        finite = bool(self.dist.max_((~(torch.isfinite(total) & torch.isfinite(grad_norm))).float()) == 0)
+        if while_device_works is not None:
+            while_device_works()
+        # Ranks must agree: one rank's non-finite loss must skip the update on every rank, and one
+        # rank's stop signal must stop every rank at the same step.
+        nonfinite = (~(torch.isfinite(total) & torch.isfinite(grad_norm))).float()
+        if self.dist.enabled:
+            flags = torch.stack([nonfinite, torch.full((), float(stop_signal), device=self.device)])
+            nonfinite_anywhere, stop_signal = (int(v) for v in self.dist.max_(flags).tolist())
+            finite = nonfinite_anywhere == 0
+        else:
+            finite = not bool(nonfinite)
         if finite or self.scaler.is_enabled():
             # The fp16 scaler skips a non-finite update itself, and must see it to lower its scale.
             self.scaler.step(self.optimizer)
             self.scaler.update()
         if finite:
             self.scheduler.step()
-        return StepResult(total, grad_norm.detach(), finite)
+        return StepResult(total, grad_norm.detach(), finite, stop_signal)
 
     def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         """Under DDP, gradients are all-reduced only in the backward of a step's last micro-batch."""
@@ -608,31 +637,38 @@ class Trainer:
         interval = _Interval(self.device, self.dist, self.peak_flops)
         nonfinite_in_a_row = 0
         stop = StopRequest(second_signal_interrupts=not self.dist.enabled)
-        W, rank = self.dist.world_size, self.dist.rank
+        agreed_signal = 0  # under DDP, the stop signal the ranks agreed on in the last step
+        upcoming: _StepBatches | None = None
         try:
             stop.install()
             while self.state.step < t.max_steps:
-                signal_number = self._agreed_signal(stop)
+                signal_number = agreed_signal if self.dist.enabled else (stop.signal_number or 0)
                 if signal_number:
                     self._stop_on_signal(signal_number)
-                step_batches = [next(batches) for _ in range(t.accum_steps * W)]  # every rank's, in groups of W
-                indices = step_batches[rank::W]  # this rank's micro-batches
-                step_tgt_tokens = int(self.train_data.lengths_of(np.concatenate(step_batches))[1].sum())
-                micro_batches = [self.load_batch(i) for i in indices]
-                result = self._step_or_none(micro_batches, step_tgt_tokens)
+                current, upcoming = upcoming or self._draw_step_batches(batches), None
+
+                def prepare_next_step() -> None:  # runs on the host while the device works on `current`
+                    nonlocal upcoming
+                    if self.state.step + 1 < t.max_steps:
+                        upcoming = self._draw_step_batches(batches)
+
+                result = self._step_or_none(current.micro_batches, current.tgt_tokens, prepare_next_step,
+                                            stop.signal_number or 0)
+                self.sampler_state = current.sampler_state  # trained (or skipped): checkpoints resume after them
                 if result is None:  # out of memory: the batch was skipped
                     writer.add_scalar("train/skipped_oom", self.state.skipped_oom, self.state.step)
                     continue
+                agreed_signal = result.stop_signal
                 if not result.updated:
                     nonfinite_in_a_row += 1
                     self._skip_nonfinite(nonfinite_in_a_row, writer)
                     continue
                 nonfinite_in_a_row = 0
                 self.state.step += 1
-                self.state.tgt_tokens_seen += step_tgt_tokens
+                self.state.tgt_tokens_seen += current.tgt_tokens
                 flops = sum(train_flops(self.cfg.model, self.tokenizers.tgt.get_vocab_size(),
-                                        *self.train_data.lengths_of(i)) for i in indices)
-                interval.add(result.loss, micro_batches, flops)
+                                        *self.train_data.lengths_of(i)) for i in current.indices)
+                interval.add(result.loss, current.micro_batches, flops)
                 bar.update(1)
                 step = self.state.step
                 if step % t.log_every_steps == 0 or step == t.max_steps:
@@ -669,12 +705,13 @@ class Trainer:
             self.save(keep_step=keep_step, is_best=is_best)
         return finished
 
-    def _agreed_signal(self, stop: StopRequest) -> int:
-        """The stop signal any rank received (0: none), so that all ranks stop at the same step."""
-        number = stop.signal_number or 0
-        if not self.dist.enabled:
-            return number
-        return int(self.dist.max_(torch.tensor([number], device=self.device)).item())
+    def _draw_step_batches(self, batches: Iterator[np.ndarray]) -> _StepBatches:
+        """The next update's batches from the sampler: every rank's, in groups of W; this rank's on the device."""
+        W = self.dist.world_size
+        step_batches = [next(batches) for _ in range(self.cfg.train.accum_steps * W)]
+        indices = step_batches[self.dist.rank::W]  # this rank's micro-batches
+        tgt_tokens = int(self.train_data.lengths_of(np.concatenate(step_batches))[1].sum())
+        return _StepBatches([self.load_batch(i) for i in indices], indices, tgt_tokens, self.sampler.state_dict())
 
     def _stop_on_signal(self, signal_number: int) -> None:
         name = signal.Signals(signal_number).name
@@ -683,7 +720,8 @@ class Trainer:
         self.dist.barrier()  # no rank leaves while rank 0 still writes: torchrun would kill it mid-write
         raise TrainingStopped(f"stopped by {name} at step {self.state.step}; checkpoint saved", signal_number)
 
-    def _step_or_none(self, batches: list[Batch], step_tgt_tokens: int) -> StepResult | None:
+    def _step_or_none(self, batches: list[Batch], step_tgt_tokens: int, while_device_works: Callable[[], None],
+                      stop_signal: int) -> StepResult | None:
         """`train_step`, or None when the batch ran out of device memory and was skipped.
 
         The first out-of-memory batch is skipped (its memory freed, its size logged); a second
@@ -692,7 +730,8 @@ class Trainer:
         gradient all-reduce, so one rank cannot skip alone: the run stops at once.
         """
         try:
-            return self.train_step(batches, step_tgt_tokens)
+            return self.train_step(batches, step_tgt_tokens, while_device_works=while_device_works,
+                                   stop_signal=stop_signal)
         except torch.OutOfMemoryError:
             if self.dist.enabled:
                 raise TrainingError(f"rank {self.dist.rank} ran out of memory at step {self.state.step + 1}; lower "

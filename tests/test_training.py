@@ -7,8 +7,10 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.conftest import TINY_PAIRS, tiny_config, write_corpus
-from transformer_mt.batching import TokenBatchSampler
+from transformer_mt import training
+from transformer_mt.batching import Batch, TokenBatchSampler
 from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.distributed import Distributed
 from transformer_mt.errors import DataError, UsageError
 from transformer_mt.training import Trainer, label_smoothed_loss, lr_at, prepare_run_dir, train
 
@@ -106,6 +108,22 @@ def test_the_loop_trains_the_sampler_batches_in_order_and_checkpoints_their_end(
     sampler.load_state_dict(position)
     epoch_length = len(sampler.epoch_batches(0))
     assert position["epoch"] * epoch_length + position["position"] == 6  # 3 updates of 2 batches
+
+
+def test_a_pause_for_validation_or_a_checkpoint_is_not_training_time(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(training.time, "perf_counter", lambda: now[0])
+    interval = training._Interval(torch.device("cpu"), Distributed())
+    batch = Batch(torch.ones(2, 5, dtype=torch.long), torch.ones(2, 4, dtype=torch.long),
+                  torch.ones(2, 4, dtype=torch.long), n_src_tokens=10, n_tgt_tokens=8)
+    now[0] += 2.0  # a step of 2 s
+    interval.add(torch.tensor(1.0), [batch])
+    interval.pause()
+    now[0] += 30.0  # validation and a checkpoint
+    interval.resume()
+    now[0] += 2.0  # another step
+    interval.add(torch.tensor(1.0), [batch])
+    assert interval.read_and_reset().tgt_tokens_per_s == pytest.approx(16 / 4.0)
 
 
 def test_only_the_last_checkpoints_and_the_best_are_kept(tiny_corpus: Path, tmp_path: Path):

@@ -315,7 +315,7 @@ class Trainer:
         # trade is unmeasured; under torch.compile the row count would be one more dynamic shape.
         self.real_positions_only = self.device.type == "cpu" and not t.compile
         self.test_report: dict | None = None
-        self._time_estimated = False
+        self._intervals_logged = 0
         self._clock = time.perf_counter()  # train_seconds counts from here
 
     # --- checkpoints -------------------------------------------------------------------
@@ -686,7 +686,11 @@ class Trainer:
         t, step = self.cfg.train, self.state.step
         finished = step >= t.max_steps
         is_best = False
-        if step % t.eval_every_steps == 0 or finished:
+        validate = step % t.eval_every_steps == 0 or finished
+        save_due = step % t.save_every_steps == 0 or finished
+        if validate or save_due:
+            interval.pause()  # validation and checkpoint writing are not training time
+        if validate:
             bleu = self.validate(writer)
             is_best = bleu > self.state.best_bleu
             if is_best:
@@ -699,10 +703,10 @@ class Trainer:
                 self.state.stopped_early = finished = True
             if finished:
                 self._log_hparams(writer, bleu)
-            interval.restart_clock()  # validation time is not training time
-        keep_step = step % t.save_every_steps == 0 or finished
+        keep_step = save_due or finished  # finished: also by early stopping
         if keep_step or is_best:
             self.save(keep_step=keep_step, is_best=is_best)
+        interval.resume()
         return finished
 
     def _draw_step_batches(self, batches: Iterator[np.ndarray]) -> _StepBatches:
@@ -791,8 +795,10 @@ class Trainer:
                     "efficiency %.3f source, %.3f target%s", step, stats.mean_loss, lr, grad_norm_value,
                     stats.src_tokens_per_s, stats.tgt_tokens_per_s, stats.src_padding_efficiency,
                     stats.tgt_padding_efficiency, extra)
-        if not self._time_estimated:  # the first measured interval of this process
-            self._time_estimated = True
+        self._intervals_logged += 1
+        # From the first interval of this process; under train.compile from the second, as the
+        # first includes compiling.
+        if self._intervals_logged == (2 if t.compile else 1):
             logger.info("%s", estimated_time(self.data_report, stats.tgt_tokens_per_s, step))
 
 
@@ -827,6 +833,7 @@ class _Interval:
         self.loss_sum = torch.zeros((), device=device)
         self._zero_counts()
         self.started = time.perf_counter()
+        self.paused: float | None = None
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
 
@@ -847,6 +854,18 @@ class _Interval:
 
     def restart_clock(self) -> None:
         self.started = time.perf_counter()
+
+    def pause(self) -> None:
+        """Stop the clock (for validation, a checkpoint) once the device has done the steps counted so far."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.paused = time.perf_counter()
+
+    def resume(self) -> None:
+        """Restart a paused clock: the pause does not count towards the interval's time."""
+        if self.paused is not None:
+            self.started += time.perf_counter() - self.paused
+            self.paused = None
 
     def read_and_reset(self) -> IntervalStats:
         """The interval's figures; under DDP summed over the ranks (a collective: every rank calls it)."""

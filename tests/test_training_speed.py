@@ -10,7 +10,7 @@ import torch
 from tests.conftest import tiny_config
 from transformer_mt.batching import make_batch, sorted_batches
 from transformer_mt.config import ModelConfig
-from transformer_mt.throughput import train_flops
+from transformer_mt.throughput import peak_flops_of, peak_flops_per_s, train_flops
 from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt import training
 from transformer_mt.training import Trainer, label_smoothed_loss, prepare_run_dir
@@ -122,6 +122,17 @@ def test_flop_formula_matches_a_hand_computation():
     assert train_flops(cfg, 10, [3], [2]) == 4608 + 3840 + 1152 + 480 + 1824
     # Sentences add up: two copies cost twice one.
     assert train_flops(cfg, 10, np.array([3, 3]), np.array([2, 2])) == 2 * train_flops(cfg, 10, [3], [2])
+
+
+def test_peak_flops_follow_the_device_name_and_whether_fp32_may_use_tf32():
+    assert peak_flops_of("NVIDIA H100 80GB HBM3", "bf16") == 989e12  # the SXM part
+    assert peak_flops_of("NVIDIA H100 NVL", "bf16") == 835e12
+    assert peak_flops_of("NVIDIA H200 NVL", "bf16") == 835e12  # not the SXM H200's 989e12
+    assert peak_flops_of("NVIDIA H200", "bf16") == 989e12
+    assert peak_flops_of("NVIDIA H100 80GB HBM3", "fp32") == 67e12  # torch's default: no TF32
+    assert peak_flops_of("NVIDIA H100 80GB HBM3", "fp32", tf32=True) == 494e12
+    assert peak_flops_of("NVIDIA GeForce GTX 1080", "fp32") is None  # unknown: no MFU
+    assert peak_flops_per_s(torch.device("cpu"), "fp32") is None
 
 
 @pytest.mark.skipif(not os.environ.get("TMT_TEST_COMPILE"),

@@ -9,14 +9,17 @@ import torch
 
 from transformer_mt.config import ModelConfig
 
-# Dense (no sparsity) tensor-core peaks from NVIDIA's datasheets, FLOP/s. bf16 and fp16 are equal
-# on these parts; fp32 matmuls run as TF32 only when torch allows it, so fp32 counts the TF32 peak.
+# Dense (no sparsity) peaks from NVIDIA's datasheets, FLOP/s: tensor cores for bf16, fp16 and
+# tf32 (equal on these parts for bf16 and fp16), the plain CUDA cores for fp32. An fp32 run counts
+# the tf32 peak only when torch lets matmuls use TF32 (`torch.set_float32_matmul_precision("high")`);
+# by default it does not, and fp32 matmuls run on the CUDA cores.
 PEAK_FLOPS = {
-    "H100 SXM": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
-    "H100 NVL": {"bf16": 835e12, "fp16": 835e12, "fp32": 418e12},
-    "H100 PCIe": {"bf16": 756e12, "fp16": 756e12, "fp32": 378e12},
-    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
-    "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 156e12},
+    "H100 SXM": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
+    "H100 NVL": {"bf16": 835e12, "fp16": 835e12, "tf32": 418e12, "fp32": 60e12},
+    "H100 PCIe": {"bf16": 756e12, "fp16": 756e12, "tf32": 378e12, "fp32": 51e12},
+    "H200 NVL": {"bf16": 835e12, "fp16": 835e12, "tf32": 418e12, "fp32": 60e12},
+    "H200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
+    "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
 }
 
 
@@ -56,11 +59,17 @@ def peak_flops_per_s(device: torch.device, precision: str) -> float | None:
     """The device's dense peak for `precision` ('bf16', 'fp16', 'fp32'); None when unknown or not a GPU."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    for key in sorted(PEAK_FLOPS, key=len, reverse=True):  # "H100 SXM" before a bare "H100"
-        if all(part in name for part in key.split()):
+    return peak_flops_of(torch.cuda.get_device_name(device), precision, torch.backends.cuda.matmul.allow_tf32)
+
+
+def peak_flops_of(device_name: str, precision: str, tf32: bool = False) -> float | None:
+    """The dense peak of the GPU called `device_name` for `precision`; fp32 counts as tf32 when `tf32`."""
+    if precision == "fp32" and tf32:
+        precision = "tf32"
+    for key in sorted(PEAK_FLOPS, key=len, reverse=True):  # "H200 NVL" before a bare "H200"
+        if all(part in device_name for part in key.split()):
             return PEAK_FLOPS[key][precision]
-    if "H100" in name:  # e.g. "NVIDIA H100 80GB HBM3" is the SXM part
+    if "H100" in device_name:  # e.g. "NVIDIA H100 80GB HBM3" is the SXM part
         return PEAK_FLOPS["H100 SXM"][precision]
     return None
 

@@ -36,6 +36,19 @@ def teacher_forced_log_prob(model: Transformer, src: torch.Tensor, ids: list[int
     return sum(log_probs[t, token].item() for t, token in enumerate(targets))
 
 
+def test_decoding_logits_are_fp32_under_bf16_autocast():
+    # Ranking candidates on bf16 logits (8 mantissa bits) would tie or swap close ones.
+    model, src = random_model(0), random_sources(0)
+    src_mask = src != PAD
+    tgt = torch.full((src.shape[0], 1), BOS)
+    with torch.inference_mode():
+        plain = model.decode(tgt, model.encode(src, src_mask), src_mask)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed = model.decode(tgt, model.encode(src, src_mask), src_mask)
+    assert mixed.dtype == torch.float32
+    assert torch.allclose(mixed, plain, atol=0.5)  # bf16 layers, fp32 projection: close, not equal
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_cached_greedy_equals_uncached_greedy(seed):
     model, src = random_model(seed), random_sources(seed)

@@ -125,10 +125,11 @@ def beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_i
         # Set aside hypotheses ending in EOS among the top K candidates (all top K at the cap).
         at_cap = torch.tensor([step + 1 >= limits[b] for b in active], device=device)  # (N,)
         ends = ((cand_token[:, :K] == eos_id) | at_cap[:, None]).nonzero().tolist()
-        if ends:
+        if ends:  # one copy to the host each, not one per finished hypothesis
             cand_lists = cand_scores.tolist(), cand_beam.tolist(), cand_token.tolist()
+            prefixes = tokens[:, 1:].tolist()  # (N·K, t) without BOS
             for row, rank in ends:
-                _set_aside(finished[active[row]], tokens[row * K + cand_lists[1][row][rank], 1:].tolist(),
+                _set_aside(finished[active[row]], prefixes[row * K + cand_lists[1][row][rank]],
                            cand_lists[2][row][rank], cand_lists[0][row][rank], eos_id, alpha)
 
         # The K best candidates that did not end become the live beams.

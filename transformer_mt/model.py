@@ -526,7 +526,11 @@ class Transformer(nn.Module):
         y = self._embed(self.tgt_embed, tgt_ids, offset)
         for i, layer in enumerate(self.decoder_layers):
             y = layer(y, memory, src_mask, None if cache is None else cache.layers[i])
-        return self.output_proj(self.decoder_norm(y))
+        y = self.decoder_norm(y)
+        # Decoding ranks tokens by these logits: fp32 even under bf16/fp16 autocast, whose 8 or 11
+        # mantissa bits would tie or swap close candidates. A step projects only (B, T) rows.
+        with torch.autocast(device_type=y.device.type, enabled=False):
+            return self.output_proj(y.float())
 
     def new_cache(self, capacity: int) -> KVCache:
         """An empty cache for incremental decoding of up to `capacity` target positions."""

@@ -268,6 +268,23 @@ def test_out_of_memory_skips_one_batch_and_stops_with_advice_the_second_time(tin
         trainer.run()
 
 
+def test_out_of_memory_in_an_fp16_optimizer_step_leaves_a_scaler_that_goes_on(tiny_corpus: Path, tmp_path: Path):
+    prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
+    trainer = Trainer(tiny_config(tiny_corpus), tmp_path / "run", progress=False)
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)  # as fp16 training on a GPU has
+    real_step = trainer.optimizer.step
+
+    def step_out_of_memory(*args, **kwargs):
+        trainer.optimizer.step = real_step
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    trainer.optimizer.step = step_out_of_memory  # after unscale_, inside scaler.step
+    batch = trainer.load_batch(list(range(4)))
+    assert trainer._step_or_none([batch], batch.n_tgt_tokens, None, 0) is None
+    assert trainer.train_step(batch).updated  # the scaler's next unscale_ is allowed
+    assert trainer.scaler.get_scale() == 1024.0
+
+
 def test_a_full_disk_keeps_the_earlier_checkpoints_and_stops_clearly(tiny_corpus: Path, tmp_path: Path,
                                                                     monkeypatch, capsys):
     run = tmp_path / "run"

@@ -724,7 +724,7 @@ class Trainer:
         self.dist.barrier()  # no rank leaves while rank 0 still writes: torchrun would kill it mid-write
         raise TrainingStopped(f"stopped by {name} at step {self.state.step}; checkpoint saved", signal_number)
 
-    def _step_or_none(self, batches: list[Batch], step_tgt_tokens: int, while_device_works: Callable[[], None],
+    def _step_or_none(self, batches: list[Batch], step_tgt_tokens: int, while_device_works: Callable[[], None] | None,
                       stop_signal: int) -> StepResult | None:
         """`train_step`, or None when the batch ran out of device memory and was skipped.
 
@@ -745,6 +745,12 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+        if self.scaler.is_enabled():
+            # Out of memory in the optimizer step leaves the fp16 scaler mid-step (`unscale_` done,
+            # no `update`), and its next `unscale_` would refuse. A fresh scaler keeps the scale.
+            scaler_state = self.scaler.state_dict()
+            self.scaler = torch.amp.GradScaler(self.device.type, enabled=True)
+            self.scaler.load_state_dict(scaler_state)
         self.state.skipped_oom += 1
         batch = max(batches, key=lambda b: b.src_ids.numel() + b.tgt_out_ids.numel())  # the largest
         n_sentences, width = batch.tgt_out_ids.shape

@@ -517,7 +517,7 @@ class Transformer(nn.Module):
 
     def decode(self, tgt_ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                cache: KVCache | None = None) -> torch.Tensor:
-        """tgt_ids (B, T) long, memory (B, S, D), src_mask (B, S) bool -> logits (B, T, V).
+        """tgt_ids (B, T) long, memory (B, S, D), src_mask (B, S) bool -> fp32 logits (B, T, V).
 
         Without a cache, tgt_ids is the whole prefix starting with BOS. With a cache, it holds
         only the new positions (one per step after the first call), and the cache is updated.

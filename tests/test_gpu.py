@@ -1,0 +1,154 @@
+"""The GPU paths compute what the CPU paths do.
+
+On a CUDA device the trainer takes other paths than on a CPU: batches padded to a multiple of 8
+and copied from pinned memory without blocking, the padded (B, T, V) logits instead of the real
+positions only, the fused CUDA AdamW, bf16 autocast, and the GPU's attention kernels. These
+tests run only where there is a CUDA GPU (CI has none). `TMT_TEST_DEVICE=cpu` runs them on the
+CPU instead, which checks the tests themselves, not the GPU paths.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
+from tests.test_decoding import BOS, EOS, random_model, random_sources
+from tests.test_training import read_scalars
+from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.decoding import beam_search, greedy_decode
+from transformer_mt.training import Trainer, prepare_run_dir, train
+
+DEVICE = os.environ.get("TMT_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else None)
+pytestmark = pytest.mark.skipif(DEVICE is None, reason="no CUDA GPU (TMT_TEST_DEVICE=cpu runs these on the CPU)")
+
+
+def make_trainer(tiny_corpus: Path, run: Path, device: str, **train) -> Trainer:
+    cfg = tiny_config(tiny_corpus, model={"dropout": 0.0},
+                      train={"clip_grad_norm": 0.0, "device": device, "precision": "fp32", **train})
+    prepare_run_dir(run, resume=False, overwrite=False)
+    return Trainer(cfg, run, progress=False)
+
+
+def gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {name: p.grad.detach().float().cpu() for name, p in trainer.model.named_parameters()}
+
+
+def test_a_step_on_the_device_makes_the_update_of_a_cpu_step(tiny_corpus: Path, tmp_path: Path):
+    # fp32 without TF32 (torch's default for matmuls): the same sums in another order.
+    assert not torch.backends.cuda.matmul.allow_tf32
+    cpu = make_trainer(tiny_corpus, tmp_path / "cpu", "cpu")
+    device = make_trainer(tiny_corpus, tmp_path / "device", DEVICE)
+    indices = list(range(8))
+    on_cpu = cpu.train_step(cpu.load_batch(indices))
+    batch = device.load_batch(indices)
+    if DEVICE == "cuda":  # the GPU's own path, not the CPU's
+        assert batch.src_ids.shape[1] % 8 == 0 and batch.tgt_in_ids.shape[1] % 8 == 0
+        assert not device.real_positions_only and device.optimizer.defaults["fused"]
+    on_device = device.train_step(batch)
+    assert on_device.loss.item() == pytest.approx(on_cpu.loss.item(), rel=1e-5)
+    assert on_device.grad_norm.item() == pytest.approx(on_cpu.grad_norm.item(), rel=1e-4)
+    expected = gradients(cpu)
+    for name, grad in gradients(device).items():
+        torch.testing.assert_close(grad, expected[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_fused_optimizer_on_the_device_updates_like_the_plain_one(tiny_corpus: Path, tmp_path: Path):
+    trainer = make_trainer(tiny_corpus, tmp_path / "run", DEVICE, weight_decay=0.01)
+    assert trainer.optimizer.defaults["fused"] == (DEVICE in ("cuda", "cpu"))
+    fused = list(trainer.model.parameters())
+    copies = [p.detach().clone().requires_grad_() for p in fused]
+    d = trainer.optimizer.param_groups[0]  # lr: the first step's warmup rate, set by the schedule
+    plain = torch.optim.AdamW(copies, lr=d["lr"], betas=d["betas"], eps=d["eps"], weight_decay=d["weight_decay"],
+                              foreach=False)  # the per-parameter loop: the reference implementation
+    gen = torch.Generator(DEVICE).manual_seed(0)
+    for step in range(4):  # the same random gradients for both: no gradient is exactly 0 (see Adam's sign)
+        for a, b in zip(fused, copies):
+            a.grad = torch.randn(a.shape, generator=gen, device=DEVICE)
+            b.grad = a.grad.clone()
+        trainer.optimizer.step()
+        plain.step()
+        for (name, a), b in zip(trainer.model.named_parameters(), copies):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"step {step + 1}: {name}")
+
+
+def test_a_bf16_step_is_close_to_the_fp32_step(tiny_corpus: Path, tmp_path: Path):
+    fp32 = make_trainer(tiny_corpus, tmp_path / "fp32", DEVICE)
+    bf16 = make_trainer(tiny_corpus, tmp_path / "bf16", DEVICE, precision="bf16")
+    indices = list(range(12))
+    exact = fp32.train_step(fp32.load_batch(indices))
+    mixed = bf16.train_step(bf16.load_batch(indices))
+    assert mixed.updated
+    assert mixed.loss.item() == pytest.approx(exact.loss.item(), rel=1e-2)  # 8 mantissa bits in the matmuls
+    flat = lambda grads: torch.cat([g.flatten() for g in grads.values()])  # noqa: E731
+    a, b = flat(gradients(fp32)), flat(gradients(bf16))
+    assert torch.nn.functional.cosine_similarity(a, b, dim=0).item() > 0.99
+    assert all(p.dtype == torch.float32 for p in bf16.model.parameters())  # autocast keeps fp32 master weights
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_decoding_on_the_device_gives_the_cpu_translations(seed):
+    model, src = random_model(seed), random_sources(seed)
+    args = dict(bos_id=BOS, eos_id=EOS, max_len_a=1.5, max_len_b=4)
+    greedy = greedy_decode(model, src, **args)
+    beams = beam_search(model, src, beam_size=4, n_best=2, **args)
+    model, src = model.to(DEVICE), src.to(DEVICE)
+    assert greedy_decode(model, src, **args) == greedy
+    device_beams = beam_search(model, src, beam_size=4, n_best=2, **args)
+    assert [[h.ids for h in hyps] for hyps in device_beams] == [[h.ids for h in hyps] for hyps in beams]
+    for hyps, expected in zip(device_beams, beams):
+        for h, e in zip(hyps, expected):
+            assert h.log_prob == pytest.approx(e.log_prob, abs=1e-4)
+
+
+def test_training_on_the_device_resumes_like_an_uninterrupted_run(tiny_corpus: Path, tmp_path: Path):
+    # Dropout on, bf16 where the device has it: resume must restore the CUDA RNG and the scaler-free
+    # mixed-precision state. GPU kernels may sum in another order from run to run (atomics in
+    # attention backward), so the check is closeness; `bit_identical` is printed for the record.
+    precision = "bf16" if DEVICE == "cuda" else "fp32"
+    def cfg(max_steps: int):
+        return tiny_config(tiny_corpus, train={"max_steps": max_steps, "eval_every_steps": 4, "save_every_steps": 4,
+                                               "device": DEVICE, "precision": precision})
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    prepare_run_dir(straight, resume=False, overwrite=False)
+    train(cfg(8), straight, progress=False)
+    prepare_run_dir(interrupted, resume=False, overwrite=False)
+    train(cfg(4), interrupted, progress=False)
+    prepare_run_dir(interrupted, resume=True, overwrite=False)
+    assert train(cfg(8), interrupted, resume=True, progress=False).step == 8
+
+    expected, resumed = read_scalars(straight, "train/loss"), read_scalars(interrupted, "train/loss")
+    for step in range(5, 9):
+        assert resumed[step] == pytest.approx(expected[step], rel=1e-4), step
+    final_a = load_checkpoint(straight / "checkpoints" / "step_00000008.pt")
+    final_b = load_checkpoint(interrupted / "checkpoints" / "step_00000008.pt")
+    identical = all(torch.equal(t, final_b["model"][name]) for name, t in final_a["model"].items())
+    print(f"resume on {DEVICE}: bit_identical={identical}")
+    for name, tensor in final_a["model"].items():
+        torch.testing.assert_close(final_b["model"][name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+    assert final_a["sampler"] == final_b["sampler"]
+
+
+def test_tmt_trains_evaluates_and_translates_on_the_device(tmp_path: Path, monkeypatch, capsys):
+    corpus = write_corpus(tmp_path / "corpus", {"train": TINY_PAIRS, "valid": TINY_PAIRS, "test": TINY_PAIRS[:4]})
+    raw = {"name": "gpu", "seed": 1, "data": {"format": "text", "path": str(corpus)},
+           "tokenizer": {"vocab_size": 120, "min_frequency": 1},
+           "model": {"d_model": 32, "n_heads": 2, "n_layers": 2, "d_ff": 64, "dropout": 0.0, "max_len": 64},
+           "train": {"max_steps": 300, "batch_tokens": 200, "lr": 3e-3, "warmup_steps": 20, "label_smoothing": 0.0,
+                     "log_every_steps": 50, "eval_every_steps": 300, "save_every_steps": 300,
+                     "device": DEVICE, "precision": "auto"}}
+    (tmp_path / "gpu.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+    code, _, err = run_cli(["train", "--config", "gpu.yaml", "--run-dir", "run"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")["train_state"]["best_bleu"] > 90
+    if DEVICE == "cuda":  # the trainer measures the GPU: memory and, on a known GPU, MFU
+        assert "precision bf16" in err
+        assert max(read_scalars(tmp_path / "run", "perf/peak_memory_mb").values()) > 0
+        print("MFU of the tiny model:", read_scalars(tmp_path / "run", "perf/mfu") if "NVIDIA H" in
+              torch.cuda.get_device_name() else "unknown GPU")
+    code, out, err = run_cli(["translate", "--run", "run", "--device", DEVICE, "Good morning."],
+                             monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    assert out.strip() == "Buongiorno."

@@ -59,21 +59,25 @@ torch.cuda.is_available(), "tokenizers", tokenizers.__version__, "datasets", dat
 "sacrebleu", sacrebleu.__version__)'
 }
 
-check() {
+check() {  # fails if either run fails
+    local rc=0 workers=()
     log "GPU tests"
-    "$PY" -m pytest tests/test_gpu.py -rs -s -p no:cacheprovider
-    log "the whole suite on this machine's torch"
-    local workers=()
+    "$PY" -m pytest tests/test_gpu.py -rs -s -p no:cacheprovider || rc=1
+    log "the rest of the suite on this machine's torch"
     "$PY" -c 'import xdist' 2>/dev/null && workers=(-n 8)
-    "$PY" -m pytest "${workers[@]}" -p no:cacheprovider
+    "$PY" -m pytest "${workers[@]}" -p no:cacheprovider --ignore=tests/test_gpu.py || rc=1
+    return $rc
 }
 
-bench() {
-    local multi30k=.gpu/data/multi30k_en_de
-    log "bench: base, demo corpus";           "$PY" scripts/bench_train.py --device cuda --preset base
-    log "bench: base, Multi30k";              "$PY" scripts/bench_train.py --device cuda --preset base --data $multi30k
-    log "bench: base, Multi30k, compiled";    "$PY" scripts/bench_train.py --device cuda --preset base --data $multi30k \
-                                                  --set train.compile=true --repeats 3
+bench() {  # fails if any run fails; each prints its JSON line last
+    local rc=0 multi30k=.gpu/data/multi30k_en_de
+    log "bench: base, demo corpus"
+    "$PY" scripts/bench_train.py --device cuda --preset base || rc=1
+    log "bench: base, Multi30k"
+    "$PY" scripts/bench_train.py --device cuda --preset base --data $multi30k || rc=1
+    log "bench: base, Multi30k, compiled"
+    "$PY" scripts/bench_train.py --device cuda --preset base --data $multi30k --set train.compile=true --repeats 3 || rc=1
+    return $rc
 }
 
 train_stage() {  # name config data-path

@@ -17,19 +17,13 @@ import yaml
 from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
 from tests.test_decoding import BOS, EOS, random_model, random_sources
 from tests.test_training import read_scalars
+from tests.test_training_speed import make_trainer  # dropout 0, no clipping, fp32
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.decoding import beam_search, greedy_decode
 from transformer_mt.training import Trainer, prepare_run_dir, train
 
 DEVICE = os.environ.get("TMT_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else None)
 pytestmark = pytest.mark.skipif(DEVICE is None, reason="no CUDA GPU (TMT_TEST_DEVICE=cpu runs these on the CPU)")
-
-
-def make_trainer(tiny_corpus: Path, run: Path, device: str, **train) -> Trainer:
-    cfg = tiny_config(tiny_corpus, model={"dropout": 0.0},
-                      train={"clip_grad_norm": 0.0, "device": device, "precision": "fp32", **train})
-    prepare_run_dir(run, resume=False, overwrite=False)
-    return Trainer(cfg, run, progress=False)
 
 
 def gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -39,8 +33,8 @@ def gradients(trainer: Trainer) -> dict[str, torch.Tensor]:
 def test_a_step_on_the_device_makes_the_update_of_a_cpu_step(tiny_corpus: Path, tmp_path: Path):
     # fp32 without TF32 (torch's default for matmuls): the same sums in another order.
     assert not torch.backends.cuda.matmul.allow_tf32
-    cpu = make_trainer(tiny_corpus, tmp_path / "cpu", "cpu")
-    device = make_trainer(tiny_corpus, tmp_path / "device", DEVICE)
+    cpu = make_trainer(tiny_corpus, tmp_path / "cpu", device="cpu")
+    device = make_trainer(tiny_corpus, tmp_path / "device", device=DEVICE)
     indices = list(range(8))
     on_cpu = cpu.train_step(cpu.load_batch(indices))
     batch = device.load_batch(indices)
@@ -56,7 +50,7 @@ def test_a_step_on_the_device_makes_the_update_of_a_cpu_step(tiny_corpus: Path, 
 
 
 def test_the_fused_optimizer_on_the_device_updates_like_the_plain_one(tiny_corpus: Path, tmp_path: Path):
-    trainer = make_trainer(tiny_corpus, tmp_path / "run", DEVICE, weight_decay=0.01)
+    trainer = make_trainer(tiny_corpus, tmp_path / "run", device=DEVICE, weight_decay=0.01)
     assert trainer.optimizer.defaults["fused"] == (DEVICE in ("cuda", "cpu"))
     fused = list(trainer.model.parameters())
     copies = [p.detach().clone().requires_grad_() for p in fused]
@@ -75,8 +69,8 @@ def test_the_fused_optimizer_on_the_device_updates_like_the_plain_one(tiny_corpu
 
 
 def test_a_bf16_step_is_close_to_the_fp32_step(tiny_corpus: Path, tmp_path: Path):
-    fp32 = make_trainer(tiny_corpus, tmp_path / "fp32", DEVICE)
-    bf16 = make_trainer(tiny_corpus, tmp_path / "bf16", DEVICE, precision="bf16")
+    fp32 = make_trainer(tiny_corpus, tmp_path / "fp32", device=DEVICE)
+    bf16 = make_trainer(tiny_corpus, tmp_path / "bf16", device=DEVICE, precision="bf16")
     indices = list(range(12))
     exact = fp32.train_step(fp32.load_batch(indices))
     mixed = bf16.train_step(bf16.load_batch(indices))
@@ -131,7 +125,7 @@ def test_training_on_the_device_resumes_like_an_uninterrupted_run(tiny_corpus: P
     assert final_a["sampler"] == final_b["sampler"]
 
 
-def test_tmt_trains_evaluates_and_translates_on_the_device(tmp_path: Path, monkeypatch, capsys):
+def test_tmt_trains_and_translates_on_the_device(tmp_path: Path, monkeypatch, capsys):
     corpus = write_corpus(tmp_path / "corpus", {"train": TINY_PAIRS, "valid": TINY_PAIRS, "test": TINY_PAIRS[:4]})
     raw = {"name": "gpu", "seed": 1, "data": {"format": "text", "path": str(corpus)},
            "tokenizer": {"vocab_size": 120, "min_frequency": 1},

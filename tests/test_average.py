@@ -6,7 +6,8 @@ import torch
 
 from tests.conftest import run_cli, tiny_config
 from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.training import prepare_run_dir, train
+from transformer_mt.run_dir import prepare_run_dir
+from transformer_mt.training import train
 
 
 def test_average_of_the_last_checkpoints_is_their_mean_and_translates(tiny_corpus: Path, tmp_path: Path,

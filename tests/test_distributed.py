@@ -20,7 +20,8 @@ from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import save_config
 from transformer_mt.distributed import Distributed, interleave
 from transformer_mt.errors import UsageError
-from transformer_mt.training import Trainer, prepare_run_dir, train
+from transformer_mt.run_dir import prepare_run_dir
+from transformer_mt.training import Trainer, train
 
 # 24 pairs make several 64-token batches, so a step of 2 ranks takes two different batches.
 PAIRS = TINY_PAIRS + [(f"{s} {s}", f"{t} {t}") for s, t in TINY_PAIRS]

@@ -19,8 +19,9 @@ from tests.test_training import read_scalars
 from transformer_mt import training
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import save_config
-from transformer_mt.errors import CheckpointError, TrainingError
-from transformer_mt.training import Trainer, prepare_run_dir, train
+from transformer_mt.errors import TrainingError
+from transformer_mt.run_dir import prepare_run_dir
+from transformer_mt.training import Trainer, train
 
 # Small enough to be quick, long enough for three checkpoints and several epochs of 12 pairs.
 KILL_RUN = {"max_steps": 9, "eval_every_steps": 3, "save_every_steps": 3, "keep_last": 5}
@@ -329,6 +330,7 @@ import torch
 torch.set_num_threads(1)
 logging.basicConfig(level=logging.INFO)
 from transformer_mt import checkpoint, training
+from transformer_mt import run_dir as run_dir_module
 from transformer_mt.config import load_config
 
 config, run_dir, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
@@ -371,7 +373,7 @@ elif point == "validate":
     training.Trainer.validate = validate
 
 resume = point == "resume"
-training.prepare_run_dir(run_dir, resume=resume, overwrite=False)
+run_dir_module.prepare_run_dir(run_dir, resume=resume, overwrite=False)
 training.train(load_config(config), run_dir, resume=resume, progress=False)
 """
 
@@ -432,8 +434,8 @@ def progress_of(checkpoint: dict) -> dict:
 
 
 def test_resume_may_change_how_many_processes_tokenize():
-    from transformer_mt.training import _resume_config_changes
+    from transformer_mt.run_dir import resume_config_changes
 
-    changes = _resume_config_changes({"data": {"path": "d", "num_proc": 2}}, {"data": {"path": "d", "num_proc": 4}},
+    changes = resume_config_changes({"data": {"path": "d", "num_proc": 2}}, {"data": {"path": "d", "num_proc": 4}},
                                      Path("step_00000010.pt"))
     assert changes == ["data.num_proc: 2 -> 4"]

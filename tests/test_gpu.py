@@ -20,7 +20,8 @@ from tests.test_training import read_scalars
 from tests.test_training_speed import make_trainer  # dropout 0, no clipping, fp32
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.decoding import beam_search, greedy_decode
-from transformer_mt.training import Trainer, prepare_run_dir, train
+from transformer_mt.run_dir import prepare_run_dir
+from transformer_mt.training import Trainer, train
 
 DEVICE = os.environ.get("TMT_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else None)
 pytestmark = pytest.mark.skipif(DEVICE is None, reason="no CUDA GPU (TMT_TEST_DEVICE=cpu runs these on the CPU)")

@@ -4,7 +4,8 @@ import json
 from pathlib import Path
 
 from tests.conftest import REPO, TINY_PAIRS, run_cli, tiny_config
-from transformer_mt.training import prepare_run_dir, train
+from transformer_mt.run_dir import prepare_run_dir
+from transformer_mt.training import train
 
 
 def test_summary_records_provenance_metrics_and_throughput(tiny_corpus: Path, tmp_path: Path):

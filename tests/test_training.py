@@ -7,12 +7,14 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.conftest import TINY_PAIRS, tiny_config, write_corpus
-from transformer_mt import training
+from transformer_mt import throughput
 from transformer_mt.batching import Batch, TokenBatchSampler
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.distributed import Distributed
 from transformer_mt.errors import DataError, UsageError
-from transformer_mt.training import Trainer, label_smoothed_loss, lr_at, prepare_run_dir, train
+from transformer_mt.loss import label_smoothed_loss
+from transformer_mt.run_dir import prepare_run_dir
+from transformer_mt.training import Trainer, lr_at, train
 
 
 def test_label_smoothed_loss_matches_a_hand_computation():
@@ -112,8 +114,8 @@ def test_the_loop_trains_the_sampler_batches_in_order_and_checkpoints_their_end(
 
 def test_a_pause_for_validation_or_a_checkpoint_is_not_training_time(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(training.time, "perf_counter", lambda: now[0])
-    interval = training._Interval(torch.device("cpu"), Distributed())
+    monkeypatch.setattr(throughput.time, "perf_counter", lambda: now[0])
+    interval = throughput.IntervalMeter(torch.device("cpu"), Distributed())
     batch = Batch(torch.ones(2, 5, dtype=torch.long), torch.ones(2, 4, dtype=torch.long),
                   torch.ones(2, 4, dtype=torch.long), n_src_tokens=10, n_tgt_tokens=8)
     now[0] += 2.0  # a step of 2 s

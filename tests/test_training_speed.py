@@ -12,8 +12,10 @@ from transformer_mt.batching import make_batch, sorted_batches
 from transformer_mt.config import ModelConfig
 from transformer_mt.throughput import peak_flops_of, peak_flops_per_s, train_flops
 from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt import training
-from transformer_mt.training import Trainer, label_smoothed_loss, prepare_run_dir
+from transformer_mt import loss as loss_module
+from transformer_mt.loss import label_smoothed_loss
+from transformer_mt.run_dir import prepare_run_dir
+from transformer_mt.training import Trainer
 
 
 def make_trainer(tiny_corpus: Path, run: Path, **train) -> Trainer:
@@ -54,7 +56,7 @@ def test_a_step_on_real_positions_only_makes_the_update_of_a_padded_step(tiny_co
 
 @pytest.mark.parametrize("epsilon", [0.0, 0.1])
 def test_label_smoothed_loss_fused_with_the_projection_is_cross_entropy_of_the_logits(epsilon, monkeypatch):
-    monkeypatch.setattr(training._ProjectedLabelSmoothedNLL, "ROW_BLOCK_ELEMENTS", 22)  # blocks of 2 rows
+    monkeypatch.setattr(loss_module._ProjectedLabelSmoothedNLL, "ROW_BLOCK_ELEMENTS", 22)  # blocks of 2 rows
     torch.manual_seed(0)
     states = torch.randn(7, 4, requires_grad=True)  # (N, D)
     weight = torch.randn(11, 4, requires_grad=True)  # (V, D)

@@ -205,7 +205,8 @@ def run_train(args: argparse.Namespace) -> None:
     from transformer_mt.config import load_config
     from transformer_mt.distributed import Distributed
     from transformer_mt.runtime import pick_device
-    from transformer_mt.training import prepare_run_dir, train
+    from transformer_mt.run_dir import prepare_run_dir
+    from transformer_mt.training import train
 
     cfg = load_config(args.config, args.overrides)
     run_dir = args.run_dir or Path("runs") / cfg.name

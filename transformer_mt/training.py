@@ -6,7 +6,6 @@ import contextlib
 import json
 import logging
 import math
-import shutil
 import signal
 import sys
 import threading
@@ -17,8 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-import yaml
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
@@ -28,23 +25,20 @@ from transformer_mt.checkpoint import (FORMAT_VERSION, CheckpointDir, average_ch
                                        save_atomic)
 from transformer_mt.config import Config, config_to_dict, save_config
 from transformer_mt.distributed import Distributed, interleave
-from transformer_mt.errors import (CheckpointError, ConfigError, TmtError, TrainingError,
-                                   TrainingStopped, UsageError)
+from transformer_mt.errors import CheckpointError, TmtError, TrainingError, TrainingStopped, UsageError
 from transformer_mt.evaluation import Scores, cross_attention_map, score, translate_ids
+from transformer_mt.loss import label_smoothed_loss
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision, load_rng_state, pick_device, pick_precision, rng_state, seed_everything
 from transformer_mt.plotting import attention_figure
 from transformer_mt.report import DataReport, build_report, estimated_time
+from transformer_mt.run_dir import check_saved_config, resume_config_changes
 from transformer_mt.summary import provenance, write_summary
-from transformer_mt.throughput import padding_efficiency, peak_flops_per_s, train_flops
+from transformer_mt.throughput import IntervalMeter, peak_flops_per_s, train_flops
 from transformer_mt.token_cache import CACHE_DIR, TokenizedSplit, processes_for, tokenize_split
 from transformer_mt.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
 
 logger = logging.getLogger(__name__)
-
-# Sections that define what a checkpoint's weights mean; they may not change on resume.
-FROZEN_ON_RESUME = ("seed", "data", "tokenizer", "model")
-CHANGEABLE_ON_RESUME = ("data.num_proc",)  # how fast the cache is filled, not what it holds
 
 
 @dataclass
@@ -109,110 +103,6 @@ def lr_at(step: int, peak_lr: float, warmup_steps: int) -> float:
     """
     warmup = max(warmup_steps, 1)
     return peak_lr * min(step / warmup, math.sqrt(warmup / step))
-
-
-def label_smoothed_loss(logits: torch.Tensor, target_ids: torch.Tensor, pad_id: int, epsilon: float,
-                        output_weight: torch.Tensor | None = None) -> torch.Tensor:
-    """Summed label-smoothed cross-entropy over non-pad targets (fp32), to be divided by token count.
-
-    logits (B, T, V), target_ids (B, T) -> scalar; or any matching (..., V) and (...). ε is
-    spread uniformly over all V classes (the gold one included), as PyTorch's `label_smoothing`
-    does: loss = (1-ε)·NLL + ε·mean_v(-log p_v), equal to `F.cross_entropy(...,
-    ignore_index=pad_id, label_smoothing=ε, reduction="sum")` (tests/test_training_speed.py).
-
-    With `output_weight` W (V, D), the first argument is instead the final states h (N, D),
-    and the logits h·Wᵀ are computed inside, a block of rows at a time, never all at once
-    (`_ProjectedLabelSmoothedNLL`).
-    """
-    if output_weight is not None:
-        return _ProjectedLabelSmoothedNLL.apply(logits.float(), output_weight.float(), target_ids.flatten(),
-                                                pad_id, epsilon)
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target_ids.flatten(), ignore_index=pad_id,
-                           label_smoothing=epsilon, reduction="sum")
-
-
-class _ProjectedLabelSmoothedNLL(torch.autograd.Function):
-    """`label_smoothed_loss` of the logits z = h·Wᵀ, fused with the projection, by blocks of rows.
-
-    With lse = log Σ_v exp(z_v) per row: loss = lse - (1-ε)·z_gold - ε·mean_v(z_v), and
-    d loss / d z = softmax(z) - (1-ε)·onehot(gold) - ε/V. That gradient is linear in the
-    incoming gradient, so the forward pass computes, per block of rows, the block's logits,
-    its loss and its contribution to d/dh (rows) and d/dW (summed), and discards the logits;
-    backward only scales the two. The same products as projecting and then taking the loss
-    (one forward and two backward matmuls), but each block's (rows, V) logits stay in cache
-    and are reused from one block to the next, where an (N, V) tensor would be a fresh,
-    page-faulted allocation every step, read and written several times by log-softmax,
-    the NLL and smoothing terms and their backward.
-    """
-
-    ROW_BLOCK_ELEMENTS = 1 << 20  # logits per block (4 MB of fp32): 131 rows at V = 8,000
-
-    @staticmethod
-    def forward(ctx, states: torch.Tensor, weight: torch.Tensor, target_ids: torch.Tensor, pad_id: int,
-                epsilon: float) -> torch.Tensor:
-        # states (N, D), weight (V, D), target_ids (N,) long
-        (N, D), V = states.shape, weight.shape[0]
-        rows = max(1, _ProjectedLabelSmoothedNLL.ROW_BLOCK_ELEMENTS // V)
-        counted = (target_ids != pad_id).to(states.dtype)  # (N,) 1 = a real target
-        grads = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        grad_states = states.new_empty(N, D) if grads else None
-        grad_weight = torch.zeros_like(weight) if grads else None
-        loss = states.new_zeros(())
-        for i in range(0, N, rows):
-            h, gold_ids, scale = states[i:i + rows], target_ids[i:i + rows, None], counted[i:i + rows, None]
-            z = torch.mm(h, weight.t())  # (r, V) logits of the block
-            lse = torch.logsumexp(z, dim=1, keepdim=True)  # (r, 1)
-            per_row = lse - (1.0 - epsilon) * z.gather(1, gold_ids) - (epsilon / V) * z.sum(dim=1, keepdim=True)
-            loss += (per_row * scale).sum()
-            if grads:
-                grad = z.sub_(lse).exp_()  # (r, V) softmax, in the logits' buffer
-                torch.addcmul(-(epsilon / V) * scale, grad, scale, out=grad)  # (softmax - ε/V) · [real]
-                grad.scatter_add_(1, gold_ids, -(1.0 - epsilon) * scale)
-                torch.mm(grad, weight, out=grad_states[i:i + rows])  # (r, D)
-                grad_weight.addmm_(grad.t(), h)  # (V, D)
-        ctx.save_for_backward(grad_states, grad_weight)
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor):
-        grad_states, grad_weight = ctx.saved_tensors
-        return grad_states * grad_loss, grad_weight * grad_loss, None, None, None
-
-
-# Everything tmt writes at the top of a run directory; nothing else is ever deleted.
-RUN_DIR_ENTRIES = frozenset({"config.yaml", "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json",
-                             "splits.json", "train.log", "checkpoints", "tensorboard", "validation", "evaluation",
-                             "summary.json", ".summary.json.tmp", CACHE_DIR, data_module.CORPUS_DIR,
-                             data_module.CORPUS_BUILD_DIR, data_module.CORPUS_OLD_DIR})
-
-
-def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
-    """Create the run directory, refusing to clobber a run or anything tmt did not write.
-
-    A directory left by a start that failed before its first checkpoint is reused.
-    """
-    if resume and overwrite:
-        raise UsageError("--resume and --overwrite contradict each other; pick one")
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UsageError(f"{run_dir} exists and is not a directory")
-    checkpoints = CheckpointDir(run_dir / "checkpoints", 1)
-    has_run = checkpoints.latest() is not None or checkpoints.best_path.is_file()
-    if resume:
-        if checkpoints.latest() is None:
-            raise CheckpointError(f"{run_dir}: no checkpoint to resume from (start without --resume)")
-        return
-    entries = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
-    foreign = [name for name in entries if name not in RUN_DIR_ENTRIES]
-    if foreign:
-        raise UsageError(f"{run_dir} holds files tmt did not write ({', '.join(foreign[:3])}"
-                         f"{', ...' if len(foreign) > 3 else ''}); pick another --run-dir")
-    if has_run and not overwrite:
-        raise UsageError(f"{run_dir} already holds a trained run: use --resume to continue it, "
-                         "--overwrite to start over, or --run-dir to train elsewhere")
-    for name in entries:  # an earlier run (--overwrite) or the leftovers of a failed start
-        path = run_dir / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
 
 
 def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size: int = 1
@@ -338,7 +228,7 @@ class Trainer:
     def resume(self) -> None:
         """Load the newest intact step checkpoint into every stateful piece."""
         path, ckpt = self._newest_intact_checkpoint()
-        changes = _resume_config_changes(ckpt["config"], config_to_dict(self.cfg), path)
+        changes = resume_config_changes(ckpt["config"], config_to_dict(self.cfg), path)
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.scheduler.load_state_dict(ckpt["scheduler"])
@@ -634,7 +524,7 @@ class Trainer:
                    # Not a terminal (a CI log, a file): the periodic log lines stand in for the bar.
                    disable=not (self.progress and sys.stderr.isatty()), file=sys.stderr, dynamic_ncols=True)
         batches = iter(self.sampler)
-        interval = _Interval(self.device, self.dist, self.peak_flops)
+        interval = IntervalMeter(self.device, self.dist, self.peak_flops)
         nonfinite_in_a_row = 0
         stop = StopRequest(second_signal_interrupts=not self.dist.enabled)
         agreed_signal = 0  # under DDP, the stop signal the ranks agreed on in the last step
@@ -681,7 +571,7 @@ class Trainer:
             writer.close()
         return self.state
 
-    def _after_step(self, writer: SummaryWriter, interval: _Interval) -> bool:
+    def _after_step(self, writer: SummaryWriter, interval: IntervalMeter) -> bool:
         """Validate and save when due. True when training is over: `max_steps`, or early stopping."""
         t, step = self.cfg.train, self.state.step
         finished = step >= t.max_steps
@@ -777,7 +667,7 @@ class Trainer:
                 f"(train.max_nonfinite_steps={limit}); try a lower train.lr, more train.warmup_steps or "
                 f"train.precision fp32/bf16, then resume from the last checkpoint with --resume")
 
-    def _log_interval(self, interval: _Interval, grad_norm: torch.Tensor, writer: SummaryWriter, bar: tqdm) -> None:
+    def _log_interval(self, interval: IntervalMeter, grad_norm: torch.Tensor, writer: SummaryWriter, bar: tqdm) -> None:
         """Log line and TensorBoard points for the steps since the last log; one host sync."""
         t, step = self.cfg.train, self.state.step
         stats = interval.read_and_reset()
@@ -806,97 +696,6 @@ class Trainer:
         # first includes compiling.
         if self._intervals_logged == (2 if t.compile else 1):
             logger.info("%s", estimated_time(self.data_report, stats.tgt_tokens_per_s, step))
-
-
-@dataclass(frozen=True)
-class IntervalStats:
-    """What one log line reports about the steps since the previous one."""
-
-    mean_loss: float  # per target token, averaged over the steps
-    src_tokens_per_s: float  # real (non-pad) tokens
-    tgt_tokens_per_s: float
-    src_padding_efficiency: float  # real tokens ÷ padded slots in the batches
-    tgt_padding_efficiency: float
-    mfu: float | None  # model FLOPs (see `throughput.train_flops`) ÷ (seconds × device peak); None off-GPU
-    peak_memory_mb: float | None  # most GPU memory allocated at once in the interval; None off-GPU
-
-    def perf(self) -> dict[str, float]:
-        """The TensorBoard `perf/` scalars."""
-        values = {"src_tokens_per_s": self.src_tokens_per_s, "tgt_tokens_per_s": self.tgt_tokens_per_s,
-                  "src_padding_efficiency": self.src_padding_efficiency,
-                  "tgt_padding_efficiency": self.tgt_padding_efficiency,
-                  "mfu": self.mfu, "peak_memory_mb": self.peak_memory_mb}
-        return {name: value for name, value in values.items() if value is not None}
-
-
-class _Interval:
-    """Loss, throughput and padding since the last log line; the loss is summed on the device (no sync per step)."""
-
-    def __init__(self, device: torch.device, dist: Distributed, peak_flops: float | None = None):
-        self.device = device
-        self.dist = dist
-        self.peak_flops = peak_flops
-        self.loss_sum = torch.zeros((), device=device)
-        self._zero_counts()
-        self.started = time.perf_counter()
-        self.paused: float | None = None
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-
-    def _zero_counts(self) -> None:
-        self.steps = self.src_tokens = self.tgt_tokens = self.src_slots = self.tgt_slots = 0
-        self.flops = 0.0
-
-    def add(self, loss: torch.Tensor, batches: list[Batch], flops: float = 0.0) -> None:
-        """Count one update: its loss (a device scalar), its batches and their model FLOPs."""
-        self.loss_sum += loss
-        self.steps += 1
-        for batch in batches:
-            self.src_tokens += batch.n_src_tokens
-            self.tgt_tokens += batch.n_tgt_tokens
-            self.src_slots += batch.padded_src_slots
-            self.tgt_slots += batch.padded_tgt_slots
-        self.flops += flops
-
-    def restart_clock(self) -> None:
-        self.started = time.perf_counter()
-
-    def pause(self) -> None:
-        """Stop the clock (for validation, a checkpoint) once the device has done the steps counted so far."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        self.paused = time.perf_counter()
-
-    def resume(self) -> None:
-        """Restart a paused clock: the pause does not count towards the interval's time."""
-        if self.paused is not None:
-            self.started += time.perf_counter() - self.paused
-            self.paused = None
-
-    def read_and_reset(self) -> IntervalStats:
-        """The interval's figures; under DDP summed over the ranks (a collective: every rank calls it)."""
-        if self.dist.enabled:
-            values = [self.loss_sum.item(), self.src_tokens, self.tgt_tokens, self.src_slots, self.tgt_slots, self.flops]
-            summed = self.dist.sum_(torch.tensor(values, dtype=torch.float64, device=self.device)).tolist()
-            self.loss_sum.fill_(summed[0])  # each rank held its share of every step's per-token loss
-            self.src_tokens, self.tgt_tokens, self.src_slots, self.tgt_slots = map(int, summed[1:5])
-            self.flops = summed[5]
-        mean_loss = self.loss_sum.item() / max(self.steps, 1)  # waits for the device: the clock then counts its work
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
-        peak_memory_mb = None
-        if self.device.type == "cuda":
-            peak_memory_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
-            torch.cuda.reset_peak_memory_stats(self.device)
-        stats = IntervalStats(
-            mean_loss=mean_loss, src_tokens_per_s=self.src_tokens / elapsed, tgt_tokens_per_s=self.tgt_tokens / elapsed,
-            src_padding_efficiency=padding_efficiency(self.src_tokens, self.src_slots),
-            tgt_padding_efficiency=padding_efficiency(self.tgt_tokens, self.tgt_slots),
-            mfu=self.flops / elapsed / (self.peak_flops * self.dist.world_size) if self.peak_flops else None,
-            peak_memory_mb=peak_memory_mb)
-        self.loss_sum.zero_()
-        self._zero_counts()
-        self.restart_clock()
-        return stats
 
 
 class _NoWriter:
@@ -955,7 +754,7 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
         raise CheckpointError(f"{run_dir}: the tokenizer files are missing, so its checkpoints cannot be "
                               "resumed; restore them or start a new run")
     if resume:
-        _check_saved_config(cfg, run_dir)  # before the data is prepared: refusing then costs nothing, changes nothing
+        check_saved_config(cfg, run_dir)  # before the data is prepared: refusing then costs nothing, changes nothing
     trainer = Trainer(cfg, run_dir, progress=progress, config_dir=config_dir, dist=dist)
     if resume:
         trainer.resume()
@@ -984,46 +783,6 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
         raise
     trainer.write_summary("stopped early" if state.stopped_early else "finished")
     return state
-
-
-def _check_saved_config(cfg: Config, run_dir: Path) -> None:
-    """Refuse a resume whose model, vocabulary or data settings differ from the run's `config.yaml`.
-
-    The checkpoint's own config is checked again in `Trainer.resume`; this earlier check spares
-    preparing a large corpus for a run that cannot continue. A missing or unreadable file is
-    left to that later check.
-    """
-    path = run_dir / "config.yaml"
-    try:
-        saved = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return
-    if isinstance(saved, dict):
-        _resume_config_changes(saved, config_to_dict(cfg), path)
-
-
-def _resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:
-    """The settings that differ from the checkpoint's (or `config.yaml`'s), as `key: old -> new` lines.
-
-    Raises `ConfigError` listing them when any defines the model, vocabulary or data
-    (`FROZEN_ON_RESUME`, less `CHANGEABLE_ON_RESUME`); changes to train.* and decode.* are
-    allowed and returned.
-    """
-    frozen, allowed = [], []
-    for section in sorted(set(saved) | set(current)):
-        before, after = saved.get(section), current.get(section)
-        if isinstance(before, dict) and isinstance(after, dict):
-            keys = [(f"{section}.{key}", before.get(key), after.get(key)) for key in sorted(set(before) | set(after))]
-        else:
-            keys = [(section, before, after)]
-        for key, old, new in keys:
-            if old != new:
-                frozen_key = section in FROZEN_ON_RESUME and key not in CHANGEABLE_ON_RESUME
-                (frozen if frozen_key else allowed).append(f"{key}: {old!r} -> {new!r}")
-    if frozen:
-        raise ConfigError([f"cannot resume from {path.name}: these settings differ from the run's "
-                           "(only train.* and decode.* may change)"] + frozen)
-    return allowed
 
 
 def _to_cpu(value):

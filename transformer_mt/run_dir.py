@@ -1,0 +1,94 @@
+"""A run directory's life cycle: create it without clobbering anything, and check that a resume
+keeps the settings that define the run's weights."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+from transformer_mt import data as data_module
+from transformer_mt.checkpoint import CheckpointDir
+from transformer_mt.config import Config, config_to_dict
+from transformer_mt.errors import CheckpointError, ConfigError, UsageError
+from transformer_mt.token_cache import CACHE_DIR
+
+# Sections that define what a checkpoint's weights mean; they may not change on resume.
+FROZEN_ON_RESUME = ("seed", "data", "tokenizer", "model")
+CHANGEABLE_ON_RESUME = ("data.num_proc",)  # how fast the cache is filled, not what it holds
+
+# Everything tmt writes at the top of a run directory; nothing else is ever deleted.
+RUN_DIR_ENTRIES = frozenset({"config.yaml", "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json",
+                             "splits.json", "train.log", "checkpoints", "tensorboard", "validation", "evaluation",
+                             "summary.json", ".summary.json.tmp", CACHE_DIR, data_module.CORPUS_DIR,
+                             data_module.CORPUS_BUILD_DIR, data_module.CORPUS_OLD_DIR})
+
+
+def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
+    """Create the run directory, refusing to clobber a run or anything tmt did not write.
+
+    A directory left by a start that failed before its first checkpoint is reused.
+    """
+    if resume and overwrite:
+        raise UsageError("--resume and --overwrite contradict each other; pick one")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"{run_dir} exists and is not a directory")
+    checkpoints = CheckpointDir(run_dir / "checkpoints", 1)
+    has_run = checkpoints.latest() is not None or checkpoints.best_path.is_file()
+    if resume:
+        if checkpoints.latest() is None:
+            raise CheckpointError(f"{run_dir}: no checkpoint to resume from (start without --resume)")
+        return
+    entries = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    foreign = [name for name in entries if name not in RUN_DIR_ENTRIES]
+    if foreign:
+        raise UsageError(f"{run_dir} holds files tmt did not write ({', '.join(foreign[:3])}"
+                         f"{', ...' if len(foreign) > 3 else ''}); pick another --run-dir")
+    if has_run and not overwrite:
+        raise UsageError(f"{run_dir} already holds a trained run: use --resume to continue it, "
+                         "--overwrite to start over, or --run-dir to train elsewhere")
+    for name in entries:  # an earlier run (--overwrite) or the leftovers of a failed start
+        path = run_dir / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def check_saved_config(cfg: Config, run_dir: Path) -> None:
+    """Refuse a resume whose model, vocabulary or data settings differ from the run's `config.yaml`.
+
+    The checkpoint's own config is checked again in `Trainer.resume`; this earlier check spares
+    preparing a large corpus for a run that cannot continue. A missing or unreadable file is
+    left to that later check.
+    """
+    path = run_dir / "config.yaml"
+    try:
+        saved = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return
+    if isinstance(saved, dict):
+        resume_config_changes(saved, config_to_dict(cfg), path)
+
+
+def resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:
+    """The settings that differ from the checkpoint's (or `config.yaml`'s), as `key: old -> new` lines.
+
+    Raises `ConfigError` listing them when any defines the model, vocabulary or data
+    (`FROZEN_ON_RESUME`, less `CHANGEABLE_ON_RESUME`); changes to train.* and decode.* are
+    allowed and returned.
+    """
+    frozen, allowed = [], []
+    for section in sorted(set(saved) | set(current)):
+        before, after = saved.get(section), current.get(section)
+        if isinstance(before, dict) and isinstance(after, dict):
+            keys = [(f"{section}.{key}", before.get(key), after.get(key)) for key in sorted(set(before) | set(after))]
+        else:
+            keys = [(section, before, after)]
+        for key, old, new in keys:
+            if old != new:
+                frozen_key = section in FROZEN_ON_RESUME and key not in CHANGEABLE_ON_RESUME
+                (frozen if frozen_key else allowed).append(f"{key}: {old!r} -> {new!r}")
+    if frozen:
+        raise ConfigError([f"cannot resume from {path.name}: these settings differ from the run's "
+                           "(only train.* and decode.* may change)"] + frozen)
+    return allowed

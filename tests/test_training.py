@@ -1,5 +1,6 @@
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.distributed import Distributed
 from transformer_mt.errors import DataError, UsageError
 from transformer_mt.loss import label_smoothed_loss
-from transformer_mt.run_dir import prepare_run_dir
+from transformer_mt.run_dir import MARKER, prepare_run_dir
 from transformer_mt.training import Trainer, lr_at, train
 
 
@@ -176,7 +177,7 @@ def test_overwrite_deletes_only_what_tmt_wrote(tiny_corpus: Path, tmp_path: Path
     assert (run / "notes.txt").is_file() and (run / "checkpoints").is_dir()
     (run / "notes.txt").unlink()
     prepare_run_dir(run, resume=False, overwrite=True)
-    assert list(run.iterdir()) == []
+    assert [p.name for p in run.iterdir()] == [MARKER]
 
 
 def test_a_start_that_failed_before_its_first_checkpoint_can_be_retried(tmp_path: Path):
@@ -186,7 +187,30 @@ def test_a_start_that_failed_before_its_first_checkpoint_can_be_retried(tmp_path
         train(tiny_config(tmp_path / "missing"), run, progress=False)
     assert (run / "config.yaml").is_file()
     prepare_run_dir(run, resume=False, overwrite=False)  # no --overwrite needed
-    assert list(run.iterdir()) == []
+    assert [p.name for p in run.iterdir()] == [MARKER]
+
+
+def test_a_users_own_config_in_the_run_directory_is_never_deleted(tmp_path: Path):
+    run = tmp_path / "exp1"
+    run.mkdir()
+    (run / "config.yaml").write_text("# my notes\nname: exp1\n", encoding="utf-8")
+    for overwrite in (False, True):
+        with pytest.raises(UsageError, match="config.yaml, which tmt did not write there"):
+            prepare_run_dir(run, resume=False, overwrite=overwrite)
+    assert (run / "config.yaml").read_text(encoding="utf-8") == "# my notes\nname: exp1\n"
+
+
+def test_a_finished_run_whose_checkpoints_were_removed_needs_overwrite(tiny_corpus: Path, tmp_path: Path):
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    train(tiny_config(tiny_corpus, train={"max_steps": 2}), run, progress=False)
+    shutil.rmtree(run / "checkpoints")  # to save disk; the scores and the summary stay
+    kept = sorted(p.name for p in run.iterdir())
+    with pytest.raises(UsageError, match="holds an earlier run \\(summary.json, evaluation\\) without checkpoints"):
+        prepare_run_dir(run, resume=False, overwrite=False)
+    assert sorted(p.name for p in run.iterdir()) == kept
+    prepare_run_dir(run, resume=False, overwrite=True)
+    assert [p.name for p in run.iterdir()] == [MARKER]
 
 
 def test_resume_skips_a_truncated_checkpoint_and_uses_the_previous_one(tiny_corpus: Path, tmp_path: Path):

@@ -18,24 +18,34 @@ from transformer_mt.token_cache import CACHE_DIR
 FROZEN_ON_RESUME = ("seed", "data", "tokenizer", "model")
 CHANGEABLE_ON_RESUME = ("data.num_proc",)  # how fast the cache is filled, not what it holds
 
+# Written into every run directory tmt creates or claims: it tells tmt's own leftovers (a
+# `config.yaml`, tokenizers, caches) from a user's files of the same names.
+MARKER = ".tmt-run"
+
 # Everything tmt writes at the top of a run directory; nothing else is ever deleted.
-RUN_DIR_ENTRIES = frozenset({"config.yaml", "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json",
+RUN_DIR_ENTRIES = frozenset({MARKER, "config.yaml", "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json",
                              "splits.json", "train.log", "checkpoints", "tensorboard", "validation", "evaluation",
                              "summary.json", ".summary.json.tmp", CACHE_DIR, data_module.CORPUS_DIR,
                              data_module.CORPUS_BUILD_DIR, data_module.CORPUS_OLD_DIR})
 
+# Entries that only a start which got as far as training writes: a run, even without checkpoints.
+RUN_RESULTS = ("summary.json", "evaluation")
+
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
-    """Create the run directory, refusing to clobber a run or anything tmt did not write.
+    """Create (or claim) the run directory, refusing to clobber a run or anything tmt did not write.
 
-    A directory left by a start that failed before its first checkpoint is reused.
+    Without `overwrite`, a non-empty directory is reused only when tmt marked it (`MARKER`) and
+    its earlier start failed before training began (no checkpoint, no `summary.json`): what it
+    holds then is what that start wrote from the config. With `overwrite`, a directory is
+    emptied only when it is marked or holds checkpoints (a run from before the marker existed).
     """
     if resume and overwrite:
         raise UsageError("--resume and --overwrite contradict each other; pick one")
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"{run_dir} exists and is not a directory")
     checkpoints = CheckpointDir(run_dir / "checkpoints", 1)
-    has_run = checkpoints.latest() is not None or checkpoints.best_path.is_file()
+    has_checkpoints = checkpoints.latest() is not None or checkpoints.best_path.is_file()
     if resume:
         if checkpoints.latest() is None:
             raise CheckpointError(f"{run_dir}: no checkpoint to resume from (start without --resume)")
@@ -43,15 +53,27 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     entries = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
     foreign = [name for name in entries if name not in RUN_DIR_ENTRIES]
     if foreign:
-        raise UsageError(f"{run_dir} holds files tmt did not write ({', '.join(foreign[:3])}"
-                         f"{', ...' if len(foreign) > 3 else ''}); pick another --run-dir")
-    if has_run and not overwrite:
+        raise UsageError(f"{run_dir} holds files tmt did not write ({_names(foreign)}); pick another --run-dir")
+    marked = MARKER in entries
+    if entries and not marked and not has_checkpoints:
+        raise UsageError(f"{run_dir} holds {_names(entries)}, which tmt did not write there (no {MARKER} marker); "
+                         "pick another --run-dir or move them away")
+    if has_checkpoints and not overwrite:
         raise UsageError(f"{run_dir} already holds a trained run: use --resume to continue it, "
                          "--overwrite to start over, or --run-dir to train elsewhere")
-    for name in entries:  # an earlier run (--overwrite) or the leftovers of a failed start
+    results = [name for name in RUN_RESULTS if name in entries]
+    if results and not overwrite:
+        raise UsageError(f"{run_dir} holds an earlier run ({_names(results)}) without checkpoints: use --overwrite "
+                         "to delete it and start over, or --run-dir to train elsewhere")
+    for name in entries:  # an earlier run (--overwrite) or the leftovers of a start that failed early
         path = run_dir / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / MARKER).write_text("a run directory made by tmt train\n", encoding="utf-8")
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 def check_saved_config(cfg: Config, run_dir: Path) -> None:

@@ -32,12 +32,12 @@ def test_average_of_the_last_checkpoints_is_their_mean_and_translates(tiny_corpu
     evaluation = run / "evaluation"
     code, _, err = run_cli(["evaluate", "--run", str(run), "--split", "valid", "--quiet"], monkeypatch, capsys, tmp_path)
     assert code == 0, err
-    default = (evaluation / "valid.beam1.txt").read_text("utf-8")
+    default = (evaluation / "valid.best.beam1.txt").read_text("utf-8")
     code, out, err = run_cli(["evaluate", "--checkpoint", str(run / "checkpoints" / "average_steps_00000004-00000008.pt"),
                               "--split", "valid", "--quiet"], monkeypatch, capsys, tmp_path)
     assert code == 0 and out.startswith("BLEU = "), err
     assert (evaluation / "valid.average_steps_00000004-00000008.beam1.txt").is_file()
-    assert (evaluation / "valid.beam1.txt").read_text("utf-8") == default
+    assert (evaluation / "valid.best.beam1.txt").read_text("utf-8") == default
 
     code, _, err = run_cli(["average", "--run", str(run), "--last", "5"], monkeypatch, capsys, tmp_path)
     assert code == 2 and "3 step checkpoint(s) on disk, fewer than --last 5" in err

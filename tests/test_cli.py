@@ -106,7 +106,7 @@ def test_evaluate_scores_a_split_and_files_with_the_sacrebleu_signature(trained:
     bleu_line, chrf_line = result.stdout.splitlines()
     assert bleu_line.startswith("BLEU = ") and "tok:13a" in bleu_line
     assert chrf_line.startswith("chrF = ")
-    hyps = (trained / "runs" / "demo" / "evaluation" / "valid.beam1.txt").read_text("utf-8")
+    hyps = (trained / "runs" / "demo" / "evaluation" / "valid.best.beam1.txt").read_text("utf-8")
     # Greedy on the whole valid split is what validation at the best step produced.
     best_step = torch.load(trained / "runs/demo/checkpoints/best.pt", weights_only=True)["train_state"]["step"]
     assert hyps == (trained / "runs/demo/validation" / f"step_{best_step:08d}.txt").read_text("utf-8")

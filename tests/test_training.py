@@ -7,7 +7,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.conftest import TINY_PAIRS, tiny_config, write_corpus
+from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
 from transformer_mt import throughput
 from transformer_mt.batching import Batch, TokenBatchSampler
 from transformer_mt.checkpoint import load_checkpoint
@@ -272,7 +272,8 @@ def test_early_stopping_after_patience_validations_without_a_better_bleu(tiny_co
 
 
 @pytest.mark.parametrize("average_last", [0, 2])
-def test_training_ends_by_scoring_the_test_split_with_beam_search(average_last, tiny_corpus: Path, tmp_path: Path):
+def test_training_ends_by_scoring_the_test_split_with_beam_search(average_last, tiny_corpus: Path, tmp_path: Path,
+                                                                   monkeypatch, capsys):
     run = tmp_path / "run"
     prepare_run_dir(run, resume=False, overwrite=False)
     cfg = tiny_config(tiny_corpus, train={"max_steps": 4, "save_every_steps": 2, "average_last": average_last},
@@ -283,4 +284,11 @@ def test_training_ends_by_scoring_the_test_split_with_beam_search(average_last, 
     assert report["checkpoint"] == expected and (run / "checkpoints" / expected).is_file()
     assert report["sentences"] == 2 and report["beam_size"] == 3
     assert "tok:13a" in report["bleu_signature"] and "nc:6" in report["chrf_signature"]
-    assert len((run / "evaluation" / "test.beam3.txt").read_text("utf-8").splitlines()) == 2
+    hypotheses = run / "evaluation" / report["hypotheses"]
+    assert hypotheses.name == f"test.{Path(expected).stem}.beam3.txt"
+    written = hypotheses.read_text("utf-8")
+    assert len(written.splitlines()) == 2
+    # Scoring best.pt afterwards (same split, same beam) leaves the reported hypotheses alone.
+    code, out, err = run_cli(["evaluate", "--run", str(run), "--quiet"], monkeypatch, capsys, tmp_path)
+    assert code == 0 and out.startswith("BLEU = "), err
+    assert (run / "evaluation" / "test.best.beam3.txt").is_file() and hypotheses.read_text("utf-8") == written

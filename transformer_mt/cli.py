@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--tokenize", choices=BLEU_TOKENIZERS, help="sacreBLEU tokenizer for BLEU (default: the run's train.bleu_tokenize, "
                                              "normally 13a; 'none' for pre-tokenized text)")
     evaluate.add_argument("--output", type=Path,
-                          help="where to write the hypotheses (default: <run>/evaluation/<name>.beam<K>.txt)")
+                          help="where to write the hypotheses "
+                               "(default: <run>/evaluation/<name>.<checkpoint>.beam<K>.txt)")
 
     export = commands.add_parser("export", help="export a trained run to another inference engine",
                                  epilog=EXPORT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -346,10 +347,9 @@ def run_evaluate(args: argparse.Namespace) -> None:
     beam = args.beam or translator.cfg.decode.beam_size
     hypotheses = translator.translate(sources, beam_size=beam, progress=not args.quiet)
     scores = score(hypotheses, references, tokenize=args.tokenize or translator.cfg.train.bleu_tokenize)
-    # A named checkpoint gets its own file, so scoring best.pt or an average never overwrites
-    # the hypotheses behind the run's own evaluation/test_scores.json.
-    stem = f"{name}.{args.checkpoint.stem}" if args.checkpoint else name
-    output = args.output or translator.run_dir / "evaluation" / f"{stem}.beam{beam}.txt"
+    # Named after the checkpoint, like the final test's file: scoring another checkpoint never
+    # overwrites the hypotheses behind the run's own evaluation/test_scores.json.
+    output = args.output or translator.run_dir / "evaluation" / f"{name}.{translator.checkpoint.stem}.beam{beam}.txt"
     _write_lines(output, hypotheses)
     print(f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}")
     print(f"chrF = {scores.chrf:.2f}  {scores.chrf_signature}")

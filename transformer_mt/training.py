@@ -501,8 +501,10 @@ class Trainer:
         scores = score(hypotheses, test["tgt"], tokenize=cfg.train.bleu_tokenize)
         out_dir = self.run_dir / "evaluation"
         out_dir.mkdir(exist_ok=True)
-        (out_dir / f"test.beam{beam}.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
-        report = {"checkpoint": path.name, "step": self.state.step, "sentences": len(hypotheses), "beam_size": beam,
+        hypotheses_file = f"test.{path.stem}.beam{beam}.txt"
+        (out_dir / hypotheses_file).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+        report = {"checkpoint": path.name, "hypotheses": hypotheses_file, "step": self.state.step,
+                  "sentences": len(hypotheses), "beam_size": beam,
                   "length_penalty": cfg.decode.length_penalty, "bleu": round(scores.bleu, 2),
                   "chrf": round(scores.chrf, 2), "bleu_signature": scores.bleu_signature,
                   "chrf_signature": scores.chrf_signature, "seconds": round(time.perf_counter() - started, 1)}

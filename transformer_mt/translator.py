@@ -23,13 +23,14 @@ class Translator:
     """A trained model with its tokenizers, ready to translate raw sentences."""
 
     def __init__(self, model: Transformer, tokenizers: TokenizerPair, cfg: Config, device: torch.device,
-                 precision: Precision, run_dir: Path):
+                 precision: Precision, run_dir: Path, checkpoint: Path):
         self.model = model.eval()
         self.tokenizers = tokenizers
         self.cfg = cfg  # the run's config: decoding settings, and data for `tmt evaluate --split`
         self.device = device
         self.precision = precision
         self.run_dir = run_dir
+        self.checkpoint = checkpoint  # the weights' file, which names `tmt evaluate`'s output
 
     @classmethod
     def from_run(cls, run_dir: Path, checkpoint: Path | None = None, device: str = "auto") -> Translator:
@@ -50,7 +51,8 @@ class Translator:
         model.load_state_dict(state["model"])
         torch_device = pick_device(device)
         logger.info("loaded %s (step %d) on %s", checkpoint, state.get("train_state", {}).get("step", -1), torch_device)
-        return cls(model.to(torch_device), tokenizers, cfg, torch_device, _precision_for(cfg, torch_device), run_dir)
+        return cls(model.to(torch_device), tokenizers, cfg, torch_device, _precision_for(cfg, torch_device), run_dir,
+                   checkpoint)
 
     def translate(self, lines: list[str], beam_size: int | None = None, progress: bool = False) -> list[str]:
         """Translate each line (beam size: `beam_size`, else the run's `decode.beam_size`).

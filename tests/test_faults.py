@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import sacrebleu
 import torch
 
 from tests.conftest import REPO, TINY_PAIRS, run_cli, tiny_config, write_corpus
@@ -132,6 +133,24 @@ def test_training_into_a_used_run_directory_refuses_and_keeps_everything(tiny_ru
                             str(foreign), "--overwrite"], monkeypatch, capsys, tmp_path)
     assert code == 2 and "notes.txt" in err
     assert (foreign / "notes.txt").read_text() == "precious"
+
+
+def test_a_bleu_tokenizer_sacrebleu_cannot_build_is_refused_before_training(tiny_run: Path, tmp_path: Path,
+                                                                          monkeypatch, capsys):
+    try:
+        sacrebleu.metrics.BLEU(tokenize="ja-mecab")
+        pytest.skip("MeCab is installed here, so sacreBLEU can build ja-mecab")
+    except (ImportError, RuntimeError):
+        pass
+    run_dir = tmp_path / "ja"
+    code, _, err = run_cli(["train", "--config", str(tiny_run.parent.parent / "tiny.yaml"), "--run-dir", str(run_dir),
+                            "--set", "train.bleu_tokenize=ja-mecab"], monkeypatch, capsys, tmp_path)
+    assert code == 2 and "train.bleu_tokenize: sacreBLEU cannot use the 'ja-mecab' tokenizer" in err, err
+    assert "Traceback" not in err and not (run_dir / "checkpoints").exists()
+    code, _, err = run_cli(["evaluate", "--run", str(tiny_run), "--tokenize", "ja-mecab", "--quiet"],
+                           monkeypatch, capsys, tmp_path)
+    assert code == 2 and "--tokenize: sacreBLEU cannot use the 'ja-mecab' tokenizer" in err, err
+    assert not list((tiny_run / "evaluation").glob("test.best.*"))  # refused before translating
 
 
 def test_resume_without_a_checkpoint_names_the_run_directory(tiny_run: Path, tmp_path: Path, monkeypatch, capsys):

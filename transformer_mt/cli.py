@@ -328,12 +328,14 @@ def _draw_attention(translator, line: str, args: argparse.Namespace) -> None:
 def run_evaluate(args: argparse.Namespace) -> None:
     from transformer_mt.data import load_corpus
     from transformer_mt.data_sources import read_aligned_files
-    from transformer_mt.evaluation import score
+    from transformer_mt.evaluation import check_bleu_tokenizer, score
 
     _setup_logging(logging.WARNING)
     if bool(args.src) != bool(args.ref):
         raise UsageError("--src and --ref go together")
     translator = _load_translator(args)
+    tokenize = args.tokenize or translator.cfg.train.bleu_tokenize
+    check_bleu_tokenizer(tokenize, "--tokenize" if args.tokenize else "train.bleu_tokenize")  # before translating
     if args.src:
         pairs = read_aligned_files(args.src, args.ref)
         if not pairs:
@@ -346,7 +348,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
         sources, references, name = split["src"], split["tgt"], args.split
     beam = args.beam or translator.cfg.decode.beam_size
     hypotheses = translator.translate(sources, beam_size=beam, progress=not args.quiet)
-    scores = score(hypotheses, references, tokenize=args.tokenize or translator.cfg.train.bleu_tokenize)
+    scores = score(hypotheses, references, tokenize=tokenize)
     # Named after the checkpoint, like the final test's file: scoring another checkpoint never
     # overwrites the hypotheses behind the run's own evaluation/test_scores.json.
     output = args.output or translator.run_dir / "evaluation" / f"{name}.{translator.checkpoint.stem}.beam{beam}.txt"

@@ -26,7 +26,7 @@ from transformer_mt.checkpoint import (FORMAT_VERSION, CheckpointDir, average_ch
 from transformer_mt.config import Config, config_to_dict, save_config
 from transformer_mt.distributed import Distributed, interleave
 from transformer_mt.errors import CheckpointError, TmtError, TrainingError, TrainingStopped, UsageError
-from transformer_mt.evaluation import Scores, cross_attention_map, score, translate_ids
+from transformer_mt.evaluation import Scores, check_bleu_tokenizer, cross_attention_map, score, translate_ids
 from transformer_mt.loss import label_smoothed_loss
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision, load_rng_state, pick_device, pick_precision, rng_state, seed_everything
@@ -147,6 +147,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, run_dir: Path, *, progress: bool = True, config_dir: Path | None = None,
                  dist: Distributed = Distributed()):
+        check_bleu_tokenizer(cfg.train.bleu_tokenize, "train.bleu_tokenize")  # before hours of training
         self.cfg = cfg
         self.run_dir = run_dir
         self.dist = dist

@@ -1,6 +1,7 @@
 """End to end through the real `tmt` entry point, in subprocesses, in a temp directory."""
 
 import argparse
+import shlex
 import signal
 import subprocess
 import sys
@@ -134,10 +135,10 @@ def test_translate_into_a_closed_pipe_exits_quietly(trained: Path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_or_sigterm_saves_a_checkpoint_and_says_how_to_resume(sig, tmp_path: Path):
+    overrides = ["--set", "train.max_steps=100000", "--set", "train.log_every_steps=1", "--set", "model.d_model=32",
+                 "--set", "model.d_ff=64", "--set", "train.save_every_steps=100000"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "transformer_mt", "train", "--config", str(DEMO_CONFIG), "--no-progress",
-         "--set", "train.max_steps=100000", "--set", "train.log_every_steps=1", "--set", "model.d_model=32",
-         "--set", "model.d_ff=64", "--set", "train.save_every_steps=100000"],
+        [sys.executable, "-m", "transformer_mt", "train", "--config", str(DEMO_CONFIG), "--no-progress", *overrides],
         cwd=tmp_path, stderr=subprocess.PIPE, text=True,
         env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
     for line in process.stderr:  # wait until training steps are running
@@ -146,7 +147,9 @@ def test_ctrl_c_or_sigterm_saves_a_checkpoint_and_says_how_to_resume(sig, tmp_pa
     process.send_signal(sig)
     rest = process.stderr.read()
     assert process.wait(timeout=60) == 128 + sig  # 130 for Ctrl-C, 143 for SIGTERM
-    assert "--resume" in rest and "Traceback" not in rest
+    # The same config and overrides: without them the resume would be refused (model.* differs).
+    assert f"continue with: {shlex.join(['tmt', 'train', '--config', str(DEMO_CONFIG), *overrides, '--resume'])}" in rest
+    assert "Traceback" not in rest
     checkpoints = list((tmp_path / "runs" / "demo" / "checkpoints").glob("step_*.pt"))
     assert len(checkpoints) == 1
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -223,9 +224,7 @@ def run_train(args: argparse.Namespace) -> None:
             state = train(cfg, run_dir, resume=args.resume, progress=not args.no_progress,
                           config_dir=args.config.resolve().parent, dist=dist)
         except TrainingStopped as err:
-            run_dir_arg = f" --run-dir {run_dir}" if args.run_dir else ""
-            again = ("the same torchrun command with --resume" if dist.enabled else
-                     f"tmt train --config {args.config}{run_dir_arg} --resume")
+            again = "the same torchrun command with --resume" if dist.enabled else _resume_command(args)
             raise TrainingStopped(f"{err}; continue with: {again}", err.exit_code - 128) from None
         finally:
             if log_file is not None:
@@ -237,6 +236,17 @@ def run_train(args: argparse.Namespace) -> None:
         return
     best = f", best validation BLEU {state.best_bleu:.2f}" if state.best_bleu >= 0 else ""
     print(f"tmt: finished at step {state.step}{best}; run directory {run_dir}", file=sys.stderr)
+
+
+def _resume_command(args: argparse.Namespace) -> str:
+    """The `tmt train` command that continues an interrupted run: the same config, run directory
+    and `--set` overrides (without them a resume would see a different config), plus --resume."""
+    words = ["tmt", "train", "--config", str(args.config)]
+    if args.run_dir:
+        words += ["--run-dir", str(args.run_dir)]
+    for override in args.overrides:
+        words += ["--set", override]
+    return shlex.join(words + ["--resume"])
 
 
 def run_data(args: argparse.Namespace) -> None:

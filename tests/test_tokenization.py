@@ -1,3 +1,4 @@
+import pickle
 from pathlib import Path
 
 from transformer_mt.config import TokenizerConfig
@@ -69,3 +70,14 @@ def test_max_train_pairs_trains_the_tokenizers_on_the_seeded_sample(tiny_corpus,
     assert tokenizers.src.to_str() == expected.src.to_str()
     everything = train_tokenizers(cfg.tokenizer, train["src"][:], train["tgt"][:])
     assert tokenizers.src.to_str() != everything.src.to_str()  # the sample is not the whole split
+
+
+def test_special_token_strings_in_text_are_encoded_as_text(tmp_path: Path):
+    html = ["Strike <s>this</s> out <pad> now.", "Plain text."] * 5
+    pair = train_tokenizers(TokenizerConfig(vocab_size=150, min_frequency=1), SRC + html, TGT + html)
+    pair.save(tmp_path)
+    for tokenizers in (pair, TokenizerPair.load(tmp_path), pickle.loads(pickle.dumps(pair))):
+        ids = tokenizers.encode_tgt(html[:1])[0]
+        assert not {0, 2, 3} & set(ids)  # no <pad>, <s> or </s> in the middle of a sentence
+        assert tokenizers.decode_tgt([ids]) == html[:1]
+        assert tokenizers.encode_src(html[:1]) == [ids]

@@ -104,6 +104,7 @@ def fingerprint(text_digest: str, tokenizers: TokenizerPair, max_len: int, drop_
     the tokenizer(s), `max_len` and the drop rule."""
     digest = hashlib.blake2b(digest_size=16)
     for part in (f"tmt-token-cache-{CACHE_FORMAT}", f"max_len={max_len}", f"drop_long={drop_long}",
+                 f"encode_special_tokens={tokenizers.src.encode_special_tokens}",
                  tokenizers.src.to_str(), "" if tokenizers.joint else tokenizers.tgt.to_str(), text_digest):
         digest.update(part.encode("utf-8"))
         digest.update(b"\0")  # so that moving text between parts changes the digest

@@ -41,6 +41,13 @@ class TokenizerPair:
     def joint(self) -> bool:
         return self.src is self.tgt
 
+    def __setstate__(self, state: dict) -> None:
+        # Unpickling (in `datasets.map`'s worker processes) rebuilds each Tokenizer from its JSON,
+        # which does not hold the flag `_text_is_text` sets.
+        self.__dict__.update(state)
+        _text_is_text(self.src)
+        _text_is_text(self.tgt)
+
     def encode_src(self, lines: list[str], progress: bool = False) -> list[list[int]]:
         """Token ids of each source line, without special tokens; `progress` shows a bar on stderr."""
         return _encode(self.src, lines, "tokenize source", progress)
@@ -106,6 +113,7 @@ def train_tokenizers(cfg: TokenizerConfig, src_lines: Iterable[str], tgt_lines: 
 def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int, desc: str = "BPE",
                progress: bool = False) -> Tokenizer:
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
+    _text_is_text(tokenizer)
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always"),
@@ -160,7 +168,17 @@ def _load_file(path: Path) -> Tokenizer:
     except Exception as err:  # the tokenizers library raises a bare Exception on bad JSON
         raise CheckpointError(f"{path}: cannot load tokenizer ({err})") from None
     _check_special_ids(tokenizer, str(path))
+    _text_is_text(tokenizer)
     return tokenizer
+
+
+def _text_is_text(tokenizer: Tokenizer) -> None:
+    """Encode a literal "<s>", "</s>" or "<pad>" in a sentence (an HTML strike-through tag, say) as
+    ordinary text, never as the special token: a "</s>" would end a target mid-sentence.
+
+    The flag is not saved in the tokenizer file, so it is set on every tokenizer made or loaded.
+    """
+    tokenizer.encode_special_tokens = True
 
 
 def _check_special_ids(tokenizer: Tokenizer, where: str) -> None:

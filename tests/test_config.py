@@ -83,3 +83,18 @@ def test_attention_and_activation_dropout_are_checked_like_dropout():
     problems = problems_of({"model": {"attention_dropout": 1.5, "activation_dropout": -0.1}})
     assert "model.attention_dropout: must be in [0, 1), got 1.5" in problems
     assert "model.activation_dropout: must be in [0, 1), got -0.1" in problems
+
+
+def test_nan_and_infinite_numbers_are_refused_by_key(tmp_path: Path):
+    config = tmp_path / "c.yaml"
+    config.write_text("data: {path: x}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(config, ["train.lr=.nan", "decode.max_len_a=.inf", "train.betas=[0.9, -.inf]", "train.lr=nan"])
+    assert sorted(info.value.problems) == ["decode.max_len_a: expected a finite number, got inf (float)",
+                                           "train.betas: expected a finite number, got -inf (float)",
+                                           "train.lr: expected a finite number, got 'nan' (str)"]
+
+
+def test_seed_must_fit_the_random_generators():
+    assert problems_of({"data": {"path": "x"}, "seed": -1}) == ["seed: must be in [0, 2**32), got -1"]
+    assert problems_of({"data": {"path": "x"}, "seed": 2**40}) == [f"seed: must be in [0, 2**32), got {2**40}"]

@@ -10,6 +10,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import math
 import sys
 import types
 import typing
@@ -362,14 +363,21 @@ def _coerce(value: Any, hint: Any) -> tuple[Any, str | None]:
             return int(value), None  # allows 1e5 for step counts
         return None, f"expected an integer, got {_show(value)}"
     if hint is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value), None
-        if isinstance(value, str):  # YAML 1.1 reads `3e-4` (no dot) as a string
+            number = float(value)
+        elif isinstance(value, str):  # YAML 1.1 reads `3e-4` (no dot) as a string
             try:
-                return float(value), None
+                number = float(value)
             except ValueError:
                 pass
-        return None, f"expected a number, got {_show(value)}"
+        if number is None:
+            return None, f"expected a number, got {_show(value)}"
+        # NaN passes every range check below (each comparison is False); .inf is no sensible
+        # setting either (max_len_a: .inf would cap every translation at one token).
+        if not math.isfinite(number):
+            return None, f"expected a finite number, got {_show(value)}"
+        return number, None
     if hint is str:
         return (value, None) if isinstance(value, str) else (None, f"expected a string, got {_show(value)}")
     raise TypeError(f"unsupported config type {hint}")  # a programming error, not a user one
@@ -379,6 +387,8 @@ def _check_values(cfg: Config) -> list[str]:
     """Cross-field and range checks on an otherwise well-typed config."""
     p: list[str] = []
     d, tok, m, t, dec = cfg.data, cfg.tokenizer, cfg.model, cfg.train, cfg.decode
+    if not 0 <= cfg.seed < 2**32:
+        p.append(f"seed: must be in [0, 2**32), got {cfg.seed}")
     if not cfg.name or "/" in cfg.name or cfg.name in (".", ".."):
         p.append(f"name: {cfg.name!r} must be a non-empty directory name without '/'")
     if not d.path:

@@ -172,7 +172,6 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

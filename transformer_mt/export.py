@@ -17,7 +17,7 @@ from torch import nn
 
 from transformer_mt.errors import TmtError, UsageError
 from transformer_mt.model import DecoderLayer, EncoderLayer, Linear, SelfAttention, Transformer
-from transformer_mt.tokenization import BOS, BOS_ID, EOS, PAD, PAD_ID, UNK
+from transformer_mt.tokenization import BOS, BOS_ID, EOS, PAD_ID, UNK
 from transformer_mt.translator import Translator
 
 logger = logging.getLogger(__name__)

@@ -147,10 +147,11 @@ def test_a_bleu_tokenizer_sacrebleu_cannot_build_is_refused_before_training(tiny
                             "--set", "train.bleu_tokenize=ja-mecab"], monkeypatch, capsys, tmp_path)
     assert code == 2 and "train.bleu_tokenize: sacreBLEU cannot use the 'ja-mecab' tokenizer" in err, err
     assert "Traceback" not in err and not (run_dir / "checkpoints").exists()
+    written = {p: p.stat().st_mtime_ns for p in tiny_run.rglob("*")}
     code, _, err = run_cli(["evaluate", "--run", str(tiny_run), "--tokenize", "ja-mecab", "--quiet"],
                            monkeypatch, capsys, tmp_path)
     assert code == 2 and "--tokenize: sacreBLEU cannot use the 'ja-mecab' tokenizer" in err, err
-    assert not list((tiny_run / "evaluation").glob("test.best.*"))  # refused before translating
+    assert {p: p.stat().st_mtime_ns for p in tiny_run.rglob("*")} == written  # refused before translating
 
 
 def test_resume_without_a_checkpoint_names_the_run_directory(tiny_run: Path, tmp_path: Path, monkeypatch, capsys):

@@ -206,7 +206,7 @@ def test_a_finished_run_whose_checkpoints_were_removed_needs_overwrite(tiny_corp
     train(tiny_config(tiny_corpus, train={"max_steps": 2}), run, progress=False)
     shutil.rmtree(run / "checkpoints")  # to save disk; the scores and the summary stay
     kept = sorted(p.name for p in run.iterdir())
-    with pytest.raises(UsageError, match="holds an earlier run \\(summary.json, evaluation\\) without checkpoints"):
+    with pytest.raises(UsageError, match="holds a finished run \\(evaluation, summary.json\\) without checkpoints"):
         prepare_run_dir(run, resume=False, overwrite=False)
     assert sorted(p.name for p in run.iterdir()) == kept
     prepare_run_dir(run, resume=False, overwrite=True)

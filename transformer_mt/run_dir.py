@@ -3,6 +3,7 @@ keeps the settings that define the run's weights."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -28,17 +29,16 @@ RUN_DIR_ENTRIES = frozenset({MARKER, "config.yaml", "tokenizer.json", "tokenizer
                              "summary.json", ".summary.json.tmp", CACHE_DIR, data_module.CORPUS_DIR,
                              data_module.CORPUS_BUILD_DIR, data_module.CORPUS_OLD_DIR})
 
-# Entries that only a start which got as far as training writes: a run, even without checkpoints.
-RUN_RESULTS = ("summary.json", "evaluation")
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     """Create (or claim) the run directory, refusing to clobber a run or anything tmt did not write.
 
     Without `overwrite`, a non-empty directory is reused only when tmt marked it (`MARKER`) and
-    its earlier start failed before training began (no checkpoint, no `summary.json`): what it
-    holds then is what that start wrote from the config. With `overwrite`, a directory is
-    emptied only when it is marked or holds checkpoints (a run from before the marker existed).
+    its earlier start failed, or was killed, before its first checkpoint; a run that finished
+    (test scores, or a summary saying so) is kept even if its checkpoints were removed. With
+    `overwrite`, a directory is emptied only when it is marked or holds checkpoints (a run from
+    before the marker existed).
     """
     if resume and overwrite:
         raise UsageError("--resume and --overwrite contradict each other; pick one")
@@ -61,15 +61,28 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     if has_checkpoints and not overwrite:
         raise UsageError(f"{run_dir} already holds a trained run: use --resume to continue it, "
                          "--overwrite to start over, or --run-dir to train elsewhere")
-    results = [name for name in RUN_RESULTS if name in entries]
+    results = _finished_run_results(run_dir, entries)
     if results and not overwrite:
-        raise UsageError(f"{run_dir} holds an earlier run ({_names(results)}) without checkpoints: use --overwrite "
+        raise UsageError(f"{run_dir} holds a finished run ({_names(results)}) without checkpoints: use --overwrite "
                          "to delete it and start over, or --run-dir to train elsewhere")
-    for name in entries:  # an earlier run (--overwrite) or the leftovers of a start that failed early
+    for name in entries:  # an earlier run (--overwrite) or the leftovers of a start that ended early
         path = run_dir / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / MARKER).write_text("a run directory made by tmt train\n", encoding="utf-8")
+
+
+def _finished_run_results(run_dir: Path, entries: list[str]) -> list[str]:
+    """The entries that show a run trained to its end: its test scores, a summary that says so."""
+    found = ["evaluation"] if "evaluation" in entries else []
+    if "summary.json" in entries:
+        try:
+            status = json.loads((run_dir / "summary.json").read_text(encoding="utf-8")).get("status")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            status = None  # unreadable: a write cut short, so not a finished run
+        if status in ("finished", "stopped early"):
+            found.append("summary.json")
+    return found
 
 
 def _names(names: list[str]) -> str:

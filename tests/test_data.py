@@ -129,6 +129,31 @@ def test_jsonl_record_without_target_language_names_file_line_and_key(data_dir, 
         load_corpus(make_cfg(data_dir, format="jsonl"), seed=1, run_dir=run_dir)
 
 
+def test_jsonl_line_breaks_inside_a_sentence_become_spaces(data_dir, run_dir):
+    write_lines(data_dir / "train.jsonl", [json.dumps({"en": "Hello there.\r\nHow are you?", "it": "Ciao.\u2028 Come stai?"}),
+                                           json.dumps({"en": "two\n\nparagraphs", "it": "due\nparagrafi"})])
+    for split in ("valid", "test"):
+        write_lines(data_dir / f"{split}.jsonl", [json.dumps({"en": "one", "it": "uno"})])
+    corpus = load_corpus(make_cfg(data_dir, format="jsonl"), seed=1, run_dir=run_dir)
+    assert pairs_of(corpus.train) == [("Hello there. How are you?", "Ciao. Come stai?"), ("two paragraphs", "due paragrafi")]
+
+
+def test_jsonl_lone_surrogate_escape_names_file_line_and_language(data_dir, run_dir):
+    write_lines(data_dir / "train.jsonl", ['{"en": "fine", "it": "bene"}', '{"en": "cut emoji \\ud83d", "it": "x"}'])
+    with pytest.raises(DataError, match=r"train\.jsonl:2: 'en' is not valid Unicode"):
+        load_corpus(make_cfg(data_dir, format="jsonl"), seed=1, run_dir=run_dir)
+
+
+def test_damaged_gzip_file_is_named(data_dir, run_dir):
+    write_text_split(data_dir, "train", [(f"sentence number {i}", f"frase numero {i}") for i in range(2000)], gz=True)
+    packed = bytearray((data_dir / "train.en.gz").read_bytes())
+    at = len(packed) * 3 // 10
+    packed[at:at + 8] = b"\x00" * 8  # damage inside the deflate stream: zlib.error, not a CRC OSError
+    (data_dir / "train.en.gz").write_bytes(bytes(packed))
+    with pytest.raises(DataError, match=rf"{data_dir / 'train.en.gz'}: cannot read"):
+        load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)
+
+
 def test_missing_train_file_error_names_plain_and_gz_paths(data_dir, run_dir):
     with pytest.raises(DataError) as excinfo:
         load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)

@@ -11,8 +11,10 @@ import hashlib
 import json
 import logging
 import os
+import re
 import socket
 import threading
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import chain, islice
@@ -140,7 +142,7 @@ def iter_lines(path: Path) -> Iterator[list[str]]:
                     lines.pop()  # the newline that ends the last line starts no new one
                 yield [line.removesuffix("\r") for line in lines]
                 lines_before += len(raw)
-    except (OSError, EOFError) as err:  # unreadable, not gzip, or a truncated .gz
+    except (OSError, EOFError, zlib.error) as err:  # unreadable, not gzip, a truncated or damaged .gz
         raise DataError(f"{path}: cannot read ({err})") from None
 
 
@@ -212,8 +214,14 @@ def _iter_jsonl(path: Path, src_lang: str, tgt_lang: str) -> Iterator[PairChunk]
     return _rechunk(pairs())
 
 
+# Line breaks inside a record's text (JSONL, hub rows): a sentence must stay on one line, or
+# translations and hypotheses files would no longer line up with their sources.
+LINE_BREAKS = re.compile(r"\s*[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]+\s*")
+
+
 def pair_from_record(record: Any, src_lang: str, tgt_lang: str, where: str) -> Pair:
-    """Take the (stripped) source and target strings from a {lang: text} mapping.
+    """Take the source and target strings from a {lang: text} mapping, each stripped and with
+    any line break inside it replaced by a space.
 
     A null text becomes "" so that the `empty` filter drops and counts it.
     """
@@ -224,7 +232,16 @@ def pair_from_record(record: Any, src_lang: str, tgt_lang: str, where: str) -> P
             raise DataError(f"{where}: missing key {lang!r} ({key}); keys found: {', '.join(map(str, record))}")
         if not isinstance(record[lang], (str, type(None))):
             raise DataError(f"{where}: {lang!r} must be a string, got {type(record[lang]).__name__}")
-    return (record[src_lang] or "").strip(), (record[tgt_lang] or "").strip()
+    return _one_line(record[src_lang], src_lang, where), _one_line(record[tgt_lang], tgt_lang, where)
+
+
+def _one_line(text: str | None, lang: str, where: str) -> str:
+    text = LINE_BREAKS.sub(" ", text or "").strip()
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:  # JSON's "\ud83d" escape: half of an emoji, cut off
+        raise DataError(f"{where}: {lang!r} is not valid Unicode ({err.reason} at character {err.start})") from None
+    return text
 
 
 # --- Hugging Face Hub --------------------------------------------------------------------------

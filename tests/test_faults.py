@@ -198,6 +198,32 @@ def test_bad_stdin_for_translate(stdin, code, expected, tiny_run: Path, tmp_path
     assert result[0] == code and expected in result[2] and "Traceback" not in result[2], result
 
 
+def test_stdin_with_a_byte_order_mark_translates_like_the_same_file(tiny_run: Path, tmp_path: Path,
+                                                                     monkeypatch, capsys):
+    text = "\ufeffGood morning.\nThe bread.\n".encode("utf-8")  # as Windows Notepad saves it
+    (tmp_path / "in.en").write_bytes(text)
+    code, from_file, err = run_cli(["translate", "--run", str(tiny_run), "--input", str(tmp_path / "in.en")],
+                                   monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    code, from_stdin, err = run_cli(["translate", "--run", str(tiny_run)], monkeypatch, capsys, tmp_path, stdin=text)
+    assert code == 0, err
+    code, plain, err = run_cli(["translate", "--run", str(tiny_run)], monkeypatch, capsys, tmp_path,
+                               stdin=text.removeprefix("\ufeff".encode("utf-8")))
+    assert from_stdin == from_file == plain
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_an_output_that_is_a_directory_is_refused_before_translating(command, tiny_run: Path, tmp_path: Path,
+                                                                     monkeypatch, capsys):
+    (tmp_path / "out").mkdir()
+    args = ["--input", str(tmp_path / "in.en")] if command == "translate" else ["--quiet"]
+    (tmp_path / "in.en").write_text("Good morning.\n", encoding="utf-8")
+    code, _, err = run_cli([command, "--run", str(tiny_run), *args, "--output", str(tmp_path / "out")],
+                           monkeypatch, capsys, tmp_path)
+    assert code == 2 and f"--output {tmp_path / 'out'} is a directory" in err and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.en", "out"]  # no temporary file left behind
+
+
 def test_a_10000_word_sentence_is_truncated_with_a_warning(tiny_run: Path, tmp_path: Path, monkeypatch, capsys):
     long_line = " ".join(["bread"] * 10_000).encode() + b"\nGood morning.\n"
     code, out, err = run_cli(["translate", "--run", str(tiny_run)], monkeypatch, capsys, tmp_path, stdin=long_line)

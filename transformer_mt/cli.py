@@ -6,6 +6,7 @@ Exit codes: 0 success, 2 bad config or arguments, 1 any other failure, 130 inter
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shlex
@@ -74,8 +75,8 @@ RUNS_EXAMPLES = """examples:
 """
 
 AVERAGE_EXAMPLES = """examples:
-  tmt average --run runs/demo                           # the last 5 step checkpoints
-  tmt average --run runs/demo --last 3
+  tmt average --run runs/m30k                           # the last 5 step checkpoints
+  tmt average --run runs/demo --last 2                  # the demo keeps 2 (train.keep_last)
   tmt evaluate --checkpoint runs/demo/checkpoints/average_steps_00001000-00001200.pt --beam 5
 """
 
@@ -306,6 +307,7 @@ def run_translate(args: argparse.Namespace) -> None:
                              "or one per line on stdin")
     if args.show_attention and len(lines) != 1:
         raise UsageError(f"--show-attention draws one sentence; got {len(lines)}")
+    _check_output(args.output)
     translator = _load_translator(args)
     if args.show_attention:
         _draw_attention(translator, lines[0], args)
@@ -342,6 +344,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
     _setup_logging(logging.WARNING)
     if bool(args.src) != bool(args.ref):
         raise UsageError("--src and --ref go together")
+    _check_output(args.output)
     translator = _load_translator(args)
     tokenize = args.tokenize or translator.cfg.train.bleu_tokenize
     check_bleu_tokenizer(tokenize, "--tokenize" if args.tokenize else "train.bleu_tokenize")  # before translating
@@ -413,19 +416,31 @@ def _read_file_lines(path: Path) -> list[str]:
     return read_lines(path)
 
 
+def _check_output(path: Path | None) -> None:
+    """Refuse an --output that cannot be a file before translating, not after."""
+    if path is not None and path.is_dir():
+        raise UsageError(f"--output {path} is a directory; give a file name")
+
+
 def _write_lines(path: Path, lines: list[str]) -> None:
     """Write one line each, atomically: a failure never leaves a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise TmtError(f"cannot write {path} ({err.strerror or err})") from None
 
 
 def _read_stdin_lines() -> list[str]:
     lines = []
     for number, raw in enumerate(sys.stdin.buffer, start=1):
         try:
-            lines.append(raw.decode("utf-8").rstrip("\r\n"))
+            line = raw.decode("utf-8").rstrip("\r\n")
+            lines.append(line.removeprefix("\ufeff") if number == 1 else line)  # a byte-order mark is not text
         except UnicodeDecodeError as err:
             raise DataError(f"stdin line {number}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
     return lines

@@ -30,7 +30,6 @@ RUN_DIR_ENTRIES = frozenset({MARKER, "config.yaml", "tokenizer.json", "tokenizer
                              data_module.CORPUS_BUILD_DIR, data_module.CORPUS_OLD_DIR})
 
 
-
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     """Create (or claim) the run directory, refusing to clobber a run or anything tmt did not write.
 

@@ -209,6 +209,7 @@ def test_stdin_with_a_byte_order_mark_translates_like_the_same_file(tiny_run: Pa
     assert code == 0, err
     code, plain, err = run_cli(["translate", "--run", str(tiny_run)], monkeypatch, capsys, tmp_path,
                                stdin=text.removeprefix("\ufeff".encode("utf-8")))
+    assert code == 0, err
     assert from_stdin == from_file == plain
 
 

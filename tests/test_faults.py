@@ -21,6 +21,7 @@ from transformer_mt import training
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import save_config
 from transformer_mt.errors import TrainingError
+from transformer_mt.files import write_text_atomic
 from transformer_mt.run_dir import prepare_run_dir
 from transformer_mt.training import Trainer, train
 
@@ -362,6 +363,22 @@ def test_a_full_disk_keeps_the_earlier_checkpoints_and_stops_clearly(tiny_corpus
     code, _, err = run_cli(["train", "--config", str(tmp_path / "tiny.yaml"), "--run-dir", str(run),
                             "--resume", "--no-progress"], monkeypatch, capsys, tmp_path)
     assert code == 0, err
+
+
+def test_a_failed_text_write_keeps_the_old_file_and_leaves_no_temp_file(tmp_path: Path, monkeypatch):
+    """config.yaml, summary.json, splits.json, hypotheses and scores all go through this writer."""
+    target = tmp_path / "summary.json"
+    write_text_atomic(target, "old\n")
+    assert target.read_text(encoding="utf-8") == "old\n"
+
+    def fsync_on_a_full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", fsync_on_a_full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        write_text_atomic(target, "new, never complete\n")
+    assert target.read_text(encoding="utf-8") == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # the temp file is gone
 
 
 # --- kill -9 at any moment, then resume ------------------------------------------------

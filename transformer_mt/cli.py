@@ -6,7 +6,6 @@ Exit codes: 0 success, 2 bad config or arguments, 1 any other failure, 130 inter
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import shlex
@@ -16,6 +15,7 @@ from pathlib import Path
 from transformer_mt import __version__
 from transformer_mt.config import BLEU_TOKENIZERS, Config
 from transformer_mt.errors import DataError, TmtError, TrainingStopped, UsageError
+from transformer_mt.files import lines_to_text, write_text_atomic
 
 logger = logging.getLogger("transformer_mt")
 
@@ -424,14 +424,10 @@ def _check_output(path: Path | None) -> None:
 
 def _write_lines(path: Path, lines: list[str]) -> None:
     """Write one line each, atomically: a failure never leaves a half-written file."""
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        os.replace(tmp, path)
+        write_text_atomic(path, lines_to_text(lines))
     except OSError as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         raise TmtError(f"cannot write {path} ({err.strerror or err})") from None
 
 

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import yaml
 
 from transformer_mt.errors import ConfigError
+from transformer_mt.files import write_text_atomic
 
 
 @dataclass(frozen=True)
@@ -284,7 +285,7 @@ def config_to_dict(cfg: Config) -> dict:
 
 def save_config(cfg: Config, path: Path) -> None:
     """Write the resolved config as YAML (the run directory's `config.yaml`)."""
-    path.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True), encoding="utf-8")
+    write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True))
 
 
 def resolve_paths(cfg: Config, base_dir: Path) -> Config:

@@ -12,9 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +23,7 @@ import numpy as np
 from transformer_mt.config import DataConfig
 from transformer_mt.data_sources import SPLITS, SplitSource, open_sources
 from transformer_mt.errors import DataError
+from transformer_mt.files import write_text_atomic
 
 if TYPE_CHECKING:
     import datasets
@@ -261,8 +260,8 @@ def _carving_plan(cfg: DataConfig, seed: int, n_rows: int, missing: set[str], ru
                                "to re-split", path, len(plan[split]), split, split, size)
     else:
         plan = _make_split_plan(n_rows, sizes, seed)
-        _write_json_atomically(path, {"source_rows": n_rows, "seed": seed,
-                                      **{split: indices.tolist() for split, indices in plan.items()}})
+        record = {"source_rows": n_rows, "seed": seed, **{split: indices.tolist() for split, indices in plan.items()}}
+        write_text_atomic(path, json.dumps(record) + "\n")
         logger.info("carved %s from %d train rows (seed %d); indices saved to %s",
                     ", ".join(f"{len(plan[s])} {s}" for s in plan), n_rows, seed, path)
     return plan
@@ -303,19 +302,6 @@ def _load_split_plan(path: Path, n_rows: int, needed: list[str]) -> dict[str, np
     if len(np.unique(np.concatenate(list(plan.values())))) != sum(map(len, plan.values())):
         raise DataError(f"{path}: the carved splits overlap; delete it to re-split")
     return plan
-
-
-def _write_json_atomically(path: Path, obj: dict) -> None:
-    """Write JSON to a temp file in the same directory, then rename it over `path`."""
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f)
-            f.write("\n")
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
 
 
 def iter_text_batches(split: datasets.Dataset, column: str, rows: np.ndarray | None = None) -> Iterator[list[str]]:

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from transformer_mt.config import Config
+from transformer_mt.files import write_text_atomic
 
 SUMMARY_NAME = "summary.json"
 PACKAGES = ("transformer-mt", "torch", "tokenizers", "datasets", "sacrebleu")
@@ -57,9 +58,7 @@ def git_commit(directory: Path) -> str | None:
 def write_summary(run_dir: Path, summary: dict) -> None:
     """Write `summary.json` atomically, stamped with the writing process and time."""
     summary = {**summary, "pid": os.getpid(), "updated": time.strftime("%Y-%m-%d %H:%M:%S")}
-    tmp = run_dir / f".{SUMMARY_NAME}.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, run_dir / SUMMARY_NAME)
+    write_text_atomic(run_dir / SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
 
 
 def read_summaries(runs_dir: Path) -> list[dict]:

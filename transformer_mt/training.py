@@ -27,6 +27,7 @@ from transformer_mt.config import Config, config_to_dict, save_config
 from transformer_mt.distributed import Distributed, interleave
 from transformer_mt.errors import CheckpointError, TmtError, TrainingError, TrainingStopped, UsageError
 from transformer_mt.evaluation import Scores, check_bleu_tokenizer, cross_attention_map, score, translate_ids
+from transformer_mt.files import lines_to_text, write_text_atomic
 from transformer_mt.loss import label_smoothed_loss
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision, load_rng_state, pick_device, pick_precision, rng_state, seed_everything
@@ -436,7 +437,7 @@ class Trainer:
             self._log_attention(writer, sources[0], hyp_ids[0])
             hyp_dir = self.run_dir / "validation"
             hyp_dir.mkdir(exist_ok=True)
-            (hyp_dir / f"step_{step:08d}.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+            write_text_atomic(hyp_dir / f"step_{step:08d}.txt", lines_to_text(hypotheses))
         ppl = math.exp(min(loss, 100.0))
         writer.add_scalar("valid/loss", loss, step)
         writer.add_scalar("valid/perplexity", ppl, step)
@@ -503,13 +504,13 @@ class Trainer:
         out_dir = self.run_dir / "evaluation"
         out_dir.mkdir(exist_ok=True)
         hypotheses_file = f"test.{path.stem}.beam{beam}.txt"
-        (out_dir / hypotheses_file).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+        write_text_atomic(out_dir / hypotheses_file, lines_to_text(hypotheses))
         report = {"checkpoint": path.name, "hypotheses": hypotheses_file, "step": self.state.step,
                   "sentences": len(hypotheses), "beam_size": beam,
                   "length_penalty": cfg.decode.length_penalty, "bleu": round(scores.bleu, 2),
                   "chrf": round(scores.chrf, 2), "bleu_signature": scores.bleu_signature,
                   "chrf_signature": scores.chrf_signature, "seconds": round(time.perf_counter() - started, 1)}
-        (out_dir / "test_scores.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        write_text_atomic(out_dir / "test_scores.json", json.dumps(report, indent=2) + "\n")
         self.test_report = report
         logger.info("test (%s, beam %d, %d sentences): BLEU %.2f [%s], chrF %.2f [%s]", path.name, beam,
                     len(hypotheses), scores.bleu, scores.bleu_signature, scores.chrf, scores.chrf_signature)

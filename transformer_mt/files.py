@@ -1,0 +1,34 @@
+"""Writing the text files of a run (config, summary, hypotheses, scores) atomically.
+
+A reader, or a run killed mid-write, sees either the old file or the new one, never half of one.
+Checkpoints have their own writer (`checkpoint.save_atomic`) because they go through `torch.save`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` (UTF-8) to a temp file beside `path`, fsync it, then rename it over `path`.
+
+    The temp file has a unique name, so two processes writing the same file do not interleave;
+    on any failure it is removed and the error (an `OSError`) propagates, `path` untouched.
+    """
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+
+
+def lines_to_text(lines: list[str]) -> str:
+    """One line each, newline-terminated (the format of every hypotheses file)."""
+    return "".join(line + "\n" for line in lines)

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer
 
 from tests.conftest import TINY_PAIRS, tiny_config
 from transformer_mt.batching import pad_sequences
@@ -144,3 +145,33 @@ def test_export_refuses_a_non_empty_output_directory(ct2, tmp_path: Path):
 def test_unknown_quantization_lists_the_valid_choices(ct2, tmp_path: Path):
     with pytest.raises(UsageError, match="int8_float16"):
         export_ctranslate2(tmp_path / "run", tmp_path / "ct2", quantization="int3")
+
+
+def test_a_source_longer_than_max_len_translates_and_cuts_as_tmt_does(ct2, tmp_path: Path):
+    model, tokenizers = make_run(tmp_path / "run", "pre", True)
+    export_ctranslate2(tmp_path / "run", tmp_path / "ct2")
+    max_len = model.cfg.max_len
+    long_source = tokenizers.src.encode(" ".join(SOURCES * 20), add_special_tokens=False).tokens  # (> max_len)
+    assert len(long_source) > 2 * max_len
+    translator = ct2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+
+    # CTranslate2's defaults (inputs up to 1,024 tokens) must not run past the position table.
+    translator.translate_batch([long_source], beam_size=1, max_decoding_length=MAX_TOKENS)
+    # max_input_length = max_len cuts the source as tmt does: max_len - 1 tokens, then EOS.
+    cut_ids = [tokenizers.src.token_to_id(token) for token in long_source[: max_len - 1]] + [EOS_ID]
+    expected = greedy_decode(model, torch.tensor([cut_ids]), bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=0,
+                             max_len_b=MAX_TOKENS)
+    result = translator.translate_batch([long_source], beam_size=1, max_decoding_length=MAX_TOKENS,
+                                        min_decoding_length=0, max_input_length=max_len)[0]
+    assert [tokenizers.tgt.token_to_id(token) for token in result.hypotheses[0]] == expected[0]
+
+
+def test_the_documented_tokenizer_recipe_keeps_special_token_strings_as_text(ct2, tmp_path: Path):
+    _, tokenizers = make_run(tmp_path / "run", "pre", False)
+    export_ctranslate2(tmp_path / "run", tmp_path / "ct2")
+    text = "Grazie </s> mille <s> <pad>"
+    exported = Tokenizer.from_file(str(tmp_path / "ct2" / "tokenizer.src.json"))
+    exported.encode_special_tokens = True  # the export's docstring: the file cannot hold this flag
+    tokens = exported.encode(text, add_special_tokens=False).tokens
+    assert [exported.token_to_id(token) for token in tokens] == tokenizers.encode_src([text])[0]
+    assert not {"</s>", "<s>", "<pad>"} & set(tokens)

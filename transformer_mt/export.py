@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from transformer_mt.errors import TmtError, UsageError
-from transformer_mt.model import DecoderLayer, EncoderLayer, Linear, SelfAttention, Transformer
+from transformer_mt.model import DecoderLayer, EncoderLayer, Linear, SelfAttention, Transformer, sinusoidal_positions
 from transformer_mt.tokenization import BOS, BOS_ID, EOS, PAD_ID, UNK
 from transformer_mt.translator import Translator
 
@@ -25,6 +25,12 @@ logger = logging.getLogger(__name__)
 # CTranslate2 names its padding token `<blank>` (OpenNMT's); its other special tokens are
 # tmt's own strings. fairseq's converter renames `<pad>` the same way.
 CT2_PAD = "<blank>"
+# Rows of the exported position table. tmt cuts sources to model.max_len - 1 tokens and caps
+# outputs at max_len; CTranslate2 does neither by default (inputs are cut at max_input_length
+# = 1024 tokens, the EOS it appends included; outputs at max_decoding_length = 256) and fails a
+# whole batch on a position past the table. The sinusoids extend to any length, so the table
+# covers those defaults; its first max_len rows are the trained model's own.
+CT2_POSITIONS = 1024
 # Added to the logits of tokens tmt never generates (padding, a second BOS), as tmt's search
 # does with `finfo.min`. -1e4 is far below any real logit and still finite in fp16.
 _FORBIDDEN_LOGIT_BIAS = -1e4
@@ -38,9 +44,13 @@ def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None 
     Weights come from `checkpoint` (default: the run's `best.pt`, else its newest step
     checkpoint). `quantization` is CTranslate2's weight type (int8, int8_float16, float16, ...);
     None keeps fp32. Use the result with token strings from tmt's tokenizer (the files are
-    copied in): `ctranslate2.Translator(dir).translate_batch([tokenizer.encode(text).tokens],
-    beam_size=1, min_decoding_length=0)` gives tmt's greedy output (CTranslate2's default
-    `min_decoding_length=1` forbids an empty translation; tmt's length cap a·S + b maps to
+    copied in; load one with `Tokenizer.from_file` and set `tokenizer.encode_special_tokens =
+    True`, which the file cannot hold, so a literal `</s>` in the text stays text, as in tmt):
+    `ctranslate2.Translator(dir).translate_batch([tokenizer.encode(text, add_special_tokens=False)
+    .tokens], beam_size=1, min_decoding_length=0, max_input_length=max_len)` gives tmt's
+    greedy output (CTranslate2's default `min_decoding_length=1` forbids an empty translation;
+    `max_input_length` = the run's `model.max_len` cuts long sources as tmt does, to max_len - 1
+    tokens and EOS; tmt's length cap a·S + b maps to
     `max_decoding_length`).
     """
     try:
@@ -111,7 +121,8 @@ def build_ctranslate2_spec(model: Transformer):
     spec.config.decoder_start_token = BOS
     spec.config.bos_token, spec.config.eos_token, spec.config.unk_token = BOS, EOS, UNK
 
-    positions = _array(model.positions)  # (max_len, D): row i is position i, as in `Transformer._embed`
+    # (P, D): row i is position i, as in `Transformer._embed`; P >= max_len (see CT2_POSITIONS)
+    positions = _array(sinusoidal_positions(max(cfg.max_len, CT2_POSITIONS), cfg.d_model))
     embed_scale = math.sqrt(cfg.d_model)
     if not math.isclose(model.embed_scale, embed_scale):
         raise TmtError(f"unexpected embedding scale {model.embed_scale}; the exporter assumes sqrt(d_model)")

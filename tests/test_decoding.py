@@ -101,3 +101,20 @@ def test_wider_beams_find_at_least_as_likely_single_best_without_length_penalty(
     greedy = sum(h[0].log_prob for h in beam_search(model, src, beam_size=1, **args))
     wide = sum(h[0].log_prob for h in beam_search(model, src, beam_size=8, **args))
     assert wide >= greedy - 1e-6
+
+
+def test_the_attention_of_a_translation_that_fills_max_len_keeps_every_piece(tmp_path, monkeypatch):
+    from tests.test_export import make_run
+    from transformer_mt import translator as translator_module
+
+    make_run(tmp_path / "run", "pre", True)
+    translator = translator_module.Translator.from_run(tmp_path / "run", device="cpu")
+    max_len = translator.model.cfg.max_len
+    piece_id = translator.tokenizers.encode_tgt(["ciao"])[0][0]
+    capped = [piece_id] * max_len  # no EOS: the search stopped at the model's last position
+    monkeypatch.setattr(translator_module, "translate_ids", lambda *args, **kwargs: [capped])
+
+    attention = translator.attention("Thank you.")
+    assert attention.translation == translator.tokenizers.decode_tgt([capped])[0]  # what `translate` prints
+    assert attention.weights.shape[0] == len(attention.tgt_pieces) == max_len
+    assert attention.tgt_pieces == translator.tokenizers.tgt_pieces(capped)  # no "</s>" row

@@ -79,11 +79,12 @@ class Translator:
         src_ids = self.tokenizers.encode_src([text])[0][: self.model.cfg.max_len - 1]
         hyp_ids = translate_ids(self.model, [src_ids], self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID,
                                 device=self.device, precision=self.precision, beam_size=beam_size)[0]
-        hyp_ids = hyp_ids[: self.model.cfg.max_len - 1]
         weights = cross_attention_map(self.model, src_ids, hyp_ids, bos_id=BOS_ID, eos_id=EOS_ID,
-                                      device=self.device, layer=layer)
-        return AttentionMap(weights, self.tokenizers.src_pieces(src_ids) + [EOS],
-                            self.tokenizers.tgt_pieces(hyp_ids) + [EOS], self.tokenizers.decode_tgt([hyp_ids])[0])
+                                      device=self.device, layer=layer)  # (T + 1, S + 1), or (max_len, S + 1)
+        # A translation that filled all max_len positions has no EOS, and no row after its last piece.
+        tgt_pieces = (self.tokenizers.tgt_pieces(hyp_ids) + [EOS])[: weights.shape[0]]
+        return AttentionMap(weights, self.tokenizers.src_pieces(src_ids) + [EOS], tgt_pieces,
+                            self.tokenizers.decode_tgt([hyp_ids])[0])
 
 
 @dataclass(frozen=True)

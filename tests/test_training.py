@@ -1,18 +1,22 @@
 import json
 import math
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
+from tests.conftest import REPO, TINY_PAIRS, run_cli, tiny_config, write_corpus
 from transformer_mt import throughput
 from transformer_mt.batching import Batch, TokenBatchSampler
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.distributed import Distributed
 from transformer_mt.errors import DataError, UsageError
+from transformer_mt.files import temp_file_target
 from transformer_mt.loss import label_smoothed_loss
 from transformer_mt.run_dir import MARKER, prepare_run_dir
 from transformer_mt.training import Trainer, lr_at, train
@@ -188,6 +192,29 @@ def test_a_start_that_failed_before_its_first_checkpoint_can_be_retried(tmp_path
     assert (run / "config.yaml").is_file()
     prepare_run_dir(run, resume=False, overwrite=False)  # no --overwrite needed
     assert [p.name for p in run.iterdir()] == [MARKER]
+
+
+KILLED_WRITING_THE_SUMMARY = """
+import os, signal, sys
+from pathlib import Path
+os.replace = lambda source, target: os.kill(os.getpid(), signal.SIGKILL)
+from transformer_mt.summary import write_summary
+write_summary(Path(sys.argv[1]), {"status": "running"})
+"""
+
+
+def test_a_start_killed_while_writing_a_text_file_can_be_retried(tmp_path: Path):
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    # A process SIGKILLed between writing summary.json's temp file and renaming it.
+    killed = subprocess.run([sys.executable, "-c", KILLED_WRITING_THE_SUMMARY, str(run)], cwd=REPO)
+    assert killed.returncode == -signal.SIGKILL
+    assert [temp_file_target(p.name) for p in run.iterdir() if p.name != MARKER] == ["summary.json"]
+    prepare_run_dir(run, resume=False, overwrite=False)  # tmt's own leftover: no --overwrite needed
+    assert [p.name for p in run.iterdir()] == [MARKER]
+    (run / ".notes.txt.abcd1234.tmp").write_text("not tmt's", encoding="utf-8")  # a temp file of another name
+    with pytest.raises(UsageError, match="files tmt did not write"):
+        prepare_run_dir(run, resume=False, overwrite=True)
 
 
 def test_a_users_own_config_in_the_run_directory_is_never_deleted(tmp_path: Path):

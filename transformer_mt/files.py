@@ -7,8 +7,13 @@ Checkpoints have their own writer (`checkpoint.save_atomic`) because they go thr
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
+
+
+# `.<name>.<mkstemp's random part>.tmp`: the temp file `write_text_atomic` writes `name` through.
+_TEMP_FILE = re.compile(r"\.(?P<name>.+)\.[^.]+\.tmp")
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -27,6 +32,13 @@ def write_text_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
+
+
+def temp_file_target(name: str) -> str | None:
+    """The name of the file that `name` was a temp file for, when `name` is a temp file that
+    `write_text_atomic` left behind (its process was killed mid-write); else None."""
+    match = _TEMP_FILE.fullmatch(name)
+    return match["name"] if match else None
 
 
 def lines_to_text(lines: list[str]) -> str:

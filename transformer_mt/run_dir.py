@@ -13,6 +13,7 @@ from transformer_mt import data as data_module
 from transformer_mt.checkpoint import CheckpointDir
 from transformer_mt.config import Config, config_to_dict
 from transformer_mt.errors import CheckpointError, ConfigError, UsageError
+from transformer_mt.files import temp_file_target
 from transformer_mt.token_cache import CACHE_DIR
 
 # Sections that define what a checkpoint's weights mean; they may not change on resume.
@@ -23,7 +24,8 @@ CHANGEABLE_ON_RESUME = ("data.num_proc",)  # how fast the cache is filled, not w
 # `config.yaml`, tokenizers, caches) from a user's files of the same names.
 MARKER = ".tmt-run"
 
-# Everything tmt writes at the top of a run directory; nothing else is ever deleted.
+# Everything tmt writes at the top of a run directory, with the temp files a write killed midway
+# leaves (`files.temp_file_target`); nothing else is ever deleted.
 RUN_DIR_ENTRIES = frozenset({MARKER, "config.yaml", "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json",
                              "splits.json", "train.log", "checkpoints", "tensorboard", "validation", "evaluation",
                              "summary.json", ".summary.json.tmp", CACHE_DIR, data_module.CORPUS_DIR,
@@ -50,7 +52,8 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
             raise CheckpointError(f"{run_dir}: no checkpoint to resume from (start without --resume)")
         return
     entries = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
-    foreign = [name for name in entries if name not in RUN_DIR_ENTRIES]
+    foreign = [name for name in entries
+               if name not in RUN_DIR_ENTRIES and temp_file_target(name) not in RUN_DIR_ENTRIES]
     if foreign:
         raise UsageError(f"{run_dir} holds files tmt did not write ({_names(foreign)}); pick another --run-dir")
     marked = MARKER in entries

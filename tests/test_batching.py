@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from transformer_mt.batching import (TokenBatchSampler, make_batch, make_batch_from_flat, sorted_batches,
+from transformer_mt.batching import (TokenBatchSampler, make_batch, make_batch_from_flat, padded_length, sorted_batches,
                                      token_budget_batches)
 
 
@@ -78,10 +78,10 @@ def test_batches_from_concatenated_ids_equal_the_plain_path():
     tgt = [torch.randint(4, 50, (int(n),), generator=gen).tolist() for n in torch.randint(1, 12, (9,), generator=gen)]
     flat = lambda seqs: np.array([i for s in seqs for i in s], dtype=np.int32)  # noqa: E731
     lengths = lambda seqs: np.array([len(s) for s in seqs])  # noqa: E731
-    for multiple in (1, 8):
-        plain = make_batch(src, tgt, pad_id=0, bos_id=2, eos_id=3, pad_to_multiple=multiple)
+    for multiple, max_length in ((1, None), (8, None), (8, 13)):
+        plain = make_batch(src, tgt, pad_id=0, bos_id=2, eos_id=3, pad_to_multiple=multiple, max_length=max_length)
         fast = make_batch_from_flat(flat(src), lengths(src), flat(tgt), lengths(tgt), pad_id=0, bos_id=2, eos_id=3,
-                                    pad_to_multiple=multiple)
+                                    pad_to_multiple=multiple, max_length=max_length)
         for name in ("src_ids", "tgt_in_ids", "tgt_out_ids"):
             assert torch.equal(getattr(plain, name), getattr(fast, name)), name
         assert (plain.n_src_tokens, plain.n_tgt_tokens) == (fast.n_src_tokens, fast.n_tgt_tokens)
@@ -92,6 +92,14 @@ def test_padding_to_a_multiple_rounds_lengths_up_and_adds_only_pad():
     assert batch.src_ids.shape == (2, 8) and batch.tgt_in_ids.shape == (2, 8)
     assert batch.src_ids[:, 3:].eq(0).all() and batch.tgt_out_ids[:, 4:].eq(0).all()
     assert (batch.n_src_tokens, batch.n_tgt_tokens) == (5, 6)
+
+
+def test_padding_to_a_multiple_stops_at_the_models_positions():
+    # model.max_len = 13 is no multiple of 8: a 12-token sequence (+ EOS) pads to 13, not 16.
+    batch = make_batch([[5] * 12], [[6] * 3], pad_id=0, bos_id=2, eos_id=3, pad_to_multiple=8, max_length=13)
+    assert batch.src_ids.shape == (1, 13) and batch.tgt_in_ids.shape == (1, 8)
+    assert padded_length(np.array([1, 8, 9, 13]), 8, 13).tolist() == [8, 8, 13, 13]
+    assert padded_length(20, 8, 13) == 20  # longer than the limit: never cut, only not padded
 
 
 def test_breaking_length_ties_by_target_length_keeps_every_example_and_pads_targets_less():

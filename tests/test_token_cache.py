@@ -70,6 +70,31 @@ def test_training_drops_over_long_pairs_and_evaluation_truncates_them(tmp_path: 
         tokenize_split(split, digest, pair, 2, tmp_path, "train", drop_long=True)
 
 
+def test_padded_batches_keep_to_the_token_budget_and_the_models_positions(tmp_path: Path):
+    """With pad_to_multiple (CUDA, compile), the sampler cuts by padded lengths, so a batch's
+    padded slots stay within train.batch_tokens; and no batch is wider than model.max_len."""
+    from transformer_mt.batching import TokenBatchSampler
+    from transformer_mt.config import ModelConfig
+    from transformer_mt.model import Transformer
+    from transformer_mt.tokenization import PAD_ID
+
+    pairs = TINY_PAIRS * 4
+    pair = tokenizers()
+    max_len = max(max(map(len, pair.encode_src([s for s, _ in pairs]))), 6) + 1  # no multiple of 8 below
+    max_len += 1 if max_len % 8 == 0 else 0
+    train = tokenize_split(dataset_of(pairs), digest_of(pairs), pair, max_len, tmp_path, "train", drop_long=True)
+    budget = 3 * max_len
+    sampler = TokenBatchSampler(train.lengths(8), budget, seed=0)
+    model = Transformer(ModelConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32, max_len=max_len),
+                        pair.src.get_vocab_size(), pair.tgt.get_vocab_size(), PAD_ID)
+    for indices in sampler.epoch_batches(0):
+        batch = train.batch(indices, 8)
+        assert batch.src_ids.shape[1] <= max_len and batch.tgt_in_ids.shape[1] <= max_len
+        if len(indices) > 1:
+            assert max(batch.padded_src_slots, batch.padded_tgt_slots) <= budget
+        model(batch.src_ids, batch.tgt_in_ids)  # positions within the model's table
+
+
 def test_several_processes_cache_the_same_ids_in_the_same_order(tmp_path: Path):
     pairs = TINY_PAIRS * 3
     split, pair = dataset_of(pairs), tokenizers()

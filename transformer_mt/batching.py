@@ -39,28 +39,40 @@ class Batch:
 
 
 def round_up(length: int, multiple: int) -> int:
-    """`length` rounded up to a multiple of `multiple` (1: unchanged)."""
+    """`length` rounded up to a multiple of `multiple` (1: unchanged); also elementwise on arrays."""
     return -(-length // multiple) * multiple
 
 
-def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, pad_to_multiple: int = 1) -> torch.Tensor:
-    """Right-pad id lists to one (N, L) long tensor; L = the longest, rounded up to `pad_to_multiple`."""
-    out = torch.full((len(seqs), round_up(max(len(s) for s in seqs), pad_to_multiple)), pad_id, dtype=torch.long)
+def padded_length(length: int, multiple: int, max_length: int | None = None) -> int:
+    """A batch's padded length: `length` rounded up to a multiple of `multiple`, but not past
+    `max_length` (the model's positions; a `max_length` that is no multiple would otherwise be
+    overrun), and never below `length`. Also elementwise on arrays (then returns an array)."""
+    rounded = round_up(length, multiple)
+    return rounded if max_length is None else np.maximum(length, np.minimum(rounded, max_length))
+
+
+def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, pad_to_multiple: int = 1,
+                  max_length: int | None = None) -> torch.Tensor:
+    """Right-pad id lists to one (N, L) long tensor; L = the longest, padded by `padded_length`."""
+    width = int(padded_length(max(len(s) for s in seqs), pad_to_multiple, max_length))
+    out = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     for row, seq in enumerate(seqs):
         out[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
     return out
 
 
 def make_batch(src_seqs: Sequence[Sequence[int]], tgt_seqs: Sequence[Sequence[int]],
-               pad_id: int, bos_id: int, eos_id: int, pad_to_multiple: int = 1) -> Batch:
-    """Build a `Batch` from token-id lists that carry no special tokens (the plain path)."""
+               pad_id: int, bos_id: int, eos_id: int, pad_to_multiple: int = 1, max_length: int | None = None
+               ) -> Batch:
+    """Build a `Batch` from token-id lists that carry no special tokens (the plain path); lengths
+    are padded by `padded_length(·, pad_to_multiple, max_length)`."""
     src = [list(s) + [eos_id] for s in src_seqs]
     tgt_in = [[bos_id] + list(t) for t in tgt_seqs]
     tgt_out = [list(t) + [eos_id] for t in tgt_seqs]
     return Batch(
-        src_ids=pad_sequences(src, pad_id, pad_to_multiple),
-        tgt_in_ids=pad_sequences(tgt_in, pad_id, pad_to_multiple),
-        tgt_out_ids=pad_sequences(tgt_out, pad_id, pad_to_multiple),
+        src_ids=pad_sequences(src, pad_id, pad_to_multiple, max_length),
+        tgt_in_ids=pad_sequences(tgt_in, pad_id, pad_to_multiple, max_length),
+        tgt_out_ids=pad_sequences(tgt_out, pad_id, pad_to_multiple, max_length),
         n_src_tokens=sum(map(len, src)),
         n_tgt_tokens=sum(map(len, tgt_out)),
     )
@@ -78,7 +90,7 @@ def _place_rows(values: np.ndarray, lengths: np.ndarray, width: int, pad_id: int
 
 def make_batch_from_flat(src_values: np.ndarray, src_lengths: np.ndarray, tgt_values: np.ndarray,
                          tgt_lengths: np.ndarray, pad_id: int, bos_id: int, eos_id: int,
-                         pad_to_multiple: int = 1) -> Batch:
+                         pad_to_multiple: int = 1, max_length: int | None = None) -> Batch:
     """`make_batch` for sequences stored back to back (as Arrow list columns are), without Python lists.
 
     `*_values` (sum of lengths,) ints: every sequence's ids, concatenated; `*_lengths` (B,) ints.
@@ -86,8 +98,8 @@ def make_batch_from_flat(src_values: np.ndarray, src_lengths: np.ndarray, tgt_va
     """
     src_lengths, tgt_lengths = np.asarray(src_lengths, dtype=np.int64), np.asarray(tgt_lengths, dtype=np.int64)
     rows = np.arange(len(src_lengths))
-    S = round_up(int(src_lengths.max()) + 1, pad_to_multiple)  # + EOS
-    T = round_up(int(tgt_lengths.max()) + 1, pad_to_multiple)  # + BOS (input) or EOS (output)
+    S = int(padded_length(int(src_lengths.max()) + 1, pad_to_multiple, max_length))  # + EOS
+    T = int(padded_length(int(tgt_lengths.max()) + 1, pad_to_multiple, max_length))  # + BOS (input) or EOS (output)
     src = _place_rows(src_values, src_lengths, S, pad_id, 0)  # (B, S)
     src[rows, src_lengths] = eos_id
     tgt_in = _place_rows(tgt_values, tgt_lengths, T, pad_id, 1)  # (B, T)
@@ -143,7 +155,7 @@ class TokenBatchSampler:
     def __init__(self, lengths: Sequence[int] | np.ndarray, batch_tokens: int, seed: int,
                  tie_break: Sequence[int] | np.ndarray | None = None, world_size: int = 1):
         # int32: a 10 M-pair corpus costs 40 MB per array (batch sizes are computed in int64).
-        self.lengths = np.asarray(lengths, dtype=np.int32)  # padded length of each example: max(source, target) + 1
+        self.lengths = np.asarray(lengths, dtype=np.int32)  # padded length of each example in a batch
         self.tie_break = None if tie_break is None else np.asarray(tie_break, dtype=np.int32)
         self.batch_tokens = batch_tokens
         self.seed = seed

@@ -262,7 +262,8 @@ def run_data(args: argparse.Namespace) -> None:
     from transformer_mt.config import load_config
     from transformer_mt.data import SPLITS_FILE
     from transformer_mt.tokenization import JOINT_FILE, SRC_FILE, TGT_FILE
-    from transformer_mt.training import prepare_data
+    from transformer_mt.runtime import pick_device
+    from transformer_mt.training import batch_padding, prepare_data
 
     _setup_logging(logging.WARNING)
     cfg = load_config(args.config, args.overrides)
@@ -273,7 +274,9 @@ def run_data(args: argparse.Namespace) -> None:
             for name in (SPLITS_FILE, JOINT_FILE, SRC_FILE, TGT_FILE):
                 if (run_dir / name).is_file():
                     shutil.copyfile(run_dir / name, Path(scratch) / name)
-        *_, report = prepare_data(cfg, Path(scratch), progress=not args.quiet)
+        device_type = cfg.train.device if cfg.train.device != "auto" else pick_device().type
+        *_, report = prepare_data(cfg, Path(scratch), progress=not args.quiet,
+                                  pad_to_multiple=batch_padding(cfg.train, device_type))
     print(report.render())
     source = f"the tokenizers of {run_dir}" if reuse else "tokenizers trained for this report (not saved)"
     print(f"tmt: data report of {args.config} with {source}", file=sys.stderr)

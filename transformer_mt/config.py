@@ -117,7 +117,8 @@ class TrainConfig:
     pad_to_multiple: int = 8
     """Batch lengths are padded up to a multiple of this on CUDA, where tensor cores want multiples
     of 8, and with `compile`, where it bounds the distinct shapes; elsewhere padding only costs
-    time, so it is not applied. 1 disables. The loss ignores the padding."""
+    time, so it is not applied. 1 disables. Never past `model.max_len`; `batch_tokens` counts the
+    padded lengths. The loss ignores the padding."""
     compile: bool = False
     """Run the model through `torch.compile` for training steps (checkpoints still hold the plain
     module's weights). The first steps of each new batch shape are slow while it compiles."""

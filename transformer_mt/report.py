@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,6 +18,9 @@ from transformer_mt.batching import TokenBatchSampler
 from transformer_mt.config import Config
 from transformer_mt.data import SPLITS, Corpus, iter_text_batches
 from transformer_mt.tokenization import UNK_ID, TokenizerPair
+
+if TYPE_CHECKING:
+    from transformer_mt.token_cache import TokenizedSplit
 
 PERCENTILES = (50, 90, 99)
 SIDES = ("src", "tgt")
@@ -121,26 +125,25 @@ class DataReport:
         return "\n".join(line.rstrip() for line in lines)
 
 
-def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train_src_lengths: Sequence[int] | np.ndarray,
-                 train_tgt_lengths: Sequence[int] | np.ndarray, world_size: int = 1) -> DataReport:
+def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: TokenizedSplit, world_size: int = 1,
+                 pad_to_multiple: int = 1) -> DataReport:
     """Describe `corpus` as tokenized for training.
 
-    `train_src_lengths` / `train_tgt_lengths`: BPE tokens (no special tokens) of each training
-    pair that is trained on, after the `too_many_tokens` filter; the validation split is encoded here.
-    `world_size`: training processes (torchrun), each taking its own batches every step.
+    `train`: the training pairs that are trained on, as token ids (after the `too_many_tokens`
+    filter); the validation split is encoded here. `world_size`: training processes (torchrun),
+    each taking its own batches every step. `pad_to_multiple`: how training pads batch lengths.
     The training split is only streamed (word coverage) and seen through its length arrays,
     so the report costs no memory that grows with the corpus beyond those.
     """
     keep = cfg.model.max_len - 1
-    train_src = np.asarray(train_src_lengths, dtype=np.int64)
-    train_tgt = np.asarray(train_tgt_lengths, dtype=np.int64)
+    train_src = np.asarray(train.src_len, dtype=np.int64)
+    train_tgt = np.asarray(train.tgt_len, dtype=np.int64)
     valid_src_ids = tokenizers.encode_src(corpus.valid["src"][:])
     valid_tgt_ids = tokenizers.encode_tgt(corpus.valid["tgt"][:])
     lengths = {("train", "src"): train_src, ("train", "tgt"): train_tgt,
                ("valid", "src"): np.array([len(seq) for seq in valid_src_ids], dtype=np.int64),
                ("valid", "tgt"): np.array([len(seq) for seq in valid_tgt_ids], dtype=np.int64)}
-    # As training's TokenizedSplit.lengths: the longer side plus its EOS (source, target output) or BOS.
-    sampler = TokenBatchSampler(np.maximum(train_src, train_tgt) + 1, cfg.train.batch_tokens, cfg.seed)
+    sampler = TokenBatchSampler(train.lengths(pad_to_multiple), cfg.train.batch_tokens, cfg.seed)
     return DataReport(
         pairs={"train": len(train_src), "valid": len(corpus.valid), "test": len(corpus.test)},
         removed={**corpus.removed, "too_many_tokens": len(corpus.train) - len(train_src)},

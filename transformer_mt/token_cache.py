@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from transformer_mt.batching import Batch, make_batch_from_flat
+from transformer_mt.batching import Batch, make_batch_from_flat, padded_length
 from transformer_mt.errors import DataError
 from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
 
@@ -46,11 +46,13 @@ class TokenizedSplit:
     Columns `src_ids`, `tgt_ids` (list<int32>); `src_len`, `tgt_len` (int32) are also held as
     numpy arrays, so batching touches only index and length arrays until a batch is built.
     `src_text` / `tgt_text` are kept for evaluation splits (references, examples), else None.
+    `max_len`: the model's positions, which no padded batch may exceed.
     """
 
-    def __init__(self, dataset: datasets.Dataset, src_text: Sequence[str] | None = None,
+    def __init__(self, dataset: datasets.Dataset, max_len: int, src_text: Sequence[str] | None = None,
                  tgt_text: Sequence[str] | None = None):
         self.dataset = dataset
+        self.max_len = max_len
         self._arrow = dataset.with_format("arrow")
         self._table = self._arrow[:]  # a zero-copy pyarrow view of the (memory-mapped) rows
         # int32 as stored: 10 M pairs take 40 MB per array (sums still come out int64).
@@ -69,9 +71,10 @@ class TokenizedSplit:
             self._src_ids = self._table.column("src_ids").to_pylist()
         return self._src_ids
 
-    def lengths(self) -> np.ndarray:
-        """(N,) padded length of each example in a batch: the longer side plus its EOS/BOS."""
-        return np.maximum(self.src_len, self.tgt_len) + 1
+    def lengths(self, pad_to_multiple: int = 1) -> np.ndarray:
+        """(N,) padded length of each example in a batch: the longer side plus its EOS/BOS, padded
+        as `batch` pads it. A batch of B examples fills at most B × the longest of these slots."""
+        return padded_length(np.maximum(self.src_len, self.tgt_len) + 1, pad_to_multiple, self.max_len)
 
     def lengths_of(self, indices: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Real source (+EOS) and target (+EOS) lengths of the given examples."""
@@ -96,7 +99,7 @@ class TokenizedSplit:
         src = rows.column("src_ids").combine_chunks().flatten().to_numpy()
         tgt = rows.column("tgt_ids").combine_chunks().flatten().to_numpy()
         return make_batch_from_flat(src, self.src_len[idx], tgt, self.tgt_len[idx], PAD_ID, BOS_ID, EOS_ID,
-                                    pad_to_multiple)
+                                    pad_to_multiple, self.max_len)
 
 
 def fingerprint(text_digest: str, tokenizers: TokenizerPair, max_len: int, drop_long: bool) -> str:
@@ -153,7 +156,7 @@ def tokenize_split(split: datasets.Dataset, text_digest: str, tokenizers: Tokeni
         logger.info("filter too_many_tokens: removed %d %s pairs longer than model.max_len=%d tokens",
                     removed, name, max_len)
     src_text, tgt_text = (split["src"][:], split["tgt"][:]) if keep_text else (None, None)
-    return TokenizedSplit(dataset, src_text, tgt_text)
+    return TokenizedSplit(dataset, max_len, src_text, tgt_text)
 
 
 def _load_entry(path: Path) -> datasets.Dataset | None:

@@ -23,7 +23,7 @@ from transformer_mt import data as data_module
 from transformer_mt.batching import Batch, TokenBatchSampler, sorted_batches
 from transformer_mt.checkpoint import (FORMAT_VERSION, CheckpointDir, average_checkpoints, load_checkpoint,
                                        save_atomic)
-from transformer_mt.config import Config, config_to_dict, save_config
+from transformer_mt.config import Config, TrainConfig, config_to_dict, save_config
 from transformer_mt.distributed import Distributed, interleave
 from transformer_mt.errors import CheckpointError, TmtError, TrainingError, TrainingStopped, UsageError
 from transformer_mt.evaluation import Scores, check_bleu_tokenizer, cross_attention_map, score, translate_ids
@@ -106,10 +106,18 @@ def lr_at(step: int, peak_lr: float, warmup_steps: int) -> float:
     return peak_lr * min(step / warmup, math.sqrt(warmup / step))
 
 
-def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size: int = 1
+def batch_padding(train_cfg: TrainConfig, device_type: str) -> int:
+    """The multiple that batch lengths are padded to: `train.pad_to_multiple` on CUDA or under
+    compile, else 1. On a CPU, padding to a multiple of 8 cost 25% of the demo's throughput and
+    bought nothing (docs/benchmarks.md); tensor cores and compile's shape bound are what it is for."""
+    return train_cfg.pad_to_multiple if device_type == "cuda" or train_cfg.compile else 1
+
+
+def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size: int = 1, pad_to_multiple: int = 1
                  ) -> tuple[TokenizerPair, TokenizedSplit, TokenizedSplit, DataReport]:
     """Load the corpus, train (or reuse) the tokenizers, tokenize the train and valid splits once
-    (cached in the run directory, see `token_cache`), and log the data report."""
+    (cached in the run directory, see `token_cache`), and log the data report (batches counted
+    with lengths padded to `pad_to_multiple`, see `batch_padding`)."""
     corpus = data_module.load_corpus(cfg.data, cfg.seed, run_dir)
     if TokenizerPair.exists_in(run_dir):
         tokenizers = TokenizerPair.load(run_dir)
@@ -134,7 +142,7 @@ def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size:
     valid = tokenize_split(corpus.valid, corpus.digests["valid"], tokenizers, cfg.model.max_len, cache, "valid",
                            drop_long=False, keep_text=True, num_proc=processes_for(len(corpus.valid), cfg.data.num_proc),
                            progress=progress)
-    report = build_report(cfg, corpus, tokenizers, train.src_len, train.tgt_len, world_size)
+    report = build_report(cfg, corpus, tokenizers, train, world_size, pad_to_multiple)
     logger.info("data report:\n%s", report.render())
     return tokenizers, train, valid, report
 
@@ -155,10 +163,11 @@ class Trainer:
         self.progress = progress and dist.is_main
         self.device = dist.local_device(pick_device(cfg.train.device))
         self.precision: Precision = pick_precision(cfg.train.precision, self.device)
+        self.pad_to_multiple = batch_padding(cfg.train, self.device.type)
         seed_everything(cfg.seed)
         with dist.main_first():  # rank 0 trains the tokenizers, carves the splits, fills the token cache
             self.tokenizers, self.train_data, self.valid_data, self.data_report = prepare_data(
-                cfg, run_dir, self.progress, dist.world_size)
+                cfg, run_dir, self.progress, dist.world_size, self.pad_to_multiple)
         self.model = build_model(cfg, self.tokenizers).to(self.device)  # the same initial weights on every rank
         t = cfg.train
         # The module train steps call. Under torchrun, DDP wraps the model and averages the
@@ -186,7 +195,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda done: lr_at(done + 1, t.lr, t.warmup_steps) / t.lr)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_grad_scaler)
-        self.sampler = TokenBatchSampler(self.train_data.lengths(), t.batch_tokens, cfg.seed,
+        self.sampler = TokenBatchSampler(self.train_data.lengths(self.pad_to_multiple), t.batch_tokens, cfg.seed,
                                          tie_break=self.train_data.tgt_len, world_size=dist.world_size)
         # The sampler runs one update ahead of training (the loop prepares the next update's
         # batches while the device works); checkpoints record where the trained batches end.
@@ -196,9 +205,6 @@ class Trainer:
         self.valid_subset = self._pick_valid_subset()
         self.provenance = provenance(cfg, run_dir, self.device, config_dir)
         self.peak_flops = peak_flops_per_s(self.device, self.precision.name)  # None: no MFU (CPU, unknown GPU)
-        # On a CPU, padding to a multiple of 8 cost 25% of the demo's throughput and bought nothing
-        # (docs/benchmarks.md); tensor cores and compile's shape bound are what it is for.
-        self.pad_to_multiple = t.pad_to_multiple if self.device.type == "cuda" or t.compile else 1
         # On a CPU the step runs every layer at the real tokens only (`Transformer.forward`'s
         # `real_states`), and the loss projects them to the vocabulary block by block: the
         # same loss and gradients without the padding's share of the work or whole (N, V)
@@ -410,7 +416,7 @@ class Trainer:
         """Mean per-token negative log-likelihood (no smoothing) over the whole validation split."""
         self.model.eval()
         total, tokens = torch.zeros((), device=self.device), 0
-        batches = sorted_batches(self.valid_data.lengths(), self.cfg.train.batch_tokens)
+        batches = sorted_batches(self.valid_data.lengths(self.pad_to_multiple), self.cfg.train.batch_tokens)
         for indices in batches[self.dist.rank::self.dist.world_size]:  # each rank its share
             batch = self.valid_data.batch(indices, self.pad_to_multiple).to(self.device)
             with self.precision.autocast():

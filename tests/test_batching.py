@@ -1,4 +1,7 @@
+import itertools
+
 import numpy as np
+import pytest
 import torch
 
 from transformer_mt.batching import (TokenBatchSampler, make_batch, make_batch_from_flat, padded_length, sorted_batches,
@@ -58,12 +61,50 @@ def test_sampler_resumes_mid_epoch_with_the_same_batches():
     for _ in range(n_per_epoch + 2):  # into the second epoch
         next(stream)
     state = first.state_dict()
-    assert state == {"epoch": 1, "position": 2}
+    assert (state["epoch"], state["position"], state["earlier_parts"]) == (1, 2, [])
     expected = [next(stream) for _ in range(n_per_epoch)]
 
     resumed = TokenBatchSampler(lengths, batch_tokens=30, seed=1)
     resumed.load_state_dict(state)
     assert as_lists(b for b, _ in zip(iter(resumed), range(n_per_epoch))) == as_lists(expected)
+
+
+@pytest.mark.parametrize("change", [{"batch_tokens": 15}, {"batch_tokens": 60}, {"world_size": 2},
+                                    {"pad_to_multiple": 4}], ids=["smaller", "larger", "ranks", "padding"])
+def test_a_resume_that_cuts_batches_differently_still_covers_each_example_once_per_epoch(change):
+    """E.g. a lower train.batch_tokens after running out of memory, then --resume mid-epoch."""
+    lengths = torch.randint(1, 12, (300,), generator=torch.Generator().manual_seed(2)).numpy()
+    settings = {"batch_tokens": 30, "world_size": 1, "pad_to_multiple": 1}
+
+    def sampler(**changed) -> TokenBatchSampler:
+        cut = {**settings, **changed}
+        return TokenBatchSampler(lengths, cut["batch_tokens"], seed=5, world_size=cut["world_size"],
+                                 pad_to_multiple=cut["pad_to_multiple"], max_length=12)
+
+    first = sampler()
+    stream = iter(first)
+    n_first = len(first.epoch_batches(0))
+    before = [next(stream) for _ in range(n_first + 7)]  # one epoch, and 7 batches into the next
+    resumed = sampler(**change)
+    resumed.load_state_dict(first.state_dict())
+    stream = iter(resumed)
+    rest = [next(stream) for _ in range(3)]
+    again = sampler(**change)  # a second resume in the same epoch: it continues the same way
+    again.load_state_dict(resumed.state_dict())
+    n_left = len(again.epoch_batches(1)) - 3
+    rest += list(itertools.islice(iter(again), n_left))
+    assert as_lists(rest[3:]) == as_lists(itertools.islice(stream, n_left))
+
+    second_epoch = np.concatenate(before[n_first:] + rest).tolist()
+    if "world_size" in change:  # with 2 ranks, an odd batch count repeats a batch to fill the last step
+        assert set(second_epoch) == set(range(300)) and len(second_epoch) - 300 <= len(rest[-1]) * 2
+    else:
+        assert sorted(second_epoch) == list(range(300))
+    budget = resumed.cut["batch_tokens"]
+    assert all(len(b) * max(padded_length(lengths[b], resumed.cut["pad_to_multiple"], 12)) <= budget for b in rest)
+    assert resumed.state_dict()["earlier_parts"] != []
+    next(stream)  # on into the third epoch: cut the new way from the start
+    assert (resumed.epoch, resumed.position, resumed.earlier_parts) == (2, 1, [])
 
 
 def test_evaluation_batches_are_sorted_and_complete():

@@ -84,7 +84,7 @@ def test_padded_batches_keep_to_the_token_budget_and_the_models_positions(tmp_pa
     max_len += 1 if max_len % 8 == 0 else 0
     train = tokenize_split(dataset_of(pairs), digest_of(pairs), pair, max_len, tmp_path, "train", drop_long=True)
     budget = 3 * max_len
-    sampler = TokenBatchSampler(train.lengths(8), budget, seed=0)
+    sampler = TokenBatchSampler(train.lengths(), budget, seed=0, pad_to_multiple=8, max_length=max_len)
     model = Transformer(ModelConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32, max_len=max_len),
                         pair.src.get_vocab_size(), pair.tgt.get_vocab_size(), PAD_ID)
     for indices in sampler.epoch_batches(0):

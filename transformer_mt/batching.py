@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -143,36 +146,60 @@ class TokenBatchSampler:
     and little is padding), cut into token-budget batches, then the batch order is shuffled
     in groups of `world_size` neighbours: a DDP step takes one group, rank r its r-th batch,
     so every rank gets a batch of similar length. With `world_size` 1 every batch is its own
-    group. The batches of epoch e depend only on (seed, e, world_size), so the state is just
-    (epoch, position).
+    group. The batches of epoch e depend only on (seed, e) and the `cut` (budget, world size,
+    padding), so the state is just (epoch, position) and the cut.
 
-    `tie_break` (optional, one value per example, e.g. the target length) orders examples of
-    equal length: source and target are padded separately, so grouping equal `lengths` by their
-    target length as well leaves less target padding (Multi30k: 0.946 -> 0.973 of the target
-    slots are real tokens at 4,096 tokens per batch).
+    A resume may change the cut (a lower `train.batch_tokens` after running out of memory, more
+    processes, another device's padding). Then the rest of that epoch is cut the new way from
+    the examples the earlier batches did not reach, so the epoch still covers each example once;
+    `earlier_parts` records the parts of the epoch cut the old ways.
+
+    `lengths` are each example's length in a batch before padding (the longer side plus its
+    EOS/BOS); the budget counts them padded, as batches are (`padded_length` with
+    `pad_to_multiple`, capped at `max_length`). `tie_break` (optional, one value per example,
+    e.g. the target length) orders examples of equal length: source and target are padded
+    separately, so grouping equal `lengths` by their target length as well leaves less target
+    padding (Multi30k: 0.946 -> 0.973 of the target slots are real tokens at 4,096 tokens per batch).
     """
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, batch_tokens: int, seed: int,
-                 tie_break: Sequence[int] | np.ndarray | None = None, world_size: int = 1):
+                 tie_break: Sequence[int] | np.ndarray | None = None, world_size: int = 1,
+                 pad_to_multiple: int = 1, max_length: int | None = None):
         # int32: a 10 M-pair corpus costs 40 MB per array (batch sizes are computed in int64).
-        self.lengths = np.asarray(lengths, dtype=np.int32)  # padded length of each example in a batch
+        self.lengths = np.asarray(lengths, dtype=np.int32)  # (N,) before padding
         self.tie_break = None if tie_break is None else np.asarray(tie_break, dtype=np.int32)
-        self.batch_tokens = batch_tokens
+        self.max_length = max_length
+        self.cut = {"batch_tokens": batch_tokens, "world_size": world_size, "pad_to_multiple": pad_to_multiple}
         self.seed = seed
-        self.world_size = world_size
         self.epoch = 0
-        self.position = 0  # batches of the current epoch already handed out
+        self.position = 0  # batches of the current epoch (of its last part) already handed out
+        self.earlier_parts: list[tuple[dict, int]] = []  # (cut, batches handed out) of this epoch's earlier parts
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         """The epoch's batches (arrays of example indices) in training order; their count is a
-        multiple of `world_size`. Memory: a few int64 arrays of the corpus size, no Python lists."""
+        multiple of the world size. For the current epoch after a changed cut, the batches of its
+        last part. Memory: a few int64 arrays of the corpus size, no Python lists."""
+        parts = self.earlier_parts if epoch == self.epoch else []
+        left = None  # (N,) bool: examples that no earlier part handed out; None: all
+        for part, (cut, handed_out) in enumerate(parts):
+            used = self._cut_epoch(epoch, part, cut, left)[:handed_out]
+            left = np.ones(len(self.lengths), dtype=bool) if left is None else left
+            left[np.concatenate(used) if used else []] = False
+        return self._cut_epoch(epoch, len(parts), self.cut, left)
+
+    def _cut_epoch(self, epoch: int, part: int, cut: dict, left: np.ndarray | None) -> list[np.ndarray]:
+        """Part `part` of epoch `epoch`: the examples marked in `left` (None: all), cut by `cut`."""
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         shuffled = torch.randperm(len(self.lengths), generator=gen).numpy()
-        keys = (self.lengths[shuffled],) if self.tie_break is None else (self.tie_break[shuffled],
-                                                                          self.lengths[shuffled])
+        if part:  # the same shuffle of the examples, another shuffle of the batch groups
+            gen = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) * 1_009 + part)
+        lengths = padded_length(self.lengths, cut["pad_to_multiple"], self.max_length)
+        keys = (lengths[shuffled],) if self.tie_break is None else (self.tie_break[shuffled], lengths[shuffled])
         by_length = shuffled[np.lexsort(keys)]  # the last key sorts first; stable: remaining ties stay shuffled
-        batches = token_budget_batches(by_length, self.lengths, self.batch_tokens)
-        W = self.world_size
+        if left is not None:
+            by_length = by_length[left[by_length]]
+        batches = token_budget_batches(by_length, lengths, cut["batch_tokens"])
+        W = cut["world_size"]
         # An incomplete last group (the longest batches) is filled with the shortest batches,
         # which then come twice this epoch; dropping it would never train on the longest pairs.
         n = len(batches)
@@ -188,13 +215,23 @@ class TokenBatchSampler:
                 yield batches[self.position - 1]
             self.epoch += 1
             self.position = 0
+            self.earlier_parts = []
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position}
+        return {"epoch": self.epoch, "position": self.position, "cut": dict(self.cut),
+                "earlier_parts": [[dict(cut), handed_out] for cut, handed_out in self.earlier_parts]}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue where `state` left off; with a changed cut, the rest of its epoch is cut anew."""
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
+        self.earlier_parts = [(dict(cut), int(handed_out)) for cut, handed_out in state.get("earlier_parts", [])]
+        saved_cut = state.get("cut", self.cut)  # checkpoints before tmt recorded the cut: assume the same
+        if saved_cut != self.cut and self.position:
+            self.earlier_parts.append((dict(saved_cut), self.position))
+            self.position = 0
+            logger.info("batches are cut differently now (%s, was %s): the rest of epoch %d is cut anew "
+                        "from the examples it has not trained on", self.cut, saved_cut, self.epoch + 1)
 
 
 def sorted_batches(lengths: Sequence[int] | np.ndarray, batch_tokens: int) -> list[np.ndarray]:

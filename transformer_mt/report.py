@@ -143,7 +143,8 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: 
     lengths = {("train", "src"): train_src, ("train", "tgt"): train_tgt,
                ("valid", "src"): np.array([len(seq) for seq in valid_src_ids], dtype=np.int64),
                ("valid", "tgt"): np.array([len(seq) for seq in valid_tgt_ids], dtype=np.int64)}
-    sampler = TokenBatchSampler(train.lengths(pad_to_multiple), cfg.train.batch_tokens, cfg.seed)
+    sampler = TokenBatchSampler(train.lengths(), cfg.train.batch_tokens, cfg.seed, pad_to_multiple=pad_to_multiple,
+                                max_length=cfg.model.max_len)
     return DataReport(
         pairs={"train": len(train_src), "valid": len(corpus.valid), "test": len(corpus.test)},
         removed={**corpus.removed, "too_many_tokens": len(corpus.train) - len(train_src)},

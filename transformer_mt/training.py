@@ -195,8 +195,9 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda done: lr_at(done + 1, t.lr, t.warmup_steps) / t.lr)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_grad_scaler)
-        self.sampler = TokenBatchSampler(self.train_data.lengths(self.pad_to_multiple), t.batch_tokens, cfg.seed,
-                                         tie_break=self.train_data.tgt_len, world_size=dist.world_size)
+        self.sampler = TokenBatchSampler(self.train_data.lengths(), t.batch_tokens, cfg.seed,
+                                         tie_break=self.train_data.tgt_len, world_size=dist.world_size,
+                                         pad_to_multiple=self.pad_to_multiple, max_length=cfg.model.max_len)
         # The sampler runs one update ahead of training (the loop prepares the next update's
         # batches while the device works); checkpoints record where the trained batches end.
         self.sampler_state = self.sampler.state_dict()

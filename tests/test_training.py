@@ -298,6 +298,21 @@ def test_early_stopping_after_patience_validations_without_a_better_bleu(tiny_co
     assert (state.step, state.stopped_early) == (8, False)
 
 
+def test_every_new_best_is_also_a_step_checkpoint_so_a_resume_never_starts_before_it(tiny_corpus: Path,
+                                                                                       tmp_path: Path, monkeypatch):
+    scores = iter([5.0, 1.0, 1.0, 50.0, 1.0])
+    monkeypatch.setattr(Trainer, "validate", lambda self, writer: next(scores))
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 5, "eval_every_steps": 1, "save_every_steps": 3,
+                                          "keep_last": 10, "test_at_end": False})
+    train(cfg, run, progress=False)
+    checkpoints = run / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("step_*.pt")) == [  # bests at 1 and 4, saves at 3 and 5
+        "step_00000001.pt", "step_00000003.pt", "step_00000004.pt", "step_00000005.pt"]
+    assert (checkpoints / "best.pt").samefile(checkpoints / "step_00000004.pt")
+
+
 @pytest.mark.parametrize("average_last", [0, 2])
 def test_training_ends_by_scoring_the_test_split_with_beam_search(average_last, tiny_corpus: Path, tmp_path: Path,
                                                                    monkeypatch, capsys):
@@ -307,7 +322,8 @@ def test_training_ends_by_scoring_the_test_split_with_beam_search(average_last, 
                       decode={"beam_size": 3})
     train(cfg, run, progress=False)
     report = json.loads((run / "evaluation" / "test_scores.json").read_text())
-    expected = "average_steps_00000002-00000004.pt" if average_last else "best.pt"
+    # Saves at steps 2 and 4; the first validation, at step 3, is a new best and so a step checkpoint too.
+    expected = "average_steps_00000003-00000004.pt" if average_last else "best.pt"
     assert report["checkpoint"] == expected and (run / "checkpoints" / expected).is_file()
     assert report["sentences"] == 2 and report["beam_size"] == 3
     assert "tok:13a" in report["bleu_signature"] and "nc:6" in report["chrf_signature"]

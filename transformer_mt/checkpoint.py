@@ -114,17 +114,14 @@ class CheckpointDir:
         steps = self.steps()
         return self.step_path(steps[-1]) if steps else None
 
-    def save(self, state: dict, step: int, *, keep_step: bool, is_best: bool) -> None:
-        """Write the step checkpoint and/or `best.pt`, then delete step files beyond `keep_last`."""
+    def save(self, state: dict, step: int, *, is_best: bool) -> None:
+        """Write the step checkpoint, make it `best.pt` too when `is_best`, then delete step files
+        beyond `keep_last`."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        if keep_step:
-            save_atomic(state, self.step_path(step))
-            logger.info("saved checkpoint %s", self.step_path(step))
+        save_atomic(state, self.step_path(step))
+        logger.info("saved checkpoint %s", self.step_path(step))
         if is_best:
-            if keep_step:
-                self.copy_to_best(self.step_path(step))
-            else:
-                save_atomic(state, self.best_path)
+            self.copy_to_best(self.step_path(step))
             logger.info("new best checkpoint at step %d", step)
         for old in self.steps()[: -self.keep_last]:
             self.step_path(old).unlink(missing_ok=True)
@@ -145,8 +142,10 @@ class CheckpointDir:
         try:
             try:
                 os.link(source, tmp)  # same bytes, no second write
-            except OSError:
+            except OSError:  # no hard links here: a copy, on disk before it replaces best.pt
                 shutil.copyfile(source, tmp)
+                with open(tmp, "rb") as handle:
+                    os.fsync(handle.fileno())
             os.replace(tmp, target)
         except OSError as err:
             tmp.unlink(missing_ok=True)

@@ -147,7 +147,8 @@ class TrainConfig:
     n_examples: int = 3
     """Example translations logged at each validation."""
     save_every_steps: int = 1000
-    """Steps between checkpoints (one is always written at the end)."""
+    """Steps between checkpoints (one is also written at the end and at each new best validation
+    BLEU, which `best.pt` then links to)."""
     keep_last: int = 3
     """Step checkpoints kept on disk; `best.pt` is kept in addition."""
     bleu_tokenize: Literal["13a", "none", "intl", "zh", "char", "ja-mecab", "ko-mecab", "spm", "flores101",

@@ -297,12 +297,12 @@ class Trainer:
             group["lr"] = t.lr * factor  # what LambdaLR computes: base_lr * lambda(last_epoch)
         self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
 
-    def save(self, *, keep_step: bool, is_best: bool) -> None:
-        """Write a checkpoint (rank 0); every rank calls this at the same step."""
+    def save(self, *, is_best: bool) -> None:
+        """Write a step checkpoint, and `best.pt` (rank 0); every rank calls this at the same step."""
         self._tick()
         state = self.checkpoint_state()
         if self.dist.is_main:
-            self.checkpoints.save(state, self.state.step, keep_step=keep_step, is_best=is_best)
+            self.checkpoints.save(state, self.state.step, is_best=is_best)
         self.write_summary("running")
 
     def _tick(self) -> None:
@@ -604,9 +604,11 @@ class Trainer:
                 self.state.stopped_early = finished = True
             if finished:
                 self._log_hparams(writer, bleu)
-        keep_step = save_due or finished  # finished: also by early stopping
-        if keep_step or is_best:
-            self.save(keep_step=keep_step, is_best=is_best)
+        # A new best is always a step checkpoint too: a resume after a crash then never starts
+        # before the step `best.pt` holds, whose weights a replay that differs (changed train.*
+        # settings, a GPU's non-deterministic kernels) would otherwise leave in place.
+        if save_due or finished or is_best:  # finished: also by early stopping
+            self.save(is_best=is_best)
         interval.resume()
         return finished
 
@@ -621,7 +623,7 @@ class Trainer:
     def _stop_on_signal(self, signal_number: int) -> None:
         name = signal.Signals(signal_number).name
         logger.warning("received %s: saving a checkpoint, then stopping", name)
-        self.save(keep_step=True, is_best=False)
+        self.save(is_best=False)
         self.dist.barrier()  # no rank leaves while rank 0 still writes: torchrun would kill it mid-write
         raise TrainingStopped(f"stopped by {name} at step {self.state.step}; checkpoint saved", signal_number)
 

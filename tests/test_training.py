@@ -11,11 +11,11 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.conftest import REPO, TINY_PAIRS, run_cli, tiny_config, write_corpus
-from transformer_mt import throughput
+from transformer_mt import throughput, training
 from transformer_mt.batching import Batch, TokenBatchSampler
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.distributed import Distributed
-from transformer_mt.errors import DataError, UsageError
+from transformer_mt.errors import CheckpointError, DataError, UsageError
 from transformer_mt.files import temp_file_target
 from transformer_mt.loss import label_smoothed_loss
 from transformer_mt.run_dir import MARKER, prepare_run_dir
@@ -311,6 +311,48 @@ def test_every_new_best_is_also_a_step_checkpoint_so_a_resume_never_starts_befor
     assert sorted(p.name for p in checkpoints.glob("step_*.pt")) == [  # bests at 1 and 4, saves at 3 and 5
         "step_00000001.pt", "step_00000003.pt", "step_00000004.pt", "step_00000005.pt"]
     assert (checkpoints / "best.pt").samefile(checkpoints / "step_00000004.pt")
+
+
+def test_a_run_that_died_in_its_final_test_is_tested_by_resume(tiny_corpus: Path, tmp_path: Path, monkeypatch):
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 3})
+
+    def interrupted(self):
+        raise KeyboardInterrupt  # Ctrl-C, or out of memory in beam search
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "final_test", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg, run, progress=False)
+    assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
+    assert not (run / "evaluation").exists()
+
+    train(cfg, run, resume=True, progress=False)  # nothing left to train: only the test
+    summary = json.loads((run / "summary.json").read_text())
+    scores = json.loads((run / "evaluation" / "test_scores.json").read_text())
+    assert summary["status"] == "finished" and summary["test"] == scores and summary["step"] == 3
+
+    monkeypatch.setattr(Trainer, "final_test", interrupted)  # tested already: a resume does not test again
+    train(cfg, run, resume=True, progress=False)
+    assert json.loads((run / "summary.json").read_text())["test"] == scores
+
+
+def test_a_summary_that_cannot_be_written_does_not_hide_the_error_that_stopped_the_run(tiny_corpus: Path,
+                                                                                      tmp_path: Path, monkeypatch):
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+
+    def disk_full_at_the_first_checkpoint(self):
+        monkeypatch.setattr(training, "write_summary", no_space)
+        raise CheckpointError("step_00000003.pt: could not write checkpoint (No space left on device)")
+
+    def no_space(run_dir, summary):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Trainer, "run", disk_full_at_the_first_checkpoint)
+    with pytest.raises(CheckpointError, match="could not write checkpoint"):
+        train(tiny_config(tiny_corpus), run, progress=False)
 
 
 @pytest.mark.parametrize("average_last", [0, 2])

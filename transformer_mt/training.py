@@ -41,6 +41,8 @@ from transformer_mt.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPa
 
 logger = logging.getLogger(__name__)
 
+TEST_SCORES_FILE = "test_scores.json"  # in <run>/evaluation/: the final test's scores
+
 
 @dataclass
 class TrainState:
@@ -517,7 +519,7 @@ class Trainer:
                   "length_penalty": cfg.decode.length_penalty, "bleu": round(scores.bleu, 2),
                   "chrf": round(scores.chrf, 2), "bleu_signature": scores.bleu_signature,
                   "chrf_signature": scores.chrf_signature, "seconds": round(time.perf_counter() - started, 1)}
-        write_text_atomic(out_dir / "test_scores.json", json.dumps(report, indent=2) + "\n")
+        write_text_atomic(out_dir / TEST_SCORES_FILE, json.dumps(report, indent=2) + "\n")
         self.test_report = report
         logger.info("test (%s, beam %d, %d sentences): BLEU %.2f [%s], chrF %.2f [%s]", path.name, beam,
                     len(hypotheses), scores.bleu, scores.bleu_signature, scores.chrf, scores.chrf_signature)
@@ -769,33 +771,54 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
     if resume:
         check_saved_config(cfg, run_dir)  # before the data is prepared: refusing then costs nothing, changes nothing
     trainer = Trainer(cfg, run_dir, progress=progress, config_dir=config_dir, dist=dist)
+    state, trained_out = trainer.state, False
     if resume:
         trainer.resume()
         if dist.is_main:
             save_config(cfg, run_dir / "config.yaml")  # training-only settings may have changed
-        state, patience = trainer.state, cfg.train.patience
-        if state.step >= cfg.train.max_steps:
-            logger.info("the run is already at step %d of train.max_steps=%d; raise it to train further",
-                        state.step, cfg.train.max_steps)
-            return state
-        if state.stopped_early and patience and state.evals_since_best >= patience:
-            logger.info("the run stopped early at step %d (no better validation BLEU for %d validations); raise "
-                        "train.patience, or set it to 0, to train further", state.step, state.evals_since_best)
-            return state
-        state.stopped_early = False
+        trained_out = _trained_out(state, cfg)
+        state.stopped_early = state.stopped_early and trained_out
+    test_scores = run_dir / "evaluation" / TEST_SCORES_FILE
     try:
-        state = trainer.run()
-        dist.barrier()  # every rank is done training (and rank 0 done writing) before any leaves
-        if cfg.train.test_at_end and dist.is_main:
+        if not trained_out:
+            state = trainer.run()
+            dist.barrier()  # every rank is done training (and rank 0 done writing) before any leaves
+        if trained_out and test_scores.is_file():
+            trainer.test_report = json.loads(test_scores.read_text(encoding="utf-8"))
+        elif cfg.train.test_at_end and dist.is_main:  # also a test the end of an earlier start never finished
             trainer.final_test()
     except (TrainingStopped, KeyboardInterrupt):
-        trainer.write_summary("interrupted")
+        _write_summary_keeping_the_error(trainer, "interrupted")
         raise
     except BaseException as err:
-        trainer.write_summary(f"failed: {err}" if isinstance(err, TmtError) else f"failed: {type(err).__name__}")
+        _write_summary_keeping_the_error(
+            trainer, f"failed: {err}" if isinstance(err, TmtError) else f"failed: {type(err).__name__}")
         raise
     trainer.write_summary("stopped early" if state.stopped_early else "finished")
     return state
+
+
+def _trained_out(state: TrainState, cfg: Config) -> bool:
+    """True (and says why) when a resumed run has nothing left to train: at train.max_steps, or
+    stopped early with its patience still used up."""
+    patience = cfg.train.patience
+    if state.step >= cfg.train.max_steps:
+        logger.info("the run is already at step %d of train.max_steps=%d; raise it to train further",
+                    state.step, cfg.train.max_steps)
+        return True
+    if state.stopped_early and patience and state.evals_since_best >= patience:
+        logger.info("the run stopped early at step %d (no better validation BLEU for %d validations); raise "
+                    "train.patience, or set it to 0, to train further", state.step, state.evals_since_best)
+        return True
+    return False
+
+
+def _write_summary_keeping_the_error(trainer: Trainer, status: str) -> None:
+    """Record how the run ended; a failure to (the full disk that stopped it) must not replace its error."""
+    try:
+        trainer.write_summary(status)
+    except OSError as err:
+        logger.warning("could not update summary.json (%s)", err.strerror or err)
 
 
 def _to_cpu(value):

@@ -70,6 +70,20 @@ def test_training_drops_over_long_pairs_and_evaluation_truncates_them(tmp_path: 
         tokenize_split(split, digest, pair, 2, tmp_path, "train", drop_long=True)
 
 
+@pytest.mark.parametrize("damage", ["entry.json lost", "arrow file lost"])
+def test_a_damaged_cache_entry_is_rebuilt(damage: str, tmp_path: Path):
+    split, digest, pair = dataset_of(TINY_PAIRS), digest_of(TINY_PAIRS), tokenizers()
+    first = tokenize_split(split, digest, pair, 64, tmp_path, "train", drop_long=True)
+    expected = first.ids(range(len(first)))
+    del first
+    (entry,) = entries(tmp_path)
+    victim = "entry.json" if damage == "entry.json lost" else next((tmp_path / entry).glob("*.arrow")).name
+    (tmp_path / entry / victim).unlink()
+    again = tokenize_split(split, digest, pair, 64, tmp_path, "train", drop_long=True)
+    assert again.ids(range(len(again))) == expected and entries(tmp_path) == [entry]
+    assert (tmp_path / entry / victim).is_file()
+
+
 def test_padded_batches_keep_to_the_token_budget_and_the_models_positions(tmp_path: Path):
     """With pad_to_multiple (CUDA, compile), the sampler cuts by padded lengths, so a batch's
     padded slots stay within train.batch_tokens; and no batch is wider than model.max_len."""

@@ -188,6 +188,8 @@ def _encode_to_entry(split: datasets.Dataset, tokenizers: TokenizerPair, max_len
     files = [Path(f["filename"]).name for f in dataset.cache_files]  # in row order
     (temp / ENTRY_FILE).write_text(json.dumps({"files": files}) + "\n", encoding="utf-8")
     del dataset
+    if path.exists():  # an entry `_load_entry` rejected (a file lost or cut short): replace it
+        shutil.rmtree(path)
     temp.rename(path)
     for old in path.parent.glob(f"{name}-*"):
         if old != path:

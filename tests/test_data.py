@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from transformer_mt.config import DataConfig
-from transformer_mt.data import Corpus, load_corpus
+from transformer_mt.data import Corpus, count_words, load_corpus
 from transformer_mt.errors import DataError
 
 
@@ -344,6 +344,23 @@ def test_filters_remove_the_right_pairs_and_count_them(data_dir, run_dir):
     assert pairs_of(corpus.valid) == [("v", "w")]
     # empty: 2 in train + 1 in valid; too_long and length_ratio: 1 each, train only
     assert corpus.removed == {"empty": 3, "too_long": 1, "length_ratio": 1}
+
+
+def test_in_scripts_without_spaces_each_character_is_a_word(data_dir, run_dir):
+    assert count_words("I would like to eat an apple.") == 7
+    assert count_words("我想吃一个苹果。") == 8  # seven ideographs and the full stop
+    assert count_words("駅はどこですか") == 7  # kanji and kana
+    assert count_words("I like 寿司 a lot") == 6
+    train = [("I would like to eat an apple.", "我想吃一个苹果。"), ("Where is the station?", "车站在哪里？"),
+             ("Hello", "你好，我的朋友们，今天天气很好。")]  # the last: 15 words against 1
+    write_text_split(data_dir, "train", train)
+    write_text_split(data_dir, "valid", [("v", "w")])
+    write_text_split(data_dir, "test", [("t", "u")])
+
+    corpus = load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)  # the default ratio, 3
+
+    assert pairs_of(corpus.train) == train[:2]
+    assert corpus.removed == {"empty": 0, "too_long": 0, "length_ratio": 1}
 
 
 def test_valid_and_test_are_not_length_filtered(data_dir, run_dir):

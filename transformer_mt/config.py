@@ -47,10 +47,11 @@ class DataConfig:
     test_size: int = 1000
     """Pairs carved from train (seeded) when the dataset has no test split."""
     max_words: int = 128
-    """Training pairs with more whitespace-separated words on either side are dropped."""
+    """Training pairs with more words on either side are dropped (words: whitespace-separated; in
+    Chinese and Japanese, each character; Thai and other unspaced scripts need segmenting first)."""
     max_length_ratio: float = 3.0
-    """Training pairs whose longer side has more than this many times the words of the
-    shorter side are dropped (likely misaligned)."""
+    """Training pairs whose longer side has more than this many times the words (as counted for
+    `max_words`) of the shorter side are dropped (likely misaligned)."""
     num_proc: int | None = None
     """Processes that tokenize a large split (100,000 pairs or more) into the token cache;
     unset: the machine's cores, at most 8. Smaller splits take one process."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,8 +38,13 @@ CORPUS_DIR = "corpus_cache"
 CORPUS_BUILD_DIR = ".corpus_cache.tmp"  # the next corpus_cache/ while it is written
 CORPUS_OLD_DIR = ".corpus_cache.old"  # the previous corpus_cache/ while it is replaced
 MANIFEST_FILE = "corpus.json"
-CORPUS_FORMAT = 1  # bump when the files or the filters change meaning
+CORPUS_FORMAT = 2  # bump when the files or the filters change meaning (2: `count_words`)
 HASH_BLOCK_BYTES = 8 << 20
+# Chinese and Japanese characters, written without spaces between words: kana and the CJK
+# ideographs (extension A, the main block, compatibility, extensions B-F and supplement). One of
+# them is about one word (a morpheme): a useful count for the length filters, where a Thai or
+# Khmer letter, for one, would not be.
+_UNSPACED = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f]")
 
 
 @dataclass(frozen=True)
@@ -163,12 +169,23 @@ def _verdicts(src: list[str], tgt: list[str], cfg: DataConfig) -> np.ndarray:
         if not s or not t:
             out[i] = EMPTY
             continue
-        n_src, n_tgt = len(s.split()), len(t.split())
+        n_src, n_tgt = count_words(s), count_words(t)
         if max(n_src, n_tgt) > cfg.max_words:
             out[i] = TOO_LONG
         elif max(n_src, n_tgt) / max(min(n_src, n_tgt), 1) > cfg.max_length_ratio:
             out[i] = LENGTH_RATIO
     return out
+
+
+def count_words(text: str) -> int:
+    """Whitespace-separated words, where each Chinese or Japanese character counts as one: else
+    a whole Chinese sentence would be one word, and nearly every English-Chinese pair would fail
+    `data.max_length_ratio`. (Other scripts written without spaces, such as Thai, still count
+    by whitespace: segment such text into words first, or raise `data.max_length_ratio`.)"""
+    n_unspaced = len(_UNSPACED.findall(text))
+    if not n_unspaced:
+        return len(text.split())
+    return n_unspaced + len(_UNSPACED.sub(" ", text).split())
 
 
 def _select(split: str, verdicts: np.ndarray, plan: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, int]]:

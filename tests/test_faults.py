@@ -381,6 +381,16 @@ def test_a_failed_text_write_keeps_the_old_file_and_leaves_no_temp_file(tmp_path
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # the temp file is gone
 
 
+def test_text_files_get_the_usual_permissions(tmp_path: Path):
+    previous = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "config.yaml", "a: 1\n")
+        (tmp_path / "plain.txt").write_text("a: 1\n")
+    finally:
+        os.umask(previous)
+    assert (tmp_path / "config.yaml").stat().st_mode & 0o777 == (tmp_path / "plain.txt").stat().st_mode & 0o777 == 0o644
+
+
 # --- kill -9 at any moment, then resume ------------------------------------------------
 
 # Runs `train` in a child process that SIGKILLs itself at a chosen point: `step@N` before

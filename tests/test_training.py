@@ -213,8 +213,10 @@ def test_a_start_killed_while_writing_a_text_file_can_be_retried(tmp_path: Path)
     prepare_run_dir(run, resume=False, overwrite=False)  # tmt's own leftover: no --overwrite needed
     assert [p.name for p in run.iterdir()] == [MARKER]
     (run / ".notes.txt.abcd1234.tmp").write_text("not tmt's", encoding="utf-8")  # a temp file of another name
-    with pytest.raises(UsageError, match="files tmt did not write"):
+    (run / ".config.yaml.bak.tmp").write_text("not tmt's", encoding="utf-8")  # not the form of tmt's temp files
+    with pytest.raises(UsageError, match="files tmt did not write") as refused:
         prepare_run_dir(run, resume=False, overwrite=True)
+    assert ".config.yaml.bak.tmp" in str(refused.value) and ".notes.txt.abcd1234.tmp" in str(refused.value)
 
 
 def test_a_users_own_config_in_the_run_directory_is_never_deleted(tmp_path: Path):

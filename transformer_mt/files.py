@@ -8,29 +8,35 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
+import secrets
 from pathlib import Path
 
-
-# `.<name>.<mkstemp's random part>.tmp`: the temp file `write_text_atomic` writes `name` through.
-_TEMP_FILE = re.compile(r"\.(?P<name>.+)\.[^.]+\.tmp")
+# `.<name>.<8 hex digits>.tmp`: the temp file `write_text_atomic` writes `name` through.
+_TEMP_FILE = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8}\.tmp")
 
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write `text` (UTF-8) to a temp file beside `path`, fsync it, then rename it over `path`.
 
-    The temp file has a unique name, so two processes writing the same file do not interleave;
-    on any failure it is removed and the error (an `OSError`) propagates, `path` untouched.
+    The temp file has a unique name, so two processes writing the same file do not interleave,
+    and the usual permissions (0666 less the umask, like `open`; `tempfile.mkstemp` would make it
+    private). On any failure it is removed and the error (an `OSError`) propagates, `path` untouched.
     """
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:  # another writer's temp file: draw another name
+            continue
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
+        os.replace(tmp, path)
     except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -335,9 +335,20 @@ def test_a_run_that_died_in_its_final_test_is_tested_by_resume(tiny_corpus: Path
     scores = json.loads((run / "evaluation" / "test_scores.json").read_text())
     assert summary["status"] == "finished" and summary["test"] == scores and summary["step"] == 3
 
-    monkeypatch.setattr(Trainer, "final_test", interrupted)  # tested already: a resume does not test again
-    train(cfg, run, resume=True, progress=False)
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "final_test", interrupted)  # tested already: a resume does not test again
+        train(cfg, run, resume=True, progress=False)
     assert json.loads((run / "summary.json").read_text())["test"] == scores
+
+    longer = tiny_config(tiny_corpus, train={"max_steps": 4})  # trained further, then died in its test:
+    with monkeypatch.context() as patch:                       # the step-3 scores are not its test
+        patch.setattr(Trainer, "final_test", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            train(longer, run, resume=True, progress=False)
+    train(longer, run, resume=True, progress=False)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["test"]["step"] == 4
+    assert json.loads((run / "evaluation" / "test_scores.json").read_text())["step"] == 4
 
 
 def test_a_summary_that_cannot_be_written_does_not_hide_the_error_that_stopped_the_run(tiny_corpus: Path,

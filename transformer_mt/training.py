@@ -778,13 +778,13 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
             save_config(cfg, run_dir / "config.yaml")  # training-only settings may have changed
         trained_out = _trained_out(state, cfg)
         state.stopped_early = state.stopped_early and trained_out
-    test_scores = run_dir / "evaluation" / TEST_SCORES_FILE
     try:
         if not trained_out:
             state = trainer.run()
             dist.barrier()  # every rank is done training (and rank 0 done writing) before any leaves
-        if trained_out and test_scores.is_file():
-            trainer.test_report = json.loads(test_scores.read_text(encoding="utf-8"))
+        earlier_test = _earlier_test_report(run_dir, state, cfg) if trained_out else None
+        if earlier_test is not None:
+            trainer.test_report = earlier_test
         elif cfg.train.test_at_end and dist.is_main:  # also a test the end of an earlier start never finished
             trainer.final_test()
     except (TrainingStopped, KeyboardInterrupt):
@@ -811,6 +811,17 @@ def _trained_out(state: TrainState, cfg: Config) -> bool:
                     "train.patience, or set it to 0, to train further", state.step, state.evals_since_best)
         return True
     return False
+
+
+def _earlier_test_report(run_dir: Path, state: TrainState, cfg: Config) -> dict | None:
+    """The final test an earlier start wrote for this very step and decoding, if there is one (a
+    report of an earlier, shorter training, or of another beam, does not count)."""
+    try:
+        report = json.loads((run_dir / "evaluation" / TEST_SCORES_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    same = {"step": state.step, "beam_size": cfg.decode.beam_size, "length_penalty": cfg.decode.length_penalty}
+    return report if isinstance(report, dict) and all(report.get(k) == v for k, v in same.items()) else None
 
 
 def _write_summary_keeping_the_error(trainer: Trainer, status: str) -> None:

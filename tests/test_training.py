@@ -254,6 +254,24 @@ def test_resume_skips_a_truncated_checkpoint_and_uses_the_previous_one(tiny_corp
     assert trainer.state.step == 4
 
 
+def test_a_checkpoint_from_before_the_sampler_recorded_its_cut_resumes_with_the_cut_it_had(tiny_corpus: Path,
+                                                                                            tmp_path: Path):
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 2, "save_every_steps": 2, "test_at_end": False})
+    train(cfg, run, progress=False)
+    path = run / "checkpoints" / "step_00000002.pt"
+    ckpt = load_checkpoint(path)
+    position = ckpt["sampler"]["position"]
+    assert position > 0  # mid-epoch: a changed cut matters
+    ckpt["sampler"] = {"epoch": ckpt["sampler"]["epoch"], "position": position}  # as tmt wrote it before
+    torch.save(ckpt, path)
+
+    trainer = Trainer(tiny_config(tiny_corpus, train={"max_steps": 4, "batch_tokens": 128}), run, progress=False)
+    trainer.resume()  # the old cut (batch_tokens 64, unpadded) is recognised as another one
+    assert trainer.sampler.earlier_parts == [({"batch_tokens": 64, "world_size": 1, "pad_to_multiple": 1}, position)]
+
+
 def test_tensorboard_has_scalars_examples_attention_images_and_hparams(tiny_corpus: Path, tmp_path: Path):
     run = tmp_path / "run"
     prepare_run_dir(run, resume=False, overwrite=False)

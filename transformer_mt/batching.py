@@ -149,8 +149,9 @@ class TokenBatchSampler:
     group. The batches of epoch e depend only on (seed, e) and the `cut` (budget, world size,
     padding), so the state is just (epoch, position) and the cut.
 
-    A resume may change the cut (a lower `train.batch_tokens` after running out of memory, more
-    processes, another device's padding). Then the rest of that epoch is cut the new way from
+    A resume may change the cut (a lower `train.batch_tokens` after running out of memory,
+    another device's padding; training refuses another world size, but the sampler would cope).
+    Then the rest of that epoch is cut the new way from
     the examples the earlier batches did not reach, so the epoch still covers each example once;
     `earlier_parts` records the parts of the epoch cut the old ways.
 
@@ -226,7 +227,7 @@ class TokenBatchSampler:
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         self.earlier_parts = [(dict(cut), int(handed_out)) for cut, handed_out in state.get("earlier_parts", [])]
-        saved_cut = state.get("cut", self.cut)  # checkpoints before tmt recorded the cut: assume the same
+        saved_cut = state.get("cut", self.cut)  # no cut recorded: the same (`Trainer` fills in old checkpoints)
         if saved_cut != self.cut and self.position:
             self.earlier_parts.append((dict(saved_cut), self.position))
             self.position = 0

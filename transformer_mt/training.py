@@ -247,11 +247,11 @@ class Trainer:
         if ckpt["scaler"] and self.scaler.is_enabled():  # a run may switch between fp32 and fp16
             self.scaler.load_state_dict(ckpt["scaler"])
         self.state.load_state_dict(ckpt["train_state"])
-        self.sampler.load_state_dict(ckpt["sampler"])
+        self.sampler.load_state_dict(self._sampler_state_of(ckpt))
         self.sampler_state = self.sampler.state_dict()
         load_rng_state({k: _to_cpu(v) for k, v in self._own_rng_state(ckpt["rng"], path).items()})
         logger.info("resuming from %s: step %d, epoch %d, batch %d of that epoch", path, self.state.step,
-                    self.sampler.epoch + 1, self.sampler.position)
+                    self.sampler.epoch + 1, ckpt["sampler"]["position"])
         logger.info("settings changed since that checkpoint: %s", "; ".join(changes) if changes else "none")
         if self.dist.is_main:
             self.checkpoints.remove_temp_files()  # left by a crash during a save
@@ -269,6 +269,16 @@ class Trainer:
             raise UsageError(f"{path} was written by a run of {saved_world} process(es); resume it with the same "
                              f"number (torchrun --nproc_per_node/--nnodes), not {self.dist.world_size}")
         return saved["ranks"][self.dist.rank] if "ranks" in saved else saved
+
+    def _sampler_state_of(self, ckpt: dict) -> dict:
+        """The checkpoint's sampler state. Checkpoints from before the state held the cut were cut
+        with the unpadded lengths, their run's batch_tokens, and this world size (resume keeps it)."""
+        state = ckpt["sampler"]
+        if "cut" in state:
+            return state
+        cut = {"batch_tokens": ckpt["config"]["train"]["batch_tokens"], "world_size": self.dist.world_size,
+               "pad_to_multiple": 1}
+        return {**state, "cut": cut}
 
     def _newest_intact_checkpoint(self) -> tuple[Path, dict]:
         """The newest step checkpoint that loads; unreadable ones are reported and skipped."""

@@ -1,3 +1,4 @@
+import json
 import os
 from pathlib import Path
 
@@ -70,7 +71,7 @@ def test_training_drops_over_long_pairs_and_evaluation_truncates_them(tmp_path: 
         tokenize_split(split, digest, pair, 2, tmp_path, "train", drop_long=True)
 
 
-@pytest.mark.parametrize("damage", ["entry.json lost", "arrow file lost"])
+@pytest.mark.parametrize("damage", ["entry.json lost", "arrow file lost", "arrow file cut short", "rows missing"])
 def test_a_damaged_cache_entry_is_rebuilt(damage: str, tmp_path: Path):
     split, digest, pair = dataset_of(TINY_PAIRS), digest_of(TINY_PAIRS), tokenizers()
     first = tokenize_split(split, digest, pair, 64, tmp_path, "train", drop_long=True)
@@ -78,10 +79,20 @@ def test_a_damaged_cache_entry_is_rebuilt(damage: str, tmp_path: Path):
     del first
     (entry,) = entries(tmp_path)
     victim = "entry.json" if damage == "entry.json lost" else next((tmp_path / entry).glob("*.arrow")).name
-    (tmp_path / entry / victim).unlink()
+    if damage == "rows missing":  # as a stream cut at a record-batch boundary reads: without error, shorter
+        victim = "entry.json"
+        entry_file = tmp_path / entry / victim
+        recorded = json.loads(entry_file.read_text())
+        entry_file.write_text(json.dumps({**recorded, "rows": recorded["rows"] + 5}))
+    elif damage == "arrow file cut short":
+        data = (tmp_path / entry / victim).read_bytes()
+        (tmp_path / entry / victim).write_bytes(data[: len(data) // 2])
+    else:
+        (tmp_path / entry / victim).unlink()
     again = tokenize_split(split, digest, pair, 64, tmp_path, "train", drop_long=True)
     assert again.ids(range(len(again))) == expected and entries(tmp_path) == [entry]
     assert (tmp_path / entry / victim).is_file()
+    assert json.loads((tmp_path / entry / "entry.json").read_text())["rows"] == len(expected[0])
 
 
 def test_padded_batches_keep_to_the_token_budget_and_the_models_positions(tmp_path: Path):

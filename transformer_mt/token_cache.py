@@ -160,17 +160,25 @@ def tokenize_split(split: datasets.Dataset, text_digest: str, tokenizers: Tokeni
 
 
 def _load_entry(path: Path) -> datasets.Dataset | None:
-    """The cached ids in `path` (memory-mapped), or None when there is no complete entry."""
+    """The cached ids in `path` (memory-mapped), or None when there is no complete entry: one
+    without its `entry.json`, with a file missing or cut short, or with fewer rows than it recorded."""
     import datasets
 
     try:
-        files = json.loads((path / ENTRY_FILE).read_text(encoding="utf-8"))["files"]
+        entry = json.loads((path / ENTRY_FILE).read_text(encoding="utf-8"))
+        files = entry["files"]
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
         return None
     if not files or not all((path / name).is_file() for name in files):
         return None
-    parts = [datasets.Dataset.from_file(str(path / name)) for name in files]
-    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    try:  # a file cut short raises OSError or pyarrow's ArrowInvalid (a ValueError)
+        parts = [datasets.Dataset.from_file(str(path / name)) for name in files]
+    except (OSError, ValueError):
+        return None
+    dataset = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    # A stream cut at a record-batch boundary reads without error, only shorter. (Entries from
+    # before the count was recorded are taken as they are.)
+    return dataset if entry.get("rows", len(dataset)) == len(dataset) else None
 
 
 def _encode_to_entry(split: datasets.Dataset, tokenizers: TokenizerPair, max_len: int, drop_long: bool,
@@ -186,9 +194,9 @@ def _encode_to_entry(split: datasets.Dataset, tokenizers: TokenizerPair, max_len
         shutil.rmtree(temp, ignore_errors=True)
         return dataset
     files = [Path(f["filename"]).name for f in dataset.cache_files]  # in row order
-    (temp / ENTRY_FILE).write_text(json.dumps({"files": files}) + "\n", encoding="utf-8")
+    (temp / ENTRY_FILE).write_text(json.dumps({"files": files, "rows": len(dataset)}) + "\n", encoding="utf-8")
     del dataset
-    if path.exists():  # an entry `_load_entry` rejected (a file lost or cut short): replace it
+    if path.exists():  # an entry `_load_entry` rejected (damaged): replace it
         shutil.rmtree(path)
     temp.rename(path)
     for old in path.parent.glob(f"{name}-*"):

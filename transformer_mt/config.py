@@ -151,7 +151,8 @@ class TrainConfig:
     """Steps between checkpoints (one is also written at the end and at each new best validation
     BLEU, which `best.pt` then links to)."""
     keep_last: int = 3
-    """Step checkpoints kept on disk; `best.pt` is kept in addition."""
+    """Step checkpoints kept on disk, the newest by step (new bests between saves count too, see
+    `save_every_steps`); `best.pt` is kept in addition."""
     bleu_tokenize: Literal["13a", "none", "intl", "zh", "char", "ja-mecab", "ko-mecab", "spm", "flores101",
                            "flores200"] = "13a"
     """sacreBLEU tokenizer for validation BLEU, `tmt evaluate` and the final test score: `13a`
@@ -165,7 +166,8 @@ class TrainConfig:
     `evaluation/test_scores.json`."""
     average_last: int = 0
     """For that final test, average the newest this-many step checkpoints instead of using
-    `best.pt` (0: best.pt); see also `tmt average`."""
+    `best.pt` (0: best.pt); see also `tmt average`. To average evenly spaced checkpoints, make
+    `eval_every_steps` a multiple of `save_every_steps` (a new best between saves adds one)."""
     attention_layer: int = 0
     """Decoder layer (0 = first, -1 = last) whose cross-attention over one validation sentence
     is drawn in TensorBoard at each validation, next to the last layer's."""

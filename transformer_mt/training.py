@@ -215,6 +215,10 @@ class Trainer:
         # rows reads their count from the device (a host sync per step), and on a GPU that
         # trade is unmeasured; under torch.compile the row count would be one more dynamic shape.
         self.real_positions_only = self.device.type == "cpu" and not t.compile
+        if t.eval_every_steps % t.save_every_steps:
+            logger.info("train.eval_every_steps=%d is not a multiple of train.save_every_steps=%d: a new best "
+                        "between saves is saved as a step checkpoint too, and counts toward train.keep_last "
+                        "and train.average_last", t.eval_every_steps, t.save_every_steps)
         self.test_report: dict | None = None
         self._intervals_logged = 0
         self._clock = time.perf_counter()  # train_seconds counts from here

@@ -2,7 +2,7 @@
 
 import logging
 
-from transformer_mt.evaluation import score
+from transformer_mt.evaluation import cross_attention_labels, score
 
 # Lowercased, tokenized text as in Multi30k's tok/ files: every line ends in " ." (sacreBLEU
 # warns about that from 100 such lines on, unless told the text is tokenized on purpose).
@@ -25,3 +25,12 @@ def test_tokenized_bleu_does_not_warn_and_scores_like_plain_sacrebleu(caplog, ca
 def test_raw_text_is_scored_with_13a_by_default():
     scores = score(["Ciao, mondo!"], ["Ciao, mondo!"])
     assert round(scores.bleu, 6) == 100 and "tok:13a" in scores.bleu_signature
+
+
+def test_attention_labels_match_the_rows_and_columns_of_the_map():
+    eos = "</s>"
+    assert cross_attention_labels(["a", "b"], ["x", "y"], eos, max_len=8) == (["a", "b", eos], ["x", "y", eos])
+    # A hypothesis that filled all max_len positions (no EOS generated): every piece, no EOS row.
+    src, hyp = list("abcdefghij"), list("qrstuvwx")
+    assert cross_attention_labels(src, hyp, eos, max_len=8) == (list("abcdefg") + [eos], hyp)
+    assert cross_attention_labels(src, hyp[:7], eos, max_len=8)[1] == hyp[:7] + [eos]

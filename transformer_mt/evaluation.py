@@ -107,3 +107,12 @@ def cross_attention_map(model: Transformer, src_ids: list[int], hyp_ids: list[in
         return model.cross_attention(src, tgt_in, layer)[0].mean(dim=0).cpu()  # (H, T+1, S+1) -> (T+1, S+1)
     finally:
         model.train(was_training)
+
+
+def cross_attention_labels(src_pieces: list[str], hyp_pieces: list[str], eos: str, max_len: int
+                           ) -> tuple[list[str], list[str]]:
+    """Axis labels of `cross_attention_map`: its columns are the source pieces and EOS, its rows
+    the pieces each decoder position produced, then EOS; both cut as the map cuts them to
+    `max_len` positions (a hypothesis that fills them all has no EOS row)."""
+    keep = max_len - 1
+    return src_pieces[:keep] + [eos], (hyp_pieces + [eos])[: min(len(hyp_pieces), keep) + 1]

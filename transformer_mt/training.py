@@ -26,7 +26,8 @@ from transformer_mt.checkpoint import (FORMAT_VERSION, CheckpointDir, average_ch
 from transformer_mt.config import Config, TrainConfig, config_to_dict, save_config
 from transformer_mt.distributed import Distributed, interleave
 from transformer_mt.errors import CheckpointError, TmtError, TrainingError, TrainingStopped, UsageError
-from transformer_mt.evaluation import Scores, check_bleu_tokenizer, cross_attention_map, score, translate_ids
+from transformer_mt.evaluation import (Scores, check_bleu_tokenizer, cross_attention_labels, cross_attention_map,
+                                       score, translate_ids)
 from transformer_mt.files import lines_to_text, write_text_atomic
 from transformer_mt.loss import label_smoothed_loss
 from transformer_mt.model import Transformer
@@ -485,9 +486,8 @@ class Trainer:
         """Cross-attention images of the first validation sentence's translation: the last decoder
         layer and `train.attention_layer`, mean over heads, pieces on the axes."""
         n_layers = self.cfg.model.n_layers
-        hyp_ids = hyp_ids[: self.cfg.model.max_len - 1]
-        src_pieces = self.tokenizers.src_pieces(src_ids) + [EOS]
-        tgt_pieces = self.tokenizers.tgt_pieces(hyp_ids) + [EOS]
+        src_pieces, tgt_pieces = cross_attention_labels(
+            self.tokenizers.src_pieces(src_ids), self.tokenizers.tgt_pieces(hyp_ids), EOS, self.cfg.model.max_len)
         for layer in sorted({n_layers - 1, self.cfg.train.attention_layer % n_layers}):
             weights = cross_attention_map(self.model, src_ids, hyp_ids, bos_id=BOS_ID, eos_id=EOS_ID,
                                           device=self.device, layer=layer)

@@ -11,7 +11,7 @@ import torch
 from transformer_mt.checkpoint import CheckpointDir, load_checkpoint
 from transformer_mt.config import Config, config_from_dict
 from transformer_mt.errors import CheckpointError, ConfigError, UsageError
-from transformer_mt.evaluation import cross_attention_map, translate_ids
+from transformer_mt.evaluation import cross_attention_labels, cross_attention_map, translate_ids
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision, pick_device, pick_precision
 from transformer_mt.tokenization import BOS_ID, EOS, EOS_ID, TokenizerPair
@@ -80,11 +80,10 @@ class Translator:
         hyp_ids = translate_ids(self.model, [src_ids], self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID,
                                 device=self.device, precision=self.precision, beam_size=beam_size)[0]
         weights = cross_attention_map(self.model, src_ids, hyp_ids, bos_id=BOS_ID, eos_id=EOS_ID,
-                                      device=self.device, layer=layer)  # (T + 1, S + 1), or (max_len, S + 1)
-        # A translation that filled all max_len positions has no EOS, and no row after its last piece.
-        tgt_pieces = (self.tokenizers.tgt_pieces(hyp_ids) + [EOS])[: weights.shape[0]]
-        return AttentionMap(weights, self.tokenizers.src_pieces(src_ids) + [EOS], tgt_pieces,
-                            self.tokenizers.decode_tgt([hyp_ids])[0])
+                                      device=self.device, layer=layer)
+        src_pieces, tgt_pieces = cross_attention_labels(
+            self.tokenizers.src_pieces(src_ids), self.tokenizers.tgt_pieces(hyp_ids), EOS, self.model.cfg.max_len)
+        return AttentionMap(weights, src_pieces, tgt_pieces, self.tokenizers.decode_tgt([hyp_ids])[0])
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ class DataReport:
     Definitions (each per side, `src` and `tgt`):
     - `pairs[split]`: pairs left after every filter; train also after `too_many_tokens`.
     - `removed[filter]`: pairs each filter dropped, in the order they run: `empty` (all splits),
-      `too_long` and `length_ratio` (train, in whitespace words; `data.max_words`,
+      `too_long` and `length_ratio` (train, in words as `data.count_words` counts them; `data.max_words`,
       `data.max_length_ratio`), then `too_many_tokens` (train pairs with more than
       `model.max_len - 1` BPE tokens on a side, as `training.prepare_data` drops them).
     - `lengths[(split, side)]`: BPE tokens per sentence of the training pairs that are trained on

@@ -224,6 +224,19 @@ def test_output_projection_computes_y_times_w_transposed_for_few_and_many_rows()
         torch.testing.assert_close(projection(y), F.linear(y, projection.weight))
 
 
+def test_under_autocast_training_logits_take_its_dtype_and_decoding_logits_stay_fp32():
+    """The teacher-forced projection is the step's largest matrix product (V columns): at the
+    fp32 rate under bf16 autocast it would dominate a GPU step. Decoding ranks tokens: fp32."""
+    model = tiny_model()
+    src, tgt = torch.tensor([[5, 6, 7, EOS]]), torch.tensor([[BOS, 8, 9]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        training_logits = model(src, tgt)
+        mask = src != PAD
+        decoding_logits = model.decode(tgt, model.encode(src, mask), mask)
+    assert training_logits.dtype == torch.bfloat16 and decoding_logits.dtype == torch.float32
+    torch.testing.assert_close(training_logits.float(), decoding_logits, atol=0.1, rtol=0.02)
+
+
 @pytest.mark.parametrize("attention, activation", [(None, None), (0.0, 0.0), (0.2, None)])
 def test_attention_and_activation_dropout_default_to_model_dropout(attention, activation):
     cfg = ModelConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32, dropout=0.3, max_len=32,

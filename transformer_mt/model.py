@@ -516,8 +516,11 @@ class Transformer(nn.Module):
         return self.encoder_norm(x)
 
     def decode(self, tgt_ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
-               cache: KVCache | None = None) -> torch.Tensor:
-        """tgt_ids (B, T) long, memory (B, S, D), src_mask (B, S) bool -> fp32 logits (B, T, V).
+               cache: KVCache | None = None, fp32_logits: bool = True) -> torch.Tensor:
+        """tgt_ids (B, T) long, memory (B, S, D), src_mask (B, S) bool -> logits (B, T, V), fp32
+        unless `fp32_logits=False` lets autocast compute them in its dtype (training: the loss
+        takes them to fp32 itself, and an fp32 projection under bf16 would be the step's slowest
+        matrix product, at the fp32 rate).
 
         Without a cache, tgt_ids is the whole prefix starting with BOS. With a cache, it holds
         only the new positions (one per step after the first call), and the cache is updated.
@@ -527,6 +530,8 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.decoder_layers):
             y = layer(y, memory, src_mask, None if cache is None else cache.layers[i])
         y = self.decoder_norm(y)
+        if not fp32_logits:
+            return self.output_proj(y)
         # Decoding ranks tokens by these logits: fp32 even under bf16/fp16 autocast, whose 8 or 11
         # mantissa bits would tie or swap close candidates. A step projects only (B, T) rows.
         with torch.autocast(device_type=y.device.type, enabled=False):
@@ -537,7 +542,8 @@ class Transformer(nn.Module):
         return KVCache(len(self.decoder_layers), capacity)
 
     def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, real_states: bool = False) -> torch.Tensor:
-        """Teacher-forced logits (B, T, V) for src_ids (B, S) and tgt_in_ids (B, T).
+        """Teacher-forced logits (B, T, V) for src_ids (B, S) and tgt_in_ids (B, T), in autocast's
+        dtype when it is on (for a loss, which computes in fp32 itself).
 
         `real_states=True` returns instead the decoder's final states at the real (non-pad)
         target positions, (N, D) in row-major order, i.e. aligned with
@@ -549,7 +555,7 @@ class Transformer(nn.Module):
         """
         src_mask = src_ids != self.pad_id  # (B, S) True = real token
         if not real_states:
-            return self.decode(tgt_in_ids, self.encode(src_ids, src_mask), src_mask)
+            return self.decode(tgt_in_ids, self.encode(src_ids, src_mask), src_mask, fp32_logits=False)
         packings = Packing.of(src_mask), Packing.of(tgt_in_ids != self.pad_id)  # source, target
         memory = self.encode(src_ids, src_mask, packings[0])  # (Ns, D)
         y = self._embed_rows(self.tgt_embed, tgt_in_ids, packings[1])  # (Nt, D)

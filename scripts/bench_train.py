@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -279,13 +280,23 @@ def main(argv: list[str] | None = None) -> int:
     sentence_order = [i for batch in timed_indices for i in batch]
     src_ids, tgt_ids = data.ids(sentence_order)
 
-    # tmt
-    def tmt_step(indices) -> Callable[[], int]:
-        def run() -> int:
-            batch = trainer.load_batch(indices)  # as the training loop builds it (padding, pinned memory)
-            trainer.train_step(batch)
-            return batch.n_tgt_tokens
-        return run
+    # tmt, as its training loop runs: each batch built as the loop builds it (padding, pinned
+    # memory), the next one while the device works on this step (`while_device_works`). Marian's
+    # step never waits for its device at the end, so its next batch overlaps the same way.
+    def tmt_steps(index_list: list[np.ndarray]) -> list[Callable[[], int]]:
+        prefetched: dict[int, Batch] = {}
+
+        def step(k: int) -> Callable[[], int]:
+            def load_next() -> None:
+                if k + 1 < len(index_list):
+                    prefetched[k + 1] = trainer.load_batch(index_list[k + 1])
+
+            def run() -> int:
+                batch = prefetched.pop(k, None) or trainer.load_batch(index_list[k])
+                trainer.train_step(batch, while_device_works=load_next)
+                return batch.n_tgt_tokens
+            return run
+        return [step(k) for k in range(len(index_list))]
 
     # tutorial (its own model, fp32, fixed-length batches of the same sentences)
     torch.manual_seed(args.seed)
@@ -293,10 +304,16 @@ def main(argv: list[str] | None = None) -> int:
     tutorial_opt = torch.optim.Adam(tutorial.parameters(), lr=1e-4, eps=1e-9)
     # Only the batches it times: each carries a dense (B, 1, L, L) float mask (3.9 MB at 8 x 350),
     # and a base-preset round's sentences would fill tens of GB of a GPU with unused masks.
+    # Its real tokens per second grow with the sentences' length (every pair is padded to the
+    # same length): its sentences are spread evenly over the round's, not the first few
+    # batches' (one length bucket), so their lengths are the round's.
     tut_pairs = list(zip(src_ids, tgt_ids))
     tut_total_batches = math.ceil(len(tut_pairs) / args.tutorial_batch_sentences)
-    tut_batches = tutorial_batches(tut_pairs[:tutorial_steps * args.tutorial_batch_sentences],
-                                   args.tutorial_batch_sentences, args.tutorial_pad_len, device)
+    n_tut = min(tutorial_steps * args.tutorial_batch_sentences, len(tut_pairs))
+    tut_sample = [tut_pairs[i] for i in np.linspace(0, len(tut_pairs) - 1, n_tut).round().astype(int)]
+    tut_batches = tutorial_batches(tut_sample, args.tutorial_batch_sentences, args.tutorial_pad_len, device)
+    mean_tgt = {"round": statistics.fmean(len(t) + 1 for _, t in tut_pairs),
+                "tutorial": statistics.fmean(len(t) + 1 for _, t in tut_sample)}
 
     def tutorial_step(b) -> Callable[[], int]:
         def run() -> int:
@@ -337,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
                 "hf_marian": (marian, marian_opt)}
 
     engines = {
-        "tmt": ([tmt_step(b) for b in index_batches[:warmup]], [tmt_step(b) for b in timed_indices]),
+        "tmt": (tmt_steps(index_batches[:warmup]), tmt_steps(timed_indices)),
         "tutorial": ([tutorial_step(tut_batches[0])], [tutorial_step(b) for b in tut_batches[:tutorial_steps]]),
         "hf_marian": ([marian_step(b) for b in index_batches[:warmup]], [marian_step(b) for b in timed_indices]),
     }
@@ -349,7 +366,6 @@ def main(argv: list[str] | None = None) -> int:
         peak_mb[name] = None
     rates: dict[str, list[float]] = {name: [] for name in engines}
     cpu_rates: dict[str, list[float]] = {name: [] for name in engines}
-    seconds: dict[str, float] = dict.fromkeys(engines, 0.0)
     names = list(engines)
     for round_number in range(args.repeats):
         # Rotate the order each round, so no engine always runs after the memory-hungry tutorial.
@@ -362,7 +378,6 @@ def main(argv: list[str] | None = None) -> int:
             elapsed, cpu_elapsed, n = timed(device, engines[name][1])
             rates[name].append(n / elapsed)
             cpu_rates[name].append(n / cpu_elapsed)
-            seconds[name] += elapsed
             if device.type == "cuda":
                 own_peak = torch.cuda.max_memory_allocated(device) - start_bytes + resident_bytes(*resident[name])
                 peak_mb[name] = max(peak_mb[name] or 0.0, own_peak / 2**20)
@@ -374,8 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     # MFU of tmt: useful FLOPs of the timed batches (real tokens only) over the device's peak.
     lengths = data.lengths_of
     flops_per_round = sum(train_flops(cfg.model, vocab_size, *lengths(b)) for b in timed_indices)
+    tokens_per_round = sum(int(lengths(b)[1].sum()) for b in timed_indices)  # target tokens, as the rates count
     peak = peak_flops_per_s(device, trainer.precision.name)
-    mfu = flops_per_round * len(rates["tmt"]) / seconds["tmt"] / peak if peak else None
+    mfu = flops_per_round * speed["tmt"] / tokens_per_round / peak if peak else None  # at the median round
     tgt_tokens_per_step = sum(len(tgt_ids[i]) + 1 for i in range(len(tgt_ids))) / max(len(timed_indices), 1)
 
     print(f"# {args.preset}: d_model={cfg.model.d_model} layers={cfg.model.n_layers}+{cfg.model.n_layers} "
@@ -385,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# corpus {args.data}: {len(sentence_order)} sentences per round in {len(timed_indices)} tmt/Marian "
           f"batches (batch_tokens {cfg.train.batch_tokens}, {tgt_tokens_per_step:.0f} target tokens per step); "
           f"tutorial: {tutorial_steps} of its {tut_total_batches} batches of {args.tutorial_batch_sentences} "
-          f"sentences padded to {args.tutorial_pad_len}; {args.repeats} interleaved rounds (tutorial: "
+          f"sentences padded to {args.tutorial_pad_len}, spread over the round (mean target length "
+          f"{mean_tgt['tutorial']:.1f}, the round's {mean_tgt['round']:.1f}); {args.repeats} interleaved rounds (tutorial: "
           f"{min(args.repeats, TUTORIAL_ROUNDS)}), median shown")
     print(f"{'engine':<12} {'tgt tokens/s':>13} {'per CPU-s':>10} {'rounds (tokens/s, wall)':<44} {'peak MB':>8}")
     for name in engines:

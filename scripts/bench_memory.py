@@ -103,7 +103,9 @@ def main(argv: list[str] | None = None) -> None:
                         str(args.pairs), "--out", str(corpus)], check=True)
     config, run_dir = args.work / "memory.yaml", args.work / "run"
     write_config(config, corpus, args.steps, args.num_proc)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    # This checkout first, then the caller's path (e.g. wheels carried to a GPU machine).
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "transformer_mt", "train", "--config", str(config), "--run-dir", str(run_dir),
                "--overwrite"]
     started = time.perf_counter()

@@ -1,29 +1,34 @@
 #!/usr/bin/env bash
-# The GPU checks and figures of docs/benchmarks.md and docs/results.md, in a few long commands.
+# The GPU checks and figures of docs/benchmarks.md and docs/results.md, in a few short commands.
 #
 #   bash scripts/gpu_session.sh prepare            # here: copy the corpora and wheels into .gpu/
-#   bash scripts/gpu_session.sh check bench        # on the GPU machine (one command)
-#   bash scripts/gpu_session.sh multi30k           # on the GPU machine; again to resume
-#   bash scripts/gpu_session.sh tatoeba            # on the GPU machine; again to resume
+#   bash scripts/gpu_session.sh bench              # on the GPU machine, first (the issue's figures)
+#   bash scripts/gpu_session.sh check multi30k     # on the GPU machine
+#   SETS="train.max_steps=10000" bash scripts/gpu_session.sh tatoeba   # again at once to resume
+#   bash scripts/gpu_session.sh bench-more suite                         # if time is left
 #
 # Stages:
-#   prepare   copies ../shared/data's Multi30k and Tatoeba (DATA=... for another copy) and the wheels
-#             the GPU image lacks (datasets and what it needs) into .gpu/, which git ignores. The
-#             GPU machine sees only the repository: carry `.gpu` in the call.
-#   check     the GPU tests (tests/test_gpu.py) and then the whole suite on the machine's torch.
-#   bench     scripts/bench_train.py, preset base, on the demo corpus and on Multi30k, eager and
-#             with torch.compile.
-#   multi30k  trains configs/multi30k-en-de.yaml into runs/gpu-multi30k-en-de.
-#   tatoeba   trains configs/tatoeba-en-it.yaml into runs/gpu-tatoeba-en-it.
-# A training stage stops with SIGTERM (a checkpoint, exit 143) before BUDGET seconds (default 540,
-# for a 10-minute command) have passed since the command started, and resumes from its newest
-# checkpoint when run again on the same machine. Each stage writes STAGE.log and, for training,
-# STAGE.tar.gz (the run's logs, scores and TensorBoard events; no checkpoints) into OUT (default
-# gpu-out/): at most 8 files in all.
+#   prepare        copies ../shared/data's Multi30k and Tatoeba (DATA=... for another copy) and the
+#                  wheels the GPU image lacks (datasets and what it needs) into .gpu/, which git
+#                  ignores. The GPU machine sees only the repository: carry `.gpu` in the call.
+#   bench          scripts/bench_train.py, preset base, eager, on the demo corpus and on Multi30k.
+#   bench-more     on Multi30k: without padding to 8, then with torch.compile (compiling takes minutes).
+#   check          the GPU tests (tests/test_gpu.py).
+#   suite          the rest of the test suite on the machine's torch (CI runs it too, on CPU).
+#   multi30k       trains configs/multi30k-en-de.yaml into runs/gpu-multi30k-en-de.
+#   tatoeba        trains configs/tatoeba-en-it.yaml into runs/gpu-tatoeba-en-it.
+# A training stage stops with SIGTERM (a checkpoint; the stage still exits 0) before BUDGET seconds
+# (default 480, for a 10-minute command) have passed since the command started, and resumes from
+# its newest checkpoint when run again on the same, still warm machine (it is given back after
+# 30 s idle, and runs do not come back: a cold machine starts again at step 0, and says so).
+# SETS="key=value ..." adds `--set` overrides to the training stages. Each stage writes STAGE.log
+# and, for training, <run name>.tar.gz (the run's logs, scores and TensorBoard events; no
+# checkpoints) into OUT (default gpu-out/), plus setup.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
-BUDGET=${BUDGET:-540}
+BUDGET=${BUDGET:-480}
+SETS=${SETS:-}
 export PYTHONUNBUFFERED=1
 # The GPU image's interpreter; here, whatever python3 the caller's environment gives.
 PY=${PYTHON:-python3}
@@ -32,17 +37,18 @@ log() { echo "== $(date -u +%H:%M:%S) $*"; }
 
 prepare() {
     local data=${DATA:-../shared/data}
-    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
     mkdir -p .gpu/data .gpu/wheels
     for corpus in multi30k_en_de tatoeba_anki_en_it; do
         [ -d "$data/$corpus" ] || { echo "gpu_session: no corpus at $data/$corpus (set DATA)" >&2; return 2; }
         rm -rf ".gpu/data/$corpus" && cp -r "$data/$corpus" .gpu/data/
     done
-    # The GPU image has torch, tokenizers, transformers, pyarrow, pandas, xxhash and fsspec, but not
-    # datasets nor two of its needs (docs/benchmarks.md, "Taking the GPU figures").
+    # The GPU image has torch, tokenizers, transformers, pyarrow, pandas, xxhash, huggingface-hub and
+    # fsspec, but not datasets nor two of its needs; fsspec comes too, at a version datasets accepts
+    # (it pins fsspec <= 2026.9.0, and the image's version is not known).
     "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .gpu/wheels \
-        datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 || return 1
+        datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0 || return 1
+    git check-ignore -q .gpu || echo "gpu_session: .gpu is not git-ignored; add /.gpu/ to .gitignore" >&2
     du -sh .gpu
 }
 
@@ -51,50 +57,77 @@ setup() {  # on the GPU machine: the carried wheels where `datasets` is missing,
     if ! "$PY" -c 'import datasets' 2>/dev/null && compgen -G ".gpu/wheels/*.whl" > /dev/null; then
         "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
             .gpu/wheels/*.whl || return 1
-        export PYTHONPATH=/tmp/site:$PWD
+        export PYTHONPATH=/tmp/site:$PWD  # the tests' subprocesses keep it (tests/conftest.py PYTHONPATH)
     fi
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
-    "$PY" -c 'import torch, tokenizers, datasets, sacrebleu; print("torch", torch.__version__, "cuda",
-torch.cuda.is_available(), "tokenizers", tokenizers.__version__, "datasets", datasets.__version__,
-"sacrebleu", sacrebleu.__version__)'
+    "$PY" - <<'EOF' || { echo "gpu_session: a package tmt needs does not import (above); datasets 5.2.0 needs pyarrow >= 24" >&2; return 1; }
+from importlib import metadata
+import torch
+print("torch", torch.__version__, "cuda", torch.cuda.is_available())
+for name in ("tokenizers", "datasets", "pyarrow", "fsspec", "huggingface-hub", "numpy", "transformers", "sacrebleu"):
+    try:
+        print(name, metadata.version(name))
+    except metadata.PackageNotFoundError:
+        print(name, "not installed")
+import datasets, tokenizers, sacrebleu, tensorboard  # noqa: F401,E401  (fail here, not in a stage)
+EOF
 }
 
-check() {  # fails if either run fails
-    local rc=0 workers=()
+check() {
     log "GPU tests"
-    "$PY" -m pytest tests/test_gpu.py -rs -s -p no:cacheprovider || rc=1
+    "$PY" -m pytest tests/test_gpu.py -rs -s -p no:cacheprovider
+}
+
+suite() {
+    local workers=()
     log "the rest of the suite on this machine's torch"
     "$PY" -c 'import xdist' 2>/dev/null && workers=(-n 8)
-    "$PY" -m pytest "${workers[@]}" -p no:cacheprovider --ignore=tests/test_gpu.py || rc=1
-    return $rc
+    "$PY" -m pytest "${workers[@]}" -p no:cacheprovider --ignore=tests/test_gpu.py
 }
 
 bench() {  # fails if any run fails; each prints its JSON line last
-    local rc=0 multi30k=.gpu/data/multi30k_en_de
+    local rc=0
     log "bench: base, demo corpus"
     "$PY" scripts/bench_train.py --device cuda --preset base || rc=1
     log "bench: base, Multi30k"
-    "$PY" scripts/bench_train.py --device cuda --preset base --data $multi30k || rc=1
+    "$PY" scripts/bench_train.py --device cuda --preset base --data .gpu/data/multi30k_en_de || rc=1
+    return $rc
+}
+
+bench-more() {  # what the multiple of 8 buys (MFU counts real tokens only), and what compile does
+    local rc=0
+    log "bench: base, Multi30k, pad_to_multiple 1"
+    "$PY" scripts/bench_train.py --device cuda --preset base --data .gpu/data/multi30k_en_de \
+        --set train.pad_to_multiple=1 || rc=1
     log "bench: base, Multi30k, compiled"
-    "$PY" scripts/bench_train.py --device cuda --preset base --data $multi30k --set train.compile=true --repeats 3 || rc=1
+    "$PY" scripts/bench_train.py --device cuda --preset base --data .gpu/data/multi30k_en_de \
+        --set train.compile=true --repeats 3 || rc=1
     return $rc
 }
 
 train_stage() {  # name config data-path
-    local name=$1 config=$2 data=$3 run=runs/gpu-$1 resume=() code
-    [ -d "$run/checkpoints" ] && compgen -G "$run/checkpoints/step_*.pt" > /dev/null && resume=(--resume)
+    local name=$1 config=$2 data=$3 run=runs/gpu-$1 resume=() overrides=() code
+    if [ -d "$run/checkpoints" ] && compgen -G "$run/checkpoints/step_*.pt" > /dev/null; then
+        resume=(--resume)
+    else
+        log "$name: NO CHECKPOINT in $run: training starts at step 0 (on a machine that went cold, earlier progress is lost)"
+    fi
+    for kv in $SETS; do overrides+=(--set "$kv"); done
     local left=$((BUDGET - SECONDS))
     if [ "$left" -lt 60 ]; then
         log "$name: only ${left}s of BUDGET left; run the stage in a command of its own"
         return 0
     fi
-    log "$name: training for at most ${left}s ${resume[*]}"
-    timeout --preserve-status -s TERM --kill-after=60 "$left" "$PY" -m transformer_mt train --config "$config" \
-        --set "data.path=$PWD/$data" --run-dir "$run" --no-progress "${resume[@]}"
+    log "$name: training for at most ${left}s ${resume[*]} ${overrides[*]}"
+    # tmt stops on SIGTERM after the step it is in and writes a checkpoint (seconds for a base model);
+    # --kill-after bounds a stop that hangs, so the archive below still gets written within the command.
+    timeout --preserve-status -s TERM --kill-after=45 "$left" "$PY" -m transformer_mt train --config "$config" \
+        --set "data.path=$PWD/$data" "${overrides[@]}" --run-dir "$run" --no-progress "${resume[@]}"
     code=$?
     case $code in
         0) log "$name: finished" ;;
-        143) log "$name: stopped at the time limit with a checkpoint: run the stage again to resume" ;;
+        143) log "$name: stopped at the time limit with a checkpoint: run the stage again at once to resume"
+             code=0 ;;
         *) log "$name: tmt exited with $code" ;;
     esac
     tar -czf "$OUT/$name.tar.gz" --exclude=checkpoints --exclude=corpus_cache --exclude=token_cache "$run"
@@ -104,7 +137,7 @@ train_stage() {  # name config data-path
 multi30k() { train_stage multi30k-en-de configs/multi30k-en-de.yaml .gpu/data/multi30k_en_de/tok; }
 tatoeba() { train_stage tatoeba-en-it configs/tatoeba-en-it.yaml .gpu/data/tatoeba_anki_en_it; }
 
-[ $# -gt 0 ] || { sed -n '2,22p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,26p' "$0"; exit 2; }
 status=0
 if [ "$1" = prepare ]; then
     prepare
@@ -112,8 +145,9 @@ if [ "$1" = prepare ]; then
 fi
 for stage in "$@"; do
     case $stage in
-        check|bench|multi30k|tatoeba) ;;
-        *) echo "gpu_session: unknown stage '$stage' (check, bench, multi30k, tatoeba; prepare runs alone)" >&2
+        check|suite|bench|bench-more|multi30k|tatoeba) ;;
+        *) echo "gpu_session: unknown stage '$stage' (bench, bench-more, check, suite, multi30k, tatoeba;" \
+                "prepare runs alone)" >&2
            exit 2 ;;
     esac
 done

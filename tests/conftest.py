@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -15,6 +16,9 @@ from transformer_mt.config import Config, config_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO / "configs" / "demo.yaml"
+# For subprocesses: this checkout first (not an installed copy), then the caller's own path
+# (on the GPU machine, the wheels carried for packages its image lacks).
+PYTHONPATH = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 # A tiny parallel corpus the tests can overfit: short, repetitive, with accents and apostrophes.
 TINY_PAIRS = [

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import DEMO_CONFIG, REPO
+from tests.conftest import DEMO_CONFIG, PYTHONPATH
 
 STEPS = 40
 CORPUS = DEMO_CONFIG.parent.parent / "transformer_mt" / "corpora" / "demo_en_it"
@@ -21,7 +21,7 @@ def tmt(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.Completed
     return subprocess.run([sys.executable, "-m", "transformer_mt", *args], cwd=cwd, input=stdin,
                           capture_output=True, text=True, timeout=300,
                           env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-                               "PYTHONPATH": str(REPO)})  # test this checkout, not an installed copy
+                               "PYTHONPATH": PYTHONPATH})
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,7 @@ def test_evaluate_with_misaligned_files_names_both_counts(trained: Path, tmp_pat
 def test_translate_into_a_closed_pipe_exits_quietly(trained: Path):
     script = f"{sys.executable} -m transformer_mt translate --run runs/demo 'Good morning.' 'Yes.' 'No.' | head -c 0"
     result = subprocess.run(["bash", "-c", script], cwd=trained, capture_output=True, text=True, timeout=120,
-                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"})
     assert "Error" not in result.stderr and "Traceback" not in result.stderr
 
 
@@ -140,7 +140,7 @@ def test_ctrl_c_or_sigterm_saves_a_checkpoint_and_says_how_to_resume(sig, tmp_pa
     process = subprocess.Popen(
         [sys.executable, "-m", "transformer_mt", "train", "--config", str(DEMO_CONFIG), "--no-progress", *overrides],
         cwd=tmp_path, stderr=subprocess.PIPE, text=True,
-        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": PYTHONPATH})
     for line in process.stderr:  # wait until training steps are running
         if "step 3:" in line:
             break

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import REPO, TINY_PAIRS, tiny_config, write_corpus
+from tests.conftest import PYTHONPATH, TINY_PAIRS, tiny_config, write_corpus
 from tests.test_training import read_scalars
 from transformer_mt.batching import TokenBatchSampler
 from transformer_mt.checkpoint import load_checkpoint
@@ -32,7 +32,7 @@ def torchrun(config: Path, run_dir: Path, *extra: str, wait: bool = True):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                "-m", "transformer_mt", "train", "--config", str(config), "--run-dir", str(run_dir),
                "--no-progress", *extra]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"}
     if not wait:
         return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)

@@ -15,7 +15,7 @@ import pytest
 import sacrebleu
 import torch
 
-from tests.conftest import REPO, TINY_PAIRS, run_cli, tiny_config, write_corpus
+from tests.conftest import PYTHONPATH, TINY_PAIRS, run_cli, tiny_config, write_corpus
 from tests.test_training import read_scalars
 from transformer_mt import training
 from transformer_mt.checkpoint import load_checkpoint
@@ -454,7 +454,7 @@ training.train(load_config(config), run_dir, resume=resume, progress=False)
 
 def drive(config: Path, run_dir: Path, mode: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", DRIVER, str(config), str(run_dir), mode], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"})
 
 
 @pytest.fixture(scope="module")

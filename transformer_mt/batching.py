@@ -151,9 +151,9 @@ class TokenBatchSampler:
 
     A resume may change the cut (a lower `train.batch_tokens` after running out of memory,
     another device's padding; training refuses another world size, but the sampler would cope).
-    Then the rest of that epoch is cut the new way from
-    the examples the earlier batches did not reach, so the epoch still covers each example once;
-    `earlier_parts` records the parts of the epoch cut the old ways.
+    Then the rest of that epoch is cut the new way from the examples the earlier batches did not
+    reach, so the epoch still covers each example once; `earlier_parts` records the parts of the
+    epoch cut the old ways.
 
     `lengths` are each example's length in a batch before padding (the longer side plus its
     EOS/BOS); the budget counts them padded, as batches are (`padded_length` with

@@ -839,7 +839,8 @@ def _earlier_test_report(run_dir: Path, state: TrainState, cfg: Config) -> dict 
 
 
 def _write_summary_keeping_the_error(trainer: Trainer, status: str) -> None:
-    """Record how the run ended; a failure to (the full disk that stopped it) must not replace its error."""
+    """Record how the run ended. If that write fails too (say, on the full disk that stopped the
+    run), warn: the error that ended the run is the one to report."""
     try:
         trainer.write_summary(status)
     except OSError as err:

@@ -11,7 +11,10 @@ One process, the same training sentences for all three engines, each timed after
 - **hf_marian**: `transformers.MarianMTModel` built locally from a `MarianConfig` with the same
   dimensions (no download), trained with its own loss on tmt's batches.
 
-Speed is real (non-pad) target tokens per second. The engines run interleaved, `--repeats`
+Speed is real (non-pad) target tokens per second. On CUDA, `peak_memory_mb` is tmt's peak
+allocated memory over its rounds (its own weights, gradients and optimizer state, plus the
+largest step's activations), and `peak_memory_mb_per_1k_tgt_tokens` divides it by the mean real
+target tokens per step, in thousands. The engines run interleaved, `--repeats`
 rounds of each, and the reported figure is each engine's median round: on a shared machine a
 neighbour's burst then hits one round, not one engine.
 

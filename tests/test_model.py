@@ -224,7 +224,7 @@ def test_output_projection_computes_y_times_w_transposed_for_few_and_many_rows()
         torch.testing.assert_close(projection(y), F.linear(y, projection.weight))
 
 
-def test_under_autocast_training_logits_take_its_dtype_and_decoding_logits_stay_fp32():
+def test_under_bf16_autocast_training_logits_take_its_dtype_and_decoding_logits_stay_fp32():
     """The teacher-forced projection is the step's largest matrix product (V columns): at the
     fp32 rate under bf16 autocast it would dominate a GPU step. Decoding ranks tokens: fp32."""
     model = tiny_model()
@@ -235,6 +235,8 @@ def test_under_autocast_training_logits_take_its_dtype_and_decoding_logits_stay_
         decoding_logits = model.decode(tgt, model.encode(src, mask), mask)
     assert training_logits.dtype == torch.bfloat16 and decoding_logits.dtype == torch.float32
     torch.testing.assert_close(training_logits.float(), decoding_logits, atol=0.1, rtol=0.02)
+    with torch.autocast("cpu", dtype=torch.float16):  # fp16's range: the projection stays fp32
+        assert model(src, tgt).dtype == torch.float32
 
 
 @pytest.mark.parametrize("attention, activation", [(None, None), (0.0, 0.0), (0.2, None)])

@@ -542,8 +542,8 @@ class Transformer(nn.Module):
         return KVCache(len(self.decoder_layers), capacity)
 
     def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, real_states: bool = False) -> torch.Tensor:
-        """Teacher-forced logits (B, T, V) for src_ids (B, S) and tgt_in_ids (B, T), in autocast's
-        dtype when it is on (for a loss, which computes in fp32 itself).
+        """Teacher-forced logits (B, T, V) for src_ids (B, S) and tgt_in_ids (B, T): bf16 under bf16
+        autocast (for a loss, which computes in fp32 itself), else fp32.
 
         `real_states=True` returns instead the decoder's final states at the real (non-pad)
         target positions, (N, D) in row-major order, i.e. aligned with
@@ -555,7 +555,11 @@ class Transformer(nn.Module):
         """
         src_mask = src_ids != self.pad_id  # (B, S) True = real token
         if not real_states:
-            return self.decode(tgt_in_ids, self.encode(src_ids, src_mask), src_mask, fp32_logits=False)
+            # bf16 logits are fine for a loss that takes them to fp32 itself; fp16's narrow range
+            # would overflow the projection's weight gradient at loss scales GradScaler uses.
+            device_type = src_ids.device.type
+            fp16 = torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.float16
+            return self.decode(tgt_in_ids, self.encode(src_ids, src_mask), src_mask, fp32_logits=fp16)
         packings = Packing.of(src_mask), Packing.of(tgt_in_ids != self.pad_id)  # source, target
         memory = self.encode(src_ids, src_mask, packings[0])  # (Ns, D)
         y = self._embed_rows(self.tgt_embed, tgt_in_ids, packings[1])  # (Nt, D)

@@ -513,3 +513,20 @@ def test_resume_may_change_how_many_processes_tokenize():
     changes = resume_config_changes({"data": {"path": "d", "num_proc": 2}}, {"data": {"path": "d", "num_proc": 4}},
                                      Path("step_00000010.pt"))
     assert changes == ["data.num_proc: 2 -> 4"]
+
+
+def test_rng_states_of_devices_that_cannot_be_restored_are_named(monkeypatch, caplog):
+    """A run saved with 2 visible GPUs, resumed with 1: its CUDA RNG states cannot be put back."""
+    from transformer_mt import runtime
+
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
+    cpu_state = torch.get_rng_state()
+    with caplog.at_level("WARNING", logger="transformer_mt.runtime"):
+        runtime.load_rng_state({"cpu": cpu_state, "cuda": [torch.zeros(16, dtype=torch.uint8)] * 2})
+    assert restored == [] and "2 CUDA devices, and 1 are visible" in caplog.text
+    assert torch.equal(torch.get_rng_state(), cpu_state)
+    runtime.load_rng_state({"cpu": cpu_state, "cuda": [torch.zeros(16, dtype=torch.uint8)]})
+    assert len(restored) == 1

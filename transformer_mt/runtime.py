@@ -77,15 +77,27 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict:
-    """The global torch RNG states (dropout draws from them), as tensors for a checkpoint."""
+    """The global torch RNG states (dropout draws from them), as tensors for a checkpoint: the
+    CPU's, every visible CUDA device's, and the MPS device's."""
     state = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.backends.mps.is_available():
+        state["mps"] = torch.mps.get_rng_state()
     return state
 
 
 def load_rng_state(state: dict) -> None:
-    """Restore what `rng_state` saved; CUDA states are skipped when resuming without a GPU."""
+    """Restore what `rng_state` saved. A device's state is skipped when that device is not here
+    (a GPU run resumed on a CPU); when it is here but cannot be restored (another number of
+    visible CUDA devices), a warning says the resumed run's dropout will differ."""
     torch.set_rng_state(state["cpu"])
-    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda" in state and torch.cuda.is_available():
+        if len(state["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(state["cuda"])
+        else:
+            logger.warning("the checkpoint holds the RNG states of %d CUDA devices, and %d are visible now: "
+                           "from here on, dropout differs from an uninterrupted run", len(state["cuda"]),
+                           torch.cuda.device_count())
+    if "mps" in state and torch.backends.mps.is_available():
+        torch.mps.set_rng_state(state["mps"])

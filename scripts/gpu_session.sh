@@ -106,19 +106,21 @@ bench-more() {  # what the multiple of 8 buys (MFU counts real tokens only), and
 }
 
 train_stage() {  # name config data-path
-    local name=$1 config=$2 data=$3 run=runs/gpu-$1 resume=() overrides=() code
+    local name=$1 config=$2 data=$3 run=runs/gpu-$1 resume=() overrides=() sets=() code
     if [ -d "$run/checkpoints" ] && compgen -G "$run/checkpoints/step_*.pt" > /dev/null; then
         resume=(--resume)
     else
         log "$name: NO CHECKPOINT in $run: training starts at step 0 (on a machine that went cold, earlier progress is lost)"
     fi
-    for kv in $SETS; do overrides+=(--set "$kv"); done
+    read -ra sets <<< "$SETS"  # split on spaces, no glob expansion (a YAML list is a bracket glob)
+    for kv in "${sets[@]}"; do overrides+=(--set "$kv"); done
     local left=$((BUDGET - SECONDS))
     if [ "$left" -lt 60 ]; then
         log "$name: only ${left}s of BUDGET left; run the stage in a command of its own"
         return 0
     fi
     log "$name: training for at most ${left}s ${resume[*]} ${overrides[*]}"
+    touch "$OUT/.$name.start"  # a checkpoint newer than this one was written by this command
     # tmt stops on SIGTERM after the step it is in and writes a checkpoint (seconds for a base model);
     # --kill-after bounds a stop that hangs, so the archive below still gets written within the command.
     timeout --preserve-status -s TERM --kill-after=45 "$left" "$PY" -m transformer_mt train --config "$config" \
@@ -126,10 +128,17 @@ train_stage() {  # name config data-path
     code=$?
     case $code in
         0) log "$name: finished" ;;
-        143) log "$name: stopped at the time limit with a checkpoint: run the stage again at once to resume"
-             code=0 ;;
+        143) # tmt exits 143 after writing its checkpoint, but a SIGTERM before training starts
+             # (tokenizers, caches, loading a checkpoint) kills it with the same code and none
+             if [ -n "$(find "$run/checkpoints" -name 'step_*.pt' -newer "$OUT/.$name.start" 2>/dev/null)" ]; then
+                 log "$name: stopped at the time limit with a checkpoint: run the stage again at once to resume"
+                 code=0
+             else
+                 log "$name: stopped at the time limit before any checkpoint was written: give it a longer BUDGET"
+             fi ;;
         *) log "$name: tmt exited with $code" ;;
     esac
+    rm -f "$OUT/.$name.start"
     tar -czf "$OUT/$name.tar.gz" --exclude=checkpoints --exclude=corpus_cache --exclude=token_cache "$run"
     return $code
 }

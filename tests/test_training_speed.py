@@ -134,6 +134,7 @@ def test_peak_flops_follow_the_device_name_and_whether_fp32_may_use_tf32():
     assert peak_flops_of("NVIDIA H100 80GB HBM3", "fp32") == 67e12  # torch's default: no TF32
     assert peak_flops_of("NVIDIA H100 80GB HBM3", "fp32", tf32=True) == 494e12
     assert peak_flops_of("NVIDIA GeForce GTX 1080", "fp32") is None  # unknown: no MFU
+    assert peak_flops_of("NVIDIA H100 80GB HBM3 MIG 3g.40gb", "bf16") is None  # a slice: its share is unknown
     assert peak_flops_per_s(torch.device("cpu"), "fp32") is None
 
 

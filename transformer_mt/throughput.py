@@ -69,6 +69,8 @@ def peak_flops_per_s(device: torch.device, precision: str) -> float | None:
 
 def peak_flops_of(device_name: str, precision: str, tf32: bool = False) -> float | None:
     """The dense peak of the GPU called `device_name` for `precision`; fp32 counts as tf32 when `tf32`."""
+    if "MIG" in device_name:  # a slice of the GPU: a share of its peak that the name does not give
+        return None
     if precision == "fp32" and tf32:
         precision = "tf32"
     for key in sorted(PEAK_FLOPS, key=len, reverse=True):  # "H200 NVL" before a bare "H200"

@@ -47,6 +47,8 @@ def test_decoding_logits_are_fp32_under_bf16_autocast():
             mixed = model.decode(tgt, model.encode(src, src_mask), src_mask)
     assert mixed.dtype == torch.float32
     assert torch.allclose(mixed, plain, atol=0.5)  # bf16 layers, fp32 projection: close, not equal
+    # Computed in fp32, not computed in bf16 and cast: most values are not bf16 numbers.
+    assert (mixed != mixed.bfloat16().float()).float().mean() > 0.5
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -234,6 +234,7 @@ def test_under_bf16_autocast_training_logits_take_its_dtype_and_decoding_logits_
         mask = src != PAD
         decoding_logits = model.decode(tgt, model.encode(src, mask), mask)
     assert training_logits.dtype == torch.bfloat16 and decoding_logits.dtype == torch.float32
+    assert (decoding_logits != decoding_logits.bfloat16().float()).float().mean() > 0.5  # fp32, not bf16 cast
     torch.testing.assert_close(training_logits.float(), decoding_logits, atol=0.1, rtol=0.02)
     with torch.autocast("cpu", dtype=torch.float16):  # fp16's range: the projection stays fp32
         assert model(src, tgt).dtype == torch.float32

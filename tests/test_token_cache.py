@@ -30,12 +30,18 @@ def entries(cache: Path) -> list[str]:
     return sorted(p.name for p in cache.iterdir())
 
 
+def file_stamps(entry: Path) -> dict[str, tuple[int, int]]:
+    """Each file of a cache entry with its inode and modification time: a rewrite changes them."""
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in entry.iterdir()}
+
+
 def test_a_cache_hit_gives_the_same_ids_as_encoding(tmp_path: Path):
     split, digest, pair = dataset_of(TINY_PAIRS), digest_of(TINY_PAIRS), tokenizers()
     first = tokenize_split(split, digest, pair, 64, tmp_path, "train", drop_long=True)
     (entry,) = entries(tmp_path)
+    written = file_stamps(tmp_path / entry)
     again = tokenize_split(split, digest, pair, 64, tmp_path, "train", drop_long=True)
-    assert entries(tmp_path) == [entry]  # reused, not rewritten
+    assert entries(tmp_path) == [entry] and file_stamps(tmp_path / entry) == written  # reused, not rewritten
     expected_src = pair.encode_src([s for s, _ in TINY_PAIRS])
     expected_tgt = pair.encode_tgt([t for _, t in TINY_PAIRS])
     for cached in (first, again):
@@ -91,6 +97,9 @@ def test_a_damaged_cache_entry_is_rebuilt(damage: str, tmp_path: Path):
         (tmp_path / entry / victim).unlink()
     again = tokenize_split(split, digest, pair, 64, tmp_path, "train", drop_long=True)
     assert again.ids(range(len(again))) == expected and entries(tmp_path) == [entry]
+    rebuilt = file_stamps(tmp_path / entry)
+    tokenize_split(split, digest, pair, 64, tmp_path, "train", drop_long=True)
+    assert file_stamps(tmp_path / entry) == rebuilt  # the rebuilt entry is whole: the next start reuses it
     assert (tmp_path / entry / victim).is_file()
     assert json.loads((tmp_path / entry / "entry.json").read_text())["rows"] == len(expected[0])
 

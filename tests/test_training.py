@@ -4,6 +4,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -51,9 +52,25 @@ def test_a_tiny_model_overfits_a_tiny_corpus(tmp_path: Path):
 
 
 def read_scalars(run_dir: Path, tag: str) -> dict[int, float]:
-    events = EventAccumulator(str(run_dir / "tensorboard"))
-    events.Reload()
-    return {event.step: event.value for event in events.Scalars(tag)}
+    """The run's values of `tag` by step, as TensorBoard shows them after every resume.
+
+    TensorBoard reads a folder's event files in name order, as text. Files are named
+    `...<seconds>.<host>.<pid>.<counter>`: two writers of one test process in the same second
+    (a start and its resume) can sort `.10` before `.8`, and the older file then purges the
+    newer one's steps. A run's own starts are separate processes, seconds apart; here the files
+    are read in the order they were written.
+    """
+    def written(path: Path) -> tuple[int, int]:
+        parts = path.name.split(".")
+        return int(parts[3]), int(parts[-1])
+
+    files = sorted((run_dir / "tensorboard").glob("events.out.tfevents.*"), key=written)
+    with tempfile.TemporaryDirectory() as ordered:
+        for number, path in enumerate(files):
+            shutil.copyfile(path, Path(ordered) / f"events.out.tfevents.{number:06d}")
+        events = EventAccumulator(ordered)
+        events.Reload()
+        return {event.step: event.value for event in events.Scalars(tag)}
 
 
 @pytest.mark.parametrize("accum_steps", [1, 2])
@@ -66,16 +83,18 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_corpus: Path, t
     train(cfg, straight, progress=False)
 
     prepare_run_dir(interrupted, resume=False, overwrite=False)
-    train(tiny_config(tiny_corpus, train={"max_steps": 4, "eval_every_steps": 4, "save_every_steps": 4,
+    train(tiny_config(tiny_corpus, train={"max_steps": 3, "eval_every_steps": 4, "save_every_steps": 3,
                                           "accum_steps": accum_steps}),
           interrupted, progress=False)
+    if accum_steps == 1:  # 2 batches per epoch: step 3 stops in the middle of the second epoch
+        assert load_checkpoint(interrupted / "checkpoints" / "step_00000003.pt")["sampler"]["position"] == 1
     prepare_run_dir(interrupted, resume=True, overwrite=False)
     state = train(cfg, interrupted, resume=True, progress=False)
     assert state.step == 8
 
     expected, resumed = read_scalars(straight, "train/loss"), read_scalars(interrupted, "train/loss")
     assert sorted(resumed) == list(range(1, 9))
-    for step in range(5, 9):
+    for step in range(4, 9):
         assert abs(resumed[step] - expected[step]) < 1e-6, step
     final_a = load_checkpoint(straight / "checkpoints" / "step_00000008.pt")
     final_b = load_checkpoint(interrupted / "checkpoints" / "step_00000008.pt")
@@ -258,18 +277,19 @@ def test_a_checkpoint_from_before_the_sampler_recorded_its_cut_resumes_with_the_
                                                                                             tmp_path: Path):
     run = tmp_path / "run"
     prepare_run_dir(run, resume=False, overwrite=False)
-    cfg = tiny_config(tiny_corpus, train={"max_steps": 2, "save_every_steps": 2, "test_at_end": False})
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 1, "save_every_steps": 1, "test_at_end": False})
     train(cfg, run, progress=False)
-    path = run / "checkpoints" / "step_00000002.pt"
+    path = run / "checkpoints" / "step_00000001.pt"
     ckpt = load_checkpoint(path)
-    position = ckpt["sampler"]["position"]
-    assert position > 0  # mid-epoch: a changed cut matters
+    epoch, position = ckpt["sampler"]["epoch"], ckpt["sampler"]["position"]
+    assert 0 < position < len(Trainer(cfg, run, progress=False).sampler.epoch_batches(epoch))  # mid-epoch
     ckpt["sampler"] = {"epoch": ckpt["sampler"]["epoch"], "position": position}  # as tmt wrote it before
     torch.save(ckpt, path)
 
     trainer = Trainer(tiny_config(tiny_corpus, train={"max_steps": 4, "batch_tokens": 128}), run, progress=False)
     trainer.resume()  # the old cut (batch_tokens 64, unpadded) is recognised as another one
     assert trainer.sampler.earlier_parts == [({"batch_tokens": 64, "world_size": 1, "pad_to_multiple": 1}, position)]
+    assert trainer.sampler.epoch_batches(epoch)  # the rest of the epoch, cut at 128 tokens
 
 
 def test_tensorboard_has_scalars_examples_attention_images_and_hparams(tiny_corpus: Path, tmp_path: Path):

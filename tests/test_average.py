@@ -41,3 +41,28 @@ def test_average_of_the_last_checkpoints_is_their_mean_and_translates(tiny_corpu
 
     code, _, err = run_cli(["average", "--run", str(run), "--last", "5"], monkeypatch, capsys, tmp_path)
     assert code == 2 and "3 step checkpoint(s) on disk, fewer than --last 5" in err
+
+
+def test_average_never_writes_over_a_checkpoint_or_a_users_file(tiny_corpus: Path, tmp_path: Path,
+                                                                monkeypatch, capsys):
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 4, "save_every_steps": 2, "test_at_end": False})
+    train(cfg, run, progress=False)
+    (tmp_path / "notes.txt").write_text("mine", encoding="utf-8")
+    for output in (tmp_path / "notes.txt", run / "checkpoints" / "step_00000004.pt", run / "checkpoints" / "best.pt"):
+        before = output.read_bytes()
+        code, _, err = run_cli(["average", "--run", str(run), "--last", "2", "--output", str(output)],
+                               monkeypatch, capsys, tmp_path)
+        assert code == 2 and "already exists" in err and output.read_bytes() == before, err
+    code, _, err = run_cli(["average", "--run", str(run), "--last", "2", "--output", str(tmp_path / "new" / "a.pt")],
+                           monkeypatch, capsys, tmp_path)
+    assert code == 0 and (tmp_path / "new" / "a.pt").is_file(), err  # its folder is created
+
+    # An averaged checkpoint holds weights only: put where a step checkpoint was, resume says so.
+    path = run / "checkpoints" / "step_00000004.pt"
+    path.write_bytes((tmp_path / "new" / "a.pt").read_bytes())
+    prepare_run_dir(run, resume=True, overwrite=False)
+    trainer_state = train(tiny_config(tiny_corpus, train={"max_steps": 5, "save_every_steps": 2, "test_at_end": False}),
+                          run, resume=True, progress=False)
+    assert trainer_state.step == 5  # resumed from step 2, the newest step checkpoint with training state

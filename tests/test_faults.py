@@ -6,6 +6,7 @@ console script calls; test_cli.py covers the same path in subprocesses.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -224,6 +225,36 @@ def test_an_output_that_is_a_directory_is_refused_before_translating(command, ti
                            monkeypatch, capsys, tmp_path)
     assert code == 2 and f"--output {tmp_path / 'out'} is a directory" in err and "Traceback" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.en", "out"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("command, inputs, output", [
+    ("translate", ["--input", "in.en"], "in.en"),
+    ("evaluate", ["--src", "in.en", "--ref", "ref.it", "--quiet"], "in.en"),
+    ("evaluate", ["--src", "in.en", "--ref", "ref.it", "--quiet"], "ref.it"),
+])
+def test_an_output_that_is_an_input_file_is_refused(command, inputs, output, tiny_run: Path, tmp_path: Path,
+                                                    monkeypatch, capsys):
+    (tmp_path / "in.en").write_text("Good morning.\n", encoding="utf-8")
+    (tmp_path / "ref.it").write_text("Buongiorno.\n", encoding="utf-8")
+    before = snapshot(tmp_path)
+    code, _, err = run_cli([command, "--run", str(tiny_run), *inputs, "--output", output], monkeypatch, capsys,
+                           tmp_path)
+    assert code == 2 and "would destroy the input" in err and "Traceback" not in err, err
+    assert snapshot(tmp_path) == before
+
+
+def test_scoring_a_file_named_test_keeps_the_final_tests_hypotheses(tiny_run: Path, tmp_path: Path,
+                                                                    monkeypatch, capsys):
+    evaluation = tiny_run / "evaluation"
+    reported = evaluation / json.loads((evaluation / "test_scores.json").read_text())["hypotheses"]
+    kept = reported.read_bytes()
+    (tmp_path / "test").write_text("Good morning.\n", encoding="utf-8")
+    (tmp_path / "test.ref").write_text("Buongiorno.\n", encoding="utf-8")
+    code, _, err = run_cli(["evaluate", "--run", str(tiny_run), "--src", "test", "--ref", "test.ref",
+                            "--beam", str(json.loads((evaluation / "test_scores.json").read_text())["beam_size"]),
+                            "--quiet"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    assert reported.read_bytes() == kept and (evaluation / f"file-test.{reported.name[len('test.'):]}").is_file()
 
 
 def test_a_10000_word_sentence_is_truncated_with_a_warning(tiny_run: Path, tmp_path: Path, monkeypatch, capsys):

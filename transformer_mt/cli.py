@@ -310,7 +310,8 @@ def run_translate(args: argparse.Namespace) -> None:
                              "or one per line on stdin")
     if args.show_attention and len(lines) != 1:
         raise UsageError(f"--show-attention draws one sentence; got {len(lines)}")
-    _check_output(args.output)
+    _check_output(args.output, inputs={"--input": args.input})
+    _check_output(args.show_attention, "--show-attention", inputs={"--input": args.input})
     translator = _load_translator(args)
     if args.show_attention:
         _draw_attention(translator, lines[0], args)
@@ -333,8 +334,11 @@ def _draw_attention(translator, line: str, args: argparse.Namespace) -> None:
                          f"(0..{n_layers - 1}, or -1 for the last)")
     attention = translator.attention(line, layer=args.attention_layer, beam_size=args.beam)
     layer = args.attention_layer % n_layers
-    save_attention_png(args.show_attention, attention.weights, attention.src_pieces, attention.tgt_pieces,
-                       f"cross-attention, decoder layer {layer + 1} of {n_layers}, mean over heads")
+    try:
+        save_attention_png(args.show_attention, attention.weights, attention.src_pieces, attention.tgt_pieces,
+                           f"cross-attention, decoder layer {layer + 1} of {n_layers}, mean over heads")
+    except OSError as err:
+        raise TmtError(f"cannot write {args.show_attention} ({err.strerror or err})") from None
     print(attention.translation)
     print(f"attention drawn to {args.show_attention}", file=sys.stderr)
 
@@ -347,7 +351,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
     _setup_logging(logging.WARNING)
     if bool(args.src) != bool(args.ref):
         raise UsageError("--src and --ref go together")
-    _check_output(args.output)
+    _check_output(args.output, inputs={"--src": args.src, "--ref": args.ref})
     translator = _load_translator(args)
     tokenize = args.tokenize or translator.cfg.train.bleu_tokenize
     check_bleu_tokenizer(tokenize, "--tokenize" if args.tokenize else "train.bleu_tokenize")  # before translating
@@ -356,7 +360,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
         if not pairs:
             raise UsageError(f"{args.src}: no sentences to evaluate")
         sources, references = [src for src, _ in pairs], [ref for _, ref in pairs]
-        name = args.src.name
+        name = f"file-{args.src.name}"  # never a split's name: the final test's hypotheses are test.*
     else:
         corpus = load_corpus(translator.cfg.data, translator.cfg.seed, translator.run_dir)
         split = getattr(corpus, args.split)
@@ -394,12 +398,18 @@ def run_average(args: argparse.Namespace) -> None:
 
     _setup_logging(logging.INFO)
     checkpoints = CheckpointDir(args.run / "checkpoints", keep_last=1)
+    if not checkpoints.directory.is_dir():
+        raise UsageError(f"--run {args.run}: no checkpoints folder there; is it a tmt run directory?")
     steps = checkpoints.steps()
     if len(steps) < args.last:
         raise UsageError(f"{args.run}: {len(steps)} step checkpoint(s) on disk, fewer than --last {args.last} "
                          "(train.keep_last sets how many a run keeps)")
     steps = steps[-args.last:]
     output = args.output or checkpoints.directory / f"average_steps_{steps[0]:08d}-{steps[-1]:08d}.pt"
+    if output.is_dir() or (output.exists() and not output.name.startswith("average_steps_")):
+        raise UsageError(f"--output {output} already exists; tmt average replaces only an earlier average "
+                         "(average_steps_*.pt): choose a new file name")
+    output.parent.mkdir(parents=True, exist_ok=True)
     save_atomic(average_checkpoints([checkpoints.step_path(step) for step in steps]), output)
     print(f"averaged steps {', '.join(map(str, steps))} into {output}", file=sys.stderr)
 
@@ -419,10 +429,16 @@ def _read_file_lines(path: Path) -> list[str]:
     return read_lines(path)
 
 
-def _check_output(path: Path | None) -> None:
-    """Refuse an --output that cannot be a file before translating, not after."""
-    if path is not None and path.is_dir():
-        raise UsageError(f"--output {path} is a directory; give a file name")
+def _check_output(path: Path | None, option: str = "--output", inputs: dict[str, Path | None] | None = None) -> None:
+    """Refuse, before translating rather than after, an output that cannot be a file or that is
+    one of the command's `inputs` (option -> path): writing it would destroy what was read."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise UsageError(f"{option} {path} is a directory; give a file name")
+    for name, source in (inputs or {}).items():
+        if source is not None and path.exists() and source.exists() and os.path.samefile(path, source):
+            raise UsageError(f"{option} {path} is the {name} file; writing it would destroy the input")
 
 
 def _write_lines(path: Path, lines: list[str]) -> None:

@@ -43,6 +43,7 @@ from transformer_mt.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPa
 logger = logging.getLogger(__name__)
 
 TEST_SCORES_FILE = "test_scores.json"  # in <run>/evaluation/: the final test's scores
+RESUME_KEYS = ("optimizer", "scheduler", "scaler", "train_state", "sampler", "rng")  # of `Trainer.checkpoint_state`
 
 
 @dataclass
@@ -291,7 +292,12 @@ class Trainer:
         for step in reversed(self.checkpoints.steps()):
             path = self.checkpoints.step_path(step)
             try:
-                return path, load_checkpoint(path, map_location=self.device)
+                ckpt = load_checkpoint(path, map_location=self.device)
+                missing = [key for key in RESUME_KEYS if key not in ckpt]
+                if missing:  # e.g. an average written over a step file: weights only
+                    raise CheckpointError(f"{path}: holds no training state ({', '.join(missing)}); it cannot be "
+                                          "resumed from")
+                return path, ckpt
             except CheckpointError as err:
                 logger.warning("skipping checkpoint: %s", err)
                 problems.append(str(err))

@@ -62,6 +62,28 @@ def test_missing_config_file_is_named(tmp_path: Path):
         load_config(tmp_path / "nope.yaml")
 
 
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path: Path):
+    path = tmp_path / "dup.yaml"
+    path.write_text("name: x\ntrain:\n  max_steps: 3\n  lr: 0.1\nseed: 1\ntrain:\n  max_steps: 7\n")
+    with pytest.raises(ConfigError, match=r"dup.yaml:6: duplicate key 'train' \(first at line 2\)"):
+        load_config(path)
+    # Merge keys may be overridden: that is what they are for.
+    path.write_text("base: &b {max_steps: 3, lr: 0.1}\ntrain:\n  <<: *b\n  max_steps: 7\n")
+    with pytest.raises(ConfigError, match="base: unknown"):  # only the anchor's home section is unknown
+        load_config(path)
+
+
+@pytest.mark.parametrize("content, expected", [
+    (None, "is a directory, not a config file"),
+    ("a: &a [*a]\n", "a YAML alias refers to the value that contains it"),
+])
+def test_a_config_that_is_no_file_or_contains_itself_is_a_config_error(content, expected, tmp_path: Path):
+    path = tmp_path / "config.yaml"
+    path.mkdir() if content is None else path.write_text(content)
+    with pytest.raises(ConfigError, match=expected):
+        load_config(path)
+
+
 def test_demo_config_is_valid():
     from tests.conftest import DEMO_CONFIG
 

@@ -212,16 +212,46 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: object, line: int, first_line: int):
+        super().__init__(f"duplicate key {key!r} (first at line {first_line}); the second would silently "
+                         "replace the first")
+        self.line = line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.safe_load`'s loader, refusing a key given twice in one mapping (PyYAML keeps the last:
+    a repeated `train:` section would drop every setting of the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[object, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base`: its keys may be overridden, which is what merging is for
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1, seen[key])
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML config file, apply `a.b=value` overrides, and validate it.
 
     Relative local data paths are resolved against the config file's directory.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError([f"{path}: is a directory, not a config file"])
     if not path.is_file():
         raise ConfigError([f"{path}: config file not found"])
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except _DuplicateKey as err:
+        raise ConfigError([f"{path}:{err.line}: {err}"]) from None
+    except OSError as err:
+        raise ConfigError([f"{path}: cannot read it ({err.strerror or err})"]) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
@@ -233,7 +263,10 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError([f"{path}: the top level must be a mapping of sections, not {type(raw).__name__}"])
-    cfg = config_from_dict(apply_overrides(raw, overrides))
+    try:
+        cfg = config_from_dict(apply_overrides(raw, overrides))
+    except RecursionError:  # `a: &a [*a]`: a value that contains itself
+        raise ConfigError([f"{path}: a YAML alias refers to the value that contains it"]) from None
     return resolve_paths(cfg, path.parent)
 
 

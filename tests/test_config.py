@@ -120,3 +120,13 @@ def test_nan_and_infinite_numbers_are_refused_by_key(tmp_path: Path):
 def test_seed_must_fit_the_random_generators():
     assert problems_of({"data": {"path": "x"}, "seed": -1}) == ["seed: must be in [0, 2**32), got -1"]
     assert problems_of({"data": {"path": "x"}, "seed": 2**40}) == [f"seed: must be in [0, 2**32), got {2**40}"]
+
+
+@pytest.mark.parametrize("key, value", [("name", "a\0b"), ("name", "x" * 300), ("data.src_lang", ""),
+                                        ("data.src_lang", "../en"), ("data.path", "co\0rpus")])
+def test_names_that_cannot_be_file_names_are_config_errors(key, value):
+    section, _, field = key.rpartition(".")
+    raw = {"data": {"path": "corpus"}}
+    (raw.setdefault(section, {}) if section else raw)[field] = value
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        config_from_dict(raw)

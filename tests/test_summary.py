@@ -47,3 +47,14 @@ def test_runs_lists_each_run_and_notices_a_dead_one(tiny_corpus: Path, tmp_path:
 
     code, _, err = run_cli(["runs", "--dir", str(tmp_path / "nothing")], monkeypatch, capsys, tmp_path)
     assert code == 1 and "no runs" in err
+
+
+def test_runs_lists_every_run_even_beside_a_summary_of_the_wrong_shape(tmp_path: Path, monkeypatch, capsys):
+    for name, text in [("list", "[1, 2]"), ("odd", '{"status": "finished", "test": 5, "provenance": 3, "pid": "x"}'),
+                       ("good", '{"status": "finished", "step": 4, "max_steps": 4, "test": {"bleu": 12.5}}')]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(text, encoding="utf-8")
+    code, out, err = run_cli(["runs", "--dir", str(tmp_path)], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert "unreadable summary.json" in rows["list"] and "finished" in rows["odd"] and "12.50" in rows["good"]

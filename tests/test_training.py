@@ -428,3 +428,9 @@ def test_training_ends_by_scoring_the_test_split_with_beam_search(average_last, 
     code, out, err = run_cli(["evaluate", "--run", str(run), "--quiet"], monkeypatch, capsys, tmp_path)
     assert code == 0 and out.startswith("BLEU = "), err
     assert (run / "evaluation" / "test.best.beam3.txt").is_file() and hypotheses.read_text("utf-8") == written
+
+
+def test_a_run_directory_that_cannot_be_created_is_a_usage_error(tmp_path: Path):
+    (tmp_path / "file").write_text("not a folder", encoding="utf-8")
+    with pytest.raises(UsageError, match="cannot create the run directory"):
+        prepare_run_dir(tmp_path / "file" / "run", resume=False, overwrite=False)

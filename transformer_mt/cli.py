@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.traceback:
             raise
         logger.debug("unexpected error", exc_info=True)
-        print(f"tmt: internal error: {type(err).__name__}: {err} (rerun with --traceback for details)",
+        print(f"tmt: internal error: {type(err).__name__}: {err} (rerun as `tmt --traceback COMMAND ...` for details)",
               file=sys.stderr)
         return 1
 

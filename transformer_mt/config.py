@@ -428,10 +428,14 @@ def _check_values(cfg: Config) -> list[str]:
     d, tok, m, t, dec = cfg.data, cfg.tokenizer, cfg.model, cfg.train, cfg.decode
     if not 0 <= cfg.seed < 2**32:
         p.append(f"seed: must be in [0, 2**32), got {cfg.seed}")
-    if not cfg.name or "/" in cfg.name or cfg.name in (".", ".."):
-        p.append(f"name: {cfg.name!r} must be a non-empty directory name without '/'")
-    if not d.path:
-        p.append("data.path: must name a hub dataset or a local directory")
+    if (not cfg.name or "/" in cfg.name or "\0" in cfg.name or cfg.name in (".", "..")
+            or len(cfg.name.encode("utf-8")) > 255):
+        p.append(f"name: {cfg.name!r} must be a directory name: not empty, without '/', at most 255 bytes")
+    if not d.path or "\0" in d.path:
+        p.append(f"data.path: {d.path!r} must name a hub dataset or a local directory")
+    for key, lang in (("data.src_lang", d.src_lang), ("data.tgt_lang", d.tgt_lang)):
+        if not lang or any(c in lang for c in "/\\\0") or lang.strip() != lang:  # part of each file name
+            p.append(f"{key}: {lang!r} must be a language code such as 'en' (it names the data files)")
     if d.src_lang == d.tgt_lang:
         p.append(f"data.tgt_lang: must differ from data.src_lang ({d.src_lang!r})")
     for key, value in [("data.valid_size", d.valid_size), ("data.test_size", d.test_size)]:

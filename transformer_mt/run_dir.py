@@ -70,8 +70,11 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     for name in entries:  # an earlier run (--overwrite) or the leftovers of a start that ended early
         path = run_dir / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / MARKER).write_text("a run directory made by tmt train\n", encoding="utf-8")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / MARKER).write_text("a run directory made by tmt train\n", encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"cannot create the run directory {run_dir} ({err.strerror or err})") from None
 
 
 def _finished_run_results(run_dir: Path, entries: list[str]) -> list[str]:

@@ -69,6 +69,8 @@ def read_summaries(runs_dir: Path) -> list[dict]:
             summary = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             summary = {"status": "unreadable summary.json"}
+        if not isinstance(summary, dict):  # valid JSON, but not what tmt writes
+            summary = {"status": "unreadable summary.json"}
         summary["run_dir"] = str(path.parent)
         summary["mtime"] = path.stat().st_mtime
         if summary.get("status") == "running" and not _writer_alive(summary):
@@ -83,7 +85,7 @@ def runs_table(rows: list[dict]) -> str:
     lines = [header]
     for row in rows:
         best = row.get("best_bleu")
-        test = (row.get("test") or {}).get("bleu")
+        test = row["test"].get("bleu") if isinstance(row.get("test"), dict) else None
         lines.append((Path(row["run_dir"]).name, str(row.get("status", "?")),
                       f"{row.get('step', '?')}/{row.get('max_steps', '?')}",
                       f"{best:.2f}" if isinstance(best, (int, float)) and best >= 0 else "-",
@@ -95,13 +97,14 @@ def runs_table(rows: list[dict]) -> str:
 
 def _writer_alive(summary: dict) -> bool:
     """False when the summary was written on this host by a process that no longer exists."""
-    if summary.get("provenance", {}).get("host") != socket.gethostname() or not summary.get("pid"):
+    provenance = summary.get("provenance")
+    if not isinstance(provenance, dict) or provenance.get("host") != socket.gethostname() or not summary.get("pid"):
         return True  # another machine's run: we cannot tell
     try:
         os.kill(int(summary["pid"]), 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # exists, owned by someone else
+    except (PermissionError, ValueError, TypeError, OverflowError):  # someone else's process; a pid not tmt's
         return True
     return True
 

@@ -563,3 +563,20 @@ def test_rng_states_of_devices_that_cannot_be_restored_are_named(monkeypatch, ca
     assert torch.equal(torch.get_rng_state(), cpu_state)
     runtime.load_rng_state({"cpu": cpu_state, "cuda": [torch.zeros(16, dtype=torch.uint8)]})
     assert len(restored) == 1
+
+
+def test_a_checkpoint_that_is_not_one_or_lies_outside_a_run_is_named(tiny_run: Path, tmp_path: Path,
+                                                                     monkeypatch, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run, run)
+    (run / "checkpoints" / "notes.pt").write_bytes((run / "config.yaml").read_bytes())
+    code, _, err = run_cli(["translate", "--checkpoint", str(run / "checkpoints" / "notes.pt"), "Hello."],
+                           monkeypatch, capsys, tmp_path)
+    assert code == 1 and "notes.pt: not a readable checkpoint" in err, err
+    assert "weights_only" not in err and len(err.strip().splitlines()) == 1  # torch's advice is not passed on
+    shutil.copyfile(run / "checkpoints" / "best.pt", tmp_path / "copied.pt")
+    code, _, err = run_cli(["translate", "--checkpoint", str(tmp_path / "copied.pt"), "Hello."],
+                           monkeypatch, capsys, tmp_path)
+    assert code == 2 and "inside a run's checkpoints/ folder" in err, err

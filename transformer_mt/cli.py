@@ -418,6 +418,9 @@ def _load_translator(args: argparse.Namespace):
     from transformer_mt.translator import Translator, latest_run
 
     if args.checkpoint:
+        if args.checkpoint.resolve().parent.name != "checkpoints":
+            raise UsageError(f"--checkpoint {args.checkpoint}: give a checkpoint inside a run's checkpoints/ "
+                             "folder (the run's tokenizers and config are found from there)")
         run_dir = args.checkpoint.resolve().parent.parent  # <run>/checkpoints/<file>.pt
         return Translator.from_run(run_dir, checkpoint=args.checkpoint, device=args.device)
     return Translator.from_run(args.run or latest_run(Path("runs")), device=args.device)

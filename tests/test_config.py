@@ -130,3 +130,12 @@ def test_names_that_cannot_be_file_names_are_config_errors(key, value):
     (raw.setdefault(section, {}) if section else raw)[field] = value
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         config_from_dict(raw)
+
+
+def test_a_language_code_yaml_reads_as_a_boolean_says_to_quote_it():
+    with pytest.raises(ConfigError, match=r"data.src_lang: expected a string, got .*False.*quote it"):
+        config_from_dict({"data": {"path": "corpus", "src_lang": False}})
+
+
+def test_a_section_with_every_key_commented_out_takes_the_defaults():
+    assert config_from_dict({"data": {"path": "corpus"}, "train": None}).train.max_steps > 0

@@ -339,6 +339,8 @@ def resolve_paths(cfg: Config, base_dir: Path) -> Config:
 def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
     """Instantiate dataclass `cls` from `raw`, appending problems instead of raising."""
     label = prefix.rstrip(".") or "config"
+    if raw is None and prefix:  # `train:` with every key commented out: all defaults
+        raw = {}
     if not isinstance(raw, dict):
         problems.append(f"{label}: expected a mapping, got {_show(raw)}")
         return cls()
@@ -418,7 +420,11 @@ def _coerce(value: Any, hint: Any) -> tuple[Any, str | None]:
             return None, f"expected a finite number, got {_show(value)}"
         return number, None
     if hint is str:
-        return (value, None) if isinstance(value, str) else (None, f"expected a string, got {_show(value)}")
+        if isinstance(value, str):
+            return value, None
+        # YAML reads no, yes, on, off as booleans and 1.0 as a number: a language code `no` is False.
+        quote = " (quote it, e.g. 'no', for YAML to read a string)" if isinstance(value, (bool, int, float)) else ""
+        return None, f"expected a string, got {_show(value)}{quote}"
     raise TypeError(f"unsupported config type {hint}")  # a programming error, not a user one
 
 

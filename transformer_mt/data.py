@@ -214,8 +214,10 @@ def _check_not_empty(split: str, selected: np.ndarray, removed: dict[str, int], 
         return
     if split == "train":
         counts = ", ".join(f"{name}={count}" for name, count in removed.items())
+        advice = {"empty": "pairs with an empty side: check the files' columns or line alignment",
+                  "too_long": "check data.max_words", "length_ratio": "check data.max_length_ratio"}
         raise DataError(f"no training pairs left after filtering (removed: {counts}); "
-                        "check data.max_words / data.max_length_ratio")
+                        + "; ".join(advice[name] for name, count in removed.items() if count))
     raise DataError(f"the {split} split of {cfg.path} has no pairs with text on both sides")
 
 

@@ -98,6 +98,9 @@ def _local_file_names(cfg: DataConfig, split: str) -> list[str]:
 def _find_file(path: Path) -> Path | None:
     """Return `path` or `path.gz`, whichever exists; None if neither; error if both."""
     gz_path = path.with_name(path.name + ".gz")
+    for candidate in (path, gz_path):
+        if candidate.is_dir():
+            raise DataError(f"{candidate} is a directory, not a data file")
     if path.is_file() and gz_path.is_file():
         raise DataError(f"both {path} and {gz_path} exist; remove one so it is clear which to read")
     return path if path.is_file() else gz_path if gz_path.is_file() else None

@@ -580,3 +580,12 @@ def test_a_checkpoint_that_is_not_one_or_lies_outside_a_run_is_named(tiny_run: P
     code, _, err = run_cli(["translate", "--checkpoint", str(tmp_path / "copied.pt"), "Hello."],
                            monkeypatch, capsys, tmp_path)
     assert code == 2 and "inside a run's checkpoints/ folder" in err, err
+
+
+def test_tmt_data_names_the_runs_damaged_file_not_its_scratch_copy(tiny_run: Path, tmp_path: Path,
+                                                                    monkeypatch, capsys):
+    run = copy_run(tiny_run, tmp_path / "run")
+    (run / "tokenizer.json").write_text("{junk", encoding="utf-8")
+    code, _, err = run_cli(["data", "--config", str(tiny_run.parent.parent / "tiny.yaml"), "--run-dir", str(run)],
+                           monkeypatch, capsys, tmp_path)
+    assert code == 1 and f"{run / 'tokenizer.json'}: cannot load tokenizer" in err and "tmt-data-" not in err, err

@@ -278,8 +278,12 @@ def run_data(args: argparse.Namespace) -> None:
                 if (run_dir / name).is_file():
                     shutil.copyfile(run_dir / name, Path(scratch) / name)
         device_type = cfg.train.device if cfg.train.device != "auto" else pick_device().type
-        *_, report = prepare_data(cfg, Path(scratch), progress=not args.quiet,
-                                  pad_to_multiple=batch_padding(cfg.train, device_type))
+        try:
+            *_, report = prepare_data(cfg, Path(scratch), progress=not args.quiet,
+                                      pad_to_multiple=batch_padding(cfg.train, device_type))
+        except TmtError as err:  # name the run's file (a damaged splits.json, say), not its scratch copy
+            err.args = tuple(str(arg).replace(scratch, str(run_dir)) for arg in err.args)
+            raise
     print(report.render())
     source = f"the tokenizers of {run_dir}" if reuse else "tokenizers trained for this report (not saved)"
     print(f"tmt: data report of {args.config} with {source}", file=sys.stderr)

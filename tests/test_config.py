@@ -139,3 +139,11 @@ def test_a_language_code_yaml_reads_as_a_boolean_says_to_quote_it():
 
 def test_a_section_with_every_key_commented_out_takes_the_defaults():
     assert config_from_dict({"data": {"path": "corpus"}, "train": None}).train.max_steps > 0
+
+
+def test_a_hub_path_is_a_local_folder_beside_the_config_when_one_is_there(tmp_path: Path):
+    (tmp_path / "sub" / "my_dataset").mkdir(parents=True)
+    for path, expected in [("my_dataset", str(tmp_path / "sub" / "my_dataset")),
+                           ("Helsinki-NLP/opus_books", "Helsinki-NLP/opus_books")]:
+        (tmp_path / "sub" / "cfg.yaml").write_text(f"data:\n  format: hub\n  path: {path}\n")
+        assert load_config(tmp_path / "sub" / "cfg.yaml").data.path == expected

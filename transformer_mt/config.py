@@ -327,10 +327,13 @@ def save_config(cfg: Config, path: Path) -> None:
 
 
 def resolve_paths(cfg: Config, base_dir: Path) -> Config:
-    """Make a relative local `data.path` absolute, relative to `base_dir`."""
-    if cfg.data.format == "hub" or not cfg.data.path:
+    """Make a relative local `data.path` absolute, relative to `base_dir`. With `format: hub`
+    the path is a hub name unless it names a folder there (a local dataset in the hub layout)."""
+    if not cfg.data.path:
         return cfg
     data_path = Path(cfg.data.path).expanduser()
+    if cfg.data.format == "hub" and not (base_dir / data_path).is_dir():
+        return cfg
     if not data_path.is_absolute():
         data_path = (base_dir / data_path).resolve()
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(data_path)))

@@ -58,3 +58,31 @@ def test_runs_lists_every_run_even_beside_a_summary_of_the_wrong_shape(tmp_path:
     assert code == 0, err
     rows = {line.split()[0]: line for line in out.splitlines()[1:]}
     assert "unreadable summary.json" in rows["list"] and "finished" in rows["odd"] and "12.50" in rows["good"]
+
+
+def test_the_config_folders_git_commit_is_recorded_with_dirty_marked(tmp_path: Path):
+    import shutil
+    import subprocess
+
+    import pytest
+
+    from transformer_mt.summary import git_commit
+
+    if shutil.which("git") is None:
+        pytest.skip("no git on this machine")
+    repo = tmp_path / "configs"
+    repo.mkdir()
+    git = lambda *args: subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,  # noqa: E731
+                                       text=True, env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+                                                       "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+                                                       "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}).stdout
+    git("init", "-q")
+    (repo / "exp.yaml").write_text("name: exp\n")
+    git("add", "exp.yaml")
+    git("commit", "-q", "-m", "exp")
+    head = git("rev-parse", "HEAD").strip()
+    assert git_commit(repo) == head and len(head) == 40
+    (repo / "exp.yaml").write_text("name: exp2\n")
+    assert git_commit(repo) == head + "-dirty"
+    (tmp_path / "plain").mkdir()
+    assert git_commit(tmp_path / "plain") is None  # not in a repository

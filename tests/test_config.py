@@ -1,8 +1,9 @@
+import re
 from pathlib import Path
 
 import pytest
 
-from transformer_mt.config import config_from_dict, load_config
+from transformer_mt.config import TrainConfig, config_from_dict, load_config
 from transformer_mt.errors import ConfigError
 
 
@@ -128,7 +129,7 @@ def test_names_that_cannot_be_file_names_are_config_errors(key, value):
     section, _, field = key.rpartition(".")
     raw = {"data": {"path": "corpus"}}
     (raw.setdefault(section, {}) if section else raw)[field] = value
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=rf"\n  {re.escape(key)}: "):  # the problem's own line
         config_from_dict(raw)
 
 
@@ -138,7 +139,7 @@ def test_a_language_code_yaml_reads_as_a_boolean_says_to_quote_it():
 
 
 def test_a_section_with_every_key_commented_out_takes_the_defaults():
-    assert config_from_dict({"data": {"path": "corpus"}, "train": None}).train.max_steps > 0
+    assert config_from_dict({"data": {"path": "corpus"}, "train": None}).train == TrainConfig()
 
 
 def test_a_hub_path_is_a_local_folder_beside_the_config_when_one_is_there(tmp_path: Path):

@@ -229,10 +229,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue  # `<<: *base`: its keys may be overridden, which is what merging is for
             key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
+            if not isinstance(key, (str, int, float, bool)):
+                continue  # a list or mapping as a key: not hashable, and no config key anyway
+            if key in seen:
                 raise _DuplicateKey(key, key_node.start_mark.line + 1, seen[key])
-            if isinstance(key, (str, int, float, bool)):
-                seen[key] = key_node.start_mark.line + 1
+            seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
 
 

@@ -19,9 +19,9 @@ from transformer_mt.batching import TokenBatchSampler
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import save_config
 from transformer_mt.distributed import Distributed, interleave
-from transformer_mt.errors import UsageError
+from transformer_mt.errors import DataError, UsageError
 from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.training import Trainer, train
+from transformer_mt.training import Trainer, prepare_data, train
 
 # 24 pairs make several 64-token batches, so a step of 2 ranks takes two different batches.
 PAIRS = TINY_PAIRS + [(f"{s} {s}", f"{t} {t}") for s, t in TINY_PAIRS]
@@ -43,6 +43,52 @@ def write_config(root: Path, name: str, **train_settings) -> Path:
     cfg = tiny_config(corpus, train={"test_at_end": False, **train_settings})
     save_config(cfg, root / name)
     return root / name
+
+
+def files_of(directory: Path) -> dict[str, int]:
+    """Every file under `directory` with its modification time (ns)."""
+    return {str(p.relative_to(directory)): p.stat().st_mtime_ns for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_other_ranks_train_on_the_data_rank_0_prepared_without_reading_their_own_copy(tmp_path):
+    # Rank 0 reads its machine's copy of the corpus; another machine's copy of the same files has
+    # another path and modification time, which would make that rank read, filter and write the
+    # corpus again, into the folder it shares with every other rank of its machine.
+    run_dir = tmp_path / "run"
+    rank0_copy = write_corpus(tmp_path / "node0" / "corpus", {"train": PAIRS, "test": PAIRS[:2]})
+    tokenizers, train_data, valid_data, _ = prepare_data(tiny_config(rank0_copy), run_dir)
+    other_copy = write_corpus(tmp_path / "node1" / "corpus", {"train": PAIRS, "test": PAIRS[:2]})
+    written = files_of(run_dir)
+
+    assert prepare_data(tiny_config(other_copy), run_dir) is not None  # what a rank did before: it rebuilt
+    assert files_of(run_dir) != written
+    written = files_of(run_dir)
+    for path in other_copy.iterdir():  # a prepared rank does not open its sources at all
+        path.unlink()
+    other_tokenizers, other_train, other_valid, _ = prepare_data(tiny_config(other_copy), run_dir, prepared=True)
+    assert files_of(run_dir) == written  # nothing written
+    assert other_tokenizers.src.to_str() == tokenizers.src.to_str()
+    assert other_train.ids(range(len(train_data))) == train_data.ids(range(len(train_data)))
+    assert other_valid.src_text == valid_data.src_text
+
+
+@pytest.mark.parametrize("missing", ["corpus_cache/corpus.json", "tokenizer.json", "token_cache"])
+def test_a_rank_that_does_not_find_rank_0s_data_says_the_run_dir_must_be_shared(tmp_path, missing):
+    corpus = write_corpus(tmp_path / "corpus", {"train": PAIRS, "test": PAIRS[:2]})
+    run_dir = tmp_path / "run"
+    prepare_data(tiny_config(corpus), run_dir)
+    path = run_dir / missing
+    if path.is_dir():
+        for entry in path.iterdir():
+            for file in entry.iterdir():
+                file.unlink()
+    else:
+        path.unlink()
+    before = files_of(run_dir)
+    with pytest.raises(DataError, match="on several machines, --run-dir must be on a filesystem they all share") as error:
+        prepare_data(tiny_config(corpus), run_dir, prepared=True)
+    assert str(path) in str(error.value)
+    assert files_of(run_dir) == before
 
 
 def test_interleave_undoes_a_strided_split():

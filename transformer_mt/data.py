@@ -23,7 +23,7 @@ import numpy as np
 
 from transformer_mt.config import DataConfig
 from transformer_mt.data_sources import SPLITS, SplitSource, open_sources
-from transformer_mt.errors import DataError
+from transformer_mt.errors import DataError, missing_from_rank0
 from transformer_mt.files import write_text_atomic
 
 if TYPE_CHECKING:
@@ -60,24 +60,34 @@ class Corpus:
     """A digest of each split's content: what a cache of anything derived from it is keyed by."""
 
 
-def load_corpus(cfg: DataConfig, seed: int, run_dir: Path) -> Corpus:
+def load_corpus(cfg: DataConfig, seed: int, run_dir: Path, *, prepared: bool = False) -> Corpus:
     """Read the corpus described by `cfg` into `run_dir/corpus_cache/` (or reuse it), carve missing
     valid/test splits, and filter pairs.
 
     `seed` drives the carving shuffle; the carved row indices are saved to (or, when present,
     reused from) `run_dir / "splits.json"`. Raises `DataError` naming the file, line or key at fault.
+
+    `prepared`: another process of the run (rank 0, see `Distributed.main_first`) has just read
+    the corpus into `run_dir`; take its files as they are, without opening the sources. Every
+    rank then trains on rank 0's corpus, even where its own copy of the data has another path
+    or modification time (node-local copies), and only rank 0 ever writes the folder.
     """
     import datasets
 
     run_dir = Path(run_dir)
-    sources = open_sources(cfg)
-    key = _corpus_key(cfg, seed, sources)
     directory = run_dir / CORPUS_DIR
-    manifest = _reusable_manifest(directory, key, run_dir / SPLITS_FILE)
-    if manifest is None:
-        manifest = _build(cfg, seed, sources, run_dir, key)
+    if prepared:
+        manifest = _read_manifest(directory)
+        if manifest is None:
+            raise missing_from_rank0(directory / MANIFEST_FILE)
     else:
-        logger.info("reusing the corpus read earlier into %s (its sources are unchanged)", directory)
+        sources = open_sources(cfg)
+        key = _corpus_key(cfg, seed, sources)
+        manifest = _reusable_manifest(directory, key, run_dir / SPLITS_FILE)
+        if manifest is None:
+            manifest = _build(cfg, seed, sources, run_dir, key)
+        else:
+            logger.info("reusing the corpus read earlier into %s (its sources are unchanged)", directory)
     splits = {split: datasets.Dataset.from_file(str(directory / f"{split}.arrow")) for split in SPLITS}
     logger.info("corpus: %d train, %d valid, %d test pairs", *(len(splits[s]) for s in SPLITS))
     return Corpus(**splits, removed=manifest["removed"], digests=manifest["digests"])
@@ -94,15 +104,21 @@ def _corpus_key(cfg: DataConfig, seed: int, sources: dict[str, SplitSource | Non
 
 def _reusable_manifest(directory: Path, key: str, splits_path: Path) -> dict | None:
     """The manifest of `directory` when its files were made from the same key and carving, else None."""
+    manifest = _read_manifest(directory)
+    if manifest is None or manifest.get("key") != key:
+        return None
+    if manifest.get("splits_digest") is not None and _file_digest(splits_path) != manifest["splits_digest"]:
+        return None  # splits.json was edited or removed: carve again
+    return manifest
+
+
+def _read_manifest(directory: Path) -> dict | None:
+    """The manifest of a complete `directory` (every split's file present), else None."""
     try:
         manifest = json.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    if not isinstance(manifest, dict) or manifest.get("key") != key:
-        return None
-    if manifest.get("splits_digest") is not None and _file_digest(splits_path) != manifest["splits_digest"]:
-        return None  # splits.json was edited or removed: carve again
-    if not all((directory / f"{split}.arrow").is_file() for split in SPLITS):
+    if not isinstance(manifest, dict) or not all((directory / f"{split}.arrow").is_file() for split in SPLITS):
         return None
     return manifest
 

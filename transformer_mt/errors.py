@@ -43,3 +43,9 @@ class TrainingStopped(TmtError):
     def __init__(self, message: str, signal_number: int):
         super().__init__(message)
         self.exit_code = 128 + signal_number
+
+
+def missing_from_rank0(path: object) -> DataError:
+    """The error of a torchrun rank that does not find what rank 0 prepared for it (`path`)."""
+    return DataError(f"{path} is missing: rank 0 prepares the run's data there and the other processes read it; "
+                     "on several machines, --run-dir must be on a filesystem they all share")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from transformer_mt.batching import Batch, make_batch_from_flat, padded_length
-from transformer_mt.errors import DataError
+from transformer_mt.errors import DataError, missing_from_rank0
 from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ def processes_for(n_rows: int, num_proc: int | None) -> int:
 
 def tokenize_split(split: datasets.Dataset, text_digest: str, tokenizers: TokenizerPair, max_len: int,
                    cache_root: Path, name: str, *, drop_long: bool, keep_text: bool = False,
-                   num_proc: int = 1, progress: bool = False) -> TokenizedSplit:
+                   num_proc: int = 1, progress: bool = False, prepared: bool = False) -> TokenizedSplit:
     """Token ids of `split` (columns `src`, `tgt`), from `cache_root` when cached, else encoded and cached.
 
     `text_digest` identifies the split's text (`Corpus.digests`). drop_long: remove pairs with a
@@ -131,7 +131,8 @@ def tokenize_split(split: datasets.Dataset, text_digest: str, tokenizers: Tokeni
     stop mid-sentence); otherwise truncate them (evaluation sets are never filtered). Raises
     `DataError` when dropping leaves nothing. `num_proc` processes encode (see `processes_for`);
     the ids go straight to disk, so no split has to fit in memory. `progress` shows the
-    encoding's progress bar on stderr when it is a terminal.
+    encoding's progress bar on stderr when it is a terminal. `prepared`: another process (rank 0)
+    has just filled the cache; read its entry, never encode or write.
     """
     import datasets
 
@@ -140,6 +141,8 @@ def tokenize_split(split: datasets.Dataset, text_digest: str, tokenizers: Tokeni
     dataset = _load_entry(path)
     if dataset is not None:
         logger.info("%s split: token ids from the cache %s", name, path)
+    elif prepared:
+        raise missing_from_rank0(path)
     else:
         was_enabled = datasets.is_progress_bar_enabled()
         if not (progress and sys.stderr.isatty()):

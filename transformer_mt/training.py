@@ -25,7 +25,8 @@ from transformer_mt.checkpoint import (FORMAT_VERSION, CheckpointDir, average_ch
                                        save_atomic)
 from transformer_mt.config import Config, TrainConfig, config_to_dict, save_config
 from transformer_mt.distributed import Distributed, interleave
-from transformer_mt.errors import CheckpointError, TmtError, TrainingError, TrainingStopped, UsageError
+from transformer_mt.errors import (CheckpointError, TmtError, TrainingError, TrainingStopped, UsageError,
+                                  missing_from_rank0)
 from transformer_mt.evaluation import (Scores, check_bleu_tokenizer, cross_attention_labels, cross_attention_map,
                                        score, translate_ids)
 from transformer_mt.files import lines_to_text, write_text_atomic
@@ -38,7 +39,8 @@ from transformer_mt.run_dir import check_saved_config, resume_config_changes
 from transformer_mt.summary import provenance, write_summary
 from transformer_mt.throughput import IntervalMeter, peak_flops_per_s, train_flops
 from transformer_mt.token_cache import CACHE_DIR, TokenizedSplit, processes_for, tokenize_split
-from transformer_mt.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
+from transformer_mt.tokenization import (BOS_ID, EOS, EOS_ID, JOINT_FILE, PAD_ID, SRC_FILE, TokenizerPair,
+                                        train_tokenizers)
 
 logger = logging.getLogger(__name__)
 
@@ -117,15 +119,20 @@ def batch_padding(train_cfg: TrainConfig, device_type: str) -> int:
     return train_cfg.pad_to_multiple if device_type == "cuda" or train_cfg.compile else 1
 
 
-def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size: int = 1, pad_to_multiple: int = 1
-                 ) -> tuple[TokenizerPair, TokenizedSplit, TokenizedSplit, DataReport]:
+def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size: int = 1, pad_to_multiple: int = 1,
+                 prepared: bool = False) -> tuple[TokenizerPair, TokenizedSplit, TokenizedSplit, DataReport]:
     """Load the corpus, train (or reuse) the tokenizers, tokenize the train and valid splits once
     (cached in the run directory, see `token_cache`), and log the data report (batches counted
-    with lengths padded to `pad_to_multiple`, see `batch_padding`)."""
-    corpus = data_module.load_corpus(cfg.data, cfg.seed, run_dir)
+    with lengths padded to `pad_to_multiple`, see `batch_padding`).
+
+    `prepared`: rank 0 of a torchrun run has just done all this in `run_dir`; only read what it
+    wrote (the other ranks), so that every rank trains on the same data and none writes there."""
+    corpus = data_module.load_corpus(cfg.data, cfg.seed, run_dir, prepared=prepared)
     if TokenizerPair.exists_in(run_dir):
         tokenizers = TokenizerPair.load(run_dir)
         logger.info("reusing the tokenizers in %s", run_dir)
+    elif prepared:
+        raise missing_from_rank0(run_dir / (JOINT_FILE if cfg.tokenizer.joint else SRC_FILE))
     else:
         started = time.perf_counter()
         rows = data_module.sample_rows(len(corpus.train), cfg.tokenizer.max_train_pairs, cfg.seed)
@@ -141,11 +148,11 @@ def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size:
     cache = run_dir / CACHE_DIR
     train = tokenize_split(corpus.train, corpus.digests["train"], tokenizers, cfg.model.max_len, cache, "train",
                            drop_long=True, num_proc=processes_for(len(corpus.train), cfg.data.num_proc),
-                           progress=progress)
+                           progress=progress, prepared=prepared)
     # Evaluation sets are never filtered; their over-long sentences are truncated instead.
     valid = tokenize_split(corpus.valid, corpus.digests["valid"], tokenizers, cfg.model.max_len, cache, "valid",
                            drop_long=False, keep_text=True, num_proc=processes_for(len(corpus.valid), cfg.data.num_proc),
-                           progress=progress)
+                           progress=progress, prepared=prepared)
     report = build_report(cfg, corpus, tokenizers, train, world_size, pad_to_multiple)
     logger.info("data report:\n%s", report.render())
     return tokenizers, train, valid, report
@@ -171,7 +178,7 @@ class Trainer:
         seed_everything(cfg.seed)
         with dist.main_first():  # rank 0 trains the tokenizers, carves the splits, fills the token cache
             self.tokenizers, self.train_data, self.valid_data, self.data_report = prepare_data(
-                cfg, run_dir, self.progress, dist.world_size, self.pad_to_multiple)
+                cfg, run_dir, self.progress, dist.world_size, self.pad_to_multiple, prepared=not dist.is_main)
         self.model = build_model(cfg, self.tokenizers).to(self.device)  # the same initial weights on every rank
         t = cfg.train
         # The module train steps call. Under torchrun, DDP wraps the model and averages the

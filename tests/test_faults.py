@@ -200,6 +200,14 @@ def test_bad_stdin_for_translate(stdin, code, expected, tiny_run: Path, tmp_path
     assert result[0] == code and expected in result[2] and "Traceback" not in result[2], result
 
 
+def test_a_sentence_argument_that_is_not_utf8_is_named(tiny_run: Path, tmp_path: Path, monkeypatch, capsys):
+    latin1 = os.fsdecode(b"caf\xe9")  # what Python makes of `tmt translate "café"` typed in a Latin-1 terminal
+    code, out, err = run_cli(["translate", "--run", str(tiny_run), "Good morning.", latin1], monkeypatch, capsys,
+                             tmp_path)
+    assert code == 1 and out == "" and "Traceback" not in err
+    assert "sentence argument 2: not valid UTF-8 (after 'caf')" in err
+
+
 def test_stdin_with_a_byte_order_mark_translates_like_the_same_file(tiny_run: Path, tmp_path: Path,
                                                                      monkeypatch, capsys):
     text = "\ufeffGood morning.\nThe bread.\n".encode("utf-8")  # as Windows Notepad saves it

@@ -311,7 +311,7 @@ def run_translate(args: argparse.Namespace) -> None:
     if args.input:
         lines = _read_file_lines(args.input)
     else:
-        lines = args.text or _read_stdin_lines()
+        lines = _argument_lines(args.text) if args.text else _read_stdin_lines()
         if not lines:
             raise UsageError("nothing to translate: give sentences as arguments, --input FILE, "
                              "or one per line on stdin")
@@ -458,6 +458,18 @@ def _write_lines(path: Path, lines: list[str]) -> None:
         write_text_atomic(path, lines_to_text(lines))
     except OSError as err:
         raise TmtError(f"cannot write {path} ({err.strerror or err})") from None
+
+
+def _argument_lines(texts: list[str]) -> list[str]:
+    """Sentences given as arguments. Python passes on bytes that are not UTF-8 as lone surrogates
+    (`os.fsdecode`), which no tokenizer takes: name the argument instead."""
+    for number, text in enumerate(texts, start=1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise DataError(f"sentence argument {number}: not valid UTF-8 (after {text[:err.start]!r}); "
+                            "check the terminal's encoding, or pass the text with --input FILE") from None
+    return texts
 
 
 def _read_stdin_lines() -> list[str]:

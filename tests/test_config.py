@@ -27,6 +27,20 @@ def test_every_problem_is_listed_by_dotted_key():
     assert any("did you mean 'max_steps'" in p for p in problems)
 
 
+def test_key_and_value_problems_are_listed_together_as_the_readme_shows():
+    problems = problems_of({"data": {"path": "x"}, "trian": {}, "model": {"d_model": 512, "n_heads": 6}})
+    assert problems == ["trian: unknown key (did you mean 'train'?)",
+                        "model.n_heads: 6 does not divide model.d_model=512"]
+
+
+def test_a_key_with_a_bad_type_is_not_judged_again_by_its_default():
+    # d_model keeps its default (512) when it is not a number: "8 does not divide 512" would be
+    # about a value nobody wrote; the bad n_heads type is one problem, not two.
+    problems = problems_of({"data": {"path": "x"}, "model": {"d_model": "wide", "n_heads": 5},
+                            "train": {"lr": "fast", "warmup_steps": -1}})
+    assert [p.split(":")[0] for p in problems] == ["model.d_model", "train.lr", "train.warmup_steps"]
+
+
 def test_heads_must_divide_model_width():
     problems = problems_of({"data": {"path": "x"}, "model": {"d_model": 512, "n_heads": 6}})
     assert problems == ["model.n_heads: 6 does not divide model.d_model=512"]

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import inspect
 import math
+import re
 import sys
 import types
 import typing
@@ -300,8 +301,10 @@ def config_from_dict(raw: dict) -> Config:
     """Build and validate a `Config`; raise one `ConfigError` listing every problem."""
     problems: list[str] = []
     cfg = _build(Config, raw, "", problems)
-    if not problems:
-        problems.extend(_check_values(cfg))
+    # A key with a bad type keeps its default, which the value checks would judge as if the
+    # user had written it: only report what they find about the other keys.
+    bad_keys = [re.compile(rf"(?<![\w.]){re.escape(problem.split(':')[0])}(?!\w)") for problem in problems]
+    problems.extend(p for p in _check_values(cfg) if not any(key.search(p) for key in bad_keys))
     if problems:
         raise ConfigError(problems)
     return cfg

@@ -584,6 +584,12 @@ def test_a_checkpoint_that_is_not_one_or_lies_outside_a_run_is_named(tiny_run: P
                            monkeypatch, capsys, tmp_path)
     assert code == 1 and "notes.pt: not a readable checkpoint" in err, err
     assert "weights_only" not in err and len(err.strip().splitlines()) == 1  # torch's advice is not passed on
+    best = (run / "checkpoints" / "best.pt").read_bytes()
+    (run / "checkpoints" / "cut.pt").write_bytes(best[:len(best) // 2])  # a copy cut short
+    code, _, err = run_cli(["translate", "--checkpoint", str(run / "checkpoints" / "cut.pt"), "Hello."],
+                           monkeypatch, capsys, tmp_path)
+    assert code == 1 and "cut.pt: not a readable checkpoint" in err, err
+    assert "central directory)" in err and "likelihood" not in err, err  # the cause, not torch's guesses after it
     shutil.copyfile(run / "checkpoints" / "best.pt", tmp_path / "copied.pt")
     code, _, err = run_cli(["translate", "--checkpoint", str(tmp_path / "copied.pt"), "Hello."],
                            monkeypatch, capsys, tmp_path)

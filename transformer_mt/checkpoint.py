@@ -52,10 +52,11 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises many types for truncated or foreign files
         # torch's weights-only refusal suggests weights_only=False, which would run code from the
-        # file: not advice to pass on. Other errors: their first line, which is what they say.
+        # file: not advice to pass on. Other errors: their first sentence, which is what they say
+        # (a truncated file: "... failed finding central directory", then torch's own guesses).
         text = str(err).strip()
         detail = ("it holds objects other than tensors and plain containers" if "Weights only load failed" in text
-                  else (text.splitlines()[0][:200] if text else type(err).__name__))
+                  else (text.splitlines()[0].split(". ")[0][:200] if text else type(err).__name__))
         raise CheckpointError(f"{path}: not a readable checkpoint, perhaps truncated, corrupt or not a tmt "
                               f"checkpoint ({detail})") from None
     if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):

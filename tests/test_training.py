@@ -406,18 +406,23 @@ def test_a_summary_that_cannot_be_written_does_not_hide_the_error_that_stopped_t
         train(tiny_config(tiny_corpus), run, progress=False)
 
 
-@pytest.mark.parametrize("average_last", [0, 2])
-def test_training_ends_by_scoring_the_test_split_with_beam_search(average_last, tiny_corpus: Path, tmp_path: Path,
-                                                                   monkeypatch, capsys):
+@pytest.mark.parametrize("average_last, averaged", [(0, None), (2, [3, 4]), (5, [2, 3, 4])])
+def test_training_ends_by_scoring_the_test_split_with_beam_search(average_last, averaged, tiny_corpus: Path,
+                                                                   tmp_path: Path, monkeypatch, capsys, caplog):
     run = tmp_path / "run"
     prepare_run_dir(run, resume=False, overwrite=False)
-    cfg = tiny_config(tiny_corpus, train={"max_steps": 4, "save_every_steps": 2, "average_last": average_last},
-                      decode={"beam_size": 3})
-    train(cfg, run, progress=False)
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 4, "save_every_steps": 2, "average_last": average_last,
+                                          "keep_last": max(3, average_last)}, decode={"beam_size": 3})
+    with caplog.at_level("WARNING", logger="transformer_mt.training"):
+        train(cfg, run, progress=False)
     report = json.loads((run / "evaluation" / "test_scores.json").read_text())
     # Saves at steps 2 and 4; the first validation, at step 3, is a new best and so a step checkpoint too.
-    expected = "average_steps_00000003-00000004.pt" if average_last else "best.pt"
+    expected = f"average_steps_{averaged[0]:08d}-00000004.pt" if average_last else "best.pt"
     assert report["checkpoint"] == expected and (run / "checkpoints" / expected).is_file()
+    best_step = json.loads((run / "summary.json").read_text())["best_step"]
+    assert report["checkpoint_steps"] == (averaged or [best_step]) and report["step"] == 4
+    # Fewer checkpoints on disk than train.average_last: an average of fewer, and a warning that says so.
+    assert ("only 3 step checkpoint(s) are on disk" in caplog.text) == (average_last == 5)
     assert report["sentences"] == 2 and report["beam_size"] == 3
     assert "tok:13a" in report["bleu_signature"] and "nc:6" in report["chrf_signature"]
     hypotheses = run / "evaluation" / report["hypotheses"]

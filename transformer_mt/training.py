@@ -524,11 +524,17 @@ class Trainer:
         cfg, checkpoints = self.cfg, self.checkpoints
         if cfg.train.average_last:
             steps = checkpoints.steps()[-cfg.train.average_last:]
+            if len(steps) < cfg.train.average_last:
+                logger.warning("train.average_last=%d, but only %d step checkpoint(s) are on disk (train.keep_last=%d, "
+                               "every %d steps): averaging those", cfg.train.average_last, len(steps),
+                               cfg.train.keep_last, cfg.train.save_every_steps)
             path = checkpoints.directory / f"average_steps_{steps[0]:08d}-{steps[-1]:08d}.pt"
             save_atomic(average_checkpoints([checkpoints.step_path(step) for step in steps]), path)
         else:
             path = checkpoints.best_path if checkpoints.best_path.is_file() else checkpoints.latest()
-        self.model.load_state_dict(load_checkpoint(path, map_location=self.device)["model"])
+        weights = load_checkpoint(path, map_location=self.device)
+        self.model.load_state_dict(weights["model"])
+        weights_steps = steps if cfg.train.average_last else [weights.get("train_state", {}).get("step")]
         test = data_module.load_corpus(cfg.data, cfg.seed, self.run_dir).test
         beam = cfg.decode.beam_size
         started = time.perf_counter()
@@ -541,7 +547,9 @@ class Trainer:
         out_dir.mkdir(exist_ok=True)
         hypotheses_file = f"test.{path.stem}.beam{beam}.txt"
         write_text_atomic(out_dir / hypotheses_file, lines_to_text(hypotheses))
-        report = {"checkpoint": path.name, "hypotheses": hypotheses_file, "step": self.state.step,
+        # step: the run's, when it was tested; checkpoint_steps: the steps whose weights were.
+        report = {"checkpoint": path.name, "checkpoint_steps": weights_steps, "hypotheses": hypotheses_file,
+                  "step": self.state.step,
                   "sentences": len(hypotheses), "beam_size": beam,
                   "length_penalty": cfg.decode.length_penalty, "bleu": round(scores.bleu, 2),
                   "chrf": round(scores.chrf, 2), "bleu_signature": scores.bleu_signature,

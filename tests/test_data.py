@@ -426,6 +426,25 @@ def test_hub_format_fails_fast_with_advice_when_hub_is_unreachable(offline_by, r
     assert "data.format: text" in message and "HF_HUB_OFFLINE=1" in message
 
 
+@pytest.mark.parametrize("offline", [True, False])
+def test_a_hub_dataset_missing_from_the_cache_in_offline_mode_gets_the_same_advice(offline, run_dir, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+
+    def not_cached(*args, **kwargs):  # what datasets raises offline for a dataset it has never downloaded
+        raise ConnectionError("Couldn't reach 'Helsinki-NLP/opus_books' on the Hub (OfflineModeIsEnabled)")
+
+    monkeypatch.setattr(datasets, "load_dataset", not_cached)
+    monkeypatch.setattr(data_sources, "_check_hub_reachable", lambda name: None)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1" if offline else "0")
+    with pytest.raises(DataError) as excinfo:
+        load_corpus(make_cfg(format="hub", path="Helsinki-NLP/opus_books", hub_config="en-it"), seed=1,
+                    run_dir=run_dir)
+    message = str(excinfo.value)
+    assert "(OfflineModeIsEnabled). " in message or message.endswith("(OfflineModeIsEnabled).")
+    assert ("only your HF cache was looked at" in message and "data.format: text" in message) == offline
+
+
 @pytest.fixture
 def hub_folder(tmp_path: Path, monkeypatch) -> Path:
     """A local dataset folder in the Hub layout: train.jsonl with a `translation` column only."""

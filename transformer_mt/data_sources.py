@@ -272,6 +272,10 @@ def _hub_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
     return sources
 
 
+LOCAL_FILES_HINT = ("train from local files instead: set data.format: text and data.path: a directory with "
+                    "train.en/train.it (see README)")
+
+
 def _hub_offline() -> bool:
     """True when the environment tells `datasets` to use only its local cache."""
     true_values = {"1", "ON", "YES", "TRUE"}  # as datasets.config.ENV_VARS_TRUE_VALUES
@@ -306,12 +310,9 @@ def _check_hub_reachable(name: str) -> None:
     thread.join(PROBE_TIMEOUT_S + 1)
     error = outcome[0] if outcome else TimeoutError("timed out")
     if error is not None:
-        raise DataError(
-            f"cannot reach the Hugging Face Hub to download {name!r} ({host}:{port}: {error}). "
-            "Without a network, train from local files instead: set data.format: text and data.path: "
-            "a directory with train.en/train.it (see README); or, if the dataset is already in your "
-            "HF cache, set HF_HUB_OFFLINE=1."
-        )
+        raise DataError(f"cannot reach the Hugging Face Hub to download {name!r} ({host}:{port}: {error}). "
+                        f"Without a network, {LOCAL_FILES_HINT}; or, if the dataset is already in your HF cache, "
+                        "set HF_HUB_OFFLINE=1.")
 
 
 def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
@@ -320,9 +321,12 @@ def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
     try:
         return datasets.load_dataset(cfg.path, cfg.hub_config, revision=cfg.revision)
     except (OSError, ValueError) as err:  # not found, no network, bad config name or revision
+        offline = (" HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set, so only your HF cache was looked at: unset it to "
+                   f"download the dataset, or {LOCAL_FILES_HINT}."
+                   if _hub_offline() else "")
         raise DataError(f"cannot load hub dataset data.path={cfg.path!r}, data.hub_config={cfg.hub_config!r}"
                         f"{f', data.revision={cfg.revision!r}' if cfg.revision else ''}: "
-                        f"{type(err).__name__}: {err}") from None
+                        f"{type(err).__name__}: {str(err).rstrip('.')}.{offline}") from None
 
 
 def _check_translation_column(dataset: datasets.Dataset, cfg: DataConfig, split_name: str) -> None:

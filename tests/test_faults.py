@@ -153,6 +153,7 @@ def test_a_bleu_tokenizer_sacrebleu_cannot_build_is_refused_before_training(tiny
     code, _, err = run_cli(["evaluate", "--run", str(tiny_run), "--tokenize", "ja-mecab", "--quiet"],
                            monkeypatch, capsys, tmp_path)
     assert code == 2 and "--tokenize: sacreBLEU cannot use the 'ja-mecab' tokenizer" in err, err
+    assert "invalid configuration" not in err and len(err.strip().splitlines()) == 1  # a flag, said on one line
     assert {p: p.stat().st_mtime_ns for p in tiny_run.rglob("*")} == written  # refused before translating
 
 

@@ -353,7 +353,7 @@ def _draw_attention(translator, line: str, args: argparse.Namespace) -> None:
 def run_evaluate(args: argparse.Namespace) -> None:
     from transformer_mt.data import load_corpus
     from transformer_mt.data_sources import read_aligned_files
-    from transformer_mt.evaluation import check_bleu_tokenizer, score
+    from transformer_mt.evaluation import bleu_tokenizer_problem, score
 
     _setup_logging(logging.WARNING)
     if bool(args.src) != bool(args.ref):
@@ -361,7 +361,10 @@ def run_evaluate(args: argparse.Namespace) -> None:
     _check_output(args.output, inputs={"--src": args.src, "--ref": args.ref})
     translator = _load_translator(args)
     tokenize = args.tokenize or translator.cfg.train.bleu_tokenize
-    check_bleu_tokenizer(tokenize, "--tokenize" if args.tokenize else "train.bleu_tokenize")  # before translating
+    problem = bleu_tokenizer_problem(tokenize)  # before translating
+    if problem:
+        where = "--tokenize" if args.tokenize else "the run's train.bleu_tokenize (choose another with --tokenize)"
+        raise UsageError(f"{where}: {problem}")
     if args.src:
         pairs = read_aligned_files(args.src, args.ref)
         if not pairs:

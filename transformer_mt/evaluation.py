@@ -12,7 +12,6 @@ from tqdm import tqdm
 from transformer_mt.batching import pad_sequences, sorted_batches
 from transformer_mt.config import DecodeConfig
 from transformer_mt.decoding import beam_search, greedy_decode
-from transformer_mt.errors import ConfigError
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision
 
@@ -27,8 +26,8 @@ class Scores:
     chrf_signature: str
 
 
-def check_bleu_tokenizer(tokenize: str, key: str) -> None:
-    """Raise `ConfigError` naming `key` when sacreBLEU cannot build its `tokenize` tokenizer here.
+def bleu_tokenizer_problem(tokenize: str) -> str | None:
+    """Why sacreBLEU cannot build its `tokenize` tokenizer here, or None when it can.
 
     Some (ja-mecab, ko-mecab, spm, flores*) need optional packages; without this check the
     first validation would fail after `train.eval_every_steps` of training.
@@ -36,7 +35,9 @@ def check_bleu_tokenizer(tokenize: str, key: str) -> None:
     try:
         sacrebleu.metrics.BLEU(tokenize=tokenize)
     except (ImportError, RuntimeError, OSError) as err:
-        raise ConfigError([f"{key}: sacreBLEU cannot use the {tokenize!r} tokenizer here ({err})"]) from None
+        # sacreBLEU's message spreads an install hint over several lines: keep it on one.
+        return f"sacreBLEU cannot use the {tokenize!r} tokenizer here ({' '.join(str(err).split())})"
+    return None
 
 
 def score(hypotheses: list[str], references: list[str], tokenize: str = "13a") -> Scores:

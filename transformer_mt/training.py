@@ -25,9 +25,9 @@ from transformer_mt.checkpoint import (FORMAT_VERSION, CheckpointDir, average_ch
                                        save_atomic)
 from transformer_mt.config import Config, TrainConfig, config_to_dict, save_config
 from transformer_mt.distributed import Distributed, interleave
-from transformer_mt.errors import (CheckpointError, TmtError, TrainingError, TrainingStopped, UsageError,
-                                  missing_from_rank0)
-from transformer_mt.evaluation import (Scores, check_bleu_tokenizer, cross_attention_labels, cross_attention_map,
+from transformer_mt.errors import (CheckpointError, ConfigError, TmtError, TrainingError, TrainingStopped,
+                                  UsageError, missing_from_rank0)
+from transformer_mt.evaluation import (Scores, bleu_tokenizer_problem, cross_attention_labels, cross_attention_map,
                                        score, translate_ids)
 from transformer_mt.files import lines_to_text, write_text_atomic
 from transformer_mt.loss import label_smoothed_loss
@@ -167,7 +167,8 @@ class Trainer:
 
     def __init__(self, cfg: Config, run_dir: Path, *, progress: bool = True, config_dir: Path | None = None,
                  dist: Distributed = Distributed()):
-        check_bleu_tokenizer(cfg.train.bleu_tokenize, "train.bleu_tokenize")  # before hours of training
+        if problem := bleu_tokenizer_problem(cfg.train.bleu_tokenize):  # before hours of training
+            raise ConfigError([f"train.bleu_tokenize: {problem}"])
         self.cfg = cfg
         self.run_dir = run_dir
         self.dist = dist

@@ -88,6 +88,33 @@ def loss_per_token(model, batches) -> float:
     return total / tokens
 
 
+def test_a_bf16_step_on_the_cpu_follows_the_fp32_step(tiny_corpus: Path, tmp_path: Path):
+    fp32 = make_trainer(tiny_corpus, tmp_path / "fp32", precision="fp32")
+    bf16 = make_trainer(tiny_corpus, tmp_path / "bf16", precision="bf16")
+    assert bf16.precision.name == "bf16" and fp32.precision.name == "fp32"
+    batch = fp32.load_batch(list(range(8)))
+    one, two = fp32.train_step(batch), bf16.train_step(batch)
+    # bf16 keeps 8 bits of mantissa: the same loss to about 1%, gradients pointing the same way;
+    # the weights and Adam's moments stay fp32 (autocast casts per product).
+    assert two.loss.item() == pytest.approx(one.loss.item(), rel=0.02)
+    a = torch.cat([p.grad.flatten() for p in fp32.model.parameters()])
+    b = torch.cat([p.grad.flatten() for p in bf16.model.parameters()])
+    assert torch.nn.functional.cosine_similarity(a, b, dim=0) > 0.99
+    assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
+
+
+def test_bf16_on_a_cpu_without_bf16_instructions_is_warned_about(monkeypatch, caplog):
+    from transformer_mt import runtime
+
+    for emulated in (True, False):
+        caplog.clear()
+        monkeypatch.setattr(runtime, "_cpu_bf16_emulated", lambda: emulated)
+        with caplog.at_level("WARNING", logger="transformer_mt.runtime"):
+            assert runtime.pick_precision("bf16", torch.device("cpu")).name == "bf16"
+            assert runtime.pick_precision("auto", torch.device("cpu")).name == "fp32"  # never chosen for you
+        assert ("emulated and may well be slower than fp32" in caplog.text) == emulated
+
+
 def test_padding_to_a_multiple_of_8_does_not_change_the_loss_per_token(tiny_corpus: Path, tmp_path: Path):
     trainer = make_trainer(tiny_corpus, tmp_path / "run")
     model = trainer.model.eval()

@@ -56,7 +56,7 @@ def test_a_step_on_real_positions_only_makes_the_update_of_a_padded_step(tiny_co
 
 @pytest.mark.parametrize("epsilon", [0.0, 0.1])
 def test_label_smoothed_loss_fused_with_the_projection_is_cross_entropy_of_the_logits(epsilon, monkeypatch):
-    monkeypatch.setattr(loss_module._ProjectedLabelSmoothedNLL, "ROW_BLOCK_ELEMENTS", 22)  # blocks of 2 rows
+    monkeypatch.setattr(loss_module._ProjectedLabelSmoothedNLL, "BLOCK_ROWS", 2)  # blocks of 2 rows, the last of 1
     torch.manual_seed(0)
     states = torch.randn(7, 4, requires_grad=True)  # (N, D)
     weight = torch.randn(11, 4, requires_grad=True)  # (V, D)

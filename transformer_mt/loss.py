@@ -38,16 +38,20 @@ class _ProjectedLabelSmoothedNLL(torch.autograd.Function):
     and are reused from one block to the next, where an (N, V) tensor would be a fresh,
     page-faulted allocation every step, read and written several times by log-softmax,
     the NLL and smoothing terms and their backward.
+
+    Blocks are `BLOCK_ROWS` rows whatever V is: with fewer rows the three products lose speed
+    on a CPU (docs/benchmarks.md, "Loss blocks"), while the block's logits (8 MB at V = 8,000)
+    still fit a CPU's last-level cache.
     """
 
-    ROW_BLOCK_ELEMENTS = 1 << 20  # logits per block (4 MB of fp32): 131 rows at V = 8,000
+    BLOCK_ROWS = 256
 
     @staticmethod
     def forward(ctx, states: torch.Tensor, weight: torch.Tensor, target_ids: torch.Tensor, pad_id: int,
                 epsilon: float) -> torch.Tensor:
         # states (N, D), weight (V, D), target_ids (N,) long
         (N, D), V = states.shape, weight.shape[0]
-        rows = max(1, _ProjectedLabelSmoothedNLL.ROW_BLOCK_ELEMENTS // V)
+        rows = _ProjectedLabelSmoothedNLL.BLOCK_ROWS
         counted = (target_ids != pad_id).to(states.dtype)  # (N,) 1 = a real target
         grads = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         grad_states = states.new_empty(N, D) if grads else None

@@ -75,6 +75,30 @@ def test_label_smoothed_loss_fused_with_the_projection_is_cross_entropy_of_the_l
         torch.testing.assert_close(label_smoothed_loss(states, targets, PAD_ID, epsilon, weight), plain.detach())
 
 
+def test_the_fused_loss_with_bf16_products_is_the_loss_of_bf16_logits(monkeypatch):
+    # Under bf16 autocast the model's own projection would multiply in bf16 and the loss take
+    # the logits to fp32: the fused loss must compute that, not an fp32 projection.
+    monkeypatch.setattr(loss_module._ProjectedLabelSmoothedNLL, "BLOCK_ROWS", 3)
+    torch.manual_seed(0)
+    states = torch.randn(8, 16, requires_grad=True)  # (N, D)
+    weight = torch.randn(40, 16, requires_grad=True)  # (V, D)
+    targets = torch.randint(1, 40, (8,))
+    targets[4] = PAD_ID
+    logits = (states.bfloat16() @ weight.bfloat16().t()).float()  # the plain path under autocast
+    plain = torch.nn.functional.cross_entropy(logits, targets, ignore_index=PAD_ID, label_smoothing=0.1,
+                                              reduction="sum")
+    plain_grads = torch.autograd.grad(plain, (states, weight))
+    fused = label_smoothed_loss(states, targets, PAD_ID, 0.1, weight, product_dtype=torch.bfloat16)
+    fused_grads = torch.autograd.grad(fused, (states, weight))
+    torch.testing.assert_close(fused, plain)
+    # The gradients' products are bf16 in both; the plain weight gradient is one bf16 product over
+    # all rows (rounded once to bf16), the fused one sums fp32 block results: bf16 tolerance.
+    for ours, theirs in zip(fused_grads, plain_grads):
+        torch.testing.assert_close(ours, theirs, rtol=2e-2, atol=2e-2)
+    fp32 = label_smoothed_loss(states, targets, PAD_ID, 0.1, weight)  # the fp32 products differ
+    assert not torch.allclose(fp32, fused, rtol=1e-5, atol=0)
+
+
 def pairs_of(trainer: Trainer) -> tuple[list[list[int]], list[list[int]]]:
     return trainer.train_data.ids(range(len(trainer.train_data)))
 

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 
 def label_smoothed_loss(logits: torch.Tensor, target_ids: torch.Tensor, pad_id: int, epsilon: float,
-                        output_weight: torch.Tensor | None = None) -> torch.Tensor:
+                        output_weight: torch.Tensor | None = None,
+                        product_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Summed label-smoothed cross-entropy over non-pad targets (fp32), to be divided by token count.
 
     logits (B, T, V), target_ids (B, T) -> scalar; or any matching (..., V) and (...). ε is
@@ -17,11 +18,13 @@ def label_smoothed_loss(logits: torch.Tensor, target_ids: torch.Tensor, pad_id: 
 
     With `output_weight` W (V, D), the first argument is instead the final states h (N, D),
     and the logits h·Wᵀ are computed inside, a block of rows at a time, never all at once
-    (`_ProjectedLabelSmoothedNLL`).
+    (`_ProjectedLabelSmoothedNLL`). `product_dtype` (bf16 under bf16 autocast) is then the
+    dtype of the projection's matrix products, as autocast would run it inside the model; the
+    logits, the softmax and the loss are fp32 whatever it is.
     """
     if output_weight is not None:
         return _ProjectedLabelSmoothedNLL.apply(logits.float(), output_weight.float(), target_ids.flatten(),
-                                                pad_id, epsilon)
+                                                pad_id, epsilon, product_dtype or torch.float32)
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target_ids.flatten(), ignore_index=pad_id,
                            label_smoothing=epsilon, reduction="sum")
 
@@ -48,10 +51,12 @@ class _ProjectedLabelSmoothedNLL(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, states: torch.Tensor, weight: torch.Tensor, target_ids: torch.Tensor, pad_id: int,
-                epsilon: float) -> torch.Tensor:
-        # states (N, D), weight (V, D), target_ids (N,) long
+                epsilon: float, product_dtype: torch.dtype) -> torch.Tensor:
+        # states (N, D) and weight (V, D) fp32, target_ids (N,) long
         (N, D), V = states.shape, weight.shape[0]
         rows = _ProjectedLabelSmoothedNLL.BLOCK_ROWS
+        low = product_dtype != states.dtype  # bf16 products: inputs cast, results back to fp32
+        weight_p = weight.to(product_dtype)  # (V, D), cast once (the same tensor when fp32)
         counted = (target_ids != pad_id).to(states.dtype)  # (N,) 1 = a real target
         grads = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         grad_states = states.new_empty(N, D) if grads else None
@@ -59,7 +64,8 @@ class _ProjectedLabelSmoothedNLL(torch.autograd.Function):
         loss = states.new_zeros(())
         for i in range(0, N, rows):
             h, gold_ids, scale = states[i:i + rows], target_ids[i:i + rows, None], counted[i:i + rows, None]
-            z = torch.mm(h, weight.t())  # (r, V) logits of the block
+            h_p = h.to(product_dtype)
+            z = torch.mm(h_p, weight_p.t()).float()  # (r, V) fp32 logits of the block
             lse = torch.logsumexp(z, dim=1, keepdim=True)  # (r, 1)
             per_row = lse - (1.0 - epsilon) * z.gather(1, gold_ids) - (epsilon / V) * z.sum(dim=1, keepdim=True)
             loss += (per_row * scale).sum()
@@ -67,12 +73,17 @@ class _ProjectedLabelSmoothedNLL(torch.autograd.Function):
                 grad = z.sub_(lse).exp_()  # (r, V) softmax, in the logits' buffer
                 torch.addcmul(-(epsilon / V) * scale, grad, scale, out=grad)  # (softmax - ε/V) · [real]
                 grad.scatter_add_(1, gold_ids, -(1.0 - epsilon) * scale)
-                torch.mm(grad, weight, out=grad_states[i:i + rows])  # (r, D)
-                grad_weight.addmm_(grad.t(), h)  # (V, D)
+                if low:  # as autocast's backward would: the gradient cast, the products summed in fp32
+                    grad_p = grad.to(product_dtype)
+                    grad_states[i:i + rows] = torch.mm(grad_p, weight_p)  # (r, D)
+                    grad_weight += torch.mm(grad_p.t(), h_p)  # (V, D)
+                else:  # in place: no temporaries
+                    torch.mm(grad, weight, out=grad_states[i:i + rows])  # (r, D)
+                    grad_weight.addmm_(grad.t(), h)  # (V, D)
         ctx.save_for_backward(grad_states, grad_weight)
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
         grad_states, grad_weight = ctx.saved_tensors
-        return grad_states * grad_loss, grad_weight * grad_loss, None, None, None
+        return grad_states * grad_loss, grad_weight * grad_loss, None, None, None, None

@@ -394,7 +394,8 @@ class Trainer:
                 targets, output_weight = batch.tgt_out_ids, None  # (B, T)
                 if self.real_positions_only:  # the loss projects the states itself, block by block
                     targets, output_weight = targets[targets != PAD_ID], self.model.output_proj.weight  # (N,)
-                loss = label_smoothed_loss(out, targets, PAD_ID, self.cfg.train.label_smoothing, output_weight)
+                loss = label_smoothed_loss(out, targets, PAD_ID, self.cfg.train.label_smoothing, output_weight,
+                                           product_dtype=self.precision.dtype)
                 loss = loss / n_tgt_tokens  # normalise per target token of the whole update, not per sentence
                 self.scaler.scale(loss * world if world > 1 else loss).backward()  # frees this batch's activations
             total += loss.detach()

@@ -33,12 +33,23 @@ def test_key_and_value_problems_are_listed_together_as_the_readme_shows():
                         "model.n_heads: 6 does not divide model.d_model=512"]
 
 
-def test_a_key_with_a_bad_type_is_not_judged_again_by_its_default():
-    # d_model keeps its default (512) when it is not a number: "8 does not divide 512" would be
-    # about a value nobody wrote; the bad n_heads type is one problem, not two.
-    problems = problems_of({"data": {"path": "x"}, "model": {"d_model": "wide", "n_heads": 5},
-                            "train": {"lr": "fast", "warmup_steps": -1}})
-    assert [p.split(":")[0] for p in problems] == ["model.d_model", "train.lr", "train.warmup_steps"]
+@pytest.mark.parametrize("raw, keys", [
+    # d_model keeps its default (512) when it is not a number: "5 does not divide 512" would be
+    # about a value nobody wrote.
+    ({"data": {"path": "x"}, "model": {"d_model": "wide", "n_heads": 5}, "train": {"lr": "fast", "warmup_steps": -1}},
+     ["model.d_model", "train.lr", "train.warmup_steps"]),
+    # The layer range comes from n_layers, which was not usable.
+    ({"data": {"path": "x"}, "model": {"n_layers": "x"}, "train": {"attention_layer": 99}}, ["model.n_layers"]),
+    # A bad name or a stray key hides nothing about data.path, whose message contains "name".
+    ({"name": 5, "a": 1, "data": {"path": ""}},
+     ["a", "name", "data.path"]),
+    # A section that is not a mapping: none of its keys is judged; the others still are.
+    ({"data": {"path": "x"}, "model": 5, "decode": {"max_len_a": "x", "max_len_b": -1}},
+     ["model", "decode.max_len_a", "decode.max_len_b"]),
+    ({"": 1, "data": {"path": "x"}, "decode": {"beam_size": 0}}, ["", "decode.beam_size"]),
+])
+def test_a_key_with_a_bad_type_is_not_judged_again_by_its_default(raw, keys):
+    assert [p.split(":")[0] for p in problems_of(raw)] == keys
 
 
 def test_heads_must_divide_model_width():

@@ -11,7 +11,6 @@ import dataclasses
 import difflib
 import inspect
 import math
-import re
 import sys
 import types
 import typing
@@ -301,11 +300,9 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
 def config_from_dict(raw: dict) -> Config:
     """Build and validate a `Config`; raise one `ConfigError` listing every problem."""
     problems: list[str] = []
-    cfg = _build(Config, raw, "", problems)
-    # A key with a bad type keeps its default, which the value checks would judge as if the
-    # user had written it: only report what they find about the other keys.
-    bad_keys = [re.compile(rf"(?<![\w.]){re.escape(problem.split(':')[0])}(?!\w)") for problem in problems]
-    problems.extend(p for p in _check_values(cfg) if not any(key.search(p) for key in bad_keys))
+    defaulted: list[str] = []
+    cfg = _build(Config, raw, "", problems, defaulted)
+    problems.extend(_check_values(cfg, defaulted))
     if problems:
         raise ConfigError(problems)
     return cfg
@@ -344,13 +341,15 @@ def resolve_paths(cfg: Config, base_dir: Path) -> Config:
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(data_path)))
 
 
-def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
-    """Instantiate dataclass `cls` from `raw`, appending problems instead of raising."""
+def _build(cls: type, raw: Any, prefix: str, problems: list[str], defaulted: list[str]) -> Any:
+    """Instantiate dataclass `cls` from `raw`, appending problems instead of raising, and to
+    `defaulted` the keys (or sections) whose value was unusable and so kept its default."""
     label = prefix.rstrip(".") or "config"
     if raw is None and prefix:  # `train:` with every key commented out: all defaults
         raw = {}
     if not isinstance(raw, dict):
         problems.append(f"{label}: expected a mapping, got {_show(raw)}")
+        defaulted.append(prefix.rstrip(".") or "")  # "" (the whole config) covers every key
         return cls()
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
@@ -365,11 +364,12 @@ def _build(cls: type, raw: Any, prefix: str, problems: list[str]) -> Any:
             continue
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
-            values[name] = _build(hint, raw[name], f"{prefix}{name}.", problems)
+            values[name] = _build(hint, raw[name], f"{prefix}{name}.", problems, defaulted)
         else:
             value, problem = _coerce(raw[name], hint)
             if problem:
                 problems.append(f"{prefix}{name}: {problem}")
+                defaulted.append(f"{prefix}{name}")
             else:
                 values[name] = value
     return cls(**values)
@@ -436,95 +436,113 @@ def _coerce(value: Any, hint: Any) -> tuple[Any, str | None]:
     raise TypeError(f"unsupported config type {hint}")  # a programming error, not a user one
 
 
-def _check_values(cfg: Config) -> list[str]:
-    """Cross-field and range checks on an otherwise well-typed config."""
+def _check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
+    """Cross-field and range checks, by dotted key.
+
+    A check is skipped when a key it reads is in `defaulted` (or under a section there): that
+    key's value was reported as unusable and replaced by its default, and judging the default
+    would report a value nobody wrote.
+    """
     p: list[str] = []
+
+    def check(problem: str, *also_reads: str) -> None:
+        """Report `problem` ("key: what is wrong"), unless its key or a key in `also_reads` was defaulted."""
+        keys = [problem.split(":")[0], *also_reads]
+        if not any(key == bad or key.startswith(f"{bad}.") or not bad for key in keys for bad in defaulted):
+            p.append(problem)
+
     d, tok, m, t, dec = cfg.data, cfg.tokenizer, cfg.model, cfg.train, cfg.decode
     if not 0 <= cfg.seed < 2**32:
-        p.append(f"seed: must be in [0, 2**32), got {cfg.seed}")
+        check(f"seed: must be in [0, 2**32), got {cfg.seed}")
     if (not cfg.name or "/" in cfg.name or "\0" in cfg.name or cfg.name in (".", "..")
             or len(cfg.name.encode("utf-8")) > 255):
-        p.append(f"name: {cfg.name!r} must be a directory name: not empty, without '/', at most 255 bytes")
+        check(f"name: {cfg.name!r} must be a directory name: not empty, without '/', at most 255 bytes")
     if not d.path or "\0" in d.path:
-        p.append(f"data.path: {d.path!r} must name a hub dataset or a local directory")
+        check(f"data.path: {d.path!r} must name a hub dataset or a local directory")
     for key, lang in (("data.src_lang", d.src_lang), ("data.tgt_lang", d.tgt_lang)):
         if not lang or any(c in lang for c in "/\\\0") or lang.strip() != lang:  # part of each file name
-            p.append(f"{key}: {lang!r} must be a language code such as 'en' (it names the data files)")
+            check(f"{key}: {lang!r} must be a language code such as 'en' (it names the data files)")
     if d.src_lang == d.tgt_lang:
-        p.append(f"data.tgt_lang: must differ from data.src_lang ({d.src_lang!r})")
+        check(f"data.tgt_lang: must differ from data.src_lang ({d.src_lang!r})", "data.src_lang")
     for key, value in [("data.valid_size", d.valid_size), ("data.test_size", d.test_size)]:
         if value < 1:
-            p.append(f"{key}: must be at least 1, got {value}")
+            check(f"{key}: must be at least 1, got {value}")
     if d.max_words < 1:
-        p.append(f"data.max_words: must be at least 1, got {d.max_words}")
+        check(f"data.max_words: must be at least 1, got {d.max_words}")
     if d.max_length_ratio < 1:
-        p.append(f"data.max_length_ratio: must be at least 1, got {d.max_length_ratio}")
+        check(f"data.max_length_ratio: must be at least 1, got {d.max_length_ratio}")
     if d.num_proc is not None and d.num_proc < 1:
-        p.append(f"data.num_proc: must be at least 1 (or unset for automatic), got {d.num_proc}")
+        check(f"data.num_proc: must be at least 1 (or unset for automatic), got {d.num_proc}")
     n_special = 4
     if tok.vocab_size <= n_special:
-        p.append(f"tokenizer.vocab_size: {tok.vocab_size} leaves no room beyond the {n_special} special tokens")
+        check(f"tokenizer.vocab_size: {tok.vocab_size} leaves no room beyond the {n_special} special tokens")
     if tok.min_frequency < 1:
-        p.append(f"tokenizer.min_frequency: must be at least 1, got {tok.min_frequency}")
+        check(f"tokenizer.min_frequency: must be at least 1, got {tok.min_frequency}")
     if tok.max_train_pairs is not None and tok.max_train_pairs < 1:
-        p.append(f"tokenizer.max_train_pairs: must be at least 1 (or unset for all pairs), got {tok.max_train_pairs}")
+        check(f"tokenizer.max_train_pairs: must be at least 1 (or unset for all pairs), got {tok.max_train_pairs}")
     for key, value in [("model.d_model", m.d_model), ("model.n_heads", m.n_heads), ("model.n_layers", m.n_layers),
                        ("model.d_ff", m.d_ff), ("model.max_len", m.max_len)]:
         if value < 1:
-            p.append(f"{key}: must be at least 1, got {value}")
+            check(f"{key}: must be at least 1, got {value}")
     if m.n_heads >= 1 and m.d_model % m.n_heads:
-        p.append(f"model.n_heads: {m.n_heads} does not divide model.d_model={m.d_model}")
+        check(f"model.n_heads: {m.n_heads} does not divide model.d_model={m.d_model}", "model.d_model")
     if m.max_len < 2:
-        p.append(f"model.max_len: must be at least 2 (a token and end-of-sentence), got {m.max_len}")
+        check(f"model.max_len: must be at least 2 (a token and end-of-sentence), got {m.max_len}")
     if not 0 <= m.dropout < 1:
-        p.append(f"model.dropout: must be in [0, 1), got {m.dropout}")
+        check(f"model.dropout: must be in [0, 1), got {m.dropout}")
     for key, value in (("model.attention_dropout", m.attention_dropout), ("model.activation_dropout", m.activation_dropout)):
         if value is not None and not 0 <= value < 1:
-            p.append(f"{key}: must be in [0, 1), got {value}")
+            check(f"{key}: must be in [0, 1), got {value}")
     if m.share_embeddings and not tok.joint:
-        p.append("model.share_embeddings: true needs tokenizer.joint: true (one vocabulary for both sides)")
+        check("model.share_embeddings: true needs tokenizer.joint: true (one vocabulary for both sides)", "tokenizer.joint")
     for key, value in [("train.max_steps", t.max_steps), ("train.eval_every_steps", t.eval_every_steps),
                        ("train.save_every_steps", t.save_every_steps), ("train.log_every_steps", t.log_every_steps),
                        ("train.keep_last", t.keep_last), ("train.max_nonfinite_steps", t.max_nonfinite_steps),
                        ("train.accum_steps", t.accum_steps), ("train.pad_to_multiple", t.pad_to_multiple)]:
         if value < 1:
-            p.append(f"{key}: must be at least 1, got {value}")
+            check(f"{key}: must be at least 1, got {value}")
     if t.batch_tokens < m.max_len:
-        p.append(f"train.batch_tokens: {t.batch_tokens} cannot hold one sequence of model.max_len={m.max_len} tokens")
+        check(f"train.batch_tokens: {t.batch_tokens} cannot hold one sequence of model.max_len={m.max_len} tokens",
+              "model.max_len")
     if t.lr <= 0:
-        p.append(f"train.lr: must be positive, got {t.lr}")
+        check(f"train.lr: must be positive, got {t.lr}")
     if t.warmup_steps < 0:
-        p.append(f"train.warmup_steps: must be at least 0, got {t.warmup_steps}")
+        check(f"train.warmup_steps: must be at least 0, got {t.warmup_steps}")
     if not 0 <= t.label_smoothing < 1:
-        p.append(f"train.label_smoothing: must be in [0, 1), got {t.label_smoothing}")
+        check(f"train.label_smoothing: must be in [0, 1), got {t.label_smoothing}")
     if t.weight_decay < 0:
-        p.append(f"train.weight_decay: must be at least 0, got {t.weight_decay}")
+        check(f"train.weight_decay: must be at least 0, got {t.weight_decay}")
     if not all(0 <= b < 1 for b in t.betas):
-        p.append(f"train.betas: each must be in [0, 1), got {list(t.betas)}")
+        check(f"train.betas: each must be in [0, 1), got {list(t.betas)}")
     if t.clip_grad_norm < 0:
-        p.append(f"train.clip_grad_norm: must be at least 0 (0 disables), got {t.clip_grad_norm}")
+        check(f"train.clip_grad_norm: must be at least 0 (0 disables), got {t.clip_grad_norm}")
     if m.n_layers >= 1 and not -m.n_layers <= t.attention_layer < m.n_layers:
-        p.append(f"train.attention_layer: {t.attention_layer} is not a decoder layer (0..{m.n_layers - 1}, "
-                 "or negative to count from the last)")
+        check(f"train.attention_layer: {t.attention_layer} is not a decoder layer (0..{m.n_layers - 1}, "
+                 "or negative to count from the last)", "model.n_layers")
     if t.average_last < 0:
-        p.append(f"train.average_last: must be at least 0 (0 = use best.pt), got {t.average_last}")
+        check(f"train.average_last: must be at least 0 (0 = use best.pt), got {t.average_last}")
     elif t.average_last > t.keep_last:
-        p.append(f"train.average_last: {t.average_last} is more than the train.keep_last={t.keep_last} "
-                 "step checkpoints a run keeps")
+        check(f"train.average_last: {t.average_last} is more than the train.keep_last={t.keep_last} "
+                 "step checkpoints a run keeps", "train.keep_last")
     if t.patience < 0:
-        p.append(f"train.patience: must be at least 0 (0 = no early stopping), got {t.patience}")
+        check(f"train.patience: must be at least 0 (0 = no early stopping), got {t.patience}")
     if t.eval_max_sentences < 0:
-        p.append(f"train.eval_max_sentences: must be at least 0 (0 = all), got {t.eval_max_sentences}")
+        check(f"train.eval_max_sentences: must be at least 0 (0 = all), got {t.eval_max_sentences}")
     if t.n_examples < 0:
-        p.append(f"train.n_examples: must be at least 0, got {t.n_examples}")
-    if dec.max_len_a < 0 or dec.max_len_b < 0 or (dec.max_len_a == 0 and dec.max_len_b == 0):
-        p.append(f"decode.max_len_a/max_len_b: need a·S + b ≥ 1, got a={dec.max_len_a}, b={dec.max_len_b}")
+        check(f"train.n_examples: must be at least 0, got {t.n_examples}")
+    for key, value in (("decode.max_len_a", dec.max_len_a), ("decode.max_len_b", dec.max_len_b)):
+        if value < 0:
+            check(f"{key}: must be at least 0, got {value}")
+    if dec.max_len_a == 0 and dec.max_len_b == 0:
+        check("decode.max_len_b: 0 with decode.max_len_a 0 leaves no room for a translation (a·S + b must be ≥ 1)",
+              "decode.max_len_a")
     if dec.batch_tokens < m.max_len:
-        p.append(f"decode.batch_tokens: {dec.batch_tokens} cannot hold one source of model.max_len={m.max_len} tokens")
+        check(f"decode.batch_tokens: {dec.batch_tokens} cannot hold one source of model.max_len={m.max_len} tokens",
+              "model.max_len")
     if dec.beam_size < 1:
-        p.append(f"decode.beam_size: must be at least 1 (1 = greedy), got {dec.beam_size}")
+        check(f"decode.beam_size: must be at least 1 (1 = greedy), got {dec.beam_size}")
     if dec.length_penalty < 0:
-        p.append(f"decode.length_penalty: must be at least 0, got {dec.length_penalty}")
+        check(f"decode.length_penalty: must be at least 0, got {dec.length_penalty}")
     return p
 
 

@@ -121,21 +121,23 @@ def test_a_bf16_step_on_the_cpu_follows_the_fp32_step(tiny_corpus: Path, tmp_pat
     # bf16 keeps 8 bits of mantissa: the same loss to about 1%, gradients pointing the same way;
     # the weights and Adam's moments stay fp32 (autocast casts per product).
     assert two.loss.item() == pytest.approx(one.loss.item(), rel=0.02)
+    assert two.loss.item() != one.loss.item()  # but not bit for bit: bf16 products did run
     a = torch.cat([p.grad.flatten() for p in fp32.model.parameters()])
     b = torch.cat([p.grad.flatten() for p in bf16.model.parameters()])
     assert torch.nn.functional.cosine_similarity(a, b, dim=0) > 0.99
     assert all(p.dtype == torch.float32 for p in bf16.model.parameters())
 
 
-def test_bf16_on_a_cpu_without_bf16_instructions_is_warned_about(monkeypatch, caplog):
-    from transformer_mt import runtime
+def test_training_in_bf16_on_a_cpu_without_bf16_instructions_is_warned_about(tiny_corpus: Path, tmp_path: Path,
+                                                                            monkeypatch, caplog):
+    from transformer_mt import runtime, training
 
+    assert runtime.pick_precision("auto", torch.device("cpu")).name == "fp32"  # bf16 is never chosen for you
     for emulated in (True, False):
         caplog.clear()
-        monkeypatch.setattr(runtime, "_cpu_bf16_emulated", lambda: emulated)
-        with caplog.at_level("WARNING", logger="transformer_mt.runtime"):
-            assert runtime.pick_precision("bf16", torch.device("cpu")).name == "bf16"
-            assert runtime.pick_precision("auto", torch.device("cpu")).name == "fp32"  # never chosen for you
+        monkeypatch.setattr(training, "cpu_bf16_emulated", lambda: emulated)
+        with caplog.at_level("WARNING", logger="transformer_mt.training"):
+            make_trainer(tiny_corpus, tmp_path / f"run{emulated}", precision="bf16")
         assert ("emulated and may well be slower than fp32" in caplog.text) == emulated
 
 

@@ -64,9 +64,6 @@ def pick_precision(name: str, device: torch.device) -> Precision:
     if name == "bf16" and device.type == "cuda" and not _native_bf16(device):
         raise UsageError("train.precision: bf16 is not supported natively by this GPU (compute capability "
                          "below 8.0); use fp16 or auto")
-    if name == "bf16" and device.type == "cpu" and _cpu_bf16_emulated():
-        logger.warning("precision bf16 on a CPU without bf16 instructions (AVX512-BF16 or AMX): its matrix products "
-                       "are emulated and may well be slower than fp32; compare the tokens/s of train.precision: fp32")
     return Precision(torch.bfloat16 if name == "bf16" else torch.float16, device.type)
 
 
@@ -75,15 +72,15 @@ def _native_bf16(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 8
 
 
-def _cpu_bf16_emulated() -> bool:
+def cpu_bf16_emulated() -> bool:
     """True on an x86 CPU without AVX512-BF16 or AMX, where oneDNN emulates bf16 matrix products.
-    (Other architectures: not known here, so no claim.)"""
+    (Other architectures, or a torch without these private probes: not known, so no claim.)"""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
-    native = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
-    if not all(native):  # a torch without these probes: no claim either
+    try:
+        return not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except (AttributeError, RuntimeError):
         return False
-    return not any(probe() for probe in native)
 
 
 def seed_everything(seed: int) -> None:

@@ -32,7 +32,8 @@ from transformer_mt.evaluation import (Scores, bleu_tokenizer_problem, cross_att
 from transformer_mt.files import lines_to_text, write_text_atomic
 from transformer_mt.loss import label_smoothed_loss
 from transformer_mt.model import Transformer
-from transformer_mt.runtime import Precision, load_rng_state, pick_device, pick_precision, rng_state, seed_everything
+from transformer_mt.runtime import (Precision, cpu_bf16_emulated, load_rng_state, pick_device, pick_precision, rng_state,
+                                   seed_everything)
 from transformer_mt.plotting import attention_figure
 from transformer_mt.report import DataReport, build_report, estimated_time
 from transformer_mt.run_dir import check_saved_config, resume_config_changes
@@ -175,6 +176,9 @@ class Trainer:
         self.progress = progress and dist.is_main
         self.device = dist.local_device(pick_device(cfg.train.device))
         self.precision: Precision = pick_precision(cfg.train.precision, self.device)
+        if self.precision.name == "bf16" and self.device.type == "cpu" and cpu_bf16_emulated() and dist.is_main:
+            logger.warning("train.precision bf16 on an x86 CPU without bf16 instructions (AVX512-BF16 or AMX): its "
+                           "matrix products are emulated and may well be slower than fp32; compare the tokens/s")
         self.pad_to_multiple = batch_padding(cfg.train, self.device.type)
         seed_everything(cfg.seed)
         with dist.main_first():  # rank 0 trains the tokenizers, carves the splits, fills the token cache

@@ -65,11 +65,19 @@ def test_other_ranks_train_on_the_data_rank_0_prepared_without_reading_their_own
     written = files_of(run_dir)
     for path in other_copy.iterdir():  # a prepared rank does not open its sources at all
         path.unlink()
-    other_tokenizers, other_train, other_valid, _ = prepare_data(tiny_config(other_copy), run_dir, prepared=True)
+    other_tokenizers, other_train, other_valid, report = prepare_data(tiny_config(other_copy), run_dir, prepared=True)
+    assert report is None  # rank 0 reports the data
     assert files_of(run_dir) == written  # nothing written
     assert other_tokenizers.src.to_str() == tokenizers.src.to_str()
     assert other_train.ids(range(len(train_data))) == train_data.ids(range(len(train_data)))
     assert other_valid.src_text == valid_data.src_text
+
+
+def test_a_resuming_rank_that_does_not_find_the_run_says_the_run_dir_must_be_shared(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus", {"train": PAIRS, "test": PAIRS[:2]})
+    (tmp_path / "run").mkdir()  # another machine's folder of the same name: rank 0's files are not there
+    with pytest.raises(DataError, match="on several machines, --run-dir must be on a filesystem they all share"):
+        train(tiny_config(corpus), tmp_path / "run", resume=True, progress=False, dist=Distributed(1, 1, 2))
 
 
 @pytest.mark.parametrize("missing", ["corpus_cache/corpus.json", "tokenizer.json", "token_cache"])

@@ -121,19 +121,20 @@ def batch_padding(train_cfg: TrainConfig, device_type: str) -> int:
 
 
 def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size: int = 1, pad_to_multiple: int = 1,
-                 prepared: bool = False) -> tuple[TokenizerPair, TokenizedSplit, TokenizedSplit, DataReport]:
+                 prepared: bool = False) -> tuple[TokenizerPair, TokenizedSplit, TokenizedSplit, DataReport | None]:
     """Load the corpus, train (or reuse) the tokenizers, tokenize the train and valid splits once
     (cached in the run directory, see `token_cache`), and log the data report (batches counted
     with lengths padded to `pad_to_multiple`, see `batch_padding`).
 
     `prepared`: rank 0 of a torchrun run has just done all this in `run_dir`; only read what it
-    wrote (the other ranks), so that every rank trains on the same data and none writes there."""
+    wrote (the other ranks), so that every rank trains on the same data and none writes there.
+    The data report is then None: rank 0 made it."""
     corpus = data_module.load_corpus(cfg.data, cfg.seed, run_dir, prepared=prepared)
     if TokenizerPair.exists_in(run_dir):
         tokenizers = TokenizerPair.load(run_dir)
         logger.info("reusing the tokenizers in %s", run_dir)
     elif prepared:
-        raise missing_from_rank0(run_dir / (JOINT_FILE if cfg.tokenizer.joint else SRC_FILE))
+        raise missing_from_rank0(_tokenizer_file(cfg, run_dir))
     else:
         started = time.perf_counter()
         rows = data_module.sample_rows(len(corpus.train), cfg.tokenizer.max_train_pairs, cfg.seed)
@@ -154,9 +155,16 @@ def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size:
     valid = tokenize_split(corpus.valid, corpus.digests["valid"], tokenizers, cfg.model.max_len, cache, "valid",
                            drop_long=False, keep_text=True, num_proc=processes_for(len(corpus.valid), cfg.data.num_proc),
                            progress=progress, prepared=prepared)
+    if prepared:
+        return tokenizers, train, valid, None  # rank 0 reports the data (a pass over all of train)
     report = build_report(cfg, corpus, tokenizers, train, world_size, pad_to_multiple)
     logger.info("data report:\n%s", report.render())
     return tokenizers, train, valid, report
+
+
+def _tokenizer_file(cfg: Config, run_dir: Path) -> Path:
+    """The tokenizer file a run of `cfg` writes first (its joint one, else the source one)."""
+    return run_dir / (JOINT_FILE if cfg.tokenizer.joint else SRC_FILE)
 
 
 def build_model(cfg: Config, tokenizers: TokenizerPair) -> Transformer:
@@ -750,7 +758,7 @@ class Trainer:
         self._intervals_logged += 1
         # From the first interval of this process; under train.compile from the second, as the
         # first includes compiling.
-        if self._intervals_logged == (2 if t.compile else 1):
+        if self._intervals_logged == (2 if t.compile else 1) and self.data_report is not None:
             logger.info("%s", estimated_time(self.data_report, stats.tgt_tokens_per_s, step))
 
 
@@ -807,6 +815,8 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
     if not resume and dist.is_main:
         save_config(cfg, run_dir / "config.yaml")
     if resume and not TokenizerPair.exists_in(run_dir):  # never silently train a different vocabulary
+        if not dist.is_main:  # rank 0 found them (it checked the run first): this rank sees another folder
+            raise missing_from_rank0(_tokenizer_file(cfg, run_dir))
         raise CheckpointError(f"{run_dir}: the tokenizer files are missing, so its checkpoints cannot be "
                               "resumed; restore them or start a new run")
     if resume:

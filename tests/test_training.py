@@ -389,6 +389,26 @@ def test_a_run_that_died_in_its_final_test_is_tested_by_resume(tiny_corpus: Path
     assert json.loads((run / "evaluation" / "test_scores.json").read_text())["step"] == 4
 
 
+def test_a_finished_run_resumed_with_another_average_or_bleu_tokenizer_is_tested_again(tiny_corpus: Path,
+                                                                                      tmp_path: Path):
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    settings = {"max_steps": 4, "save_every_steps": 2, "keep_last": 3}
+    train(tiny_config(tiny_corpus, train=settings), run, progress=False)
+    first = json.loads((run / "evaluation" / "test_scores.json").read_text())
+    assert first["checkpoint"] == "best.pt"
+
+    train(tiny_config(tiny_corpus, train={**settings, "average_last": 2}), run, resume=True, progress=False)
+    averaged = json.loads((run / "evaluation" / "test_scores.json").read_text())
+    assert averaged["checkpoint"] == "average_steps_00000003-00000004.pt" and averaged["checkpoint_steps"] == [3, 4]
+
+    train(tiny_config(tiny_corpus, train={**settings, "average_last": 2, "bleu_tokenize": "char"}), run,
+          resume=True, progress=False)
+    rescored = json.loads((run / "evaluation" / "test_scores.json").read_text())
+    assert "|tok:char|" in rescored["bleu_signature"] and rescored["checkpoint"] == averaged["checkpoint"]
+    assert json.loads((run / "summary.json").read_text())["test"] == rescored
+
+
 def test_a_summary_that_cannot_be_written_does_not_hide_the_error_that_stopped_the_run(tiny_corpus: Path,
                                                                                       tmp_path: Path, monkeypatch):
     run = tmp_path / "run"
@@ -422,7 +442,7 @@ def test_training_ends_by_scoring_the_test_split_with_beam_search(average_last, 
     best_step = json.loads((run / "summary.json").read_text())["best_step"]
     assert report["checkpoint_steps"] == (averaged or [best_step]) and report["step"] == 4
     # Fewer checkpoints on disk than train.average_last: an average of fewer, and a warning that says so.
-    assert ("only 3 step checkpoint(s) are on disk" in caplog.text) == (average_last == 5)
+    assert ("the run has only 3 step checkpoint(s)" in caplog.text) == (average_last == 5)
     assert report["sentences"] == 2 and report["beam_size"] == 3
     assert "tok:13a" in report["bleu_signature"] and "nc:6" in report["chrf_signature"]
     hypotheses = run / "evaluation" / report["hypotheses"]

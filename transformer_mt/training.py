@@ -533,22 +533,28 @@ class Trainer:
                            run_name="hparams", global_step=self.state.step)
 
     # --- the final test ----------------------------------------------------------------
+    def test_weights(self) -> tuple[Path, list[int]]:
+        """The checkpoint the final test uses, and the step checkpoints it averages: the average
+        of the newest `train.average_last` (a file written by `final_test`), else `best.pt`, else
+        the newest step checkpoint, averaging none."""
+        checkpoints, average_last = self.checkpoints, self.cfg.train.average_last
+        if average_last:
+            steps = checkpoints.steps()[-average_last:]
+            return checkpoints.directory / f"average_steps_{steps[0]:08d}-{steps[-1]:08d}.pt", steps
+        return (checkpoints.best_path if checkpoints.best_path.is_file() else checkpoints.latest()), []
+
     def final_test(self) -> Scores:
         """Translate the test split with the best (or averaged) weights; write hypotheses and scores."""
         cfg, checkpoints = self.cfg, self.checkpoints
-        if cfg.train.average_last:
-            steps = checkpoints.steps()[-cfg.train.average_last:]
-            if len(steps) < cfg.train.average_last:
-                logger.warning("train.average_last=%d, but only %d step checkpoint(s) are on disk (train.keep_last=%d, "
-                               "every %d steps): averaging those", cfg.train.average_last, len(steps),
-                               cfg.train.keep_last, cfg.train.save_every_steps)
-            path = checkpoints.directory / f"average_steps_{steps[0]:08d}-{steps[-1]:08d}.pt"
+        path, steps = self.test_weights()
+        if steps:
+            if len(steps) < cfg.train.average_last:  # a run stopped early, or cut short by max_steps
+                logger.warning("train.average_last=%d, but the run has only %d step checkpoint(s): averaging those",
+                               cfg.train.average_last, len(steps))
             save_atomic(average_checkpoints([checkpoints.step_path(step) for step in steps]), path)
-        else:
-            path = checkpoints.best_path if checkpoints.best_path.is_file() else checkpoints.latest()
         weights = load_checkpoint(path, map_location=self.device)
         self.model.load_state_dict(weights["model"])
-        weights_steps = steps if cfg.train.average_last else [weights.get("train_state", {}).get("step")]
+        weights_steps = steps or [weights.get("train_state", {}).get("step")]
         test = data_module.load_corpus(cfg.data, cfg.seed, self.run_dir).test
         beam = cfg.decode.beam_size
         started = time.perf_counter()
@@ -833,7 +839,7 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
         if not trained_out:
             state = trainer.run()
             dist.barrier()  # every rank is done training (and rank 0 done writing) before any leaves
-        earlier_test = _earlier_test_report(run_dir, state, cfg) if trained_out else None
+        earlier_test = _earlier_test_report(run_dir, state, cfg, trainer.test_weights()[0]) if trained_out else None
         if earlier_test is not None:
             trainer.test_report = earlier_test
         elif cfg.train.test_at_end and dist.is_main:  # also a test the end of an earlier start never finished
@@ -864,15 +870,19 @@ def _trained_out(state: TrainState, cfg: Config) -> bool:
     return False
 
 
-def _earlier_test_report(run_dir: Path, state: TrainState, cfg: Config) -> dict | None:
-    """The final test an earlier start wrote for this very step and decoding, if there is one (a
-    report of an earlier, shorter training, or of another beam, does not count)."""
+def _earlier_test_report(run_dir: Path, state: TrainState, cfg: Config, weights: Path) -> dict | None:
+    """The final test an earlier start wrote for this very step, `weights` file, decoding and BLEU
+    tokenizer, if there is one (one of an earlier, shorter training, of another average or beam
+    does not count)."""
     try:
         report = json.loads((run_dir / "evaluation" / TEST_SCORES_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    same = {"step": state.step, "beam_size": cfg.decode.beam_size, "length_penalty": cfg.decode.length_penalty}
-    return report if isinstance(report, dict) and all(report.get(k) == v for k, v in same.items()) else None
+    same = {"step": state.step, "checkpoint": weights.name, "beam_size": cfg.decode.beam_size,
+            "length_penalty": cfg.decode.length_penalty}
+    if not isinstance(report, dict) or any(report.get(k) != v for k, v in same.items()):
+        return None
+    return report if f"|tok:{cfg.train.bleu_tokenize}|" in str(report.get("bleu_signature")) else None
 
 
 def _write_summary_keeping_the_error(trainer: Trainer, status: str) -> None:

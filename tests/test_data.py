@@ -426,15 +426,20 @@ def test_hub_format_fails_fast_with_advice_when_hub_is_unreachable(offline_by, r
     assert "data.format: text" in message and "HF_HUB_OFFLINE=1" in message
 
 
-@pytest.mark.parametrize("offline", [True, False])
-def test_a_hub_dataset_missing_from_the_cache_in_offline_mode_gets_the_same_advice(offline, run_dir, monkeypatch):
+@pytest.mark.parametrize("offline, error", [
+    (True, ConnectionError("Couldn't reach 'Helsinki-NLP/opus_books' on the Hub (OfflineModeIsEnabled)")),
+    (False, ConnectionError("Couldn't reach 'Helsinki-NLP/opus_books' on the Hub (OfflineModeIsEnabled)")),
+    (True, ValueError("BuilderConfig 'en-xx' not found (OfflineModeIsEnabled)")),  # cached, but no such config
+])
+def test_a_hub_dataset_missing_from_the_cache_in_offline_mode_gets_the_same_advice(offline, error, run_dir,
+                                                                                   monkeypatch):
     datasets = pytest.importorskip("datasets")
 
     def not_cached(*args, **kwargs):  # what datasets raises offline for a dataset it has never downloaded
-        raise ConnectionError("Couldn't reach 'Helsinki-NLP/opus_books' on the Hub (OfflineModeIsEnabled)")
+        raise error
 
     monkeypatch.setattr(datasets, "load_dataset", not_cached)
-    monkeypatch.setattr(data_sources, "_check_hub_reachable", lambda name: None)
+    monkeypatch.setattr(data_sources, "_check_hub_reachable", lambda cfg: None)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1" if offline else "0")
     with pytest.raises(DataError) as excinfo:
@@ -442,7 +447,8 @@ def test_a_hub_dataset_missing_from_the_cache_in_offline_mode_gets_the_same_advi
                     run_dir=run_dir)
     message = str(excinfo.value)
     assert "(OfflineModeIsEnabled). " in message or message.endswith("(OfflineModeIsEnabled).")
-    assert ("only your HF cache was looked at" in message and "data.format: text" in message) == offline
+    expected = offline and isinstance(error, ConnectionError)
+    assert ("only your HF cache was looked at" in message and "train.en/train.it" in message) == expected
 
 
 @pytest.fixture

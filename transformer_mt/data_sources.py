@@ -253,7 +253,7 @@ def _hub_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
     """A Hub dataset with a `translation` column; valid/test are None when it lacks them."""
     # A local dataset folder needs no network; behind a proxy a direct probe proves nothing.
     if not _hub_offline() and not _behind_proxy() and not Path(cfg.path).is_dir():
-        _check_hub_reachable(cfg.path)
+        _check_hub_reachable(cfg)
     dataset_dict = _load_hub_dataset(cfg)
     names = {"train": ["train"], "valid": list(HUB_VALID_NAMES), "test": ["test"]}
     sources: dict[str, SplitSource | None] = {}
@@ -272,8 +272,9 @@ def _hub_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
     return sources
 
 
-LOCAL_FILES_HINT = ("train from local files instead: set data.format: text and data.path: a directory with "
-                    "train.en/train.it (see README)")
+def _local_files_hint(cfg: DataConfig) -> str:
+    return (f"train from local files instead: set data.format: text and data.path: a directory with "
+            f"train.{cfg.src_lang}/train.{cfg.tgt_lang} (see README)")
 
 
 def _hub_offline() -> bool:
@@ -286,7 +287,7 @@ def _behind_proxy() -> bool:
     return any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
 
 
-def _check_hub_reachable(name: str) -> None:
+def _check_hub_reachable(cfg: DataConfig) -> None:
     """Fail in seconds, not after minutes of retries, when the Hub host cannot be reached.
 
     The probe runs in a daemon thread so that a stalled DNS lookup (which `timeout` does not
@@ -310,9 +311,9 @@ def _check_hub_reachable(name: str) -> None:
     thread.join(PROBE_TIMEOUT_S + 1)
     error = outcome[0] if outcome else TimeoutError("timed out")
     if error is not None:
-        raise DataError(f"cannot reach the Hugging Face Hub to download {name!r} ({host}:{port}: {error}). "
-                        f"Without a network, {LOCAL_FILES_HINT}; or, if the dataset is already in your HF cache, "
-                        "set HF_HUB_OFFLINE=1.")
+        raise DataError(f"cannot reach the Hugging Face Hub to download {cfg.path!r} ({host}:{port}: {error}). "
+                        f"Without a network, {_local_files_hint(cfg)}; or, if the dataset is already in your HF "
+                        "cache, set HF_HUB_OFFLINE=1.")
 
 
 def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
@@ -321,9 +322,11 @@ def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
     try:
         return datasets.load_dataset(cfg.path, cfg.hub_config, revision=cfg.revision)
     except (OSError, ValueError) as err:  # not found, no network, bad config name or revision
+        # Offline, a dataset missing from the cache is a ConnectionError (another error, say a
+        # wrong data.hub_config of a cached dataset, is not about the network).
         offline = (" HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set, so only your HF cache was looked at: unset it to "
-                   f"download the dataset, or {LOCAL_FILES_HINT}."
-                   if _hub_offline() else "")
+                   f"download the dataset, or {_local_files_hint(cfg)}."
+                   if _hub_offline() and isinstance(err, ConnectionError) else "")
         raise DataError(f"cannot load hub dataset data.path={cfg.path!r}, data.hub_config={cfg.hub_config!r}"
                         f"{f', data.revision={cfg.revision!r}' if cfg.revision else ''}: "
                         f"{type(err).__name__}: {str(err).rstrip('.')}.{offline}") from None

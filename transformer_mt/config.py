@@ -137,7 +137,7 @@ class TrainConfig:
     """Clip the global gradient norm to this value; 0 disables clipping."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """`auto`: bf16 on GPUs that support it, else fp16 with a grad scaler on CUDA, fp32 elsewhere.
-    `bf16` also runs on a CPU; with AVX512-BF16 or AMX it trains faster (docs/benchmarks.md)."""
+    `bf16` also runs on a CPU; with AVX512-BF16 it trained 1.6-1.9x faster (docs/benchmarks.md)."""
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     """`auto` picks cuda, then mps, then cpu."""
     log_every_steps: int = 100

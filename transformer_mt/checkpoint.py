@@ -56,7 +56,8 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         # (a truncated file: "... failed finding central directory", then torch's own guesses).
         text = str(err).strip()
         detail = ("it holds objects other than tensors and plain containers" if "Weights only load failed" in text
-                  else (text.splitlines()[0].split(". ")[0][:200] if text else type(err).__name__))
+                  else (re.split(r"\.\s+(?=[A-Z])", text.splitlines()[0], maxsplit=1)[0][:200] if text
+                        else type(err).__name__))
         raise CheckpointError(f"{path}: not a readable checkpoint, perhaps truncated, corrupt or not a tmt "
                               f"checkpoint ({detail})") from None
     if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):

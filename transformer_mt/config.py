@@ -494,7 +494,8 @@ def _check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
         if value is not None and not 0 <= value < 1:
             check(f"{key}: must be in [0, 1), got {value}")
     if m.share_embeddings and not tok.joint:
-        check("model.share_embeddings: true needs tokenizer.joint: true (one vocabulary for both sides)", "tokenizer.joint")
+        check("model.share_embeddings: true needs tokenizer.joint: true (one vocabulary for both sides)",
+              "tokenizer.joint")
     for key, value in [("train.max_steps", t.max_steps), ("train.eval_every_steps", t.eval_every_steps),
                        ("train.save_every_steps", t.save_every_steps), ("train.log_every_steps", t.log_every_steps),
                        ("train.keep_last", t.keep_last), ("train.max_nonfinite_steps", t.max_nonfinite_steps),
@@ -518,12 +519,12 @@ def _check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
         check(f"train.clip_grad_norm: must be at least 0 (0 disables), got {t.clip_grad_norm}")
     if m.n_layers >= 1 and not -m.n_layers <= t.attention_layer < m.n_layers:
         check(f"train.attention_layer: {t.attention_layer} is not a decoder layer (0..{m.n_layers - 1}, "
-                 "or negative to count from the last)", "model.n_layers")
+              "or negative to count from the last)", "model.n_layers")
     if t.average_last < 0:
         check(f"train.average_last: must be at least 0 (0 = use best.pt), got {t.average_last}")
     elif t.average_last > t.keep_last:
         check(f"train.average_last: {t.average_last} is more than the train.keep_last={t.keep_last} "
-                 "step checkpoints a run keeps", "train.keep_last")
+              "step checkpoints a run keeps", "train.keep_last")
     if t.patience < 0:
         check(f"train.patience: must be at least 0 (0 = no early stopping), got {t.patience}")
     if t.eval_max_sentences < 0:

@@ -305,8 +305,8 @@ def test_resume_report_names_the_position_and_the_changed_training_settings(tiny
 def test_a_non_finite_loss_skips_the_update_and_training_goes_on(tiny_corpus: Path, tmp_path: Path, monkeypatch):
     real_loss, calls = training.label_smoothed_loss, []
 
-    def loss_with_a_nan(logits, *args):
-        loss = real_loss(logits, *args)
+    def loss_with_a_nan(logits, *args, **kwargs):
+        loss = real_loss(logits, *args, **kwargs)
         if torch.is_grad_enabled():  # a training step, not validation
             calls.append(1)
             if len(calls) == 3:
@@ -327,8 +327,11 @@ def test_a_non_finite_loss_skips_the_update_and_training_goes_on(tiny_corpus: Pa
 
 def test_non_finite_losses_in_a_row_stop_the_run_naming_the_step(tiny_corpus: Path, tmp_path: Path, monkeypatch):
     real_loss = training.label_smoothed_loss
-    monkeypatch.setattr(training, "label_smoothed_loss",
-                        lambda logits, *a: real_loss(logits, *a) * (float("inf") if torch.is_grad_enabled() else 1))
+
+    def infinite_in_training(*args, **kwargs):
+        return real_loss(*args, **kwargs) * (float("inf") if torch.is_grad_enabled() else 1)
+
+    monkeypatch.setattr(training, "label_smoothed_loss", infinite_in_training)
     cfg = tiny_config(tiny_corpus, train={"max_nonfinite_steps": 3})
     prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
     with pytest.raises(TrainingError, match=r"stopping at step 1: 3 updates in a row .*train.max_nonfinite_steps=3"):

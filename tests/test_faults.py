@@ -266,6 +266,15 @@ def test_scoring_a_file_named_test_keeps_the_final_tests_hypotheses(tiny_run: Pa
     assert reported.read_bytes() == kept and (evaluation / f"file-test.{reported.name[len('test.'):]}").is_file()
 
 
+@pytest.mark.parametrize("text", ["", "\n\n  \n"])
+def test_evaluating_a_file_with_no_sentence_is_refused(text, tiny_run: Path, tmp_path: Path, monkeypatch, capsys):
+    (tmp_path / "in.en").write_text(text, encoding="utf-8")
+    (tmp_path / "ref.it").write_text(text, encoding="utf-8")
+    code, out, err = run_cli(["evaluate", "--run", str(tiny_run), "--src", "in.en", "--ref", "ref.it", "--quiet"],
+                             monkeypatch, capsys, tmp_path)
+    assert code == 2 and out == "" and "in.en: no sentences to evaluate" in err, err  # not "BLEU = 0.00"
+
+
 def test_a_10000_word_sentence_is_truncated_with_a_warning(tiny_run: Path, tmp_path: Path, monkeypatch, capsys):
     long_line = " ".join(["bread"] * 10_000).encode() + b"\nGood morning.\n"
     code, out, err = run_cli(["translate", "--run", str(tiny_run)], monkeypatch, capsys, tmp_path, stdin=long_line)

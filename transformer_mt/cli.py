@@ -367,8 +367,8 @@ def run_evaluate(args: argparse.Namespace) -> None:
         raise UsageError(f"{where}: {problem}")
     if args.src:
         pairs = read_aligned_files(args.src, args.ref)
-        if not pairs:
-            raise UsageError(f"{args.src}: no sentences to evaluate")
+        if not any(src.strip() for src, _ in pairs):  # no lines, or only empty ones: BLEU 0 of nothing
+            raise UsageError(f"{args.src}: no sentences to evaluate (the file is empty or every line is blank)")
         sources, references = [src for src, _ in pairs], [ref for _, ref in pairs]
         name = f"file-{args.src.name}"  # never a split's name: the final test's hypotheses are test.*
     else:

@@ -543,6 +543,21 @@ class Trainer:
             return checkpoints.directory / f"average_steps_{steps[0]:08d}-{steps[-1]:08d}.pt", steps
         return (checkpoints.best_path if checkpoints.best_path.is_file() else checkpoints.latest()), []
 
+    def earlier_test_report(self) -> dict | None:
+        """The final test an earlier start wrote for this very step, `test_weights` file, decoding
+        and BLEU tokenizer, if there is one (one of an earlier, shorter training, of another
+        average or beam does not count)."""
+        try:
+            report = json.loads((self.run_dir / "evaluation" / TEST_SCORES_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        cfg = self.cfg
+        same = {"step": self.state.step, "checkpoint": self.test_weights()[0].name,
+                "beam_size": cfg.decode.beam_size, "length_penalty": cfg.decode.length_penalty}
+        if not isinstance(report, dict) or any(report.get(k) != v for k, v in same.items()):
+            return None
+        return report if f"|tok:{cfg.train.bleu_tokenize}|" in str(report.get("bleu_signature")) else None
+
     def final_test(self) -> Scores:
         """Translate the test split with the best (or averaged) weights; write hypotheses and scores."""
         cfg, checkpoints = self.cfg, self.checkpoints
@@ -839,7 +854,7 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
         if not trained_out:
             state = trainer.run()
             dist.barrier()  # every rank is done training (and rank 0 done writing) before any leaves
-        earlier_test = _earlier_test_report(run_dir, state, cfg, trainer.test_weights()[0]) if trained_out else None
+        earlier_test = trainer.earlier_test_report() if trained_out else None
         if earlier_test is not None:
             trainer.test_report = earlier_test
         elif cfg.train.test_at_end and dist.is_main:  # also a test the end of an earlier start never finished
@@ -868,21 +883,6 @@ def _trained_out(state: TrainState, cfg: Config) -> bool:
                     "train.patience, or set it to 0, to train further", state.step, state.evals_since_best)
         return True
     return False
-
-
-def _earlier_test_report(run_dir: Path, state: TrainState, cfg: Config, weights: Path) -> dict | None:
-    """The final test an earlier start wrote for this very step, `weights` file, decoding and BLEU
-    tokenizer, if there is one (one of an earlier, shorter training, of another average or beam
-    does not count)."""
-    try:
-        report = json.loads((run_dir / "evaluation" / TEST_SCORES_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    same = {"step": state.step, "checkpoint": weights.name, "beam_size": cfg.decode.beam_size,
-            "length_penalty": cfg.decode.length_penalty}
-    if not isinstance(report, dict) or any(report.get(k) != v for k, v in same.items()):
-        return None
-    return report if f"|tok:{cfg.train.bleu_tokenize}|" in str(report.get("bleu_signature")) else None
 
 
 def _write_summary_keeping_the_error(trainer: Trainer, status: str) -> None:

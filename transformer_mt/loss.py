@@ -57,21 +57,32 @@ class _ProjectedLabelSmoothedNLL(torch.autograd.Function):
         rows = _ProjectedLabelSmoothedNLL.BLOCK_ROWS
         low = product_dtype != states.dtype  # bf16 products: inputs cast, results back to fp32
         weight_p = weight.to(product_dtype)  # (V, D), cast once (the same tensor when fp32)
+        # (D, V), copied once per call: h·Wᵀ runs faster with Wᵀ contiguous than as a transposed view
+        weight_t = weight_p.t().contiguous()
         counted = (target_ids != pad_id).to(states.dtype)  # (N,) 1 = a real target
         grads = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         grad_states = states.new_empty(N, D) if grads else None
         grad_weight = torch.zeros_like(weight) if grads else None
+        logits = states.new_empty(min(rows, N), V)  # one block's fp32 logits, reused by every block
         loss = states.new_zeros(())
         for i in range(0, N, rows):
             h, gold_ids, scale = states[i:i + rows], target_ids[i:i + rows, None], counted[i:i + rows, None]
             h_p = h.to(product_dtype)
-            z = torch.mm(h_p, weight_p.t()).float()  # (r, V) fp32 logits of the block
-            lse = torch.logsumexp(z, dim=1, keepdim=True)  # (r, 1)
-            per_row = lse - (1.0 - epsilon) * z.gather(1, gold_ids) - (epsilon / V) * z.sum(dim=1, keepdim=True)
+            z = logits[:h.shape[0]]  # (r, V)
+            if low:
+                z.copy_(torch.mm(h_p, weight_t))
+            else:
+                torch.mm(h, weight_t, out=z)
+            z_gold, z_sum = z.gather(1, gold_ids), z.sum(dim=1, keepdim=True)  # (r, 1) each
+            z_max = z.amax(dim=1, keepdim=True)
+            e = z.sub_(z_max).exp_()  # (r, V) exp(z - max), in the logits' buffer: one exp per logit
+            e_sum = e.sum(dim=1, keepdim=True)
+            lse = z_max + e_sum.log()  # (r, 1) log Σ_v exp(z_v)
+            per_row = lse - (1.0 - epsilon) * z_gold - (epsilon / V) * z_sum
             loss += (per_row * scale).sum()
             if grads:
-                grad = z.sub_(lse).exp_()  # (r, V) softmax, in the logits' buffer
-                torch.addcmul(-(epsilon / V) * scale, grad, scale, out=grad)  # (softmax - ε/V) · [real]
+                # (softmax - ε/V) · [real], softmax = e / Σe, in the same buffer
+                grad = torch.addcmul(-(epsilon / V) * scale, e, scale / e_sum, out=e)
                 grad.scatter_add_(1, gold_ids, -(1.0 - epsilon) * scale)
                 if low:  # as autocast's backward would: the gradient cast, the products summed in fp32
                     grad_p = grad.to(product_dtype)

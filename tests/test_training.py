@@ -1,5 +1,6 @@
 import json
 import math
+import os
 import shutil
 import signal
 import subprocess
@@ -271,6 +272,28 @@ def test_resume_skips_a_truncated_checkpoint_and_uses_the_previous_one(tiny_corp
     trainer = Trainer(cfg, run, progress=False)
     trainer.resume()
     assert trainer.state.step == 4
+
+
+def test_a_checkpoint_skipped_on_resume_is_set_aside_and_never_outranks_the_new_ones(tiny_corpus: Path,
+                                                                                      tmp_path: Path):
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 6, "save_every_steps": 2, "eval_every_steps": 6,
+                                          "keep_last": 2, "test_at_end": False})
+    train(cfg, run, progress=False)
+    checkpoints = run / "checkpoints"
+    newest = checkpoints / "step_00000006.pt"
+    assert os.path.samefile(newest, checkpoints / "best.pt")  # step 6 was the best: best.pt is the same file
+    newest.write_bytes(newest.read_bytes()[:1000])  # the disk damaged it (best.pt with it)
+    # Resumed from step 4, saving at 5 and 7: left in place, the damaged step 6 would outrank step 5
+    # under keep_last 2, step 5 would be deleted and the run left with a file it cannot load.
+    again = tiny_config(tiny_corpus, train={"max_steps": 7, "save_every_steps": 5, "eval_every_steps": 7,
+                                            "keep_last": 2, "test_at_end": False})
+    train(again, run, resume=True, progress=False)
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "best.pt", "best.pt.skipped", "step_00000005.pt", "step_00000006.pt.skipped", "step_00000007.pt"]
+    assert len((checkpoints / "step_00000006.pt.skipped").read_bytes()) == 1000  # kept as it was, not deleted
+    assert os.path.samefile(checkpoints / "best.pt", checkpoints / "step_00000007.pt")  # the new run's best
 
 
 def test_a_checkpoint_from_before_the_sampler_recorded_its_cut_resumes_with_the_cut_it_had(tiny_corpus: Path,

@@ -134,6 +134,25 @@ class CheckpointDir:
         for old in self.steps()[: -self.keep_last]:
             self.step_path(old).unlink(missing_ok=True)
 
+    def set_aside(self, path: Path, why: str) -> None:
+        """Rename a checkpoint that training cannot go on from to `<name>.skipped` (`.skipped.1`, ...
+        if taken), out of `steps()`, so that keep-last pruning and averaging no longer count it;
+        nothing is deleted. `why` ends the warning that says so.
+
+        Such a file has a higher step than the one training resumed from: left in place, it
+        would outrank the checkpoints written from then on and get them pruned in its stead.
+        `best.pt`, when it is the same file (a hard link), goes aside with it.
+        """
+        best = self.best_path
+        if path != best and best.is_file() and os.path.samefile(path, best):
+            self.set_aside(best, f"it is {path.name}")
+        aside, n = path.with_name(f"{path.name}.skipped"), 0
+        while aside.exists():
+            n += 1
+            aside = path.with_name(f"{path.name}.skipped.{n}")
+        os.replace(path, aside)
+        logger.warning("moved %s aside to %s: %s", path, aside.name, why)
+
     def remove_temp_files(self) -> None:
         """Delete the half-written `.<name>.tmp` files a crash during a save leaves behind."""
         for tmp in self.directory.glob(".*.tmp"):

@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -264,7 +265,7 @@ class Trainer:
 
     def resume(self) -> None:
         """Load the newest intact step checkpoint into every stateful piece."""
-        path, ckpt = self._newest_intact_checkpoint()
+        path, ckpt, skipped = self._newest_intact_checkpoint()
         changes = resume_config_changes(ckpt["config"], config_to_dict(self.cfg), path)
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
@@ -281,8 +282,29 @@ class Trainer:
         logger.info("settings changed since that checkpoint: %s", "; ".join(changes) if changes else "none")
         if self.dist.is_main:
             self.checkpoints.remove_temp_files()  # left by a crash during a save
+            if skipped:
+                self._set_aside(skipped, path)
+            best_file = self.checkpoints.step_path(self.state.best_step)
             if self.state.best_step == self.state.step:  # a crash may have come between this file and best.pt
                 self.checkpoints.copy_to_best(path)
+            elif not self.checkpoints.best_path.is_file() and best_file.is_file():
+                self.checkpoints.copy_to_best(best_file)
+
+    def _set_aside(self, skipped: list[Path], resumed: Path) -> None:
+        """Move the step checkpoints that were skipped on resume out of the way (`CheckpointDir.set_aside`),
+        and `best.pt` too when it came from after the step training resumes from (a best written
+        with, or after, a skipped file): the run's best is then the one its training state names."""
+        for unusable in skipped:
+            self.checkpoints.set_aside(unusable, f"unusable; training goes on from step {self.state.step}")
+        best = self.checkpoints.best_path
+        if best.is_file() and not os.path.samefile(best, resumed):
+            try:
+                best_step = int(load_checkpoint(best)["train_state"]["step"])
+            except (CheckpointError, KeyError):
+                best_step = None
+            if best_step is None or best_step > self.state.step:
+                self.checkpoints.set_aside(best, "unreadable" if best_step is None else
+                                           f"it holds step {best_step}, after step {self.state.step}")
 
     def _own_rng_state(self, saved: dict, path: Path) -> dict:
         """This rank's RNG state from a checkpoint, which must come from a run of as many processes.
@@ -306,9 +328,9 @@ class Trainer:
                "pad_to_multiple": 1}
         return {**state, "cut": cut}
 
-    def _newest_intact_checkpoint(self) -> tuple[Path, dict]:
-        """The newest step checkpoint that loads; unreadable ones are reported and skipped."""
-        problems = []
+    def _newest_intact_checkpoint(self) -> tuple[Path, dict, list[Path]]:
+        """The newest step checkpoint that loads, and the newer ones that do not (reported and skipped)."""
+        problems, skipped = [], []
         for step in reversed(self.checkpoints.steps()):
             path = self.checkpoints.step_path(step)
             try:
@@ -317,10 +339,11 @@ class Trainer:
                 if missing:  # e.g. an average written over a step file: weights only
                     raise CheckpointError(f"{path}: holds no training state ({', '.join(missing)}); it cannot be "
                                           "resumed from")
-                return path, ckpt
+                return path, ckpt, skipped
             except CheckpointError as err:
                 logger.warning("skipping checkpoint: %s", err)
                 problems.append(str(err))
+                skipped.append(path)
         detail = ("; ".join(problems)) if problems else "none found"
         raise CheckpointError(f"{self.run_dir}: no intact checkpoint to resume from ({detail})")
 

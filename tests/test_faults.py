@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +23,7 @@ from tests.test_training import read_scalars
 from transformer_mt import training
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import save_config
-from transformer_mt.errors import TrainingError
+from transformer_mt.errors import Terminated, TrainingError, TrainingStopped
 from transformer_mt.files import write_text_atomic
 from transformer_mt.run_dir import prepare_run_dir
 from transformer_mt.training import Trainer, train
@@ -441,6 +443,66 @@ def test_text_files_get_the_usual_permissions(tmp_path: Path):
     finally:
         os.umask(previous)
     assert (tmp_path / "config.yaml").stat().st_mode & 0o777 == (tmp_path / "plain.txt").stat().st_mode & 0o777 == 0o644
+
+
+# --- signals outside the training steps ------------------------------------------------
+
+def test_a_signal_during_the_last_validation_stops_before_the_final_test(tiny_corpus: Path, tmp_path: Path,
+                                                                         monkeypatch):
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 3, "eval_every_steps": 3})
+    validate = Trainer.validate
+
+    def signalled(self, writer):
+        os.kill(os.getpid(), signal.SIGTERM)  # the scheduler's notice comes while the last step validates
+        return validate(self, writer)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "validate", signalled)
+        with pytest.raises(TrainingStopped, match="stopped by SIGTERM after the last step \\(3\\)") as stopped:
+            train(cfg, run, progress=False)
+    assert stopped.value.exit_code == 143
+    assert (run / "checkpoints" / "step_00000003.pt").is_file() and not (run / "evaluation").exists()
+    assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
+    train(cfg, run, resume=True, progress=False)  # nothing left to train: the final test
+    assert (run / "evaluation" / "test_scores.json").is_file()
+
+
+def test_sigterm_in_the_final_test_is_an_interruption_the_summary_records(tiny_corpus: Path, tmp_path: Path,
+                                                                          monkeypatch):
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    handler = signal.getsignal(signal.SIGTERM)
+
+    def terminated(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # without tmt's handler, this would kill pytest itself
+        raise AssertionError("SIGTERM did not interrupt the final test")
+
+    monkeypatch.setattr(Trainer, "final_test", terminated)
+    with pytest.raises(Terminated):
+        train(tiny_config(tiny_corpus, train={"max_steps": 2}), run, progress=False)
+    assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
+    assert signal.getsignal(signal.SIGTERM) is handler  # restored
+
+
+@pytest.mark.parametrize("checkpoint", [True, False])
+def test_an_interrupted_train_command_says_how_to_go_on(checkpoint, tiny_run: Path, tmp_path: Path, monkeypatch,
+                                                       capsys):
+    config = tiny_run.parent.parent / "tiny.yaml"
+    # With a checkpoint: a resumed run. Without: a new one, stopped while its data was prepared.
+    run_dir = copy_run(tiny_run, tmp_path / "run") if checkpoint else tmp_path / "new"
+    resume = ["--resume"] if checkpoint else []
+
+    def terminated(*args, **kwargs):
+        raise Terminated()
+
+    monkeypatch.setattr(training, "train", terminated)
+    code, _, err = run_cli(["train", "--config", str(config), "--run-dir", str(run_dir), *resume,
+                            "--set", "train.max_steps=4"], monkeypatch, capsys, tmp_path)
+    again = ["tmt", "train", "--config", str(config), "--run-dir", str(run_dir), "--set", "train.max_steps=4"]
+    assert code == 143 and "Traceback" not in err
+    assert f"interrupted by SIGTERM; continue with: {shlex.join(again + ['--resume'] if checkpoint else again)}" in err
 
 
 # --- kill -9 at any moment, then resume ------------------------------------------------

@@ -1,6 +1,6 @@
 """The `tmt` command: argument parsing, logging setup, and the only place that prints.
 
-Exit codes: 0 success, 2 bad config or arguments, 1 any other failure, 130 interrupted.
+Exit codes: 0 success, 2 bad config or arguments, 1 any other failure, 130 interrupted (143 by SIGTERM).
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import argparse
 import logging
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 
@@ -229,6 +230,11 @@ def run_train(args: argparse.Namespace) -> None:
         except TrainingStopped as err:
             again = "the same torchrun command with --resume" if dist.enabled else _resume_command(args)
             raise TrainingStopped(f"{err}; continue with: {again}", err.exit_code - 128) from None
+        except KeyboardInterrupt as err:  # a second Ctrl-C, or a signal outside the training loop
+            signal_number = getattr(err, "exit_code", 128 + signal.SIGINT) - 128
+            raise TrainingStopped(f"interrupted by {signal.Signals(signal_number).name}; continue with: "
+                                  f"{_continue_command(args, run_dir, dist.enabled)}",
+                                  signal_number) from None
         finally:
             if log_file is not None:
                 logging.getLogger().removeHandler(log_file)
@@ -241,15 +247,27 @@ def run_train(args: argparse.Namespace) -> None:
     print(f"tmt: finished at step {state.step}{best}; run directory {run_dir}", file=sys.stderr)
 
 
-def _resume_command(args: argparse.Namespace) -> str:
+def _resume_command(args: argparse.Namespace, resume: bool = True) -> str:
     """The `tmt train` command that continues an interrupted run: the same config, run directory
-    and `--set` overrides (without them a resume would see a different config), plus --resume."""
+    and `--set` overrides (without them a resume would see a different config), plus --resume;
+    without it (`resume=False`), the command that starts the run again."""
     words = ["tmt", "train", "--config", str(args.config)]
     if args.run_dir:
         words += ["--run-dir", str(args.run_dir)]
     for override in args.overrides:
         words += ["--set", override]
-    return shlex.join(words + ["--resume"])
+    return shlex.join(words + ["--resume"] if resume else words)
+
+
+def _continue_command(args: argparse.Namespace, run_dir: Path, torchrun: bool) -> str:
+    """How to go on after an interruption: resume from the run's newest checkpoint, or, before the
+    first one, start again (a start that stopped early reuses its run directory)."""
+    from transformer_mt.checkpoint import CheckpointDir
+
+    resume = CheckpointDir(run_dir / "checkpoints", keep_last=1).latest() is not None
+    if torchrun:
+        return "the same torchrun command" + (" with --resume" if resume else " (without --resume)")
+    return _resume_command(args, resume=resume)
 
 
 def run_data(args: argparse.Namespace) -> None:

@@ -45,6 +45,14 @@ class TrainingStopped(TmtError):
         self.exit_code = 128 + signal_number
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside the training loop (data preparation, the final test), raised where the
+    program is, as Ctrl-C raises KeyboardInterrupt; exit code 143. Inside the loop SIGTERM
+    finishes the step and saves instead (`TrainingStopped`)."""
+
+    exit_code = 128 + 15
+
+
 def missing_from_rank0(path: object) -> DataError:
     """The error of a torchrun rank that does not find what rank 0 prepared for it (`path`)."""
     return DataError(f"{path} is missing: rank 0 prepares the run's data there and the other processes read it; "

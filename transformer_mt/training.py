@@ -26,8 +26,8 @@ from transformer_mt.checkpoint import (FORMAT_VERSION, CheckpointDir, average_ch
                                        save_atomic)
 from transformer_mt.config import Config, TrainConfig, config_to_dict, save_config
 from transformer_mt.distributed import Distributed, interleave
-from transformer_mt.errors import (CheckpointError, ConfigError, TmtError, TrainingError, TrainingStopped,
-                                  UsageError, missing_from_rank0)
+from transformer_mt.errors import (CheckpointError, ConfigError, Terminated, TmtError, TrainingError,
+                                  TrainingStopped, UsageError, missing_from_rank0)
 from transformer_mt.evaluation import (Scores, bleu_tokenizer_problem, cross_attention_labels, cross_attention_map,
                                        score, translate_ids)
 from transformer_mt.files import lines_to_text, write_text_atomic
@@ -671,6 +671,15 @@ class Trainer:
                     self._log_interval(interval, result.grad_norm, writer, bar)
                 if self._after_step(writer, interval):
                     break
+            # A signal during the last step's validation or save, both done by now: stop before
+            # the final test, which a resume runs. (Under torchrun only the signal the ranks agreed
+            # on in the last step counts, so that all of them stop alike.)
+            signal_number = agreed_signal if self.dist.enabled else (stop.signal_number or 0)
+            if signal_number:
+                name = signal.Signals(signal_number).name
+                logger.warning("received %s during the last step: stopping before the final test", name)
+                raise TrainingStopped(f"stopped by {name} after the last step ({self.state.step}); checkpoint "
+                                      "saved", signal_number)
         finally:
             stop.uninstall()
             bar.close()
@@ -848,6 +857,26 @@ class StopRequest:
         self.signal_number = signal_number  # no logging here: a handler may interrupt a log write
 
 
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """While inside, SIGTERM raises `Terminated` where the program is, as SIGINT raises
+    KeyboardInterrupt, instead of killing the process on the spot: the run's summary then says
+    it was interrupted, and the CLI says how to go on. The training loop's `StopRequest`
+    overrides this for its steps."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def handle(signal_number: int, frame) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = True,
           config_dir: Path | None = None, dist: Distributed = Distributed()) -> TrainState:
     """Train (or resume) the run in `run_dir`, which `prepare_run_dir` has set up.
@@ -856,6 +885,12 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
     Under torchrun every rank calls this with its `dist` (process group started); rank 0
     alone writes files, and alone scores the test split at the end.
     """
+    with sigterm_interrupts():
+        return _train(cfg, run_dir, resume=resume, progress=progress, config_dir=config_dir, dist=dist)
+
+
+def _train(cfg: Config, run_dir: Path, *, resume: bool, progress: bool, config_dir: Path | None,
+           dist: Distributed) -> TrainState:
     if not resume and dist.is_main:
         save_config(cfg, run_dir / "config.yaml")
     if resume and not TokenizerPair.exists_in(run_dir):  # never silently train a different vocabulary

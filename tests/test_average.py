@@ -2,10 +2,12 @@
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.conftest import run_cli, tiny_config
-from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.checkpoint import average_checkpoints, load_checkpoint
+from transformer_mt.errors import CheckpointError
 from transformer_mt.run_dir import prepare_run_dir
 from transformer_mt.training import train
 
@@ -23,6 +25,12 @@ def test_average_of_the_last_checkpoints_is_their_mean_and_translates(tiny_corpu
     for name, tensor in averaged["model"].items():
         torch.testing.assert_close(tensor, (parts[0][name] + parts[1][name] + parts[2][name]) / 3)
     assert averaged["averaged_from"] == ["step_00000004.pt", "step_00000006.pt", "step_00000008.pt"]
+    assert averaged["tokenizers"] == load_checkpoint(run / "checkpoints" / "step_00000008.pt")["tokenizers"]
+    other = load_checkpoint(run / "checkpoints" / "step_00000004.pt")
+    other["tokenizers"] = "0" * 32  # another run's checkpoint, copied in
+    torch.save(other, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="only checkpoints of one run can be averaged"):
+        average_checkpoints([tmp_path / "other.pt", run / "checkpoints" / "step_00000008.pt"])
 
     code, out, err = run_cli(["translate", "--checkpoint", str(run / "checkpoints" / "average_steps_00000004-00000008.pt"),
                               "Good morning."], monkeypatch, capsys, tmp_path)

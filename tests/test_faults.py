@@ -22,10 +22,11 @@ from tests.conftest import PYTHONPATH, TINY_PAIRS, run_cli, tiny_config, write_c
 from tests.test_training import read_scalars
 from transformer_mt import training
 from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.config import save_config
-from transformer_mt.errors import Terminated, TrainingError, TrainingStopped
+from transformer_mt.config import load_config, save_config
+from transformer_mt.errors import CheckpointError, Terminated, TrainingError, TrainingStopped
 from transformer_mt.files import write_text_atomic
 from transformer_mt.run_dir import prepare_run_dir
+from transformer_mt.tokenization import TokenizerPair
 from transformer_mt.training import Trainer, train
 
 # Small enough to be quick, long enough for three checkpoints and several epochs of 12 pairs.
@@ -443,6 +444,29 @@ def test_text_files_get_the_usual_permissions(tmp_path: Path):
     finally:
         os.umask(previous)
     assert (tmp_path / "config.yaml").stat().st_mode & 0o777 == (tmp_path / "plain.txt").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_checkpoint_trained_with_other_tokenizers_is_refused(tiny_run: Path, tmp_path: Path, monkeypatch,
+                                                                capsys):
+    run_dir = copy_run(tiny_run, tmp_path / "run")
+    foreign = run_dir / "checkpoints" / "other.pt"  # say, copied from another run with as many pieces
+    state = load_checkpoint(run_dir / "checkpoints" / "best.pt")
+    assert state["tokenizers"] == TokenizerPair.load(run_dir).fingerprint()
+    state["tokenizers"] = "0" * 32
+    torch.save(state, foreign)
+    for command in (["translate", "--checkpoint", str(foreign), "Buongiorno."],
+                    ["evaluate", "--checkpoint", str(foreign), "--quiet"]):
+        code, out, err = run_cli(command, monkeypatch, capsys, tmp_path)
+        assert code == 1 and out == "", err
+        assert f"{foreign} was trained with other tokenizers than those of {run_dir}" in err
+    torch.save(state, run_dir / "checkpoints" / "step_00000004.pt")  # the newest step: what --resume loads
+    cfg = load_config(tiny_run.parent.parent / "tiny.yaml", ["train.max_steps=5"])
+    with pytest.raises(CheckpointError, match="trained with other tokenizers"):
+        train(cfg, run_dir, resume=True, progress=False)
+    del state["tokenizers"]  # a checkpoint from before tmt saved the fingerprint: trusted
+    torch.save(state, foreign)
+    code, out, err = run_cli(["translate", "--checkpoint", str(foreign), "Buongiorno."], monkeypatch, capsys, tmp_path)
+    assert code == 0 and out.strip(), err
 
 
 # --- signals outside the training steps ------------------------------------------------

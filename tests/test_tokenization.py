@@ -39,6 +39,17 @@ def test_separate_tokenizers_save_and_load(tmp_path: Path):
     assert loaded.encode_tgt(TGT[:2]) == pair.encode_tgt(TGT[:2])
 
 
+def test_the_fingerprint_survives_save_and_load_and_tells_other_vocabularies_apart(tmp_path: Path):
+    pair = train_tokenizers(TokenizerConfig(vocab_size=150, min_frequency=1), SRC, TGT)
+    pair.save(tmp_path)
+    assert TokenizerPair.load(tmp_path).fingerprint() == pair.fingerprint()
+    # Other pieces (other text): what a checkpoint of another run would have been trained with.
+    other = train_tokenizers(TokenizerConfig(vocab_size=150, min_frequency=1), [s.upper() for s in SRC], TGT)
+    assert other.fingerprint() != pair.fingerprint()
+    separate = train_tokenizers(TokenizerConfig(vocab_size=150, min_frequency=1, joint=False), SRC, TGT)
+    assert separate.fingerprint() != pair.fingerprint()
+
+
 def test_encoding_in_chunks_gives_the_ids_of_one_batch_call(monkeypatch):
     pair = train_tokenizers(TokenizerConfig(vocab_size=150, min_frequency=1), SRC, TGT)
     whole = pair.encode_src(SRC)

@@ -2,7 +2,7 @@
 
 A checkpoint is one dict of tensors and plain containers (loadable with `weights_only=True`)
 with fixed keys: model, optimizer, scheduler, scaler, train_state, sampler, rng, config,
-model_args, format_version.
+model_args, tokenizers (a fingerprint; absent from older checkpoints), format_version.
 """
 
 from __future__ import annotations
@@ -68,6 +68,16 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     if has_separate_projections(state["model"]):
         _fuse_saved_projections(state)
     return state
+
+
+def check_tokenizers(state: dict, fingerprint: str, path: Path, run_dir: Path) -> None:
+    """Refuse a checkpoint trained with other tokenizers than the run's (`TokenizerPair.fingerprint`),
+    say one copied from another run: its ids would mean other pieces, and its translations be
+    garbage. Checkpoints from before the fingerprint was saved pass."""
+    saved = state.get("tokenizers")
+    if saved is not None and saved != fingerprint:
+        raise CheckpointError(f"{path} was trained with other tokenizers than those of {run_dir} (a checkpoint of "
+                              "another run?); use it with its own run directory")
 
 
 def _fuse_saved_projections(state: dict) -> None:
@@ -193,7 +203,9 @@ def average_checkpoints(paths: list[Path]) -> dict:
              for name, tensor in newest["model"].items()}
     for path in paths[:-1]:
         state = load_checkpoint(path)
-        if state["model_args"] != newest["model_args"] or state["config"]["model"] != newest["config"]["model"]:
+        fingerprints = {state.get("tokenizers"), newest.get("tokenizers")} - {None}  # None: saved before them
+        if state["model_args"] != newest["model_args"] or state["config"]["model"] != newest["config"]["model"] \
+                or len(fingerprints) > 1:
             raise CheckpointError(f"{path}: a different model from {paths[-1].name}; only checkpoints of one "
                                   "run can be averaged")
         for name, tensor in state["model"].items():
@@ -202,5 +214,6 @@ def average_checkpoints(paths: list[Path]) -> dict:
     model = {name: (tensor / len(paths)).to(newest["model"][name].dtype) if tensor.is_floating_point() else tensor
              for name, tensor in total.items()}
     return {"model": model, "config": newest["config"], "model_args": newest["model_args"],
+            **({"tokenizers": newest["tokenizers"]} if newest.get("tokenizers") else {}),
             "format_version": FORMAT_VERSION, "train_state": newest.get("train_state", {}),
             "averaged_from": [path.name for path in paths]}

@@ -7,6 +7,8 @@ word and punctuation is its own pre-token, so decoding restores the exact spacin
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -66,6 +68,14 @@ class TokenizerPair:
 
     def tgt_pieces(self, ids: list[int]) -> list[str]:
         return [self.tgt.id_to_token(i) for i in ids]
+
+    def fingerprint(self) -> str:
+        """A digest of both vocabularies (piece -> id), which checkpoints carry: a model is only
+        right with the tokenizers it was trained with, whatever the vocabulary sizes say."""
+        vocabularies = [sorted(t.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1])
+                        for t in (self.src, self.tgt)]
+        return hashlib.blake2b(json.dumps(vocabularies, ensure_ascii=False).encode("utf-8"),
+                               digest_size=16).hexdigest()
 
     def save(self, directory: Path) -> None:
         """Write `tokenizer.json`, or `tokenizer.src.json` and `tokenizer.tgt.json`."""

@@ -22,8 +22,8 @@ from tqdm import tqdm
 
 from transformer_mt import data as data_module
 from transformer_mt.batching import Batch, TokenBatchSampler, sorted_batches
-from transformer_mt.checkpoint import (FORMAT_VERSION, CheckpointDir, average_checkpoints, load_checkpoint,
-                                       save_atomic)
+from transformer_mt.checkpoint import (FORMAT_VERSION, CheckpointDir, average_checkpoints, check_tokenizers,
+                                       load_checkpoint, save_atomic)
 from transformer_mt.config import Config, TrainConfig, config_to_dict, save_config
 from transformer_mt.distributed import Distributed, interleave
 from transformer_mt.errors import (CheckpointError, ConfigError, Terminated, TmtError, TrainingError,
@@ -193,6 +193,7 @@ class Trainer:
         with dist.main_first():  # rank 0 trains the tokenizers, carves the splits, fills the token cache
             self.tokenizers, self.train_data, self.valid_data, self.data_report = prepare_data(
                 cfg, run_dir, self.progress, dist.world_size, self.pad_to_multiple, prepared=not dist.is_main)
+        self.tokenizer_fingerprint = self.tokenizers.fingerprint()  # saved in checkpoints
         self.model = build_model(cfg, self.tokenizers).to(self.device)  # the same initial weights on every rank
         t = cfg.train
         # The module train steps call. Under torchrun, DDP wraps the model and averages the
@@ -260,12 +261,14 @@ class Trainer:
             "config": config_to_dict(self.cfg),
             "model_args": {"src_vocab_size": self.tokenizers.src.get_vocab_size(),
                            "tgt_vocab_size": self.tokenizers.tgt.get_vocab_size(), "pad_id": PAD_ID},
+            "tokenizers": self.tokenizer_fingerprint,
             "format_version": FORMAT_VERSION,
         }
 
     def resume(self) -> None:
         """Load the newest intact step checkpoint into every stateful piece."""
         path, ckpt, skipped = self._newest_intact_checkpoint()
+        check_tokenizers(ckpt, self.tokenizer_fingerprint, path, self.run_dir)
         changes = resume_config_changes(ckpt["config"], config_to_dict(self.cfg), path)
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from transformer_mt.checkpoint import CheckpointDir, load_checkpoint
+from transformer_mt.checkpoint import CheckpointDir, check_tokenizers, load_checkpoint
 from transformer_mt.config import Config, config_from_dict
 from transformer_mt.errors import CheckpointError, ConfigError, UsageError
 from transformer_mt.evaluation import cross_attention_labels, cross_attention_map, translate_ids
@@ -43,6 +43,7 @@ class Translator:
         except ConfigError as err:
             raise CheckpointError(f"{checkpoint}: the config stored in the checkpoint is invalid ({err})") from None
         tokenizers = TokenizerPair.load(run_dir)
+        check_tokenizers(state, tokenizers.fingerprint(), checkpoint, run_dir)
         args = state["model_args"]
         if tokenizers.src.get_vocab_size() != args["src_vocab_size"] or \
                 tokenizers.tgt.get_vocab_size() != args["tgt_vocab_size"]:

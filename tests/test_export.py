@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -140,6 +141,24 @@ def test_export_refuses_a_non_empty_output_directory(ct2, tmp_path: Path):
     with pytest.raises(UsageError, match="not an empty directory"):
         export_ctranslate2(tmp_path / "run", tmp_path / "ct2")
     assert (tmp_path / "ct2" / "keep.txt").read_text() == "user data"
+
+
+def test_export_leaves_a_users_folder_named_like_its_temp_folder_alone(ct2, tmp_path: Path):
+    make_run(tmp_path / "run", "pre", True)
+    (tmp_path / ".ct2.tmp").mkdir()  # the name the export once wrote through, and removed
+    (tmp_path / ".ct2.tmp" / "keep.txt").write_text("user data")
+    export_ctranslate2(tmp_path / "run", tmp_path / "ct2")
+    assert (tmp_path / ".ct2.tmp" / "keep.txt").read_text() == "user data"
+    assert (tmp_path / "ct2" / "model.bin").is_file()
+    # Its own temp folder is gone, renamed to ct2, and had the usual permissions, not mkdtemp's 0700.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".ct2.tmp", "ct2", "run"]
+    assert (tmp_path / "ct2").stat().st_mode & 0o777 == 0o777 & ~_umask()
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def test_unknown_quantization_lists_the_valid_choices(ct2, tmp_path: Path):

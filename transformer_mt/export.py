@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from transformer_mt.errors import TmtError, UsageError
+from transformer_mt.files import make_temp_dir_beside
 from transformer_mt.model import DecoderLayer, EncoderLayer, Linear, SelfAttention, Transformer, sinusoidal_positions
 from transformer_mt.tokenization import BOS, BOS_ID, EOS, PAD_ID, UNK
 from transformer_mt.translator import Translator
@@ -73,10 +74,11 @@ def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None 
     spec.validate()
     spec.optimize(quantization=quantization)  # aliases tied/shared weights, then quantizes
 
-    # Write beside the target and rename, so a failed export leaves no half-written model.
-    tmp = output_dir.with_name(f".{output_dir.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    # Write beside the target and rename, so a failed export leaves no half-written model. The
+    # temp folder is a new one of our own (never a fixed name, which could be a user's folder),
+    # so removing it on failure removes only what this export wrote.
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = make_temp_dir_beside(output_dir)
     try:
         spec.save(str(tmp))
         if output_dir.exists():

@@ -1,4 +1,5 @@
-"""Writing the text files of a run (config, summary, hypotheses, scores) atomically.
+"""Writing the text files of a run (config, summary, hypotheses, scores) atomically, and the
+temp folders that outputs written as a whole directory go through.
 
 A reader, or a run killed mid-write, sees either the old file or the new one, never half of one.
 Checkpoints have their own writer (`checkpoint.save_atomic`) because they go through `torch.save`.
@@ -38,6 +39,24 @@ def write_text_atomic(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def make_temp_dir_beside(path: Path) -> Path:
+    """Create and return a new empty folder `.<name>.<8 hex digits>.tmp` beside `path`, to be
+    renamed onto `path` once written.
+
+    The name is unique and the folder new, so it is never someone else's folder: removing it
+    on failure removes only what the caller wrote. It has the usual permissions (0777 less the
+    umask, like `mkdir`; `tempfile.mkdtemp` would make it private, and so the renamed output).
+    Raises `OSError` when the folder beside `path` cannot hold it.
+    """
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            tmp.mkdir()
+            return tmp
+        except FileExistsError:  # another writer's, or anyone's, folder or file: draw another name
+            continue
 
 
 def temp_file_target(name: str) -> str | None:

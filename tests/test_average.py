@@ -63,6 +63,9 @@ def test_average_never_writes_over_a_checkpoint_or_a_users_file(tiny_corpus: Pat
         code, _, err = run_cli(["average", "--run", str(run), "--last", "2", "--output", str(output)],
                                monkeypatch, capsys, tmp_path)
         assert code == 2 and "already exists" in err and output.read_bytes() == before, err
+    code, _, err = run_cli(["average", "--run", str(run), "--last", "2", "--output", "notes.txt/a.pt"],
+                           monkeypatch, capsys, tmp_path)
+    assert code == 2 and "--output notes.txt/a.pt: notes.txt is not a directory" in err, err
     code, _, err = run_cli(["average", "--run", str(run), "--last", "2", "--output", str(tmp_path / "new" / "a.pt")],
                            monkeypatch, capsys, tmp_path)
     assert code == 0 and (tmp_path / "new" / "a.pt").is_file(), err  # its folder is created

@@ -126,6 +126,18 @@ def test_evaluate_with_misaligned_files_names_both_counts(trained: Path, tmp_pat
     assert "has 60 lines but" in result.stderr and "has 1" in result.stderr
 
 
+def test_an_output_under_a_file_is_refused_naming_that_file(trained: Path, tmp_path: Path):
+    (tmp_path / "in.en").write_text("Good morning.\n", encoding="utf-8")
+    run = str(trained / "runs" / "demo")
+    for args in (["translate", "--run", run, "--input", "in.en", "--output", "in.en/out.it"],
+                 ["translate", "--run", run, "--input", "in.en", "--output", "in.en/sub/out.it"],
+                 ["evaluate", "--run", run, "--quiet", "--output", "in.en/out.it"]):
+        result = tmt(*args, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert f"--output {args[-1]}: in.en is not a directory" in result.stderr, result.stderr
+        assert (tmp_path / "in.en").read_text("utf-8") == "Good morning.\n"
+
+
 def test_translate_into_a_closed_pipe_exits_quietly(trained: Path):
     script = f"{sys.executable} -m transformer_mt translate --run runs/demo 'Good morning.' 'Yes.' 'No.' | head -c 0"
     result = subprocess.run(["bash", "-c", script], cwd=trained, capture_output=True, text=True, timeout=120,

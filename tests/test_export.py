@@ -143,6 +143,20 @@ def test_export_refuses_a_non_empty_output_directory(ct2, tmp_path: Path):
     assert (tmp_path / "ct2" / "keep.txt").read_text() == "user data"
 
 
+def test_export_refuses_an_output_under_a_file_or_the_current_directory(ct2, tmp_path: Path, monkeypatch):
+    make_run(tmp_path / "run", "pre", True)
+    (tmp_path / "in.txt").write_text("user data")
+    with pytest.raises(UsageError, match="in.txt/sub: .*in.txt is not a directory"):
+        export_ctranslate2(tmp_path / "run", tmp_path / "in.txt" / "sub")
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path / "empty")
+    with pytest.raises(UsageError, match="--output . is the current directory"):
+        export_ctranslate2(tmp_path / "run", Path("."))
+    assert (tmp_path / "in.txt").read_text() == "user data"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "in.txt", "run"]
+    assert not any((tmp_path / "empty").iterdir())
+
+
 def test_export_leaves_a_users_folder_named_like_its_temp_folder_alone(ct2, tmp_path: Path):
     make_run(tmp_path / "run", "pre", True)
     (tmp_path / ".ct2.tmp").mkdir()  # the name the export once wrote through, and removed

@@ -16,7 +16,7 @@ from pathlib import Path
 from transformer_mt import __version__
 from transformer_mt.config import BLEU_TOKENIZERS, Config
 from transformer_mt.errors import DataError, TmtError, TrainingStopped, UsageError
-from transformer_mt.files import lines_to_text, write_text_atomic
+from transformer_mt.files import lines_to_text, make_parent_dir, write_text_atomic
 
 logger = logging.getLogger("transformer_mt")
 
@@ -437,7 +437,7 @@ def run_average(args: argparse.Namespace) -> None:
     if output.is_dir() or (output.exists() and not output.name.startswith("average_steps_")):
         raise UsageError(f"--output {output} already exists; tmt average replaces only an earlier average "
                          "(average_steps_*.pt): choose a new file name")
-    output.parent.mkdir(parents=True, exist_ok=True)
+    make_parent_dir(output, "--output" if args.output else None)
     save_atomic(average_checkpoints([checkpoints.step_path(step) for step in steps]), output)
     print(f"averaged steps {', '.join(map(str, steps))} into {output}", file=sys.stderr)
 
@@ -462,7 +462,8 @@ def _read_file_lines(path: Path) -> list[str]:
 
 def _check_output(path: Path | None, option: str = "--output", inputs: dict[str, Path | None] | None = None) -> None:
     """Refuse, before translating rather than after, an output that cannot be a file or that is
-    one of the command's `inputs` (option -> path): writing it would destroy what was read."""
+    one of the command's `inputs` (option -> path): writing it would destroy what was read.
+    Creates the output's folder, so that a path under a file (`in.txt/out.txt`) is refused now too."""
     if path is None:
         return
     if path.is_dir():
@@ -470,12 +471,13 @@ def _check_output(path: Path | None, option: str = "--output", inputs: dict[str,
     for name, source in (inputs or {}).items():
         if source is not None and path.exists() and source.exists() and os.path.samefile(path, source):
             raise UsageError(f"{option} {path} is the {name} file; writing it would destroy the input")
+    make_parent_dir(path, option)
 
 
 def _write_lines(path: Path, lines: list[str]) -> None:
     """Write one line each, atomically: a failure never leaves a half-written file."""
+    make_parent_dir(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, lines_to_text(lines))
     except OSError as err:
         raise TmtError(f"cannot write {path} ({err.strerror or err})") from None

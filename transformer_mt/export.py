@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from transformer_mt.errors import TmtError, UsageError
-from transformer_mt.files import make_temp_dir_beside
+from transformer_mt.files import make_parent_dir, make_temp_dir_beside
 from transformer_mt.model import DecoderLayer, EncoderLayer, Linear, SelfAttention, Transformer, sinusoidal_positions
 from transformer_mt.tokenization import BOS, BOS_ID, EOS, PAD_ID, UNK
 from transformer_mt.translator import Translator
@@ -62,8 +62,12 @@ def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None 
     if quantization is not None and quantization not in model_spec.ACCEPTED_MODEL_TYPES:
         raise UsageError(f"--quantization: {quantization!r} is not one of "
                          f"{', '.join(model_spec.ACCEPTED_MODEL_TYPES)}")
-    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
+    make_parent_dir(output_dir, "--output")
+    target = output_dir.resolve()  # `.` or `..` has no name to write a temp folder beside
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise UsageError(f"{output_dir} already exists and is not an empty directory; choose another --output")
+    if Path.cwd().is_relative_to(target):  # replacing it would pull the folder from under the shell
+        raise UsageError(f"--output {output_dir} is the current directory; choose a new directory")
 
     translator = Translator.from_run(run_dir, checkpoint, device="cpu")
     spec = build_ctranslate2_spec(translator.model)
@@ -77,13 +81,15 @@ def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None 
     # Write beside the target and rename, so a failed export leaves no half-written model. The
     # temp folder is a new one of our own (never a fixed name, which could be a user's folder),
     # so removing it on failure removes only what this export wrote.
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = make_temp_dir_beside(output_dir)
+    try:
+        tmp = make_temp_dir_beside(target)
+    except OSError as err:
+        raise TmtError(f"{output_dir}: could not write the CTranslate2 model ({err.strerror or err})") from None
     try:
         spec.save(str(tmp))
-        if output_dir.exists():
-            output_dir.rmdir()  # empty, checked above
-        tmp.rename(output_dir)
+        if target.exists():
+            target.rmdir()  # empty, checked above
+        tmp.rename(target)
     except OSError as err:
         shutil.rmtree(tmp, ignore_errors=True)
         raise TmtError(f"{output_dir}: could not write the CTranslate2 model ({err.strerror or err})") from None

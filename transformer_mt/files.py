@@ -1,5 +1,5 @@
-"""Writing the text files of a run (config, summary, hypotheses, scores) atomically, and the
-temp folders that outputs written as a whole directory go through.
+"""Writing the text files of a run (config, summary, hypotheses, scores) atomically; the folders
+that outputs go in, and the temp folders that outputs written as a whole directory go through.
 
 A reader, or a run killed mid-write, sees either the old file or the new one, never half of one.
 Checkpoints have their own writer (`checkpoint.save_atomic`) because they go through `torch.save`.
@@ -11,6 +11,8 @@ import os
 import re
 import secrets
 from pathlib import Path
+
+from transformer_mt.errors import TmtError, UsageError
 
 # `.<name>.<8 hex digits>.tmp`: the temp file `write_text_atomic` writes `name` through.
 _TEMP_FILE = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8}\.tmp")
@@ -39,6 +41,23 @@ def write_text_atomic(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def make_parent_dir(path: Path, option: str | None = None) -> None:
+    """Create the folder that the output `path` goes in, and its parents; or raise an error that
+    names `option` (the command-line option that gave `path`, if any), `path`, and the file in the
+    way if there is one: `--output in.txt/sub: in.txt is not a directory` (a `UsageError`).
+    """
+    parent = path.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        where = f"{option} {path}" if option else str(path)
+        # mkdir says FileExistsError or NotADirectoryError and names no file: find the one in the way.
+        for folder in reversed([parent, *parent.parents]):  # outermost first
+            if os.path.lexists(folder) and not folder.is_dir():
+                raise UsageError(f"{where}: {folder} is not a directory") from None
+        raise TmtError(f"{where}: cannot create the folder {parent} ({err.strerror or err})") from None
 
 
 def make_temp_dir_beside(path: Path) -> Path:

@@ -1,5 +1,6 @@
 """`tmt average`: the mean of a run's last step checkpoints, usable by translate and evaluate."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,20 @@ def test_average_never_writes_over_a_checkpoint_or_a_users_file(tiny_corpus: Pat
         code, _, err = run_cli(["average", "--run", str(run), "--last", "2", "--output", str(output)],
                                monkeypatch, capsys, tmp_path)
         assert code == 2 and "already exists" in err and output.read_bytes() == before, err
+    # The name tmt gives averages is not enough to be replaced: the file must be an average tmt wrote.
+    (tmp_path / "average_steps_mine.pt").write_text("mine", encoding="utf-8")
+    shutil.copyfile(run / "checkpoints" / "step_00000004.pt", tmp_path / "average_steps_copy.pt")
+    for output in (tmp_path / "average_steps_mine.pt", tmp_path / "average_steps_copy.pt"):
+        before = output.read_bytes()
+        code, _, err = run_cli(["average", "--run", str(run), "--last", "2", "--output", str(output)],
+                               monkeypatch, capsys, tmp_path)
+        assert code == 2 and "already exists" in err and output.read_bytes() == before, err
+    for _ in range(2):  # the second run replaces the first one's average
+        code, _, err = run_cli(["average", "--run", str(run), "--last", "2"], monkeypatch, capsys, tmp_path)
+        assert code == 0, err
+    (average,) = (run / "checkpoints").glob("average_steps_*.pt")
+    assert "averaged_from" in load_checkpoint(average)
+
     code, _, err = run_cli(["average", "--run", str(run), "--last", "2", "--output", "notes.txt/a.pt"],
                            monkeypatch, capsys, tmp_path)
     assert code == 2 and "--output notes.txt/a.pt: notes.txt is not a directory" in err, err

@@ -217,3 +217,12 @@ def average_checkpoints(paths: list[Path]) -> dict:
             **({"tokenizers": newest["tokenizers"]} if newest.get("tokenizers") else {}),
             "format_version": FORMAT_VERSION, "train_state": newest.get("train_state", {}),
             "averaged_from": [path.name for path in paths]}
+
+
+def is_average_checkpoint(path: Path) -> bool:
+    """True when `path` is a checkpoint that `average_checkpoints` made (it lists `averaged_from`),
+    the only kind of existing file that `tmt average` may replace."""
+    try:
+        return "averaged_from" in load_checkpoint(path)
+    except CheckpointError:  # missing, not a checkpoint, or unreadable: someone else's file
+        return False

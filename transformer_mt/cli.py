@@ -422,7 +422,7 @@ def run_runs(args: argparse.Namespace) -> None:
 
 
 def run_average(args: argparse.Namespace) -> None:
-    from transformer_mt.checkpoint import CheckpointDir, average_checkpoints, save_atomic
+    from transformer_mt.checkpoint import CheckpointDir, average_checkpoints, is_average_checkpoint, save_atomic
 
     _setup_logging(logging.INFO)
     checkpoints = CheckpointDir(args.run / "checkpoints", keep_last=1)
@@ -434,9 +434,12 @@ def run_average(args: argparse.Namespace) -> None:
                          "(train.keep_last sets how many a run keeps)")
     steps = steps[-args.last:]
     output = args.output or checkpoints.directory / f"average_steps_{steps[0]:08d}-{steps[-1]:08d}.pt"
-    if output.is_dir() or (output.exists() and not output.name.startswith("average_steps_")):
-        raise UsageError(f"--output {output} already exists; tmt average replaces only an earlier average "
-                         "(average_steps_*.pt): choose a new file name")
+    # Re-running an average may replace its earlier output, and only that: a file of the name
+    # tmt gives averages that holds a checkpoint tmt average wrote, never a user's file so named.
+    if output.is_dir() or (output.exists() and not (output.name.startswith("average_steps_")
+                                                    and is_average_checkpoint(output))):
+        raise UsageError(f"--output {output} already exists; tmt average replaces only an average it wrote "
+                         "earlier (average_steps_*.pt): choose a new file name")
     make_parent_dir(output, "--output" if args.output else None)
     save_atomic(average_checkpoints([checkpoints.step_path(step) for step in steps]), output)
     print(f"averaged steps {', '.join(map(str, steps))} into {output}", file=sys.stderr)

@@ -86,6 +86,36 @@ def test_text_format_strips_crlf_and_surrounding_whitespace(data_dir, run_dir):
     assert pairs_of(corpus.train) == [("hello", "ciao"), ("bye", "addio")]
 
 
+def test_cr_only_line_breaks_are_refused_naming_the_file_and_line(data_dir, run_dir):
+    # Old Mac files: read as one giant line, they were blamed on data.valid_size or data.max_words.
+    (data_dir / "train.en").write_bytes(b"hello\rbye\rgood night\r")
+    (data_dir / "train.it").write_bytes(b"ciao\raddio\rbuona notte\r")
+
+    with pytest.raises(DataError, match=rf"{data_dir / 'train.en'}:1: a carriage return \(\\r\) not followed by \\n"):
+        load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)
+
+
+@pytest.mark.parametrize("fmt, bad_line", [("tsv", "word\rparola\tx"), ("jsonl", '{"en": "a\rb", "it": "c"}')])
+def test_a_raw_cr_in_a_later_read_block_names_the_right_line(data_dir, run_dir, monkeypatch, fmt, bad_line):
+    # In JSON a carriage return inside a string is only text when escaped ("\\r"); a raw one is a line break.
+    monkeypatch.setattr(data_sources, "READ_CHUNK_BYTES", 16)  # many blocks of a few lines each
+    lines = [f"s {i}\tf {i}" if fmt == "tsv" else json.dumps({"en": f"s {i}", "it": f"f {i}"}) for i in range(40)]
+    lines[29] = bad_line
+    write_lines(data_dir / f"train.{fmt}", lines)
+
+    with pytest.raises(DataError, match=rf"train\.{fmt}:30: a carriage return"):
+        load_corpus(make_cfg(data_dir, format=fmt), seed=1, run_dir=run_dir)
+
+
+@pytest.mark.parametrize("block_bytes", range(1, 9))
+def test_crlf_split_across_read_blocks_is_still_a_line_end(tmp_path, monkeypatch, block_bytes):
+    monkeypatch.setattr(data_sources, "READ_CHUNK_BYTES", block_bytes)
+    path = tmp_path / "crlf.txt"
+    path.write_bytes(b"a\r\nbc\r\n\r\nd\r")  # a final "\r" ends the last line like "\n" would
+
+    assert data_sources.read_lines(path) == ["a", "bc", "", "d"]
+
+
 def test_tsv_format_reads_pairs_verbatim_without_quoting_or_na_values(data_dir, run_dir):
     write_lines(data_dir / "train.tsv", ['"quoted" text\t"testo"', "NA\tnull", "a, b\tc; d"])
     write_lines(data_dir / "valid.tsv", ["x\ty"])

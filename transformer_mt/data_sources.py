@@ -125,28 +125,63 @@ def _local_chunks(cfg: DataConfig, files: list[Path]) -> Callable[[], Iterator[P
 
 def iter_lines(path: Path) -> Iterator[list[str]]:
     """Lines of a UTF-8 file, maybe gzipped, in chunks of a few MB: split on "\\n" only, without
-    their "\\n" or "\\r\\n"; a byte-order mark at the start is dropped. An encoding error is
-    reported with its line number."""
+    their "\\n" or "\\r\\n"; a byte-order mark at the start is dropped. An encoding error, or a
+    "\\r" not followed by "\\n" (old Mac line breaks), is reported with its line number."""
     opener = gzip.open if path.suffix == ".gz" else open
-    lines_before = 0  # lines in earlier chunks, for error messages
+    lines_before = 0  # "\n"s in the chunks yielded so far, for error messages
+    partial: list[bytes] = []  # the start of a line that goes on in the next block: holds no "\n"
     try:
         with opener(path, "rb") as f:
-            while raw := f.readlines(READ_CHUNK_BYTES):  # whole lines of about that many bytes
-                data = b"".join(raw)
-                try:
-                    text = data.decode("utf-8")
-                except UnicodeDecodeError as err:
-                    lineno = lines_before + data.count(b"\n", 0, err.start) + 1
-                    raise DataError(f"{path}:{lineno}: not valid UTF-8 ({err.reason})") from None
-                if lines_before == 0:
-                    text = text.removeprefix("\ufeff")  # a byte-order mark is not text
-                lines = text.split("\n")
-                if lines[-1] == "":
-                    lines.pop()  # the newline that ends the last line starts no new one
-                yield [line.removesuffix("\r") for line in lines]
-                lines_before += len(raw)
+            # Fixed-size blocks, not readlines(): a file with "\r" line breaks is one huge "line",
+            # and is refused after its first block instead of after reading it all.
+            while block := f.read(READ_CHUNK_BYTES):
+                _check_no_bare_cr(path, block, partial, lines_before)
+                cut = block.rfind(b"\n") + 1
+                if cut == 0:
+                    partial.append(block)
+                    continue
+                data = b"".join([*partial, block[:cut]])
+                partial = [block[cut:]] if cut < len(block) else []
+                yield _decode_lines(path, data, lines_before)
+                lines_before += data.count(b"\n")
+            if partial:  # the last line has no "\n"
+                yield _decode_lines(path, b"".join(partial), lines_before)
     except (OSError, EOFError, zlib.error) as err:  # unreadable, not gzip, a truncated or damaged .gz
         raise DataError(f"{path}: cannot read ({err})") from None
+
+
+def _check_no_bare_cr(path: Path, block: bytes, partial: list[bytes], lines_before: int) -> None:
+    """Refuse a "\\r" not followed by "\\n" in `block`, or one that ended the block before it.
+
+    A "\\r" that ends `block` is judged with the next block; one that ends the file is a line end.
+    Two counts per block, at memchr speed: no cost per line.
+    """
+    after_cr = bool(partial) and partial[-1].endswith(b"\r")
+    if after_cr and not block.startswith(b"\n"):
+        at = None  # the "\r" that ended the previous block, on the line in `partial`
+    elif block.count(b"\r", 0, len(block) - 1) != block.count(b"\r\n"):
+        at = re.search(rb"\r(?!\n)", block).start()
+    else:
+        return
+    lineno = lines_before + (0 if at is None else block.count(b"\n", 0, at)) + 1
+    raise DataError(f"{path}:{lineno}: a carriage return (\\r) not followed by \\n: tmt splits lines on \\n "
+                    "(or \\r\\n) only. Convert a file with \\r line breaks to \\n first "
+                    "(e.g. tr '\\r' '\\n' < FILE > NEW), or remove a stray \\r inside a line.")
+
+
+def _decode_lines(path: Path, data: bytes, lines_before: int) -> list[str]:
+    """The lines of `data` (whole lines of `path` after its first `lines_before`), without "\\r\\n" or "\\n"."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        lineno = lines_before + data.count(b"\n", 0, err.start) + 1
+        raise DataError(f"{path}:{lineno}: not valid UTF-8 ({err.reason})") from None
+    if lines_before == 0:
+        text = text.removeprefix("\ufeff")  # a byte-order mark is not text
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the newline that ends the last line starts no new one
+    return [line.removesuffix("\r") for line in lines]
 
 
 def read_lines(path: Path) -> list[str]:

@@ -179,6 +179,27 @@ def test_show_attention_draws_a_png_of_one_sentence(trained: Path):
     assert result.returncode == 2 and "decoder layers" in result.stderr
 
 
+def test_show_attention_writes_to_output_warns_on_truncation_and_refuses_an_empty_sentence(trained: Path):
+    result = tmt("translate", "--run", "runs/demo", "--show-attention", "c.png", "--output", "o/c.txt",
+                 "Where is the station?", cwd=trained)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""  # the translation went to --output, as without --show-attention
+    plain = tmt("translate", "--run", "runs/demo", "Where is the station?", cwd=trained)
+    assert (trained / "o" / "c.txt").read_text("utf-8") == plain.stdout
+
+    long_sentence = " ".join(["the city is beautiful"] * 40)  # 160 words: past the demo's model.max_len=64
+    result = tmt("translate", "--run", "runs/demo", "--show-attention", "d.png", long_sentence, cwd=trained)
+    assert result.returncode == 0, result.stderr
+    assert "longer than model.max_len=64 tokens were truncated" in result.stderr
+
+    result = tmt("translate", "--run", "runs/demo", "--show-attention", "e.png", " ", cwd=trained)
+    assert result.returncode == 2 and "the sentence is empty" in result.stderr and "Traceback" not in result.stderr
+    result = tmt("translate", "--run", "runs/demo", "--show-attention", "c.png", "--output", "./c.png", "One.",
+                 cwd=trained)
+    assert result.returncode == 2 and "same file" in result.stderr
+    assert not (trained / "e.png").exists() and (trained / "c.png").read_bytes().startswith(b"\x89PNG")
+
+
 def test_every_command_help_has_examples():
     from transformer_mt.cli import build_parser
 

@@ -333,15 +333,15 @@ def run_translate(args: argparse.Namespace) -> None:
         if not lines:
             raise UsageError("nothing to translate: give sentences as arguments, --input FILE, "
                              "or one per line on stdin")
-    if args.show_attention and len(lines) != 1:
-        raise UsageError(f"--show-attention draws one sentence; got {len(lines)}")
+    if args.show_attention:
+        _check_attention_arguments(args, lines)
     _check_output(args.output, inputs={"--input": args.input})
     _check_output(args.show_attention, "--show-attention", inputs={"--input": args.input})
     translator = _load_translator(args)
     if args.show_attention:
-        _draw_attention(translator, lines[0], args)
-        return
-    hypotheses = translator.translate(lines, beam_size=args.beam, progress=bool(args.input) and not args.quiet)
+        hypotheses = [_draw_attention(translator, lines[0], args)]
+    else:
+        hypotheses = translator.translate(lines, beam_size=args.beam, progress=bool(args.input) and not args.quiet)
     if args.output:
         _write_lines(args.output, hypotheses)
     else:
@@ -350,7 +350,18 @@ def run_translate(args: argparse.Namespace) -> None:
         sys.stdout.flush()  # a closed pipe fails here, inside main's error handling, not at exit
 
 
-def _draw_attention(translator, line: str, args: argparse.Namespace) -> None:
+def _check_attention_arguments(args: argparse.Namespace, lines: list[str]) -> None:
+    """--show-attention needs exactly one non-empty sentence, and a file of its own."""
+    if len(lines) != 1:
+        raise UsageError(f"--show-attention draws one sentence; got {len(lines)}")
+    if not lines[0].strip():
+        raise UsageError("--show-attention: the sentence is empty; there is no attention to draw")
+    if args.output and args.output.resolve() == args.show_attention.resolve():
+        raise UsageError(f"--output and --show-attention are the same file ({args.output}); give two names")
+
+
+def _draw_attention(translator, line: str, args: argparse.Namespace) -> str:
+    """Draw `line`'s cross-attention to --show-attention and return its translation."""
     from transformer_mt.plotting import save_attention_png
 
     n_layers = translator.model.cfg.n_layers
@@ -364,8 +375,8 @@ def _draw_attention(translator, line: str, args: argparse.Namespace) -> None:
                            f"cross-attention, decoder layer {layer + 1} of {n_layers}, mean over heads")
     except OSError as err:
         raise TmtError(f"cannot write {args.show_attention} ({err.strerror or err})") from None
-    print(attention.translation)
     print(f"attention drawn to {args.show_attention}", file=sys.stderr)
+    return attention.translation
 
 
 def run_evaluate(args: argparse.Namespace) -> None:

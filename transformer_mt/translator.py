@@ -62,22 +62,19 @@ class Translator:
         with a warning.
         """
         texts = [line.strip() for line in lines]
-        src_ids = self.tokenizers.encode_src(texts)
-        too_long = sum(len(ids) >= self.model.cfg.max_len for ids in src_ids)
-        if too_long:
-            logger.warning("%d input(s) longer than model.max_len=%d tokens were truncated",
-                           too_long, self.model.cfg.max_len)
+        src_ids = self._encode_src(texts)
         hyp_ids = translate_ids(self.model, src_ids, self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID,
                                 device=self.device, precision=self.precision, beam_size=beam_size,
                                 progress=progress)
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         return [hyp if text else "" for text, hyp in zip(texts, hypotheses)]
 
-
     def attention(self, line: str, layer: int = -1, beam_size: int | None = None) -> AttentionMap:
-        """Translate one line and return where decoder layer `layer` (-1: the last) looked."""
-        text = line.strip()
-        src_ids = self.tokenizers.encode_src([text])[0][: self.model.cfg.max_len - 1]
+        """Translate one line and return where decoder layer `layer` (-1: the last) looked.
+
+        A line longer than the model allows is truncated with a warning, as in `translate`.
+        """
+        src_ids = self._encode_src([line.strip()])[0][: self.model.cfg.max_len - 1]  # as translate_ids cuts it
         hyp_ids = translate_ids(self.model, [src_ids], self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID,
                                 device=self.device, precision=self.precision, beam_size=beam_size)[0]
         weights = cross_attention_map(self.model, src_ids, hyp_ids, bos_id=BOS_ID, eos_id=EOS_ID,
@@ -85,6 +82,15 @@ class Translator:
         src_pieces, tgt_pieces = cross_attention_labels(
             self.tokenizers.src_pieces(src_ids), self.tokenizers.tgt_pieces(hyp_ids), EOS, self.model.cfg.max_len)
         return AttentionMap(weights, src_pieces, tgt_pieces, self.tokenizers.decode_tgt([hyp_ids])[0])
+
+    def _encode_src(self, texts: list[str]) -> list[list[int]]:
+        """Source ids of `texts`, warning about those longer than model.max_len (decoding truncates them)."""
+        src_ids = self.tokenizers.encode_src(texts)
+        too_long = sum(len(ids) >= self.model.cfg.max_len for ids in src_ids)
+        if too_long:
+            logger.warning("%d input(s) longer than model.max_len=%d tokens were truncated",
+                           too_long, self.model.cfg.max_len)
+        return src_ids
 
 
 @dataclass(frozen=True)

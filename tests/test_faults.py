@@ -695,6 +695,21 @@ def test_a_checkpoint_that_is_not_one_or_lies_outside_a_run_is_named(tiny_run: P
     assert code == 2 and "inside a run's checkpoints/ folder" in err, err
 
 
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+def test_a_file_torch_never_wrote_is_told_apart_from_a_checkpoint_holding_other_objects(tmp_path: Path, legacy):
+    import datetime
+
+    (tmp_path / "garbage.pt").write_bytes(b"garbage\n")  # torch's weights-only unpickler fails on it too
+    with pytest.raises(CheckpointError, match=r"garbage\.pt: .*it is not a PyTorch file") as excinfo:
+        load_checkpoint(tmp_path / "garbage.pt")
+    assert "objects other than" not in str(excinfo.value)
+    # A real torch.save file, in either of its formats, holding a date: the weights-only load refuses it.
+    torch.save({"model": {}, "saved_on": datetime.date(2024, 1, 1)}, tmp_path / "dated.pt",
+               _use_new_zipfile_serialization=not legacy)
+    with pytest.raises(CheckpointError, match=r"dated\.pt: .*it holds objects other than tensors"):
+        load_checkpoint(tmp_path / "dated.pt")
+
+
 def test_tmt_data_names_the_runs_damaged_file_not_its_scratch_copy(tiny_run: Path, tmp_path: Path,
                                                                     monkeypatch, capsys):
     run = copy_run(tiny_run, tmp_path / "run")

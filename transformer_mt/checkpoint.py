@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import shutil
+import zipfile
 from pathlib import Path
 
 import torch
@@ -54,10 +55,14 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         # torch's weights-only refusal suggests weights_only=False, which would run code from the
         # file: not advice to pass on. Other errors: their first sentence, which is what they say
         # (a truncated file: "... failed finding central directory", then torch's own guesses).
+        # The weights-only unpickler also fails on the first bytes of a file torch never wrote.
         text = str(err).strip()
-        detail = ("it holds objects other than tensors and plain containers" if "Weights only load failed" in text
-                  else (re.split(r"\.\s+(?=[A-Z])", text.splitlines()[0], maxsplit=1)[0][:200] if text
-                        else type(err).__name__))
+        if "Weights only load failed" in text:
+            detail = ("it holds objects other than tensors and plain containers" if _is_torch_save_file(path)
+                      else "it is not a PyTorch file: neither a zip archive nor torch's legacy format")
+        else:
+            detail = (re.split(r"\.\s+(?=[A-Z])", text.splitlines()[0], maxsplit=1)[0][:200] if text
+                      else type(err).__name__)
         raise CheckpointError(f"{path}: not a readable checkpoint, perhaps truncated, corrupt or not a tmt "
                               f"checkpoint ({detail})") from None
     if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
@@ -78,6 +83,19 @@ def check_tokenizers(state: dict, fingerprint: str, path: Path, run_dir: Path) -
     if saved is not None and saved != fingerprint:
         raise CheckpointError(f"{path} was trained with other tokenizers than those of {run_dir} (a checkpoint of "
                               "another run?); use it with its own run directory")
+
+
+# torch.save writes a zip archive (PyTorch >= 1.6), or in its legacy format a pickle stream that
+# opens with torch.serialization.MAGIC_NUMBER as a LONG1 opcode (0x8a, 10 bytes, little-endian).
+_LEGACY_TORCH_MAGIC = b"\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
+
+
+def _is_torch_save_file(path: Path) -> bool:
+    """True when `path` is in one of torch.save's formats (a zip archive, or the legacy pickle)."""
+    if zipfile.is_zipfile(path):
+        return True
+    with open(path, "rb") as handle:
+        return _LEGACY_TORCH_MAGIC in handle.read(32)  # after the PROTO (and, from protocol 4, FRAME) opcode
 
 
 def _fuse_saved_projections(state: dict) -> None:

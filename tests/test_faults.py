@@ -703,6 +703,9 @@ def test_a_file_torch_never_wrote_is_told_apart_from_a_checkpoint_holding_other_
     with pytest.raises(CheckpointError, match=r"garbage\.pt: .*it is not a PyTorch file") as excinfo:
         load_checkpoint(tmp_path / "garbage.pt")
     assert "objects other than" not in str(excinfo.value)
+    (tmp_path / "empty.pt").write_bytes(b"")  # say, the disk filled up before the first byte
+    with pytest.raises(CheckpointError, match=r"empty\.pt: not a readable checkpoint: the file is empty"):
+        load_checkpoint(tmp_path / "empty.pt")
     # A real torch.save file, in either of its formats, holding a date: the weights-only load refuses it.
     torch.save({"model": {}, "saved_on": datetime.date(2024, 1, 1)}, tmp_path / "dated.pt",
                _use_new_zipfile_serialization=not legacy)

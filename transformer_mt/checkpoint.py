@@ -49,6 +49,8 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     """Load and sanity-check a checkpoint written by `save_atomic`."""
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
+    if path.stat().st_size == 0:  # torch would only say EOFError
+        raise CheckpointError(f"{path}: not a readable checkpoint: the file is empty")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises many types for truncated or foreign files

@@ -675,9 +675,11 @@ class Trainer:
                 if self._after_step(writer, interval):
                     break
             # A signal during the last step's validation or save, both done by now: stop before
-            # the final test, which a resume runs. (Under torchrun only the signal the ranks agreed
-            # on in the last step counts, so that all of them stop alike.)
-            signal_number = agreed_signal if self.dist.enabled else (stop.signal_number or 0)
+            # the final test, which a resume runs. Under torchrun the ranks agree on it first (it
+            # may have reached only some), which also waits for rank 0 to finish writing.
+            signal_number = stop.signal_number or 0
+            if self.dist.enabled:
+                signal_number = int(self.dist.max_(torch.full((), float(signal_number), device=self.device)).item())
             if signal_number:
                 name = signal.Signals(signal_number).name
                 logger.warning("received %s during the last step: stopping before the final test", name)
@@ -863,9 +865,9 @@ class StopRequest:
 @contextlib.contextmanager
 def sigterm_interrupts():
     """While inside, SIGTERM raises `Terminated` where the program is, as SIGINT raises
-    KeyboardInterrupt, instead of killing the process on the spot: the run's summary then says
-    it was interrupted, and the CLI says how to go on. The training loop's `StopRequest`
-    overrides this for its steps."""
+    KeyboardInterrupt, instead of killing the process on the spot: the CLI then says how to go
+    on, and, once the trainer exists, the run's summary says it was interrupted. The training
+    loop's `StopRequest` overrides this for its steps."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be set from the main thread
         return

@@ -169,6 +169,21 @@ def test_export_leaves_a_users_folder_named_like_its_temp_folder_alone(ct2, tmp_
     assert (tmp_path / "ct2").stat().st_mode & 0o777 == 0o777 & ~_umask()
 
 
+def test_an_export_stopped_midway_leaves_no_temp_folder(ct2, tmp_path: Path, monkeypatch):
+    from ctranslate2.specs import model_spec
+
+    make_run(tmp_path / "run", "pre", True)
+
+    def interrupted(self, output_dir):
+        (Path(output_dir) / "model.bin").write_bytes(b"half")  # part of the model written
+        raise KeyboardInterrupt  # Ctrl-C; CTranslate2's own errors are not OSErrors either
+
+    monkeypatch.setattr(model_spec.ModelSpec, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export_ctranslate2(tmp_path / "run", tmp_path / "ct2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
 def _umask() -> int:
     umask = os.umask(0)
     os.umask(umask)

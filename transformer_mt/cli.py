@@ -16,7 +16,7 @@ from pathlib import Path
 from transformer_mt import __version__
 from transformer_mt.config import BLEU_TOKENIZERS, Config
 from transformer_mt.errors import DataError, TmtError, TrainingStopped, UsageError
-from transformer_mt.files import lines_to_text, make_parent_dir, write_text_atomic
+from transformer_mt.files import check_parent_dir, lines_to_text, make_parent_dir, write_text_atomic
 
 logger = logging.getLogger("transformer_mt")
 
@@ -476,8 +476,8 @@ def _read_file_lines(path: Path) -> list[str]:
 
 def _check_output(path: Path | None, option: str = "--output", inputs: dict[str, Path | None] | None = None) -> None:
     """Refuse, before translating rather than after, an output that cannot be a file or that is
-    one of the command's `inputs` (option -> path): writing it would destroy what was read.
-    Creates the output's folder, so that a path under a file (`in.txt/out.txt`) is refused now too."""
+    one of the command's `inputs` (option -> path): writing it would destroy what was read, or
+    that lies under a file (`in.txt/out.txt`). Creates nothing: the writer makes the folder."""
     if path is None:
         return
     if path.is_dir():
@@ -485,7 +485,7 @@ def _check_output(path: Path | None, option: str = "--output", inputs: dict[str,
     for name, source in (inputs or {}).items():
         if source is not None and path.exists() and source.exists() and os.path.samefile(path, source):
             raise UsageError(f"{option} {path} is the {name} file; writing it would destroy the input")
-    make_parent_dir(path, option)
+    check_parent_dir(path, option)
 
 
 def _write_lines(path: Path, lines: list[str]) -> None:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from transformer_mt.errors import TmtError, UsageError
-from transformer_mt.files import make_parent_dir, make_temp_dir_beside
+from transformer_mt.files import check_parent_dir, make_parent_dir, make_temp_dir_beside
 from transformer_mt.model import DecoderLayer, EncoderLayer, Linear, SelfAttention, Transformer, sinusoidal_positions
 from transformer_mt.tokenization import BOS, BOS_ID, EOS, PAD_ID, UNK
 from transformer_mt.translator import Translator
@@ -62,7 +62,7 @@ def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None 
     if quantization is not None and quantization not in model_spec.ACCEPTED_MODEL_TYPES:
         raise UsageError(f"--quantization: {quantization!r} is not one of "
                          f"{', '.join(model_spec.ACCEPTED_MODEL_TYPES)}")
-    make_parent_dir(output_dir, "--output")
+    check_parent_dir(output_dir, "--output")
     target = output_dir.resolve()  # `.` or `..` has no name to write a temp folder beside
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise UsageError(f"{output_dir} already exists and is not an empty directory; choose another --output")
@@ -81,6 +81,7 @@ def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None 
     # Write beside the target and rename, so a failed export leaves no half-written model. The
     # temp folder is a new one of our own (never a fixed name, which could be a user's folder),
     # so removing it on failure removes only what this export wrote.
+    make_parent_dir(output_dir, "--output")
     try:
         tmp = make_temp_dir_beside(target)
     except OSError as err:
@@ -90,9 +91,11 @@ def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None 
         if target.exists():
             target.rmdir()  # empty, checked above
         tmp.rename(target)
-    except OSError as err:
+    except BaseException as err:  # Ctrl-C and CTranslate2's own errors too: its random name is never reused
         shutil.rmtree(tmp, ignore_errors=True)
-        raise TmtError(f"{output_dir}: could not write the CTranslate2 model ({err.strerror or err})") from None
+        if isinstance(err, OSError):
+            raise TmtError(f"{output_dir}: could not write the CTranslate2 model ({err.strerror or err})") from None
+        raise
     logger.info("exported %s to %s (CTranslate2, %s)", run_dir, output_dir, quantization or "float32")
 
 

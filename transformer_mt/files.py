@@ -43,21 +43,25 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise
 
 
+def check_parent_dir(path: Path, option: str | None = None) -> None:
+    """Refuse, without creating anything, an output `path` under a file: a `UsageError` naming
+    `option` (the command-line option that gave `path`, if any), `path` and the file in the way,
+    `--output in.txt/sub: in.txt is not a directory`. For checks before the work, which must not
+    leave folders behind when the work then fails."""
+    for folder in reversed(path.parents):  # outermost first
+        if os.path.lexists(folder) and not folder.is_dir():
+            raise UsageError(f"{f'{option} {path}' if option else path}: {folder} is not a directory")
+
+
 def make_parent_dir(path: Path, option: str | None = None) -> None:
-    """Create the folder that the output `path` goes in, and its parents; or raise an error that
-    names `option` (the command-line option that gave `path`, if any), `path`, and the file in the
-    way if there is one: `--output in.txt/sub: in.txt is not a directory` (a `UsageError`).
-    """
-    parent = path.parent
+    """Create the folder that the output `path` goes in, and its parents; or raise the error of
+    `check_parent_dir` when a file is in the way, else a `TmtError` naming the folder."""
     try:
-        parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        where = f"{option} {path}" if option else str(path)
-        # mkdir says FileExistsError or NotADirectoryError and names no file: find the one in the way.
-        for folder in reversed([parent, *parent.parents]):  # outermost first
-            if os.path.lexists(folder) and not folder.is_dir():
-                raise UsageError(f"{where}: {folder} is not a directory") from None
-        raise TmtError(f"{where}: cannot create the folder {parent} ({err.strerror or err})") from None
+        check_parent_dir(path, option)  # mkdir names no file when one is in the way: find it
+        raise TmtError(f"{f'{option} {path}' if option else path}: cannot create the folder {path.parent} "
+                       f"({err.strerror or err})") from None
 
 
 def make_temp_dir_beside(path: Path) -> Path:

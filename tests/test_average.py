@@ -81,13 +81,20 @@ def test_average_never_writes_over_a_checkpoint_or_a_users_file(tiny_corpus: Pat
     code, _, err = run_cli(["average", "--run", str(run), "--last", "2", "--output", "notes.txt/a.pt"],
                            monkeypatch, capsys, tmp_path)
     assert code == 2 and "--output notes.txt/a.pt: notes.txt is not a directory" in err, err
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / ".a.pt.tmp").write_text("mine", encoding="utf-8")  # named as a fixed temp file would be
     code, _, err = run_cli(["average", "--run", str(run), "--last", "2", "--output", str(tmp_path / "new" / "a.pt")],
                            monkeypatch, capsys, tmp_path)
-    assert code == 0 and (tmp_path / "new" / "a.pt").is_file(), err  # its folder is created
+    assert code == 0 and (tmp_path / "new" / "a.pt").is_file(), err
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == [".a.pt.tmp", "a.pt"]  # written through its own
+    assert (tmp_path / "new" / ".a.pt.tmp").read_text(encoding="utf-8") == "mine"
+    code, _, err = run_cli(["average", "--run", str(run), "--last", "2", "--output", str(tmp_path / "new2" / "a.pt")],
+                           monkeypatch, capsys, tmp_path)
+    assert code == 0 and (tmp_path / "new2" / "a.pt").is_file(), err  # its folder is created
 
     # An averaged checkpoint holds weights only: put where a step checkpoint was, resume says so.
     path = run / "checkpoints" / "step_00000004.pt"
-    path.write_bytes((tmp_path / "new" / "a.pt").read_bytes())
+    path.write_bytes((tmp_path / "new2" / "a.pt").read_bytes())
     prepare_run_dir(run, resume=True, overwrite=False)
     trainer_state = train(tiny_config(tiny_corpus, train={"max_steps": 5, "save_every_steps": 2, "test_at_end": False}),
                           run, resume=True, progress=False)

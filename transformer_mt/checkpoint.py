@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from transformer_mt.errors import CheckpointError
+from transformer_mt.files import create_temp_file_beside
 from transformer_mt.model import fuse_projections, fused_parameter_name, has_separate_projections
 
 logger = logging.getLogger(__name__)
@@ -30,19 +31,27 @@ _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 def save_atomic(state: dict, path: Path) -> None:
     """Write `state` to a temp file beside `path`, fsync it, then rename it over `path`.
 
-    A crash at any moment leaves either the old file or the new one, never a torn file.
+    A crash at any moment leaves either the old file or the new one, never a torn file. The
+    temp file has a name of its own (`files.create_temp_file_beside`): `tmt average --output`
+    writes beside the user's files, and never into one of theirs.
     """
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with open(tmp, "wb") as handle:
+        fd, tmp = create_temp_file_beside(path)
+    except OSError as err:
+        raise CheckpointError(f"{path}: could not write checkpoint ({err.strerror or err}); "
+                              "earlier checkpoints are intact") from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
             torch.save(state, handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except OSError as err:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"{path}: could not write checkpoint ({err.strerror or err}); "
-                              "earlier checkpoints are intact") from None
+        if isinstance(err, OSError):
+            raise CheckpointError(f"{path}: could not write checkpoint ({err.strerror or err}); "
+                                  "earlier checkpoints are intact") from None
+        raise
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict:
@@ -186,8 +195,9 @@ class CheckpointDir:
     def remove_temp_files(self) -> None:
         """Delete the half-written `.<name>.tmp` files a crash during a save leaves behind."""
         for tmp in self.directory.glob(".*.tmp"):
-            logger.info("removing %s, left by an interrupted save", tmp)
-            tmp.unlink(missing_ok=True)
+            if tmp.is_file():
+                logger.info("removing %s, left by an interrupted save", tmp)
+                tmp.unlink(missing_ok=True)
 
     def copy_to_best(self, source: Path) -> None:
         """Make `best.pt` a copy of `source` (a hard link where possible), atomically."""

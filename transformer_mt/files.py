@@ -25,13 +25,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     and the usual permissions (0666 less the umask, like `open`; `tempfile.mkstemp` would make it
     private). On any failure it is removed and the error (an `OSError`) propagates, `path` untouched.
     """
-    while True:
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            break
-        except FileExistsError:  # another writer's temp file: draw another name
-            continue
+    fd, tmp = create_temp_file_beside(path)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -41,6 +35,19 @@ def write_text_atomic(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def create_temp_file_beside(path: Path) -> tuple[int, Path]:
+    """Create a new empty file `.<name>.<8 hex digits>.tmp` beside `path`, to be renamed onto
+    `path` once written: its open descriptor (for writing) and its path. The name is unique and
+    the file new, so it is never someone else's (another writer's, or a user's file that happens
+    to be called `.<name>.tmp`); it has the usual permissions (0666 less the umask)."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:  # another writer's temp file: draw another name
+            continue
 
 
 def check_parent_dir(path: Path, option: str | None = None) -> None:

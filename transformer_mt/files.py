@@ -10,9 +10,13 @@ from __future__ import annotations
 import os
 import re
 import secrets
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from transformer_mt.errors import TmtError, UsageError
+
+T = TypeVar("T")
 
 # `.<name>.<8 hex digits>.tmp`: the temp file `write_text_atomic` writes `name` through.
 _TEMP_FILE = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8}\.tmp")
@@ -42,12 +46,7 @@ def create_temp_file_beside(path: Path) -> tuple[int, Path]:
     `path` once written: its open descriptor (for writing) and its path. The name is unique and
     the file new, so it is never someone else's (another writer's, or a user's file that happens
     to be called `.<name>.tmp`); it has the usual permissions (0666 less the umask)."""
-    while True:
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
-        except FileExistsError:  # another writer's temp file: draw another name
-            continue
+    return _create_beside(path, lambda tmp: os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
 
 
 def check_parent_dir(path: Path, option: str | None = None) -> None:
@@ -80,12 +79,17 @@ def make_temp_dir_beside(path: Path) -> Path:
     umask, like `mkdir`; `tempfile.mkdtemp` would make it private, and so the renamed output).
     Raises `OSError` when the folder beside `path` cannot hold it.
     """
+    return _create_beside(path, Path.mkdir)[1]
+
+
+def _create_beside(path: Path, create: Callable[[Path], T]) -> tuple[T, Path]:
+    """`create(tmp)` for a new name `.<name>.<8 hex digits>.tmp` beside `path`, drawing another
+    while `create` finds the name taken (FileExistsError): its result, and the name."""
     while True:
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
         try:
-            tmp.mkdir()
-            return tmp
-        except FileExistsError:  # another writer's, or anyone's, folder or file: draw another name
+            return create(tmp), tmp
+        except FileExistsError:  # another writer's, or anyone's, file or folder: draw another name
             continue
 
 

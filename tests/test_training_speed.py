@@ -192,7 +192,7 @@ def test_peak_flops_follow_the_device_name_and_whether_fp32_may_use_tf32():
 
 
 @pytest.mark.skipif(not os.environ.get("TMT_TEST_COMPILE"),
-                    reason="torch.compile takes about a minute per shape on a small CPU; set TMT_TEST_COMPILE=1")
+                    reason="torch.compile needs a C++ compiler and about half a minute here; set TMT_TEST_COMPILE=1")
 def test_a_compiled_step_makes_the_same_update_as_an_eager_one(tiny_corpus: Path, tmp_path: Path):
     eager = make_trainer(tiny_corpus, tmp_path / "eager")
     compiled = make_trainer(tiny_corpus, tmp_path / "compiled", compile=True)

@@ -198,6 +198,7 @@ def test_missing_tokenizer_files_are_named_for_translate_and_resume(tiny_run: Pa
 @pytest.mark.parametrize("stdin, code, expected", [
     (b"", 2, "nothing to translate"),
     (b"Good morning.\n\xff\xfe bad bytes\n", 1, "stdin line 2: not valid UTF-8"),
+    (b"Good morning.\rThank you.\r", 1, "stdin: its lines end in a carriage return"),
 ])
 def test_bad_stdin_for_translate(stdin, code, expected, tiny_run: Path, tmp_path: Path, monkeypatch, capsys):
     result = run_cli(["translate", "--run", str(tiny_run)], monkeypatch, capsys, tmp_path, stdin=stdin)
@@ -225,6 +226,16 @@ def test_stdin_with_a_byte_order_mark_translates_like_the_same_file(tiny_run: Pa
                                stdin=text.removeprefix("\ufeff".encode("utf-8")))
     assert code == 0, err
     assert from_stdin == from_file == plain
+
+
+def test_one_stdin_line_ending_in_a_carriage_return_is_still_one_sentence(tiny_run: Path, tmp_path: Path,
+                                                                          monkeypatch, capsys):
+    outputs = []
+    for stdin in (b"Good morning.\n", b"Good morning.\r\n", b"Good morning.\r"):
+        code, out, err = run_cli(["translate", "--run", str(tiny_run)], monkeypatch, capsys, tmp_path, stdin=stdin)
+        assert code == 0, err
+        outputs.append(out)
+    assert outputs[0] == outputs[1] == outputs[2] and outputs[0].count("\n") == 1
 
 
 @pytest.mark.parametrize("command", ["translate", "evaluate"])

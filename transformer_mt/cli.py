@@ -512,6 +512,10 @@ def _argument_lines(texts: list[str]) -> list[str]:
 def _read_stdin_lines() -> list[str]:
     lines = []
     for number, raw in enumerate(sys.stdin.buffer, start=1):
+        if number == 1 and not raw.endswith(b"\n") and b"\r" in raw.rstrip(b"\r"):
+            # the only line, split by "\r" alone (old Mac line breaks): the file readers refuse it too
+            raise DataError("stdin: its lines end in a carriage return (\\r) alone, which tmt does not read as a "
+                            "line break (it splits on \\n or \\r\\n); convert them first, e.g. with tr '\\r' '\\n'")
         try:
             line = raw.decode("utf-8").rstrip("\r\n")
             lines.append(line.removeprefix("\ufeff") if number == 1 else line)  # a byte-order mark is not text

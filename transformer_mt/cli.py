@@ -165,7 +165,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--checkpoint", type=Path, help="a checkpoint file inside a run's checkpoints/ folder")
     parser.add_argument("--beam", type=_positive_int, metavar="K",
                         help="beam size (default: the run's decode.beam_size; 1 = greedy)")
-    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"])
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
+                        help="where to translate (default auto: CUDA, else MPS, else the CPU)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -143,7 +143,7 @@ class TrainConfig:
     log_every_steps: int = 100
     """Steps between training-loss log lines and TensorBoard points."""
     eval_every_steps: int = 1000
-    """Steps between validations (loss, perplexity, greedy BLEU and chrF)."""
+    """Steps between validations (loss, perplexity, greedy BLEU and chrF); the last step is always validated too."""
     eval_max_sentences: int = 500
     """Validation sentences decoded for BLEU (a fixed seeded subset); 0 decodes all."""
     n_examples: int = 3

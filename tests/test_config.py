@@ -75,6 +75,19 @@ def test_overrides_are_parsed_as_yaml_and_paths_resolve_against_the_config(tmp_p
     assert cfg.data.path == str((tmp_path / "corpus").resolve())
 
 
+def test_a_relative_data_path_given_with_set_resolves_against_the_current_directory(tmp_path: Path, monkeypatch):
+    config_file = tmp_path / "configs" / "c.yaml"
+    config_file.parent.mkdir()
+    config_file.write_text("data:\n  path: ../in_file\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path / "configs")
+    assert load_config(config_file.name).data.path == str((tmp_path / "in_file").resolve())  # the file's own
+    monkeypatch.chdir(tmp_path)
+    assert load_config(config_file, ["data.path=corpus"]).data.path == str((tmp_path / "corpus").resolve())
+    assert load_config(config_file, ["data={path: corpus}"]).data.path == str((tmp_path / "corpus").resolve())
+    assert load_config(config_file, ["data.path=../in_file"]).data.path == str((tmp_path.parent / "in_file").resolve())
+    assert load_config(config_file, ["train.lr=1e-3"]).data.path == str((tmp_path / "in_file").resolve())
+
+
 def test_yaml_syntax_error_names_the_line(tmp_path: Path):
     config_file = tmp_path / "bad.yaml"
     config_file.write_text("name: x\ndata:\n  path: [unclosed\n", encoding="utf-8")

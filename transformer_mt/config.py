@@ -33,7 +33,8 @@ class DataConfig:
     `{split}.{lang}[.gz]`; `tsv`: `{split}.tsv` (source, a tab, target); `jsonl`: `{split}.jsonl`."""
     path: str = ""
     """Hub dataset name (e.g. `Helsinki-NLP/opus_books`) or a local directory; a relative
-    directory is resolved against the config file's directory."""
+    directory is resolved against the config file's directory, or, given with `--set`, against
+    the current directory."""
     hub_config: str | None = None
     """Hub dataset configuration name, e.g. `en-it`."""
     revision: str | None = None
@@ -241,7 +242,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML config file, apply `a.b=value` overrides, and validate it.
 
-    Relative local data paths are resolved against the config file's directory.
+    A relative local `data.path` is resolved against the config file's directory, or, when an
+    override sets it, against the current directory, as any command-line path is.
     """
     path = Path(path)
     if path.is_dir():
@@ -269,7 +271,9 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         cfg = config_from_dict(apply_overrides(raw, overrides))
     except RecursionError:  # `a: &a [*a]`: a value that contains itself
         raise ConfigError([f"{path}: a YAML alias refers to the value that contains it"]) from None
-    return resolve_paths(cfg, path.parent)
+    overridden = {item.partition("=")[0].strip() for item in overrides}  # keys as `apply_overrides` reads them
+    from_command_line = "data.path" in overridden or "data" in overridden
+    return resolve_paths(cfg, Path.cwd() if from_command_line else path.parent)
 
 
 def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:

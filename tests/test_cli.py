@@ -74,6 +74,13 @@ def test_bad_config_exits_2_naming_every_key_without_a_traceback(tmp_path: Path)
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_precision_the_device_lacks_is_refused_before_the_run_directory_exists(tmp_path: Path):
+    result = tmt("train", "--config", str(DEMO_CONFIG), "--set", "train.device=cpu", "--set", "train.precision=fp16",
+                 cwd=tmp_path)
+    assert result.returncode == 2 and "train.precision: fp16 needs a CUDA GPU" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "runs").exists()
+
+
 def test_translate_without_any_run_exits_1_with_a_clear_message(tmp_path: Path):
     result = tmt("translate", "hello", cwd=tmp_path)
     assert result.returncode == 1

@@ -211,14 +211,16 @@ def main(argv: list[str] | None = None) -> int:
 def run_train(args: argparse.Namespace) -> None:
     from transformer_mt.config import load_config
     from transformer_mt.distributed import Distributed
-    from transformer_mt.runtime import pick_device
+    from transformer_mt.runtime import pick_device, pick_precision
     from transformer_mt.run_dir import prepare_run_dir
     from transformer_mt.training import train
 
     cfg = load_config(args.config, args.overrides)
     run_dir = args.run_dir or Path("runs") / cfg.name
+    device = pick_device(cfg.train.device)
+    pick_precision(cfg.train.precision, device)  # refuse, say, fp16 on a CPU before the run directory exists
     dist = Distributed.from_environment()  # a world of one unless started by torchrun
-    dist.start(pick_device(cfg.train.device))
+    dist.start(device)
     try:
         if dist.is_main:  # rank 0 prepares the directory; the others wait for it
             prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)

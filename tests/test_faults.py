@@ -213,6 +213,16 @@ def test_a_sentence_argument_that_is_not_utf8_is_named(tiny_run: Path, tmp_path:
     assert "sentence argument 2: not valid UTF-8 (after 'caf')" in err
 
 
+def test_a_dash_for_input_and_output_means_stdin_and_stdout(tiny_run: Path, tmp_path: Path, monkeypatch, capsys):
+    text = b"Good morning.\nThe bread.\n"
+    code, plain, err = run_cli(["translate", "--run", str(tiny_run)], monkeypatch, capsys, tmp_path, stdin=text)
+    assert code == 0, err
+    code, dashes, err = run_cli(["translate", "--run", str(tiny_run), "--input", "-", "--output", "-"],
+                                monkeypatch, capsys, tmp_path, stdin=text)
+    assert code == 0, err
+    assert dashes == plain and plain.count("\n") == 2 and not (tmp_path / "-").exists()
+
+
 def test_stdin_with_a_byte_order_mark_translates_like_the_same_file(tiny_run: Path, tmp_path: Path,
                                                                      monkeypatch, capsys):
     text = "\ufeffGood morning.\nThe bread.\n".encode("utf-8")  # as Windows Notepad saves it

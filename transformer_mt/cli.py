@@ -19,6 +19,7 @@ from transformer_mt.errors import DataError, TmtError, TrainingStopped, UsageErr
 from transformer_mt.files import check_parent_dir, lines_to_text, make_parent_dir, write_text_atomic
 
 logger = logging.getLogger("transformer_mt")
+STDIO = Path("-")  # `tmt translate --input -` / `--output -`: stdin / stdout, as in most command-line tools
 
 MAIN_EXAMPLES = """a first run (CPU, a few minutes):
   tmt data --config configs/demo.yaml                   # look at the data first: pairs, lengths, steps per epoch
@@ -114,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                                     epilog=TRANSLATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     translate.add_argument("text", nargs="*", help="sentences to translate (default: one per line from stdin)")
     _add_model_arguments(translate)
-    translate.add_argument("--input", type=Path, help="translate this file, one sentence per line")
-    translate.add_argument("--output", type=Path, help="write translations here instead of stdout")
+    translate.add_argument("--input", type=Path, help="translate this file, one sentence per line (- = stdin)")
+    translate.add_argument("--output", type=Path, help="write translations here instead of stdout (- = stdout)")
     translate.add_argument("--show-attention", type=Path, metavar="FILE.png",
                            help="draw the cross-attention of the (single) sentence's translation to FILE.png")
     translate.add_argument("--attention-layer", type=int, default=-1, metavar="N",
@@ -329,6 +330,10 @@ def run_translate(args: argparse.Namespace) -> None:
     _setup_logging(logging.WARNING)
     if args.text and args.input:
         raise UsageError("give sentences as arguments or --input FILE, not both")
+    if args.input == STDIO:
+        args.input = None  # `--input -`: stdin, as without --input
+    if args.output == STDIO:
+        args.output = None  # `--output -`: stdout, as without --output
     if args.input:
         lines = _read_file_lines(args.input)
     else:

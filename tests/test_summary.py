@@ -60,6 +60,19 @@ def test_runs_lists_every_run_even_beside_a_summary_of_the_wrong_shape(tmp_path:
     assert "unreadable summary.json" in rows["list"] and "finished" in rows["odd"] and "12.50" in rows["good"]
 
 
+def test_runs_lists_a_run_folder_itself_and_runs_grouped_one_folder_deeper(tmp_path: Path, monkeypatch, capsys):
+    summary = '{"status": "finished", "step": 4, "max_steps": 4}'
+    for run in ("runs/plain", "runs/ablation/lr1", "runs/ablation/lr2"):
+        (tmp_path / run).mkdir(parents=True)
+        (tmp_path / run / "summary.json").write_text(summary, encoding="utf-8")
+    code, out, err = run_cli(["runs"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    assert sorted(line.split()[0] for line in out.splitlines()[1:]) == ["ablation/lr1", "ablation/lr2", "plain"]
+    code, out, err = run_cli(["runs", "--dir", "runs/plain"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    assert [line.split()[0] for line in out.splitlines()[1:]] == ["plain"]
+
+
 def test_the_config_folders_git_commit_is_recorded_with_dirty_marked(tmp_path: Path):
     import shutil
     import subprocess

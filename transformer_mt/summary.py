@@ -62,9 +62,12 @@ def write_summary(run_dir: Path, summary: dict) -> None:
 
 
 def read_summaries(runs_dir: Path) -> list[dict]:
-    """The summaries of the runs directly under `runs_dir`, most recently updated first."""
+    """The summaries of the runs under `runs_dir`, most recently updated first: its runs
+    (`runs/<name>`), runs grouped one folder deeper (`runs/<group>/<name>`), or `runs_dir` itself
+    when it is a run. Each row's `name` is its folder relative to `runs_dir`."""
     rows = []
-    for path in runs_dir.glob(f"*/{SUMMARY_NAME}"):
+    paths = [*runs_dir.glob(SUMMARY_NAME), *runs_dir.glob(f"*/{SUMMARY_NAME}"), *runs_dir.glob(f"*/*/{SUMMARY_NAME}")]
+    for path in paths:
         try:
             summary = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -72,6 +75,7 @@ def read_summaries(runs_dir: Path) -> list[dict]:
         if not isinstance(summary, dict):  # valid JSON, but not what tmt writes
             summary = {"status": "unreadable summary.json"}
         summary["run_dir"] = str(path.parent)
+        summary["run"] = path.parent.relative_to(runs_dir).as_posix() if path.parent != runs_dir else path.parent.name
         summary["mtime"] = path.stat().st_mtime
         if summary.get("status") == "running" and not _writer_alive(summary):
             summary["status"] = "died (process gone)"
@@ -86,7 +90,7 @@ def runs_table(rows: list[dict]) -> str:
     for row in rows:
         best = row.get("best_bleu")
         test = row["test"].get("bleu") if isinstance(row.get("test"), dict) else None
-        lines.append((Path(row["run_dir"]).name, str(row.get("status", "?")),
+        lines.append((row["run"], str(row.get("status", "?")),
                       f"{row.get('step', '?')}/{row.get('max_steps', '?')}",
                       f"{best:.2f}" if isinstance(best, (int, float)) and best >= 0 else "-",
                       f"{test:.2f}" if isinstance(test, (int, float)) else "-",

@@ -146,8 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     runs = commands.add_parser("runs", help="list training runs: status, steps, best BLEU, last update",
                                epilog=RUNS_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    runs.add_argument("--dir", type=Path, default=Path("runs"), help="folder holding run directories, also grouped one folder deeper "
-                      "(runs/<group>/<name>), or one run directory (default: runs)")
+    runs.add_argument("--dir", type=Path, default=Path("runs"),
+                      help="folder holding run directories, also grouped one folder deeper (runs/<group>/<name>), "
+                           "or one run directory (default: runs)")
 
     average = commands.add_parser("average", help="average the weights of a run's last step checkpoints",
                                   epilog=AVERAGE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)

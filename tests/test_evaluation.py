@@ -1,8 +1,16 @@
-"""Scoring: sacreBLEU BLEU/chrF with signatures; tokenized BLEU on tokenized text stays quiet."""
+"""Scoring: sacreBLEU BLEU/chrF with signatures; tokenized BLEU on tokenized text stays quiet;
+`tmt evaluate --run` scores the run's own split as the run read it."""
 
 import logging
+import shutil
+from pathlib import Path
 
+import pytest
+
+from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
 from transformer_mt.evaluation import cross_attention_labels, score
+from transformer_mt.run_dir import prepare_run_dir
+from transformer_mt.training import train
 
 # Lowercased, tokenized text as in Multi30k's tok/ files: every line ends in " ." (sacreBLEU
 # warns about that from 100 such lines on, unless told the text is tokenized on purpose).
@@ -34,3 +42,69 @@ def test_attention_labels_match_the_rows_and_columns_of_the_map():
     src, hyp = list("abcdefghij"), list("qrstuvwx")
     assert cross_attention_labels(src, hyp, eos, max_len=8) == (list("abcdefg") + [eos], hyp)
     assert cross_attention_labels(src, hyp[:7], eos, max_len=8)[1] == hyp[:7] + [eos]
+
+
+# --- the run's own split: its corpus_cache/, whatever happened to the data files since ---------
+
+@pytest.fixture
+def tiny_run(tmp_path: Path) -> Path:
+    """A tiny trained run of its own (the tests move or edit its data), over tmp_path/corpus."""
+    corpus = write_corpus(tmp_path / "corpus", {"train": TINY_PAIRS, "valid": TINY_PAIRS[:4], "test": TINY_PAIRS[4:6]})
+    run_dir = tmp_path / "run"
+    prepare_run_dir(run_dir, resume=False, overwrite=False)
+    train(tiny_config(corpus, train={"max_steps": 2, "eval_every_steps": 2, "save_every_steps": 2}), run_dir,
+          progress=False)
+    return run_dir
+
+
+def run_files(run_dir: Path) -> dict[str, tuple[bytes, int]]:
+    """Bytes and modification time of every file of the run but evaluate's own output."""
+    return {str(p.relative_to(run_dir)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(run_dir.rglob("*")) if p.is_file() and p.parent.name != "evaluation"}
+
+
+def evaluate_test_split(run_dir: Path, monkeypatch, capsys) -> tuple[int, str, str, str]:
+    """`tmt evaluate --run RUN`: exit code, stdout (the scores), stderr, and the hypotheses written."""
+    code, out, err = run_cli(["evaluate", "--run", str(run_dir), "--quiet"], monkeypatch, capsys, run_dir.parent)
+    hypotheses = run_dir / "evaluation" / "test.best.beam1.txt"
+    return code, out, err, hypotheses.read_text("utf-8") if code == 0 else ""
+
+
+def test_evaluate_scores_the_runs_copy_of_a_corpus_that_was_moved(tiny_run: Path, monkeypatch, capsys):
+    code, scores, err, hypotheses = evaluate_test_split(tiny_run, monkeypatch, capsys)
+    assert code == 0 and "WARNING" not in err, err  # the data is where the run read it: nothing to say
+    before = run_files(tiny_run)
+    corpus = tiny_run.parent / "corpus"
+    corpus.rename(tiny_run.parent / "moved")
+
+    code, moved_scores, err, moved_hypotheses = evaluate_test_split(tiny_run, monkeypatch, capsys)
+    assert code == 0, err
+    assert (moved_scores, moved_hypotheses) == (scores, hypotheses)
+    assert f"WARNING data.path {str(corpus)!r} of the run's config ({tiny_run / 'config.yaml'})" in err
+    assert f"own copy of its data in {tiny_run / 'corpus_cache'} is scored" in err
+    assert run_files(tiny_run) == before
+
+
+def test_evaluate_scores_the_split_the_run_read_not_the_edited_files(tiny_run: Path, monkeypatch, capsys):
+    code, scores, err, hypotheses = evaluate_test_split(tiny_run, monkeypatch, capsys)
+    assert code == 0, err
+    before = run_files(tiny_run)
+    # Three other test pairs: rebuilding the corpus would score 3 sentences, not the run's 2.
+    write_corpus(tiny_run.parent / "corpus", {"test": TINY_PAIRS[6:9]})
+
+    code, edited_scores, err, edited_hypotheses = evaluate_test_split(tiny_run, monkeypatch, capsys)
+    assert code == 0, err
+    assert (edited_scores, edited_hypotheses) == (scores, hypotheses) and len(hypotheses.splitlines()) == 2
+    assert "WARNING the data files of data.path" in err and "changed since the run read them" in err
+    assert "--src FILE --ref FILE" in err
+    assert run_files(tiny_run) == before  # corpus_cache/ neither rebuilt nor touched
+
+
+def test_evaluate_without_corpus_cache_or_data_names_the_runs_config_and_src_ref(tiny_run: Path, monkeypatch,
+                                                                                 capsys):
+    shutil.rmtree(tiny_run / "corpus_cache")
+    shutil.rmtree(tiny_run.parent / "corpus")
+    code, out, err = run_cli(["evaluate", "--run", str(tiny_run), "--quiet"], monkeypatch, capsys, tiny_run.parent)
+    assert code == 1 and out == "", err
+    assert "is not a directory" in err and str(tiny_run / "config.yaml") in err and "--src FILE --ref FILE" in err
+    assert "Traceback" not in err and not (tiny_run / "corpus_cache").exists()

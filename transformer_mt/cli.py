@@ -390,7 +390,7 @@ def _draw_attention(translator, line: str, args: argparse.Namespace) -> str:
 
 
 def run_evaluate(args: argparse.Namespace) -> None:
-    from transformer_mt.data import load_corpus
+    from transformer_mt.data import load_run_corpus
     from transformer_mt.data_sources import read_aligned_files
     from transformer_mt.evaluation import bleu_tokenizer_problem, score
 
@@ -411,7 +411,8 @@ def run_evaluate(args: argparse.Namespace) -> None:
         sources, references = [src for src, _ in pairs], [ref for _, ref in pairs]
         name = f"file-{args.src.name}"  # never a split's name: the final test's hypotheses are test.*
     else:
-        corpus = load_corpus(translator.cfg.data, translator.cfg.seed, translator.run_dir)
+        # The split as the run read it (its corpus_cache/), even if the data files moved or changed since
+        corpus = load_run_corpus(translator.cfg.data, translator.cfg.seed, translator.run_dir)
         split = getattr(corpus, args.split)
         sources, references, name = split["src"], split["tgt"], args.split
     beam = args.beam or translator.cfg.decode.beam_size

@@ -4,7 +4,7 @@
 carves missing valid/test splits from train with a seeded shuffle (recorded in the run's
 `splits.json` so a resumed run sees the same rows), and filters pairs. Nothing holds the whole
 corpus in memory; the files are reused while the sources, the data settings and the carving
-stay the same.
+stay the same. `load_run_corpus` reads a finished run's splits as the run read them (`tmt evaluate`).
 """
 
 from __future__ import annotations
@@ -72,8 +72,6 @@ def load_corpus(cfg: DataConfig, seed: int, run_dir: Path, *, prepared: bool = F
     rank then trains on rank 0's corpus, even where its own copy of the data has another path
     or modification time (node-local copies), and only rank 0 ever writes the folder.
     """
-    import datasets
-
     run_dir = Path(run_dir)
     directory = run_dir / CORPUS_DIR
     if prepared:
@@ -88,14 +86,56 @@ def load_corpus(cfg: DataConfig, seed: int, run_dir: Path, *, prepared: bool = F
             manifest = _build(cfg, seed, sources, run_dir, key)
         else:
             logger.info("reusing the corpus read earlier into %s (its sources are unchanged)", directory)
+    return _open_corpus(directory, manifest)
+
+
+def load_run_corpus(cfg: DataConfig, seed: int, run_dir: Path) -> Corpus:
+    """The corpus of the run in `run_dir` as the run read it: what `tmt evaluate --split` scores.
+
+    `cfg` and `seed` are the run's own. When `run_dir/corpus_cache/` is complete its files are
+    used as they are, never rebuilt or touched, so the run's test split is the one behind its
+    `test_scores.json` even after the sources were moved, deleted or edited (a warning says
+    which). Only without that folder (it may be deleted at any time) is it built from the
+    sources, as `load_corpus` does. Raises `DataError` when there is neither folder nor sources
+    to read, naming the run's `config.yaml` the data path comes from.
+    """
+    run_dir = Path(run_dir)
+    directory, config_file = run_dir / CORPUS_DIR, run_dir / "config.yaml"
+    manifest = _read_manifest(directory)  # None: no complete copy (deleted, or never finished)
+    try:
+        sources = open_sources(cfg)
+    except DataError as err:  # moved or deleted files, a hub dataset while offline
+        if manifest is None:
+            raise DataError(f"{err}; that path comes from the run's config, {config_file}, and {directory} holds "
+                            "no copy of the run's data to score instead: restore the data, or score files "
+                            "directly with --src FILE --ref FILE") from None
+        logger.warning("data.path %r of the run's config (%s) cannot be opened, so the run's own copy of its "
+                       "data in %s is scored (%s)", cfg.path, config_file, directory, err)
+        return _open_corpus(directory, manifest)
+    if manifest is None:
+        return load_corpus(cfg, seed, run_dir)
+    # The key as the run made it, with the manifest's own format: a cache written by another
+    # version of tmt (another CORPUS_FORMAT) is not changed data.
+    if _corpus_key(cfg, seed, sources, manifest.get("format")) != manifest.get("key"):
+        logger.warning("the data files of data.path %r changed since the run read them (another size or "
+                       "modification time, or another version of the hub dataset); scoring the run's own copy "
+                       "in %s. To score the new files, use --src FILE --ref FILE", cfg.path, directory)
+    return _open_corpus(directory, manifest)
+
+
+def _open_corpus(directory: Path, manifest: dict) -> Corpus:
+    """Memory-map the split files of a complete `directory` whose manifest is `manifest`."""
+    import datasets
+
     splits = {split: datasets.Dataset.from_file(str(directory / f"{split}.arrow")) for split in SPLITS}
     logger.info("corpus: %d train, %d valid, %d test pairs", *(len(splits[s]) for s in SPLITS))
     return Corpus(**splits, removed=manifest["removed"], digests=manifest["digests"])
 
 
-def _corpus_key(cfg: DataConfig, seed: int, sources: dict[str, SplitSource | None]) -> str:
+def _corpus_key(cfg: DataConfig, seed: int, sources: dict[str, SplitSource | None],
+                corpus_format: int | None = CORPUS_FORMAT) -> str:
     """What the corpus files depend on, besides the carving in `splits.json`."""
-    settings = {"format": CORPUS_FORMAT, "data_format": cfg.format, "src_lang": cfg.src_lang,
+    settings = {"format": corpus_format, "data_format": cfg.format, "src_lang": cfg.src_lang,
                 "tgt_lang": cfg.tgt_lang, "max_words": cfg.max_words, "max_length_ratio": cfg.max_length_ratio,
                 "valid_size": cfg.valid_size, "test_size": cfg.test_size, "seed": seed,
                 "sources": {split: source.key if source else None for split, source in sources.items()}}

@@ -108,3 +108,33 @@ def test_evaluate_without_corpus_cache_or_data_names_the_runs_config_and_src_ref
     assert code == 1 and out == "", err
     assert "is not a directory" in err and str(tiny_run / "config.yaml") in err and "--src FILE --ref FILE" in err
     assert "Traceback" not in err and not (tiny_run / "corpus_cache").exists()
+
+
+def test_a_length_penalty_option_reaches_beam_search_and_names_evaluates_output(tiny_run: Path, monkeypatch,
+                                                                                capsys):
+    import transformer_mt.translator as translator_module
+
+    seen = []  # (beam size, length penalty) of each call into decoding
+    real_translate_ids = translator_module.translate_ids
+
+    def recording(model, src_ids, decode_cfg, **kwargs):
+        seen.append((kwargs["beam_size"], decode_cfg.length_penalty))
+        return real_translate_ids(model, src_ids, decode_cfg, **kwargs)
+
+    monkeypatch.setattr(translator_module, "translate_ids", recording)
+    code, _, err = run_cli(["evaluate", "--run", str(tiny_run), "--quiet", "--beam", "3", "--length-penalty", "1.5"],
+                           monkeypatch, capsys, tiny_run.parent)
+    assert code == 0, err
+    assert seen == [(3, 1.5)] and "beam 3, length penalty 1.5;" in err
+    assert (tiny_run / "evaluation" / "test.best.beam3.lp1.5.txt").is_file()  # not the run's own beam3 file
+    code, _, err = run_cli(["translate", "--run", str(tiny_run), "--beam", "2", "--length-penalty", "0", "hello"],
+                           monkeypatch, capsys, tiny_run.parent)
+    assert code == 0 and seen[-1] == (2, 0.0), err
+    code, _, err = run_cli(["translate", "--run", str(tiny_run), "hello"], monkeypatch, capsys, tiny_run.parent)
+    assert code == 0 and seen[-1][1] == 0.6, err  # the run's decode.length_penalty
+    for bad in ("-1", "nan", "x"):
+        with pytest.raises(SystemExit) as exit_:  # argparse's usage error
+            run_cli(["translate", "--run", str(tiny_run), "--length-penalty", bad, "hello"], monkeypatch, capsys,
+                    tiny_run.parent)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and "argument --length-penalty:" in err and "Traceback" not in err, err

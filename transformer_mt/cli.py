@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
                                              "normally 13a; 'none' for pre-tokenized text)")
     evaluate.add_argument("--output", type=Path,
                           help="where to write the hypotheses "
-                               "(default: <run>/evaluation/<name>.<checkpoint>.beam<K>.txt)")
+                               "(default: <run>/evaluation/<name>.<checkpoint>.beam<K>[.lp<ALPHA>].txt)")
 
     export = commands.add_parser("export", help="export a trained run to another inference engine",
                                  epilog=EXPORT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -162,12 +162,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """--run / --checkpoint, --beam and --device, shared by translate and evaluate."""
+    """--run / --checkpoint, --beam, --length-penalty and --device, shared by translate and evaluate."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--run", type=Path, help="run directory (default: the most recently updated run under ./runs)")
     source.add_argument("--checkpoint", type=Path, help="a checkpoint file inside a run's checkpoints/ folder")
     parser.add_argument("--beam", type=_positive_int, metavar="K",
                         help="beam size (default: the run's decode.beam_size; 1 = greedy)")
+    parser.add_argument("--length-penalty", type=_non_negative_float, metavar="ALPHA",
+                        help="beam search's length penalty α (default: the run's decode.length_penalty; "
+                             "0 = none, higher favours longer translations)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
                         help="where to translate (default auto: CUDA, else MPS, else the CPU)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -180,6 +183,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a finite number of at least 0, got {text}")
     return value
 
 
@@ -418,13 +431,17 @@ def run_evaluate(args: argparse.Namespace) -> None:
     beam = args.beam or translator.cfg.decode.beam_size
     hypotheses = translator.translate(sources, beam_size=beam, progress=not args.quiet)
     scores = score(hypotheses, references, tokenize=tokenize)
-    # Named after the checkpoint, like the final test's file: scoring another checkpoint never
-    # overwrites the hypotheses behind the run's own evaluation/test_scores.json.
-    output = args.output or translator.run_dir / "evaluation" / f"{name}.{translator.checkpoint.stem}.beam{beam}.txt"
+    # Named after the checkpoint (and a length penalty other than the run's), like the final
+    # test's file: scoring another checkpoint or setting never overwrites the hypotheses behind
+    # the run's own evaluation/test_scores.json.
+    alpha = translator.cfg.decode.length_penalty
+    settings = f"beam{beam}" + (f".lp{alpha:g}" if args.length_penalty is not None else "")
+    output = args.output or translator.run_dir / "evaluation" / f"{name}.{translator.checkpoint.stem}.{settings}.txt"
     _write_lines(output, hypotheses)
     print(f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}")
     print(f"chrF = {scores.chrf:.2f}  {scores.chrf_signature}")
-    print(f"{len(hypotheses)} sentences, beam {beam}; hypotheses in {output}", file=sys.stderr)
+    penalty = f", length penalty {alpha:g}" if beam > 1 else ""  # greedy decoding has none
+    print(f"{len(hypotheses)} sentences, beam {beam}{penalty}; hypotheses in {output}", file=sys.stderr)
 
 
 def run_export(args: argparse.Namespace) -> None:
@@ -475,8 +492,12 @@ def _load_translator(args: argparse.Namespace):
             raise UsageError(f"--checkpoint {args.checkpoint}: give a checkpoint inside a run's checkpoints/ "
                              "folder (the run's tokenizers and config are found from there)")
         run_dir = args.checkpoint.resolve().parent.parent  # <run>/checkpoints/<file>.pt
-        return Translator.from_run(run_dir, checkpoint=args.checkpoint, device=args.device)
-    return Translator.from_run(args.run or latest_run(Path("runs")), device=args.device)
+        translator = Translator.from_run(run_dir, checkpoint=args.checkpoint, device=args.device)
+    else:
+        translator = Translator.from_run(args.run or latest_run(Path("runs")), device=args.device)
+    if args.length_penalty is not None:
+        translator.set_decoding(length_penalty=args.length_penalty)
+    return translator
 
 
 def _read_file_lines(path: Path) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +55,10 @@ class Translator:
         logger.info("loaded %s (step %d) on %s", checkpoint, state.get("train_state", {}).get("step", -1), torch_device)
         return cls(model.to(torch_device), tokenizers, cfg, torch_device, _precision_for(cfg, torch_device), run_dir,
                    checkpoint)
+
+    def set_decoding(self, **settings) -> None:
+        """Decode with other `decode.*` settings than the run's, e.g. `length_penalty=1.0`."""
+        self.cfg = dataclasses.replace(self.cfg, decode=dataclasses.replace(self.cfg.decode, **settings))
 
     def translate(self, lines: list[str], beam_size: int | None = None, progress: bool = False) -> list[str]:
         """Translate each line (beam size: `beam_size`, else the run's `decode.beam_size`).

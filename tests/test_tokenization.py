@@ -92,3 +92,16 @@ def test_special_token_strings_in_text_are_encoded_as_text(tmp_path: Path):
         assert not {0, 2, 3} & set(ids)  # no <pad>, <s> or </s> in the middle of a sentence
         assert tokenizers.decode_tgt([ids]) == html[:1]
         assert tokenizers.encode_src(html[:1]) == [ids]
+
+
+def test_lines_with_an_overlong_word_are_left_out_of_bpe_training(caplog):
+    cfg = TokenizerConfig(vocab_size=150, min_frequency=1)
+    long_word = "ab" * (tokenization.MAX_WORD_CHARS // 2 + 1)  # one "word" just over the limit
+    just_fits = "Ciao " + "c" * tokenization.MAX_WORD_CHARS  # a word at the limit: trained on
+    without = train_tokenizers(cfg, SRC, TGT + [just_fits])  # the same lines, less the long one
+    with caplog.at_level("WARNING", logger="transformer_mt.tokenization"):
+        with_long = train_tokenizers(cfg, SRC + [long_word], TGT + [just_fits])
+    assert "left 1 training line(s) with a run of over 1000 non-space characters" in caplog.text
+    assert with_long.src.get_vocab() == without.src.get_vocab()  # nothing learnt from the left-out line
+    assert any(piece.startswith("cc") for piece in with_long.src.get_vocab())  # the line at the limit was trained on
+    assert with_long.encode_src([long_word])[0]  # still tokenized

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ from tqdm import tqdm
 from transformer_mt.config import TokenizerConfig
 from transformer_mt.errors import CheckpointError
 
+logger = logging.getLogger(__name__)
+
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)  # their position here is their id
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = range(4)
@@ -30,6 +33,11 @@ TGT_FILE = "tokenizer.tgt.json"
 # Lines per `encode_batch` call when encoding with a progress bar: large enough that the Rust
 # side still parallelises well, small enough that the bar moves every second or so.
 ENCODE_CHUNK_LINES = 20_000
+# BPE training's time grows with the square of a word's length: one 100,000-character "word" took
+# 3.4 s here, 2 million characters over 12 minutes. Lines holding a run of non-space characters
+# longer than this (base64, a run of one letter, a corrupt line; no word of any language) are left
+# out of BPE training, as SentencePiece leaves out overlong sentences. They are still tokenized.
+MAX_WORD_CHARS = 1000
 
 
 @dataclass(frozen=True)
@@ -136,10 +144,26 @@ def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int, desc: s
         special_tokens=list(SPECIAL_TOKENS),
         show_progress=False,
     )
+    left_out = [0]
     with _bar(n_lines, desc, progress) as bar:
-        tokenizer.train_from_iterator(_counted(lines, bar), trainer=trainer, length=n_lines)
+        tokenizer.train_from_iterator(_without_overlong_words(_counted(lines, bar), left_out), trainer=trainer,
+                                      length=n_lines)
+    if left_out[0]:
+        logger.warning("%s: left %d training line(s) with a run of over %d non-space characters out of BPE "
+                       "training (they stay in the corpus; a pair longer than model.max_len tokens is not trained on)",
+                       desc, left_out[0], MAX_WORD_CHARS)
     _check_special_ids(tokenizer, "trained tokenizer")
     return tokenizer
+
+
+def _without_overlong_words(lines: Iterator[str], left_out: list[int]) -> Iterator[str]:
+    """`lines` without those holding a run of more than `MAX_WORD_CHARS` non-space characters,
+    counted in `left_out[0]`. Only lines longer than that are split to look."""
+    for line in lines:
+        if len(line) > MAX_WORD_CHARS and max(map(len, line.split())) > MAX_WORD_CHARS:
+            left_out[0] += 1
+            continue
+        yield line
 
 
 def _encode(tokenizer: Tokenizer, lines: list[str], desc: str, progress: bool) -> list[list[int]]:

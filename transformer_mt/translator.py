@@ -118,6 +118,9 @@ def _precision_for(cfg: Config, device: torch.device) -> Precision:
 
 def find_checkpoint(run_dir: Path) -> Path:
     """`best.pt` if the run has one, else its newest step checkpoint."""
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir}: no such run directory" if not run_dir.exists()
+                              else f"{run_dir}: not a run directory (a file)")
     checkpoints = CheckpointDir(run_dir / "checkpoints", keep_last=1)
     if checkpoints.best_path.is_file():
         return checkpoints.best_path

@@ -123,6 +123,65 @@ def test_crlf_split_across_read_blocks_is_still_a_line_end(tmp_path, monkeypatch
     assert data_sources.read_lines(path) == ["a", "bc", "", "d"]
 
 
+@pytest.mark.parametrize("fmt, name, gz", [("text", "dev", False), ("text", "validation", True), ("tsv", "dev", False),
+                                           ("jsonl", "validation", False)])
+def test_dev_and_validation_files_are_the_validation_split(data_dir, run_dir, fmt, name, gz):
+    # A user walk: dev.en/dev.it were ignored in silence, and 1000 pairs carved from train instead.
+    def write(split: str, pairs: list[tuple[str, str]]) -> None:
+        if fmt == "text":
+            write_text_split(data_dir, split, pairs, gz=gz)
+        elif fmt == "tsv":
+            write_lines(data_dir / f"{split}.tsv", [f"{s}\t{t}" for s, t in pairs])
+        else:
+            write_lines(data_dir / f"{split}.jsonl", [json.dumps({"en": s, "it": t}) for s, t in pairs])
+
+    write("train", numbered_pairs(10))
+    write(name, [("held out", "tenuta da parte")])
+
+    corpus = load_corpus(make_cfg(data_dir, format=fmt), seed=1, run_dir=run_dir)
+
+    assert pairs_of(corpus.valid) == [("held out", "tenuta da parte")]
+    assert len(corpus.train) == 8 and corpus.carved == ("test",)  # 10 rows less the 2 carved test rows
+    assert set(json.loads((run_dir / "splits.json").read_text())) == {"source_rows", "seed", "test"}
+
+
+@pytest.mark.parametrize("fmt", ["text", "tsv"])
+def test_validation_files_under_two_names_are_refused_naming_them(data_dir, run_dir, fmt):
+    if fmt == "text":
+        write_text_split(data_dir, "train", numbered_pairs(10))
+        write_text_split(data_dir, "dev", numbered_pairs(2))
+        write_lines(data_dir / "valid.en.gz", ["a"])  # one file of a name is enough to make it a candidate
+        in_use = ["dev.en", "dev.it", "valid.en.gz"]
+    else:
+        for name in ("train", "validation", "dev"):
+            write_lines(data_dir / f"{name}.tsv", ["a\tb"] * 10)
+        in_use = ["dev.tsv", "validation.tsv"]
+
+    with pytest.raises(DataError) as excinfo:
+        load_corpus(make_cfg(data_dir, format=fmt), seed=1, run_dir=run_dir)
+
+    message = str(excinfo.value)
+    assert message.startswith("ambiguous valid split")
+    assert all(str(data_dir / name) in message for name in in_use)
+    assert "valid.*, dev.* or validation.*" in message
+    assert not (run_dir / "corpus_cache").exists()
+
+
+def test_adding_dev_files_rebuilds_a_corpus_that_carved_its_validation_split(data_dir, run_dir):
+    write_text_split(data_dir, "train", numbered_pairs(20))
+    carved = load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)
+    assert carved.carved == ("valid", "test") and len(carved.valid) == 2
+    # Another torchrun rank reads only the corpus files: their manifest records the carving.
+    assert load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir, prepared=True).carved == ("valid", "test")
+
+    write_text_split(data_dir, "dev", [("held out", "tenuta da parte")])
+    again = load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)  # the corpus key holds every split's files
+
+    assert pairs_of(again.valid) == [("held out", "tenuta da parte")] and again.carved == ("test",)
+    assert len(again.train) == 18  # the 2 rows carved as valid before are training rows again
+    assert pairs_of(again.test) == pairs_of(carved.test)  # the test rows recorded in splits.json stay
+
+
 def test_tsv_format_reads_pairs_verbatim_without_quoting_or_na_values(data_dir, run_dir):
     write_lines(data_dir / "train.tsv", ['"quoted" text\t"testo"', "NA\tnull", "a, b\tc; d"])
     write_lines(data_dir / "valid.tsv", ["x\ty"])

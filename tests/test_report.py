@@ -61,6 +61,7 @@ def test_report_counts_pairs_filters_lengths_unknowns_and_steps_by_hand(counted)
     *_, report = prepare_data(cfg, run_dir)
     # Train keeps pairs 1, 2, 3, 4, 9, 10; valid and test lose their empty pair.
     assert report.pairs == {"train": 6, "valid": 3, "test": 1}
+    assert report.carved == ()  # the corpus has its own valid and test files
     # One empty pair in each split; one pair for each of the other filters.
     assert report.removed == {"empty": 3, "too_long": 1, "length_ratio": 1, "too_many_tokens": 1}
     # Nearest rank over n values: p50 is the ceil(n/2)-th smallest, p90 and p99 the ceil(0.9n)-th
@@ -198,6 +199,19 @@ def test_tmt_data_with_a_bad_config_exits_2_naming_the_key(tmp_path: Path, monke
     assert list(tmp_path.iterdir()) == []
 
 
+def test_tmt_data_reads_dev_files_as_validation_and_says_which_split_is_carved(tmp_path: Path, monkeypatch, capsys):
+    # A user walk: with dev.en/dev.it beside train, the report showed "valid 2" and no hint that
+    # those pairs were carved from train while dev.* went unread.
+    corpus = write_corpus(tmp_path / "corpus", {"train": TINY_PAIRS, "dev": TINY_PAIRS[:3]})
+    config_file = tmp_path / "tiny.yaml"
+    save_config(tiny_config(corpus), config_file)
+
+    code, out, err = run_cli(["data", "--config", str(config_file)], monkeypatch, capsys, tmp_path)
+
+    assert code == 0, err
+    assert "train 10   valid 3   test 2 (carved from train)" in out  # 12 pairs less the 2 carved as test
+
+
 def test_tmt_data_on_an_existing_run_reports_what_its_training_saw(tmp_path: Path, monkeypatch, capsys):
     # Only a train split: valid and test are carved, and the run's splits.json must be reused.
     corpus = write_corpus(tmp_path / "corpus", {"train": TINY_PAIRS})
@@ -216,7 +230,7 @@ def test_tmt_data_on_an_existing_run_reports_what_its_training_saw(tmp_path: Pat
     code, out, err = run_cli(["data", "--config", str(config_file)], monkeypatch, capsys, tmp_path)  # runs/tiny
     assert code == 0, err
     assert out == report.render() + "\n"
-    assert "train 8   valid 2   test 2" in out  # 12 pairs, 2 + 2 carved
+    assert "train 8   valid 2 (carved from train)   test 2 (carved from train)" in out  # 12 pairs, 2 + 2 carved
     assert snapshot(run_dir) == before
     (tmp_path / "fresh").mkdir()
     *_, fresh = prepare_data(cfg, tmp_path / "fresh")  # without the run: its own carve and tokenizer

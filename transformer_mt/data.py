@@ -58,6 +58,8 @@ class Corpus:
     """Pairs removed per filter (`empty`, `too_long`, `length_ratio`), all splits together."""
     digests: dict[str, str]
     """A digest of each split's content: what a cache of anything derived from it is keyed by."""
+    carved: tuple[str, ...]
+    """The splits carved from train (`valid`, `test`) because the data has none of its own."""
 
 
 def load_corpus(cfg: DataConfig, seed: int, run_dir: Path, *, prepared: bool = False) -> Corpus:
@@ -78,15 +80,16 @@ def load_corpus(cfg: DataConfig, seed: int, run_dir: Path, *, prepared: bool = F
         manifest = _read_manifest(directory)
         if manifest is None:
             raise missing_from_rank0(directory / MANIFEST_FILE)
+        return _open_corpus(directory, manifest)
+    sources = open_sources(cfg)
+    key = _corpus_key(cfg, seed, sources)
+    manifest = _reusable_manifest(directory, key, run_dir / SPLITS_FILE)
+    if manifest is None:
+        manifest = _build(cfg, seed, sources, run_dir, key)
     else:
-        sources = open_sources(cfg)
-        key = _corpus_key(cfg, seed, sources)
-        manifest = _reusable_manifest(directory, key, run_dir / SPLITS_FILE)
-        if manifest is None:
-            manifest = _build(cfg, seed, sources, run_dir, key)
-        else:
-            logger.info("reusing the corpus read earlier into %s (its sources are unchanged)", directory)
-    return _open_corpus(directory, manifest)
+        logger.info("reusing the corpus read earlier into %s (its sources are unchanged)", directory)
+    # From the sources, not the manifest: one reused from before tmt recorded `carved` lacks it.
+    return _open_corpus(directory, manifest, carved=tuple(split for split in SPLITS if sources[split] is None))
 
 
 def load_run_corpus(cfg: DataConfig, seed: int, run_dir: Path) -> Corpus:
@@ -123,13 +126,20 @@ def load_run_corpus(cfg: DataConfig, seed: int, run_dir: Path) -> Corpus:
     return _open_corpus(directory, manifest)
 
 
-def _open_corpus(directory: Path, manifest: dict) -> Corpus:
-    """Memory-map the split files of a complete `directory` whose manifest is `manifest`."""
+def _open_corpus(directory: Path, manifest: dict, carved: tuple[str, ...] | None = None) -> Corpus:
+    """Memory-map the split files of a complete `directory` whose manifest is `manifest`.
+
+    `carved`: the splits carved from train; None: as the manifest records them (none when it
+    predates that record, which only the data report reads).
+    """
     import datasets
+
+    if carved is None:
+        carved = tuple(manifest.get("carved", ()))
 
     splits = {split: datasets.Dataset.from_file(str(directory / f"{split}.arrow")) for split in SPLITS}
     logger.info("corpus: %d train, %d valid, %d test pairs", *(len(splits[s]) for s in SPLITS))
-    return Corpus(**splits, removed=manifest["removed"], digests=manifest["digests"])
+    return Corpus(**splits, removed=manifest["removed"], digests=manifest["digests"], carved=carved)
 
 
 def _corpus_key(cfg: DataConfig, seed: int, sources: dict[str, SplitSource | None],
@@ -198,7 +208,7 @@ def _build(cfg: DataConfig, seed: int, sources: dict[str, SplitSource | None], r
     for split in verdicts:
         (build / f"raw-{split}.arrow").unlink()
     manifest = {"format": CORPUS_FORMAT, "key": key, "rows": rows, "removed": removed, "digests": digests,
-                "splits_digest": _file_digest(run_dir / SPLITS_FILE) if plan else None}
+                "carved": list(plan), "splits_digest": _file_digest(run_dir / SPLITS_FILE) if plan else None}
     (build / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     _replace_directory(build, target, run_dir / CORPUS_OLD_DIR)
     return manifest

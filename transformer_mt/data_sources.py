@@ -15,7 +15,7 @@ import re
 import socket
 import threading
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
 HUB_VALID_NAMES = ("validation", "valid", "dev")
+LOCAL_SPLIT_NAMES = {"train": ("train",), "valid": ("valid", "dev", "validation"), "test": ("test",)}
+"""The names a split's local files may start with (`dev.en`, `validation.tsv`, ...). A directory
+holding files under two names of one split is refused: tmt does not guess which to validate on."""
 PROBE_TIMEOUT_S = 5.0
 CHUNK_ROWS = 50_000
 READ_CHUNK_BYTES = 4 << 20
@@ -68,31 +71,47 @@ def _local_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
     directory = Path(cfg.path)
     if not directory.is_dir():
         raise DataError(f"data.path: {cfg.path!r} is not a directory (data.format: {cfg.format})")
-    sources: dict[str, SplitSource | None] = {}
-    for split in SPLITS:
-        names = _local_file_names(cfg, split)
-        files = [_find_file(directory / name) for name in names]
-        if all(f is None for f in files):
-            sources[split] = None
-            continue
-        missing = [directory / name for name, f in zip(names, files) if f is None]
-        if missing:
-            raise DataError(f"{split} split: {missing[0]} (or {missing[0]}.gz) not found, "
-                            f"but {next(f for f in files if f is not None)} exists")
-        present = [f for f in files if f is not None]
-        sources[split] = SplitSource(", ".join(map(str, present)), _files_key(present),
-                                     _local_chunks(cfg, present))
+    sources = {split: _local_split(cfg, directory, split) for split in SPLITS}
     if sources["train"] is None:
         expected = [f"{directory / name} (or {directory / name}.gz)" for name in _local_file_names(cfg, "train")]
         raise DataError(f"no training data: expected {' and '.join(expected)} (data.format: {cfg.format})")
     return sources
 
 
-def _local_file_names(cfg: DataConfig, split: str) -> list[str]:
-    """File names (before an optional `.gz`) that hold `split` in `cfg.format`."""
+def _local_split(cfg: DataConfig, directory: Path, split: str) -> SplitSource | None:
+    """The files of `split` in `directory`, under any of its `LOCAL_SPLIT_NAMES`; None when there are none."""
+    found: dict[str, list[Path | None]] = {}  # name -> each of its files (None: missing), for the names in use
+    for name in LOCAL_SPLIT_NAMES[split]:
+        files = [_find_file(directory / file_name) for file_name in _local_file_names(cfg, name)]
+        if any(f is not None for f in files):
+            found[name] = files
+    if not found:
+        return None
+    if len(found) > 1:
+        in_use = ", ".join(str(f) for files in found.values() for f in files if f is not None)
+        raise DataError(f"ambiguous {split} split: {directory} has files named {_one_of(found, 'and')} "
+                        f"({in_use}); tmt reads the {split} split from {_one_of(LOCAL_SPLIT_NAMES[split], 'or')} "
+                        "and does not guess which: remove or rename all but one")
+    [(name, files)] = found.items()
+    missing = [directory / file_name for file_name, f in zip(_local_file_names(cfg, name), files) if f is None]
+    if missing:
+        raise DataError(f"{split} split: {missing[0]} (or {missing[0]}.gz) not found, "
+                        f"but {next(f for f in files if f is not None)} exists")
+    present = [f for f in files if f is not None]
+    return SplitSource(", ".join(map(str, present)), _files_key(present), _local_chunks(cfg, present))
+
+
+def _one_of(names: Iterable[str], conjunction: str) -> str:
+    """`valid.*, dev.* or validation.*`."""
+    patterns = [f"{name}.*" for name in names]
+    return f"{', '.join(patterns[:-1])} {conjunction} {patterns[-1]}"
+
+
+def _local_file_names(cfg: DataConfig, name: str) -> list[str]:
+    """The files (before an optional `.gz`) of a split named `name` (`train`, `dev`, ...) in `cfg.format`."""
     if cfg.format == "text":
-        return [f"{split}.{cfg.src_lang}", f"{split}.{cfg.tgt_lang}"]
-    return [f"{split}.{cfg.format}"]
+        return [f"{name}.{cfg.src_lang}", f"{name}.{cfg.tgt_lang}"]
+    return [f"{name}.{cfg.format}"]
 
 
 def _find_file(path: Path) -> Path | None:

@@ -40,6 +40,7 @@ class DataReport:
 
     Definitions (each per side, `src` and `tgt`):
     - `pairs[split]`: pairs left after every filter; train also after `too_many_tokens`.
+    - `carved`: the splits (`valid`, `test`) carved from train because the data has none of its own.
     - `removed[filter]`: pairs each filter dropped, in the order they run: `empty` (all splits),
       `too_long` and `length_ratio` (train, in words as `data.count_words` counts them; `data.max_words`,
       `data.max_length_ratio`), then `too_many_tokens` (train pairs with more than
@@ -60,6 +61,7 @@ class DataReport:
     """
 
     pairs: dict[str, int]
+    carved: tuple[str, ...]
     removed: dict[str, int]
     lengths: dict[tuple[str, str], LengthStats]
     valid_truncated: int
@@ -84,7 +86,7 @@ class DataReport:
 
     def to_dict(self) -> dict:
         """The report as plain JSON values, for `summary.json`."""
-        return {"pairs": self.pairs, "removed": self.removed,
+        return {"pairs": self.pairs, "carved_from_train": list(self.carved), "removed": self.removed,
                 "lengths": {f"{split}.{side}": {**{f"p{p}": v for p, v in stats.percentiles.items()}, "max": stats.max}
                             for (split, side), stats in self.lengths.items()},
                 "valid_truncated": self.valid_truncated, "unk_rate": self.unk_rate, "word_coverage": self.word_coverage,
@@ -95,7 +97,8 @@ class DataReport:
         """The report as a compact text table: a label column, then aligned cells per block."""
         lang = self.languages
         blocks = [
-            [["pairs", *(f"{split} {self.pairs[split]:,}" for split in SPLITS)]],
+            [["pairs", *(f"{split} {self.pairs[split]:,}" + (" (carved from train)" if split in self.carved else "")
+                         for split in SPLITS)]],
             [["removed by filters", *(f"{name} {count:,}" for name, count in self.removed.items())]],
             [["BPE tokens per sentence", *(f"p{p}" for p in PERCENTILES), "max"]]
             + [[f"  {split} {lang[side]}", *(f"{stats.percentiles[p]:,}" for p in PERCENTILES), f"{stats.max:,}"]
@@ -147,6 +150,7 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: 
                                 max_length=cfg.model.max_len)
     return DataReport(
         pairs={"train": len(train_src), "valid": len(corpus.valid), "test": len(corpus.test)},
+        carved=corpus.carved,
         removed={**corpus.removed, "too_many_tokens": len(corpus.train) - len(train_src)},
         lengths={key: length_stats(values) for key, values in lengths.items()},
         valid_truncated=sum(len(s) > keep or len(t) > keep for s, t in zip(valid_src_ids, valid_tgt_ids)),

@@ -577,6 +577,57 @@ def test_hub_language_missing_from_translation_column_names_key_and_available_la
         load_corpus(cfg, seed=1, run_dir=run_dir)
 
 
+def write_parquet_dataset(folder: Path, splits: dict[str, dict[str, list]]) -> Path:
+    """A local dataset folder in the Hub layout: one `data/{split}-00000-of-00001.parquet` per split,
+    with the given columns."""
+    datasets = pytest.importorskip("datasets")
+    for split, columns in splits.items():
+        datasets.Dataset.from_dict(columns).to_parquet(str(folder / "data" / f"{split}-00000-of-00001.parquet"))
+    return folder
+
+
+def test_hub_dataset_with_a_text_column_per_language_is_read(tmp_path, run_dir, monkeypatch):
+    # Multi30k's shape on the Hub (`en`, `de` columns): it was refused for lacking a `translation` column.
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    folder = write_parquet_dataset(tmp_path / "flat", {
+        "train": {"en": ["the cat", "two\nlines", None, "the dog"], "it": ["il gatto", "due righe", "niente", "il cane"],
+                  "id": [0, 1, 2, 3]},
+        "validation": {"en": ["one"], "it": ["uno"], "id": [4]},
+        "test": {"en": ["two"], "it": ["due"], "id": [5]},
+    })
+
+    corpus = load_corpus(make_cfg(format="hub", path=str(folder)), seed=1, run_dir=run_dir)
+
+    # As a jsonl line {"en": .., "it": ..} would be: line breaks become spaces, a null side is empty.
+    assert pairs_of(corpus.train) == [("the cat", "il gatto"), ("two lines", "due righe"), ("the dog", "il cane")]
+    assert pairs_of(corpus.valid) == [("one", "uno")] and pairs_of(corpus.test) == [("two", "due")]
+    assert corpus.removed["empty"] == 1 and corpus.carved == ()
+
+
+def test_hub_dataset_without_either_shape_names_the_columns_and_both_shapes(tmp_path, run_dir, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    folder = write_parquet_dataset(tmp_path / "en_de", {"train": {"en": ["a", "b"], "de": ["c", "d"]}})
+
+    with pytest.raises(DataError) as excinfo:
+        load_corpus(make_cfg(format="hub", path=str(folder)), seed=1, run_dir=run_dir)  # tgt_lang: it
+
+    message = str(excinfo.value)
+    assert f"hub dataset {str(folder)!r} split 'train' has neither a 'translation' column nor columns 'en' and 'it'" \
+        in message
+    assert "columns found: en, de" in message and "data.src_lang and data.tgt_lang" in message
+
+
+def test_hub_language_column_that_is_not_text_is_named(tmp_path, run_dir, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    folder = write_parquet_dataset(tmp_path / "ids", {"train": {"en": ["a", "b"], "it": [1, 2]}})
+
+    with pytest.raises(DataError, match=r"split 'train': column 'it' holds Value\('int64'\), not text"):
+        load_corpus(make_cfg(format="hub", path=str(folder)), seed=1, run_dir=run_dir)
+
+
 def test_iter_text_streams_every_row_or_only_the_given_ones(data_dir, run_dir, monkeypatch):
     import numpy as np
 

@@ -29,8 +29,9 @@ class DataConfig:
     """Where the parallel corpus comes from and how it is filtered."""
 
     format: Literal["hub", "text", "tsv", "jsonl"] = "text"
-    """`hub`: a HuggingFace Hub dataset with a `translation` column; `text`: aligned files
-    `{split}.{lang}[.gz]`; `tsv`: `{split}.tsv` (source, a tab, target); `jsonl`: `{split}.jsonl`."""
+    """`hub`: a HuggingFace Hub dataset with a `translation` column or a text column per language;
+    `text`: aligned files `{split}.{lang}[.gz]`; `tsv`: `{split}.tsv` (source, a tab, target);
+    `jsonl`: `{split}.jsonl`."""
     path: str = ""
     """Hub dataset name (e.g. `Helsinki-NLP/opus_books`) or a local directory; a relative
     directory is resolved against the config file's directory, or, given with `--set`, against
@@ -40,7 +41,7 @@ class DataConfig:
     revision: str | None = None
     """Hub dataset revision (branch, tag or commit) to pin the data."""
     src_lang: str = "en"
-    """Source language code, as in file suffixes and the `translation` column."""
+    """Source language code, as in file suffixes, JSON keys and hub dataset columns."""
     tgt_lang: str = "it"
     """Target language code."""
     valid_size: int = 1000

@@ -297,7 +297,8 @@ def _one_line(text: str | None, lang: str, where: str) -> str:
 # --- Hugging Face Hub --------------------------------------------------------------------------
 
 def _hub_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
-    """A Hub dataset with a `translation` column; valid/test are None when it lacks them."""
+    """A Hub dataset with a `translation` column or one text column per language; valid/test are
+    None when it lacks them."""
     # A local dataset folder needs no network; behind a proxy a direct probe proves nothing.
     if not _hub_offline() and not _behind_proxy() and not Path(cfg.path).is_dir():
         _check_hub_reachable(cfg)
@@ -310,9 +311,9 @@ def _hub_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
             sources[split] = None
             continue
         dataset = dataset_dict[found]
-        _check_translation_column(dataset, cfg, found)
+        columns = _pair_columns(dataset, cfg, found)
         sources[split] = SplitSource(f"hub split {found!r} of {cfg.path} ({len(dataset)} rows)",
-                                     f"hub:{dataset._fingerprint}", _hub_chunks(dataset, cfg, found))
+                                     f"hub:{dataset._fingerprint}", _hub_chunks(dataset, cfg, found, columns))
     if sources["train"] is None:
         raise DataError(f"data.path: hub dataset {cfg.path!r} has no 'train' split "
                         f"(splits: {', '.join(dataset_dict)})")
@@ -379,24 +380,42 @@ def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
                         f"{type(err).__name__}: {str(err).rstrip('.')}.{offline}") from None
 
 
-def _check_translation_column(dataset: datasets.Dataset, cfg: DataConfig, split_name: str) -> None:
-    if "translation" not in dataset.column_names:
-        raise DataError(f"data.path: hub dataset {cfg.path!r} split {split_name!r} has no 'translation' column "
-                        f"(columns: {', '.join(dataset.column_names)}); data.format: hub needs one")
-    languages = _translation_languages(dataset)
-    missing = [f"data.{side}_lang={lang!r}" for side, lang in (("src", cfg.src_lang), ("tgt", cfg.tgt_lang))
-               if lang not in languages]
-    if missing:
-        raise DataError(f"{' and '.join(missing)} not in the translation column of hub dataset {cfg.path!r} "
-                        f"(available: {', '.join(languages)})")
+def _pair_columns(dataset: datasets.Dataset, cfg: DataConfig, split_name: str) -> list[str]:
+    """The columns that hold a split's pairs, in one of the two shapes of translation datasets on
+    the Hub: `["translation"]`, one {lang: text} dict per row (OPUS Books), or `[src_lang, tgt_lang]`,
+    a plain text column per language (Multi30k's `en`, `de`). A `translation` column comes first."""
+    if "translation" in dataset.column_names:
+        languages = _translation_languages(dataset)
+        missing = [f"data.{side}_lang={lang!r}" for side, lang in (("src", cfg.src_lang), ("tgt", cfg.tgt_lang))
+                   if lang not in languages]
+        if missing:
+            raise DataError(f"{' and '.join(missing)} not in the translation column of hub dataset {cfg.path!r} "
+                            f"(available: {', '.join(languages)})")
+        return ["translation"]
+    columns = [cfg.src_lang, cfg.tgt_lang]
+    if not all(column in dataset.column_names for column in columns):
+        raise DataError(f"data.path: hub dataset {cfg.path!r} split {split_name!r} has neither a 'translation' "
+                        f"column nor columns {cfg.src_lang!r} and {cfg.tgt_lang!r} (data.src_lang, data.tgt_lang); "
+                        f"columns found: {', '.join(dataset.column_names)}. data.format: hub reads a 'translation' "
+                        "column of {language: text} dicts, or one text column per language named by "
+                        "data.src_lang and data.tgt_lang")
+    for column in columns:
+        feature = dataset.features[column]
+        if getattr(feature, "dtype", None) not in ("string", "large_string"):
+            raise DataError(f"hub dataset {cfg.path!r} split {split_name!r}: column {column!r} holds {feature}, "
+                            "not text (one sentence per row)")
+    return columns
 
 
-def _hub_chunks(dataset: datasets.Dataset, cfg: DataConfig, split_name: str) -> Callable[[], Iterator[PairChunk]]:
-    """Stripped (src, tgt) chunks from the `translation` column, read from the memory-mapped Arrow table."""
+def _hub_chunks(dataset: datasets.Dataset, cfg: DataConfig, split_name: str,
+                columns: list[str]) -> Callable[[], Iterator[PairChunk]]:
+    """Stripped (src, tgt) chunks from the `columns` of `_pair_columns`, read from the memory-mapped Arrow table."""
     def chunks() -> Iterator[PairChunk]:
-        column = dataset.with_format("arrow").select_columns(["translation"])
+        table = dataset.with_format("arrow").select_columns(columns)
         for start in range(0, len(dataset), CHUNK_ROWS):
-            rows = column[start:start + CHUNK_ROWS]["translation"].to_pylist()  # ~50x faster than row access
+            batch = table[start:start + CHUNK_ROWS]  # a pyarrow Table: ~50x faster than row access
+            # A `translation` row is already a {lang: text} record; text columns give {src_lang: .., tgt_lang: ..}.
+            rows = batch["translation"].to_pylist() if columns == ["translation"] else batch.to_pylist()
             pairs = [pair_from_record(row, cfg.src_lang, cfg.tgt_lang, where=f"{cfg.path} {split_name} row {start + i}")
                      for i, row in enumerate(rows)]
             yield [s for s, _ in pairs], [t for _, t in pairs]

@@ -628,6 +628,70 @@ def test_hub_language_column_that_is_not_text_is_named(tmp_path, run_dir, monkey
         load_corpus(make_cfg(format="hub", path=str(folder)), seed=1, run_dir=run_dir)
 
 
+def test_hub_dataset_with_a_loading_script_is_refused_with_workarounds(tmp_path, run_dir, monkeypatch):
+    # A user walk: IWSLT/iwslt2017 ended in "tmt: internal error: RuntimeError: Dataset scripts are
+    # no longer supported, but found iwslt2017.py". A local folder holding the script fails alike.
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    folder = tmp_path / "iwslt2017"
+    folder.mkdir()
+    (folder / "iwslt2017.py").write_text("x\n")
+
+    with pytest.raises(DataError) as excinfo:
+        load_corpus(make_cfg(format="hub", path=str(folder)), seed=1, run_dir=run_dir)
+
+    message = str(excinfo.value)
+    assert message.startswith(f"data.path={str(folder)!r}: this dataset is defined by a loading script (iwslt2017.py)")
+    assert "If the dataset has a Parquet conversion on the hub" in message
+    assert "data.revision: refs/convert/parquet" in message and "data.format: text, tsv or jsonl" in message
+
+
+def test_any_other_runtime_error_of_datasets_is_not_disguised_as_a_data_error(run_dir, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("something tmt knows nothing about")
+
+    monkeypatch.setattr(datasets, "load_dataset", fails)
+    monkeypatch.setattr(data_sources, "_check_hub_reachable", lambda cfg: None)
+    with pytest.raises(RuntimeError, match="knows nothing"):
+        load_corpus(make_cfg(format="hub", path="IWSLT/iwslt2017"), seed=1, run_dir=run_dir)
+
+
+def test_tmt_data_on_a_script_dataset_exits_1_with_one_error_line(tmp_path, monkeypatch, capsys):
+    from tests.conftest import DEMO_CONFIG, run_cli
+
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    (tmp_path / "iwslt2017").mkdir()
+    (tmp_path / "iwslt2017" / "iwslt2017.py").write_text("x\n")
+
+    code, out, err = run_cli(["data", "--config", str(DEMO_CONFIG), "--set", "data.format=hub",
+                              "--set", f"data.path={tmp_path / 'iwslt2017'}"], monkeypatch, capsys, tmp_path)
+
+    assert code == 1 and out == ""
+    assert err.startswith("tmt: error: data.path=") and "loading script (iwslt2017.py)" in err
+    assert "internal error" not in err and "Traceback" not in err
+
+
+def test_a_parquet_conversion_reads_the_folder_of_the_hub_config(tmp_path, run_dir, monkeypatch):
+    # refs/convert/parquet holds one folder per configuration and no card naming them, so
+    # `datasets` would find only a `default` configuration (and mix every language pair in it).
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    converted = tmp_path / "converted"
+    for config, tgt in (("iwslt2017-en-it", "it"), ("iwslt2017-en-de", "de")):
+        for split in ("train", "validation", "test"):
+            rows = {"translation": [{"en": f"{split} {i}", tgt: f"{tgt} {split} {i}"} for i in range(3)]}
+            datasets.Dataset.from_dict(rows).to_parquet(str(converted / config / split / "0000.parquet"))
+
+    cfg = make_cfg(format="hub", path=str(converted), hub_config="iwslt2017-en-it", revision="refs/convert/parquet")
+    corpus = load_corpus(cfg, seed=1, run_dir=run_dir)
+
+    assert pairs_of(corpus.train) == [(f"train {i}", f"it train {i}") for i in range(3)]
+    assert pairs_of(corpus.valid) == [(f"validation {i}", f"it validation {i}") for i in range(3)]
+
+
 def test_iter_text_streams_every_row_or_only_the_given_ones(data_dir, run_dir, monkeypatch):
     import numpy as np
 

@@ -39,7 +39,8 @@ class DataConfig:
     hub_config: str | None = None
     """Hub dataset configuration name, e.g. `en-it`."""
     revision: str | None = None
-    """Hub dataset revision (branch, tag or commit) to pin the data."""
+    """Hub dataset revision (branch, tag or commit) to pin the data; `refs/convert/parquet` reads
+    the hub's Parquet conversion of a dataset (`hub_config` then names its folder there)."""
     src_lang: str = "en"
     """Source language code, as in file suffixes, JSON keys and hub dataset columns."""
     tgt_lang: str = "it"

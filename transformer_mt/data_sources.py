@@ -35,6 +35,10 @@ HUB_VALID_NAMES = ("validation", "valid", "dev")
 LOCAL_SPLIT_NAMES = {"train": ("train",), "valid": ("valid", "dev", "validation"), "test": ("test",)}
 """The names a split's local files may start with (`dev.en`, `validation.tsv`, ...). A directory
 holding files under two names of one split is refused: tmt does not guess which to validate on."""
+# `datasets` 4 and later refuse a dataset defined by a Python loading script with a RuntimeError
+# that says so ("Dataset scripts are no longer supported, but found iwslt2017.py").
+LOADING_SCRIPT_REFUSED = "Dataset scripts are no longer supported"
+PARQUET_CONVERSION = "refs/convert/parquet"  # the hub's branch of Parquet files made from a dataset
 PROBE_TIMEOUT_S = 5.0
 CHUNK_ROWS = 50_000
 READ_CHUNK_BYTES = 4 << 20
@@ -368,7 +372,16 @@ def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
     import datasets
 
     try:
+        if cfg.revision == PARQUET_CONVERSION and cfg.hub_config is not None:
+            # The hub's Parquet conversion of a dataset keeps each configuration in a folder of
+            # its name (`<config>/<split>/0000.parquet`) with no dataset card to declare them, so
+            # `datasets` sees one `default` configuration: the wanted one is a folder to read.
+            return datasets.load_dataset(cfg.path, data_dir=cfg.hub_config, revision=cfg.revision)
         return datasets.load_dataset(cfg.path, cfg.hub_config, revision=cfg.revision)
+    except RuntimeError as err:
+        if LOADING_SCRIPT_REFUSED not in str(err):
+            raise  # not a known data problem: reported as an internal error
+        raise DataError(_loading_script_advice(cfg, script=str(err).rpartition(" ")[2])) from None
     except (OSError, ValueError) as err:  # not found, no network, bad config name or revision
         # Offline, a dataset missing from the cache is a ConnectionError (another error, say a
         # wrong data.hub_config of a cached dataset, is not about the network).
@@ -378,6 +391,18 @@ def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
         raise DataError(f"cannot load hub dataset data.path={cfg.path!r}, data.hub_config={cfg.hub_config!r}"
                         f"{f', data.revision={cfg.revision!r}' if cfg.revision else ''}: "
                         f"{type(err).__name__}: {str(err).rstrip('.')}.{offline}") from None
+
+
+def _loading_script_advice(cfg: DataConfig, script: str) -> str:
+    """Why a dataset defined by a loading script `script` does not load, and what to do instead."""
+    import datasets
+
+    local = (", with data.path set to the dataset's hub name rather than this local folder"
+             if Path(cfg.path).is_dir() else "")
+    return (f"data.path={cfg.path!r}: this dataset is defined by a loading script ({script}), which the installed "
+            f"datasets {datasets.__version__} no longer runs. If the dataset has a Parquet conversion on the hub, load "
+            f"that: data.revision: {PARQUET_CONVERSION}{local}; or export the dataset to local files and "
+            "use data.format: text, tsv or jsonl (see README, Data)")
 
 
 def _pair_columns(dataset: datasets.Dataset, cfg: DataConfig, split_name: str) -> list[str]:

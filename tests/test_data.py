@@ -59,6 +59,24 @@ def data_dir(tmp_path: Path) -> Path:
 
 # --- local formats -----------------------------------------------------------------------------
 
+def test_a_run_whose_data_changed_since_it_was_read_is_warned_but_a_touched_file_is_not(data_dir, run_dir,
+                                                                                         caplog):
+    import os
+
+    for split, n in (("train", 6), ("valid", 2), ("test", 2)):
+        write_text_split(data_dir, split, numbered_pairs(n))
+    load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)
+    with caplog.at_level("WARNING", logger="transformer_mt.data"):
+        for name in ("train.en", "train.it"):  # same bytes, a newer modification time: read again, unchanged
+            os.utime(data_dir / name, ns=(1, 1))
+        load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)
+        assert "changed" not in caplog.text
+        write_text_split(data_dir, "train", numbered_pairs(7))  # one pair more
+        corpus = load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)
+    assert len(corpus.train) == 7
+    assert "the train split(s) changed since this run last read its data" in caplog.text
+
+
 def test_text_format_reads_gzipped_train_and_plain_valid_and_test(data_dir, run_dir):
     write_text_split(data_dir, "train", [("hello world", "ciao mondo"), ("good night", "buona notte")], gz=True)
     write_text_split(data_dir, "valid", [("yes", "sì")])

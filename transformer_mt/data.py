@@ -85,7 +85,9 @@ def load_corpus(cfg: DataConfig, seed: int, run_dir: Path, *, prepared: bool = F
     key = _corpus_key(cfg, seed, sources)
     manifest = _reusable_manifest(directory, key, run_dir / SPLITS_FILE)
     if manifest is None:
+        previous = _read_manifest(directory)  # what the run read before, if anything
         manifest = _build(cfg, seed, sources, run_dir, key)
+        _warn_if_the_text_changed(previous, manifest)
     else:
         logger.info("reusing the corpus read earlier into %s (its sources are unchanged)", directory)
     # From the sources, not the manifest: one reused from before tmt recorded `carved` lacks it.
@@ -140,6 +142,17 @@ def _open_corpus(directory: Path, manifest: dict, carved: tuple[str, ...] | None
     splits = {split: datasets.Dataset.from_file(str(directory / f"{split}.arrow")) for split in SPLITS}
     logger.info("corpus: %d train, %d valid, %d test pairs", *(len(splits[s]) for s in SPLITS))
     return Corpus(**splits, removed=manifest["removed"], digests=manifest["digests"], carved=carved)
+
+
+def _warn_if_the_text_changed(previous: dict | None, manifest: dict) -> None:
+    """Say which splits now hold other pairs than the run read before (a resumed run then goes on
+    with other data, not exactly as it would have); a touched but unchanged file says nothing."""
+    if previous is None or not isinstance(previous.get("digests"), dict):
+        return
+    changed = [split for split in SPLITS if previous["digests"].get(split) != manifest["digests"][split]]
+    if changed:
+        logger.warning("the %s split(s) changed since this run last read its data (other files, other "
+                       "contents or other filters); it goes on with the new pairs", ", ".join(changed))
 
 
 def _corpus_key(cfg: DataConfig, seed: int, sources: dict[str, SplitSource | None],

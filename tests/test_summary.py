@@ -99,3 +99,26 @@ def test_the_config_folders_git_commit_is_recorded_with_dirty_marked(tmp_path: P
     assert git_commit(repo) == head + "-dirty"
     (tmp_path / "plain").mkdir()
     assert git_commit(tmp_path / "plain") is None  # not in a repository
+
+
+def test_translate_without_run_finds_the_newest_run_also_in_a_group(tmp_path: Path):
+    import os
+
+    from transformer_mt.translator import latest_run
+
+    for run, mtime in (("runs/plain", 100), ("runs/ablation/lr1", 300), ("runs/ablation/lr2", 200)):
+        checkpoint = tmp_path / run / "checkpoints" / "best.pt"
+        checkpoint.parent.mkdir(parents=True)
+        checkpoint.write_bytes(b"")
+        os.utime(checkpoint, (mtime, mtime))
+    assert latest_run(tmp_path / "runs") == tmp_path / "runs" / "ablation" / "lr1"
+    os.utime(tmp_path / "runs" / "plain" / "checkpoints" / "best.pt", (400, 400))
+    assert latest_run(tmp_path / "runs") == tmp_path / "runs" / "plain"
+
+
+def test_runs_inside_a_run_folder_names_it(tmp_path: Path, monkeypatch, capsys):
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "summary.json").write_text('{"status": "finished"}', encoding="utf-8")
+    code, out, err = run_cli(["runs", "--dir", "."], monkeypatch, capsys, tmp_path / "demo")
+    assert code == 0, err
+    assert [line.split()[0] for line in out.splitlines()[1:]] == ["demo"]

@@ -132,3 +132,13 @@ def resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:
         raise ConfigError([f"cannot resume from {path.name}: these settings differ from the run's "
                            "(only train.* and decode.* may change)"] + frozen)
     return allowed
+
+
+def run_folders(folder: Path) -> list[Path]:
+    """The folders under `folder` that may be runs, as `tmt runs` and `tmt translate` without
+    --run look for them: `folder` itself, its subfolders (`runs/<name>`) and theirs
+    (`runs/<group>/<name>`, an ablation's runs, say)."""
+    if not folder.is_dir():
+        return []
+    children = sorted(p for p in folder.iterdir() if p.is_dir())
+    return [folder, *children, *sorted(p for child in children for p in child.iterdir() if p.is_dir())]

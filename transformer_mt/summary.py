@@ -21,6 +21,7 @@ import torch
 
 from transformer_mt.config import Config
 from transformer_mt.files import write_text_atomic
+from transformer_mt.run_dir import run_folders
 
 SUMMARY_NAME = "summary.json"
 PACKAGES = ("transformer-mt", "torch", "tokenizers", "datasets", "sacrebleu")
@@ -64,10 +65,11 @@ def write_summary(run_dir: Path, summary: dict) -> None:
 def read_summaries(runs_dir: Path) -> list[dict]:
     """The summaries of the runs under `runs_dir`, most recently updated first: its runs
     (`runs/<name>`), runs grouped one folder deeper (`runs/<group>/<name>`), or `runs_dir` itself
-    when it is a run. Each row's `name` is its folder relative to `runs_dir`."""
+    when it is a run. Each row's `run` is its folder relative to `runs_dir`, or its name."""
     rows = []
-    paths = [*runs_dir.glob(SUMMARY_NAME), *runs_dir.glob(f"*/{SUMMARY_NAME}"), *runs_dir.glob(f"*/*/{SUMMARY_NAME}")]
-    for path in paths:
+    for path in (folder / SUMMARY_NAME for folder in run_folders(runs_dir)):
+        if not path.is_file():
+            continue
         try:
             summary = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -75,7 +77,8 @@ def read_summaries(runs_dir: Path) -> list[dict]:
         if not isinstance(summary, dict):  # valid JSON, but not what tmt writes
             summary = {"status": "unreadable summary.json"}
         summary["run_dir"] = str(path.parent)
-        summary["run"] = path.parent.relative_to(runs_dir).as_posix() if path.parent != runs_dir else path.parent.name
+        summary["run"] = (path.parent.relative_to(runs_dir).as_posix() if path.parent != runs_dir
+                          else path.parent.resolve().name)  # `--dir .` inside a run: its folder's name
         summary["mtime"] = path.stat().st_mtime
         if summary.get("status") == "running" and not _writer_alive(summary):
             summary["status"] = "died (process gone)"

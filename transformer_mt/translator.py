@@ -14,6 +14,7 @@ from transformer_mt.config import Config, config_from_dict
 from transformer_mt.errors import CheckpointError, ConfigError, UsageError
 from transformer_mt.evaluation import cross_attention_labels, cross_attention_map, translate_ids
 from transformer_mt.model import Transformer
+from transformer_mt.run_dir import run_folders
 from transformer_mt.runtime import Precision, pick_device, pick_precision
 from transformer_mt.tokenization import BOS_ID, EOS, EOS_ID, TokenizerPair
 
@@ -131,13 +132,13 @@ def find_checkpoint(run_dir: Path) -> Path:
 
 
 def latest_run(runs_dir: Path) -> Path:
-    """The run under `runs_dir` whose checkpoints were written most recently."""
+    """The run under `runs_dir` (`runs/<name>` or `runs/<group>/<name>`) whose checkpoints were
+    written most recently."""
     candidates = []
-    if runs_dir.is_dir():
-        for run in runs_dir.iterdir():
-            files = list((run / "checkpoints").glob("*.pt")) if run.is_dir() else []
-            if files:
-                candidates.append((max(f.stat().st_mtime for f in files), run))
+    for run in run_folders(runs_dir)[1:]:  # not `runs/` itself
+        files = list((run / "checkpoints").glob("*.pt"))
+        if files:
+            candidates.append((max(f.stat().st_mtime for f in files), run))
     if not candidates:
         raise CheckpointError(f"no trained run found under {runs_dir} (train one with `tmt train`, "
                               "or pass --run DIR)")

@@ -661,7 +661,8 @@ def test_hub_dataset_with_a_loading_script_is_refused_with_workarounds(tmp_path,
     message = str(excinfo.value)
     assert message.startswith(f"data.path={str(folder)!r}: this dataset is defined by a loading script (iwslt2017.py)")
     assert "If the dataset has a Parquet conversion on the hub" in message
-    assert "data.revision: refs/convert/parquet" in message and "data.format: text, tsv or jsonl" in message
+    assert "data.revision: refs/convert/parquet, data.hub_config: the configuration's folder" in message
+    assert "data.format: text, tsv or jsonl" in message
 
 
 def test_any_other_runtime_error_of_datasets_is_not_disguised_as_a_data_error(run_dir, monkeypatch):
@@ -708,6 +709,10 @@ def test_a_parquet_conversion_reads_the_folder_of_the_hub_config(tmp_path, run_d
 
     assert pairs_of(corpus.train) == [(f"train {i}", f"it train {i}") for i in range(3)]
     assert pairs_of(corpus.valid) == [(f"validation {i}", f"it validation {i}") for i in range(3)]
+
+    with pytest.raises(DataError, match="data.hub_config: with data.revision: refs/convert/parquet, name the"):
+        load_corpus(make_cfg(format="hub", path=str(converted), revision="refs/convert/parquet"), seed=1,
+                    run_dir=run_dir)  # read whole, its two language pairs would be one dataset
 
 
 def test_iter_text_streams_every_row_or_only_the_given_ones(data_dir, run_dir, monkeypatch):

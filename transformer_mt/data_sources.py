@@ -371,8 +371,14 @@ def _check_hub_reachable(cfg: DataConfig) -> None:
 def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
     import datasets
 
+    if cfg.revision == PARQUET_CONVERSION and cfg.hub_config is None:
+        # Read whole, the conversion's folders of all configurations (language pairs) would be
+        # one dataset: mixed pairs, or columns that do not match.
+        raise DataError(f"data.hub_config: with data.revision: {PARQUET_CONVERSION}, name the configuration to "
+                        "read (its folder on that branch, e.g. iwslt2017-en-it; 'default' for a dataset with "
+                        "only one)")
     try:
-        if cfg.revision == PARQUET_CONVERSION and cfg.hub_config is not None:
+        if cfg.revision == PARQUET_CONVERSION:
             # The hub's Parquet conversion of a dataset keeps each configuration in a folder of
             # its name (`<config>/<split>/0000.parquet`) with no dataset card to declare them, so
             # `datasets` sees one `default` configuration: the wanted one is a folder to read.
@@ -401,7 +407,8 @@ def _loading_script_advice(cfg: DataConfig, script: str) -> str:
              if Path(cfg.path).is_dir() else "")
     return (f"data.path={cfg.path!r}: this dataset is defined by a loading script ({script}), which the installed "
             f"datasets {datasets.__version__} no longer runs. If the dataset has a Parquet conversion on the hub, load "
-            f"that: data.revision: {PARQUET_CONVERSION}{local}; or export the dataset to local files and "
+            f"that: data.revision: {PARQUET_CONVERSION}, data.hub_config: the configuration's folder there "
+            f"('default' if it has only one){local}; or export the dataset to local files and "
             "use data.format: text, tsv or jsonl (see README, Data)")
 
 

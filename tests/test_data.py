@@ -77,6 +77,18 @@ def test_a_run_whose_data_changed_since_it_was_read_is_warned_but_a_touched_file
     assert "the train split(s) changed since this run last read its data" in caplog.text
 
 
+@pytest.mark.parametrize("manifest", ['{"format": 2}', '{"key": "k", "removed": {}, "digests": {"train": "x"}}'])
+def test_a_damaged_corpus_manifest_is_read_again_not_an_internal_error(manifest, data_dir, run_dir):
+    from transformer_mt.data import load_run_corpus
+
+    for split, n in (("train", 6), ("valid", 2), ("test", 2)):
+        write_text_split(data_dir, split, numbered_pairs(n))
+    first = load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)
+    (run_dir / "corpus_cache" / "corpus.json").write_text(manifest, encoding="utf-8")
+    for load in (load_run_corpus, load_corpus):
+        assert pairs_of(load(make_cfg(data_dir), seed=1, run_dir=run_dir).test) == pairs_of(first.test)
+
+
 def test_text_format_reads_gzipped_train_and_plain_valid_and_test(data_dir, run_dir):
     write_text_split(data_dir, "train", [("hello world", "ciao mondo"), ("good night", "buona notte")], gz=True)
     write_text_split(data_dir, "valid", [("yes", "sì")])

@@ -95,7 +95,7 @@ def test_evaluate_scores_the_split_the_run_read_not_the_edited_files(tiny_run: P
     code, edited_scores, err, edited_hypotheses = evaluate_test_split(tiny_run, monkeypatch, capsys)
     assert code == 0, err
     assert (edited_scores, edited_hypotheses) == (scores, hypotheses) and len(hypotheses.splitlines()) == 2
-    assert "WARNING the data files of data.path" in err and "changed since the run read them" in err
+    assert "WARNING the data files of data.path" in err and "may have changed since the run read them" in err
     assert "--src FILE --ref FILE" in err
     assert run_files(tiny_run) == before  # corpus_cache/ neither rebuilt nor touched
 

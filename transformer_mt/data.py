@@ -122,9 +122,9 @@ def load_run_corpus(cfg: DataConfig, seed: int, run_dir: Path) -> Corpus:
     # The key as the run made it, with the manifest's own format: a cache written by another
     # version of tmt (another CORPUS_FORMAT) is not changed data.
     if _corpus_key(cfg, seed, sources, manifest.get("format")) != manifest.get("key"):
-        logger.warning("the data files of data.path %r changed since the run read them (another size or "
+        logger.warning("the data files of data.path %r may have changed since the run read them (another size or "
                        "modification time, or another version of the hub dataset); scoring the run's own copy "
-                       "in %s. To score the new files, use --src FILE --ref FILE", cfg.path, directory)
+                       "in %s. To score the current files, use --src FILE --ref FILE", cfg.path, directory)
     return _open_corpus(directory, manifest)
 
 
@@ -147,7 +147,7 @@ def _open_corpus(directory: Path, manifest: dict, carved: tuple[str, ...] | None
 def _warn_if_the_text_changed(previous: dict | None, manifest: dict) -> None:
     """Say which splits now hold other pairs than the run read before (a resumed run then goes on
     with other data, not exactly as it would have); a touched but unchanged file says nothing."""
-    if previous is None or not isinstance(previous.get("digests"), dict):
+    if previous is None:
         return
     changed = [split for split in SPLITS if previous["digests"].get(split) != manifest["digests"][split]]
     if changed:
@@ -176,12 +176,17 @@ def _reusable_manifest(directory: Path, key: str, splits_path: Path) -> dict | N
 
 
 def _read_manifest(directory: Path) -> dict | None:
-    """The manifest of a complete `directory` (every split's file present), else None."""
+    """The manifest of a complete `directory` (every split's file present), else None; also None
+    for a manifest without what tmt writes in it (damaged: the folder is then read again)."""
     try:
         manifest = json.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    if not isinstance(manifest, dict) or not all((directory / f"{split}.arrow").is_file() for split in SPLITS):
+    if not isinstance(manifest, dict) or not all(key in manifest for key in ("key", "removed", "digests")):
+        return None
+    if not isinstance(manifest["digests"], dict) or not all(split in manifest["digests"] for split in SPLITS):
+        return None
+    if not all((directory / f"{split}.arrow").is_file() for split in SPLITS):
         return None
     return manifest
 

@@ -127,6 +127,10 @@ def test_a_length_penalty_option_reaches_beam_search_and_names_evaluates_output(
     assert code == 0, err
     assert seen == [(3, 1.5)] and "beam 3, length penalty 1.5;" in err
     assert (tiny_run / "evaluation" / "test.best.beam3.lp1.5.txt").is_file()  # not the run's own beam3 file
+    code, _, err = run_cli(["evaluate", "--run", str(tiny_run), "--quiet", "--length-penalty", "1.5"],
+                           monkeypatch, capsys, tiny_run.parent)  # greedy (the run's beam 1): no penalty to name
+    assert code == 0 and seen[-1] == (1, 1.5) and "beam 1;" in err, err
+    assert not list((tiny_run / "evaluation").glob("*beam1.lp*"))
     code, _, err = run_cli(["translate", "--run", str(tiny_run), "--beam", "2", "--length-penalty", "0", "hello"],
                            monkeypatch, capsys, tiny_run.parent)
     assert code == 0 and seen[-1] == (2, 0.0), err

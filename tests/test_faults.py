@@ -221,6 +221,11 @@ def test_a_dash_for_input_and_output_means_stdin_and_stdout(tiny_run: Path, tmp_
                                 monkeypatch, capsys, tmp_path, stdin=text)
     assert code == 0, err
     assert dashes == plain and plain.count("\n") == 2 and not (tmp_path / "-").exists()
+    code, out, err = run_cli(["translate", "--run", str(tiny_run), "--output", "./-"], monkeypatch, capsys, tmp_path,
+                             stdin=text)
+    assert code == 0 and out == "" and (tmp_path / "-").read_text("utf-8") == plain, err  # ./- is a file
+    code, out, err = run_cli(["evaluate", "--run", str(tiny_run), "--output", "-"], monkeypatch, capsys, tmp_path)
+    assert code == 2 and "--output -: evaluate prints its scores on stdout" in err, err
 
 
 def test_stdin_with_a_byte_order_mark_translates_like_the_same_file(tiny_run: Path, tmp_path: Path,

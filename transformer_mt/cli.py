@@ -19,7 +19,7 @@ from transformer_mt.errors import DataError, TmtError, TrainingStopped, UsageErr
 from transformer_mt.files import check_parent_dir, lines_to_text, make_parent_dir, write_text_atomic
 
 logger = logging.getLogger("transformer_mt")
-STDIO = Path("-")  # `tmt translate --input -` / `--output -`: stdin / stdout, as in most command-line tools
+STDIO = "-"  # `tmt translate --input -` / `--output -`: stdin / stdout, as in most command-line tools
 
 MAIN_EXAMPLES = """a first run (CPU, a few minutes):
   tmt data --config configs/demo.yaml                   # look at the data first: pairs, lengths, steps per epoch
@@ -115,8 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     epilog=TRANSLATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     translate.add_argument("text", nargs="*", help="sentences to translate (default: one per line from stdin)")
     _add_model_arguments(translate)
-    translate.add_argument("--input", type=Path, help="translate this file, one sentence per line (- = stdin)")
-    translate.add_argument("--output", type=Path, help="write translations here instead of stdout (- = stdout)")
+    translate.add_argument("--input", type=_path_or_dash, help="translate this file, one sentence per line (- = stdin)")
+    translate.add_argument("--output", type=_path_or_dash,
+                           help="write translations here instead of stdout (- = stdout)")
     translate.add_argument("--show-attention", type=Path, metavar="FILE.png",
                            help="draw the cross-attention of the (single) sentence's translation to FILE.png")
     translate.add_argument("--attention-layer", type=int, default=-1, metavar="N",
@@ -131,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--ref", type=Path, help="reference translations of --src, line by line")
     evaluate.add_argument("--tokenize", choices=BLEU_TOKENIZERS, help="sacreBLEU tokenizer for BLEU (default: the run's train.bleu_tokenize, "
                                              "normally 13a; 'none' for pre-tokenized text)")
-    evaluate.add_argument("--output", type=Path,
+    evaluate.add_argument("--output", type=_path_or_dash,
                           help="where to write the hypotheses "
                                "(default: <run>/evaluation/<name>.<checkpoint>.beam<K>[.lp<ALPHA>].txt)")
 
@@ -184,6 +185,11 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _path_or_dash(text: str) -> Path | str:
+    """A path, or `STDIO` for exactly "-" (so that `./-` still names a file called -)."""
+    return STDIO if text == STDIO else Path(text)
 
 
 def _non_negative_float(text: str) -> float:
@@ -410,6 +416,8 @@ def run_evaluate(args: argparse.Namespace) -> None:
     _setup_logging(logging.WARNING)
     if bool(args.src) != bool(args.ref):
         raise UsageError("--src and --ref go together")
+    if args.output == STDIO:
+        raise UsageError("--output -: evaluate prints its scores on stdout; give a file for the hypotheses")
     _check_output(args.output, inputs={"--src": args.src, "--ref": args.ref})
     translator = _load_translator(args)
     tokenize = args.tokenize or translator.cfg.train.bleu_tokenize
@@ -435,7 +443,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
     # test's file: scoring another checkpoint or setting never overwrites the hypotheses behind
     # the run's own evaluation/test_scores.json.
     alpha = translator.cfg.decode.length_penalty
-    settings = f"beam{beam}" + (f".lp{alpha:g}" if args.length_penalty is not None else "")
+    settings = f"beam{beam}" + (f".lp{alpha:g}" if args.length_penalty is not None and beam > 1 else "")
     output = args.output or translator.run_dir / "evaluation" / f"{name}.{translator.checkpoint.stem}.{settings}.txt"
     _write_lines(output, hypotheses)
     print(f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}")

@@ -144,26 +144,31 @@ def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int, desc: s
         special_tokens=list(SPECIAL_TOKENS),
         show_progress=False,
     )
-    left_out = [0]
     with _bar(n_lines, desc, progress) as bar:
-        tokenizer.train_from_iterator(_without_overlong_words(_counted(lines, bar), left_out), trainer=trainer,
-                                      length=n_lines)
-    if left_out[0]:
+        kept = _WithoutOverlongWords(_counted(lines, bar))
+        tokenizer.train_from_iterator(kept, trainer=trainer, length=n_lines)
+    if kept.left_out:
         logger.warning("%s: left %d training line(s) with a run of over %d non-space characters out of BPE "
                        "training (they stay in the corpus; a pair longer than model.max_len tokens is not trained on)",
-                       desc, left_out[0], MAX_WORD_CHARS)
+                       desc, kept.left_out, MAX_WORD_CHARS)
     _check_special_ids(tokenizer, "trained tokenizer")
     return tokenizer
 
 
-def _without_overlong_words(lines: Iterator[str], left_out: list[int]) -> Iterator[str]:
-    """`lines` without those holding a run of more than `MAX_WORD_CHARS` non-space characters,
-    counted in `left_out[0]`. Only lines longer than that are split to look."""
-    for line in lines:
-        if len(line) > MAX_WORD_CHARS and max(map(len, line.split())) > MAX_WORD_CHARS:
-            left_out[0] += 1
-            continue
-        yield line
+class _WithoutOverlongWords:
+    """`lines` without those holding a run of more than `MAX_WORD_CHARS` non-space characters;
+    `left_out` counts them. Only lines longer than that are split to look."""
+
+    def __init__(self, lines: Iterator[str]):
+        self.lines = lines
+        self.left_out = 0
+
+    def __iter__(self) -> Iterator[str]:
+        for line in self.lines:
+            if len(line) > MAX_WORD_CHARS and max(map(len, line.split())) > MAX_WORD_CHARS:
+                self.left_out += 1
+                continue
+            yield line
 
 
 def _encode(tokenizer: Tokenizer, lines: list[str], desc: str, progress: bool) -> list[list[int]]:

@@ -223,6 +223,18 @@ def test_tsv_format_reads_pairs_verbatim_without_quoting_or_na_values(data_dir, 
     assert pairs_of(corpus.valid) == [("x", "y")]
 
 
+@pytest.mark.parametrize("first, warned", [("EN\tit", True), ("source\ttarget", True), ("en\tciao", False)])
+def test_a_tsv_header_row_is_read_as_a_pair_with_a_warning(first, warned, data_dir, run_dir, caplog):
+    write_lines(data_dir / "train.tsv", [first, "hello\tciao"])
+    write_lines(data_dir / "valid.tsv", ["good\tbuono"])
+    write_lines(data_dir / "test.tsv", ["x\ty"])
+    with caplog.at_level("WARNING", logger="transformer_mt.data_sources"):
+        corpus = load_corpus(make_cfg(data_dir, format="tsv"), seed=1, run_dir=run_dir)
+    assert pairs_of(corpus.train)[0] == tuple(first.split("\t"))  # kept: tmt never drops a line on a guess
+    assert ("train.tsv:1 looks like a header row" in caplog.text) == warned, caplog.text
+    assert "valid.tsv" not in caplog.text
+
+
 def test_tsv_line_without_exactly_one_tab_names_file_and_line(data_dir, run_dir):
     write_lines(data_dir / "train.tsv", ["a\tb", "c\td\te"])
 

@@ -142,7 +142,7 @@ def _local_chunks(cfg: DataConfig, files: list[Path]) -> Callable[[], Iterator[P
     if cfg.format == "text":
         return lambda: iter_aligned_files(files[0], files[1])
     if cfg.format == "tsv":
-        return lambda: _iter_tsv(files[0])
+        return lambda: _iter_tsv(files[0], cfg.src_lang, cfg.tgt_lang)
     return lambda: _iter_jsonl(files[0], cfg.src_lang, cfg.tgt_lang)
 
 
@@ -238,7 +238,7 @@ def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
     return enumerate(chain.from_iterable(iter_lines(path)), start=1)
 
 
-def _iter_tsv(path: Path) -> Iterator[PairChunk]:
+def _iter_tsv(path: Path, src_lang: str, tgt_lang: str) -> Iterator[PairChunk]:
     """`source<TAB>target` lines, verbatim (no quoting, no NA values)."""
     def pairs() -> Iterator[Pair]:
         for lineno, line in _numbered_lines(path):
@@ -248,8 +248,18 @@ def _iter_tsv(path: Path) -> Iterator[PairChunk]:
             fields = line.split("\t")
             if len(fields) != 2:
                 raise DataError(f"{path}:{lineno}: expected source<TAB>target (one tab), found {len(fields) - 1} tabs")
-            yield fields[0].strip(), fields[1].strip()
+            pair = fields[0].strip(), fields[1].strip()
+            if lineno == 1 and _looks_like_a_header(pair, src_lang, tgt_lang):
+                logger.warning("%s:1 looks like a header row (%s<TAB>%s); tmt reads every line as a sentence "
+                               "pair, so remove it if it is one", path, *pair)
+            yield pair
     return _rechunk(pairs())
+
+
+def _looks_like_a_header(pair: Pair, src_lang: str, tgt_lang: str) -> bool:
+    """Whether a TSV file's first pair reads as column names: the language codes, or source/target."""
+    names = tuple(field.lower() for field in pair)
+    return names in ((src_lang.lower(), tgt_lang.lower()), ("source", "target"), ("src", "tgt"))
 
 
 def _iter_jsonl(path: Path, src_lang: str, tgt_lang: str) -> Iterator[PairChunk]:

@@ -186,3 +186,9 @@ def test_a_hub_path_is_a_local_folder_beside_the_config_when_one_is_there(tmp_pa
                            ("Helsinki-NLP/opus_books", "Helsinki-NLP/opus_books")]:
         (tmp_path / "sub" / "cfg.yaml").write_text(f"data:\n  format: hub\n  path: {path}\n")
         assert load_config(tmp_path / "sub" / "cfg.yaml").data.path == expected
+
+
+def test_a_numbered_cuda_device_is_refused_with_the_way_to_pick_a_gpu():
+    with pytest.raises(ConfigError, match=r"train.device: 'cuda:1' \(str\) is not one of auto, cpu, cuda, mps "
+                                          r"\(to train on GPU 1, set cuda and start with CUDA_VISIBLE_DEVICES=1\)"):
+        config_from_dict({"data": {"path": "corpus"}, "train": {"device": "cuda:1"}})

@@ -173,7 +173,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="beam search's length penalty α (default: the run's decode.length_penalty; "
                              "0 = none, higher favours longer translations)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
-                        help="where to translate (default auto: CUDA, else MPS, else the CPU)")
+                        help="where to translate (default auto: CUDA, else MPS, else the CPU; another GPU: "
+                             "CUDA_VISIBLE_DEVICES=N)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import inspect
 import math
+import re
 import sys
 import types
 import typing
@@ -388,7 +389,10 @@ def _coerce(value: Any, hint: Any) -> tuple[Any, str | None]:
     if origin is Literal:
         if value in args:
             return value, None
-        return None, f"{_show(value)} is not one of {', '.join(map(str, args))}"
+        advice = ""
+        if "cuda" in args and isinstance(value, str) and re.fullmatch(r"cuda:\d+", value):  # a device
+            advice = f" (to train on GPU {value[5:]}, set cuda and start with CUDA_VISIBLE_DEVICES={value[5:]})"
+        return None, f"{_show(value)} is not one of {', '.join(map(str, args))}{advice}"
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None, None

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from transformer_mt.errors import CheckpointError
-from transformer_mt.files import create_temp_file_beside
+from transformer_mt.files import write_atomic
 from transformer_mt.model import fuse_projections, fused_parameter_name, has_separate_projections
 
 logger = logging.getLogger(__name__)
@@ -32,26 +32,14 @@ def save_atomic(state: dict, path: Path) -> None:
     """Write `state` to a temp file beside `path`, fsync it, then rename it over `path`.
 
     A crash at any moment leaves either the old file or the new one, never a torn file. The
-    temp file has a name of its own (`files.create_temp_file_beside`): `tmt average --output`
-    writes beside the user's files, and never into one of theirs.
+    temp file has a name of its own (`files.write_atomic`): `tmt average --output` writes beside
+    the user's files, and never into one of theirs.
     """
     try:
-        fd, tmp = create_temp_file_beside(path)
+        write_atomic(path, lambda handle: torch.save(state, handle))
     except OSError as err:
         raise CheckpointError(f"{path}: could not write checkpoint ({err.strerror or err}); "
                               "earlier checkpoints are intact") from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(state, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        tmp.unlink(missing_ok=True)
-        if isinstance(err, OSError):
-            raise CheckpointError(f"{path}: could not write checkpoint ({err.strerror or err}); "
-                                  "earlier checkpoints are intact") from None
-        raise
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict:

@@ -1,8 +1,8 @@
-"""Writing the text files of a run (config, summary, hypotheses, scores) atomically; the folders
-that outputs go in, and the temp folders that outputs written as a whole directory go through.
+"""Writing a run's files atomically (text: config, summary, hypotheses, scores; checkpoints through
+`checkpoint.save_atomic`); the folders that outputs go in, and the temp folders that outputs
+written as a whole directory go through.
 
 A reader, or a run killed mid-write, sees either the old file or the new one, never half of one.
-Checkpoints have their own writer (`checkpoint.save_atomic`) because they go through `torch.save`.
 """
 
 from __future__ import annotations
@@ -12,41 +12,40 @@ import re
 import secrets
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 from transformer_mt.errors import TmtError, UsageError
 
 T = TypeVar("T")
 
-# `.<name>.<8 hex digits>.tmp`: the temp file `write_text_atomic` writes `name` through.
+# `.<name>.<8 hex digits>.tmp`: the temp file `write_atomic` writes `name` through.
 _TEMP_FILE = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8}\.tmp")
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write `text` (UTF-8) to a temp file beside `path`, fsync it, then rename it over `path`.
+    """Write `text` (UTF-8) to `path` atomically (`write_atomic`)."""
+    write_atomic(path, lambda handle: handle.write(text.encode("utf-8")))
 
-    The temp file has a unique name, so two processes writing the same file do not interleave,
-    and the usual permissions (0666 less the umask, like `open`; `tempfile.mkstemp` would make it
-    private). On any failure it is removed and the error (an `OSError`) propagates, `path` untouched.
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Call `write` on a temp file beside `path`, fsync it, then rename it over `path`.
+
+    The temp file, `.<name>.<8 hex digits>.tmp`, is new and uniquely named, so two processes
+    writing the same file do not interleave and it is never someone else's (a user's file that
+    happens to be called `.<name>.tmp`); it has the usual permissions (0666 less the umask, like
+    `open`; `tempfile.mkstemp` would make it private). On any failure, Ctrl-C included, it is
+    removed and the error propagates, `path` untouched.
     """
-    fd, tmp = create_temp_file_beside(path)
+    fd, tmp = _create_beside(path, lambda tmp: os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-
-
-def create_temp_file_beside(path: Path) -> tuple[int, Path]:
-    """Create a new empty file `.<name>.<8 hex digits>.tmp` beside `path`, to be renamed onto
-    `path` once written: its open descriptor (for writing) and its path. The name is unique and
-    the file new, so it is never someone else's (another writer's, or a user's file that happens
-    to be called `.<name>.tmp`); it has the usual permissions (0666 less the umask)."""
-    return _create_beside(path, lambda tmp: os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
 
 
 def check_parent_dir(path: Path, option: str | None = None) -> None:
@@ -95,7 +94,7 @@ def _create_beside(path: Path, create: Callable[[Path], T]) -> tuple[T, Path]:
 
 def temp_file_target(name: str) -> str | None:
     """The name of the file that `name` was a temp file for, when `name` is a temp file that
-    `write_text_atomic` left behind (its process was killed mid-write); else None."""
+    `write_atomic` left behind (its process was killed mid-write); else None."""
     match = _TEMP_FILE.fullmatch(name)
     return match["name"] if match else None
 

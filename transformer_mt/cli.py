@@ -440,7 +440,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
     beam = args.beam or translator.cfg.decode.beam_size
     hypotheses = translator.translate(sources, beam_size=beam, progress=not args.quiet)
     scores = score(hypotheses, references, tokenize=tokenize)
-    # Named after the checkpoint (and a length penalty other than the run's), like the final
+    # Named after the checkpoint (and a --length-penalty, with a beam), like the final
     # test's file: scoring another checkpoint or setting never overwrites the hypotheses behind
     # the run's own evaluation/test_scores.json.
     alpha = translator.cfg.decode.length_penalty
@@ -551,12 +551,12 @@ def _argument_lines(texts: list[str]) -> list[str]:
 
 
 def _read_stdin_lines() -> list[str]:
+    from transformer_mt.data_sources import refuse_cr_line_breaks
+
     lines = []
     for number, raw in enumerate(sys.stdin.buffer, start=1):
-        if number == 1 and not raw.endswith(b"\n") and b"\r" in raw.rstrip(b"\r"):
-            # the only line, split by "\r" alone (old Mac line breaks): the file readers refuse it too
-            raise DataError("stdin: its lines end in a carriage return (\\r) alone, which tmt does not read as a "
-                            "line break (it splits on \\n or \\r\\n); convert them first, e.g. with tr '\\r' '\\n'")
+        if number == 1:
+            refuse_cr_line_breaks("stdin", raw)  # as the file readers do
         try:
             line = raw.decode("utf-8").rstrip("\r\n")
             lines.append(line.removeprefix("\ufeff") if number == 1 else line)  # a byte-order mark is not text

@@ -159,7 +159,7 @@ def iter_lines(path: Path) -> Iterator[list[str]]:
             # and is refused after its first block instead of after reading it all.
             while block := f.read(READ_CHUNK_BYTES):
                 if lines_before == 0 and not partial:  # the first block
-                    _refuse_cr_line_breaks(path, block)
+                    refuse_cr_line_breaks(path, block)
                 cut = block.rfind(b"\n") + 1
                 if cut == 0:
                     partial.append(block)
@@ -174,15 +174,15 @@ def iter_lines(path: Path) -> Iterator[list[str]]:
         raise DataError(f"{path}: cannot read ({err})") from None
 
 
-def _refuse_cr_line_breaks(path: Path, first_block: bytes) -> None:
-    """Refuse a file whose lines end in "\\r" alone (old Mac line breaks), judged on its first
-    block: no "\\n" in it, and a "\\r" before its end. Read on "\\n", such a file would be one
-    giant line, blamed later on a filter. A "\\r" in a file of "\\n" lines stays text.
+def refuse_cr_line_breaks(source: Path | str, first_block: bytes) -> None:
+    """Refuse text whose lines end in "\\r" alone (old Mac line breaks), judged on its first
+    block (a file's first read, stdin's first line): no "\\n" in it, and a "\\r" before its end.
+    Read on "\\n", such text would be one giant line, blamed later on a filter or translated as
+    one sentence. A "\\r" in text of "\\n" lines stays text. `source` names the file, or "stdin".
     """
     if b"\n" not in first_block and b"\r" in first_block[:-1]:
-        raise DataError(f"{path}: its lines end in a carriage return (\\r) alone, which tmt does not read as a "
-                        "line break (it splits on \\n or \\r\\n); convert the file first, e.g. "
-                        "tr '\\r' '\\n' < FILE > NEW")
+        raise DataError(f"{source}: its lines end in a carriage return (\\r) alone, which tmt does not read as a "
+                        "line break (it splits on \\n or \\r\\n); convert them first, e.g. with tr '\\r' '\\n'")
 
 
 def _decode_lines(path: Path, data: bytes, lines_before: int) -> list[str]:

@@ -292,11 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         def step(k: int) -> Callable[[], int]:
             def load_next() -> None:
                 if k + 1 < len(index_list):
-                    prefetched[k + 1] = trainer.load_batch(index_list[k + 1])
+                    prefetched[k + 1] = trainer.train_step.load_batch(index_list[k + 1])
 
             def run() -> int:
-                batch = prefetched.pop(k, None) or trainer.load_batch(index_list[k])
-                trainer.train_step(batch, while_device_works=load_next)
+                batch = prefetched.pop(k, None) or trainer.train_step.load_batch(index_list[k])
+                trainer.train_step.run(batch, while_device_works=load_next)
                 return batch.n_tgt_tokens
             return run
         return [step(k) for k in range(len(index_list))]
@@ -335,11 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     marian = build_marian(cfg.model, vocab_size).to(device)
     marian_opt = torch.optim.AdamW(marian.parameters(), lr=cfg.train.lr, betas=cfg.train.betas, eps=1e-9,
-                                   fused=trainer.fused_optimizer)  # the same optimizer as tmt
+                                   fused=trainer.train_step.fused_optimizer)  # the same optimizer as tmt
 
     def marian_step(indices) -> Callable[[], int]:
         def run() -> int:
-            batch = trainer.load_batch(indices)
+            batch = trainer.train_step.load_batch(indices)
             marian.train()
             with trainer.precision.autocast():
                 loss = marian(**marian_inputs(batch)).loss
@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     # What each engine keeps on the device between steps (weights, gradients, optimizer moments):
     # the peak of one engine's round counts the other engines' resident state too, so each
     # peak below is taken over the memory allocated when its round starts, plus its own state.
-    resident = {"tmt": (trainer.model, trainer.optimizer), "tutorial": (tutorial, tutorial_opt),
+    resident = {"tmt": (trainer.model, trainer.train_step.optimizer), "tutorial": (tutorial, tutorial_opt),
                 "hf_marian": (marian, marian_opt)}
 
     engines = {

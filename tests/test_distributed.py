@@ -21,7 +21,8 @@ from transformer_mt.config import save_config
 from transformer_mt.distributed import Distributed, interleave
 from transformer_mt.errors import DataError, UsageError
 from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.training import Trainer, prepare_data, train
+from transformer_mt.preparation import prepare_data
+from transformer_mt.training import Trainer, train
 
 # 24 pairs make several 64-token batches, so a step of 2 ranks takes two different batches.
 PAIRS = TINY_PAIRS + [(f"{s} {s}", f"{t} {t}") for s, t in TINY_PAIRS]
@@ -141,7 +142,7 @@ def test_a_ddp_step_equals_one_process_on_the_union_of_the_ranks_batches(tmp_pat
     for step in (1, 2, 3):
         step_batches = [next(batches) for _ in range(4)]  # rank 0 trained on the 1st and 3rd, rank 1 on the others
         assert len({tuple(b) for b in step_batches}) > 1
-        result = trainer.train_step(trainer.train_data.batch([i for b in step_batches for i in b]))
+        result = trainer.train_step.run(trainer.train_data.batch([i for b in step_batches for i in b]))
         assert abs(result.loss.item() - ddp_losses[step]) < 1e-5, (step, result.loss.item(), ddp_losses[step])
     ddp_weights = load_checkpoint(run / "checkpoints" / "step_00000003.pt")["model"]
     D = cfg_no_dropout.model.d_model
@@ -205,7 +206,7 @@ def test_resuming_with_another_number_of_processes_is_refused(tmp_path: Path, mo
 
     # A second rank's view of the same run (no process group is needed to reach the check).
     trainer = Trainer(cfg, run, progress=False)
-    monkeypatch.setattr(trainer, "dist", Distributed(rank=0, local_rank=0, world_size=2))
+    monkeypatch.setattr(trainer.checkpoint, "dist", Distributed(rank=0, local_rank=0, world_size=2))
     with pytest.raises(UsageError, match=r"written by a run of 1 process\(es\); resume it with the same number"):
         trainer.resume()
 

@@ -20,6 +20,7 @@ import torch
 
 from tests.conftest import PYTHONPATH, TINY_PAIRS, run_cli, tiny_config, write_corpus
 from tests.test_training import read_scalars
+from transformer_mt import train_step as train_step_module
 from transformer_mt import training
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import load_config, save_config
@@ -341,7 +342,7 @@ def test_resume_report_names_the_position_and_the_changed_training_settings(tiny
 # --- faults during training -------------------------------------------------------------
 
 def test_a_non_finite_loss_skips_the_update_and_training_goes_on(tiny_corpus: Path, tmp_path: Path, monkeypatch):
-    real_loss, calls = training.label_smoothed_loss, []
+    real_loss, calls = train_step_module.label_smoothed_loss, []
 
     def loss_with_a_nan(logits, *args, **kwargs):
         loss = real_loss(logits, *args, **kwargs)
@@ -351,7 +352,7 @@ def test_a_non_finite_loss_skips_the_update_and_training_goes_on(tiny_corpus: Pa
                 return loss * float("nan")
         return loss
 
-    monkeypatch.setattr(training, "label_smoothed_loss", loss_with_a_nan)
+    monkeypatch.setattr(train_step_module, "label_smoothed_loss", loss_with_a_nan)
     cfg = tiny_config(tiny_corpus, train={"max_steps": 5, "eval_every_steps": 5, "save_every_steps": 5})
     prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
     state = train(cfg, tmp_path / "run", progress=False)
@@ -364,12 +365,12 @@ def test_a_non_finite_loss_skips_the_update_and_training_goes_on(tiny_corpus: Pa
 
 
 def test_non_finite_losses_in_a_row_stop_the_run_naming_the_step(tiny_corpus: Path, tmp_path: Path, monkeypatch):
-    real_loss = training.label_smoothed_loss
+    real_loss = train_step_module.label_smoothed_loss
 
     def infinite_in_training(*args, **kwargs):
         return real_loss(*args, **kwargs) * (float("inf") if torch.is_grad_enabled() else 1)
 
-    monkeypatch.setattr(training, "label_smoothed_loss", infinite_in_training)
+    monkeypatch.setattr(train_step_module, "label_smoothed_loss", infinite_in_training)
     cfg = tiny_config(tiny_corpus, train={"max_nonfinite_steps": 3})
     prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
     with pytest.raises(TrainingError, match=r"stopping at step 1: 3 updates in a row .*train.max_nonfinite_steps=3"):
@@ -401,18 +402,18 @@ def test_out_of_memory_skips_one_batch_and_stops_with_advice_the_second_time(tin
 def test_out_of_memory_in_an_fp16_optimizer_step_leaves_a_scaler_that_goes_on(tiny_corpus: Path, tmp_path: Path):
     prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
     trainer = Trainer(tiny_config(tiny_corpus), tmp_path / "run", progress=False)
-    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)  # as fp16 training on a GPU has
-    real_step = trainer.optimizer.step
+    trainer.train_step.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)  # as fp16 training on a GPU has
+    real_step = trainer.train_step.optimizer.step
 
     def step_out_of_memory(*args, **kwargs):
-        trainer.optimizer.step = real_step
+        trainer.train_step.optimizer.step = real_step
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    trainer.optimizer.step = step_out_of_memory  # after unscale_, inside scaler.step
-    batch = trainer.load_batch(list(range(4)))
-    assert trainer._step_or_none([batch], batch.n_tgt_tokens, None, 0) is None
-    assert trainer.train_step(batch).updated  # the scaler's next unscale_ is allowed
-    assert trainer.scaler.get_scale() == 1024.0
+    trainer.train_step.optimizer.step = step_out_of_memory  # after unscale_, inside scaler.step
+    batch = trainer.train_step.load_batch(list(range(4)))
+    assert trainer.train_step.run_or_skip([batch], batch.n_tgt_tokens, None, 0) is None
+    assert trainer.train_step.run(batch).updated  # the scaler's next unscale_ is allowed
+    assert trainer.train_step.scaler.get_scale() == 1024.0
 
 
 def test_a_full_disk_keeps_the_earlier_checkpoints_and_stops_clearly(tiny_corpus: Path, tmp_path: Path,
@@ -568,6 +569,7 @@ import torch
 torch.set_num_threads(1)
 logging.basicConfig(level=logging.INFO)
 from transformer_mt import checkpoint, training
+from transformer_mt import train_step as train_step_module
 from transformer_mt import run_dir as run_dir_module
 from transformer_mt.config import load_config
 
@@ -581,12 +583,12 @@ def kill_on_nth_call():
         os.kill(os.getpid(), signal.SIGKILL)
 
 if point == "step":
-    real_step = training.Trainer.train_step
+    real_step = train_step_module.TrainStep.run
     def train_step(self, *args, **kwargs):
         if self.state.step == n:
             os.kill(os.getpid(), signal.SIGKILL)
         return real_step(self, *args, **kwargs)
-    training.Trainer.train_step = train_step
+    train_step_module.TrainStep.run = train_step
 elif point == "write":
     real_save = torch.save
     def save(obj, handle):

@@ -37,12 +37,12 @@ def test_a_step_on_the_device_makes_the_update_of_a_cpu_step(tiny_corpus: Path, 
     cpu = make_trainer(tiny_corpus, tmp_path / "cpu", device="cpu")
     device = make_trainer(tiny_corpus, tmp_path / "device", device=DEVICE)
     indices = list(range(8))
-    on_cpu = cpu.train_step(cpu.load_batch(indices))
-    batch = device.load_batch(indices)
+    on_cpu = cpu.train_step.run(cpu.train_step.load_batch(indices))
+    batch = device.train_step.load_batch(indices)
     if DEVICE == "cuda":  # the GPU's own path, not the CPU's
         assert batch.src_ids.shape[1] % 8 == 0 and batch.tgt_in_ids.shape[1] % 8 == 0
-        assert not device.real_positions_only and device.optimizer.defaults["fused"]
-    on_device = device.train_step(batch)
+        assert not device.train_step.real_positions_only and device.train_step.optimizer.defaults["fused"]
+    on_device = device.train_step.run(batch)
     assert on_device.loss.item() == pytest.approx(on_cpu.loss.item(), rel=1e-5)
     assert on_device.grad_norm.item() == pytest.approx(on_cpu.grad_norm.item(), rel=1e-4)
     expected = gradients(cpu)
@@ -52,10 +52,10 @@ def test_a_step_on_the_device_makes_the_update_of_a_cpu_step(tiny_corpus: Path, 
 
 def test_the_fused_optimizer_on_the_device_updates_like_the_plain_one(tiny_corpus: Path, tmp_path: Path):
     trainer = make_trainer(tiny_corpus, tmp_path / "run", device=DEVICE, weight_decay=0.01)
-    assert trainer.optimizer.defaults["fused"] == (DEVICE in ("cuda", "cpu"))
+    assert trainer.train_step.optimizer.defaults["fused"] == (DEVICE in ("cuda", "cpu"))
     fused = list(trainer.model.parameters())
     copies = [p.detach().clone().requires_grad_() for p in fused]
-    d = trainer.optimizer.param_groups[0]  # lr: the first step's warmup rate, set by the schedule
+    d = trainer.train_step.optimizer.param_groups[0]  # lr: the first step's warmup rate, set by the schedule
     plain = torch.optim.AdamW(copies, lr=d["lr"], betas=d["betas"], eps=d["eps"], weight_decay=d["weight_decay"],
                               foreach=False)  # the per-parameter loop: the reference implementation
     gen = torch.Generator(DEVICE).manual_seed(0)
@@ -63,7 +63,7 @@ def test_the_fused_optimizer_on_the_device_updates_like_the_plain_one(tiny_corpu
         for a, b in zip(fused, copies):
             a.grad = torch.randn(a.shape, generator=gen, device=DEVICE)
             b.grad = a.grad.clone()
-        trainer.optimizer.step()
+        trainer.train_step.optimizer.step()
         plain.step()
         for (name, a), b in zip(trainer.model.named_parameters(), copies):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"step {step + 1}: {name}")
@@ -73,8 +73,8 @@ def test_a_bf16_step_is_close_to_the_fp32_step(tiny_corpus: Path, tmp_path: Path
     fp32 = make_trainer(tiny_corpus, tmp_path / "fp32", device=DEVICE)
     bf16 = make_trainer(tiny_corpus, tmp_path / "bf16", device=DEVICE, precision="bf16")
     indices = list(range(12))
-    exact = fp32.train_step(fp32.load_batch(indices))
-    mixed = bf16.train_step(bf16.load_batch(indices))
+    exact = fp32.train_step.run(fp32.train_step.load_batch(indices))
+    mixed = bf16.train_step.run(bf16.train_step.load_batch(indices))
     assert mixed.updated
     assert mixed.loss.item() == pytest.approx(exact.loss.item(), rel=1e-2)  # 8 mantissa bits in the matmuls
     flat = lambda grads: torch.cat([g.flatten() for g in grads.values()])  # noqa: E731

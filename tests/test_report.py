@@ -15,7 +15,8 @@ from transformer_mt.config import save_config
 from transformer_mt.report import estimated_time, format_duration, percentile
 from transformer_mt.tokenization import SPECIAL_TOKENS
 from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.training import Trainer, prepare_data, train
+from transformer_mt.preparation import prepare_data
+from transformer_mt.training import Trainer, train
 
 # One token per whitespace word (a word-level tokenizer saved as the run's tokenizer.json), so
 # every length below is a word count. `e` and `v` are in the vocabulary but only in a pair that

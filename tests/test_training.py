@@ -13,7 +13,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.conftest import REPO, TINY_PAIRS, run_cli, tiny_config, write_corpus
-from transformer_mt import throughput, training
+from transformer_mt import summary as summary_module
+from transformer_mt import throughput
 from transformer_mt.batching import Batch, TokenBatchSampler
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.distributed import Distributed
@@ -21,7 +22,8 @@ from transformer_mt.errors import CheckpointError, DataError, UsageError
 from transformer_mt.files import temp_file_target
 from transformer_mt.loss import label_smoothed_loss
 from transformer_mt.run_dir import MARKER, prepare_run_dir
-from transformer_mt.training import Trainer, lr_at, train
+from transformer_mt.schedule import lr_at
+from transformer_mt.training import Trainer, train
 
 
 def test_label_smoothed_loss_matches_a_hand_computation():
@@ -116,7 +118,7 @@ def test_the_loop_trains_the_sampler_batches_in_order_and_checkpoints_their_end(
                                       tie_break=trainer.train_data.tgt_len))
     expected = [[next(expected).tolist() for _ in range(2)] for _ in range(5)]
     indices_of, trained = {}, []
-    real_load, real_step = trainer.load_batch, trainer.train_step
+    real_load, real_step = trainer.train_step.load_batch, trainer.train_step.run
 
     def load_batch(indices):
         batch = real_load(indices)
@@ -127,7 +129,7 @@ def test_the_loop_trains_the_sampler_batches_in_order_and_checkpoints_their_end(
         trained.append([indices_of[id(batch)] for batch in batches])
         return real_step(batches, *args, **kwargs)
 
-    trainer.load_batch, trainer.train_step = load_batch, train_step
+    trainer.train_step.load_batch, trainer.train_step.run = load_batch, train_step
     trainer.run()
     assert trained == expected
     position = load_checkpoint(tmp_path / "run" / "checkpoints" / "step_00000003.pt")["sampler"]
@@ -168,13 +170,13 @@ def test_the_first_update_uses_the_first_warmup_rate_and_loss_is_per_target_toke
     cfg = tiny_config(tiny_corpus, model={"dropout": 0.0}, train={"lr": 1e-3, "warmup_steps": 4})
     prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
     trainer = Trainer(cfg, tmp_path / "run", progress=False)
-    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(1, 1e-3, 4))  # 2.5e-4
+    assert trainer.train_step.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(1, 1e-3, 4))  # 2.5e-4
     batch = trainer.train_data.batch([0, 1, 2])
     with torch.no_grad():
         summed = label_smoothed_loss(trainer.model(batch.src_ids, batch.tgt_in_ids), batch.tgt_out_ids, 0, 0.1)
-    loss = trainer.train_step(batch).loss
+    loss = trainer.train_step.run(batch).loss
     assert loss.item() == pytest.approx(summed.item() / batch.n_tgt_tokens, rel=1e-6)
-    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(2, 1e-3, 4))
+    assert trainer.train_step.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(2, 1e-3, 4))
 
 
 def test_resume_applies_a_changed_learning_rate(tiny_corpus: Path, tmp_path: Path):
@@ -184,7 +186,7 @@ def test_resume_applies_a_changed_learning_rate(tiny_corpus: Path, tmp_path: Pat
     cfg = tiny_config(tiny_corpus, train={"max_steps": 6, "lr": 1e-2, "weight_decay": 0.5})
     trainer = Trainer(cfg, run, progress=False)
     trainer.resume()
-    group = trainer.optimizer.param_groups[0]
+    group = trainer.train_step.optimizer.param_groups[0]
     assert group["lr"] == pytest.approx(lr_at(5, 1e-2, 2))  # the next (5th) update, on the new peak
     assert group["weight_decay"] == 0.5
 
@@ -438,7 +440,7 @@ def test_a_summary_that_cannot_be_written_does_not_hide_the_error_that_stopped_t
     prepare_run_dir(run, resume=False, overwrite=False)
 
     def disk_full_at_the_first_checkpoint(self):
-        monkeypatch.setattr(training, "write_summary", no_space)
+        monkeypatch.setattr(summary_module, "write_summary", no_space)
         raise CheckpointError("step_00000003.pt: could not write checkpoint (No space left on device)")
 
     def no_space(run_dir, summary):
@@ -456,7 +458,7 @@ def test_training_ends_by_scoring_the_test_split_with_beam_search(average_last, 
     prepare_run_dir(run, resume=False, overwrite=False)
     cfg = tiny_config(tiny_corpus, train={"max_steps": 4, "save_every_steps": 2, "average_last": average_last,
                                           "keep_last": max(3, average_last)}, decode={"beam_size": 3})
-    with caplog.at_level("WARNING", logger="transformer_mt.training"):
+    with caplog.at_level("WARNING", logger="transformer_mt.validation"):
         train(cfg, run, progress=False)
     report = json.loads((run / "evaluation" / "test_scores.json").read_text())
     # Saves at steps 2 and 4; the first validation, at step 3, is a new best and so a step checkpoint too.

@@ -28,8 +28,8 @@ def test_two_accumulated_half_batches_make_the_same_update_as_one_batch(tiny_cor
     whole = make_trainer(tiny_corpus, tmp_path / "whole")
     halves = make_trainer(tiny_corpus, tmp_path / "halves", accum_steps=2)
     indices = list(range(8))
-    one = whole.train_step(whole.load_batch(indices))
-    two = halves.train_step([halves.load_batch(indices[:3]), halves.load_batch(indices[3:])])
+    one = whole.train_step.run(whole.train_step.load_batch(indices))
+    two = halves.train_step.run([halves.train_step.load_batch(indices[:3]), halves.train_step.load_batch(indices[3:])])
     # The loss is normalised by the target tokens of both halves: the whole batch's loss per token.
     assert two.loss.item() == pytest.approx(one.loss.item(), rel=1e-5)
     assert two.grad_norm.item() == pytest.approx(one.grad_norm.item(), rel=1e-4)
@@ -42,12 +42,12 @@ def test_two_accumulated_half_batches_make_the_same_update_as_one_batch(tiny_cor
 def test_a_step_on_real_positions_only_makes_the_update_of_a_padded_step(tiny_corpus: Path, tmp_path: Path):
     real_only = make_trainer(tiny_corpus, tmp_path / "real")
     padded = make_trainer(tiny_corpus, tmp_path / "padded")
-    assert real_only.real_positions_only  # the CPU default
-    padded.real_positions_only = False  # the plain path: (B, T, V) logits, pads ignored by the loss
-    batch = real_only.load_batch(list(range(8)))
+    assert real_only.train_step.real_positions_only  # the CPU default
+    padded.train_step.real_positions_only = False  # the plain path: (B, T, V) logits, pads ignored by the loss
+    batch = real_only.train_step.load_batch(list(range(8)))
     assert batch.n_tgt_tokens < batch.tgt_out_ids.numel()  # there is padding to skip
-    one = padded.train_step(batch)
-    two = real_only.train_step(batch)
+    one = padded.train_step.run(batch)
+    two = real_only.train_step.run(batch)
     assert two.loss.item() == pytest.approx(one.loss.item(), rel=1e-5)
     assert two.grad_norm.item() == pytest.approx(one.grad_norm.item(), rel=1e-4)
     for (name, a), b in zip(padded.model.named_parameters(), real_only.model.parameters()):
@@ -116,8 +116,8 @@ def test_a_bf16_step_on_the_cpu_follows_the_fp32_step(tiny_corpus: Path, tmp_pat
     fp32 = make_trainer(tiny_corpus, tmp_path / "fp32", precision="fp32")
     bf16 = make_trainer(tiny_corpus, tmp_path / "bf16", precision="bf16")
     assert bf16.precision.name == "bf16" and fp32.precision.name == "fp32"
-    batch = fp32.load_batch(list(range(8)))
-    one, two = fp32.train_step(batch), bf16.train_step(batch)
+    batch = fp32.train_step.load_batch(list(range(8)))
+    one, two = fp32.train_step.run(batch), bf16.train_step.run(batch)
     # bf16 keeps 8 bits of mantissa: the same loss to about 1%, gradients pointing the same way;
     # the weights and Adam's moments stay fp32 (autocast casts per product).
     assert two.loss.item() == pytest.approx(one.loss.item(), rel=0.02)
@@ -130,13 +130,13 @@ def test_a_bf16_step_on_the_cpu_follows_the_fp32_step(tiny_corpus: Path, tmp_pat
 
 def test_training_in_bf16_on_a_cpu_without_bf16_instructions_is_warned_about(tiny_corpus: Path, tmp_path: Path,
                                                                             monkeypatch, caplog):
-    from transformer_mt import runtime, training
+    from transformer_mt import runtime
 
     assert runtime.pick_precision("auto", torch.device("cpu")).name == "fp32"  # bf16 is never chosen for you
     for emulated in (True, False):
         caplog.clear()
-        monkeypatch.setattr(training, "cpu_bf16_emulated", lambda: emulated)
-        with caplog.at_level("WARNING", logger="transformer_mt.training"):
+        monkeypatch.setattr(runtime, "cpu_bf16_emulated", lambda: emulated)
+        with caplog.at_level("WARNING", logger="transformer_mt.runtime"):
             make_trainer(tiny_corpus, tmp_path / f"run{emulated}", precision="bf16")
         assert ("emulated and may well be slower than fp32" in caplog.text) == emulated
 
@@ -197,8 +197,8 @@ def test_a_compiled_step_makes_the_same_update_as_an_eager_one(tiny_corpus: Path
     eager = make_trainer(tiny_corpus, tmp_path / "eager")
     compiled = make_trainer(tiny_corpus, tmp_path / "compiled", compile=True)
     indices = list(range(6))
-    one = eager.train_step(eager.load_batch(indices))
-    two = compiled.train_step(compiled.load_batch(indices))
+    one = eager.train_step.run(eager.train_step.load_batch(indices))
+    two = compiled.train_step.run(compiled.train_step.load_batch(indices))
     assert two.loss.item() == pytest.approx(one.loss.item(), rel=1e-4)
     for (name, a), b in zip(eager.model.named_parameters(), compiled.model.parameters()):
         assert torch.allclose(a.grad, b.grad, rtol=1e-3, atol=1e-6), name

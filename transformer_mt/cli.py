@@ -310,7 +310,7 @@ def run_data(args: argparse.Namespace) -> None:
     from transformer_mt.data import SPLITS_FILE
     from transformer_mt.tokenization import JOINT_FILE, SRC_FILE, TGT_FILE
     from transformer_mt.runtime import pick_device
-    from transformer_mt.training import batch_padding, prepare_data
+    from transformer_mt.preparation import batch_padding, prepare_data
 
     _setup_logging(logging.WARNING)
     cfg = load_config(args.config, args.overrides)

@@ -83,6 +83,13 @@ def cpu_bf16_emulated() -> bool:
         return False
 
 
+def warn_if_bf16_emulated(precision: Precision, device: torch.device) -> None:
+    """Warn when bf16 was asked for on a CPU that emulates it: it may then be slower than fp32."""
+    if precision.name == "bf16" and device.type == "cpu" and cpu_bf16_emulated():
+        logger.warning("train.precision bf16 on an x86 CPU without bf16 instructions (AVX512-BF16 or AMX): its "
+                       "matrix products are emulated and may well be slower than fp32; compare the tokens/s")
+
+
 def seed_everything(seed: int) -> None:
     """Seed torch's CPU and CUDA generators (tmt draws no randomness from `random` or numpy)."""
     torch.manual_seed(seed)

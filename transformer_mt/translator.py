@@ -1,4 +1,4 @@
-"""`Translator.from_run(path).translate(lines)`: greedy translation with a trained run."""
+"""`Translator.from_run(path).translate(lines)`: translation with a trained run (greedy or beam search)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,71 @@
+"""What a training run needs before its first step: the corpus, the tokenizers, the token caches
+and the data report, prepared once in the run directory."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from transformer_mt import data as data_module
+from transformer_mt.config import Config, TrainConfig
+from transformer_mt.errors import missing_from_rank0
+from transformer_mt.report import DataReport, build_report
+from transformer_mt.token_cache import CACHE_DIR, TokenizedSplit, processes_for, tokenize_split
+from transformer_mt.tokenization import JOINT_FILE, SRC_FILE, TokenizerPair, train_tokenizers
+
+logger = logging.getLogger(__name__)
+
+
+def batch_padding(train_cfg: TrainConfig, device_type: str) -> int:
+    """The multiple that batch lengths are padded to: `train.pad_to_multiple` on CUDA or under
+    compile, else 1. Tensor cores and compile's bound on distinct shapes are what it is for; on a
+    CPU it only costs time (docs/benchmarks.md, "cpu-small preset, CPU": pad_to_multiple 8 costs on a CPU)."""
+    return train_cfg.pad_to_multiple if device_type == "cuda" or train_cfg.compile else 1
+
+
+def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size: int = 1, pad_to_multiple: int = 1,
+                 prepared: bool = False) -> tuple[TokenizerPair, TokenizedSplit, TokenizedSplit, DataReport | None]:
+    """Load the corpus, train (or reuse) the tokenizers, tokenize the train and valid splits once
+    (cached in the run directory, see `token_cache`), and log the data report (batches counted
+    with lengths padded to `pad_to_multiple`, see `batch_padding`).
+
+    `prepared`: rank 0 of a torchrun run has just done all this in `run_dir`; only read what it
+    wrote (the other ranks), so that every rank trains on the same data and none writes there.
+    The data report is then None: rank 0 made it."""
+    corpus = data_module.load_corpus(cfg.data, cfg.seed, run_dir, prepared=prepared)
+    if TokenizerPair.exists_in(run_dir):
+        tokenizers = TokenizerPair.load(run_dir)
+        logger.info("reusing the tokenizers in %s", run_dir)
+    elif prepared:
+        raise missing_from_rank0(tokenizer_file(cfg, run_dir))
+    else:
+        started = time.perf_counter()
+        rows = data_module.sample_rows(len(corpus.train), cfg.tokenizer.max_train_pairs, cfg.seed)
+        if rows is not None:
+            logger.info("training the tokenizers on %d of the %d training pairs (tokenizer.max_train_pairs)",
+                        len(rows), len(corpus.train))
+        tokenizers = train_tokenizers(cfg.tokenizer, data_module.iter_text(corpus.train, "src", rows),
+                                      data_module.iter_text(corpus.train, "tgt", rows), progress,
+                                      n_lines=len(corpus.train) if rows is None else len(rows))
+        tokenizers.save(run_dir)
+        logger.info("trained BPE tokenizers (vocabulary %d%s) in %.1fs", tokenizers.src.get_vocab_size(),
+                    ", joint" if tokenizers.joint else "", time.perf_counter() - started)
+    cache = run_dir / CACHE_DIR
+    train = tokenize_split(corpus.train, corpus.digests["train"], tokenizers, cfg.model.max_len, cache, "train",
+                           drop_long=True, num_proc=processes_for(len(corpus.train), cfg.data.num_proc),
+                           progress=progress, prepared=prepared)
+    # Evaluation sets are never filtered; their over-long sentences are truncated instead.
+    valid = tokenize_split(corpus.valid, corpus.digests["valid"], tokenizers, cfg.model.max_len, cache, "valid",
+                           drop_long=False, keep_text=True, num_proc=processes_for(len(corpus.valid), cfg.data.num_proc),
+                           progress=progress, prepared=prepared)
+    if prepared:
+        return tokenizers, train, valid, None  # rank 0 reports the data (a pass over all of train)
+    report = build_report(cfg, corpus, tokenizers, train, world_size, pad_to_multiple)
+    logger.info("data report:\n%s", report.render())
+    return tokenizers, train, valid, report
+
+
+def tokenizer_file(cfg: Config, run_dir: Path) -> Path:
+    """The tokenizer file a run of `cfg` writes first (its joint one, else the source one)."""
+    return run_dir / (JOINT_FILE if cfg.tokenizer.joint else SRC_FILE)

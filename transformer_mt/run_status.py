@@ -1,0 +1,63 @@
+"""A training run's status in `summary.json`: running, interrupted, failed, finished; its progress,
+metrics and throughput, and the wall time its processes have trained."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from transformer_mt import summary
+from transformer_mt.config import Config
+from transformer_mt.distributed import Distributed
+from transformer_mt.report import DataReport
+from transformer_mt.train_state import TrainState
+
+logger = logging.getLogger(__name__)
+
+
+class RunStatus:
+    """Rewrites `summary.json` (rank 0) and counts `TrainState.train_seconds`."""
+
+    def __init__(self, cfg: Config, run_dir: Path, state: TrainState, *, device: torch.device, n_parameters: int,
+                 data_report: DataReport | None, dist: Distributed, config_dir: Path | None):
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.state = state
+        self.n_parameters = n_parameters
+        self.data_report = data_report
+        self.dist = dist
+        self.provenance = summary.provenance(cfg, run_dir, device, config_dir)
+        self.test_report: dict | None = None  # the final test's, once there is one
+        self._clock = time.perf_counter()  # train_seconds counts from here
+
+    def tick(self) -> None:
+        """Add the wall time since the last tick to `train_seconds`."""
+        now = time.perf_counter()
+        self.state.train_seconds += now - self._clock
+        self._clock = now
+
+    def write(self, status: str, sampler_state: dict) -> None:
+        """Rewrite `summary.json` (rank 0): provenance, the data report, progress, metrics and throughput so far."""
+        self.tick()
+        if not self.dist.is_main:
+            return
+        s = self.state
+        summary.write_summary(self.run_dir, {
+            "name": self.cfg.name, "status": status, "step": s.step, "max_steps": self.cfg.train.max_steps,
+            "epoch": sampler_state["epoch"] + 1, "best_bleu": s.best_bleu, "best_step": s.best_step,
+            "last_valid": s.last_valid, "test": self.test_report, "tgt_tokens_seen": s.tgt_tokens_seen,
+            "train_seconds": round(s.train_seconds, 1),
+            "tgt_tokens_per_s": round(s.tgt_tokens_seen / s.train_seconds, 1) if s.train_seconds else None,
+            "skipped_nonfinite": s.skipped_nonfinite, "skipped_oom": s.skipped_oom,
+            "parameters": self.n_parameters, "data": self.data_report.to_dict(), "provenance": self.provenance})
+
+    def write_keeping_the_error(self, status: str, sampler_state: dict) -> None:
+        """Record how the run ended. If that write fails too (say, on the full disk that stopped the
+        run), warn: the error that ended the run is the one to report."""
+        try:
+            self.write(status, sampler_state)
+        except OSError as err:
+            logger.warning("could not update summary.json (%s)", err.strerror or err)

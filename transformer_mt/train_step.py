@@ -1,0 +1,236 @@
+"""One training update: its micro-batches on the device, forward and backward (gradient
+accumulation, DDP), clipping, the NaN/inf and out-of-memory guards, and the AdamW update at the
+scheduled learning rate. The GPU engine's work belongs here and in `batching`, not in the loop."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from transformer_mt.batching import Batch
+from transformer_mt.config import Config
+from transformer_mt.distributed import Distributed
+from transformer_mt.errors import TrainingError
+from transformer_mt.loss import label_smoothed_loss
+from transformer_mt.model import Transformer
+from transformer_mt.runtime import Precision
+from transformer_mt.schedule import lr_at
+from transformer_mt.token_cache import TokenizedSplit
+from transformer_mt.tokenization import PAD_ID
+from transformer_mt.train_state import TrainState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one training step reports; the tensors stay on the device until a log line needs them."""
+
+    loss: torch.Tensor  # label-smoothed loss per target token
+    grad_norm: torch.Tensor  # global gradient norm before clipping
+    updated: bool  # False: the loss or a gradient was not finite and the update was skipped
+    stop_signal: int = 0  # the stop signal any rank had received by this step (0: none)
+
+
+@dataclass
+class StepBatches:
+    """One update's micro-batches, drawn from the sampler and already on the device."""
+
+    micro_batches: list[Batch]  # this rank's
+    indices: list[np.ndarray]  # their example indices
+    tgt_tokens: int  # target tokens of every rank's micro-batches: the loss's denominator
+    sampler_state: dict  # the sampler's position once these batches are drawn
+
+
+class TrainStep:
+    """Owns what an update changes besides the weights: the optimizer, the fp16 grad scaler,
+    and the module a step calls (the model, DDP-wrapped under torchrun, compiled with
+    `train.compile`). A finite update advances `state.step`; the optimizer always holds the
+    learning rate of the next update, `lr_at(state.step + 1)`."""
+
+    def __init__(self, cfg: Config, model: Transformer, train_data: TokenizedSplit, state: TrainState, *,
+                 device: torch.device, precision: Precision, dist: Distributed, pad_to_multiple: int):
+        t = cfg.train
+        self.cfg = cfg
+        self.model = model
+        self.train_data = train_data
+        self.state = state
+        self.device = device
+        self.precision = precision
+        self.dist = dist
+        self.pad_to_multiple = pad_to_multiple
+        # Under torchrun DDP wraps the model and averages the gradients in backward. torch.compile
+        # wraps the same parameters, so checkpoints, validation and decoding use the plain model.
+        # Dynamo compiles a shape-generic graph after the first new shape, and train.pad_to_multiple
+        # keeps lengths on a coarse grid, so it does not recompile for every batch.
+        self.ddp_model: torch.nn.parallel.DistributedDataParallel | None = None
+        if dist.enabled:
+            # No buffer broadcast before every forward: the only buffer, the sinusoidal position
+            # table, is the same constant on every rank.
+            self.ddp_model = torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[device] if device.type == "cuda" else None, broadcast_buffers=False)
+        self.step_model = self.ddp_model or model
+        if t.compile:
+            self.step_model = torch.compile(self.step_model)
+        # One fused kernel per parameter group instead of a chain of foreach ops: CUDA and CPU
+        # (supported there since torch 2.4); MPS keeps the foreach path.
+        self.fused_optimizer = device.type in ("cuda", "cpu")
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, eps=1e-9,
+                                           weight_decay=t.weight_decay, fused=self.fused_optimizer)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
+        # On a CPU every layer runs at the real tokens only (`Transformer.forward`'s `real_states`)
+        # and the loss projects them to the vocabulary block by block: the same loss and gradients
+        # without the padding's share of the work (docs/benchmarks.md, "Training"). Elsewhere the
+        # padded path stays: the real rows' count is a host sync per step, and under compile one
+        # more dynamic shape.
+        self.real_positions_only = device.type == "cpu" and not t.compile
+        self.apply_settings()
+
+    def apply_settings(self) -> None:
+        """Set every parameter group from the config's train.* values and the next update's
+        learning rate: a resumed run's optimizer state carries the old ones, and train.* may change
+        on resume (README). With unchanged settings this gives exactly the values that were saved."""
+        t = self.cfg.train
+        for group in self.optimizer.param_groups:
+            group.update(lr=lr_at(self.state.step + 1, t.lr, t.warmup_steps), betas=t.betas,
+                         weight_decay=t.weight_decay, fused=self.fused_optimizer)
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if state["scaler"] and self.scaler.is_enabled():  # a run may switch between fp32 and fp16
+            self.scaler.load_state_dict(state["scaler"])
+        self.apply_settings()
+
+    # --- the update's batches ----------------------------------------------------------
+    def load_batch(self, indices: list[int] | np.ndarray) -> Batch:
+        """Training examples -> a padded batch on the device; on CUDA through pinned memory, so the
+        copy is asynchronous (`non_blocking`) and overlaps with queued GPU work."""
+        batch = self.train_data.batch(indices, self.pad_to_multiple)
+        if self.device.type == "cuda":
+            batch = batch.pin_memory()
+        return batch.to(self.device)
+
+    def draw(self, batches: Iterator[np.ndarray], sampler_state: Callable[[], dict]) -> StepBatches:
+        """The next update's batches from the sampler: every rank's, in groups of W; this rank's on the device."""
+        W = self.dist.world_size
+        step_batches = [next(batches) for _ in range(self.cfg.train.accum_steps * W)]
+        indices = step_batches[self.dist.rank::W]  # this rank's micro-batches
+        tgt_tokens = int(self.train_data.lengths_of(np.concatenate(step_batches))[1].sum())
+        return StepBatches([self.load_batch(i) for i in indices], indices, tgt_tokens, sampler_state())
+
+    # --- the update ----------------------------------------------------------------------
+    def run(self, batches: Batch | list[Batch], step_tgt_tokens: int | None = None, *,
+            while_device_works: Callable[[], None] | None = None, stop_signal: int = 0) -> StepResult:
+        """Forward and backward over one or more batches (gradient accumulation), then clip and
+        update; a NaN/inf loss or gradient norm skips the update.
+
+        The loss of every batch is divided by the target tokens of all of them, so accumulating
+        the halves of a batch gives the gradient of the whole batch (not a mean of means).
+        Under DDP, `step_tgt_tokens` counts the target tokens of every rank's batches: a DDP step
+        then computes the update one process would on all of them. The returned loss is this
+        rank's share of the step's per-token loss.
+
+        The finiteness check reads one boolean from the device per update: the price of never
+        letting a NaN reach the weights or the optimizer's moments. It comes after the backward
+        passes are queued, and after `while_device_works` (the loop's preparation of the next
+        batches), so the GPU has a whole step of work in hand while the host works and waits.
+        Under DDP the same all-reduce agrees on `stop_signal` (this rank's pending stop signal).
+        Reading the check one step later instead would let the next batch's dropout and sampler
+        position into the checkpoint written for this step, and exact resume would be lost; the
+        fp16 scaler's device-side `found_inf` skip would not tell the step counter or the learning
+        rate that no update happened.
+        """
+        batches = [batches] if isinstance(batches, Batch) else batches
+        n_tgt_tokens = step_tgt_tokens or sum(batch.n_tgt_tokens for batch in batches)
+        # DDP averages gradients over the W ranks; scaling each rank's loss by W turns that into the sum.
+        world = self.dist.world_size
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.device)
+        for i, batch in enumerate(batches):
+            with self._gradient_sync(last=i == len(batches) - 1):
+                with self.precision.autocast():  # logits (B, T, V), or the real positions' states (N, D)
+                    out = self.step_model(batch.src_ids, batch.tgt_in_ids, self.real_positions_only)  # real_states
+                targets, output_weight = batch.tgt_out_ids, None  # (B, T)
+                if self.real_positions_only:  # the loss projects the states itself, block by block
+                    targets, output_weight = targets[targets != PAD_ID], self.model.output_proj.weight  # (N,)
+                loss = label_smoothed_loss(out, targets, PAD_ID, self.cfg.train.label_smoothing, output_weight,
+                                           product_dtype=self.precision.dtype)
+                loss = loss / n_tgt_tokens  # normalise per target token of the whole update, not per sentence
+                self.scaler.scale(loss * world if world > 1 else loss).backward()  # frees this batch's activations
+            total += loss.detach()
+        self.scaler.unscale_(self.optimizer)
+        max_norm = self.cfg.train.clip_grad_norm or float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if while_device_works is not None:
+            while_device_works()
+        # Ranks must agree: one rank's non-finite loss must skip the update on every rank, and one
+        # rank's stop signal must stop every rank at the same step.
+        nonfinite = (~(torch.isfinite(total) & torch.isfinite(grad_norm))).float()
+        if self.dist.enabled:
+            flags = torch.stack([nonfinite, torch.full((), float(stop_signal), device=self.device)])
+            nonfinite_anywhere, stop_signal = (int(v) for v in self.dist.max_(flags).tolist())
+            finite = nonfinite_anywhere == 0
+        else:
+            finite = not bool(nonfinite)
+        if finite or self.scaler.is_enabled():
+            # The fp16 scaler skips a non-finite update itself, and must see it to lower its scale.
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        if finite:
+            self.state.step += 1
+            self.apply_settings()  # the next update's learning rate
+        return StepResult(total, grad_norm.detach(), finite, stop_signal)
+
+    def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """Under DDP, gradients are all-reduced only in the backward of a step's last micro-batch."""
+        if self.ddp_model is None or last:
+            return contextlib.nullcontext()
+        return self.ddp_model.no_sync()
+
+    def run_or_skip(self, batches: list[Batch], step_tgt_tokens: int,
+                    while_device_works: Callable[[], None] | None, stop_signal: int) -> StepResult | None:
+        """`run`, or None when the batch ran out of device memory and was skipped.
+
+        The first out-of-memory batch is skipped (its memory freed, its size logged); a second
+        one stops the run: the budget is too large for this device, and skipping would bias
+        training against long sentences. Under DDP the other ranks are already waiting in the
+        gradient all-reduce, so one rank cannot skip alone: the run stops at once.
+        """
+        try:
+            return self.run(batches, step_tgt_tokens, while_device_works=while_device_works, stop_signal=stop_signal)
+        except torch.OutOfMemoryError:
+            if self.dist.enabled:
+                raise TrainingError(f"rank {self.dist.rank} ran out of memory at step {self.state.step + 1}; lower "
+                                    f"train.batch_tokens (now {self.cfg.train.batch_tokens}) or raise "
+                                    "train.accum_steps, then resume with --resume") from None
+            # One process: free the memory below, outside the handler, where the traceback no longer pins it.
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if self.scaler.is_enabled():
+            # Out of memory in the optimizer step leaves the fp16 scaler mid-step (`unscale_` done,
+            # no `update`), and its next `unscale_` would refuse. A fresh scaler keeps the scale.
+            scaler_state = self.scaler.state_dict()
+            self.scaler = torch.amp.GradScaler(self.device.type, enabled=True)
+            self.scaler.load_state_dict(scaler_state)
+        self.state.skipped_oom += 1
+        batch = max(batches, key=lambda b: b.src_ids.numel() + b.tgt_out_ids.numel())  # the largest
+        n_sentences, width = batch.tgt_out_ids.shape
+        size = (f"{n_sentences} sentences, {batch.n_src_tokens} source and {batch.n_tgt_tokens} target tokens, "
+                f"padded length {max(width, batch.src_ids.shape[1])}")
+        if self.state.skipped_oom > 1:
+            raise TrainingError(
+                f"out of memory again at step {self.state.step + 1} ({size}); lower train.batch_tokens "
+                f"(now {self.cfg.train.batch_tokens}) or model.max_len, then resume with --resume")
+        logger.warning("out of memory at step %d on a batch of %s: skipped it and freed its memory; a second "
+                       "time stops the run", self.state.step + 1, size)
+        return None

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from transformer_mt.batching import Batch
+from transformer_mt.batching import Batch, TokenBatchSampler
 from transformer_mt.config import Config
 from transformer_mt.distributed import Distributed
 from transformer_mt.errors import TrainingError
@@ -48,8 +48,8 @@ class StepBatches:
 
 
 class TrainStep:
-    """Owns what an update changes besides the weights: the optimizer, the fp16 grad scaler,
-    and the module a step calls (the model, DDP-wrapped under torchrun, compiled with
+    """Owns what an update changes besides the weights: the batch sampler, the optimizer, the fp16
+    grad scaler, and the module a step calls (the model, DDP-wrapped under torchrun, compiled with
     `train.compile`). A finite update advances `state.step`; the optimizer always holds the
     learning rate of the next update, `lr_at(state.step + 1)`."""
 
@@ -83,6 +83,9 @@ class TrainStep:
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, eps=1e-9,
                                            weight_decay=t.weight_decay, fused=self.fused_optimizer)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
+        self.sampler = TokenBatchSampler(train_data.lengths(), t.batch_tokens, cfg.seed, tie_break=train_data.tgt_len,
+                                         world_size=dist.world_size, pad_to_multiple=pad_to_multiple,
+                                         max_length=cfg.model.max_len)
         # On a CPU every layer runs at the real tokens only (`Transformer.forward`'s `real_states`)
         # and the loss projects them to the vocabulary block by block: the same loss and gradients
         # without the padding's share of the work (docs/benchmarks.md, "Training"). Elsewhere the
@@ -118,13 +121,14 @@ class TrainStep:
             batch = batch.pin_memory()
         return batch.to(self.device)
 
-    def draw(self, batches: Iterator[np.ndarray], sampler_state: Callable[[], dict]) -> StepBatches:
-        """The next update's batches from the sampler: every rank's, in groups of W; this rank's on the device."""
+    def draw(self, batches: Iterator[np.ndarray]) -> StepBatches:
+        """The next update's batches from `iter(self.sampler)`: every rank's, in groups of W; this
+        rank's on the device."""
         W = self.dist.world_size
         step_batches = [next(batches) for _ in range(self.cfg.train.accum_steps * W)]
         indices = step_batches[self.dist.rank::W]  # this rank's micro-batches
         tgt_tokens = int(self.train_data.lengths_of(np.concatenate(step_batches))[1].sum())
-        return StepBatches([self.load_batch(i) for i in indices], indices, tgt_tokens, sampler_state())
+        return StepBatches([self.load_batch(i) for i in indices], indices, tgt_tokens, self.sampler.state_dict())
 
     # --- the update ----------------------------------------------------------------------
     def run(self, batches: Batch | list[Batch], step_tgt_tokens: int | None = None, *,

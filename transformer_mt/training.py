@@ -14,7 +14,6 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from transformer_mt.batching import TokenBatchSampler
 from transformer_mt.config import Config, save_config
 from transformer_mt.distributed import Distributed
 from transformer_mt.errors import CheckpointError, ConfigError, TmtError, TrainingError, TrainingStopped, \
@@ -65,9 +64,7 @@ class Trainer:
         self.state = TrainState()
         self.train_step = TrainStep(cfg, self.model, self.train_data, self.state, device=self.device,
                                     precision=self.precision, dist=dist, pad_to_multiple=pad_to_multiple)
-        self.sampler = TokenBatchSampler(self.train_data.lengths(), cfg.train.batch_tokens, cfg.seed,
-                                         tie_break=self.train_data.tgt_len, world_size=dist.world_size,
-                                         pad_to_multiple=pad_to_multiple, max_length=cfg.model.max_len)
+        self.sampler = self.train_step.sampler
         model_args = {"src_vocab_size": self.tokenizers.src.get_vocab_size(),
                       "tgt_vocab_size": self.tokenizers.tgt.get_vocab_size(), "pad_id": PAD_ID}
         self.checkpoint = RunCheckpoint(cfg, run_dir, model=self.model, update=self.train_step, state=self.state,
@@ -128,11 +125,11 @@ class Trainer:
             while state.step < t.max_steps:
                 if signal_number := agreed_signal if self.dist.enabled else (stop.signal_number or 0):
                     self._stop_on_signal(signal_number)
-                current = upcoming.pop() if upcoming else self._draw(batches)
+                current = upcoming.pop() if upcoming else self.train_step.draw(batches)
 
                 def draw_next() -> None:  # runs on the host while the device works on `current`
                     if state.step + 1 < t.max_steps:
-                        upcoming.append(self._draw(batches))
+                        upcoming.append(self.train_step.draw(batches))
 
                 result = self.train_step.run_or_skip(current.micro_batches, current.tgt_tokens, draw_next,
                                                      stop.signal_number or 0)
@@ -158,9 +155,6 @@ class Trainer:
             bar.close()
             writer.close()
         return state
-
-    def _draw(self, batches) -> StepBatches:
-        return self.train_step.draw(batches, self.sampler.state_dict)
 
     def _count(self, current: StepBatches, result: StepResult, interval: IntervalMeter) -> None:
         """An update's tokens into the run's total, and its tokens and FLOPs into the log interval."""

@@ -1,0 +1,193 @@
+"""The command line's grammar: `tmt`'s subcommands, their options, help texts and examples.
+It only describes; `cli` parses argv with it, runs the command and prints."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from transformer_mt import __version__
+from transformer_mt.config import BLEU_TOKENIZERS
+
+STDIO = "-"  # `tmt translate --input -` / `--output -`: stdin / stdout, as in most command-line tools
+
+MAIN_EXAMPLES = """a first run (CPU, a few minutes):
+  tmt data --config configs/demo.yaml                   # look at the data first: pairs, lengths, steps per epoch
+  tmt train --config configs/demo.yaml                  # train on the bundled English-Italian corpus
+  tensorboard --logdir runs                             # curves, example translations, attention
+  tmt translate "Where is the station?"                 # translate with the newest run
+  tmt evaluate --run runs/demo --beam 5                 # BLEU and chrF on the test split
+  tmt runs                                              # every run: status, steps, BLEU
+
+`tmt COMMAND --help` shows each command's options and examples.
+"""
+
+TRAIN_EXAMPLES = """examples:
+  tmt train --config configs/demo.yaml
+  tmt train --config configs/demo.yaml --set train.max_steps=2000 --set model.dropout=0.2
+  tmt train --config configs/demo.yaml --resume        # continue from the newest checkpoint
+  tensorboard --logdir runs                            # watch the curves
+"""
+
+DATA_EXAMPLES = """examples:
+  tmt data --config configs/demo.yaml                   # the report tmt train logs before its first step
+  tmt data --config configs/demo.yaml --set tokenizer.vocab_size=2000 --set model.max_len=32
+  tmt data --config configs/en-it.yaml --set train.batch_tokens=8192   # steps per epoch at another budget
+
+Nothing is written: tokenizers are trained in a temporary folder, or reused from the run
+directory (--run-dir, default runs/<name>) when its data and tokenizer settings are the same.
+"""
+
+TRANSLATE_EXAMPLES = """examples:
+  tmt translate "Where is the station?"                 # newest run under ./runs
+  tmt translate --run runs/demo "Good morning." "Thank you!"
+  tmt translate --run runs/demo --beam 5 --input test.en --output test.it
+  tmt translate --checkpoint runs/demo/checkpoints/step_00001000.pt < input.en > output.it
+  tmt translate --run runs/demo --show-attention attention.png "Where is the station?"
+"""
+
+EVALUATE_EXAMPLES = """examples:
+  tmt evaluate --run runs/demo                          # the run's test split, greedy
+  tmt evaluate --run runs/demo --split valid --beam 5
+  tmt evaluate --run runs/m30k --src test.en --ref test.de --tokenize none   # pre-tokenized text
+"""
+
+
+EXPORT_EXAMPLES = """examples:
+  pip install ctranslate2
+  tmt export --format ctranslate2 --run runs/demo --output demo-ct2
+  tmt export --format ctranslate2 --run runs/demo --output demo-ct2-int8 --quantization int8
+"""
+
+
+RUNS_EXAMPLES = """examples:
+  tmt runs                                              # the runs under ./runs, newest first
+  tmt runs --dir /data/experiments
+  cat runs/demo/summary.json                            # one run's provenance, metrics and throughput
+"""
+
+AVERAGE_EXAMPLES = """examples:
+  tmt average --run runs/m30k                           # the last 5 step checkpoints
+  tmt average --run runs/demo --last 2                  # the demo keeps 2 (train.keep_last)
+  tmt evaluate --checkpoint runs/demo/checkpoints/average_steps_00001000-00001200.pt --beam 5
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tmt", description="Train Transformer translation models and translate with them.",
+                                     epilog=MAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"tmt {__version__}")
+    parser.add_argument("--traceback", action="store_true", help="show the full Python traceback on errors")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = commands.add_parser("train", help="train a model from a YAML config",
+                                epilog=TRAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    train.add_argument("--config", required=True, type=Path, help="YAML config file")
+    train.add_argument("--run-dir", type=Path, help="where the run is written (default: runs/<name from config>)")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config value, e.g. --set train.lr=3e-4 (repeatable)")
+    train.add_argument("--resume", action="store_true", help="continue from the run's newest checkpoint")
+    train.add_argument("--overwrite", action="store_true", help="delete an existing run in --run-dir and start over")
+    train.add_argument("--quiet", "--no-progress", dest="no_progress", action="store_true",
+                       help="no progress bars (the log lines stay)")
+
+    data = commands.add_parser("data", help="report on the data before training: pairs, filters, lengths, "
+                                             "unknown tokens, steps per epoch",
+                               epilog=DATA_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    data.add_argument("--config", required=True, type=Path, help="YAML config file")
+    data.add_argument("--run-dir", type=Path, help="a run whose tokenizers and data split to reuse, read only "
+                                                   "(default: runs/<name from config>, if it exists)")
+    data.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config value, e.g. --set model.max_len=64 (repeatable)")
+    data.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    translate = commands.add_parser("translate", help="translate sentences with a trained run",
+                                    epilog=TRANSLATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    translate.add_argument("text", nargs="*", help="sentences to translate (default: one per line from stdin)")
+    _add_model_arguments(translate)
+    translate.add_argument("--input", type=_path_or_dash, help="translate this file, one sentence per line (- = stdin)")
+    translate.add_argument("--output", type=_path_or_dash,
+                           help="write translations here instead of stdout (- = stdout)")
+    translate.add_argument("--show-attention", type=Path, metavar="FILE.png",
+                           help="draw the cross-attention of the (single) sentence's translation to FILE.png")
+    translate.add_argument("--attention-layer", type=int, default=-1, metavar="N",
+                           help="decoder layer to draw for --show-attention: 0 is the first, -1 (default) the last")
+
+    evaluate = commands.add_parser("evaluate", help="translate a test set and score it with sacreBLEU",
+                                   epilog=EVALUATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_model_arguments(evaluate)
+    evaluate.add_argument("--split", choices=["valid", "test"], default="test",
+                          help="which split of the run's own data to score (default: test)")
+    evaluate.add_argument("--src", type=Path, help="source file to translate instead of a split (needs --ref)")
+    evaluate.add_argument("--ref", type=Path, help="reference translations of --src, line by line")
+    evaluate.add_argument("--tokenize", choices=BLEU_TOKENIZERS, help="sacreBLEU tokenizer for BLEU (default: the run's train.bleu_tokenize, "
+                                             "normally 13a; 'none' for pre-tokenized text)")
+    evaluate.add_argument("--output", type=_path_or_dash,
+                          help="where to write the hypotheses "
+                               "(default: <run>/evaluation/<name>.<checkpoint>.beam<K>[.lp<ALPHA>].txt)")
+
+    export = commands.add_parser("export", help="export a trained run to another inference engine",
+                                 epilog=EXPORT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    export.add_argument("--format", choices=["ctranslate2"], required=True)
+    export.add_argument("--run", type=Path, required=True, help="run directory")
+    export.add_argument("--output", type=Path, required=True, help="new model directory to write")
+    export.add_argument("--checkpoint", type=Path, help="default: best.pt, else the newest step checkpoint")
+    export.add_argument("--quantization", help="CTranslate2 weight type: int8, int8_float16, float16, ... "
+                                               "(default: float32)")
+
+    runs = commands.add_parser("runs", help="list training runs: status, steps, best BLEU, last update",
+                               epilog=RUNS_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    runs.add_argument("--dir", type=Path, default=Path("runs"),
+                      help="folder holding run directories, also grouped one folder deeper (runs/<group>/<name>), "
+                           "or one run directory (default: runs)")
+
+    average = commands.add_parser("average", help="average the weights of a run's last step checkpoints",
+                                  epilog=AVERAGE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    average.add_argument("--run", type=Path, required=True, help="run directory")
+    average.add_argument("--last", type=_positive_int, default=5, metavar="N",
+                         help="how many of the newest step checkpoints to average (default 5)")
+    average.add_argument("--output", type=Path,
+                         help="default: <run>/checkpoints/average_steps_<first>-<last>.pt (keep it in "
+                              "<run>/checkpoints/ so that --checkpoint finds the run's tokenizers)")
+    return parser
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """--run / --checkpoint, --beam, --length-penalty and --device, shared by translate and evaluate."""
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--run", type=Path, help="run directory (default: the most recently updated run under ./runs)")
+    source.add_argument("--checkpoint", type=Path, help="a checkpoint file inside a run's checkpoints/ folder")
+    parser.add_argument("--beam", type=_positive_int, metavar="K",
+                        help="beam size (default: the run's decode.beam_size; 1 = greedy)")
+    parser.add_argument("--length-penalty", type=_non_negative_float, metavar="ALPHA",
+                        help="beam search's length penalty α (default: the run's decode.length_penalty; "
+                             "0 = none, higher favours longer translations)")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
+                        help="where to translate (default auto: CUDA, else MPS, else the CPU; another GPU: "
+                             "CUDA_VISIBLE_DEVICES=N)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _path_or_dash(text: str) -> Path | str:
+    """A path, or `STDIO` for exactly "-" (so that `./-` still names a file called -)."""
+    return STDIO if text == STDIO else Path(text)
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a finite number of at least 0, got {text}")
+    return value

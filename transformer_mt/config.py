@@ -144,6 +144,12 @@ class TrainConfig:
     `bf16` also runs on a CPU; with AVX512-BF16 it trained 1.6-1.9x faster (docs/benchmarks.md)."""
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     """`auto` picks cuda, then mps, then cpu."""
+    attention_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = "auto"
+    """Attention kernel of training steps and the validation loss: `auto` on CUDA tries the
+    memory-efficient kernel, then flash, then math, never cuDNN's (it plans every new shape anew:
+    slower, docs/benchmarks.md); elsewhere PyTorch chooses. A named kernel is tried first, math
+    after it (flash takes no padding mask: masked attention then runs on math). A kernel the device
+    cannot run falls back to `auto` with a warning."""
     log_every_steps: int = 100
     """Steps between training-loss log lines and TensorBoard points."""
     eval_every_steps: int = 1000
@@ -200,6 +206,11 @@ class DecodeConfig:
     length_penalty: float = 0.6
     """GNMT length-penalty α for beam search: hypotheses are ranked by
     log-prob / ((5 + length) / 6)^α; 0 ranks by raw log-prob (favours short outputs)."""
+    attention_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = "auto"
+    """Attention kernel of decoding (validation BLEU, the final test, `tmt translate` and `tmt
+    evaluate`): `auto` on CUDA tries flash, then memory-efficient, then math, never cuDNN's (it
+    plans each new shape, and each decoding step is one: 3-7x slower on an H100); elsewhere
+    PyTorch chooses. Otherwise as `train.attention_backend`."""
 
 
 @dataclass(frozen=True)

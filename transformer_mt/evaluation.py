@@ -13,7 +13,7 @@ from transformer_mt.batching import pad_sequences, sorted_batches
 from transformer_mt.config import DecodeConfig
 from transformer_mt.decoding import beam_search, greedy_decode
 from transformer_mt.model import Transformer
-from transformer_mt.runtime import Precision
+from transformer_mt.runtime import Precision, pick_attention
 
 
 @dataclass(frozen=True)
@@ -60,10 +60,12 @@ def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: Dec
     """Translate source id lists (no special tokens) in length-sorted, token-budget batches.
 
     Greedy when the beam size (`beam_size`, else `decode_cfg.beam_size`) is 1, else beam
-    search. Sources longer than the model allows are truncated; results come back in input
-    order. `progress` shows a bar on stderr.
+    search, on the attention kernels of `decode_cfg.attention_backend` (one this device cannot
+    run falls back quietly: whoever loads the run warns once). Sources longer than the model
+    allows are truncated; results come back in input order. `progress` shows a bar on stderr.
     """
     beam_size = decode_cfg.beam_size if beam_size is None else beam_size
+    attention = pick_attention(decode_cfg.attention_backend, device, "decode")
     keep = model.cfg.max_len - 1  # room for the EOS appended to every source
     sources = [list(s[:keep]) + [eos_id] for s in src_seqs]
     # Beam search decodes K rows per sentence, so each sentence costs K times its length.
@@ -75,7 +77,7 @@ def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: Dec
         for chunk in tqdm(batches, desc="translate", unit="batch", disable=not (progress and sys.stderr.isatty()),
                           file=sys.stderr):
             src_ids = pad_sequences([sources[i] for i in chunk], model.pad_id).to(device)
-            with precision.autocast():
+            with precision.autocast(), attention.enabled():
                 outputs = _decode_batch(model, src_ids, decode_cfg, beam_size, bos_id, eos_id)
             for i, ids in zip(chunk, outputs):
                 results[i] = ids

@@ -1,13 +1,16 @@
-"""Where and how tensors run: device choice, mixed precision, seeding, RNG state."""
+"""Where and how tensors run: device choice, mixed precision, attention kernels, seeding, RNG state."""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import platform
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer_mt.errors import UsageError
 
@@ -88,6 +91,85 @@ def warn_if_bf16_emulated(precision: Precision, device: torch.device) -> None:
     if precision.name == "bf16" and device.type == "cpu" and cpu_bf16_emulated():
         logger.warning("train.precision bf16 on an x86 CPU without bf16 instructions (AVX512-BF16 or AMX): its "
                        "matrix products are emulated and may well be slower than fp32; compare the tokens/s")
+
+
+# Which `F.scaled_dot_product_attention` kernels a use may run on a CUDA GPU, best first. Never
+# cuDNN's by default: it builds an execution plan for every new shape, and incremental decoding
+# makes a new shape at every step (on an H100 at eccf7fe, `tmt translate` of 1,000 sentences took
+# 24-32 s greedy instead of 7.1 s, and training spent 23.6 s of host time per 1,536 tiny updates
+# planning; docs/benchmarks.md, "GPU"). The memory-efficient kernel trained the base model fastest
+# there (226,802 target tokens/s against 189,572 with cuDNN's). Flash attention takes no padding
+# mask, so masked attention (encoder, cross-attention) runs on the next kernel in the list. Math
+# comes last in every list: it runs any input, so no choice can end in "No available kernel".
+_CUDA_AUTO = {
+    "train": (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH),
+    "decode": (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH),
+}
+_CHOSEN = {
+    "flash": (SDPBackend.FLASH_ATTENTION, SDPBackend.MATH),
+    "efficient": (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH),
+    "cudnn": (SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH),
+    "math": (SDPBackend.MATH,),
+}
+# `sdpa_kernel(..., set_priority=True)` (torch >= 2.6) makes the list's order the order tried;
+# older torch tries the enabled kernels in its own order (flash, then efficient, then math).
+_ORDERED_SDPA = "set_priority" in inspect.signature(sdpa_kernel).parameters
+
+
+@dataclass(frozen=True)
+class AttentionKernels:
+    """The SDPA kernels one use (training steps or decoding) may run, best first; empty leaves
+    the choice to PyTorch."""
+
+    backends: tuple[SDPBackend, ...] = ()
+
+    @property
+    def names(self) -> list[str]:
+        return [backend.name for backend in self.backends]
+
+    def enabled(self) -> contextlib.AbstractContextManager:
+        """A context in which attention runs on these kernels only (tried in this order)."""
+        if not self.backends:
+            return contextlib.nullcontext()
+        if _ORDERED_SDPA:
+            return sdpa_kernel(list(self.backends), set_priority=True)
+        return sdpa_kernel(list(self.backends))
+
+
+def pick_attention(name: str, device: torch.device, use: Literal["train", "decode"]) -> AttentionKernels:
+    """The kernels of `train.attention_backend` / `decode.attention_backend` = `name` on `device`.
+
+    `auto`: on CUDA, for training the memory-efficient kernel, then flash, then math; for decoding
+    flash, then memory-efficient, then math; elsewhere PyTorch's own choice (on a CPU its flash
+    kernel where it applies, else math). A named kernel comes first, math after it. A choice the
+    device cannot run (`attention_fallback` says why) gets `auto`'s kernels.
+    """
+    if name == "auto" or attention_fallback(name, device) is not None:
+        return AttentionKernels(_CUDA_AUTO[use] if device.type == "cuda" else ())
+    return AttentionKernels(_CHOSEN[name])
+
+
+def attention_fallback(name: str, device: torch.device) -> str | None:
+    """Why the attention choice `name` cannot run on `device` (it then falls back to `auto`), or None."""
+    if name in ("auto", "math"):
+        return None
+    if device.type != "cuda":
+        return f"{name} is a CUDA kernel; on {device.type} PyTorch picks the attention kernel itself (as with auto)"
+    major, minor = torch.cuda.get_device_capability(device)
+    if name in ("flash", "cudnn") and major < 8:  # both need Ampere (sm80) or later
+        return (f"{name} attention needs a GPU of compute capability 8.0 or later, this one is {major}.{minor}: "
+                "using auto's kernels")
+    if name == "cudnn" and not torch.backends.cudnn.is_available():
+        return "cudnn attention needs cuDNN, which this torch lacks: using auto's kernels"
+    return None
+
+
+def warn_attention_fallbacks(device: torch.device, choices: dict[str, str]) -> None:
+    """One warning line per config key (e.g. `decode.attention_backend`) whose choice this
+    device cannot run."""
+    for key, name in choices.items():
+        if (reason := attention_fallback(name, device)) is not None:
+            logger.warning("%s: %s", key, reason)
 
 
 def seed_everything(seed: int) -> None:

@@ -15,7 +15,7 @@ from transformer_mt.errors import CheckpointError, ConfigError, UsageError
 from transformer_mt.evaluation import cross_attention_labels, cross_attention_map, translate_ids
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import run_folders
-from transformer_mt.runtime import Precision, pick_device, pick_precision
+from transformer_mt.runtime import Precision, pick_device, pick_precision, warn_attention_fallbacks
 from transformer_mt.tokenization import BOS_ID, EOS, EOS_ID, TokenizerPair
 
 logger = logging.getLogger(__name__)
@@ -54,6 +54,7 @@ class Translator:
         model.load_state_dict(state["model"])
         torch_device = pick_device(device)
         logger.info("loaded %s (step %d) on %s", checkpoint, state.get("train_state", {}).get("step", -1), torch_device)
+        warn_attention_fallbacks(torch_device, {"decode.attention_backend": cfg.decode.attention_backend})
         return cls(model.to(torch_device), tokenizers, cfg, torch_device, _precision_for(cfg, torch_device), run_dir,
                    checkpoint)
 

@@ -18,7 +18,7 @@ from transformer_mt.distributed import Distributed
 from transformer_mt.errors import TrainingError
 from transformer_mt.loss import label_smoothed_loss
 from transformer_mt.model import Transformer
-from transformer_mt.runtime import Precision
+from transformer_mt.runtime import AttentionKernels, Precision
 from transformer_mt.schedule import lr_at
 from transformer_mt.token_cache import TokenizedSplit
 from transformer_mt.tokenization import PAD_ID
@@ -54,7 +54,8 @@ class TrainStep:
     learning rate of the next update, `lr_at(state.step + 1)`."""
 
     def __init__(self, cfg: Config, model: Transformer, train_data: TokenizedSplit, state: TrainState, *,
-                 device: torch.device, precision: Precision, dist: Distributed, pad_to_multiple: int):
+                 device: torch.device, precision: Precision, attention: AttentionKernels, dist: Distributed,
+                 pad_to_multiple: int):
         t = cfg.train
         self.cfg = cfg
         self.model = model
@@ -62,6 +63,7 @@ class TrainStep:
         self.state = state
         self.device = device
         self.precision = precision
+        self.attention = attention  # the SDPA kernels of forward and backward
         self.dist = dist
         self.pad_to_multiple = pad_to_multiple
         # Under torchrun DDP wraps the model and averages the gradients in backward. torch.compile
@@ -160,7 +162,7 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
-            with self._gradient_sync(last=i == len(batches) - 1):
+            with self._gradient_sync(last=i == len(batches) - 1), self.attention.enabled():
                 with self.precision.autocast():  # logits (B, T, V), or the real positions' states (N, D)
                     out = self.step_model(batch.src_ids, batch.tgt_in_ids, self.real_positions_only)  # real_states
                 targets, output_weight = batch.tgt_out_ids, None  # (B, T)

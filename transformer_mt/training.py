@@ -24,7 +24,8 @@ from transformer_mt.preparation import batch_padding, prepare_data, tokenizer_fi
 from transformer_mt.report import estimated_time
 from transformer_mt.run_dir import check_saved_config
 from transformer_mt.run_status import RunStatus
-from transformer_mt.runtime import Precision, pick_device, pick_precision, seed_everything, warn_if_bf16_emulated
+from transformer_mt.runtime import (Precision, pick_attention, pick_device, pick_precision, seed_everything,
+                                   warn_attention_fallbacks, warn_if_bf16_emulated)
 from transformer_mt.schedule import lr_at
 from transformer_mt.signals import StopRequest, sigterm_interrupts
 from transformer_mt.throughput import IntervalMeter, peak_flops_per_s, train_flops
@@ -51,8 +52,11 @@ class Trainer:
         self.progress = progress and dist.is_main
         self.device = dist.local_device(pick_device(cfg.train.device))
         self.precision: Precision = pick_precision(cfg.train.precision, self.device)
-        if dist.is_main:
+        if dist.is_main:  # decoding picks its attention kernels from decode.attention_backend; both warn here, once
             warn_if_bf16_emulated(self.precision, self.device)
+            warn_attention_fallbacks(self.device, {"train.attention_backend": cfg.train.attention_backend,
+                                                   "decode.attention_backend": cfg.decode.attention_backend})
+        attention = pick_attention(cfg.train.attention_backend, self.device, "train")  # SDPA kernels of steps
         pad_to_multiple = batch_padding(cfg.train, self.device.type)
         seed_everything(cfg.seed)
         with dist.main_first():  # rank 0 trains the tokenizers, carves the splits, fills the token cache
@@ -63,7 +67,8 @@ class Trainer:
             seed_everything(cfg.seed + dist.rank)  # different dropout masks on each rank
         self.state = TrainState()
         self.train_step = TrainStep(cfg, self.model, self.train_data, self.state, device=self.device,
-                                    precision=self.precision, dist=dist, pad_to_multiple=pad_to_multiple)
+                                    precision=self.precision, attention=attention, dist=dist,
+                                    pad_to_multiple=pad_to_multiple)
         self.sampler = self.train_step.sampler
         model_args = {"src_vocab_size": self.tokenizers.src.get_vocab_size(),
                       "tgt_vocab_size": self.tokenizers.tgt.get_vocab_size(), "pad_id": PAD_ID}
@@ -72,7 +77,8 @@ class Trainer:
                                         tokenizer_fingerprint=self.tokenizers.fingerprint())
         self.evaluator = Evaluator(cfg, run_dir, model=self.model, tokenizers=self.tokenizers, valid_data=valid_data,
                                    checkpoints=self.checkpoint.checkpoints, device=self.device,
-                                   precision=self.precision, dist=dist, pad_to_multiple=pad_to_multiple,
+                                   precision=self.precision, attention=attention, dist=dist,
+                                   pad_to_multiple=pad_to_multiple,
                                    progress=self.progress)
         self.status = RunStatus(cfg, run_dir, self.state, device=self.device, n_parameters=self.model.num_parameters(),
                                 data_report=self.data_report, dist=dist, config_dir=config_dir)

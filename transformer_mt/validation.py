@@ -22,7 +22,7 @@ from transformer_mt.files import lines_to_text, write_text_atomic
 from transformer_mt.loss import label_smoothed_loss
 from transformer_mt.model import Transformer
 from transformer_mt.plotting import attention_figure
-from transformer_mt.runtime import Precision
+from transformer_mt.runtime import AttentionKernels, Precision
 from transformer_mt.token_cache import TokenizedSplit
 from transformer_mt.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair
 
@@ -37,7 +37,7 @@ class Evaluator:
 
     def __init__(self, cfg: Config, run_dir: Path, *, model: Transformer, tokenizers: TokenizerPair,
                  valid_data: TokenizedSplit, checkpoints: CheckpointDir, device: torch.device, precision: Precision,
-                 dist: Distributed, pad_to_multiple: int, progress: bool):
+                 attention: AttentionKernels, dist: Distributed, pad_to_multiple: int, progress: bool):
         self.cfg = cfg
         self.run_dir = run_dir
         self.model = model
@@ -46,6 +46,7 @@ class Evaluator:
         self.checkpoints = checkpoints
         self.device = device
         self.precision = precision
+        self.attention = attention  # training's kernels: the validation loss has training shapes
         self.dist = dist
         self.pad_to_multiple = pad_to_multiple
         self.progress = progress
@@ -68,7 +69,7 @@ class Evaluator:
         batches = sorted_batches(self.valid_data.lengths(self.pad_to_multiple), self.cfg.train.batch_tokens)
         for indices in batches[self.dist.rank::self.dist.world_size]:  # each rank its share
             batch = self.valid_data.batch(indices, self.pad_to_multiple).to(self.device)
-            with self.precision.autocast():
+            with self.precision.autocast(), self.attention.enabled():
                 logits = self.model(batch.src_ids, batch.tgt_in_ids)
             total += label_smoothed_loss(logits, batch.tgt_out_ids, PAD_ID, 0.0)
             tokens += batch.n_tgt_tokens

@@ -126,7 +126,8 @@ def test_training_on_the_device_resumes_like_an_uninterrupted_run(tiny_corpus: P
     assert final_a["sampler"] == final_b["sampler"]
 
 
-def test_tmt_trains_and_translates_on_the_device(tmp_path: Path, monkeypatch, capsys):
+def write_tiny_config(tmp_path: Path) -> None:
+    """gpu.yaml in tmp_path: a model that learns TINY_PAIRS by heart in 300 steps, on DEVICE."""
     corpus = write_corpus(tmp_path / "corpus", {"train": TINY_PAIRS, "valid": TINY_PAIRS, "test": TINY_PAIRS[:4]})
     raw = {"name": "gpu", "seed": 1, "data": {"format": "text", "path": str(corpus)},
            "tokenizer": {"vocab_size": 120, "min_frequency": 1},
@@ -135,14 +136,20 @@ def test_tmt_trains_and_translates_on_the_device(tmp_path: Path, monkeypatch, ca
                      "log_every_steps": 50, "eval_every_steps": 300, "save_every_steps": 300,
                      "device": DEVICE, "precision": "auto"}}
     (tmp_path / "gpu.yaml").write_text(yaml.safe_dump(raw), encoding="utf-8")
+
+
+def test_tmt_trains_and_translates_on_the_device(tmp_path: Path, monkeypatch, capsys):
+    write_tiny_config(tmp_path)
     code, _, err = run_cli(["train", "--config", "gpu.yaml", "--run-dir", "run"], monkeypatch, capsys, tmp_path)
     assert code == 0, err
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")["train_state"]["best_bleu"] > 90
     if DEVICE == "cuda":  # the trainer measures the GPU: memory and, on a known GPU, MFU
         assert "precision bf16" in err
         assert max(read_scalars(tmp_path / "run", "perf/peak_memory_mb").values()) > 0
-        print("MFU of the tiny model:", read_scalars(tmp_path / "run", "perf/mfu") if "NVIDIA H" in
-              torch.cuda.get_device_name() else "unknown GPU")
+    known_gpu = DEVICE == "cuda" and "NVIDIA H" in torch.cuda.get_device_name()
+    mfu = read_scalars(tmp_path / "run", "perf/mfu") if known_gpu else "not measured on this device"
+    with capsys.disabled():  # to the terminal (gpu_session.sh runs pytest -s), not into the stdout compared below
+        print(f"\nMFU of the tiny model on {DEVICE}: {mfu}")
     code, out, err = run_cli(["translate", "--run", "run", "--device", DEVICE, "Good morning."],
                              monkeypatch, capsys, tmp_path)
     assert code == 0, err

@@ -1,9 +1,15 @@
-"""Decoding speed of tmt (greedy with and without the KV cache, beam 4) against CTranslate2 on the same model.
+"""Decoding speed of tmt (greedy with and without the KV cache, beam 4) against CTranslate2 on the
+same model and Hugging Face's MarianMTModel of the same size.
 
 One process builds a randomly initialised tmt model of the preset's dimensions, with a BPE
 vocabulary trained on the corpus's train split, exports it with `export_ctranslate2` (so both
-engines run the same weights), and times every engine on the same source sentences after a
-warm-up. Each sentence generates exactly `--gen-tokens` tokens in every engine (EOS is
+engines run the same weights), builds a `MarianMTModel` of the same dimensions and vocabulary
+(its own random weights: Marian normalises after each sublayer, tmt before, so the weights
+cannot be shared; the work per token is the same), and times every engine on the same source
+sentences after a warm-up. An engine whose package is not installed (`ctranslate2`, or
+`transformers`), or that `--without` names, is left out with a note, and its figures are null.
+tmt and Marian run attention on the kernels of `--attention-backend` (tmt's
+`decode.attention_backend`, default auto: never cuDNN's on CUDA). Each sentence generates exactly `--gen-tokens` tokens in every engine (EOS is
 suppressed), so all do the same work; the script checks the counts. Speed is generated target
 tokens per second. Engines that decode the same batches are timed interleaved, batch by batch
 in rotating order, so a change in the machine's load during the run hits them alike; CPU
@@ -12,19 +18,27 @@ time (process time, all threads) is reported beside wall time.
     python scripts/bench_decode.py                                   # demo corpus, cpu-small, 1 thread
     python scripts/bench_decode.py --data /work/shared/data/multi30k_en_de
     python scripts/bench_decode.py --device cuda --preset base --precision bf16 --threads 4
+    python scripts/bench_decode.py --device cuda --preset base --precision bf16 \
+        --data .gpu/data/multi30k_en_de --test-beam 5       # also: 1,000 test sentences, beam 5
 
-The last line of output is one JSON object; its headline keys are the figures at the largest
-batch size, with every batch size under `by_batch_size`.
+`--test-beam K` also times `translate_ids` (what `tmt translate` runs after start-up: length-sorted
+token-budget batches, `decode.*` defaults, EOS when the model picks it) over `--test-sentences`
+test sentences with K beams, and prints it as one JSON line `{"figure": "decode_<n>_beam<K>_s", ...}`.
+A random model seldom picks EOS, so its sentences run to the length cap (1.5·S + 10 tokens): more
+work than a trained model's. The last line of output is one JSON object; its headline keys are
+the figures at the largest batch size, with every batch size under `by_batch_size`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import platform
 import sys
 import tempfile
 import time
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +47,13 @@ import torch
 
 from transformer_mt.batching import pad_sequences
 from transformer_mt.checkpoint import FORMAT_VERSION, save_atomic
-from transformer_mt.config import Config, DataConfig, ModelConfig, TokenizerConfig, config_to_dict
+from transformer_mt.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, config_to_dict
 from transformer_mt.data_sources import read_aligned_files
 from transformer_mt.decoding import beam_search, greedy_decode
+from transformer_mt.evaluation import translate_ids
 from transformer_mt.export import export_ctranslate2
 from transformer_mt.model import Transformer
-from transformer_mt.runtime import pick_device, pick_precision
+from transformer_mt.runtime import AttentionKernels, pick_attention, pick_device, pick_precision, warn_attention_fallbacks
 from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
 
 DEMO_CORPUS = Path(__file__).resolve().parents[1] / "transformer_mt" / "corpora" / "demo_en_it"
@@ -48,6 +63,9 @@ PRESETS = {
 }
 CT2_COMPUTE_TYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 BEAM = 4
+# Comparison engines: the module each needs, and the name the figures use.
+OPTIONAL_ENGINES = {"ct2": "ctranslate2", "hf_marian": "transformers"}
+ATTENTION_CHOICES = typing.get_args(typing.get_type_hints(DecodeConfig)["attention_backend"])
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,6 +89,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "batches of the length-sorted set (default 64)")
     parser.add_argument("--warmup-batches", type=int, default=2, help="untimed batches before each timing (default 2)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--without", default="", metavar="ENGINES",
+                        help=f"comma-separated comparison engines to leave out: {', '.join(OPTIONAL_ENGINES)} "
+                        "(default: none; one whose package is not installed is left out anyway)")
+    parser.add_argument("--attention-backend", choices=ATTENTION_CHOICES, default="auto",
+                        help="SDPA kernels of tmt and Marian, as tmt's decode.attention_backend (default auto)")
+    parser.add_argument("--test-beam", type=int, default=0, metavar="K",
+                        help="also time translate_ids over --test-sentences test sentences with K beams "
+                        "(default 0: not)")
+    parser.add_argument("--test-sentences", type=int, default=1000, help="sentences for --test-beam (default 1000)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also print a torch.profiler table of tmt greedy (cached) over N batches of the "
                         "largest batch size (default 0: no profile)")
@@ -166,11 +193,11 @@ def suppress_eos(model: Transformer) -> torch.utils.hooks.RemovableHandle:
 
 # --- engines: each decodes one batch and returns the generated lengths ------------------------
 
-def tmt_engine(model: Transformer, device: torch.device, precision, n_tokens: int, *, beam: int,
-               use_cache: bool) -> Callable:
+def tmt_engine(model: Transformer, device: torch.device, precision, attention: AttentionKernels, n_tokens: int, *,
+               beam: int, use_cache: bool) -> Callable:
     def run(ids: list[list[int]], tokens: list[list[str]]) -> list[int]:
         src_ids = pad_sequences(ids, PAD_ID).to(device)  # (B, S)
-        with precision.autocast():
+        with precision.autocast(), attention.enabled():
             if beam == 1:
                 out = greedy_decode(model, src_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=0, max_len_b=n_tokens,
                                     use_cache=use_cache)
@@ -186,6 +213,33 @@ def ct2_engine(translator, n_tokens: int, *, beam: int) -> Callable:
         results = translator.translate_batch(tokens, beam_size=beam, max_decoding_length=n_tokens,
                                              min_decoding_length=n_tokens)  # no EOS before the cap
         return [len(r.hypotheses[0]) for r in results]
+    return run
+
+
+def build_marian(cfg: ModelConfig, vocab_size: int):
+    """A randomly initialised `MarianMTModel` of tmt's dimensions and vocabulary (no download)."""
+    from transformers import MarianConfig, MarianMTModel
+    config = MarianConfig(
+        vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=cfg.d_model,
+        encoder_layers=cfg.n_layers, decoder_layers=cfg.n_layers,
+        encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu", dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=cfg.max_len, scale_embedding=True,
+        share_encoder_decoder_embeddings=True, tie_word_embeddings=True, pad_token_id=PAD_ID, bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID,
+        forced_eos_token_id=None)  # no forced EOS at the cap: every engine generates n tokens of its choice
+    return MarianMTModel(config).eval()
+
+
+def hf_engine(marian, device: torch.device, precision, attention: AttentionKernels, n_tokens: int, *,
+              beam: int) -> Callable:
+    """`MarianMTModel.generate` with exactly `n_tokens` new tokens (min = max: EOS is held back until then)."""
+    def run(ids: list[list[int]], tokens: list[list[str]]) -> list[int]:
+        src_ids = pad_sequences(ids, PAD_ID).to(device)  # (B, S), the same ids as tmt's, EOS included
+        with torch.inference_mode(), precision.autocast(), attention.enabled():
+            out = marian.generate(input_ids=src_ids, attention_mask=(src_ids != PAD_ID).long(), num_beams=beam,
+                                  do_sample=False, max_new_tokens=n_tokens, min_new_tokens=n_tokens)
+        return [out.shape[1] - 1] * out.shape[0]  # (B, 1 + new): the decoder start token, then the new ones
     return run
 
 
@@ -243,16 +297,33 @@ def same_greedy_output(model: Transformer, translator, tokenizers: TokenizerPair
 
 # --- main --------------------------------------------------------------------------------------
 
+def comparison_engines(without: str) -> dict[str, object]:
+    """The comparison engines to run: name -> imported module; a note on stdout for each left out."""
+    skipped = {name.strip() for name in without.split(",") if name.strip()}
+    if unknown := skipped - set(OPTIONAL_ENGINES):
+        sys.exit(f"--without: unknown engine(s) {', '.join(sorted(unknown))} (choose from {', '.join(OPTIONAL_ENGINES)})")
+    engines = {}
+    for name, module in OPTIONAL_ENGINES.items():
+        if name in skipped:
+            print(f"# {name}: left out (--without); its figures are null")
+            continue
+        try:
+            engines[name] = importlib.import_module(module)
+        except ImportError:
+            print(f"# {name}: left out, {module} is not installed (pip install {module}); its figures are null")
+    return engines
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    try:
-        import ctranslate2  # the `bench` extra
-    except ImportError:
-        sys.exit("this benchmark needs CTranslate2: pip install ctranslate2")
+    engines = comparison_engines(args.without)
+    ct2, with_hf = engines.get("ct2"), "hf_marian" in engines
 
     torch.set_num_threads(args.threads)
     device = pick_device(args.device)
     precision = pick_precision(args.precision, device)
+    warn_attention_fallbacks(device, {"--attention-backend": args.attention_backend})
+    attention = pick_attention(args.attention_backend, device, "decode")
     batch_sizes = sorted(int(b) for b in args.batch_sizes.split(","))
     n_tokens = args.gen_tokens
 
@@ -262,19 +333,32 @@ def main(argv: list[str] | None = None) -> None:
         setup_started = time.perf_counter()
         model, tokenizers = build_run(run_dir, args)
         model.to(device)
-        export_ctranslate2(run_dir, Path(tmp) / "ct2")
-        translator = ctranslate2.Translator(str(Path(tmp) / "ct2"), device=device.type, intra_threads=args.threads,
-                                            inter_threads=1, compute_type=CT2_COMPUTE_TYPE[args.precision])
+        translator = None
+        if ct2 is not None:
+            export_ctranslate2(run_dir, Path(tmp) / "ct2")
+            translator = ct2.Translator(str(Path(tmp) / "ct2"), device=device.type, intra_threads=args.threads,
+                                        inter_threads=1, compute_type=CT2_COMPUTE_TYPE[args.precision])
+        vocab_size = tokenizers.src.get_vocab_size()
+        marian = build_marian(model.cfg, vocab_size).to(device) if with_hf else None
         _, _, sources = read_corpus(args.data, args.src_lang)
         setup_s = time.perf_counter() - setup_started
-        vocab_size = tokenizers.src.get_vocab_size()
         print(f"# {args.preset}: d_model={model.cfg.d_model} layers={model.cfg.n_layers}+{model.cfg.n_layers} "
               f"heads={model.cfg.n_heads} d_ff={model.cfg.d_ff} vocab={vocab_size} (BPE on {args.data.name} train), "
-              f"{model.num_parameters() / 1e6:.1f}M parameters; {len(sources)} test sources; setup {setup_s:.1f}s")
+              f"{model.num_parameters() / 1e6:.1f}M parameters"
+              + (f" (Marian {marian.num_parameters() / 1e6:.1f}M)" if marian is not None else "")
+              + f"; {len(sources)} test sources; attention {attention.names or 'PyTorch chooses'}; setup {setup_s:.1f}s")
 
-        check_batches = source_batches(sources, tokenizers, 32, 32, model.cfg.max_len)
-        agree, compared = same_greedy_output(model, translator, tokenizers, check_batches, device, precision, n_tokens)
-        print(f"# same greedy output (natural EOS, no suppression): {agree}/{compared} sentences")
+        agree = compared = None
+        if translator is not None:
+            check_batches = source_batches(sources, tokenizers, 32, 32, model.cfg.max_len)
+            agree, compared = same_greedy_output(model, translator, tokenizers, check_batches, device, precision,
+                                                 n_tokens)
+            print(f"# same greedy output as ct2 (natural EOS, no suppression): {agree}/{compared} sentences")
+
+        test_figure = None
+        if args.test_beam:
+            test_figure = time_test_split(model, tokenizers, sources, args, device, precision)
+            print(json.dumps(test_figure), flush=True)
 
         timings: list[Timing] = []
         hook = suppress_eos(model)
@@ -285,14 +369,19 @@ def main(argv: list[str] | None = None) -> None:
                 uncached = spread_subset(batches, args.n_uncached)
                 # Each group decodes the same batches, interleaved; the slow uncached reference
                 # runs alone on its subset.
-                groups = [
-                    ([("tmt greedy, cached", tmt_engine(model, device, precision, n_tokens, beam=1, use_cache=True)),
-                      ("ct2 greedy", ct2_engine(translator, n_tokens, beam=1))], batches),
-                    ([("tmt greedy, uncached", tmt_engine(model, device, precision, n_tokens, beam=1,
-                                                          use_cache=False))], uncached),
-                    ([(f"tmt beam {BEAM}", tmt_engine(model, device, precision, n_tokens, beam=BEAM, use_cache=True)),
-                      (f"ct2 beam {BEAM}", ct2_engine(translator, n_tokens, beam=BEAM))], batches),
-                ]
+                def tmt(beam: int, use_cache: bool = True) -> Callable:
+                    return tmt_engine(model, device, precision, attention, n_tokens, beam=beam, use_cache=use_cache)
+                greedy = [("tmt greedy, cached", tmt(1))]
+                beams = [(f"tmt beam {BEAM}", tmt(BEAM))]
+                if translator is not None:
+                    greedy.append(("ct2 greedy", ct2_engine(translator, n_tokens, beam=1)))
+                    beams.append((f"ct2 beam {BEAM}", ct2_engine(translator, n_tokens, beam=BEAM)))
+                if marian is not None:
+                    greedy.append(("hf_marian greedy", hf_engine(marian, device, precision, attention, n_tokens, beam=1)))
+                    beams.append((f"hf_marian beam {BEAM}", hf_engine(marian, device, precision, attention, n_tokens,
+                                                                     beam=BEAM)))
+                groups = [(greedy, batches), ([("tmt greedy, uncached", tmt(1, use_cache=False))], uncached),
+                          (beams, batches)]
                 for runs, engine_batches in groups:
                     for timing in time_engines(runs, engine_batches, batch_size, n_tokens, args.warmup_batches,
                                                device):
@@ -302,36 +391,73 @@ def main(argv: list[str] | None = None) -> None:
                               f"  (CPU {timing.cpu_seconds:8.2f} s  {timing.tokens_per_cpu_s:10.1f} tokens/CPU-s)",
                               flush=True)
             if args.profile:
-                print_profile(tmt_engine(model, device, precision, n_tokens, beam=1, use_cache=True),
+                print_profile(tmt_engine(model, device, precision, attention, n_tokens, beam=1, use_cache=True),
                               source_batches(sources, tokenizers, args.profile * batch_sizes[-1], batch_sizes[-1],
                                              model.cfg.max_len))
         finally:
             hook.remove()
 
-    print(json.dumps(summary(args, device, precision, vocab_size, model, timings, batch_sizes, agree, compared)))
+    print(json.dumps(summary(args, device, precision, attention, vocab_size, model, timings, batch_sizes, agree,
+                             compared, engines, test_figure)))
 
 
-def summary(args, device, precision, vocab_size, model, timings, batch_sizes, agree, compared) -> dict:
+def time_test_split(model: Transformer, tokenizers: TokenizerPair, sources: list[str], args: argparse.Namespace,
+                    device: torch.device, precision) -> dict:
+    """Seconds `translate_ids` takes over the first `--test-sentences` test sources (cycled if fewer)
+    with `--test-beam` beams, after one untimed warm-up batch: `tmt translate`'s decoding, without
+    the process start-up."""
+    n, beam = args.test_sentences, args.test_beam
+    src_ids = tokenizers.encode_src([sources[i % len(sources)] for i in range(n)])
+    decode_cfg = DecodeConfig(beam_size=beam, attention_backend=args.attention_backend)
+    run = lambda seqs: translate_ids(model, seqs, decode_cfg, bos_id=BOS_ID, eos_id=EOS_ID, device=device,  # noqa: E731
+                                     precision=precision)
+    run(src_ids[:32])  # warm-up: CUDA context, kernels, allocator
+    _sync(device)
+    started = time.perf_counter()
+    hyps = run(src_ids)
+    _sync(device)
+    seconds = time.perf_counter() - started
+    return {"figure": f"decode_{n}_beam{beam}_s", "seconds": round(seconds, 2), "sentences": n, "beam_size": beam,
+            "generated_tokens": sum(len(h) for h in hyps), "source_tokens": sum(len(s) for s in src_ids),
+            "batch_tokens": decode_cfg.batch_tokens, "max_len": f"{decode_cfg.max_len_a}·S + {decode_cfg.max_len_b}",
+            "preset": args.preset, "precision": precision.name, "data": args.data.name,
+            "attention_backend": args.attention_backend,
+            "device": device.type if device.type != "cuda" else torch.cuda.get_device_name(device),
+            "model": "random init: EOS seldom picked, so sentences run near the length cap"}
+
+
+def _ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:
+    return round(a / b, digits) if a is not None and b is not None else None
+
+
+def summary(args, device, precision, attention, vocab_size, model, timings, batch_sizes, agree, compared, engines,
+            test_figure) -> dict:
     by_batch: dict[str, dict] = {}
     for batch_size in batch_sizes:
         rate = {t.engine: t.tokens_per_s for t in timings if t.batch_size == batch_size}
         cpu_rate = {t.engine: t.tokens_per_cpu_s for t in timings if t.batch_size == batch_size}
         sentences = {t.engine: t.sentences for t in timings if t.batch_size == batch_size}
+        greedy, beam = rate["tmt greedy, cached"], rate[f"tmt beam {BEAM}"]
+        ct2, ct2_beam = rate.get("ct2 greedy"), rate.get(f"ct2 beam {BEAM}")
+        hf, hf_beam = rate.get("hf_marian greedy"), rate.get(f"hf_marian beam {BEAM}")
         by_batch[str(batch_size)] = {
-            "cached_tokens_per_s": round(rate["tmt greedy, cached"], 1),
+            "cached_tokens_per_s": round(greedy, 1),
             "uncached_tokens_per_s": round(rate["tmt greedy, uncached"], 1),
-            "beam4_tokens_per_s": round(rate[f"tmt beam {BEAM}"], 1),
-            "ct2_tokens_per_s": round(rate["ct2 greedy"], 1),
-            "ct2_beam4_tokens_per_s": round(rate[f"ct2 beam {BEAM}"], 1),
-            "cache_speedup": round(rate["tmt greedy, cached"] / rate["tmt greedy, uncached"], 2),
-            "tmt_vs_ct2": round(rate["tmt greedy, cached"] / rate["ct2 greedy"], 3),
-            "tmt_beam4_vs_ct2": round(rate[f"tmt beam {BEAM}"] / rate[f"ct2 beam {BEAM}"], 3),
-            "tmt_vs_ct2_cpu_time": round(cpu_rate["tmt greedy, cached"] / cpu_rate["ct2 greedy"], 3),
-            "tmt_beam4_vs_ct2_cpu_time": round(cpu_rate[f"tmt beam {BEAM}"] / cpu_rate[f"ct2 beam {BEAM}"], 3),
+            "beam4_tokens_per_s": round(beam, 1),
+            "ct2_tokens_per_s": ct2 and round(ct2, 1),
+            "ct2_beam4_tokens_per_s": ct2_beam and round(ct2_beam, 1),
+            "hf_marian_tokens_per_s": hf and round(hf, 1),
+            "hf_marian_beam4_tokens_per_s": hf_beam and round(hf_beam, 1),
+            "cache_speedup": round(greedy / rate["tmt greedy, uncached"], 2),
+            "tmt_vs_ct2": _ratio(greedy, ct2),
+            "tmt_beam4_vs_ct2": _ratio(beam, ct2_beam),
+            "tmt_vs_ct2_cpu_time": _ratio(cpu_rate["tmt greedy, cached"], cpu_rate.get("ct2 greedy")),
+            "tmt_beam4_vs_ct2_cpu_time": _ratio(cpu_rate[f"tmt beam {BEAM}"], cpu_rate.get(f"ct2 beam {BEAM}")),
+            "tmt_vs_hf_marian_greedy": _ratio(greedy, hf),
+            "tmt_vs_hf_marian_beam4": _ratio(beam, hf_beam),
             "sentences": sentences,
         }
     headline = by_batch[str(max(batch_sizes))]
-    import ctranslate2
     return {
         "device": device.type if device.type != "cuda" else torch.cuda.get_device_name(device),
         "cpu": cpu_name(),
@@ -339,14 +465,18 @@ def summary(args, device, precision, vocab_size, model, timings, batch_sizes, ag
         **{k: v for k, v in headline.items() if k != "sentences"},
         "headline_batch_size": max(batch_sizes),
         "precision": precision.name,
+        "attention_backend": args.attention_backend,
+        "attention_kernels": attention.names or "PyTorch chooses",
         "threads": args.threads,
         "gen_tokens": args.gen_tokens,
         "data": args.data.name,
         "vocab_size": vocab_size,
         "parameters": model.num_parameters(),
-        "same_greedy_output": f"{agree}/{compared}",
+        "same_greedy_output": f"{agree}/{compared}" if compared else None,
         "torch": torch.__version__,
-        "ctranslate2": ctranslate2.__version__,
+        "ctranslate2": engines["ct2"].__version__ if "ct2" in engines else None,
+        "transformers": engines["hf_marian"].__version__ if "hf_marian" in engines else None,
+        **({test_figure["figure"]: test_figure["seconds"]} if test_figure else {}),
         "by_batch_size": by_batch,
     }
 

@@ -5,6 +5,7 @@
 #   bash scripts/gpu_session.sh bench              # on the GPU machine, first (the figures)
 #   bash scripts/gpu_session.sh check multi30k     # on the GPU machine
 #   SETS="train.max_steps=10000" bash scripts/gpu_session.sh tatoeba   # again at once to resume
+#   bash scripts/gpu_session.sh decode                                   # decoding speed
 #   bash scripts/gpu_session.sh bench-more suite                         # if time is left
 #
 # Stages:
@@ -13,6 +14,10 @@
 #                  ignores. The GPU machine sees only the repository: carry `.gpu` in the call.
 #   bench          scripts/bench_train.py, preset base, eager, on the demo corpus and on Multi30k.
 #   bench-more     on Multi30k: without padding to 8, then with torch.compile (compiling takes minutes).
+#   decode         scripts/bench_decode.py, preset base, bf16, on Multi30k: tmt greedy and beam 4 at batch
+#                  1 and 32 against HF MarianMTModel.generate of the same size (and CTranslate2 where it is
+#                  installed), then 1,000 test sentences with beam 5 (`decode_1000_beam5_s`, start-up not
+#                  counted); then the same with cuDNN's attention forced, the kernel auto avoids.
 #   check          the GPU tests (tests/test_gpu.py).
 #   suite          the rest of the test suite on the machine's torch (CI runs it too, on CPU).
 #   multi30k       trains configs/multi30k-en-de.yaml into runs/gpu-multi30k-en-de.
@@ -105,6 +110,18 @@ bench-more() {  # what the multiple of 8 buys (MFU counts real tokens only), and
     return $rc
 }
 
+decode() {  # each run prints JSON lines: the beam-5 test figure, then the summary last
+    local rc=0 data=.gpu/data/multi30k_en_de
+    log "decode: base, bf16, Multi30k, decode.attention_backend auto"
+    "$PY" scripts/bench_decode.py --device cuda --preset base --precision bf16 --data "$data" \
+        --test-beam 5 --test-sentences 1000 || rc=1
+    log "decode: the same at batch 32, cuDNN's attention forced (a new execution plan per shape)"
+    "$PY" scripts/bench_decode.py --device cuda --preset base --precision bf16 --data "$data" \
+        --attention-backend cudnn --batch-sizes 32 --n-sentences 320 --n-uncached 32 --without hf_marian \
+        --test-beam 5 --test-sentences 1000 || rc=1
+    return $rc
+}
+
 train_stage() {  # name config data-path
     local name=$1 config=$2 data=$3 run=runs/gpu-$1 resume=() overrides=() sets=() code
     if [ -d "$run/checkpoints" ] && compgen -G "$run/checkpoints/step_*.pt" > /dev/null; then
@@ -146,7 +163,7 @@ train_stage() {  # name config data-path
 multi30k() { train_stage multi30k-en-de configs/multi30k-en-de.yaml .gpu/data/multi30k_en_de/tok; }
 tatoeba() { train_stage tatoeba-en-it configs/tatoeba-en-it.yaml .gpu/data/tatoeba_anki_en_it; }
 
-[ $# -gt 0 ] || { sed -n '2,26p' "$0"; exit 2; }
+[ $# -gt 0 ] || { awk 'NR > 1 { if (!/^#/) exit; print }' "$0"; exit 2; }  # the comment block above
 status=0
 if [ "$1" = prepare ]; then
     prepare
@@ -154,8 +171,8 @@ if [ "$1" = prepare ]; then
 fi
 for stage in "$@"; do
     case $stage in
-        check|suite|bench|bench-more|multi30k|tatoeba) ;;
-        *) echo "gpu_session: unknown stage '$stage' (bench, bench-more, check, suite, multi30k, tatoeba;" \
+        check|suite|bench|bench-more|decode|multi30k|tatoeba) ;;
+        *) echo "gpu_session: unknown stage '$stage' (bench, bench-more, decode, check, suite, multi30k, tatoeba;" \
                 "prepare runs alone)" >&2
            exit 2 ;;
     esac

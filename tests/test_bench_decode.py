@@ -1,8 +1,11 @@
 """scripts/bench_decode.py runs with or without its comparison engines (CTranslate2, Hugging Face
-Marian) and ends in one JSON line, so the GPU session's `decode` stage cannot break on the machine."""
+Marian) and ends in one JSON line, so the GPU session's `decode` stage cannot break on the machine;
+scripts/gpu_session.sh lists that stage."""
 
 import importlib.util
 import json
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -72,3 +75,14 @@ def test_an_unknown_engine_to_leave_out_is_one_clear_line(bench):
     with pytest.raises(SystemExit, match=r"--without: unknown engine\(s\) ct3 \(choose from ct2, hf_marian\)"):
         bench.main(SMALL + ["--without", "ct3"])
 
+
+def test_the_gpu_session_usage_lists_every_stage_it_accepts(tmp_path: Path):
+    script = SCRIPT.parent / "gpu_session.sh"
+    usage = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=tmp_path)
+    assert usage.returncode == 2
+    accepted = re.search(r"^\s+(check\|[a-z0-9|-]+)\) ;;$", script.read_text(), re.MULTILINE).group(1).split("|")
+    assert "decode" in accepted
+    for stage in ["prepare", *accepted]:
+        assert re.search(rf"^#   {re.escape(stage)} +\S", usage.stdout, re.MULTILINE), stage
+    unknown = subprocess.run(["bash", str(script), "nope"], capture_output=True, text=True, cwd=tmp_path)
+    assert unknown.returncode == 2 and "unknown stage 'nope' (bench, bench-more, decode," in unknown.stderr

@@ -53,6 +53,7 @@ from transformer_mt.decoding import beam_search, greedy_decode
 from transformer_mt.evaluation import translate_ids
 from transformer_mt.export import export_ctranslate2
 from transformer_mt.model import Transformer
+from transformer_mt.run_layout import RunDir
 from transformer_mt.runtime import AttentionKernels, pick_attention, pick_device, pick_precision, warn_attention_fallbacks
 from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
 
@@ -155,10 +156,10 @@ def build_run(run_dir: Path, args: argparse.Namespace) -> tuple[Transformer, Tok
     torch.manual_seed(args.seed)
     vocab_size = tokenizers.src.get_vocab_size()
     model = Transformer(cfg.model, vocab_size, vocab_size, PAD_ID)
-    (run_dir / "checkpoints").mkdir()
+    RunDir(run_dir).checkpoints.mkdir()
     save_atomic({"model": model.state_dict(), "config": config_to_dict(cfg), "format_version": FORMAT_VERSION,
                  "model_args": {"src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size, "pad_id": PAD_ID}},
-                run_dir / "checkpoints" / "best.pt")
+                RunDir(run_dir).checkpoints / "best.pt")
     return model.eval(), tokenizers
 
 

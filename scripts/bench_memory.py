@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from transformer_mt.run_layout import RunDir
+
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_EVERY_S = 0.2
 
@@ -129,8 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     if process.returncode != 0:
         sys.exit(f"bench_memory: training failed (exit {process.returncode}); see {args.work / 'train-output.log'}:\n"
                  + output[-3000:])
-    disk = {name: sum(f.stat().st_size for f in (run_dir / name).rglob("*") if f.is_file()) / 2**20
-            for name in ("corpus_cache", "token_cache")}
+    paths = RunDir(run_dir)
+    disk = {name: sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
+            for name, folder in (("corpus_cache", paths.corpus_cache), ("token_cache", paths.token_cache))}
     result = {"pairs": args.pairs, "steps": args.steps, "peak_rss_mb": round(peak["hwm"] / 1024),
               "peak_anon_mb": round(peak["anon"] / 1024), "peak_tree_rss_mb": round(peak["tree"] / 1024),
               "peak_tree_pss_mb": round(peak["pss"] / 1024), "peak_tree_pss_anon_mb": round(peak["pss_anon"] / 1024),

@@ -17,6 +17,7 @@ from transformer_mt.cli_parser import STDIO, build_parser
 from transformer_mt.config import Config
 from transformer_mt.errors import DataError, TmtError, TrainingStopped, UsageError
 from transformer_mt.files import check_parent_dir, lines_to_text, make_parent_dir, write_text_atomic
+from transformer_mt.run_layout import RunDir
 
 logger = logging.getLogger("transformer_mt")
 
@@ -67,7 +68,7 @@ def run_train(args: argparse.Namespace) -> None:
             prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)
         dist.barrier()
         log_file = _setup_logging(logging.INFO if dist.is_main else logging.WARNING,
-                                  run_dir / "train.log" if dist.is_main else None)
+                                  RunDir(run_dir).train_log if dist.is_main else None)
         try:
             state = train(cfg, run_dir, resume=args.resume, progress=not args.no_progress,
                           config_dir=args.config.resolve().parent, dist=dist)
@@ -108,7 +109,7 @@ def _continue_command(args: argparse.Namespace, run_dir: Path, torchrun: bool) -
     first one, start again (a start that stopped early reuses its run directory)."""
     from transformer_mt.checkpoint import CheckpointDir
 
-    resume = CheckpointDir(run_dir / "checkpoints", keep_last=1).latest() is not None
+    resume = CheckpointDir(RunDir(run_dir).checkpoints, keep_last=1).latest() is not None
     if torchrun:
         return "the same torchrun command" + (" with --resume" if resume else " (without --resume)")
     return _resume_command(args, resume=resume)
@@ -125,7 +126,6 @@ def run_data(args: argparse.Namespace) -> None:
     import tempfile
 
     from transformer_mt.config import load_config
-    from transformer_mt.data import SPLITS_FILE
     from transformer_mt.tokenization import JOINT_FILE, SRC_FILE, TGT_FILE
     from transformer_mt.runtime import pick_device
     from transformer_mt.preparation import batch_padding, prepare_data
@@ -136,7 +136,7 @@ def run_data(args: argparse.Namespace) -> None:
     reuse = _same_data_settings(cfg, run_dir)
     with tempfile.TemporaryDirectory(prefix="tmt-data-") as scratch:
         if reuse:
-            for name in (SPLITS_FILE, JOINT_FILE, SRC_FILE, TGT_FILE):
+            for name in (RunDir.SPLITS, JOINT_FILE, SRC_FILE, TGT_FILE):
                 if (run_dir / name).is_file():
                     shutil.copyfile(run_dir / name, Path(scratch) / name)
         device_type = cfg.train.device if cfg.train.device != "auto" else pick_device().type
@@ -156,10 +156,10 @@ def _same_data_settings(cfg: Config, run_dir: Path) -> bool:
     from transformer_mt.config import config_to_dict, load_config
     from transformer_mt.tokenization import TokenizerPair
 
-    if not (run_dir / "config.yaml").is_file() or not TokenizerPair.exists_in(run_dir):
+    if not RunDir(run_dir).config.is_file() or not TokenizerPair.exists_in(run_dir):
         return False
     try:
-        saved = config_to_dict(load_config(run_dir / "config.yaml"))
+        saved = config_to_dict(load_config(RunDir(run_dir).config))
     except TmtError:
         return False  # an unreadable config: train fresh tokenizers rather than guess
     current = config_to_dict(cfg)
@@ -263,7 +263,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
     # the run's own evaluation/test_scores.json.
     alpha = translator.cfg.decode.length_penalty
     settings = f"beam{beam}" + (f".lp{alpha:g}" if args.length_penalty is not None and beam > 1 else "")
-    output = args.output or translator.run_dir / "evaluation" / f"{name}.{translator.checkpoint.stem}.{settings}.txt"
+    output = args.output or RunDir(translator.run_dir).evaluation / f"{name}.{translator.checkpoint.stem}.{settings}.txt"
     _write_lines(output, hypotheses)
     print(f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}")
     print(f"chrF = {scores.chrf:.2f}  {scores.chrf_signature}")
@@ -291,7 +291,7 @@ def run_average(args: argparse.Namespace) -> None:
     from transformer_mt.checkpoint import CheckpointDir, average_checkpoints, is_average_checkpoint, save_atomic
 
     _setup_logging(logging.INFO)
-    checkpoints = CheckpointDir(args.run / "checkpoints", keep_last=1)
+    checkpoints = CheckpointDir(RunDir(args.run).checkpoints, keep_last=1)
     if not checkpoints.directory.is_dir():
         raise UsageError(f"--run {args.run}: no checkpoints folder there; is it a tmt run directory?")
     steps = checkpoints.steps()
@@ -315,7 +315,7 @@ def _load_translator(args: argparse.Namespace):
     from transformer_mt.translator import Translator, latest_run
 
     if args.checkpoint:
-        if args.checkpoint.resolve().parent.name != "checkpoints":
+        if args.checkpoint.resolve().parent.name != RunDir.CHECKPOINTS:
             raise UsageError(f"--checkpoint {args.checkpoint}: give a checkpoint inside a run's checkpoints/ "
                              "folder (the run's tokenizers and config are found from there)")
         run_dir = args.checkpoint.resolve().parent.parent  # <run>/checkpoints/<file>.pt

@@ -25,6 +25,7 @@ from transformer_mt.config import DataConfig
 from transformer_mt.data_sources import SPLITS, SplitSource, open_sources
 from transformer_mt.errors import DataError, missing_from_rank0
 from transformer_mt.files import write_text_atomic
+from transformer_mt.run_layout import RunDir
 
 if TYPE_CHECKING:
     import datasets
@@ -33,10 +34,6 @@ logger = logging.getLogger(__name__)
 
 FILTERS = ("empty", "too_long", "length_ratio")
 KEPT, EMPTY, TOO_LONG, LENGTH_RATIO = 0, 1, 2, 3  # per-row filter verdicts, in the order the filters apply
-SPLITS_FILE = "splits.json"
-CORPUS_DIR = "corpus_cache"
-CORPUS_BUILD_DIR = ".corpus_cache.tmp"  # the next corpus_cache/ while it is written
-CORPUS_OLD_DIR = ".corpus_cache.old"  # the previous corpus_cache/ while it is replaced
 MANIFEST_FILE = "corpus.json"
 CORPUS_FORMAT = 2  # bump when the files or the filters change meaning (2: `count_words`)
 HASH_BLOCK_BYTES = 8 << 20
@@ -75,7 +72,7 @@ def load_corpus(cfg: DataConfig, seed: int, run_dir: Path, *, prepared: bool = F
     or modification time (node-local copies), and only rank 0 ever writes the folder.
     """
     run_dir = Path(run_dir)
-    directory = run_dir / CORPUS_DIR
+    directory = RunDir(run_dir).corpus_cache
     if prepared:
         manifest = _read_manifest(directory)
         if manifest is None:
@@ -83,7 +80,7 @@ def load_corpus(cfg: DataConfig, seed: int, run_dir: Path, *, prepared: bool = F
         return _open_corpus(directory, manifest)
     sources = open_sources(cfg)
     key = _corpus_key(cfg, seed, sources)
-    manifest = _reusable_manifest(directory, key, run_dir / SPLITS_FILE)
+    manifest = _reusable_manifest(directory, key, RunDir(run_dir).splits)
     if manifest is None:
         previous = _read_manifest(directory)  # what the run read before, if anything
         manifest = _build(cfg, seed, sources, run_dir, key)
@@ -105,7 +102,7 @@ def load_run_corpus(cfg: DataConfig, seed: int, run_dir: Path) -> Corpus:
     to read, naming the run's `config.yaml` the data path comes from.
     """
     run_dir = Path(run_dir)
-    directory, config_file = run_dir / CORPUS_DIR, run_dir / "config.yaml"
+    directory, config_file = RunDir(run_dir).corpus_cache, RunDir(run_dir).config
     manifest = _read_manifest(directory)  # None: no complete copy (deleted, or never finished)
     try:
         sources = open_sources(cfg)
@@ -195,11 +192,11 @@ def _read_manifest(directory: Path) -> dict | None:
 
 def _build(cfg: DataConfig, seed: int, sources: dict[str, SplitSource | None], run_dir: Path, key: str) -> dict:
     """Write train/valid/test Arrow files and the manifest into a fresh `corpus_cache/`; return the manifest."""
-    target = run_dir / CORPUS_DIR
+    target = RunDir(run_dir).corpus_cache
     if target.exists() and any(target.iterdir()) and not (target / MANIFEST_FILE).is_file():
         raise DataError(f"{target} exists but tmt did not write it (no {MANIFEST_FILE}); move it, or train "
                         "in another run directory")  # never replace a folder of the user's
-    build = run_dir / CORPUS_BUILD_DIR
+    build = RunDir(run_dir).corpus_build
     shutil.rmtree(build, ignore_errors=True)  # left by an interrupted start
     build.mkdir(parents=True)
     verdicts = {}
@@ -226,9 +223,9 @@ def _build(cfg: DataConfig, seed: int, sources: dict[str, SplitSource | None], r
     for split in verdicts:
         (build / f"raw-{split}.arrow").unlink()
     manifest = {"format": CORPUS_FORMAT, "key": key, "rows": rows, "removed": removed, "digests": digests,
-                "carved": list(plan), "splits_digest": _file_digest(run_dir / SPLITS_FILE) if plan else None}
+                "carved": list(plan), "splits_digest": _file_digest(RunDir(run_dir).splits) if plan else None}
     (build / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    _replace_directory(build, target, run_dir / CORPUS_OLD_DIR)
+    _replace_directory(build, target, RunDir(run_dir).corpus_old)
     return manifest
 
 
@@ -353,7 +350,7 @@ def _carving_plan(cfg: DataConfig, seed: int, n_rows: int, missing: set[str], ru
     sizes = {split: size for split, size in (("valid", cfg.valid_size), ("test", cfg.test_size)) if split in missing}
     if not sizes:
         return {}
-    path = run_dir / SPLITS_FILE
+    path = RunDir(run_dir).splits
     if path.is_file():
         plan = _load_split_plan(path, n_rows, list(sizes))
         logger.info("reusing the %s split(s) recorded in %s", "/".join(sizes), path)

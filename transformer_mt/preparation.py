@@ -11,8 +11,9 @@ from transformer_mt import data as data_module
 from transformer_mt.config import Config, TrainConfig
 from transformer_mt.errors import missing_from_rank0
 from transformer_mt.report import DataReport, build_report
-from transformer_mt.token_cache import CACHE_DIR, TokenizedSplit, processes_for, tokenize_split
-from transformer_mt.tokenization import JOINT_FILE, SRC_FILE, TokenizerPair, train_tokenizers
+from transformer_mt.run_layout import RunDir
+from transformer_mt.token_cache import TokenizedSplit, processes_for, tokenize_split
+from transformer_mt.tokenization import TokenizerPair, train_tokenizers
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size:
         tokenizers.save(run_dir)
         logger.info("trained BPE tokenizers (vocabulary %d%s) in %.1fs", tokenizers.src.get_vocab_size(),
                     ", joint" if tokenizers.joint else "", time.perf_counter() - started)
-    cache = run_dir / CACHE_DIR
+    cache = RunDir(run_dir).token_cache
     train = tokenize_split(corpus.train, corpus.digests["train"], tokenizers, cfg.model.max_len, cache, "train",
                            drop_long=True, num_proc=processes_for(len(corpus.train), cfg.data.num_proc),
                            progress=progress, prepared=prepared)
@@ -68,4 +69,4 @@ def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size:
 
 def tokenizer_file(cfg: Config, run_dir: Path) -> Path:
     """The tokenizer file a run of `cfg` writes first (its joint one, else the source one)."""
-    return run_dir / (JOINT_FILE if cfg.tokenizer.joint else SRC_FILE)
+    return RunDir(run_dir).tokenizer_file(cfg.tokenizer.joint)

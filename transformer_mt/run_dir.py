@@ -9,27 +9,17 @@ from pathlib import Path
 
 import yaml
 
-from transformer_mt import data as data_module
 from transformer_mt.checkpoint import CheckpointDir
 from transformer_mt.config import Config, config_to_dict
 from transformer_mt.errors import CheckpointError, ConfigError, UsageError
 from transformer_mt.files import temp_file_target
-from transformer_mt.token_cache import CACHE_DIR
+from transformer_mt.run_layout import RunDir
 
 # Sections that define what a checkpoint's weights mean; they may not change on resume.
 FROZEN_ON_RESUME = ("seed", "data", "tokenizer", "model")
 CHANGEABLE_ON_RESUME = ("data.num_proc",)  # how fast the cache is filled, not what it holds
 
-# Written into every run directory tmt creates or claims: it tells tmt's own leftovers (a
-# `config.yaml`, tokenizers, caches) from a user's files of the same names.
-MARKER = ".tmt-run"
-
-# Everything tmt writes at the top of a run directory, with the temp files a write killed midway
-# leaves (`files.temp_file_target`); nothing else is ever deleted.
-RUN_DIR_ENTRIES = frozenset({MARKER, "config.yaml", "tokenizer.json", "tokenizer.src.json", "tokenizer.tgt.json",
-                             "splits.json", "train.log", "checkpoints", "tensorboard", "validation", "evaluation",
-                             "summary.json", ".summary.json.tmp", CACHE_DIR, data_module.CORPUS_DIR,
-                             data_module.CORPUS_BUILD_DIR, data_module.CORPUS_OLD_DIR})
+MARKER = RunDir.MARKER
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
@@ -45,15 +35,15 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
         raise UsageError("--resume and --overwrite contradict each other; pick one")
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"{run_dir} exists and is not a directory")
-    checkpoints = CheckpointDir(run_dir / "checkpoints", 1)
+    checkpoints = CheckpointDir(RunDir(run_dir).checkpoints, 1)
     has_checkpoints = checkpoints.latest() is not None or checkpoints.best_path.is_file()
     if resume:
         if checkpoints.latest() is None:
             raise CheckpointError(f"{run_dir}: no checkpoint to resume from (start without --resume)")
         return
     entries = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
-    foreign = [name for name in entries
-               if name not in RUN_DIR_ENTRIES and temp_file_target(name) not in RUN_DIR_ENTRIES]
+    # What tmt writes there, and the temp files a write killed midway leaves (`files.temp_file_target`).
+    foreign = [name for name in entries if name not in RunDir.ENTRIES and temp_file_target(name) not in RunDir.ENTRIES]
     if foreign:
         raise UsageError(f"{run_dir} holds files tmt did not write ({_names(foreign)}); pick another --run-dir")
     marked = MARKER in entries
@@ -72,21 +62,21 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / MARKER).write_text("a run directory made by tmt train\n", encoding="utf-8")
+        RunDir(run_dir).marker.write_text("a run directory made by tmt train\n", encoding="utf-8")
     except OSError as err:
         raise UsageError(f"cannot create the run directory {run_dir} ({err.strerror or err})") from None
 
 
 def _finished_run_results(run_dir: Path, entries: list[str]) -> list[str]:
     """The entries that show a run trained to its end: its test scores, a summary that says so."""
-    found = ["evaluation"] if "evaluation" in entries else []
-    if "summary.json" in entries:
+    found = [RunDir.EVALUATION] if RunDir.EVALUATION in entries else []
+    if RunDir.SUMMARY in entries:
         try:
-            status = json.loads((run_dir / "summary.json").read_text(encoding="utf-8")).get("status")
+            status = json.loads(RunDir(run_dir).summary.read_text(encoding="utf-8")).get("status")
         except (OSError, UnicodeDecodeError, ValueError, AttributeError):
             status = None  # unreadable: a write cut short, so not a finished run
         if status in ("finished", "stopped early"):
-            found.append("summary.json")
+            found.append(RunDir.SUMMARY)
     return found
 
 
@@ -101,7 +91,7 @@ def check_saved_config(cfg: Config, run_dir: Path) -> None:
     preparing a large corpus for a run that cannot continue. A missing or unreadable file is
     left to that later check.
     """
-    path = run_dir / "config.yaml"
+    path = RunDir(run_dir).config
     try:
         saved = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):

@@ -22,8 +22,8 @@ import torch
 from transformer_mt.config import Config
 from transformer_mt.files import write_text_atomic
 from transformer_mt.run_dir import run_folders
+from transformer_mt.run_layout import RunDir
 
-SUMMARY_NAME = "summary.json"
 PACKAGES = ("transformer-mt", "torch", "tokenizers", "datasets", "sacrebleu")
 
 
@@ -59,7 +59,7 @@ def git_commit(directory: Path) -> str | None:
 def write_summary(run_dir: Path, summary: dict) -> None:
     """Write `summary.json` atomically, stamped with the writing process and time."""
     summary = {**summary, "pid": os.getpid(), "updated": time.strftime("%Y-%m-%d %H:%M:%S")}
-    write_text_atomic(run_dir / SUMMARY_NAME, json.dumps(summary, indent=2) + "\n")
+    write_text_atomic(RunDir(run_dir).summary, json.dumps(summary, indent=2) + "\n")
 
 
 def read_summaries(runs_dir: Path) -> list[dict]:
@@ -67,7 +67,7 @@ def read_summaries(runs_dir: Path) -> list[dict]:
     (`runs/<name>`), runs grouped one folder deeper (`runs/<group>/<name>`), or `runs_dir` itself
     when it is a run. Each row's `run` is its folder relative to `runs_dir`, or its name."""
     rows = []
-    for path in (folder / SUMMARY_NAME for folder in run_folders(runs_dir)):
+    for path in (RunDir(folder).summary for folder in run_folders(runs_dir)):
         if not path.is_file():
             continue
         try:

@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CACHE_DIR = "token_cache"
 CACHE_FORMAT = 2  # bump when the stored columns or the entry layout change
 ENCODE_BATCH_ROWS = 10_000
 ENTRY_FILE = "entry.json"  # the entry's Arrow files, in row order; written last

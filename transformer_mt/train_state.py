@@ -18,6 +18,7 @@ from transformer_mt.config import Config, config_to_dict
 from transformer_mt.distributed import Distributed
 from transformer_mt.errors import CheckpointError, UsageError
 from transformer_mt.run_dir import resume_config_changes
+from transformer_mt.run_layout import RunDir
 from transformer_mt.runtime import load_rng_state, rng_state
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class RunCheckpoint:
         self.tokenizer_fingerprint = tokenizer_fingerprint
         self.dist = dist
         self.device = device
-        self.checkpoints = CheckpointDir(run_dir / "checkpoints", cfg.train.keep_last)
+        self.checkpoints = CheckpointDir(RunDir(run_dir).checkpoints, cfg.train.keep_last)
         # The sampler runs one update ahead of training (the loop prepares the next update's
         # batches while the device works); checkpoints record where the trained batches end.
         self.sampler_state = sampler.state_dict()

@@ -23,6 +23,7 @@ from transformer_mt.model import Transformer
 from transformer_mt.preparation import batch_padding, prepare_data, tokenizer_file
 from transformer_mt.report import estimated_time
 from transformer_mt.run_dir import check_saved_config
+from transformer_mt.run_layout import RunDir
 from transformer_mt.run_status import RunStatus
 from transformer_mt.runtime import (Precision, pick_attention, pick_device, pick_precision, seed_everything,
                                    warn_attention_fallbacks, warn_if_bf16_emulated)
@@ -114,7 +115,7 @@ class Trainer:
         t, state = self.cfg.train, self.state
         logger.info("device %s, precision %s, %d parameters, %d training pairs", self.device,
                     self.precision.name, self.model.num_parameters(), len(self.train_data))
-        writer = (SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=state.step + 1)
+        writer = (SummaryWriter(str(RunDir(self.run_dir).tensorboard), purge_step=state.step + 1)
                   if self.dist.is_main else _NoWriter())
         self.write_summary("running")
         bar = tqdm(total=t.max_steps, initial=state.step, desc="train", unit="step",
@@ -286,7 +287,7 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
 def _train(cfg: Config, run_dir: Path, *, resume: bool, progress: bool, config_dir: Path | None,
            dist: Distributed) -> TrainState:
     if not resume and dist.is_main:
-        save_config(cfg, run_dir / "config.yaml")
+        save_config(cfg, RunDir(run_dir).config)
     if resume and not TokenizerPair.exists_in(run_dir):  # never silently train a different vocabulary
         if not dist.is_main:  # rank 0 found them (it checked the run first): this rank sees another folder
             raise missing_from_rank0(tokenizer_file(cfg, run_dir))
@@ -299,7 +300,7 @@ def _train(cfg: Config, run_dir: Path, *, resume: bool, progress: bool, config_d
     if resume:
         trainer.resume()
         if dist.is_main:
-            save_config(cfg, run_dir / "config.yaml")  # training-only settings may have changed
+            save_config(cfg, RunDir(run_dir).config)  # training-only settings may have changed
         trained_out = _trained_out(state, cfg)
         state.stopped_early = state.stopped_early and trained_out
     try:

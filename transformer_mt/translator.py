@@ -15,6 +15,7 @@ from transformer_mt.errors import CheckpointError, ConfigError, UsageError
 from transformer_mt.evaluation import cross_attention_labels, cross_attention_map, translate_ids
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import run_folders
+from transformer_mt.run_layout import RunDir
 from transformer_mt.runtime import Precision, pick_device, pick_precision, warn_attention_fallbacks
 from transformer_mt.tokenization import BOS_ID, EOS, EOS_ID, TokenizerPair
 
@@ -123,12 +124,12 @@ def find_checkpoint(run_dir: Path) -> Path:
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir}: no such run directory" if not run_dir.exists()
                               else f"{run_dir}: not a run directory (a file)")
-    checkpoints = CheckpointDir(run_dir / "checkpoints", keep_last=1)
+    checkpoints = CheckpointDir(RunDir(run_dir).checkpoints, keep_last=1)
     if checkpoints.best_path.is_file():
         return checkpoints.best_path
     latest = checkpoints.latest()
     if latest is None:
-        raise CheckpointError(f"{run_dir}: no checkpoint found in {run_dir / 'checkpoints'}")
+        raise CheckpointError(f"{run_dir}: no checkpoint found in {checkpoints.directory}")
     return latest
 
 
@@ -137,7 +138,7 @@ def latest_run(runs_dir: Path) -> Path:
     written most recently."""
     candidates = []
     for run in run_folders(runs_dir)[1:]:  # not `runs/` itself
-        files = list((run / "checkpoints").glob("*.pt"))
+        files = list(RunDir(run).checkpoints.glob("*.pt"))
         if files:
             candidates.append((max(f.stat().st_mtime for f in files), run))
     if not candidates:

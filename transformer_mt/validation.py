@@ -22,14 +22,12 @@ from transformer_mt.files import lines_to_text, write_text_atomic
 from transformer_mt.loss import label_smoothed_loss
 from transformer_mt.model import Transformer
 from transformer_mt.plotting import attention_figure
+from transformer_mt.run_layout import RunDir
 from transformer_mt.runtime import AttentionKernels, Precision
 from transformer_mt.token_cache import TokenizedSplit
 from transformer_mt.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair
 
 logger = logging.getLogger(__name__)
-
-TEST_SCORES_FILE = "test_scores.json"  # in <run>/evaluation/: the final test's scores
-
 
 class Evaluator:
     """Validates the model during training and tests it at the end; writes what it measures to
@@ -40,6 +38,7 @@ class Evaluator:
                  attention: AttentionKernels, dist: Distributed, pad_to_multiple: int, progress: bool):
         self.cfg = cfg
         self.run_dir = run_dir
+        self.paths = RunDir(run_dir)
         self.model = model
         self.tokenizers = tokenizers
         self.valid_data = valid_data
@@ -91,9 +90,8 @@ class Evaluator:
         scores = score(hypotheses, references, tokenize=self.cfg.train.bleu_tokenize)
         if self.dist.is_main:
             self._log_attention(writer, step, sources[0], hyp_ids[0])
-            hyp_dir = self.run_dir / "validation"
-            hyp_dir.mkdir(exist_ok=True)
-            write_text_atomic(hyp_dir / f"step_{step:08d}.txt", lines_to_text(hypotheses))
+            self.paths.validation.mkdir(exist_ok=True)
+            write_text_atomic(self.paths.validation_hypotheses(step), lines_to_text(hypotheses))
         ppl = math.exp(min(loss, 100.0))
         writer.add_scalar("valid/loss", loss, step)
         writer.add_scalar("valid/perplexity", ppl, step)
@@ -156,7 +154,7 @@ class Evaluator:
         and BLEU tokenizer, if there is one (one of an earlier, shorter training, of another
         average or beam does not count)."""
         try:
-            report = json.loads((self.run_dir / "evaluation" / TEST_SCORES_FILE).read_text(encoding="utf-8"))
+            report = json.loads(self.paths.test_scores.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
         cfg = self.cfg
@@ -187,7 +185,7 @@ class Evaluator:
                                 progress=self.progress)
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         scores = score(hypotheses, test["tgt"], tokenize=cfg.train.bleu_tokenize)
-        out_dir = self.run_dir / "evaluation"
+        out_dir = self.paths.evaluation
         out_dir.mkdir(exist_ok=True)
         hypotheses_file = f"test.{path.stem}.beam{beam}.txt"
         write_text_atomic(out_dir / hypotheses_file, lines_to_text(hypotheses))
@@ -197,7 +195,7 @@ class Evaluator:
                   "length_penalty": cfg.decode.length_penalty, "bleu": round(scores.bleu, 2),
                   "chrf": round(scores.chrf, 2), "bleu_signature": scores.bleu_signature,
                   "chrf_signature": scores.chrf_signature, "seconds": round(time.perf_counter() - started, 1)}
-        write_text_atomic(out_dir / TEST_SCORES_FILE, json.dumps(report, indent=2) + "\n")
+        write_text_atomic(self.paths.test_scores, json.dumps(report, indent=2) + "\n")
         _log_test(path, beam, len(hypotheses), scores)
         return report
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_mt.batching import (TokenBatchSampler, make_batch, make_batch_from_flat, padded_length, sorted_batches,
-                                     token_budget_batches)
+from transformer_mt.batching import (TokenBatchSampler, make_batch, make_batch_from_flat, pad_rows, padded_length,
+                                     sorted_batches, static_rows, token_budget_batches)
 
 
 def as_lists(batches) -> list[list[int]]:
@@ -156,3 +156,31 @@ def test_breaking_length_ties_by_target_length_keeps_every_example_and_pads_targ
         assert sorted(i for b in batches for i in b) == list(range(400))
         assert all(len(b) * lengths[b].max() <= 120 for b in batches)
         assert target_slots(batches) < target_slots(plain.epoch_batches(epoch))
+
+
+def test_filler_rows_up_to_a_static_shape_change_neither_the_loss_nor_the_gradients():
+    from tests.test_decoding import random_model
+    from transformer_mt.loss import label_smoothed_loss
+
+    model = random_model(0).train()  # dropout 0.0 in random_model: the two passes see the same network
+    gen = torch.Generator().manual_seed(3)
+    src = [torch.randint(4, 40, (n,), generator=gen).tolist() for n in (5, 3, 7)]  # V = 40
+    tgt = [torch.randint(4, 40, (n,), generator=gen).tolist() for n in (4, 6, 2)]
+    batch = make_batch(src, tgt, pad_id=0, bos_id=2, eos_id=3, pad_to_multiple=8)
+    rows = static_rows(batch, batch_tokens=64)
+    assert rows == 8  # 64 tokens // the longest padded side, 8
+    grown = pad_rows(batch, rows, pad_id=0, bos_id=2, eos_id=3)
+    assert grown.src_ids.shape == (8, 8) and grown.tgt_out_ids.shape == (8, 8)
+    assert (grown.n_src_tokens, grown.n_tgt_tokens) == (batch.n_src_tokens, batch.n_tgt_tokens)
+
+    def loss_and_grads(b):
+        model.zero_grad(set_to_none=True)
+        loss = label_smoothed_loss(model(b.src_ids, b.tgt_in_ids), b.tgt_out_ids, 0, 0.1)
+        loss.backward()
+        return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+    (loss, grads), (grown_loss, grown_grads) = loss_and_grads(batch), loss_and_grads(grown)
+    assert torch.isfinite(grown_loss) and grown_loss.item() == pytest.approx(loss.item(), rel=1e-6)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grown_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    assert pad_rows(grown, 4, pad_id=0, bos_id=2, eos_id=3) is grown  # never shrinks

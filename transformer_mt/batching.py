@@ -114,6 +114,32 @@ def make_batch_from_flat(src_values: np.ndarray, src_lengths: np.ndarray, tgt_va
                  n_tgt_tokens=int(tgt_lengths.sum()) + len(rows))
 
 
+def static_rows(batch: Batch, batch_tokens: int) -> int:
+    """The row count every batch of this one's padded lengths is given on a fixed-shape path: as
+    many as the token budget lets the sampler put into a batch of them (`token_budget_batches`),
+    so one captured step serves every batch of those lengths."""
+    longest = max(batch.src_ids.shape[1], batch.tgt_in_ids.shape[1])
+    return max(batch.src_ids.shape[0], batch_tokens // longest)
+
+
+def pad_rows(batch: Batch, rows: int, pad_id: int, bos_id: int, eos_id: int) -> Batch:
+    """`batch` with filler rows appended up to `rows`: source EOS, target input BOS, target output
+    all pad. A filler row has a real token on each side, so attention over it stays finite (a row
+    of pads alone would softmax over nothing and give NaN), and no target to predict, so it adds
+    nothing to the loss or the gradients; the token counts are the batch's own."""
+    extra = rows - batch.src_ids.shape[0]
+    if extra <= 0:
+        return batch
+
+    def grown(ids: torch.Tensor, first: int) -> torch.Tensor:
+        filler = ids.new_full((extra, ids.shape[1]), pad_id)  # (extra, L)
+        filler[:, 0] = first
+        return torch.cat([ids, filler])  # (rows, L)
+
+    return Batch(grown(batch.src_ids, eos_id), grown(batch.tgt_in_ids, bos_id), grown(batch.tgt_out_ids, pad_id),
+                 batch.n_src_tokens, batch.n_tgt_tokens)
+
+
 def token_budget_batches(order: np.ndarray, lengths: np.ndarray, batch_tokens: int) -> list[np.ndarray]:
     """Cut `order` into consecutive batches whose size × longest length stays within the budget.
 

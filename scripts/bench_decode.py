@@ -45,9 +45,11 @@ from pathlib import Path
 
 import torch
 
+from transformer_mt.architectures import build_model
 from transformer_mt.batching import pad_sequences
 from transformer_mt.checkpoint import FORMAT_VERSION, save_atomic
 from transformer_mt.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, config_to_dict
+from transformer_mt.cpu_fast_path import decoding_model
 from transformer_mt.data_sources import read_aligned_files
 from transformer_mt.decoding import beam_search, greedy_decode
 from transformer_mt.evaluation import translate_ids
@@ -155,7 +157,7 @@ def build_run(run_dir: Path, args: argparse.Namespace) -> tuple[Transformer, Tok
     tokenizers.save(run_dir)
     torch.manual_seed(args.seed)
     vocab_size = tokenizers.src.get_vocab_size()
-    model = Transformer(cfg.model, vocab_size, vocab_size, PAD_ID)
+    model = build_model(cfg.model, vocab_size, vocab_size, PAD_ID)
     RunDir(run_dir).checkpoints.mkdir()
     save_atomic({"model": model.state_dict(), "config": config_to_dict(cfg), "format_version": FORMAT_VERSION,
                  "model_args": {"src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size, "pad_id": PAD_ID}},
@@ -334,6 +336,7 @@ def main(argv: list[str] | None = None) -> None:
         setup_started = time.perf_counter()
         model, tokenizers = build_run(run_dir, args)
         model.to(device)
+        decoder = decoding_model(model)  # what tmt decodes with (`evaluation.translate_ids`)
         translator = None
         if ct2 is not None:
             export_ctranslate2(run_dir, Path(tmp) / "ct2")
@@ -352,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
         agree = compared = None
         if translator is not None:
             check_batches = source_batches(sources, tokenizers, 32, 32, model.cfg.max_len)
-            agree, compared = same_greedy_output(model, translator, tokenizers, check_batches, device, precision,
+            agree, compared = same_greedy_output(decoder, translator, tokenizers, check_batches, device, precision,
                                                  n_tokens)
             print(f"# same greedy output as ct2 (natural EOS, no suppression): {agree}/{compared} sentences")
 
@@ -362,7 +365,7 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(test_figure), flush=True)
 
         timings: list[Timing] = []
-        hook = suppress_eos(model)
+        hook = suppress_eos(decoder)
         try:
             for batch_size in batch_sizes:
                 n = args.n_batch1 if batch_size == 1 else args.n_sentences
@@ -371,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
                 # Each group decodes the same batches, interleaved; the slow uncached reference
                 # runs alone on its subset.
                 def tmt(beam: int, use_cache: bool = True) -> Callable:
-                    return tmt_engine(model, device, precision, attention, n_tokens, beam=beam, use_cache=use_cache)
+                    return tmt_engine(decoder, device, precision, attention, n_tokens, beam=beam, use_cache=use_cache)
                 greedy = [("tmt greedy, cached", tmt(1))]
                 beams = [(f"tmt beam {BEAM}", tmt(BEAM))]
                 if translator is not None:
@@ -392,7 +395,7 @@ def main(argv: list[str] | None = None) -> None:
                               f"  (CPU {timing.cpu_seconds:8.2f} s  {timing.tokens_per_cpu_s:10.1f} tokens/CPU-s)",
                               flush=True)
             if args.profile:
-                print_profile(tmt_engine(model, device, precision, attention, n_tokens, beam=1, use_cache=True),
+                print_profile(tmt_engine(decoder, device, precision, attention, n_tokens, beam=1, use_cache=True),
                               source_batches(sources, tokenizers, args.profile * batch_sizes[-1], batch_sizes[-1],
                                              model.cfg.max_len))
         finally:

@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from transformer_mt.batching import Batch
 from transformer_mt.config import Config, DataConfig, ModelConfig, TokenizerConfig, TrainConfig
 from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.throughput import peak_flops_per_s, train_flops
+from transformer_mt.throughput import peak_flops_per_s
 from transformer_mt.training import Trainer
 
 DEMO_CORPUS = Path(__file__).resolve().parents[1] / "transformer_mt" / "corpora" / "demo_en_it"
@@ -391,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # MFU of tmt: useful FLOPs of the timed batches (real tokens only) over the device's peak.
     lengths = data.lengths_of
-    flops_per_round = sum(train_flops(cfg.model, vocab_size, *lengths(b)) for b in timed_indices)
+    flops_per_round = sum(trainer.model.train_flops(*lengths(b)) for b in timed_indices)
     tokens_per_round = sum(int(lengths(b)[1].sum()) for b in timed_indices)  # target tokens, as the rates count
     peak = peak_flops_per_s(device, trainer.precision.name)
     mfu = flops_per_round * speed["tmt"] / tokens_per_round / peak if peak else None  # at the median round

@@ -342,17 +342,17 @@ def test_resume_report_names_the_position_and_the_changed_training_settings(tiny
 # --- faults during training -------------------------------------------------------------
 
 def test_a_non_finite_loss_skips_the_update_and_training_goes_on(tiny_corpus: Path, tmp_path: Path, monkeypatch):
-    real_loss, calls = train_step_module.label_smoothed_loss, []
+    real_loss, calls = train_step_module.step_loss, []
 
-    def loss_with_a_nan(logits, *args, **kwargs):
-        loss = real_loss(logits, *args, **kwargs)
+    def loss_with_a_nan(*args, **kwargs):
+        loss = real_loss(*args, **kwargs)
         if torch.is_grad_enabled():  # a training step, not validation
             calls.append(1)
             if len(calls) == 3:
                 return loss * float("nan")
         return loss
 
-    monkeypatch.setattr(train_step_module, "label_smoothed_loss", loss_with_a_nan)
+    monkeypatch.setattr(train_step_module, "step_loss", loss_with_a_nan)
     cfg = tiny_config(tiny_corpus, train={"max_steps": 5, "eval_every_steps": 5, "save_every_steps": 5})
     prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
     state = train(cfg, tmp_path / "run", progress=False)
@@ -365,12 +365,12 @@ def test_a_non_finite_loss_skips_the_update_and_training_goes_on(tiny_corpus: Pa
 
 
 def test_non_finite_losses_in_a_row_stop_the_run_naming_the_step(tiny_corpus: Path, tmp_path: Path, monkeypatch):
-    real_loss = train_step_module.label_smoothed_loss
+    real_loss = train_step_module.step_loss
 
     def infinite_in_training(*args, **kwargs):
         return real_loss(*args, **kwargs) * (float("inf") if torch.is_grad_enabled() else 1)
 
-    monkeypatch.setattr(train_step_module, "label_smoothed_loss", infinite_in_training)
+    monkeypatch.setattr(train_step_module, "step_loss", infinite_in_training)
     cfg = tiny_config(tiny_corpus, train={"max_nonfinite_steps": 3})
     prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
     with pytest.raises(TrainingError, match=r"stopping at step 1: 3 updates in a row .*train.max_nonfinite_steps=3"):
@@ -381,7 +381,7 @@ def test_out_of_memory_skips_one_batch_and_stops_with_advice_the_second_time(tin
     cfg = tiny_config(tiny_corpus, train={"max_steps": 4, "eval_every_steps": 4, "save_every_steps": 4})
     prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
     trainer = Trainer(cfg, tmp_path / "run", progress=False)
-    real_forward, calls = trainer.model.forward, []
+    real_forward, calls = trainer.train_step.step_model.forward, []  # the step's forward (`StepLoss`)
 
     def forward(*args, fail_at=(2,)):
         calls.append(1)
@@ -389,11 +389,12 @@ def test_out_of_memory_skips_one_batch_and_stops_with_advice_the_second_time(tin
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real_forward(*args)
 
-    trainer.model.forward = forward
+    trainer.train_step.step_model.forward = forward
     state = trainer.run()
     assert state.step == 4 and state.skipped_oom == 1
 
-    trainer.model.forward = lambda *args: forward(*args, fail_at=range(len(calls) + 1, len(calls) + 100))
+    again = range(len(calls) + 1, len(calls) + 100)
+    trainer.train_step.step_model.forward = lambda *args: forward(*args, fail_at=again)
     trainer.cfg = tiny_config(tiny_corpus, train={"max_steps": 8})
     with pytest.raises(TrainingError, match=r"out of memory again at step 5 .*lower train.batch_tokens \(now 64\)"):
         trainer.run()

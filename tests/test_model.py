@@ -4,11 +4,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from transformer_mt.architectures import TranslationModel, build_model
 from transformer_mt.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
 from transformer_mt.config import ModelConfig
 from transformer_mt.decoding import greedy_decode
 from transformer_mt import dropout as dropout_module
-from transformer_mt.dropout import Dropout, attention_with_dropout, dropped_positions
+from transformer_mt.cpu_fast_path import decoding_model, dropout, real_positions_states
+from transformer_mt.dropout import attention_with_dropout, dropped_positions
+from transformer_mt.errors import CheckpointError
 from transformer_mt.model import Transformer
 
 PAD, BOS, EOS, V = 0, 2, 3, 30
@@ -52,6 +55,23 @@ def test_source_padding_is_masked_in_cross_attention():
         model.src_embed.weight[PAD].normal_()
     b = model(torch.tensor([[5, 6, EOS, PAD]]), tgt)
     torch.testing.assert_close(a, b)
+
+
+def test_build_model_makes_the_configured_transformer_for_the_vocabularies():
+    cfg = ModelConfig(d_model=16, n_heads=2, n_layers=2, d_ff=32, max_len=32, share_embeddings=False, tie_output=False)
+    model = build_model(cfg, 30, 40, PAD)
+    assert isinstance(model, Transformer) and model.cfg is cfg and model.pad_id == PAD
+    assert model.src_embed.weight.shape == (30, 16) and model.output_proj.weight.shape == (40, 16)  # (V, D)
+    interface = [name for name in vars(TranslationModel) if not name.startswith("_")]
+    assert {"encode", "decode", "new_cache", "num_parameters", "train_flops"} <= set(interface)
+    assert all(callable(getattr(model, name)) for name in interface if name not in ("cfg", "pad_id"))
+    # The output projection's FLOPs count the target vocabulary: 6·D·ΔV·T = 6·16·10·2 more for V = 40 than 30.
+    assert model.train_flops([3], [2]) - build_model(cfg, 30, 30, PAD).train_flops([3], [2]) == 6 * 16 * 10 * 2
+    torch.manual_seed(0)
+    a = build_model(cfg, 30, 40, PAD).state_dict()
+    torch.manual_seed(0)
+    b = build_model(cfg, 30, 40, PAD).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # seeded: the same initial weights (every DDP rank's)
 
 
 def test_tied_weights_share_one_tensor():
@@ -101,22 +121,18 @@ def test_cross_attention_map_has_one_row_per_target_position():
 
 
 def separate_projections(state: dict) -> dict:
-    """`state` (a model state dict, or any per-parameter tensors) as saved before the projections
-    were fused: `nn.Linear` weights (out, in) and separate q/k/v (self-attention) and k/v
-    (cross-attention) projections. Unconverted tensors are kept as they are (tied ones stay tied)."""
+    """`state` (a model state dict) with the fused projections split: separate q/k/v
+    (self-attention) and k/v (cross-attention) `nn.Linear` weights (out, in) and biases."""
     old = {}
     for key, tensor in state.items():
-        if key.endswith(".kernel"):
-            key, tensor = key[: -len("kernel")] + "weight", tensor.t()
         module, _, name = key.rpartition(".")
         for fused, parts in (("qkv_proj", ["q_proj", "k_proj", "v_proj"]), ("kv_proj", ["k_proj", "v_proj"])):
             if module.endswith("." + fused):
-                chunks = tensor.chunk(len(parts)) if tensor.dim() else [tensor] * len(parts)
-                for part, chunk in zip(parts, chunks):
+                for part, chunk in zip(parts, tensor.chunk(len(parts))):
                     old[f"{module[: -len(fused)]}{part}.{name}"] = chunk.clone()
                 break
         else:
-            old[key] = tensor.contiguous() if key.endswith(".weight") and tensor.dim() == 2 else tensor
+            old[key] = tensor
     return old
 
 
@@ -151,30 +167,74 @@ def test_fused_projections_compute_what_separate_ones_do():
                                                 old["encoder_layers.0.ffn.linear2.bias"]))
 
 
+def kernel_names(model: Transformer) -> set[str]:
+    """The parameters that format version 1 stored (in, out) as `kernel`: every `nn.Linear`
+    weight but the output projection's (an embedding-shaped (V, D) matrix)."""
+    return {f"{name}.weight" for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and module is not model.output_proj}
+
+
+def version_1_layout(model: Transformer, state: dict, optimizer_state: dict | None = None) -> dict:
+    """A checkpoint of `model` as tmt wrote format version 1: each `nn.Linear` weight (out, in)
+    stored transposed (in, out) as `<layer>.kernel`, and Adam's moments of it likewise; the
+    parameter order (which indexes the optimizer state) is the same."""
+    kernels = kernel_names(model)
+    old_model = {(key[: -len("weight")] + "kernel" if key in kernels else key):
+                 (tensor.t().contiguous() if key in kernels else tensor) for key, tensor in state.items()}
+    checkpoint = {"model": old_model, "config": {}, "model_args": {}, "format_version": 1}
+    if optimizer_state is not None:
+        names = [name for name, _ in model.named_parameters()]  # the optimizer's order, tied once
+        moments = {i: {field: (t.t().contiguous() if names[i] in kernels and t.dim() == 2 else t)
+                       for field, t in per_param.items()} for i, per_param in optimizer_state["state"].items()}
+        checkpoint["optimizer"] = {"state": moments, "param_groups": optimizer_state["param_groups"]}
+    return checkpoint
+
+
 @pytest.mark.parametrize("share", [True, False])
-def test_checkpoints_with_separate_projections_still_load(share):
+def test_a_version_1_checkpoint_loads_and_translates_identically(share, tmp_path):
     model = tiny_model(share_embeddings=share, tie_output=share)
-    old = separate_projections(model.state_dict())
-    assert "decoder_layers.0.self_attn.k_proj.weight" in old and not any(k.endswith("kernel") for k in old)
+    save_atomic(version_1_layout(model, model.state_dict()), tmp_path / "v1.pt")
+    assert FORMAT_VERSION == 2
+    state = load_checkpoint(tmp_path / "v1.pt")
+    assert state["format_version"] == FORMAT_VERSION and not any(k.endswith("kernel") for k in state["model"])
     torch.manual_seed(1)
     loaded = Transformer(model.cfg, V, V, PAD).eval()
-    loaded.load_state_dict(old)  # strict: every old key is converted, none is missing
+    loaded.load_state_dict(state["model"])  # strict: every old key is converted, none is missing
     for key, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], tensor), key
     src, tgt = torch.tensor([[5, 6, 7, EOS]]), torch.tensor([[BOS, 8, 9]])
     assert torch.equal(loaded(src, tgt), model(src, tgt))
+    args = dict(bos_id=BOS, eos_id=EOS, max_len_a=1.0, max_len_b=5)
+    assert greedy_decode(loaded, src, **args) == greedy_decode(model, src, **args)
+
+
+def test_a_checkpoint_with_separate_projections_is_refused_naming_the_file(tmp_path):
+    model = tiny_model()
+    old = version_1_layout(model, separate_projections(model.state_dict()))
+    assert "decoder_layers.0.self_attn.k_proj.weight" in old["model"]
+    save_atomic(old, tmp_path / "old.pt")
+    with pytest.raises(CheckpointError, match=r"old\.pt: written by an older tmt.*not supported"):
+        load_checkpoint(tmp_path / "old.pt")
+
+
+def test_a_checkpoint_of_an_unknown_format_version_is_refused(tmp_path):
+    model = tiny_model()
+    save_atomic({"model": model.state_dict(), "config": {}, "model_args": {}, "format_version": 99},
+                tmp_path / "new.pt")
+    with pytest.raises(CheckpointError, match=r"new\.pt: checkpoint format version 99 is not supported"):
+        load_checkpoint(tmp_path / "new.pt")
 
 
 def test_fused_projections_start_like_separate_ones():
-    # Xavier-uniform per block: each q, k, v block gets the bound of a (D, D) matrix, not of (D, 3D).
+    # Xavier-uniform per block: each q, k, v block gets the bound of a (D, D) matrix, not of (3D, D).
     model = tiny_model(d_model=64, n_heads=4)
-    kernel = model.encoder_layers[0].self_attn.qkv_proj.kernel  # (D, 3D)
+    weight = model.encoder_layers[0].self_attn.qkv_proj.weight  # (3D, D)
     bound = (6 / (64 + 64)) ** 0.5
-    assert kernel.abs().max() <= bound
-    assert kernel.abs().max() > 0.9 * bound  # not the smaller (D, 3D) bound sqrt(6 / 4D)
+    assert weight.abs().max() <= bound
+    assert weight.abs().max() > 0.9 * bound  # not the smaller (3D, D) bound sqrt(6 / 4D)
 
 
-def test_a_checkpoint_with_separate_projections_resumes_training_exactly(tmp_path):
+def test_a_version_1_checkpoint_resumes_training_exactly(tmp_path):
     model = tiny_model(share_embeddings=True, tie_output=True).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
     src, tgt = torch.tensor([[5, 6, 7, EOS], [8, 9, EOS, PAD]]), torch.tensor([[BOS, 8, 9], [BOS, 4, PAD]])
@@ -185,43 +245,42 @@ def test_a_checkpoint_with_separate_projections_resumes_training_exactly(tmp_pat
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        return loss.item()
 
     train_step(model, optimizer)
-    # Save it as tmt saved checkpoints before the fused projections: old names, old layouts, and
-    # optimizer state indexed by the old parameter order.
-    old_model = separate_projections(model.state_dict())
-    old_names, seen = [], set()  # parameter order: state dict order, tied tensors once
-    for key, tensor in old_model.items():
-        if tensor.data_ptr() not in seen:
-            seen.add(tensor.data_ptr())
-            old_names.append(key)
-    new_names = [name for name, _ in model.named_parameters()]
-    saved = optimizer.state_dict()
-    old_state = {}
-    for field in ("step", "exp_avg", "exp_avg_sq"):
-        by_old_name = separate_projections({new_names[i]: saved["state"][i][field] for i in saved["state"]})
-        for name, tensor in by_old_name.items():
-            old_state.setdefault(old_names.index(name), {})[field] = tensor
-    old_groups = [{**saved["param_groups"][0], "params": list(range(len(old_names)))}]
-    save_atomic({"model": old_model, "optimizer": {"state": old_state, "param_groups": old_groups}, "config": {},
-                 "model_args": {}, "format_version": FORMAT_VERSION}, tmp_path / "old.pt")
+    # Save it as tmt saved checkpoints of format version 1: (in, out) kernels, Adam's moments of them too.
+    save_atomic(version_1_layout(model, model.state_dict(), optimizer.state_dict()), tmp_path / "v1.pt")
 
-    state = load_checkpoint(tmp_path / "old.pt")
+    state = load_checkpoint(tmp_path / "v1.pt")
     resumed = tiny_model(share_embeddings=True, tie_output=True).train()
     resumed_optimizer = torch.optim.AdamW(resumed.parameters(), lr=1e-2, weight_decay=0.01)
     resumed.load_state_dict(state["model"])
     resumed_optimizer.load_state_dict(state["optimizer"])
-    train_step(model, optimizer)
-    train_step(resumed, resumed_optimizer)
+    assert train_step(resumed, resumed_optimizer) == train_step(model, optimizer)  # the next step's loss
     for (name, a), b in zip(model.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
 
 
-def test_output_projection_computes_y_times_w_transposed_for_few_and_many_rows():
-    projection = tiny_model().output_proj
+def test_the_decoding_output_projection_computes_y_times_w_transposed_for_few_and_many_rows():
+    projection = decoding_model(tiny_model()).output_proj
     assert projection.max_rows_transposed < 3 * 100
     for y in (torch.randn(3, 100, 16), torch.randn(4, 1, 16), torch.randn(2, 3, 16)):  # F.linear, then (W·yᵀ)ᵀ
         torch.testing.assert_close(projection(y), F.linear(y, projection.weight))
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_the_cpu_decoding_model_gives_the_models_logits_and_translations(norm):
+    model = tiny_model(norm=norm)
+    fast = decoding_model(model)
+    assert not any(isinstance(m, torch.nn.Linear) for m in fast.modules())  # every product in (in, out) layout
+    src = torch.tensor([[5, 6, 7, EOS, PAD], [4, 5, 6, 7, EOS]])
+    mask = src != PAD
+    memory = model.encode(src, mask)
+    torch.testing.assert_close(fast.encode(src, mask), memory, atol=1e-5, rtol=1e-5)
+    tgt = torch.tensor([[BOS, 8, 9], [BOS, 4, 4]])
+    torch.testing.assert_close(fast.decode(tgt, memory, mask), model.decode(tgt, memory, mask), atol=1e-5, rtol=1e-5)
+    args = dict(bos_id=BOS, eos_id=EOS, max_len_a=1.0, max_len_b=5)
+    assert greedy_decode(fast, src, **args) == greedy_decode(model, src, **args)
 
 
 def test_under_bf16_autocast_training_logits_take_its_dtype_and_decoding_logits_stay_fp32():
@@ -270,7 +329,7 @@ def test_real_states_give_the_padded_logits_at_real_positions(overrides):
     model = tiny_model(**overrides)
     src, tgt = padded_pairs()
     real = tgt != PAD
-    states = model(src, tgt, real_states=True)  # (N, D)
+    states = real_positions_states(model, src, tgt)  # (N, D)
     assert states.shape == (int(real.sum()), 16)
     torch.testing.assert_close(model.output_proj(states), model(src, tgt)[real], atol=1e-5, rtol=1e-5)
 
@@ -285,7 +344,7 @@ def test_real_states_loss_has_the_gradients_of_the_padded_loss():
     padded_loss.backward()
     padded_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
-    packed_loss = F.cross_entropy(model.output_proj(model(src, tgt, real_states=True)), labels[real],
+    packed_loss = F.cross_entropy(model.output_proj(real_positions_states(model, src, tgt)), labels[real],
                                   label_smoothing=0.1, reduction="sum")
     packed_loss.backward()
     torch.testing.assert_close(packed_loss, padded_loss, atol=1e-5, rtol=1e-5)
@@ -295,18 +354,18 @@ def test_real_states_loss_has_the_gradients_of_the_padded_loss():
 
 def test_dropout_is_the_identity_at_p_0_and_in_eval():
     x = torch.randn(50, 7)
-    assert Dropout(0.0).train()(x) is x
-    assert Dropout(0.3).eval()(x) is x
+    assert dropout(x, 0.0, training=True) is x
+    assert dropout(x, 0.3, training=False) is x
 
 
 def test_dropout_is_determined_by_the_seed():
     x = torch.randn(300, 11)
     torch.manual_seed(3)
-    a = Dropout(0.1).train()(x)
+    a = dropout(x, 0.1, training=True)
     torch.manual_seed(3)
-    b = Dropout(0.1).train()(x)
+    b = dropout(x, 0.1, training=True)
     torch.manual_seed(4)
-    c = Dropout(0.1).train()(x)
+    c = dropout(x, 0.1, training=True)
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
@@ -315,7 +374,7 @@ def test_dropout_zeroes_each_element_independently_with_probability_p(p):
     torch.manual_seed(0)
     n = 200_000
     x = torch.rand(n) + 1.0  # never 0, so a 0 in the output is a drop
-    out = Dropout(p).train()(x.view(400, 500)).flatten()
+    out = dropout(x.view(400, 500), p, training=True).flatten()
     dropped = out == 0
     sigma = (p * (1 - p) / n) ** 0.5
     assert abs(dropped.float().mean().item() - p) < 5 * sigma  # the rate
@@ -351,7 +410,7 @@ def test_dropout_positions_have_the_bernoulli_distribution_at_every_position(chu
 def test_dropout_gradient_is_the_kept_mask_scaled():
     torch.manual_seed(2)
     x = (torch.rand(64, 33) + 1.0).requires_grad_()
-    out = Dropout(0.2).train()(x)
+    out = dropout(x, 0.2, training=True)
     out.sum().backward()
     torch.testing.assert_close(x.grad, (out != 0).float() / 0.8)
 

@@ -10,9 +10,11 @@ import torch
 from tests.conftest import tiny_config
 from transformer_mt.batching import make_batch, sorted_batches
 from transformer_mt.config import ModelConfig
-from transformer_mt.throughput import peak_flops_of, peak_flops_per_s, train_flops
+from transformer_mt.model import Transformer
+from transformer_mt.throughput import peak_flops_of, peak_flops_per_s
 from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt import loss as loss_module
+from transformer_mt import cpu_fast_path
+from transformer_mt.cpu_fast_path import projected_label_smoothed_loss
 from transformer_mt.loss import label_smoothed_loss
 from transformer_mt.run_dir import prepare_run_dir
 from transformer_mt.training import Trainer
@@ -56,7 +58,7 @@ def test_a_step_on_real_positions_only_makes_the_update_of_a_padded_step(tiny_co
 
 @pytest.mark.parametrize("epsilon", [0.0, 0.1])
 def test_label_smoothed_loss_fused_with_the_projection_is_cross_entropy_of_the_logits(epsilon, monkeypatch):
-    monkeypatch.setattr(loss_module._ProjectedLabelSmoothedNLL, "BLOCK_ROWS", 2)  # blocks of 2 rows, the last of 1
+    monkeypatch.setattr(cpu_fast_path._ProjectedLabelSmoothedNLL, "BLOCK_ROWS", 2)  # blocks of 2 rows, the last of 1
     torch.manual_seed(0)
     states = torch.randn(7, 4, requires_grad=True)  # (N, D)
     weight = torch.randn(11, 4, requires_grad=True)  # (V, D)
@@ -65,20 +67,20 @@ def test_label_smoothed_loss_fused_with_the_projection_is_cross_entropy_of_the_l
     plain = torch.nn.functional.cross_entropy(states @ weight.t(), targets, ignore_index=PAD_ID,
                                               label_smoothing=epsilon, reduction="sum")
     plain_grads = torch.autograd.grad(plain * 0.7, (states, weight))  # a scaled loss, as train_step divides it
-    fused = label_smoothed_loss(states, targets, PAD_ID, epsilon, weight)
+    fused = projected_label_smoothed_loss(states, weight, targets, PAD_ID, epsilon)
     fused_grads = torch.autograd.grad(fused * 0.7, (states, weight))
     torch.testing.assert_close(fused, plain)
     for ours, theirs in zip(fused_grads, plain_grads):
         torch.testing.assert_close(ours, theirs)
     assert torch.all(fused_grads[0][[2, 5]] == 0)
     with torch.no_grad():  # validation: no gradient work, the same loss
-        torch.testing.assert_close(label_smoothed_loss(states, targets, PAD_ID, epsilon, weight), plain.detach())
+        torch.testing.assert_close(projected_label_smoothed_loss(states, weight, targets, PAD_ID, epsilon), plain.detach())
 
 
 def test_the_fused_loss_with_bf16_products_is_the_loss_of_bf16_logits(monkeypatch):
     # Under bf16 autocast the model's own projection would multiply in bf16 and the loss take
     # the logits to fp32: the fused loss must compute that, not an fp32 projection.
-    monkeypatch.setattr(loss_module._ProjectedLabelSmoothedNLL, "BLOCK_ROWS", 3)
+    monkeypatch.setattr(cpu_fast_path._ProjectedLabelSmoothedNLL, "BLOCK_ROWS", 3)
     torch.manual_seed(0)
     states = torch.randn(8, 16, requires_grad=True)  # (N, D)
     weight = torch.randn(40, 16, requires_grad=True)  # (V, D)
@@ -88,14 +90,14 @@ def test_the_fused_loss_with_bf16_products_is_the_loss_of_bf16_logits(monkeypatc
     plain = torch.nn.functional.cross_entropy(logits, targets, ignore_index=PAD_ID, label_smoothing=0.1,
                                               reduction="sum")
     plain_grads = torch.autograd.grad(plain, (states, weight))
-    fused = label_smoothed_loss(states, targets, PAD_ID, 0.1, weight, product_dtype=torch.bfloat16)
+    fused = projected_label_smoothed_loss(states, weight, targets, PAD_ID, 0.1, product_dtype=torch.bfloat16)
     fused_grads = torch.autograd.grad(fused, (states, weight))
     torch.testing.assert_close(fused, plain)
     # The gradients' products are bf16 in both; the plain weight gradient is one bf16 product over
     # all rows (rounded once to bf16), the fused one sums fp32 block results: bf16 tolerance.
     for ours, theirs in zip(fused_grads, plain_grads):
         torch.testing.assert_close(ours, theirs, rtol=2e-2, atol=2e-2)
-    fp32 = label_smoothed_loss(states, targets, PAD_ID, 0.1, weight)  # the fp32 products differ
+    fp32 = projected_label_smoothed_loss(states, weight, targets, PAD_ID, 0.1)  # the fp32 products differ
     assert not torch.allclose(fp32, fused, rtol=1e-5, atol=0)
 
 
@@ -168,15 +170,16 @@ def test_length_bucketed_batches_give_the_loss_per_token_of_one_unbucketed_batch
 
 def test_flop_formula_matches_a_hand_computation():
     cfg = ModelConfig(d_model=4, n_heads=2, n_layers=2, d_ff=8)
+    train_flops = Transformer(cfg, 10, 10, pad_id=0).train_flops
     # One sentence, S = 3 source and T = 2 target tokens; V = 10.
     # encoder matmuls:  6·2·(4·16 + 2·4·8)·3 = 12·128·3 = 4608
     # decoder matmuls:  6·2·(6·16 + 2·4·8)·2 = 12·160·2 = 3840
     # cross K/V:        6·2·(2·16)·3         = 12·32·3  = 1152
     # output:           6·4·10·2                        =  480
     # attention:        12·2·4·(9 + 4 + 6)   = 96·19    = 1824
-    assert train_flops(cfg, 10, [3], [2]) == 4608 + 3840 + 1152 + 480 + 1824
+    assert train_flops([3], [2]) == 4608 + 3840 + 1152 + 480 + 1824
     # Sentences add up: two copies cost twice one.
-    assert train_flops(cfg, 10, np.array([3, 3]), np.array([2, 2])) == 2 * train_flops(cfg, 10, [3], [2])
+    assert train_flops(np.array([3, 3]), np.array([2, 2])) == 2 * train_flops([3], [2])
 
 
 def test_peak_flops_follow_the_device_name_and_whether_fp32_may_use_tf32():
@@ -202,4 +205,4 @@ def test_a_compiled_step_makes_the_same_update_as_an_eager_one(tiny_corpus: Path
     assert two.loss.item() == pytest.approx(one.loss.item(), rel=1e-4)
     for (name, a), b in zip(eager.model.named_parameters(), compiled.model.parameters()):
         assert torch.allclose(a.grad, b.grad, rtol=1e-3, atol=1e-6), name
-    assert all(not k.startswith("_orig_mod") for k in compiled.checkpoint_state()["model"])  # plain module saved
+    assert all(not k.startswith("_orig_mod") for k in compiled.checkpoint.state_dict()["model"])  # plain module saved

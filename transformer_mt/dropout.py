@@ -1,6 +1,7 @@
 """Dropout drawn through the gaps between dropped elements: the same Bernoulli(p) distribution
 as `nn.Dropout` from about n·p random numbers instead of n, for training on a CPU, where
 drawing the masks (`bernoulli_`) was 18% of a step. Attention dropout goes the same way there.
+Used by `cpu_fast_path` only (`cpu_fast_path.dropout`).
 """
 
 from __future__ import annotations
@@ -8,8 +9,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 
 def dropped_positions(n: int, p: float, chunk: int | None = None) -> torch.Tensor:
@@ -76,7 +75,7 @@ def attention_with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ke
     key_mask (B, Tk) bool or None -> (B, H, Tq, Dh).
 
     What `F.scaled_dot_product_attention` computes with `dropout_p=p`, written out for training
-    on a CPU, where SDPA's math path draws its dropout with `bernoulli_` (see `Dropout`).
+    on a CPU, where SDPA's math path draws its dropout with `bernoulli_` (see `drop_positions`).
     """
     B, H, Tq, Dh = q.shape
     Tk = k.shape[2]
@@ -90,28 +89,3 @@ def attention_with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ke
                            alpha=1.0 / math.sqrt(Dh))  # (B·H, Tq, Tk)
     probs = drop_positions(scores.softmax(dim=-1), p)
     return torch.bmm(probs, v.reshape(B * H, Tk, Dh)).view(B, H, Tq, Dh)
-
-
-class Dropout(nn.Module):
-    """Inverted dropout: in training, zero each element with probability p and scale the rest by 1/(1-p).
-
-    Equal in distribution to `nn.Dropout`. On a CPU it draws only the dropped positions
-    (`dropped_positions`, about n·p random numbers) instead of n Bernoulli samples, which made
-    `bernoulli_` 18% of a CPU training step (docs/benchmarks.md, "Training"); elsewhere, and
-    under `torch.compile` (the draw loop reads a length from the tensor), it is `F.dropout`.
-    Attention dropout goes the same way in training on a CPU (`attention_with_dropout`).
-    """
-
-    def __init__(self, p: float):
-        super().__init__()
-        self.p = p
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0.0:
-            return x
-        if not fast_dropout_applies(x, self.p):
-            return F.dropout(x, self.p, training=True)
-        return drop_positions(x, self.p)
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"

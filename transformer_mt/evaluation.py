@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from transformer_mt.batching import pad_sequences, sorted_batches
 from transformer_mt.config import DecodeConfig
+from transformer_mt.cpu_fast_path import decoding_model
 from transformer_mt.decoding import beam_search, greedy_decode
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision, pick_attention
@@ -73,12 +74,13 @@ def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: Dec
     results: list[list[int]] = [[] for _ in sources]
     was_training = model.training
     model.eval()
+    decoder = decoding_model(model)  # on a CPU, faster (in, out) weight copies, made once per call
     try:
         for chunk in tqdm(batches, desc="translate", unit="batch", disable=not (progress and sys.stderr.isatty()),
                           file=sys.stderr):
             src_ids = pad_sequences([sources[i] for i in chunk], model.pad_id).to(device)
             with precision.autocast(), attention.enabled():
-                outputs = _decode_batch(model, src_ids, decode_cfg, beam_size, bos_id, eos_id)
+                outputs = _decode_batch(decoder, src_ids, decode_cfg, beam_size, bos_id, eos_id)
             for i, ids in zip(chunk, outputs):
                 results[i] = ids
     finally:

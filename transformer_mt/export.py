@@ -17,7 +17,7 @@ from torch import nn
 
 from transformer_mt.errors import TmtError, UsageError
 from transformer_mt.files import check_parent_dir, make_parent_dir, make_temp_dir_beside
-from transformer_mt.model import DecoderLayer, EncoderLayer, Linear, SelfAttention, Transformer, sinusoidal_positions
+from transformer_mt.model import DecoderLayer, EncoderLayer, SelfAttention, Transformer, sinusoidal_positions
 from transformer_mt.tokenization import BOS, BOS_ID, EOS, PAD_ID, UNK
 from transformer_mt.translator import Translator
 
@@ -115,8 +115,8 @@ def build_ctranslate2_spec(model: Transformer):
     """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights (fp32 numpy arrays).
 
     Mapping: tmt's fused projections are CTranslate2's (self-attention: one QKV matrix;
-    cross-attention: Q, then one KV matrix), transposed from tmt's (in, out) `kernel` to
-    CTranslate2's (out, in); each tmt `Residual` LayerNorm is the sublayer's `layer_norm`, which
+    cross-attention: Q, then one KV matrix), in `nn.Linear`'s (out, in) layout, which is
+    CTranslate2's; each tmt `Residual` LayerNorm is the sublayer's `layer_norm`, which
     CTranslate2 applies before (pre-norm) or after the residual sum (post-norm), as tmt does.
     Positions are tmt's own sinusoidal table (CTranslate2's built-in one concatenates sin and cos
     and starts at position 1), embeddings are scaled by sqrt(D), and the output projection gets
@@ -132,7 +132,7 @@ def build_ctranslate2_spec(model: Transformer):
     spec.config.decoder_start_token = BOS
     spec.config.bos_token, spec.config.eos_token, spec.config.unk_token = BOS, EOS, UNK
 
-    # (P, D): row i is position i, as in `Transformer._embed`; P >= max_len (see CT2_POSITIONS)
+    # (P, D): row i is position i, as in `Transformer.embed`; P >= max_len (see CT2_POSITIONS)
     positions = _array(sinusoidal_positions(max(cfg.max_len, CT2_POSITIONS), cfg.d_model))
     embed_scale = math.sqrt(cfg.d_model)
     if not math.isclose(model.embed_scale, embed_scale):
@@ -190,8 +190,8 @@ def _set_ffn(spec, layer: EncoderLayer | DecoderLayer) -> None:
     _set_layer_norm(spec.layer_norm, layer.ffn_block.norm)
 
 
-def _set_linear(spec, linear: Linear) -> None:
-    spec.weight = _array(linear.kernel.t())  # (out, in): CTranslate2 computes x @ W^T
+def _set_linear(spec, linear: nn.Linear) -> None:
+    spec.weight = _array(linear.weight)  # (out, in): CTranslate2 computes x @ W^T, as nn.Linear does
     spec.bias = _array(linear.bias)
 
 

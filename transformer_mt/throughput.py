@@ -1,17 +1,14 @@
-"""Training throughput accounting: model FLOPs per batch, device peak FLOP/s, MFU, padding efficiency,
-and the meter that turns the steps between two log lines into those figures."""
+"""Training throughput accounting: device peak FLOP/s, MFU (from the model's own FLOP count), padding
+efficiency, and the meter that turns the steps between two log lines into those figures."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from transformer_mt.batching import Batch
-from transformer_mt.config import ModelConfig
 from transformer_mt.distributed import Distributed
 
 # Dense (no sparsity) peaks from NVIDIA's datasheets, FLOP/s: tensor cores for bf16, fp16 and
@@ -26,38 +23,6 @@ PEAK_FLOPS = {
     "H200": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
     "A100": {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12},
 }
-
-
-def train_flops(cfg: ModelConfig, tgt_vocab_size: int, src_lengths: Sequence[int] | np.ndarray,
-                tgt_lengths: Sequence[int] | np.ndarray) -> float:
-    """Model FLOPs of one training step (forward + backward) over real tokens, padding excluded.
-
-    `src_lengths` / `tgt_lengths`: tokens per sentence including EOS (source) and BOS/EOS
-    (target), one entry per sentence. With D = d_model, F = d_ff, L = n_layers (each side),
-    V = target vocabulary, S and T a sentence's source and target lengths, and the usual
-    "6 × parameters × tokens" for a matmul's forward (2) and backward (4) multiply-adds:
-
-    - encoder layers, per source token: 6 · L · (4D² + 2DF)  (q, k, v, out projections; FFN)
-    - decoder layers, per target token: 6 · L · (4D² + 2D² + 2DF)  (self-attention q, k, v, out;
-      cross-attention q and out; FFN)
-    - cross-attention keys and values, per source token: 6 · L · 2D²  (they project the memory)
-    - output projection, per target token: 6 · D · V
-    - attention scores and weighted sums, per sentence: 12 · L · D · (S² + T² + T·S)
-      (QKᵀ and AV, 2 FLOPs per multiply-add each, ×3 for the backward; the causal decoder is
-      counted as the full T² square, as PaLM's MFU does)
-
-    Embedding lookups, LayerNorms, softmax and the loss are left out (they are not matmuls).
-    """
-    D, F, L, V = cfg.d_model, cfg.d_ff, cfg.n_layers, tgt_vocab_size
-    S = np.asarray(src_lengths, dtype=np.float64)
-    T = np.asarray(tgt_lengths, dtype=np.float64)
-    src_tokens, tgt_tokens = S.sum(), T.sum()
-    encoder = 6 * L * (4 * D * D + 2 * D * F) * src_tokens
-    decoder = 6 * L * (6 * D * D + 2 * D * F) * tgt_tokens
-    cross_kv = 6 * L * 2 * D * D * src_tokens
-    output = 6 * D * V * tgt_tokens
-    attention = 12 * L * D * float((S * S).sum() + (T * T).sum() + (T * S).sum())
-    return float(encoder + decoder + cross_kv + output + attention)
 
 
 def peak_flops_per_s(device: torch.device, precision: str) -> float | None:
@@ -95,7 +60,7 @@ class IntervalStats:
     tgt_tokens_per_s: float
     src_padding_efficiency: float  # real tokens ÷ padded slots in the batches
     tgt_padding_efficiency: float
-    mfu: float | None  # model FLOPs (see `train_flops`) ÷ (seconds × device peak); None off-GPU
+    mfu: float | None  # model FLOPs (the model's `train_flops`) ÷ (seconds × device peak); None off-GPU
     peak_memory_mb: float | None  # most GPU memory allocated at once in the interval; None off-GPU
 
     def perf(self) -> dict[str, float]:

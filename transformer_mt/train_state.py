@@ -53,13 +53,13 @@ class TrainState:
         self.step = int(state["step"])
         self.best_bleu = float(state["best_bleu"])
         self.tgt_tokens_seen = int(state["tgt_tokens_seen"])
-        self.best_step = int(state.get("best_step", -1))  # absent in checkpoints older than these counters
-        self.evals_since_best = int(state.get("evals_since_best", 0))
-        self.stopped_early = bool(state.get("stopped_early", False))
-        self.skipped_nonfinite = int(state.get("skipped_nonfinite", 0))
-        self.skipped_oom = int(state.get("skipped_oom", 0))
-        self.train_seconds = float(state.get("train_seconds", 0.0))
-        self.last_valid = state.get("last_valid")
+        self.best_step = int(state["best_step"])
+        self.evals_since_best = int(state["evals_since_best"])
+        self.stopped_early = bool(state["stopped_early"])
+        self.skipped_nonfinite = int(state["skipped_nonfinite"])
+        self.skipped_oom = int(state["skipped_oom"])
+        self.train_seconds = float(state["train_seconds"])
+        self.last_valid = state["last_valid"]
 
 
 class Stateful(Protocol):
@@ -119,7 +119,7 @@ class RunCheckpoint:
         self.model.load_state_dict(ckpt["model"])
         self.state.load_state_dict(ckpt["train_state"])
         self.update.load_state_dict(ckpt)  # after the counters: it sets the next update's learning rate
-        self.sampler.load_state_dict(self._sampler_state_of(ckpt))
+        self.sampler.load_state_dict(ckpt["sampler"])
         self.sampler_state = self.sampler.state_dict()
         load_rng_state({k: _to_cpu(v) for k, v in self._own_rng_state(ckpt["rng"], path).items()})
         logger.info("resuming from %s: step %d, epoch %d, batch %d of that epoch", path, self.state.step,
@@ -181,16 +181,6 @@ class RunCheckpoint:
             raise UsageError(f"{path} was written by a run of {saved_world} process(es); resume it with the same "
                              f"number (torchrun --nproc_per_node/--nnodes), not {self.dist.world_size}")
         return saved["ranks"][self.dist.rank] if "ranks" in saved else saved
-
-    def _sampler_state_of(self, ckpt: dict) -> dict:
-        """The checkpoint's sampler state. Checkpoints from before the state held the cut were cut
-        with the unpadded lengths, their run's batch_tokens, and this world size (resume keeps it)."""
-        state = ckpt["sampler"]
-        if "cut" in state:
-            return state
-        cut = {"batch_tokens": ckpt["config"]["train"]["batch_tokens"], "world_size": self.dist.world_size,
-               "pad_to_multiple": 1}
-        return {**state, "cut": cut}
 
 
 def _to_cpu(value):

@@ -16,12 +16,11 @@ from transformer_mt.batching import Batch, TokenBatchSampler
 from transformer_mt.config import Config
 from transformer_mt.distributed import Distributed
 from transformer_mt.errors import TrainingError
-from transformer_mt.loss import label_smoothed_loss
+from transformer_mt.loss import StepLoss, step_loss
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import AttentionKernels, Precision
 from transformer_mt.schedule import lr_at
 from transformer_mt.token_cache import TokenizedSplit
-from transformer_mt.tokenization import PAD_ID
 from transformer_mt.train_state import TrainState
 
 logger = logging.getLogger(__name__)
@@ -66,8 +65,9 @@ class TrainStep:
         self.attention = attention  # the SDPA kernels of forward and backward
         self.dist = dist
         self.pad_to_multiple = pad_to_multiple
-        # Under torchrun DDP wraps the model and averages the gradients in backward. torch.compile
-        # wraps the same parameters, so checkpoints, validation and decoding use the plain model.
+        # The module a step calls is the model's loss (`StepLoss`). Under torchrun DDP wraps it and
+        # averages the gradients in backward. torch.compile wraps the same parameters, so
+        # checkpoints, validation and decoding use the plain model.
         # Dynamo compiles a shape-generic graph after the first new shape, and train.pad_to_multiple
         # keeps lengths on a coarse grid, so it does not recompile for every batch.
         self.ddp_model: torch.nn.parallel.DistributedDataParallel | None = None
@@ -75,8 +75,8 @@ class TrainStep:
             # No buffer broadcast before every forward: the only buffer, the sinusoidal position
             # table, is the same constant on every rank.
             self.ddp_model = torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[device] if device.type == "cuda" else None, broadcast_buffers=False)
-        self.step_model = self.ddp_model or model
+                StepLoss(model), device_ids=[device] if device.type == "cuda" else None, broadcast_buffers=False)
+        self.step_model = self.ddp_model or StepLoss(model)
         if t.compile:
             self.step_model = torch.compile(self.step_model)
         # One fused kernel per parameter group instead of a chain of foreach ops: CUDA and CPU
@@ -88,11 +88,10 @@ class TrainStep:
         self.sampler = TokenBatchSampler(train_data.lengths(), t.batch_tokens, cfg.seed, tie_break=train_data.tgt_len,
                                          world_size=dist.world_size, pad_to_multiple=pad_to_multiple,
                                          max_length=cfg.model.max_len)
-        # On a CPU every layer runs at the real tokens only (`Transformer.forward`'s `real_states`)
-        # and the loss projects them to the vocabulary block by block: the same loss and gradients
-        # without the padding's share of the work (docs/benchmarks.md, "Training"). Elsewhere the
-        # padded path stays: the real rows' count is a host sync per step, and under compile one
-        # more dynamic shape.
+        # On a CPU every layer runs at the real tokens only (`cpu_fast_path`) and the loss projects
+        # them to the vocabulary block by block: the same loss and gradients without the padding's
+        # share of the work (docs/benchmarks.md, "Training"). Elsewhere the padded path stays: the
+        # real rows' count is a host sync per step, and under compile one more dynamic shape.
         self.real_positions_only = device.type == "cpu" and not t.compile
         self.apply_settings()
 
@@ -163,13 +162,9 @@ class TrainStep:
         total = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
             with self._gradient_sync(last=i == len(batches) - 1), self.attention.enabled():
-                with self.precision.autocast():  # logits (B, T, V), or the real positions' states (N, D)
-                    out = self.step_model(batch.src_ids, batch.tgt_in_ids, self.real_positions_only)  # real_states
-                targets, output_weight = batch.tgt_out_ids, None  # (B, T)
-                if self.real_positions_only:  # the loss projects the states itself, block by block
-                    targets, output_weight = targets[targets != PAD_ID], self.model.output_proj.weight  # (N,)
-                loss = label_smoothed_loss(out, targets, PAD_ID, self.cfg.train.label_smoothing, output_weight,
-                                           product_dtype=self.precision.dtype)
+                with self.precision.autocast():  # the model's; the loss computes in fp32 outside it
+                    loss = step_loss(self.step_model, batch, self.real_positions_only, self.cfg.train.label_smoothing,
+                                     self.precision.dtype)
                 loss = loss / n_tgt_tokens  # normalise per target token of the whole update, not per sentence
                 self.scaler.scale(loss * world if world > 1 else loss).backward()  # frees this batch's activations
             total += loss.detach()

@@ -14,6 +14,7 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+from transformer_mt.architectures import build_model as build_architecture
 from transformer_mt.config import Config, save_config
 from transformer_mt.distributed import Distributed
 from transformer_mt.errors import CheckpointError, ConfigError, TmtError, TrainingError, TrainingStopped, \
@@ -29,7 +30,7 @@ from transformer_mt.runtime import (Precision, pick_attention, pick_device, pick
                                    warn_attention_fallbacks, warn_if_bf16_emulated)
 from transformer_mt.schedule import lr_at
 from transformer_mt.signals import StopRequest, sigterm_interrupts
-from transformer_mt.throughput import IntervalMeter, peak_flops_per_s, train_flops
+from transformer_mt.throughput import IntervalMeter, peak_flops_per_s
 from transformer_mt.tokenization import PAD_ID, TokenizerPair
 from transformer_mt.train_state import RunCheckpoint, TrainState
 from transformer_mt.train_step import StepBatches, StepResult, TrainStep
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 
 def build_model(cfg: Config, tokenizers: TokenizerPair) -> Transformer:
-    return Transformer(cfg.model, tokenizers.src.get_vocab_size(), tokenizers.tgt.get_vocab_size(), PAD_ID)
+    return build_architecture(cfg.model, tokenizers.src.get_vocab_size(), tokenizers.tgt.get_vocab_size(), PAD_ID)
 
 
 class Trainer:
@@ -166,8 +167,7 @@ class Trainer:
     def _count(self, current: StepBatches, result: StepResult, interval: IntervalMeter) -> None:
         """An update's tokens into the run's total, and its tokens and FLOPs into the log interval."""
         self.state.tgt_tokens_seen += current.tgt_tokens
-        flops = sum(train_flops(self.cfg.model, self.tokenizers.tgt.get_vocab_size(),
-                                *self.train_data.lengths_of(i)) for i in current.indices)
+        flops = sum(self.model.train_flops(*self.train_data.lengths_of(i)) for i in current.indices)
         interval.add(result.loss, current.micro_batches, flops)
 
     def _after_step(self, writer: SummaryWriter, interval: IntervalMeter) -> bool:

@@ -13,6 +13,7 @@ from transformer_mt.checkpoint import CheckpointDir, check_tokenizers, load_chec
 from transformer_mt.config import Config, config_from_dict
 from transformer_mt.errors import CheckpointError, ConfigError, UsageError
 from transformer_mt.evaluation import cross_attention_labels, cross_attention_map, translate_ids
+from transformer_mt.architectures import build_model
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import run_folders
 from transformer_mt.run_layout import RunDir
@@ -51,7 +52,7 @@ class Translator:
         if tokenizers.src.get_vocab_size() != args["src_vocab_size"] or \
                 tokenizers.tgt.get_vocab_size() != args["tgt_vocab_size"]:
             raise CheckpointError(f"{run_dir}: the tokenizer files do not match the checkpoint's vocabulary sizes")
-        model = Transformer(cfg.model, args["src_vocab_size"], args["tgt_vocab_size"], args["pad_id"])
+        model = build_model(cfg.model, args["src_vocab_size"], args["tgt_vocab_size"], args["pad_id"])
         model.load_state_dict(state["model"])
         torch_device = pick_device(device)
         logger.info("loaded %s (step %d) on %s", checkpoint, state.get("train_state", {}).get("step", -1), torch_device)

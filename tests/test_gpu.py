@@ -178,3 +178,41 @@ def test_decoding_on_cudnn_attention_forced_translates_on_the_device(tmp_path: P
         # A GPU of compute capability 8.0 or later runs cuDNN's kernel: no fallback, no warning.
         cudnn_runs = DEVICE == "cuda" and torch.cuda.get_device_capability()[0] >= 8
         assert ("decode.attention_backend: cudnn" in err) == (not cudnn_runs), err
+
+
+def test_the_captured_step_makes_the_eager_steps_updates(tiny_corpus: Path, tmp_path: Path):
+    # Three updates of three batch shapes, one shape twice (a replay with other data), one update
+    # of two accumulated batches: the CUDA-graph step against the eager one, fp32.
+    graphed = make_trainer(tiny_corpus, tmp_path / "graphed", device=DEVICE, batch_tokens=64)
+    eager = make_trainer(tiny_corpus, tmp_path / "eager", device=DEVICE, batch_tokens=64, cuda_graphs=False)
+    assert eager.train_step.graphs is None
+    assert (graphed.train_step.graphs is not None) == (DEVICE == "cuda")  # elsewhere both run eagerly
+    updates = [[[0, 1, 2]], [[3, 4, 5, 6, 7]], [[8, 9, 10]], [[0, 11], [5, 6]]]
+    for indices in updates:
+        one = graphed.train_step.run([graphed.train_step.load_batch(i) for i in indices])
+        two = eager.train_step.run([eager.train_step.load_batch(i) for i in indices])
+        assert one.updated and two.updated
+        assert one.loss.item() == pytest.approx(two.loss.item(), rel=1e-5)
+        assert one.grad_norm.item() == pytest.approx(two.grad_norm.item(), rel=1e-4)
+    for (name, a), b in zip(graphed.model.named_parameters(), eager.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
+    if DEVICE == "cuda":
+        assert 2 <= len(graphed.train_step.graphs.captured) <= len(updates) + 1
+        batch = graphed.train_step.load_batch([0, 1, 2])
+        assert batch.src_ids.shape[0] == 64 // max(batch.src_ids.shape[1], batch.tgt_in_ids.shape[1])  # filler rows
+
+
+def test_a_replayed_step_draws_new_dropout_masks(tiny_corpus: Path, tmp_path: Path):
+    cfg = tiny_config(tiny_corpus, model={"dropout": 0.3}, train={"device": DEVICE, "max_steps": 2})
+    prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
+    trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    batch = trainer.train_step.load_batch(list(range(6)))
+    losses = []
+    for _ in range(3):  # the same batch: only the dropout masks differ
+        if trainer.train_step.graphs is not None:
+            trainer.train_step.graphs.zero_grad()
+            losses.append(trainer.train_step.graphs.run(batch, 1.0).item())
+        else:
+            trainer.model.train()
+            losses.append(trainer.train_step.run(batch).loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))) and len(set(losses)) == 3

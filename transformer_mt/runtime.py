@@ -48,10 +48,12 @@ class Precision:
         # fp16 has a narrow exponent range: small gradients underflow without loss scaling.
         return self.dtype == torch.float16
 
-    def autocast(self) -> contextlib.AbstractContextManager:
+    def autocast(self, cache_enabled: bool = True) -> contextlib.AbstractContextManager:
+        """Autocast to this precision's dtype (none for fp32). `cache_enabled=False` for CUDA graph
+        capture: autocast's cache of cast weights would be captured once and then be stale."""
         if self.dtype is None:
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device_type, dtype=self.dtype)
+        return torch.autocast(device_type=self.device_type, dtype=self.dtype, cache_enabled=cache_enabled)
 
 
 def pick_precision(name: str, device: torch.device) -> Precision:

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from transformer_mt.batching import Batch, TokenBatchSampler
+from transformer_mt.batching import Batch, TokenBatchSampler, pad_rows, static_rows
 from transformer_mt.config import Config
+from transformer_mt.cuda_graph_step import GraphedStep, graphs_apply
 from transformer_mt.distributed import Distributed
 from transformer_mt.errors import TrainingError
 from transformer_mt.loss import StepLoss, step_loss
@@ -21,6 +22,7 @@ from transformer_mt.model import Transformer
 from transformer_mt.runtime import AttentionKernels, Precision
 from transformer_mt.schedule import lr_at
 from transformer_mt.token_cache import TokenizedSplit
+from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.train_state import TrainState
 
 logger = logging.getLogger(__name__)
@@ -93,6 +95,13 @@ class TrainStep:
         # share of the work (docs/benchmarks.md, "Training"). Elsewhere the padded path stays: the
         # real rows' count is a host sync per step, and under compile one more dynamic shape.
         self.real_positions_only = device.type == "cpu" and not t.compile
+        # The GPU engine (`cuda_graph_step`): each batch shape's forward and backward replayed as
+        # a CUDA graph, on batches of fixed row counts so that shapes repeat.
+        self.graphs: GraphedStep | None = None
+        if t.cuda_graphs and graphs_apply(device, distributed=dist.enabled, compiled=t.compile,
+                                          grad_scaler=self.scaler.is_enabled()):
+            self.graphs = GraphedStep(self.step_model, list(model.parameters()), precision=precision,
+                                      attention=attention, label_smoothing=t.label_smoothing)
         self.apply_settings()
 
     def apply_settings(self) -> None:
@@ -118,6 +127,8 @@ class TrainStep:
         """Training examples -> a padded batch on the device; on CUDA through pinned memory, so the
         copy is asynchronous (`non_blocking`) and overlaps with queued GPU work."""
         batch = self.train_data.batch(indices, self.pad_to_multiple)
+        if self.graphs is not None:  # a fixed row count per padded length: shapes repeat, graphs replay
+            batch = pad_rows(batch, static_rows(batch, self.cfg.train.batch_tokens), PAD_ID, BOS_ID, EOS_ID)
         if self.device.type == "cuda":
             batch = batch.pin_memory()
         return batch.to(self.device)
@@ -155,19 +166,11 @@ class TrainStep:
         """
         batches = [batches] if isinstance(batches, Batch) else batches
         n_tgt_tokens = step_tgt_tokens or sum(batch.n_tgt_tokens for batch in batches)
-        # DDP averages gradients over the W ranks; scaling each rank's loss by W turns that into the sum.
-        world = self.dist.world_size
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros((), device=self.device)
-        for i, batch in enumerate(batches):
-            with self._gradient_sync(last=i == len(batches) - 1), self.attention.enabled():
-                with self.precision.autocast():  # the model's; the loss computes in fp32 outside it
-                    loss = step_loss(self.step_model, batch, self.real_positions_only, self.cfg.train.label_smoothing,
-                                     self.precision.dtype)
-                loss = loss / n_tgt_tokens  # normalise per target token of the whole update, not per sentence
-                self.scaler.scale(loss * world if world > 1 else loss).backward()  # frees this batch's activations
-            total += loss.detach()
+        if self.graphs is not None:
+            total = self._replay_forward_backward(batches, n_tgt_tokens)
+        else:
+            total = self._forward_backward(batches, n_tgt_tokens)
         self.scaler.unscale_(self.optimizer)
         max_norm = self.cfg.train.clip_grad_norm or float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
@@ -190,6 +193,30 @@ class TrainStep:
             self.state.step += 1
             self.apply_settings()  # the next update's learning rate
         return StepResult(total, grad_norm.detach(), finite, stop_signal)
+
+    def _forward_backward(self, batches: list[Batch], n_tgt_tokens: int) -> torch.Tensor:
+        """Gradients of the batches' summed loss / `n_tgt_tokens` into `.grad`; returns that loss."""
+        # DDP averages gradients over the W ranks; scaling each rank's loss by W turns that into the sum.
+        world = self.dist.world_size
+        self.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.device)
+        for i, batch in enumerate(batches):
+            with self._gradient_sync(last=i == len(batches) - 1), self.attention.enabled():
+                with self.precision.autocast():  # the model's; the loss computes in fp32 outside it
+                    loss = step_loss(self.step_model, batch, self.real_positions_only, self.cfg.train.label_smoothing,
+                                     self.precision.dtype)
+                loss = loss / n_tgt_tokens  # normalise per target token of the whole update, not per sentence
+                self.scaler.scale(loss * world if world > 1 else loss).backward()  # frees this batch's activations
+            total += loss.detach()
+        return total
+
+    def _replay_forward_backward(self, batches: list[Batch], n_tgt_tokens: int) -> torch.Tensor:
+        """`_forward_backward` by replaying each batch shape's CUDA graph (one process: no DDP)."""
+        self.graphs.zero_grad()
+        total = torch.zeros((), device=self.device)
+        for batch in batches:
+            total += self.graphs.run(batch, 1.0 / n_tgt_tokens)  # read before the next replay overwrites it
+        return total
 
     def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         """Under DDP, gradients are all-reduced only in the backward of a step's last micro-batch."""

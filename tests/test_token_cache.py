@@ -3,6 +3,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import TINY_PAIRS
 from transformer_mt.config import TokenizerConfig
@@ -147,3 +148,22 @@ def test_small_splits_take_one_process():
     assert processes_for(3 * MIN_ROWS_PER_PROCESS, 8) == 3
     assert processes_for(100 * MIN_ROWS_PER_PROCESS, 4) == 4
     assert processes_for(100 * MIN_ROWS_PER_PROCESS, None) == min(os.cpu_count() or 1, 8)  # unset: the cores
+
+
+def test_batches_from_the_in_memory_ids_equal_those_from_the_arrow_rows(tmp_path: Path, monkeypatch):
+    from transformer_mt import token_cache
+
+    import numpy as np
+
+    split, digest, pair = dataset_of(TINY_PAIRS), digest_of(TINY_PAIRS), tokenizers()
+    in_memory = tokenize_split(split, digest, pair, 64, tmp_path / "a", "train", drop_long=True)
+    monkeypatch.setattr(token_cache, "IN_MEMORY_MAX_IDS", 0)  # too big to hold: the Arrow path
+    mapped = tokenize_split(split, digest, pair, 64, tmp_path / "b", "train", drop_long=True)
+    assert in_memory._flat is not None and mapped._flat is None
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        indices = rng.permutation(len(in_memory))[:7]  # any rows, in any order
+        a, b = in_memory.batch(indices, pad_to_multiple=8), mapped.batch(indices, pad_to_multiple=8)
+        for name in ("src_ids", "tgt_in_ids", "tgt_out_ids"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+        assert (a.n_src_tokens, a.n_tgt_tokens) == (b.n_src_tokens, b.n_tgt_tokens)

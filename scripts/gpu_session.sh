@@ -12,7 +12,10 @@
 #   prepare        copies ../shared/data's Multi30k and Tatoeba (DATA=... for another copy) and the
 #                  wheels the GPU image lacks (datasets and what it needs) into .gpu/, which git
 #                  ignores. The GPU machine sees only the repository: carry `.gpu` in the call.
-#   bench          scripts/bench_train.py, preset base, eager, on the demo corpus and on Multi30k.
+#   bench          scripts/bench_train.py, preset base, on the demo corpus and on Multi30k.
+#   bench-large    the same on Multi30k at 65,536 tokens per batch (what a bigger batch buys in MFU).
+#   profile        cProfile of 1,500 updates of configs/multi30k-en-de.yaml (where the host's time
+#                  goes per update), its top functions into the log and the .prof file into OUT.
 #   bench-more     on Multi30k: without padding to 8, then with torch.compile (compiling takes minutes).
 #   decode         scripts/bench_decode.py, preset base, bf16, on Multi30k: tmt greedy and beam 4 at batch
 #                  1 and 32 against HF MarianMTModel.generate of the same size (and CTranslate2 where it is
@@ -99,6 +102,22 @@ bench() {  # fails if any run fails; each prints its JSON line last
     return $rc
 }
 
+bench-large() {
+    log "bench: base, Multi30k, 65,536 tokens per batch"
+    "$PY" scripts/bench_train.py --device cuda --preset base --data .gpu/data/multi30k_en_de \
+        --batch-tokens 65536 --repeats 3
+}
+
+profile() {  # the host's time per update of the tiny model, which a CUDA graph step waits on
+    log "profile: 1,500 updates of configs/multi30k-en-de.yaml under cProfile"
+    rm -rf runs/gpu-profile
+    "$PY" -m cProfile -o "$OUT/multi30k-1500.prof" -m transformer_mt train --config configs/multi30k-en-de.yaml \
+        --set "data.path=$PWD/.gpu/data/multi30k_en_de/tok" --set train.max_steps=1500 \
+        --set train.test_at_end=false --run-dir runs/gpu-profile --no-progress 2>&1 | grep -v "INFO example\|  source:\|  reference:\|  hypothesis:"
+    "$PY" -c "import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats('tottime').print_stats(30)" \
+        "$OUT/multi30k-1500.prof"
+}
+
 bench-more() {  # what the multiple of 8 buys (MFU counts real tokens only), and what compile does
     local rc=0
     log "bench: base, Multi30k, pad_to_multiple 1"
@@ -171,8 +190,9 @@ if [ "$1" = prepare ]; then
 fi
 for stage in "$@"; do
     case $stage in
-        check|suite|bench|bench-more|decode|multi30k|tatoeba) ;;
-        *) echo "gpu_session: unknown stage '$stage' (bench, bench-more, decode, check, suite, multi30k, tatoeba;" \
+        check|suite|bench|bench-large|bench-more|decode|profile|multi30k|tatoeba) ;;
+        *) echo "gpu_session: unknown stage '$stage' (bench, bench-large, bench-more, decode, profile, check, suite," \
+                "multi30k, tatoeba;" \
                 "prepare runs alone)" >&2
            exit 2 ;;
     esac

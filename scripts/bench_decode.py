@@ -54,6 +54,7 @@ from transformer_mt.data_sources import read_aligned_files
 from transformer_mt.decoding import beam_search, greedy_decode
 from transformer_mt.evaluation import translate_ids
 from transformer_mt.export import export_ctranslate2
+from transformer_mt.graph_decoding import static_greedy_decode
 from transformer_mt.model import Transformer
 from transformer_mt.run_layout import RunDir
 from transformer_mt.runtime import AttentionKernels, pick_attention, pick_device, pick_precision, warn_attention_fallbacks
@@ -201,7 +202,10 @@ def tmt_engine(model: Transformer, device: torch.device, precision, attention: A
     def run(ids: list[list[int]], tokens: list[list[str]]) -> list[int]:
         src_ids = pad_sequences(ids, PAD_ID).to(device)  # (B, S)
         with precision.autocast(), attention.enabled():
-            if beam == 1:
+            if beam == 1 and use_cache and device.type == "cuda":  # what `translate_ids` runs there
+                out = static_greedy_decode(model, src_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=0,
+                                           max_len_b=n_tokens, capture=True)
+            elif beam == 1:
                 out = greedy_decode(model, src_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=0, max_len_b=n_tokens,
                                     use_cache=use_cache)
             else:

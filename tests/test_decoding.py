@@ -120,3 +120,15 @@ def test_the_attention_of_a_translation_that_fills_max_len_keeps_every_piece(tmp
     assert attention.translation == translator.tokenizers.decode_tgt([capped])[0]  # what `translate` prints
     assert attention.weights.shape[0] == len(attention.tgt_pieces) == max_len
     assert attention.tgt_pieces == translator.tokenizers.tgt_pieces(capped)  # no "</s>" row
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_fixed_shape_greedy_steps_give_greedy_decodings_output(seed):
+    from transformer_mt.graph_decoding import static_greedy_decode
+
+    model, src = random_model(seed), random_sources(seed)
+    settings = {"bos_id": BOS, "eos_id": EOS, "max_len_a": 1.5, "max_len_b": 5}
+    expected = greedy_decode(model, src, **settings)
+    got = static_greedy_decode(model, src, capture=False, **settings)  # the steps a CUDA graph replays
+    assert got == expected
+    assert len({len(ids) for ids in expected}) > 1  # sentences ended at different steps

@@ -220,3 +220,13 @@ def test_a_replayed_step_draws_new_dropout_masks(tiny_corpus: Path, tmp_path: Pa
             trainer.model.train()
             losses.append(trainer.train_step.run(batch).loss.item())
     assert all(torch.isfinite(torch.tensor(losses))) and len(set(losses)) == 3
+
+
+def test_greedy_decoding_replayed_from_a_cuda_graph_gives_the_eager_output():
+    from transformer_mt.graph_decoding import static_greedy_decode
+
+    settings = {"bos_id": BOS, "eos_id": EOS, "max_len_a": 1.5, "max_len_b": 5}
+    for seed in range(3):
+        model, src = random_model(seed).to(DEVICE), random_sources(seed).to(DEVICE)
+        expected = greedy_decode(model, src, **settings)
+        assert static_greedy_decode(model, src, capture=DEVICE == "cuda", **settings) == expected

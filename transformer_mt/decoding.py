@@ -59,10 +59,10 @@ def greedy_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos
         finished |= (next_ids == eos_id) | (step + 1 >= limits)
         if bool(finished.all()):
             break
-    return [_strip(row, eos_id, pad_id) for row in tgt_ids[:, 1:].tolist()]
+    return [strip_generated(row, eos_id, pad_id) for row in tgt_ids[:, 1:].tolist()]
 
 
-def _strip(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
+def strip_generated(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
     """Generated ids up to (not including) the first EOS or padding."""
     for i, token in enumerate(ids):
         if token in (eos_id, pad_id):

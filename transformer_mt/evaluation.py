@@ -13,6 +13,7 @@ from transformer_mt.batching import pad_sequences, sorted_batches
 from transformer_mt.config import DecodeConfig
 from transformer_mt.cpu_fast_path import decoding_model
 from transformer_mt.decoding import beam_search, greedy_decode
+from transformer_mt.graph_decoding import static_greedy_decode
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision, pick_attention
 
@@ -90,6 +91,9 @@ def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: Dec
 
 def _decode_batch(model: Transformer, src_ids: torch.Tensor, decode_cfg: DecodeConfig, beam_size: int,
                   bos_id: int, eos_id: int) -> list[list[int]]:
+    if beam_size == 1 and decode_cfg.cuda_graphs and src_ids.device.type == "cuda":
+        return static_greedy_decode(model, src_ids, bos_id=bos_id, eos_id=eos_id, max_len_a=decode_cfg.max_len_a,
+                                    max_len_b=decode_cfg.max_len_b, capture=True)
     if beam_size == 1:
         return greedy_decode(model, src_ids, bos_id=bos_id, eos_id=eos_id,
                              max_len_a=decode_cfg.max_len_a, max_len_b=decode_cfg.max_len_b)

@@ -45,7 +45,7 @@ def _new_state(model: Transformer, src_ids: torch.Tensor, capacity: int, limits:
     memory = model.encode(src_ids, src_mask)  # (N, S, D)
     cross = [layer.cross_attn.project_kv(memory) for layer in model.decoder_layers]  # (N, H, S, Dh) each
     N, H, _, Dh = cross[0][0].shape
-    empty = lambda: memory.new_zeros(N, H, capacity, Dh)  # noqa: E731
+    empty = lambda: cross[0][0].new_zeros(N, H, capacity, Dh)  # noqa: E731  (the projections' dtype: bf16 under autocast)
     tokens = torch.full((N, capacity + 1), pad_id, dtype=torch.long, device=device)
     tokens[:, 0] = bos_id
     return _State(src_mask, [k for k, _ in cross], [v for _, v in cross], [empty() for _ in cross],

@@ -383,11 +383,27 @@ def _read_stdin_lines() -> list[str]:
     return lines
 
 
+class _BarAwareHandler(logging.StreamHandler):
+    """Writes each record through `tqdm.write`, which clears the live progress bars on the same
+    stream, writes the record on lines of its own and draws the bars again below it: a plain
+    StreamHandler would write after the bar's text on the bar's line, and the bar's next refresh
+    (a carriage return) would draw over the record. With no bar live it writes as a StreamHandler."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+            self.flush()
+        except Exception:  # as StreamHandler: a failing handler reports, never raises into the caller
+            self.handleError(record)
+
+
 def _setup_logging(level: int, log_path: Path | None = None) -> logging.Handler | None:
     """Log to stderr at `level`, and everything at INFO and above to `log_path` if given."""
     root = logging.getLogger()
     root.setLevel(logging.INFO)
-    console = logging.StreamHandler(sys.stderr)
+    console = _BarAwareHandler(sys.stderr)
     console.setLevel(level)
     console.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
     root.handlers = [console]

@@ -77,8 +77,9 @@ def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: Dec
     model.eval()
     decoder = decoding_model(model)  # on a CPU, faster (in, out) weight copies, made once per call
     try:
+        # leave=False: the bar goes once done, so nothing of it is left beside the next log line.
         for chunk in tqdm(batches, desc="translate", unit="batch", disable=not (progress and sys.stderr.isatty()),
-                          file=sys.stderr):
+                          file=sys.stderr, leave=False):
             src_ids = pad_sequences([sources[i] for i in chunk], model.pad_id).to(device)
             with precision.autocast(), attention.enabled():
                 outputs = _decode_batch(decoder, src_ids, decode_cfg, beam_size, bos_id, eos_id)

@@ -121,7 +121,8 @@ class Trainer:
         self.write_summary("running")
         bar = tqdm(total=t.max_steps, initial=state.step, desc="train", unit="step",
                    # Not a terminal (a CI log, a file): the periodic log lines stand in for the bar.
-                   disable=not (self.progress and sys.stderr.isatty()), file=sys.stderr, dynamic_ncols=True)
+                   disable=not (self.progress and sys.stderr.isatty()), file=sys.stderr, dynamic_ncols=True,
+                   leave=False)  # gone once done: the step log lines and "tmt: finished" tell the story
         batches = iter(self.sampler)
         interval = IntervalMeter(self.device, self.dist, self.peak_flops)
         nonfinite_in_a_row = 0

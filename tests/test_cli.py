@@ -165,7 +165,7 @@ def test_ctrl_c_or_sigterm_saves_a_checkpoint_and_says_how_to_resume(sig, tmp_pa
         cwd=tmp_path, stderr=subprocess.PIPE, text=True,
         env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": PYTHONPATH})
     for line in process.stderr:  # wait until training steps are running
-        if "step 3:" in line:
+        if "step 3/" in line:
             break
     process.send_signal(sig)
     rest = process.stderr.read()

@@ -145,7 +145,7 @@ def test_training_logs_the_report_before_the_first_step_and_then_the_time_estima
         train(cfg, tmp_path / "run", progress=False)
     messages = [record.getMessage() for record in caplog.records]
     report = next(i for i, m in enumerate(messages) if m.startswith("data report:"))
-    first_step = next(i for i, m in enumerate(messages) if m.startswith("step 1:"))
+    first_step = next(i for i, m in enumerate(messages) if m.startswith("step 1/3 (33%, "))
     assert report < first_step
     estimates = [m for m in messages if m.startswith("estimated training time")]
     assert len(estimates) == 1 and "more to train.max_steps=3" in estimates[0]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -22,7 +23,7 @@ from transformer_mt.errors import CheckpointError, ConfigError, TmtError, Traini
 from transformer_mt.evaluation import bleu_tokenizer_problem
 from transformer_mt.model import Transformer
 from transformer_mt.preparation import batch_padding, prepare_data, tokenizer_file
-from transformer_mt.report import estimated_time
+from transformer_mt.report import estimated_time, format_duration
 from transformer_mt.run_dir import check_saved_config
 from transformer_mt.run_layout import RunDir
 from transformer_mt.run_status import RunStatus
@@ -91,6 +92,7 @@ class Trainer:
                         "between saves is saved as a step checkpoint too, and counts toward train.keep_last "
                         "and train.average_last", t.eval_every_steps, t.save_every_steps)
         self._intervals_logged = 0
+        self._pace_from = (time.monotonic(), 0)  # (clock, step) where `run` started: the log lines' time left
 
     def resume(self) -> None:
         self.checkpoint.resume()
@@ -119,6 +121,7 @@ class Trainer:
         writer = (SummaryWriter(str(RunDir(self.run_dir).tensorboard), purge_step=state.step + 1)
                   if self.dist.is_main else _NoWriter())
         self.write_summary("running")
+        self._pace_from = (time.monotonic(), state.step)
         bar = tqdm(total=t.max_steps, initial=state.step, desc="train", unit="step",
                    # Not a terminal (a CI log, a file): the periodic log lines stand in for the bar.
                    disable=not (self.progress and sys.stderr.isatty()), file=sys.stderr, dynamic_ncols=True,
@@ -255,8 +258,13 @@ class Trainer:
         bar.set_postfix(postfix)
         extra = "".join([f", MFU {stats.mfu:.1%}" if stats.mfu is not None else "",
                          f", peak memory {stats.peak_memory_mb:,.0f} MB" if stats.peak_memory_mb is not None else ""])
-        logger.info("step %d: loss %.4f, lr %.3e, grad norm %.3f, %.0f source and %.0f target tokens/s, padding "
-                    "efficiency %.3f source, %.3f target%s", step, stats.mean_loss, lr, grad_norm_value,
+        # Progress and time left on every line, for a log read under nohup or in CI (no bar there): at
+        # the pace since this process started training, validations and checkpoints included.
+        started, first_step = self._pace_from
+        left = (time.monotonic() - started) / max(step - first_step, 1) * (t.max_steps - step)
+        logger.info("step %d/%d (%.0f%%, %s left): loss %.4f, lr %.3e, grad norm %.3f, %.0f source and %.0f target "
+                    "tokens/s, padding efficiency %.3f source, %.3f target%s", step, t.max_steps,
+                    100 * step / t.max_steps, format_duration(left), stats.mean_loss, lr, grad_norm_value,
                     stats.src_tokens_per_s, stats.tgt_tokens_per_s, stats.src_padding_efficiency,
                     stats.tgt_padding_efficiency, extra)
         self._intervals_logged += 1

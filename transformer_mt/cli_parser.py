@@ -4,6 +4,8 @@ It only describes; `cli` parses argv with it, runs the command and prints."""
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 from pathlib import Path
 
 from transformer_mt import __version__
@@ -42,7 +44,7 @@ TRANSLATE_EXAMPLES = """examples:
   tmt translate "Where is the station?"                 # newest run under ./runs
   tmt translate --run runs/demo "Good morning." "Thank you!"
   tmt translate --run runs/demo --beam 5 --input test.en --output test.it
-  tmt translate --checkpoint runs/demo/checkpoints/step_00001000.pt < input.en > output.it
+  tmt translate --checkpoint runs/demo/checkpoints/step_00001200.pt < input.en > output.it
   tmt translate --run runs/demo --show-attention attention.png "Where is the station?"
 """
 
@@ -69,19 +71,38 @@ RUNS_EXAMPLES = """examples:
 AVERAGE_EXAMPLES = """examples:
   tmt average --run runs/m30k                           # the last 5 step checkpoints
   tmt average --run runs/demo --last 2                  # the demo keeps 2 (train.keep_last)
-  tmt evaluate --checkpoint runs/demo/checkpoints/average_steps_00001000-00001200.pt --beam 5
+  tmt evaluate --checkpoint runs/demo/checkpoints/average_steps_00000900-00001200.pt --beam 5
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose "invalid choice" error also says which choice was probably meant
+    (`tmt trian` -> did you mean 'train'?), as config keys do."""
+
+    def error(self, message: str):
+        match = re.match(r"argument .*: invalid choice: '(.*)' \(choose from (.*)\)$", message)
+        if match:
+            choices = re.findall(r"'([^']*)'", match.group(2))
+            close = difflib.get_close_matches(match.group(1), choices, n=1)
+            if close:
+                message += f" (did you mean {close[0]!r}?)"
+        super().error(message)
+
+
+def _add_command(commands, name: str, summary: str, epilog: str) -> argparse.ArgumentParser:
+    """A subcommand whose `--help` opens with `summary` (as `tmt --help` lists it) and ends with `epilog`."""
+    return commands.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".",
+                               epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tmt", description="Train Transformer translation models and translate with them.",
-                                     epilog=MAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="tmt", description="Train Transformer translation models and translate with them.",
+                     epilog=MAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"tmt {__version__}")
     parser.add_argument("--traceback", action="store_true", help="show the full Python traceback on errors")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    train = commands.add_parser("train", help="train a model from a YAML config",
-                                epilog=TRAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    train = _add_command(commands, "train", "train a model from a YAML config", TRAIN_EXAMPLES)
     train.add_argument("--config", required=True, type=Path, help="YAML config file")
     train.add_argument("--run-dir", type=Path, help="where the run is written (default: runs/<name from config>)")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -91,18 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--quiet", "--no-progress", dest="no_progress", action="store_true",
                        help="no progress bars (the log lines stay)")
 
-    data = commands.add_parser("data", help="report on the data before training: pairs, filters, lengths, "
-                                             "unknown tokens, steps per epoch",
-                               epilog=DATA_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    data = _add_command(commands, "data", "report on the data before training: pairs, filters, lengths, "
+                                             "unknown tokens, steps per epoch", DATA_EXAMPLES)
     data.add_argument("--config", required=True, type=Path, help="YAML config file")
     data.add_argument("--run-dir", type=Path, help="a run whose tokenizers and data split to reuse, read only "
                                                    "(default: runs/<name from config>, if it exists)")
     data.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                       help="override a config value, e.g. --set model.max_len=64 (repeatable)")
-    data.add_argument("--quiet", action="store_true", help="no progress bars")
+    data.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bars")
 
-    translate = commands.add_parser("translate", help="translate sentences with a trained run",
-                                    epilog=TRANSLATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    translate = _add_command(commands, "translate", "translate sentences with a trained run", TRANSLATE_EXAMPLES)
     translate.add_argument("text", nargs="*", help="sentences to translate (default: one per line from stdin)")
     _add_model_arguments(translate)
     translate.add_argument("--input", type=_path_or_dash, help="translate this file, one sentence per line (- = stdin)")
@@ -113,8 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--attention-layer", type=int, default=-1, metavar="N",
                            help="decoder layer to draw for --show-attention: 0 is the first, -1 (default) the last")
 
-    evaluate = commands.add_parser("evaluate", help="translate a test set and score it with sacreBLEU",
-                                   epilog=EVALUATE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    evaluate = _add_command(commands, "evaluate", "translate a test set and score it with sacreBLEU", EVALUATE_EXAMPLES)
     _add_model_arguments(evaluate)
     evaluate.add_argument("--split", choices=["valid", "test"], default="test",
                           help="which split of the run's own data to score (default: test)")
@@ -126,23 +144,21 @@ def build_parser() -> argparse.ArgumentParser:
                           help="where to write the hypotheses "
                                "(default: <run>/evaluation/<name>.<checkpoint>.beam<K>[.lp<ALPHA>].txt)")
 
-    export = commands.add_parser("export", help="export a trained run to another inference engine",
-                                 epilog=EXPORT_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    export.add_argument("--format", choices=["ctranslate2"], required=True)
+    export = _add_command(commands, "export", "export a trained run to another inference engine", EXPORT_EXAMPLES)
+    export.add_argument("--format", choices=["ctranslate2"], required=True,
+                        help="the engine to export to: ctranslate2 (a CTranslate2 model directory)")
     export.add_argument("--run", type=Path, required=True, help="run directory")
     export.add_argument("--output", type=Path, required=True, help="new model directory to write")
     export.add_argument("--checkpoint", type=Path, help="default: best.pt, else the newest step checkpoint")
     export.add_argument("--quantization", help="CTranslate2 weight type: int8, int8_float16, float16, ... "
                                                "(default: float32)")
 
-    runs = commands.add_parser("runs", help="list training runs: status, steps, best BLEU, last update",
-                               epilog=RUNS_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    runs = _add_command(commands, "runs", "list training runs: status, steps, best BLEU, last update", RUNS_EXAMPLES)
     runs.add_argument("--dir", type=Path, default=Path("runs"),
                       help="folder holding run directories, also grouped one folder deeper (runs/<group>/<name>), "
                            "or one run directory (default: runs)")
 
-    average = commands.add_parser("average", help="average the weights of a run's last step checkpoints",
-                                  epilog=AVERAGE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    average = _add_command(commands, "average", "average the weights of a run's last step checkpoints", AVERAGE_EXAMPLES)
     average.add_argument("--run", type=Path, required=True, help="run directory")
     average.add_argument("--last", type=_positive_int, default=5, metavar="N",
                          help="how many of the newest step checkpoints to average (default 5)")
@@ -165,7 +181,7 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
                         help="where to translate (default auto: CUDA, else MPS, else the CPU; another GPU: "
                              "CUDA_VISIBLE_DEVICES=N)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bar")
 
 
 def _positive_int(text: str) -> int:

@@ -70,16 +70,21 @@ def run_train(args: argparse.Namespace) -> None:
         log_file = _setup_logging(logging.INFO if dist.is_main else logging.WARNING,
                                   RunDir(run_dir).train_log if dist.is_main else None)
         try:
-            state = train(cfg, run_dir, resume=args.resume, progress=not args.no_progress,
-                          config_dir=args.config.resolve().parent, dist=dist)
-        except TrainingStopped as err:
-            again = "the same torchrun command with --resume" if dist.enabled else _resume_command(args)
-            raise TrainingStopped(f"{err}; continue with: {again}", err.exit_code - 128) from None
-        except KeyboardInterrupt as err:  # a second Ctrl-C, or a signal outside the training loop
-            signal_number = getattr(err, "exit_code", 128 + signal.SIGINT) - 128
-            raise TrainingStopped(f"interrupted by {signal.Signals(signal_number).name}; continue with: "
-                                  f"{_continue_command(args, run_dir, dist.enabled)}",
-                                  signal_number) from None
+            try:
+                state = train(cfg, run_dir, resume=args.resume, progress=not args.no_progress,
+                              config_dir=args.config.resolve().parent, dist=dist)
+            except TrainingStopped as err:
+                again = "the same torchrun command with --resume" if dist.enabled else _resume_command(args)
+                raise TrainingStopped(f"{err}; continue with: {again}", err.exit_code - 128) from None
+            except KeyboardInterrupt as err:  # a second Ctrl-C, or a signal outside the training loop
+                signal_number = getattr(err, "exit_code", 128 + signal.SIGINT) - 128
+                raise TrainingStopped(f"interrupted by {signal.Signals(signal_number).name}; continue with: "
+                                      f"{_continue_command(args, run_dir, dist.enabled)}",
+                                      signal_number) from None
+        except BaseException as err:
+            if log_file is not None:  # a run read under nohup or in CI ends with why it stopped
+                log_file.handle(_error_record(err))
+            raise
         finally:
             if log_file is not None:
                 logging.getLogger().removeHandler(log_file)
@@ -90,6 +95,18 @@ def run_train(args: argparse.Namespace) -> None:
         return
     best = f", best validation BLEU {state.best_bleu:.2f}" if state.best_bleu >= 0 else ""
     print(f"tmt: finished at step {state.step}{best}; run directory {run_dir}", file=sys.stderr)
+
+
+def _error_record(err: BaseException) -> logging.LogRecord:
+    """A log record of the error that stops `tmt train`, for train.log: the line stderr shows
+    (`main` prints it), and for an unexpected error its traceback as well."""
+    if isinstance(err, TmtError):
+        message, exc_info = f"tmt: error: {err}", None
+    elif isinstance(err, KeyboardInterrupt):
+        message, exc_info = "tmt: interrupted", None
+    else:
+        message, exc_info = f"tmt: internal error: {type(err).__name__}: {err}", (type(err), err, err.__traceback__)
+    return logging.LogRecord(logger.name, logging.ERROR, __file__, 0, message, None, exc_info)
 
 
 def _resume_command(args: argparse.Namespace, resume: bool = True) -> str:
@@ -268,7 +285,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
     print(f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}")
     print(f"chrF = {scores.chrf:.2f}  {scores.chrf_signature}")
     penalty = f", length penalty {alpha:g}" if beam > 1 else ""  # greedy decoding has none
-    print(f"{len(hypotheses)} sentences, beam {beam}{penalty}; hypotheses in {output}", file=sys.stderr)
+    print(f"{len(hypotheses)} sentences, beam {beam}{penalty}; hypotheses in {_shown(output)}", file=sys.stderr)
 
 
 def run_export(args: argparse.Namespace) -> None:
@@ -282,9 +299,10 @@ def run_runs(args: argparse.Namespace) -> None:
     from transformer_mt.summary import read_summaries, runs_table
 
     rows = read_summaries(args.dir)
+    print(runs_table(rows))  # with no runs, the header alone: scripts read an empty table, not an error
     if not rows:
-        raise TmtError(f"no runs with a summary.json under {args.dir} (train one with `tmt train`, or pass --dir)")
-    print(runs_table(rows))
+        print(f"tmt: no runs with a summary.json under {args.dir} (train one with `tmt train`, or pass --dir)",
+              file=sys.stderr)
 
 
 def run_average(args: argparse.Namespace) -> None:
@@ -320,11 +338,28 @@ def _load_translator(args: argparse.Namespace):
                              "folder (the run's tokenizers and config are found from there)")
         run_dir = args.checkpoint.resolve().parent.parent  # <run>/checkpoints/<file>.pt
         translator = Translator.from_run(run_dir, checkpoint=args.checkpoint, device=args.device)
-    else:
-        translator = Translator.from_run(args.run or latest_run(Path("runs")), device=args.device)
+    elif args.run:
+        translator = Translator.from_run(args.run, device=args.device)
+    else:  # say which run answers: the newest run may be of another language pair than the user thinks
+        run_dir = latest_run(Path("runs"))
+        translator = Translator.from_run(run_dir, device=args.device)
+        data = translator.cfg.data
+        print(f"tmt: using {_shown(run_dir)} ({data.src_lang}->{data.tgt_lang}, {translator.checkpoint.name}), "
+              "the most recently updated run under runs/; choose another with --run DIR (`tmt runs` lists them)",
+              file=sys.stderr)
     if args.length_penalty is not None:
         translator.set_decoding(length_penalty=args.length_penalty)
     return translator
+
+
+def _shown(path: Path) -> str:
+    """`path` as messages show it: relative to the working folder when it lies under it (as the
+    paths users type), else absolute; the same file reads the same however it was reached."""
+    absolute = Path(os.path.abspath(path))
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)
 
 
 def _read_file_lines(path: Path) -> list[str]:

@@ -180,3 +180,75 @@ def _sentence_done(hyps: list[Hypothesis], best_live_log_prob: float, limit: int
     # Log-probs only decrease and the penalty grows with length, so the best a live beam can
     # reach is its current log-prob divided by the penalty at the longest allowed length.
     return best_live_log_prob / length_penalty(limit, alpha) <= nth_best
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Draw each next token instead of taking the best: from the model's distribution at
+    `temperature`, cut to the `top_k` most probable tokens (0: no cut) and then to the smallest
+    set whose probability reaches `top_p` (nucleus sampling, Holtzman et al. 2020; 1: no cut).
+    Draws come from a generator seeded with `seed`: the same sources, settings and seed give the
+    same samples on the same device."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.temperature > 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"need temperature > 0, top_k >= 0 and 0 < top_p <= 1, got {self}")
+
+    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits (N, V) float -> the distribution to draw from (N, V), zero outside the cuts."""
+        logits = logits / self.temperature
+        if self.top_k and self.top_k < logits.shape[-1]:
+            kth_best = logits.topk(self.top_k, dim=-1).values[:, -1:]  # (N, 1)
+            logits = logits.masked_fill(logits < kth_best, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)  # (N, V)
+        if self.top_p < 1:
+            sorted_probs, order = probs.sort(dim=-1, descending=True)  # (N, V) each
+            # Drop a token once the more probable ones before it already reach top_p; the most
+            # probable token always stays.
+            drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= self.top_p  # (N, V)
+            probs = probs.scatter(1, order, sorted_probs.masked_fill(drop, 0.0))
+        return probs
+
+
+@torch.inference_mode()
+def sample_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_id: int, max_len_a: float,
+                  max_len_b: int, sampling: Sampling, generator: torch.Generator, n_samples: int = 1,
+                  alpha: float = 0.6) -> list[list[Hypothesis]]:
+    """Draw `n_samples` translations per source, one token at a time (`sampling` says how).
+
+    src_ids (B, S) long -> for each sentence, its samples in the order drawn. A sample's
+    `log_prob` is its log-probability under the model itself (temperature 1, no cuts), EOS
+    included, and `score` that over the GNMT length penalty, as beam search scores its
+    hypotheses: so samples and beam outputs can be ranked together.
+    """
+    pad_id = model.pad_id
+    src_ids = src_ids.repeat_interleave(n_samples, dim=0)  # (B·n, S): the samples of a sentence are neighbours
+    src_mask = src_ids != pad_id  # (B·n, S)
+    memory = model.encode(src_ids, src_mask)  # (B·n, S, D)
+    limits = max_target_lengths(src_mask, max_len_a, max_len_b, model.cfg.max_len)  # (B·n,)
+    N, max_steps = src_ids.shape[0], int(limits.max())
+    cache = model.new_cache(max_steps)
+    tgt_ids = torch.full((N, max_steps + 1), pad_id, dtype=torch.long, device=src_ids.device)  # BOS + drawn
+    tgt_ids[:, 0] = bos_id
+    log_probs_sum = torch.zeros(N, device=src_ids.device)  # (N,)
+    lengths = torch.zeros(N, dtype=torch.long, device=src_ids.device)  # drawn tokens, EOS included
+    finished = torch.zeros(N, dtype=torch.bool, device=src_ids.device)
+    for step in range(max_steps):
+        logits = _forbid_special(model.decode(tgt_ids[:, step:step + 1], memory, src_mask, cache)[:, -1, :].float(),
+                                 pad_id, bos_id)  # (N, V)
+        next_ids = torch.multinomial(sampling.probabilities(logits), 1, generator=generator).squeeze(1)  # (N,)
+        token_log_probs = torch.log_softmax(logits, dim=-1).gather(1, next_ids[:, None]).squeeze(1)  # (N,)
+        log_probs_sum += token_log_probs.masked_fill(finished, 0.0)
+        lengths += (~finished).long()
+        tgt_ids[:, step + 1] = next_ids.masked_fill(finished, pad_id)
+        finished |= (next_ids == eos_id) | (step + 1 >= limits)
+        if bool(finished.all()):
+            break
+    samples = [Hypothesis(_strip(ids, eos_id, pad_id), log_prob, log_prob / length_penalty(length, alpha))
+               for ids, log_prob, length in zip(tgt_ids[:, 1:].tolist(), log_probs_sum.tolist(), lengths.tolist())]
+    return [samples[i:i + n_samples] for i in range(0, N, n_samples)]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import sacrebleu
 import torch
@@ -12,10 +14,12 @@ from tqdm import tqdm
 from transformer_mt.batching import pad_sequences, sorted_batches
 from transformer_mt.config import DecodeConfig
 from transformer_mt.cpu_fast_path import decoding_model
-from transformer_mt.decoding import beam_search, greedy_decode
+from transformer_mt.decoding import Hypothesis, Sampling, beam_search, greedy_decode, sample_decode
 from transformer_mt.graph_decoding import static_greedy_decode
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision, pick_attention
+
+T = TypeVar("T")  # what a batch's decoding gives per sentence: token ids, or a list of hypotheses
 
 
 @dataclass(frozen=True)
@@ -67,12 +71,56 @@ def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: Dec
     allows are truncated; results come back in input order. `progress` shows a bar on stderr.
     """
     beam_size = decode_cfg.beam_size if beam_size is None else beam_size
+
+    def decode(decoder: Transformer, src_ids: torch.Tensor) -> list[list[int]]:
+        return _decode_batch(decoder, src_ids, decode_cfg, beam_size, bos_id, eos_id)
+
+    # Beam search decodes K rows per sentence, so each sentence costs K times its length.
+    return _translate_batches(model, src_seqs, decode_cfg, decode, rows_per_sentence=beam_size, eos_id=eos_id,
+                              device=device, precision=precision, progress=progress)
+
+
+def translate_hypotheses(model: Transformer, src_seqs: list[list[int]], decode_cfg: DecodeConfig, *,
+                         bos_id: int, eos_id: int, device: torch.device, precision: Precision,
+                         beam_size: int | None = None, n_best: int = 1, sampling: Sampling | None = None,
+                         progress: bool = False) -> list[list[Hypothesis]]:
+    """As `translate_ids`, but each source gets a list of hypotheses with their log-probabilities
+    and length-normalised scores (α = `decode_cfg.length_penalty`): the `n_best` best of beam
+    search, best first (beam 1 is greedy decoding, scored), or with `sampling`, `n_best` samples
+    in the order drawn, from one generator seeded with `sampling.seed` for the whole call.
+    """
+    alpha = decode_cfg.length_penalty
+    if sampling is not None:
+        generator = torch.Generator(device=device).manual_seed(sampling.seed)
+
+        def decode(decoder: Transformer, src_ids: torch.Tensor) -> list[list[Hypothesis]]:
+            return sample_decode(decoder, src_ids, bos_id=bos_id, eos_id=eos_id, max_len_a=decode_cfg.max_len_a,
+                                 max_len_b=decode_cfg.max_len_b, sampling=sampling, generator=generator,
+                                 n_samples=n_best, alpha=alpha)
+        rows_per_sentence = n_best
+    else:
+        beam_size = decode_cfg.beam_size if beam_size is None else beam_size
+
+        def decode(decoder: Transformer, src_ids: torch.Tensor) -> list[list[Hypothesis]]:
+            return beam_search(decoder, src_ids, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size,
+                               max_len_a=decode_cfg.max_len_a, max_len_b=decode_cfg.max_len_b, alpha=alpha,
+                               n_best=n_best)
+        rows_per_sentence = beam_size
+    return _translate_batches(model, src_seqs, decode_cfg, decode, rows_per_sentence=rows_per_sentence,
+                              eos_id=eos_id, device=device, precision=precision, progress=progress)
+
+
+def _translate_batches(model: Transformer, src_seqs: list[list[int]], decode_cfg: DecodeConfig,
+                       decode: Callable[[Transformer, torch.Tensor], list[T]], *, rows_per_sentence: int,
+                       eos_id: int, device: torch.device, precision: Precision, progress: bool) -> list[T]:
+    """Run `decode(model, src_ids (B, S))` over length-sorted batches of at most
+    `decode_cfg.batch_tokens` tokens, each sentence counted `rows_per_sentence` times; its
+    results come back in input order."""
     attention = pick_attention(decode_cfg.attention_backend, device, "decode")
     keep = model.cfg.max_len - 1  # room for the EOS appended to every source
     sources = [list(s[:keep]) + [eos_id] for s in src_seqs]
-    # Beam search decodes K rows per sentence, so each sentence costs K times its length.
-    batches = sorted_batches([len(s) * beam_size for s in sources], decode_cfg.batch_tokens)
-    results: list[list[int]] = [[] for _ in sources]
+    batches = sorted_batches([len(s) * rows_per_sentence for s in sources], decode_cfg.batch_tokens)
+    results: list = [None] * len(sources)
     was_training = model.training
     model.eval()
     decoder = decoding_model(model)  # on a CPU, faster (in, out) weight copies, made once per call
@@ -82,9 +130,9 @@ def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: Dec
                           file=sys.stderr, leave=False):
             src_ids = pad_sequences([sources[i] for i in chunk], model.pad_id).to(device)
             with precision.autocast(), attention.enabled():
-                outputs = _decode_batch(decoder, src_ids, decode_cfg, beam_size, bos_id, eos_id)
-            for i, ids in zip(chunk, outputs):
-                results[i] = ids
+                outputs = decode(decoder, src_ids)
+            for i, output in zip(chunk, outputs):
+                results[i] = output
     finally:
         model.train(was_training)
     return results

@@ -12,7 +12,8 @@ import torch
 from transformer_mt.checkpoint import CheckpointDir, check_tokenizers, load_checkpoint
 from transformer_mt.config import Config, config_from_dict
 from transformer_mt.errors import CheckpointError, ConfigError, UsageError
-from transformer_mt.evaluation import cross_attention_labels, cross_attention_map, translate_ids
+from transformer_mt.decoding import Sampling
+from transformer_mt.evaluation import cross_attention_labels, cross_attention_map, translate_hypotheses, translate_ids
 from transformer_mt.architectures import build_model
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import run_folders
@@ -78,6 +79,26 @@ class Translator:
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         return [hyp if text else "" for text, hyp in zip(texts, hypotheses)]
 
+    def translate_n_best(self, lines: list[str], n_best: int = 1, beam_size: int | None = None,
+                         sampling: Sampling | None = None, progress: bool = False) -> list[list[Translation]]:
+        """Each line's `n_best` translations with their scores: the best of beam search, best
+        first (beam 1 is greedy decoding; the first is what `translate` gives), or with
+        `sampling`, samples in the order drawn. An empty line gets one empty translation, scored 0.
+        """
+        texts = [line.strip() for line in lines]
+        hypotheses = translate_hypotheses(self.model, self._encode_src(texts), self.cfg.decode, bos_id=BOS_ID,
+                                          eos_id=EOS_ID, device=self.device, precision=self.precision,
+                                          beam_size=beam_size, n_best=n_best, sampling=sampling, progress=progress)
+        results = []
+        for text, hyps in zip(texts, hypotheses):
+            if not text:
+                results.append([Translation("", 0.0, [])])
+                continue
+            decoded = self.tokenizers.decode_tgt([hyp.ids for hyp in hyps])
+            results.append([Translation(translation, hyp.score, self.tokenizers.tgt_pieces(hyp.ids))
+                            for translation, hyp in zip(decoded, hyps)])
+        return results
+
     def attention(self, line: str, layer: int = -1, beam_size: int | None = None) -> AttentionMap:
         """Translate one line and return where decoder layer `layer` (-1: the last) looked.
 
@@ -100,6 +121,15 @@ class Translator:
             logger.warning("%d input(s) longer than model.max_len=%d tokens were truncated",
                            too_long, self.model.cfg.max_len)
         return src_ids
+
+
+@dataclass(frozen=True)
+class Translation:
+    """One translation of a sentence, with what rescoring needs."""
+
+    text: str
+    score: float  # log-probability (EOS included) / GNMT length penalty ((5 + length) / 6)^α
+    tokens: list[str]  # the target BPE pieces the model produced, without BOS and EOS
 
 
 @dataclass(frozen=True)

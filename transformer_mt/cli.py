@@ -187,10 +187,24 @@ def run_translate(args: argparse.Namespace) -> None:
     _setup_logging(logging.WARNING)
     if args.text and args.input:
         raise UsageError("give sentences as arguments or --input FILE, not both")
+    _check_list_options(args)
+    if args.interactive:
+        given = [name for name, value in (("sentences as arguments", args.text), ("--input", args.input),
+                                          ("--output", args.output), ("--show-attention", args.show_attention))
+                 if value]
+        if given:
+            raise UsageError(f"--interactive reads sentences as they are typed and answers on stdout; "
+                             f"leave out {', '.join(given)}")
+    # Typing at a terminal with nothing else to read or write: translate each line as it comes.
+    interactive = args.interactive or (not args.text and args.input is None and args.output is None
+                                       and args.show_attention is None and sys.stdin.isatty())
     if args.input == STDIO:
         args.input = None  # `--input -`: stdin, as without --input
     if args.output == STDIO:
         args.output = None  # `--output -`: stdout, as without --output
+    if interactive:
+        _translate_interactively(_load_translator(args), args)
+        return
     if args.input:
         lines = _read_file_lines(args.input)
     else:
@@ -204,19 +218,116 @@ def run_translate(args: argparse.Namespace) -> None:
     _check_output(args.show_attention, "--show-attention", inputs={"--input": args.input})
     translator = _load_translator(args)
     if args.show_attention:
-        hypotheses = [_draw_attention(translator, lines[0], args)]
+        outputs = [_draw_attention(translator, lines[0], args)]
     else:
-        hypotheses = translator.translate(lines, beam_size=args.beam, progress=bool(args.input) and not args.quiet)
+        outputs = _translate_lines(translator, lines, args, progress=bool(args.input) and not args.quiet)
     if args.output:
-        _write_lines(args.output, hypotheses)
+        _write_lines(args.output, outputs)
     else:
-        for hypothesis in hypotheses:
-            print(hypothesis)
+        for output in outputs:
+            print(output)
         sys.stdout.flush()  # a closed pipe fails here, inside main's error handling, not at exit
+
+
+def _check_list_options(args: argparse.Namespace) -> None:
+    """Refuse combinations of --n-best, --scores, --format and the sampling options that
+    cannot mean anything, before loading a model."""
+    if not args.sample:
+        given = [name for name, value in (("--temperature", args.temperature), ("--top-k", args.top_k),
+                                          ("--top-p", args.top_p), ("--seed", args.seed)) if value is not None]
+        if given:
+            raise UsageError(f"{given[0]} is a sampling option: add --sample")
+        if args.beam is not None and args.n_best > args.beam:
+            raise UsageError(f"--n-best {args.n_best}: beam search keeps only --beam {args.beam} translations; "
+                             f"use --beam {args.n_best} or more")
+    elif args.beam is not None and args.beam > 1:
+        raise UsageError(f"--sample draws each token and keeps no beams: leave out --beam {args.beam} "
+                         "(--n-best K draws K translations)")
+    if args.show_attention and (args.n_best > 1 or args.scores or args.format != "text" or args.sample):
+        raise UsageError("--show-attention draws the best translation of one sentence; leave out --n-best, "
+                         "--scores, --format and --sample")
+
+
+def _translate_lines(translator, lines: list[str], args: argparse.Namespace, progress: bool,
+                     first_number: int = 0) -> list[str]:
+    """The output lines for `lines`: one translation each, or with --n-best, --scores, --format
+    jsonl or --sample, the lists README's "n-best lists and scores" describes (sentences
+    numbered from `first_number`)."""
+    import json
+
+    from transformer_mt.decoding import Sampling
+
+    if args.n_best == 1 and not args.scores and args.format == "text" and not args.sample:
+        return translator.translate(lines, beam_size=args.beam, progress=progress)
+    beam = args.beam or translator.cfg.decode.beam_size
+    if not args.sample and args.n_best > beam:  # the run's beam size, when --beam was left out
+        raise UsageError(f"--n-best {args.n_best}: beam search keeps only the run's decode.beam_size={beam} "
+                         f"translations; add --beam {args.n_best} or more")
+    sampling = Sampling(temperature=args.temperature or 1.0, top_k=args.top_k or 0,
+                        top_p=args.top_p or 1.0, seed=args.seed or 0) if args.sample else None
+    results = translator.translate_n_best(lines, n_best=args.n_best, beam_size=1 if args.sample else beam,
+                                          sampling=sampling, progress=progress)
+    outputs = []
+    for number, (line, translations) in enumerate(zip(lines, results), start=first_number):
+        if args.format == "jsonl":
+            outputs.append(json.dumps({"source": line, "hypotheses": [t.text for t in translations],
+                                       "scores": [t.score for t in translations],
+                                       "tokens": [t.tokens for t in translations]}, ensure_ascii=False))
+            continue
+        for translation in translations:
+            fields = [str(number)] if args.n_best > 1 else []
+            fields += [f"{translation.score:.4f}"] if args.scores else []
+            outputs.append("\t".join(fields + [translation.text]))
+    return outputs
+
+
+def _translate_interactively(translator, args: argparse.Namespace) -> None:
+    """A prompt; each line is translated as soon as it is entered (the model loaded once), its
+    output on stdout at once. Ctrl-D (end of input) ends it."""
+    data = translator.cfg.data
+    at_terminal = sys.stdin.isatty()
+    if at_terminal:
+        print(f"tmt: translating {data.src_lang}->{data.tgt_lang} with {_shown(translator.checkpoint)}, a line at a "
+              "time; Ctrl-D to quit", file=sys.stderr)
+    number = 0
+    while (line := _prompt(f"{data.src_lang}> " if at_terminal else "", number + 1)) is not None:
+        for output in _translate_lines(translator, [line], args, progress=False, first_number=number):
+            print(output)
+        sys.stdout.flush()
+        number += 1
+
+
+def _prompt(prompt: str, number: int) -> str | None:
+    """The next line from stdin, after `prompt` on the terminal; None at the end of input."""
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        try:
+            import readline  # noqa: F401  (input() then offers line editing and history)
+        except ImportError:
+            pass
+        try:
+            return input(prompt)
+        except EOFError:
+            print(file=sys.stderr)  # the shell's prompt then starts on a line of its own
+            return None
+    if prompt:  # stdout is a file or a pipe: keep it for translations
+        print(prompt, end="", file=sys.stderr, flush=True)
+    raw = sys.stdin.buffer.readline()
+    if not raw:
+        return None
+    try:
+        return raw.decode("utf-8").rstrip("\r\n").removeprefix("\ufeff")
+    except UnicodeDecodeError as err:
+        raise DataError(f"stdin line {number}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
 
 
 def _check_attention_arguments(args: argparse.Namespace, lines: list[str]) -> None:
     """--show-attention needs exactly one non-empty sentence, and a file of its own."""
+    from transformer_mt.plotting import image_formats
+
+    formats = image_formats()
+    if args.show_attention.suffix[1:].lower() not in formats:  # refused before the model loads, not after
+        raise UsageError(f"--show-attention {args.show_attention}: name a picture file ending in "
+                         f"{', '.join('.' + name for name in formats)}")
     if len(lines) != 1:
         raise UsageError(f"--show-attention draws one sentence; got {len(lines)}")
     if not lines[0].strip():
@@ -227,7 +338,7 @@ def _check_attention_arguments(args: argparse.Namespace, lines: list[str]) -> No
 
 def _draw_attention(translator, line: str, args: argparse.Namespace) -> str:
     """Draw `line`'s cross-attention to --show-attention and return its translation."""
-    from transformer_mt.plotting import save_attention_png
+    from transformer_mt.plotting import save_attention
 
     n_layers = translator.model.cfg.n_layers
     if not -n_layers <= args.attention_layer < n_layers:
@@ -236,7 +347,7 @@ def _draw_attention(translator, line: str, args: argparse.Namespace) -> str:
     attention = translator.attention(line, layer=args.attention_layer, beam_size=args.beam)
     layer = args.attention_layer % n_layers
     try:
-        save_attention_png(args.show_attention, attention.weights, attention.src_pieces, attention.tgt_pieces,
+        save_attention(args.show_attention, attention.weights, attention.src_pieces, attention.tgt_pieces,
                            f"cross-attention, decoder layer {layer + 1} of {n_layers}, mean over heads")
     except OSError as err:
         raise TmtError(f"cannot write {args.show_attention} ({err.strerror or err})") from None

@@ -46,6 +46,10 @@ TRANSLATE_EXAMPLES = """examples:
   tmt translate --run runs/demo --beam 5 --input test.en --output test.it
   tmt translate --checkpoint runs/demo/checkpoints/step_00001200.pt < input.en > output.it
   tmt translate --run runs/demo --show-attention attention.png "Where is the station?"
+  tmt translate --run runs/demo                          # at a terminal: type a sentence, get its translation
+  tmt translate --run runs/demo --beam 5 --n-best 3 --scores "Where is the station?"
+  tmt translate --run runs/demo --beam 5 --n-best 5 --format jsonl --input test.en > test.nbest.jsonl
+  tmt translate --run runs/demo --sample --top-p 0.9 --seed 1 --n-best 2 "Where is the station?"
 """
 
 EVALUATE_EXAMPLES = """examples:
@@ -128,9 +132,36 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--output", type=_path_or_dash,
                            help="write translations here instead of stdout (- = stdout)")
     translate.add_argument("--show-attention", type=Path, metavar="FILE.png",
-                           help="draw the cross-attention of the (single) sentence's translation to FILE.png")
+                           help="draw the cross-attention of the (single) sentence's translation to FILE.png "
+                                "(or .jpg, .pdf, .svg, ...: the format the suffix names)")
     translate.add_argument("--attention-layer", type=int, default=-1, metavar="N",
                            help="decoder layer to draw for --show-attention: 0 is the first, -1 (default) the last")
+    translate.add_argument("--interactive", action="store_true",
+                           help="translate each line as it is typed (the default when stdin is a terminal and "
+                                "no sentence, --input or --output is given)")
+    lists = translate.add_argument_group("n-best lists, scores and sampling (README: \"n-best lists and scores\")")
+    lists.add_argument("--n-best", type=_positive_int, default=1, metavar="K",
+                       help="the K best translations of each sentence (K at most the beam size), best first; "
+                            "text output: one line each, '<sentence number from 0><TAB>[<score><TAB>]<translation>'")
+    lists.add_argument("--scores", action="store_true",
+                       help="put each translation's score before it and a TAB: its log-probability over the GNMT "
+                            "length penalty ((5 + length) / 6)^alpha, as beam search ranks them")
+    lists.add_argument("--format", choices=["text", "jsonl"], default="text",
+                       help="text (default), or jsonl: one JSON object per sentence with source, hypotheses, "
+                            "scores and tokens (BPE pieces)")
+    lists.add_argument("--sample", action="store_true",
+                       help="draw translations from the model instead of searching (back-translation); "
+                            "--n-best K draws K per sentence")
+    lists.add_argument("--temperature", type=_positive_float, metavar="T",
+                       help="with --sample: divide the logits by T (default 1; below 1 sharper, above flatter)")
+    lists.add_argument("--top-k", type=_non_negative_int, metavar="K",
+                       help="with --sample: draw from the K most probable tokens only (default 0: all)")
+    lists.add_argument("--top-p", type=_probability, metavar="P",
+                       help="with --sample: draw from the most probable tokens that together reach probability P "
+                            "(nucleus sampling; default 1: all)")
+    lists.add_argument("--seed", type=int, metavar="N",
+                       help="with --sample: the random seed (default 0); the same input, options and seed give "
+                            "the same samples on the same device")
 
     evaluate = _add_command(commands, "evaluate", "translate a test set and score it with sacreBLEU", EVALUATE_EXAMPLES)
     _add_model_arguments(evaluate)
@@ -191,6 +222,36 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < float("inf"):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value <= 1:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
     return value
 
 

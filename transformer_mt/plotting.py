@@ -30,7 +30,14 @@ def attention_figure(weights: torch.Tensor, src_tokens: list[str], tgt_tokens: l
     return figure
 
 
-def save_attention_png(path: Path, weights: torch.Tensor, src_tokens: list[str], tgt_tokens: list[str],
-                       title: str) -> None:
+def image_formats() -> list[str]:
+    """File suffixes (without the dot) that matplotlib writes: png, jpg, pdf, svg, ... (jpg and webp
+    through Pillow, a dependency of matplotlib)."""
+    return sorted(Figure().canvas.get_supported_filetypes())
+
+
+def save_attention(path: Path, weights: torch.Tensor, src_tokens: list[str], tgt_tokens: list[str],
+                   title: str) -> None:
+    """Draw the attention map into `path`, in the format its suffix names (`image_formats`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    attention_figure(weights, src_tokens, tgt_tokens, title).savefig(path, format="png")
+    attention_figure(weights, src_tokens, tgt_tokens, title).savefig(path, format=path.suffix[1:].lower())

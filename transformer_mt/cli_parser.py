@@ -48,7 +48,8 @@ TRANSLATE_EXAMPLES = """examples:
   tmt translate --run runs/demo --show-attention attention.png "Where is the station?"
   tmt translate --run runs/demo                          # at a terminal: type a sentence, get its translation
   tmt translate --run runs/demo --beam 5 --n-best 3 --scores "Where is the station?"
-  tmt translate --run runs/demo --beam 5 --n-best 5 --format jsonl --input test.en > test.nbest.jsonl
+  tmt translate --run runs/demo --beam 5 --n-best 5 --format jsonl \
+      --input transformer_mt/corpora/demo_en_it/test.en > test.nbest.jsonl
   tmt translate --run runs/demo --sample --top-p 0.9 --seed 1 --n-best 2 "Where is the station?"
 """
 

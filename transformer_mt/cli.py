@@ -6,6 +6,7 @@ Exit codes: 0 success, 2 bad config or arguments, 1 any other failure, 130 inter
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shlex
@@ -13,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-from transformer_mt.cli_parser import STDIO, build_parser
+from transformer_mt.cli_parser import STDIO, build_parser, check_translate_options
 from transformer_mt.config import Config
 from transformer_mt.errors import DataError, TmtError, TrainingStopped, UsageError
 from transformer_mt.files import check_parent_dir, lines_to_text, make_parent_dir, write_text_atomic
@@ -184,17 +185,12 @@ def _same_data_settings(cfg: Config, run_dir: Path) -> bool:
 
 
 def run_translate(args: argparse.Namespace) -> None:
+    from transformer_mt.data_sources import read_lines, read_stream_lines
+
     _setup_logging(logging.WARNING)
     if args.text and args.input:
         raise UsageError("give sentences as arguments or --input FILE, not both")
-    _check_list_options(args)
-    if args.interactive:
-        given = [name for name, value in (("sentences as arguments", args.text), ("--input", args.input),
-                                          ("--output", args.output), ("--show-attention", args.show_attention))
-                 if value]
-        if given:
-            raise UsageError(f"--interactive reads sentences as they are typed and answers on stdout; "
-                             f"leave out {', '.join(given)}")
+    check_translate_options(args)
     # Typing at a terminal with nothing else to read or write: translate each line as it comes.
     interactive = args.interactive or (not args.text and args.input is None and args.output is None
                                        and args.show_attention is None and sys.stdin.isatty())
@@ -206,9 +202,9 @@ def run_translate(args: argparse.Namespace) -> None:
         _translate_interactively(_load_translator(args), args)
         return
     if args.input:
-        lines = _read_file_lines(args.input)
+        lines = read_lines(args.input)
     else:
-        lines = _argument_lines(args.text) if args.text else _read_stdin_lines()
+        lines = _argument_lines(args.text) if args.text else read_stream_lines(sys.stdin.buffer, "stdin")
         if not lines:
             raise UsageError("nothing to translate: give sentences as arguments, --input FILE, "
                              "or one per line on stdin")
@@ -229,33 +225,13 @@ def run_translate(args: argparse.Namespace) -> None:
         sys.stdout.flush()  # a closed pipe fails here, inside main's error handling, not at exit
 
 
-def _check_list_options(args: argparse.Namespace) -> None:
-    """Refuse combinations of --n-best, --scores, --format and the sampling options that
-    cannot mean anything, before loading a model."""
-    if not args.sample:
-        given = [name for name, value in (("--temperature", args.temperature), ("--top-k", args.top_k),
-                                          ("--top-p", args.top_p), ("--seed", args.seed)) if value is not None]
-        if given:
-            raise UsageError(f"{given[0]} is a sampling option: add --sample")
-        if args.beam is not None and args.n_best > args.beam:
-            raise UsageError(f"--n-best {args.n_best}: beam search keeps only --beam {args.beam} translations; "
-                             f"use --beam {args.n_best} or more")
-    elif args.beam is not None and args.beam > 1:
-        raise UsageError(f"--sample draws each token and keeps no beams: leave out --beam {args.beam} "
-                         "(--n-best K draws K translations)")
-    if args.show_attention and (args.n_best > 1 or args.scores or args.format != "text" or args.sample):
-        raise UsageError("--show-attention draws the best translation of one sentence; leave out --n-best, "
-                         "--scores, --format and --sample")
-
-
 def _translate_lines(translator, lines: list[str], args: argparse.Namespace, progress: bool,
                      first_number: int = 0) -> list[str]:
     """The output lines for `lines`: one translation each, or with --n-best, --scores, --format
     jsonl or --sample, the lists README's "n-best lists and scores" describes (sentences
     numbered from `first_number`)."""
-    import json
-
     from transformer_mt.decoding import Sampling
+    from transformer_mt.translator import format_translations
 
     if args.n_best == 1 and not args.scores and args.format == "text" and not args.sample:
         return translator.translate(lines, beam_size=args.beam, progress=progress)
@@ -267,18 +243,8 @@ def _translate_lines(translator, lines: list[str], args: argparse.Namespace, pro
                         top_p=args.top_p or 1.0, seed=args.seed or 0) if args.sample else None
     results = translator.translate_n_best(lines, n_best=args.n_best, beam_size=1 if args.sample else beam,
                                           sampling=sampling, progress=progress)
-    outputs = []
-    for number, (line, translations) in enumerate(zip(lines, results), start=first_number):
-        if args.format == "jsonl":
-            outputs.append(json.dumps({"source": line, "hypotheses": [t.text for t in translations],
-                                       "scores": [t.score for t in translations],
-                                       "tokens": [t.tokens for t in translations]}, ensure_ascii=False))
-            continue
-        for translation in translations:
-            fields = [str(number)] if args.n_best > 1 else []
-            fields += [f"{translation.score:.4f}"] if args.scores else []
-            outputs.append("\t".join(fields + [translation.text]))
-    return outputs
+    return format_translations(lines, results, jsonl=args.format == "jsonl", numbered=args.n_best > 1,
+                               scores=args.scores, first_number=first_number)
 
 
 def _translate_interactively(translator, args: argparse.Namespace) -> None:
@@ -300,10 +266,8 @@ def _translate_interactively(translator, args: argparse.Namespace) -> None:
 def _prompt(prompt: str, number: int) -> str | None:
     """The next line from stdin, after `prompt` on the terminal; None at the end of input."""
     if sys.stdin.isatty() and sys.stdout.isatty():
-        try:
+        with contextlib.suppress(ImportError):  # no readline on Windows
             import readline  # noqa: F401  (input() then offers line editing and history)
-        except ImportError:
-            pass
         try:
             return input(prompt)
         except EOFError:
@@ -311,23 +275,14 @@ def _prompt(prompt: str, number: int) -> str | None:
             return None
     if prompt:  # stdout is a file or a pipe: keep it for translations
         print(prompt, end="", file=sys.stderr, flush=True)
+    from transformer_mt.data_sources import decode_line
+
     raw = sys.stdin.buffer.readline()
-    if not raw:
-        return None
-    try:
-        return raw.decode("utf-8").rstrip("\r\n").removeprefix("\ufeff")
-    except UnicodeDecodeError as err:
-        raise DataError(f"stdin line {number}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
+    return decode_line(raw, "stdin", number) if raw else None
 
 
 def _check_attention_arguments(args: argparse.Namespace, lines: list[str]) -> None:
     """--show-attention needs exactly one non-empty sentence, and a file of its own."""
-    from transformer_mt.plotting import image_formats
-
-    formats = image_formats()
-    if args.show_attention.suffix[1:].lower() not in formats:  # refused before the model loads, not after
-        raise UsageError(f"--show-attention {args.show_attention}: name a picture file ending in "
-                         f"{', '.join('.' + name for name in formats)}")
     if len(lines) != 1:
         raise UsageError(f"--show-attention draws one sentence; got {len(lines)}")
     if not lines[0].strip():
@@ -473,12 +428,6 @@ def _shown(path: Path) -> str:
         return str(absolute)
 
 
-def _read_file_lines(path: Path) -> list[str]:
-    from transformer_mt.data_sources import read_lines
-
-    return read_lines(path)
-
-
 def _check_output(path: Path | None, option: str = "--output", inputs: dict[str, Path | None] | None = None) -> None:
     """Refuse, before translating rather than after, an output that cannot be a file or that is
     one of the command's `inputs` (option -> path): writing it would destroy what was read, or
@@ -514,26 +463,10 @@ def _argument_lines(texts: list[str]) -> list[str]:
     return texts
 
 
-def _read_stdin_lines() -> list[str]:
-    from transformer_mt.data_sources import refuse_cr_line_breaks
-
-    lines = []
-    for number, raw in enumerate(sys.stdin.buffer, start=1):
-        if number == 1:
-            refuse_cr_line_breaks("stdin", raw)  # as the file readers do
-        try:
-            line = raw.decode("utf-8").rstrip("\r\n")
-            lines.append(line.removeprefix("\ufeff") if number == 1 else line)  # a byte-order mark is not text
-        except UnicodeDecodeError as err:
-            raise DataError(f"stdin line {number}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
-    return lines
-
-
 class _BarAwareHandler(logging.StreamHandler):
-    """Writes each record through `tqdm.write`, which clears the live progress bars on the same
-    stream, writes the record on lines of its own and draws the bars again below it: a plain
-    StreamHandler would write after the bar's text on the bar's line, and the bar's next refresh
-    (a carriage return) would draw over the record. With no bar live it writes as a StreamHandler."""
+    """Writes each record through `tqdm.write`: it clears the live bars, writes the record on lines of
+    its own and draws the bars again (a StreamHandler writes on the bar's line, which the bar's next
+    refresh draws over). With no bar live it writes as a StreamHandler."""
 
     def emit(self, record: logging.LogRecord) -> None:
         from tqdm import tqdm

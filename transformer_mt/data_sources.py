@@ -200,6 +200,26 @@ def _decode_lines(path: Path, data: bytes, lines_before: int) -> list[str]:
     return [line.removesuffix("\r") for line in lines]
 
 
+def read_stream_lines(stream: Iterable[bytes], name: str) -> list[str]:
+    """Every line of a binary stream (stdin), as `read_lines` reads a file: UTF-8, without the line
+    break and a first line's byte-order mark; `\r` alone as a line break is refused."""
+    lines = []
+    for number, raw in enumerate(stream, start=1):
+        if number == 1:
+            refuse_cr_line_breaks(name, raw)
+        lines.append(decode_line(raw, name, number))
+    return lines
+
+
+def decode_line(raw: bytes, name: str, number: int) -> str:
+    """Line `number` (from 1) of `name` as text, without its line break (and, for the first, a byte-order mark)."""
+    try:
+        line = raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{name} line {number}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
+    return line.removeprefix("\ufeff") if number == 1 else line  # a byte-order mark is not text
+
+
 def read_lines(path: Path) -> list[str]:
     """All lines of a (small) UTF-8 file, as `iter_lines` reads them."""
     return [line for chunk in iter_lines(path) for line in chunk]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +141,26 @@ class AttentionMap:
     src_pieces: list[str]
     tgt_pieces: list[str]
     translation: str
+
+
+def format_translations(lines: list[str], results: list[list[Translation]], *, jsonl: bool, numbered: bool,
+                        scores: bool, first_number: int = 0) -> list[str]:
+    """The output lines of `translate --n-best/--scores/--format` (README: "n-best lists and scores").
+
+    jsonl: one JSON object per source line (source, hypotheses, scores, tokens). Text: one line
+    per translation, TAB-separated: `[<sentence number>]` (from `first_number`, when `numbered`),
+    `[<score>]` (4 decimals, with `scores`), then the translation.
+    """
+    if jsonl:
+        return [json.dumps({"source": line, "hypotheses": [t.text for t in translations],
+                            "scores": [t.score for t in translations], "tokens": [t.tokens for t in translations]},
+                           ensure_ascii=False) for line, translations in zip(lines, results)]
+    outputs = []
+    for number, translations in enumerate(results, start=first_number):
+        for translation in translations:
+            fields = ([str(number)] if numbered else []) + ([f"{translation.score:.4f}"] if scores else [])
+            outputs.append("\t".join(fields + [translation.text]))
+    return outputs
 
 
 def _precision_for(cfg: Config, device: torch.device) -> Precision:

@@ -249,6 +249,6 @@ def sample_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos
         finished |= (next_ids == eos_id) | (step + 1 >= limits)
         if bool(finished.all()):
             break
-    samples = [Hypothesis(_strip(ids, eos_id, pad_id), log_prob, log_prob / length_penalty(length, alpha))
+    samples = [Hypothesis(strip_generated(ids, eos_id, pad_id), log_prob, log_prob / length_penalty(length, alpha))
                for ids, log_prob, length in zip(tgt_ids[:, 1:].tolist(), log_probs_sum.tolist(), lengths.tolist())]
     return [samples[i:i + n_samples] for i in range(0, N, n_samples)]

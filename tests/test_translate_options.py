@@ -200,3 +200,16 @@ def test_a_terminal_on_stdin_gets_a_prompt_and_a_translation_per_line(workdir: P
     finally:
         process.kill()
         os.close(main_fd)
+
+
+def test_translating_imports_nothing_that_only_training_or_scoring_needs(workdir: Path):
+    # Start-up time of `tmt translate` (issue 24): the meta device's sympy, sacreBLEU, datasets,
+    # TensorBoard and matplotlib cost seconds together and a translation uses none of them.
+    heavy = ["sympy", "sacrebleu", "datasets", "torch.utils.tensorboard", "matplotlib"]
+    code = ("import sys; from transformer_mt import cli; "
+            "code = cli.main(['translate', '--run', 'runs/tiny', 'Good morning.']); "
+            f"print(code, [m for m in {heavy!r} if m in sys.modules])")
+    result = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": PYTHONPATH})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "0 []"

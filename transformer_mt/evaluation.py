@@ -7,7 +7,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-import sacrebleu
 import torch
 from tqdm import tqdm
 
@@ -38,6 +37,8 @@ def bleu_tokenizer_problem(tokenize: str) -> str | None:
     Some (ja-mecab, ko-mecab, spm, flores*) need optional packages; without this check the
     first validation would fail after `train.eval_every_steps` of training.
     """
+    import sacrebleu  # here, not at the top: translating needs no scorer (start-up time)
+
     try:
         sacrebleu.metrics.BLEU(tokenize=tokenize)
     except (ImportError, RuntimeError, OSError) as err:
@@ -53,6 +54,8 @@ def score(hypotheses: list[str], references: list[str], tokenize: str = "13a") -
     `tok/`), so sacreBLEU's "you forgot to detokenize" warning is switched off (`force`); the
     score and the signature are unchanged.
     """
+    import sacrebleu
+
     bleu = sacrebleu.metrics.BLEU(tokenize=tokenize, force=tokenize == "none")
     chrf = sacrebleu.metrics.CHRF()
     bleu_score = bleu.corpus_score(hypotheses, [references])

@@ -31,10 +31,19 @@ def sinusoidal_positions(length: int, d_model: int) -> torch.Tensor:
     return table
 
 
+class UninitializedLinear(nn.Linear):
+    """An `nn.Linear` whose constructor draws nothing: `Transformer._init_weights` draws it, so
+    building a model consumes the random stream once. (`nn.utils.skip_init` does the same through
+    the meta device, whose first use imports sympy: half a second of every `tmt translate`.)"""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
 def linear(in_features: int, out_features: int, blocks: int = 1) -> nn.Linear:
     """An `nn.Linear` left uninitialised (`Transformer._init_weights` draws it); `blocks` > 1
     marks a fused layer, several projections of one input stacked along the output rows."""
-    layer = nn.utils.skip_init(nn.Linear, in_features, out_features)
+    layer = UninitializedLinear(in_features, out_features)
     layer.blocks = blocks
     return layer
 
@@ -252,7 +261,7 @@ class Transformer(nn.Module):
         # Pre-norm stacks end with a LayerNorm, otherwise the last residual sum is unnormalised.
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
-        self.output_proj = nn.utils.skip_init(nn.Linear, cfg.d_model, tgt_vocab_size, bias=False)  # (V, D)
+        self.output_proj = UninitializedLinear(cfg.d_model, tgt_vocab_size, bias=False)  # (V, D)
         self._init_weights()
         if cfg.tie_output:
             self.output_proj.weight = self.tgt_embed.weight

@@ -64,6 +64,9 @@ DEMO_CORPUS = Path(__file__).resolve().parents[1] / "transformer_mt" / "corpora"
 PRESETS = {
     "cpu-small": {"model": ModelConfig(d_model=256, n_heads=4, n_layers=3, d_ff=1024, dropout=0.0), "vocab_size": 8000},
     "base": {"model": ModelConfig(d_model=512, n_heads=8, n_layers=6, d_ff=2048, dropout=0.0), "vocab_size": 8000},
+    # Deep encoder, shallow decoder (Kasai et al. 2021): base's width with the decoder's work cut to a sixth.
+    "base-12-1": {"model": ModelConfig(d_model=512, n_heads=8, encoder_layers=12, decoder_layers=1, d_ff=2048,
+                                       dropout=0.0), "vocab_size": 8000},
 }
 CT2_COMPUTE_TYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 BEAM = 4
@@ -228,7 +231,7 @@ def build_marian(cfg: ModelConfig, vocab_size: int):
     from transformers import MarianConfig, MarianMTModel
     config = MarianConfig(
         vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=cfg.d_model,
-        encoder_layers=cfg.n_layers, decoder_layers=cfg.n_layers,
+        encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers,
         encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
         encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu", dropout=0.0,
         attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=cfg.max_len, scale_embedding=True,
@@ -350,7 +353,7 @@ def main(argv: list[str] | None = None) -> None:
         marian = build_marian(model.cfg, vocab_size).to(device) if with_hf else None
         _, _, sources = read_corpus(args.data, args.src_lang)
         setup_s = time.perf_counter() - setup_started
-        print(f"# {args.preset}: d_model={model.cfg.d_model} layers={model.cfg.n_layers}+{model.cfg.n_layers} "
+        print(f"# {args.preset}: d_model={model.cfg.d_model} layers={model.cfg.n_encoder_layers}+{model.cfg.n_decoder_layers} "
               f"heads={model.cfg.n_heads} d_ff={model.cfg.d_ff} vocab={vocab_size} (BPE on {args.data.name} train), "
               f"{model.num_parameters() / 1e6:.1f}M parameters"
               + (f" (Marian {marian.num_parameters() / 1e6:.1f}M)" if marian is not None else "")

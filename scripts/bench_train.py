@@ -172,8 +172,8 @@ class TutorialTransformer(nn.Module):
         self.register_buffer("pe", pe)
         self.dropout = nn.Dropout(cfg.dropout)
         args = (cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout)
-        self.encoder = nn.ModuleList(TutorialBlock(*args, cross=False) for _ in range(cfg.n_layers))
-        self.decoder = nn.ModuleList(TutorialBlock(*args, cross=True) for _ in range(cfg.n_layers))
+        self.encoder = nn.ModuleList(TutorialBlock(*args, cross=False) for _ in range(cfg.n_encoder_layers))
+        self.decoder = nn.ModuleList(TutorialBlock(*args, cross=True) for _ in range(cfg.n_decoder_layers))
         self.enc_norm, self.dec_norm = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, vocab_size)
         for p in self.parameters():
@@ -222,7 +222,7 @@ def build_marian(cfg: ModelConfig, vocab_size: int):
     from transformers import MarianConfig, MarianMTModel
     config = MarianConfig(
         vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=cfg.d_model,
-        encoder_layers=cfg.n_layers, decoder_layers=cfg.n_layers,
+        encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers,
         encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
         encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu",
         dropout=cfg.dropout, attention_dropout=cfg.dropout, activation_dropout=cfg.dropout,  # as tmt applies it
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     mfu = flops_per_round * speed["tmt"] / tokens_per_round / peak if peak else None  # at the median round
     tgt_tokens_per_step = sum(len(tgt_ids[i]) + 1 for i in range(len(tgt_ids))) / max(len(timed_indices), 1)
 
-    print(f"# {args.preset}: d_model={cfg.model.d_model} layers={cfg.model.n_layers}+{cfg.model.n_layers} "
+    print(f"# {args.preset}: d_model={cfg.model.d_model} layers={cfg.model.n_encoder_layers}+{cfg.model.n_decoder_layers} "
           f"heads={cfg.model.n_heads} d_ff={cfg.model.d_ff} vocab={vocab_size}; device {device}, "
           f"tmt precision {trainer.precision.name}, {torch.get_num_threads()} thread(s), torch {torch.__version__}, "
           f"{platform.processor() or platform.machine()}")

@@ -295,7 +295,7 @@ def _draw_attention(translator, line: str, args: argparse.Namespace) -> str:
     """Draw `line`'s cross-attention to --show-attention and return its translation."""
     from transformer_mt.plotting import save_attention
 
-    n_layers = translator.model.cfg.n_layers
+    n_layers = translator.model.cfg.n_decoder_layers
     if not -n_layers <= args.attention_layer < n_layers:
         raise UsageError(f"--attention-layer {args.attention_layer}: the model has {n_layers} decoder layers "
                          f"(0..{n_layers - 1}, or -1 for the last)")

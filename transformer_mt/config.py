@@ -85,7 +85,12 @@ class ModelConfig:
     n_heads: int = 8
     """Attention heads; must divide `d_model`."""
     n_layers: int = 6
-    """Layers in the encoder and in the decoder."""
+    """Layers in the encoder and in the decoder, unless the two keys below say otherwise."""
+    encoder_layers: int | None = None
+    """Encoder layers; unset: `n_layers`. A deep encoder with a shallow decoder decodes faster at
+    about the same BLEU (Kasai et al. 2021: 12 and 1 against 6 and 6)."""
+    decoder_layers: int | None = None
+    """Decoder layers; unset: `n_layers`."""
     d_ff: int = 2048
     """Inner width of the position-wise feed-forward network."""
     dropout: float = 0.1
@@ -105,6 +110,18 @@ class ModelConfig:
     """Share source and target embeddings (requires `tokenizer.joint`)."""
     tie_output: bool = True
     """Tie the output projection to the target embedding (Press & Wolf 2017)."""
+
+    # Unset depths stay None in the config (and in saved configs and checkpoints), so a run
+    # written before these keys existed reads the same, and `n_layers` alone means what it did.
+    @property
+    def n_encoder_layers(self) -> int:
+        """The encoder's depth: `encoder_layers`, else `n_layers`."""
+        return self.n_layers if self.encoder_layers is None else self.encoder_layers
+
+    @property
+    def n_decoder_layers(self) -> int:
+        """The decoder's depth: `decoder_layers`, else `n_layers`."""
+        return self.n_layers if self.decoder_layers is None else self.decoder_layers
 
 
 @dataclass(frozen=True)
@@ -513,6 +530,9 @@ def _check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
                        ("model.d_ff", m.d_ff), ("model.max_len", m.max_len)]:
         if value < 1:
             check(f"{key}: must be at least 1, got {value}")
+    for key, value in (("model.encoder_layers", m.encoder_layers), ("model.decoder_layers", m.decoder_layers)):
+        if value is not None and value < 1:
+            check(f"{key}: must be at least 1 (or unset for model.n_layers), got {value}")
     if m.n_heads >= 1 and m.d_model % m.n_heads:
         check(f"model.n_heads: {m.n_heads} does not divide model.d_model={m.d_model}", "model.d_model")
     if m.max_len < 2:
@@ -546,9 +566,10 @@ def _check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
         check(f"train.betas: each must be in [0, 1), got {list(t.betas)}")
     if t.clip_grad_norm < 0:
         check(f"train.clip_grad_norm: must be at least 0 (0 disables), got {t.clip_grad_norm}")
-    if m.n_layers >= 1 and not -m.n_layers <= t.attention_layer < m.n_layers:
-        check(f"train.attention_layer: {t.attention_layer} is not a decoder layer (0..{m.n_layers - 1}, "
-              "or negative to count from the last)", "model.n_layers")
+    decoder_layers = m.n_decoder_layers
+    if decoder_layers >= 1 and not -decoder_layers <= t.attention_layer < decoder_layers:
+        check(f"train.attention_layer: {t.attention_layer} is not a decoder layer (0..{decoder_layers - 1}, "
+              "or negative to count from the last)", "model.n_layers", "model.decoder_layers")
     if t.average_last < 0:
         check(f"train.average_last: must be at least 0 (0 = use best.pt), got {t.average_last}")
     elif t.average_last > t.keep_last:

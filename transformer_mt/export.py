@@ -126,7 +126,8 @@ def build_ctranslate2_spec(model: Transformer):
 
     cfg = model.cfg
     spec = transformer_spec.TransformerSpec.from_config(
-        cfg.n_layers, cfg.n_heads, pre_norm=cfg.norm == "pre", activation=common_spec.Activation.RELU)
+        (len(model.encoder_layers), len(model.decoder_layers)), cfg.n_heads, pre_norm=cfg.norm == "pre",
+        activation=common_spec.Activation.RELU)
     spec.config.layer_norm_epsilon = model.decoder_layers[0].ffn_block.norm.eps  # nn.LayerNorm's 1e-5
     spec.config.add_source_eos = True  # tmt appends EOS to every source
     spec.config.decoder_start_token = BOS

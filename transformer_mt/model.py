@@ -256,8 +256,8 @@ class Transformer(nn.Module):
         self.embed_scale = math.sqrt(cfg.d_model)  # §3.4: embeddings are multiplied by sqrt(D)
         self.register_buffer("positions", sinusoidal_positions(cfg.max_len, cfg.d_model), persistent=False)
         self.embed_dropout = nn.Dropout(cfg.dropout)
-        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
-        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         # Pre-norm stacks end with a LayerNorm, otherwise the last residual sum is unnormalised.
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
@@ -356,28 +356,30 @@ class Transformer(nn.Module):
         """Model FLOPs of one training step (forward + backward) over real tokens, padding excluded.
 
         `src_lengths` / `tgt_lengths`: tokens per sentence including EOS (source) and BOS/EOS
-        (target), one entry per sentence. With D = d_model, F = d_ff, L = n_layers (each side),
-        V = target vocabulary, S and T a sentence's source and target lengths, and the usual
+        (target), one entry per sentence. With D = d_model, F = d_ff, Le and Ld the encoder's and
+        the decoder's layers, V = target vocabulary, S and T a sentence's source and target lengths, and the usual
         "6 × parameters × tokens" for a matmul's forward (2) and backward (4) multiply-adds:
 
-        - encoder layers, per source token: 6 · L · (4D² + 2DF)  (q, k, v, out projections; FFN)
-        - decoder layers, per target token: 6 · L · (4D² + 2D² + 2DF)  (self-attention q, k, v, out;
+        - encoder layers, per source token: 6 · Le · (4D² + 2DF)  (q, k, v, out projections; FFN)
+        - decoder layers, per target token: 6 · Ld · (4D² + 2D² + 2DF)  (self-attention q, k, v, out;
           cross-attention q and out; FFN)
-        - cross-attention keys and values, per source token: 6 · L · 2D²  (they project the memory)
+        - cross-attention keys and values, per source token: 6 · Ld · 2D²  (each decoder layer
+          projects the memory)
         - output projection, per target token: 6 · D · V
-        - attention scores and weighted sums, per sentence: 12 · L · D · (S² + T² + T·S)
+        - attention scores and weighted sums, per sentence: 12 · D · (Le·S² + Ld·(T² + T·S))
           (QKᵀ and AV, 2 FLOPs per multiply-add each, ×3 for the backward; the causal decoder is
           counted as the full T² square, as PaLM's MFU does)
 
         Embedding lookups, LayerNorms, softmax and the loss are left out (they are not matmuls).
         """
-        D, F, L, V = self.cfg.d_model, self.cfg.d_ff, self.cfg.n_layers, self.output_proj.weight.shape[0]
+        D, F, V = self.cfg.d_model, self.cfg.d_ff, self.output_proj.weight.shape[0]
+        Le, Ld = len(self.encoder_layers), len(self.decoder_layers)
         S = np.asarray(src_lengths, dtype=np.float64)
         T = np.asarray(tgt_lengths, dtype=np.float64)
         src_tokens, tgt_tokens = S.sum(), T.sum()
-        encoder = 6 * L * (4 * D * D + 2 * D * F) * src_tokens
-        decoder = 6 * L * (6 * D * D + 2 * D * F) * tgt_tokens
-        cross_kv = 6 * L * 2 * D * D * src_tokens
+        encoder = 6 * Le * (4 * D * D + 2 * D * F) * src_tokens
+        decoder = 6 * Ld * (6 * D * D + 2 * D * F) * tgt_tokens
+        cross_kv = 6 * Ld * 2 * D * D * src_tokens
         output = 6 * D * V * tgt_tokens
-        attention = 12 * L * D * float((S * S).sum() + (T * T).sum() + (T * S).sum())
+        attention = 12 * D * float(Le * (S * S).sum() + Ld * ((T * T).sum() + (T * S).sum()))
         return float(encoder + decoder + cross_kv + output + attention)

@@ -118,7 +118,7 @@ class Evaluator:
     def _log_attention(self, writer: SummaryWriter, step: int, src_ids: list[int], hyp_ids: list[int]) -> None:
         """Cross-attention images of the first validation sentence's translation: the last decoder
         layer and `train.attention_layer`, mean over heads, pieces on the axes."""
-        n_layers = self.cfg.model.n_layers
+        n_layers = self.cfg.model.n_decoder_layers
         src_pieces, tgt_pieces = cross_attention_labels(
             self.tokenizers.src_pieces(src_ids), self.tokenizers.tgt_pieces(hyp_ids), EOS, self.cfg.model.max_len)
         for layer in sorted({n_layers - 1, self.cfg.train.attention_layer % n_layers}):

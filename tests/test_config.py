@@ -40,6 +40,8 @@ def test_key_and_value_problems_are_listed_together_as_the_readme_shows():
      ["model.d_model", "train.lr", "train.warmup_steps"]),
     # The layer range comes from n_layers, which was not usable.
     ({"data": {"path": "x"}, "model": {"n_layers": "x"}, "train": {"attention_layer": 99}}, ["model.n_layers"]),
+    ({"data": {"path": "x"}, "model": {"decoder_layers": "x"}, "train": {"attention_layer": 99}},
+     ["model.decoder_layers"]),
     # A bad name or a stray key hides nothing about data.path, whose message contains "name".
     ({"name": 5, "a": 1, "data": {"path": ""}},
      ["a", "name", "data.path"]),
@@ -50,6 +52,27 @@ def test_key_and_value_problems_are_listed_together_as_the_readme_shows():
 ])
 def test_a_key_with_a_bad_type_is_not_judged_again_by_its_default(raw, keys):
     assert [p.split(":")[0] for p in problems_of(raw)] == keys
+
+
+def test_encoder_and_decoder_depths_default_to_n_layers_and_bad_ones_are_named():
+    cfg = config_from_dict({"data": {"path": "x"}, "model": {"n_layers": 4}})  # a config from before the keys
+    assert (cfg.model.encoder_layers, cfg.model.decoder_layers) == (None, None)  # saved as written: unset
+    assert (cfg.model.n_encoder_layers, cfg.model.n_decoder_layers) == (4, 4)
+    cfg = config_from_dict({"data": {"path": "x"}, "model": {"n_layers": 4, "decoder_layers": 1}})
+    assert (cfg.model.n_encoder_layers, cfg.model.n_decoder_layers) == (4, 1)
+    problems = problems_of({"data": {"path": "x"}, "model": {"encoder_layers": 0, "decoder_layers": -2}})
+    assert problems == ["model.encoder_layers: must be at least 1 (or unset for model.n_layers), got 0",
+                        "model.decoder_layers: must be at least 1 (or unset for model.n_layers), got -2"]
+    problems = problems_of({"data": {"path": "x"}, "model": {"encoder_layers": "deep", "decoder_layers": 1.5}})
+    assert problems == ["model.encoder_layers: expected an integer, got 'deep' (str)",
+                        "model.decoder_layers: expected an integer, got 1.5 (float)"]
+
+
+def test_the_attention_layer_must_be_one_of_the_decoders_layers():
+    raw = {"data": {"path": "x"}, "model": {"n_layers": 6, "decoder_layers": 2}}
+    assert config_from_dict({**raw, "train": {"attention_layer": -2}}).train.attention_layer == -2
+    assert problems_of({**raw, "train": {"attention_layer": 2}}) == [
+        "train.attention_layer: 2 is not a decoder layer (0..1, or negative to count from the last)"]
 
 
 def test_heads_must_divide_model_width():

@@ -27,7 +27,7 @@ def ct2():
     return pytest.importorskip("ctranslate2")
 
 
-def make_run(run_dir: Path, norm: str, share: bool) -> tuple[Transformer, TokenizerPair]:
+def make_run(run_dir: Path, norm: str, share: bool, **model) -> tuple[Transformer, TokenizerPair]:
     """A run directory (tokenizers + best.pt) holding a briefly trained tiny model.
 
     20 teacher-forced steps: enough that greedy outputs differ and some end with EOS before
@@ -35,7 +35,7 @@ def make_run(run_dir: Path, norm: str, share: bool) -> tuple[Transformer, Tokeni
     parameters are perturbed first, so a misplaced one would change the outputs.
     """
     cfg = tiny_config(run_dir, tokenizer={"joint": share},
-                      model={"norm": norm, "share_embeddings": share, "tie_output": share, "dropout": 0.0})
+                      model={"norm": norm, "share_embeddings": share, "tie_output": share, "dropout": 0.0, **model})
     run_dir.mkdir(parents=True)
     tokenizers = train_tokenizers(cfg.tokenizer, SOURCES, TARGETS)
     tokenizers.save(run_dir)
@@ -92,6 +92,27 @@ def test_ctranslate2_greedy_output_equals_tmt_greedy_output(ct2, tmp_path: Path,
     assert got == expected
     lengths = {len(ids) for ids in expected}
     assert MAX_TOKENS in lengths and min(lengths) < MAX_TOKENS - 1  # some hit the cap, some stop at EOS
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_a_deep_encoder_shallow_decoder_model_exports_with_each_sides_depth(ct2, tmp_path: Path, norm: str):
+    model, tokenizers = make_run(tmp_path / "run", norm, True, encoder_layers=2, decoder_layers=1)
+    assert (len(model.encoder_layers), len(model.decoder_layers)) == (2, 1)
+    export_ctranslate2(tmp_path / "run", tmp_path / "ct2")
+
+    src_ids, tgt_in_ids, tgt_out_ids = encode_pairs(tokenizers)
+    expected = greedy_decode(model, src_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=0, max_len_b=MAX_TOKENS)
+    translator = ct2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    results = translator.translate_batch(src_tokens(tokenizers), beam_size=1, max_decoding_length=MAX_TOKENS,
+                                         min_decoding_length=0)
+    assert [[tokenizers.tgt.token_to_id(t) for t in r.hypotheses[0]] for r in results] == expected
+    with torch.no_grad():
+        logits = model(src_ids, tgt_in_ids)  # (B, T, V)
+    logits[..., [PAD_ID, BOS_ID]] = torch.finfo(logits.dtype).min
+    log_probs = torch.log_softmax(logits, dim=-1).gather(2, tgt_out_ids[..., None])[..., 0]  # (B, T)
+    targets = [e.tokens for e in tokenizers.tgt.encode_batch(TARGETS, add_special_tokens=False)]
+    for row, result in enumerate(translator.score_batch(src_tokens(tokenizers), targets)):
+        assert result.log_probs == pytest.approx(log_probs[row, :len(targets[row]) + 1].tolist(), abs=1e-4)
 
 
 @pytest.mark.parametrize("share", [True, False], ids=["shared", "unshared"])

@@ -74,6 +74,22 @@ def test_build_model_makes_the_configured_transformer_for_the_vocabularies():
     assert all(torch.equal(a[k], b[k]) for k in a)  # seeded: the same initial weights (every DDP rank's)
 
 
+def test_encoder_and_decoder_depths_are_set_separately_and_n_layers_sets_both():
+    deep_shallow = tiny_model(encoder_layers=2, decoder_layers=1)
+    assert (len(deep_shallow.encoder_layers), len(deep_shallow.decoder_layers)) == (2, 1)
+    assert (len(tiny_model(n_layers=3).encoder_layers), len(tiny_model(n_layers=3).decoder_layers)) == (3, 3)
+    assert len(tiny_model(n_layers=3, decoder_layers=1).encoder_layers) == 3  # one side set, the other n_layers
+    # Parameters per layer, D = 16, F = 32: a Linear(i, o) holds i·o + o, a LayerNorm 2D.
+    # encoder layer: qkv 16·48 + 48 = 816, out 272, FFN 16·32 + 32 + 32·16 + 16 = 1072, 2 norms 64 -> 2224
+    # decoder layer: also cross-attention q 272 and kv 16·32 + 32 = 544, out 272, a third norm 32 -> 3344
+    one_one = tiny_model(n_layers=1).num_parameters()
+    assert deep_shallow.num_parameters() - one_one == 2224
+    assert tiny_model(encoder_layers=1, decoder_layers=2).num_parameters() - one_one == 3344
+    assert deep_shallow.new_cache(8).layers.__len__() == 1  # one cache per decoder layer
+    src, tgt = torch.tensor([[5, 6, EOS]]), torch.tensor([[BOS, 8, 9]])
+    assert deep_shallow.cross_attention(src, tgt, layer=-1).shape == (1, 2, 3, 3)  # (B, H, T, S) of its one layer
+
+
 def test_tied_weights_share_one_tensor():
     model = tiny_model(share_embeddings=True, tie_output=True)
     assert model.src_embed.weight is model.tgt_embed.weight is model.output_proj.weight
@@ -324,7 +340,8 @@ def padded_pairs() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("overrides", [{"norm": "pre"}, {"norm": "post"},
-                                       {"share_embeddings": False, "tie_output": False}])
+                                       {"share_embeddings": False, "tie_output": False},
+                                       {"encoder_layers": 3, "decoder_layers": 1}])
 def test_real_states_give_the_padded_logits_at_real_positions(overrides):
     model = tiny_model(**overrides)
     src, tgt = padded_pairs()

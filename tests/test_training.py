@@ -24,6 +24,7 @@ from transformer_mt.loss import label_smoothed_loss
 from transformer_mt.run_dir import MARKER, prepare_run_dir
 from transformer_mt.schedule import lr_at
 from transformer_mt.training import Trainer, train
+from transformer_mt.translator import Translator
 
 
 def test_label_smoothed_loss_matches_a_hand_computation():
@@ -104,6 +105,33 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_corpus: Path, t
     for name, tensor in final_a["model"].items():
         assert torch.equal(tensor, final_b["model"][name]), name
     assert final_a["sampler"] == final_b["sampler"]
+
+
+def test_a_deep_encoder_shallow_decoder_model_trains_resumes_exactly_and_translates(tiny_corpus: Path,
+                                                                                    tmp_path: Path):
+    depths = {"encoder_layers": 2, "decoder_layers": 1}
+    cfg = tiny_config(tiny_corpus, model=depths, train={"max_steps": 6, "eval_every_steps": 3})
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    prepare_run_dir(straight, resume=False, overwrite=False)
+    train(cfg, straight, progress=False)  # validates at steps 3 and 6: attention pictures of its one decoder layer
+    prepare_run_dir(interrupted, resume=False, overwrite=False)
+    train(tiny_config(tiny_corpus, model=depths, train={"max_steps": 3, "eval_every_steps": 3}), interrupted,
+          progress=False)
+    prepare_run_dir(interrupted, resume=True, overwrite=False)
+    train(cfg, interrupted, resume=True, progress=False)
+
+    final = load_checkpoint(straight / "checkpoints" / "step_00000006.pt")
+    layers = {name.split(".")[0] + "." + name.split(".")[1] for name in final["model"] if "_layers." in name}
+    assert layers == {"encoder_layers.0", "encoder_layers.1", "decoder_layers.0"}
+    resumed = load_checkpoint(interrupted / "checkpoints" / "step_00000006.pt")
+    for name, tensor in final["model"].items():
+        assert torch.equal(tensor, resumed["model"][name]), name
+    events = EventAccumulator(str(straight / "tensorboard"), size_guidance={"images": 0})
+    events.Reload()
+    assert set(events.Tags()["images"]) == {"valid/attention_layer_1"}
+    translator = Translator.from_run(straight, device="cpu")
+    assert (len(translator.model.encoder_layers), len(translator.model.decoder_layers)) == (2, 1)
+    assert len(translator.translate([TINY_PAIRS[0][0]])) == 1
 
 
 def test_the_loop_trains_the_sampler_batches_in_order_and_checkpoints_their_end(tiny_corpus: Path, tmp_path: Path):

@@ -182,6 +182,18 @@ def test_flop_formula_matches_a_hand_computation():
     assert train_flops(np.array([3, 3]), np.array([2, 2])) == 2 * train_flops([3], [2])
 
 
+def test_flop_formula_counts_each_side_with_its_own_depth():
+    cfg = ModelConfig(d_model=4, n_heads=2, n_layers=2, encoder_layers=3, decoder_layers=1, d_ff=8)
+    train_flops = Transformer(cfg, 10, 10, pad_id=0).train_flops
+    # The sentence of the test above (S = 3, T = 2, V = 10) with 3 encoder and 1 decoder layers:
+    # encoder matmuls:  6·3·(4·16 + 2·4·8)·3  = 18·128·3       = 6912
+    # decoder matmuls:  6·1·(6·16 + 2·4·8)·2  = 6·160·2        = 1920
+    # cross K/V:        6·1·(2·16)·3          = 6·32·3         =  576  (per decoder layer)
+    # output:           6·4·10·2                               =  480
+    # attention:        12·4·(3·9 + 1·(4 + 6)) = 48·37          = 1776  (encoder S², decoder T² and T·S)
+    assert train_flops([3], [2]) == 6912 + 1920 + 576 + 480 + 1776
+
+
 def test_peak_flops_follow_the_device_name_and_whether_fp32_may_use_tf32():
     assert peak_flops_of("NVIDIA H100 80GB HBM3", "bf16") == 989e12  # the SXM part
     assert peak_flops_of("NVIDIA H100 NVL", "bf16") == 835e12

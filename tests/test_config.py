@@ -75,6 +75,17 @@ def test_the_attention_layer_must_be_one_of_the_decoders_layers():
         "train.attention_layer: 2 is not a decoder layer (0..1, or negative to count from the last)"]
 
 
+def test_lr_schedule_names_its_choices_and_the_floor_lies_between_zero_and_the_peak():
+    problems = problems_of({"data": {"path": "x"}, "train": {"lr_schedule": "cosin", "min_lr": -1e-5}})
+    assert problems == ["train.lr_schedule: 'cosin' (str) is not one of inverse_sqrt, linear, cosine",
+                        "train.min_lr: must be at least 0, got -1e-05"]
+    problems = problems_of({"data": {"path": "x"}, "train": {"lr": 1e-4, "min_lr": 1e-3}})
+    assert problems == ["train.min_lr: 0.001 is above the peak train.lr=0.0001; the decay goes down to it"]
+    cfg = config_from_dict({"data": {"path": "x"}, "train": {"lr_schedule": "linear", "min_lr": "1e-5"}})
+    assert (cfg.train.lr_schedule, cfg.train.min_lr) == ("linear", 1e-5)
+    assert config_from_dict({"data": {"path": "x"}}).train.lr_schedule == "inverse_sqrt"  # today's schedule
+
+
 def test_heads_must_divide_model_width():
     problems = problems_of({"data": {"path": "x"}, "model": {"d_model": 512, "n_heads": 6}})
     assert problems == ["model.n_heads: 6 does not divide model.d_model=512"]

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import typing
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,9 @@ from transformer_mt import summary as summary_module
 from transformer_mt import throughput
 from transformer_mt.batching import Batch, TokenBatchSampler
 from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.config import TrainConfig
 from transformer_mt.distributed import Distributed
-from transformer_mt.errors import CheckpointError, DataError, UsageError
+from transformer_mt.errors import CheckpointError, DataError, TrainingStopped, UsageError
 from transformer_mt.files import temp_file_target
 from transformer_mt.loss import label_smoothed_loss
 from transformer_mt.run_dir import MARKER, prepare_run_dir
@@ -37,10 +39,37 @@ def test_label_smoothed_loss_matches_a_hand_computation():
     assert math.isclose(loss.item(), 1.125 * math.log(2), rel_tol=1e-6)
 
 
+def schedule(name: str = "inverse_sqrt", **train) -> TrainConfig:
+    return TrainConfig(**{"lr": 1.0, "warmup_steps": 4, "max_steps": 12, "lr_schedule": name, **train})
+
+
 def test_learning_rate_warms_up_linearly_then_decays_with_inverse_sqrt():
-    assert lr_at(1, 1.0, 4) == 0.25
-    assert lr_at(4, 1.0, 4) == 1.0  # the peak is train.lr, reached at the end of warmup
-    assert lr_at(16, 1.0, 4) == 0.5  # sqrt(4 / 16)
+    assert lr_at(1, schedule()) == 0.25
+    assert lr_at(4, schedule()) == 1.0  # the peak is train.lr, reached at the end of warmup
+    assert lr_at(16, schedule()) == 0.5  # sqrt(4 / 16)
+    assert lr_at(16, schedule(min_lr=0.6)) == 0.6  # the floor: sqrt(4 / 16) = 0.5 is below it
+    assert lr_at(2, schedule(min_lr=0.6)) == 0.5  # warmup starts below the floor all the same
+
+
+@pytest.mark.parametrize("name", ["linear", "cosine"])
+def test_linear_and_cosine_warm_up_then_decay_to_the_floor_at_max_steps(name: str):
+    # lr 1, warmup 4, max_steps 12, min_lr 0.1: the decay runs over steps 4..12, 8 steps.
+    train = schedule(name, min_lr=0.1)
+    assert [lr_at(step, train) for step in (1, 2, 4)] == [0.25, 0.5, 1.0]  # linear warmup to the peak
+    assert lr_at(12, train) == pytest.approx(0.1)  # the floor, used by the last update
+    # Halfway (step 8), both are halfway between peak and floor: 0.1 + 0.9 · 0.5 = 0.55.
+    assert lr_at(8, train) == pytest.approx(0.55)
+    # A quarter of the way (step 6): linear 0.1 + 0.9 · 0.75 = 0.775;
+    # cosine 0.1 + 0.9 · (1 + cos(π/4)) / 2 = 0.1 + 0.45 · 1.7071 = 0.86820.
+    assert lr_at(6, train) == pytest.approx({"linear": 0.775, "cosine": 0.1 + 0.45 * (1 + math.sqrt(0.5))}[name])
+    # No warmup: the decay (to 0 here) starts at step 0, so step 1 is 1/12 of the way down.
+    no_warmup = {"linear": 1 - 1 / 12, "cosine": (1 + math.cos(math.pi / 12)) / 2}
+    assert lr_at(1, schedule(name, warmup_steps=0)) == pytest.approx(no_warmup[name])
+
+
+def test_every_lr_schedule_choice_has_a_schedule():
+    choices = typing.get_args(typing.get_type_hints(TrainConfig)["lr_schedule"])
+    assert all(0 < lr_at(5, schedule(name)) < 1 for name in choices)  # each decays after warmup
 
 
 def test_a_tiny_model_overfits_a_tiny_corpus(tmp_path: Path):
@@ -198,13 +227,13 @@ def test_the_first_update_uses_the_first_warmup_rate_and_loss_is_per_target_toke
     cfg = tiny_config(tiny_corpus, model={"dropout": 0.0}, train={"lr": 1e-3, "warmup_steps": 4})
     prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
     trainer = Trainer(cfg, tmp_path / "run", progress=False)
-    assert trainer.train_step.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(1, 1e-3, 4))  # 2.5e-4
+    assert trainer.train_step.optimizer.param_groups[0]["lr"] == pytest.approx(2.5e-4)  # 1e-3 · 1/4
     batch = trainer.train_data.batch([0, 1, 2])
     with torch.no_grad():
         summed = label_smoothed_loss(trainer.model(batch.src_ids, batch.tgt_in_ids), batch.tgt_out_ids, 0, 0.1)
     loss = trainer.train_step.run(batch).loss
     assert loss.item() == pytest.approx(summed.item() / batch.n_tgt_tokens, rel=1e-6)
-    assert trainer.train_step.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(2, 1e-3, 4))
+    assert trainer.train_step.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4)  # 1e-3 · 2/4
 
 
 def test_resume_applies_a_changed_learning_rate(tiny_corpus: Path, tmp_path: Path):
@@ -215,8 +244,65 @@ def test_resume_applies_a_changed_learning_rate(tiny_corpus: Path, tmp_path: Pat
     trainer = Trainer(cfg, run, progress=False)
     trainer.resume()
     group = trainer.train_step.optimizer.param_groups[0]
-    assert group["lr"] == pytest.approx(lr_at(5, 1e-2, 2))  # the next (5th) update, on the new peak
+    assert group["lr"] == pytest.approx(1e-2 * math.sqrt(2 / 5))  # the next (5th) update, on the new peak
     assert group["weight_decay"] == 0.5
+
+
+def test_each_update_and_its_log_line_use_the_schedules_rate(tiny_corpus: Path, tmp_path: Path):
+    # lr 1e-3, warmup 2, max_steps 6, cosine to 1e-4: the decay runs over steps 2..6.
+    # step 1: 1e-3 · 1/2 = 5e-4; 2: 1e-3; 4 (halfway): 1e-4 + 9e-4 / 2 = 5.5e-4; 6: 1e-4;
+    # 3 and 5 (a quarter from each end): 1e-4 + 4.5e-4 · (1 ± cos(π/4)).
+    expected = {1: 5e-4, 2: 1e-3, 3: 1e-4 + 4.5e-4 * (1 + math.sqrt(0.5)), 4: 5.5e-4,
+                5: 1e-4 + 4.5e-4 * (1 - math.sqrt(0.5)), 6: 1e-4}
+    cfg = tiny_config(tiny_corpus, model={"dropout": 0.0},
+                      train={"lr": 1e-3, "warmup_steps": 2, "lr_schedule": "cosine", "min_lr": 1e-4})
+    prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
+    trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    for step in range(1, 7):
+        assert trainer.train_step.optimizer.param_groups[0]["lr"] == pytest.approx(expected[step], rel=1e-12), step
+        trainer.train_step.run(trainer.train_data.batch([0, 1, 2]))
+    prepare_run_dir(tmp_path / "logged", resume=False, overwrite=False)
+    train(cfg, tmp_path / "logged", progress=False)
+    logged = read_scalars(tmp_path / "logged", "lr")
+    assert logged == pytest.approx(expected, rel=1e-6)  # TensorBoard keeps fp32
+
+
+def test_a_linear_schedule_resumes_exactly_and_a_changed_schedule_applies_from_the_next_update(
+        tiny_corpus: Path, tmp_path: Path, monkeypatch):
+    linear = {"lr": 1e-3, "warmup_steps": 2, "lr_schedule": "linear", "min_lr": 1e-4}
+    cfg = tiny_config(tiny_corpus, train={**linear, "max_steps": 6})
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    prepare_run_dir(straight, resume=False, overwrite=False)
+    train(cfg, straight, progress=False)
+    # Stopped by SIGTERM at step 3's validation: the same config throughout (the decay reads max_steps).
+    validate = Trainer.validate
+
+    def signalled(self, writer):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return validate(self, writer)
+
+    prepare_run_dir(interrupted, resume=False, overwrite=False)
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "validate", signalled)
+        with pytest.raises(TrainingStopped):
+            train(cfg, interrupted, progress=False)
+    assert load_checkpoint(interrupted / "checkpoints" / "step_00000003.pt")["train_state"]["step"] == 3
+    trainer = Trainer(cfg, interrupted, progress=False)
+    trainer.resume()
+    # The 4th update of the 6-step run: halfway down from 1e-3 to 1e-4 (steps 2..6), not the 3-step run's end.
+    assert trainer.train_step.optimizer.param_groups[0]["lr"] == pytest.approx(5.5e-4)
+    prepare_run_dir(interrupted, resume=True, overwrite=False)
+    train(cfg, interrupted, resume=True, progress=False)
+    final = load_checkpoint(straight / "checkpoints" / "step_00000006.pt")["model"]
+    resumed = load_checkpoint(interrupted / "checkpoints" / "step_00000006.pt")["model"]
+    assert all(torch.equal(tensor, resumed[name]) for name, tensor in final.items())
+
+    cosine = tiny_config(tiny_corpus, train={**linear, "max_steps": 10, "lr_schedule": "cosine"})
+    trainer = Trainer(cosine, interrupted, progress=False)
+    trainer.resume()
+    # Update 7 of 10 on the cosine from step 2: 5/8 of the way, 1e-4 + 4.5e-4 · (1 + cos(5π/8)).
+    assert trainer.train_step.optimizer.param_groups[0]["lr"] == pytest.approx(
+        1e-4 + 4.5e-4 * (1 + math.cos(5 * math.pi / 8)))
 
 
 def test_overwrite_deletes_only_what_tmt_wrote(tiny_corpus: Path, tmp_path: Path):

@@ -152,7 +152,15 @@ class TrainConfig:
     lr: float = 7e-4
     """Peak learning rate, reached at the end of warmup."""
     warmup_steps: int = 4000
-    """Linear warmup steps, then decay ∝ 1/sqrt(step)."""
+    """Steps of linear warmup to `lr`, then the decay `lr_schedule` names."""
+    lr_schedule: Literal["inverse_sqrt", "linear", "cosine"] = "inverse_sqrt"
+    """Decay after warmup: `inverse_sqrt` ∝ 1/sqrt(step) (Vaswani et al. 2017 §5.3), never below
+    `min_lr`; `linear` and `cosine` (half a period, Loshchilov & Hutter 2017) from `lr` down to
+    `min_lr` at `max_steps`, the last update's rate. The rate of update N depends only on N and
+    these keys, so resuming is exact; changed on resume (schedule, `lr`, `min_lr`, `max_steps`),
+    the new curve sets the rate from the next update on."""
+    min_lr: float = 0.0
+    """The floor of the decay: where `linear` and `cosine` end, below which `inverse_sqrt` never goes."""
     label_smoothing: float = 0.1
     """Label-smoothing ε (Vaswani et al. 2017 §5.4)."""
     weight_decay: float = 0.0
@@ -556,6 +564,10 @@ def _check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
               "model.max_len")
     if t.lr <= 0:
         check(f"train.lr: must be positive, got {t.lr}")
+    if t.min_lr < 0:
+        check(f"train.min_lr: must be at least 0, got {t.min_lr}")
+    elif t.lr > 0 and t.min_lr > t.lr:
+        check(f"train.min_lr: {t.min_lr} is above the peak train.lr={t.lr}; the decay goes down to it", "train.lr")
     if t.warmup_steps < 0:
         check(f"train.warmup_steps: must be at least 0, got {t.warmup_steps}")
     if not 0 <= t.label_smoothing < 1:

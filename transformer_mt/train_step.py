@@ -52,7 +52,7 @@ class TrainStep:
     """Owns what an update changes besides the weights: the batch sampler, the optimizer, the fp16
     grad scaler, and the module a step calls (the model, DDP-wrapped under torchrun, compiled with
     `train.compile`). A finite update advances `state.step`; the optimizer always holds the
-    learning rate of the next update, `lr_at(state.step + 1)`."""
+    learning rate of the next update, `lr_at(state.step + 1, cfg.train)`."""
 
     def __init__(self, cfg: Config, model: Transformer, train_data: TokenizedSplit, state: TrainState, *,
                  device: torch.device, precision: Precision, attention: AttentionKernels, dist: Distributed,
@@ -110,7 +110,7 @@ class TrainStep:
         on resume (README). With unchanged settings this gives exactly the values that were saved."""
         t = self.cfg.train
         for group in self.optimizer.param_groups:
-            group.update(lr=lr_at(self.state.step + 1, t.lr, t.warmup_steps), betas=t.betas,
+            group.update(lr=lr_at(self.state.step + 1, t), betas=t.betas,
                          weight_decay=t.weight_decay, fused=self.fused_optimizer)
 
     def state_dict(self) -> dict:

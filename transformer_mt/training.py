@@ -242,7 +242,7 @@ class Trainer:
         """Log line and TensorBoard points for the steps since the last log; one host sync."""
         t, step = self.cfg.train, self.state.step
         stats = interval.read_and_reset()
-        lr = lr_at(step, t.lr, t.warmup_steps)  # the rate this step used
+        lr = lr_at(step, t)  # the rate this step used
         grad_norm_value = grad_norm.item()
         writer.add_scalar("train/loss", stats.mean_loss, step)
         writer.add_scalar("train/grad_norm", grad_norm_value, step)

@@ -17,7 +17,7 @@ from tests.conftest import REPO, TINY_PAIRS, run_cli, tiny_config, write_corpus
 from transformer_mt import summary as summary_module
 from transformer_mt import throughput
 from transformer_mt.batching import Batch, TokenBatchSampler
-from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.checkpoint import load_checkpoint, save_atomic
 from transformer_mt.config import TrainConfig
 from transformer_mt.distributed import Distributed
 from transformer_mt.errors import CheckpointError, DataError, TrainingStopped, UsageError
@@ -303,6 +303,24 @@ def test_a_linear_schedule_resumes_exactly_and_a_changed_schedule_applies_from_t
     # Update 7 of 10 on the cosine from step 2: 5/8 of the way, 1e-4 + 4.5e-4 · (1 + cos(5π/8)).
     assert trainer.train_step.optimizer.param_groups[0]["lr"] == pytest.approx(
         1e-4 + 4.5e-4 * (1 + math.cos(5 * math.pi / 8)))
+
+
+def test_a_checkpoint_from_before_a_config_key_existed_resumes_with_its_default(tiny_corpus: Path, tmp_path: Path,
+                                                                                 caplog):
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    train(tiny_config(tiny_corpus, train={"max_steps": 3}), run, progress=False)
+    path = run / "checkpoints" / "step_00000003.pt"
+    ckpt = load_checkpoint(path)
+    for section, key in (("train", "lr_schedule"), ("train", "min_lr"), ("model", "encoder_layers"),
+                         ("model", "decoder_layers")):
+        del ckpt["config"][section][key]  # as an older tmt wrote it
+    save_atomic(ckpt, path)
+    trainer = Trainer(tiny_config(tiny_corpus, train={"max_steps": 6}), run, progress=False)
+    with caplog.at_level("INFO", logger="transformer_mt"):
+        trainer.resume()
+    assert "settings changed since that checkpoint: train.max_steps: 3 -> 6\n" in caplog.text  # and nothing else
+    assert trainer.train_step.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * math.sqrt(2 / 4))
 
 
 def test_overwrite_deletes_only_what_tmt_wrote(tiny_corpus: Path, tmp_path: Path):

@@ -374,6 +374,18 @@ def config_to_dict(cfg: Config) -> dict:
     }
 
 
+def with_defaults(saved: dict) -> dict:
+    """A config dict saved by an older tmt (a checkpoint's, a run's `config.yaml`) with each key
+    added since at its default, which is what that run ran with: compared with today's
+    `config_to_dict`, only the settings that really changed differ."""
+    defaults = config_to_dict(Config())
+    filled = {**defaults, **saved}
+    for section, values in defaults.items():
+        if isinstance(values, dict) and isinstance(filled[section], dict):
+            filled[section] = {**values, **filled[section]}
+    return filled
+
+
 def save_config(cfg: Config, path: Path) -> None:
     """Write the resolved config as YAML (the run directory's `config.yaml`)."""
     write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True))

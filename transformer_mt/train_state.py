@@ -14,7 +14,7 @@ import torch
 
 from transformer_mt.batching import TokenBatchSampler
 from transformer_mt.checkpoint import FORMAT_VERSION, CheckpointDir, check_tokenizers, load_checkpoint
-from transformer_mt.config import Config, config_to_dict
+from transformer_mt.config import Config, config_to_dict, with_defaults
 from transformer_mt.distributed import Distributed
 from transformer_mt.errors import CheckpointError, UsageError
 from transformer_mt.run_dir import resume_config_changes
@@ -115,7 +115,8 @@ class RunCheckpoint:
         """Load the newest intact step checkpoint into every stateful piece."""
         path, ckpt, skipped = self._newest_intact()
         check_tokenizers(ckpt, self.tokenizer_fingerprint, path, self.run_dir)
-        changes = resume_config_changes(ckpt["config"], config_to_dict(self.cfg), path)
+        # Keys added to tmt since the checkpoint was written count as their defaults, not as changes.
+        changes = resume_config_changes(with_defaults(ckpt["config"]), config_to_dict(self.cfg), path)
         self.model.load_state_dict(ckpt["model"])
         self.state.load_state_dict(ckpt["train_state"])
         self.update.load_state_dict(ckpt)  # after the counters: it sets the next update's learning rate

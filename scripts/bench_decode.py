@@ -353,7 +353,8 @@ def main(argv: list[str] | None = None) -> None:
         marian = build_marian(model.cfg, vocab_size).to(device) if with_hf else None
         _, _, sources = read_corpus(args.data, args.src_lang)
         setup_s = time.perf_counter() - setup_started
-        print(f"# {args.preset}: d_model={model.cfg.d_model} layers={model.cfg.n_encoder_layers}+{model.cfg.n_decoder_layers} "
+        print(f"# {args.preset}: d_model={model.cfg.d_model} "
+              f"layers={model.cfg.n_encoder_layers}+{model.cfg.n_decoder_layers} "
               f"heads={model.cfg.n_heads} d_ff={model.cfg.d_ff} vocab={vocab_size} (BPE on {args.data.name} train), "
               f"{model.num_parameters() / 1e6:.1f}M parameters"
               + (f" (Marian {marian.num_parameters() / 1e6:.1f}M)" if marian is not None else "")

@@ -397,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     mfu = flops_per_round * speed["tmt"] / tokens_per_round / peak if peak else None  # at the median round
     tgt_tokens_per_step = sum(len(tgt_ids[i]) + 1 for i in range(len(tgt_ids))) / max(len(timed_indices), 1)
 
-    print(f"# {args.preset}: d_model={cfg.model.d_model} layers={cfg.model.n_encoder_layers}+{cfg.model.n_decoder_layers} "
+    print(f"# {args.preset}: d_model={cfg.model.d_model} "
+          f"layers={cfg.model.n_encoder_layers}+{cfg.model.n_decoder_layers} "
           f"heads={cfg.model.n_heads} d_ff={cfg.model.d_ff} vocab={vocab_size}; device {device}, "
           f"tmt precision {trainer.precision.name}, {torch.get_num_threads()} thread(s), torch {torch.__version__}, "
           f"{platform.processor() or platform.machine()}")

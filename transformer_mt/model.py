@@ -357,8 +357,9 @@ class Transformer(nn.Module):
 
         `src_lengths` / `tgt_lengths`: tokens per sentence including EOS (source) and BOS/EOS
         (target), one entry per sentence. With D = d_model, F = d_ff, Le and Ld the encoder's and
-        the decoder's layers, V = target vocabulary, S and T a sentence's source and target lengths, and the usual
-        "6 × parameters × tokens" for a matmul's forward (2) and backward (4) multiply-adds:
+        the decoder's layers, V = target vocabulary, S and T a sentence's source and target
+        lengths, and the usual "6 × parameters × tokens" for a matmul's forward (2) and backward
+        (4) multiply-adds:
 
         - encoder layers, per source token: 6 · Le · (4D² + 2DF)  (q, k, v, out projections; FFN)
         - decoder layers, per target token: 6 · Ld · (4D² + 2D² + 2DF)  (self-attention q, k, v, out;

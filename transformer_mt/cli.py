@@ -64,9 +64,10 @@ def run_train(args: argparse.Namespace) -> None:
     pick_precision(cfg.train.precision, device)  # refuse, say, fp16 on a CPU before the run directory exists
     dist = Distributed.from_environment()  # a world of one unless started by torchrun
     dist.start(device)
+    lock = None  # the run directory's, held by rank 0 until training ends (`run_lock`)
     try:
         if dist.is_main:  # rank 0 prepares the directory; the others wait for it
-            prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)
+            lock = prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)
         dist.barrier()
         log_file = _setup_logging(logging.INFO if dist.is_main else logging.WARNING,
                                   RunDir(run_dir).train_log if dist.is_main else None)
@@ -92,6 +93,8 @@ def run_train(args: argparse.Namespace) -> None:
                 log_file.close()
     finally:
         dist.stop()
+        if lock is not None:
+            lock.release()
     if not dist.is_main:
         return
     best = f", best validation BLEU {state.best_bleu:.2f}" if state.best_bleu >= 0 else ""
@@ -358,7 +361,20 @@ def run_export(args: argparse.Namespace) -> None:
     from transformer_mt.export import export_ctranslate2
 
     _setup_logging(logging.INFO)
-    export_ctranslate2(args.run, args.output, args.checkpoint, args.quantization)
+    with _lock_if_inside(args.run, args.output, "tmt export"):
+        export_ctranslate2(args.run, args.output, args.checkpoint, args.quantization)
+
+
+def _lock_if_inside(run_dir: Path, output: Path, purpose: str):
+    """The run directory's lock (`run_lock`) when `output` is inside it, else nothing to hold: a
+    command that writes into a run may not run beside the run's trainer."""
+    import contextlib
+
+    from transformer_mt.run_lock import RunLock
+
+    if run_dir.is_dir() and output.resolve().is_relative_to(run_dir.resolve()):
+        return RunLock.acquire(run_dir, purpose)
+    return contextlib.nullcontext()
 
 
 def run_runs(args: argparse.Namespace) -> None:
@@ -391,7 +407,8 @@ def run_average(args: argparse.Namespace) -> None:
         raise UsageError(f"--output {output} already exists; tmt average replaces only an average it wrote "
                          "earlier (average_steps_*.pt): choose a new file name")
     make_parent_dir(output, "--output" if args.output else None)
-    save_atomic(average_checkpoints([checkpoints.step_path(step) for step in steps]), output)
+    with _lock_if_inside(args.run, output, "tmt average"):  # never beside a training run's own writes
+        save_atomic(average_checkpoints([checkpoints.step_path(step) for step in steps]), output)
     print(f"averaged steps {', '.join(map(str, steps))} into {output}", file=sys.stderr)
 
 

@@ -14,6 +14,7 @@ from transformer_mt.config import Config, config_to_dict
 from transformer_mt.errors import CheckpointError, ConfigError, UsageError
 from transformer_mt.files import temp_file_target
 from transformer_mt.run_layout import RunDir
+from transformer_mt.run_lock import RunLock
 
 # Sections that define what a checkpoint's weights mean; they may not change on resume.
 FROZEN_ON_RESUME = ("seed", "data", "tokenizer", "model")
@@ -22,9 +23,11 @@ CHANGEABLE_ON_RESUME = ("data.num_proc",)  # how fast the cache is filled, not w
 MARKER = RunDir.MARKER
 
 
-def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
-    """Create (or claim) the run directory, refusing to clobber a run or anything tmt did not write.
+def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> RunLock:
+    """Create (or claim) the run directory, refusing to clobber a run or anything tmt did not
+    write; return its lock (`run_lock`), held until released or until this process ends.
 
+    A directory another process writes (its lock is held) is refused, naming that process.
     Without `overwrite`, a non-empty directory is reused only when tmt marked it (`MARKER`) and
     its earlier start failed, or was killed, before its first checkpoint; a run that finished
     (test scores, or a summary saying so) is kept even if its checkpoints were removed. With
@@ -35,13 +38,33 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
         raise UsageError("--resume and --overwrite contradict each other; pick one")
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"{run_dir} exists and is not a directory")
+    RunLock.check_free(run_dir)  # a writer there first: name it rather than what it wrote
+    _check_claimable(run_dir, resume=resume, overwrite=overwrite)  # before creating anything in it
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot create the run directory {run_dir} ({err.strerror or err})") from None
+    lock = RunLock.acquire(run_dir, "tmt train --resume" if resume else "tmt train")
+    try:
+        # Again under the lock: another start may have claimed the directory since the check above.
+        entries = _check_claimable(run_dir, resume=resume, overwrite=overwrite)
+        if not resume:
+            _clear(run_dir, entries)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _check_claimable(run_dir: Path, *, resume: bool, overwrite: bool) -> list[str]:
+    """Refuse a run directory that `prepare_run_dir` may not claim; return its entries (less the lock file)."""
     checkpoints = CheckpointDir(RunDir(run_dir).checkpoints, 1)
     has_checkpoints = checkpoints.latest() is not None or checkpoints.best_path.is_file()
     if resume:
         if checkpoints.latest() is None:
             raise CheckpointError(f"{run_dir}: no checkpoint to resume from (start without --resume)")
-        return
-    entries = sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []
+        return []
+    entries = sorted(p.name for p in run_dir.iterdir() if p.name != RunDir.LOCK) if run_dir.is_dir() else []
     # What tmt writes there, and the temp files a write killed midway leaves (`files.temp_file_target`).
     foreign = [name for name in entries if name not in RunDir.ENTRIES and temp_file_target(name) not in RunDir.ENTRIES]
     if foreign:
@@ -57,11 +80,16 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> None:
     if results and not overwrite:
         raise UsageError(f"{run_dir} holds a finished run ({_names(results)}) without checkpoints: use --overwrite "
                          "to delete it and start over, or --run-dir to train elsewhere")
-    for name in entries:  # an earlier run (--overwrite) or the leftovers of a start that ended early
+    return entries
+
+
+def _clear(run_dir: Path, entries: list[str]) -> None:
+    """Delete an earlier run (--overwrite) or the leftovers of a start that ended early, keeping
+    the lock file (held by this process), and mark the directory as tmt's."""
+    for name in entries:
         path = run_dir / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
         RunDir(run_dir).marker.write_text("a run directory made by tmt train\n", encoding="utf-8")
     except OSError as err:
         raise UsageError(f"cannot create the run directory {run_dir} ({err.strerror or err})") from None

@@ -21,6 +21,8 @@ class RunDir:
     # Written into every run directory tmt creates or claims: it tells tmt's own leftovers (a
     # `config.yaml`, tokenizers, caches) from a user's files of the same names.
     MARKER = ".tmt-run"
+    # Locked (`run_lock`) by the one process that writes the run: `tmt train`, `tmt average`, ...
+    LOCK = ".tmt-lock"
     CONFIG = "config.yaml"
     SPLITS = "splits.json"  # which rows were carved into valid/test, when the corpus had no such splits
     CORPUS_CACHE = "corpus_cache"  # the filtered text of each split (`data`)
@@ -34,13 +36,17 @@ class RunDir:
     SUMMARY = "summary.json"
     TRAIN_LOG = "train.log"
     # Everything tmt writes at the top of a run directory; nothing else is ever deleted there.
-    ENTRIES = frozenset({MARKER, CONFIG, JOINT_FILE, SRC_FILE, TGT_FILE, SPLITS, CORPUS_CACHE, CORPUS_BUILD,
+    ENTRIES = frozenset({MARKER, LOCK, CONFIG, JOINT_FILE, SRC_FILE, TGT_FILE, SPLITS, CORPUS_CACHE, CORPUS_BUILD,
                          CORPUS_OLD, TOKEN_CACHE, CHECKPOINTS, TENSORBOARD, VALIDATION, EVALUATION, SUMMARY,
                          TRAIN_LOG, ".summary.json.tmp"})  # the last: older tmt's fixed temp name
 
     @property
     def marker(self) -> Path:
         return self.root / self.MARKER
+
+    @property
+    def lock(self) -> Path:
+        return self.root / self.LOCK
 
     @property
     def config(self) -> Path:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from transformer_mt.errors import CheckpointError
-from transformer_mt.files import write_atomic
+from transformer_mt.files import describe_os_error, write_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +36,41 @@ def save_atomic(state: dict, path: Path) -> None:
     temp file has a name of its own (`files.write_atomic`): `tmt average --output` writes beside
     the user's files, and never into one of theirs.
     """
+    sink: _KeepWriteError | None = None
+
+    def write(handle) -> None:
+        nonlocal sink
+        sink = _KeepWriteError(handle)
+        torch.save(state, sink)
+
     try:
-        write_atomic(path, lambda handle: torch.save(state, handle))
-    except OSError as err:
-        raise CheckpointError(f"{path}: could not write checkpoint ({err.strerror or err}); "
+        write_atomic(path, write)
+    except (OSError, RuntimeError) as err:
+        err = sink.error if sink is not None and sink.error is not None else err
+        if not isinstance(err, OSError):
+            raise
+        raise CheckpointError(f"could not write checkpoint {describe_os_error(err, path)}; "
                               "earlier checkpoints are intact") from None
+
+
+class _KeepWriteError:
+    """The file object torch.save writes to, keeping the OSError a write raised: torch's zip
+    writer reports it as `RuntimeError: [enforce fail at inline_container.cc] unexpected pos`,
+    which names neither the file nor the cause (a full disk, say)."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self.handle, name)
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict:

@@ -17,7 +17,9 @@ from pathlib import Path
 from transformer_mt.cli_parser import STDIO, build_parser, check_translate_options
 from transformer_mt.config import Config
 from transformer_mt.errors import DataError, TmtError, TrainingStopped, UsageError
-from transformer_mt.files import check_parent_dir, lines_to_text, make_parent_dir, write_text_atomic
+from transformer_mt.files import (WRITE_ERRNOS, check_parent_dir, describe_os_error, lines_to_text, make_parent_dir,
+                                  os_errno, write_text_atomic)
+from transformer_mt.optional_outputs import OptionalFileHandler
 from transformer_mt.run_layout import RunDir
 
 logger = logging.getLogger("transformer_mt")
@@ -45,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # an unexpected failure: one line, and the details on request
         if args.traceback:
             raise
+        if isinstance(err, OSError) and os_errno(err) in WRITE_ERRNOS:  # a full disk, say: the file and why
+            print(f"tmt: error: {describe_os_error(err)}", file=sys.stderr)
+            return 1
         logger.debug("unexpected error", exc_info=True)
         print(f"tmt: internal error: {type(err).__name__}: {err} (rerun as `tmt --traceback COMMAND ...` for details)",
               file=sys.stderr)
@@ -507,7 +512,7 @@ def _setup_logging(level: int, log_path: Path | None = None) -> logging.Handler 
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if log_path is None:
         return None
-    file_handler = logging.FileHandler(log_path, encoding="utf-8")
+    file_handler = OptionalFileHandler(log_path, encoding="utf-8")  # a full disk stops the log, not the run
     file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(file_handler)
     return file_handler

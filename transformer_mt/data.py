@@ -24,7 +24,7 @@ import numpy as np
 from transformer_mt.config import DataConfig
 from transformer_mt.data_sources import SPLITS, SplitSource, open_sources
 from transformer_mt.errors import DataError, missing_from_rank0
-from transformer_mt.files import write_text_atomic
+from transformer_mt.files import removed_on_failure, write_text_atomic
 from transformer_mt.run_layout import RunDir
 
 if TYPE_CHECKING:
@@ -83,7 +83,8 @@ def load_corpus(cfg: DataConfig, seed: int, run_dir: Path, *, prepared: bool = F
     manifest = _reusable_manifest(directory, key, RunDir(run_dir).splits)
     if manifest is None:
         previous = _read_manifest(directory)  # what the run read before, if anything
-        manifest = _build(cfg, seed, sources, run_dir, key)
+        with removed_on_failure(RunDir(run_dir).corpus_build, "the corpus cache"):
+            manifest = _build(cfg, seed, sources, run_dir, key)
         _warn_if_the_text_changed(previous, manifest)
     else:
         logger.info("reusing the corpus read earlier into %s (its sources are unchanged)", directory)

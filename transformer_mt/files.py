@@ -7,10 +7,13 @@ A reader, or a run killed mid-write, sees either the old file or the new one, ne
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import secrets
-from collections.abc import Callable
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
@@ -43,9 +46,61 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.filename is None:  # a write or fsync names no file: name it
+            err.filename = str(path)
         raise
+
+
+# Write failures the user can act on (free space, a quota, permissions, a failing disk): named
+# with the file, never a traceback (`cli.main`).
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO})
+
+
+def describe_os_error(err: OSError, path: Path | str | None = None) -> str:
+    """`err` as one line naming its file (`path`, else the error's own): `runs/x/summary.json: No
+    space left on device (0 bytes free there)`; free space is added for ENOSPC and EDQUOT."""
+    path = path if path is not None else err.filename
+    number = os_errno(err)
+    reason = err.strerror if err.errno is not None and err.strerror else (os.strerror(number) if number else str(err))
+    if number in (errno.ENOSPC, errno.EDQUOT) and path is not None:
+        free = _free_bytes(Path(path))
+        if free is not None:
+            reason += f"; {free:,} bytes free there"
+    return f"{path}: {reason}" if path is not None else reason
+
+
+@contextlib.contextmanager
+def removed_on_failure(folder: Path, what: str) -> Iterator[None]:
+    """While inside, `folder` (a temp folder, renamed into place once complete) is written: on any
+    failure, Ctrl-C included, it is removed, and an OSError the user can act on (`WRITE_ERRNOS`:
+    a full disk, say) becomes a `TmtError` naming `what`, the file and the reason."""
+    try:
+        yield
+    except BaseException as err:
+        shutil.rmtree(folder, ignore_errors=True)
+        if isinstance(err, OSError) and os_errno(err) in WRITE_ERRNOS:
+            raise TmtError(f"cannot write {what}: {describe_os_error(err, err.filename or folder)}") from None
+        raise
+
+
+def os_errno(err: OSError) -> int | None:
+    """`err`'s errno; pyarrow's OSErrors carry none, and say `[errno 28]` in their text instead."""
+    if err.errno is not None:
+        return err.errno
+    match = re.search(r"\[errno (\d+)\]", str(err))
+    return int(match[1]) if match else None
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Bytes free to this user on the filesystem of `path` (or of its nearest existing folder)."""
+    for folder in (path, *path.parents):
+        try:
+            return shutil.disk_usage(folder).free
+        except OSError:
+            continue
+    return None
 
 
 def check_parent_dir(path: Path, option: str | None = None) -> None:

@@ -32,6 +32,7 @@ class RunStatus:
         self.provenance = summary.provenance(cfg, run_dir, device, config_dir)
         self.test_report: dict | None = None  # the final test's, once there is one
         self._clock = time.perf_counter()  # train_seconds counts from here
+        self._warned = False  # about a summary.json that could not be written
 
     def tick(self) -> None:
         """Add the wall time since the last tick to `train_seconds`."""
@@ -45,7 +46,7 @@ class RunStatus:
         if not self.dist.is_main:
             return
         s = self.state
-        summary.write_summary(self.run_dir, {
+        self._write({
             "name": self.cfg.name, "status": status, "step": s.step, "max_steps": self.cfg.train.max_steps,
             "epoch": sampler_state["epoch"] + 1, "best_bleu": s.best_bleu, "best_step": s.best_step,
             "last_valid": s.last_valid, "test": self.test_report, "tgt_tokens_seen": s.tgt_tokens_seen,
@@ -54,10 +55,18 @@ class RunStatus:
             "skipped_nonfinite": s.skipped_nonfinite, "skipped_oom": s.skipped_oom,
             "parameters": self.n_parameters, "data": self.data_report.to_dict(), "provenance": self.provenance})
 
+    def _write(self, content: dict) -> None:
+        """Write `summary.json`; a failure (a full disk, say) warns once and the run goes on: the
+        next checkpoint, which a resume needs, stops it with the reason if the disk stays full."""
+        try:
+            summary.write_summary(self.run_dir, content)
+        except OSError as err:
+            if not self._warned:
+                logger.warning("could not update %s (%s); training goes on", err.filename or "summary.json",
+                               err.strerror or err)
+            self._warned = True
+
     def write_keeping_the_error(self, status: str, sampler_state: dict) -> None:
         """Record how the run ended. If that write fails too (say, on the full disk that stopped the
-        run), warn: the error that ended the run is the one to report."""
-        try:
-            self.write(status, sampler_state)
-        except OSError as err:
-            logger.warning("could not update summary.json (%s)", err.strerror or err)
+        run), warn (`write` does): the error that ended the run is the one to report."""
+        self.write(status, sampler_state)

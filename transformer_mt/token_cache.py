@@ -24,6 +24,7 @@ import numpy as np
 
 from transformer_mt.batching import Batch, make_batch_from_flat, padded_length
 from transformer_mt.errors import DataError, missing_from_rank0
+from transformer_mt.files import removed_on_failure
 from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
 
 if TYPE_CHECKING:
@@ -221,16 +222,17 @@ def _encode_to_entry(split: datasets.Dataset, tokenizers: TokenizerPair, max_len
     temp = path.with_name(path.name + ".tmp")
     shutil.rmtree(temp, ignore_errors=True)
     temp.mkdir()
-    dataset = _encode(split, tokenizers, max_len, drop_long, temp / "ids.arrow", name, num_proc)
-    if len(dataset) == 0:
-        shutil.rmtree(temp, ignore_errors=True)
-        return dataset
-    files = [Path(f["filename"]).name for f in dataset.cache_files]  # in row order
-    (temp / ENTRY_FILE).write_text(json.dumps({"files": files, "rows": len(dataset)}) + "\n", encoding="utf-8")
-    del dataset
-    if path.exists():  # an entry `_load_entry` rejected (damaged): replace it
-        shutil.rmtree(path)
-    temp.rename(path)
+    with removed_on_failure(temp, f"the token cache of the {name} split"):  # Ctrl-C, a full disk: no half entry
+        dataset = _encode(split, tokenizers, max_len, drop_long, temp / "ids.arrow", name, num_proc)
+        if len(dataset) == 0:
+            shutil.rmtree(temp, ignore_errors=True)
+            return dataset
+        files = [Path(f["filename"]).name for f in dataset.cache_files]  # in row order
+        (temp / ENTRY_FILE).write_text(json.dumps({"files": files, "rows": len(dataset)}) + "\n", encoding="utf-8")
+        del dataset
+        if path.exists():  # an entry `_load_entry` rejected (damaged): replace it
+            shutil.rmtree(path)
+        temp.rename(path)
     for old in path.parent.glob(f"{name}-*"):
         if old != path:
             shutil.rmtree(old, ignore_errors=True)

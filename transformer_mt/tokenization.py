@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from transformer_mt.config import TokenizerConfig
 from transformer_mt.errors import CheckpointError
+from transformer_mt.files import write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -86,12 +87,14 @@ class TokenizerPair:
                                digest_size=16).hexdigest()
 
     def save(self, directory: Path) -> None:
-        """Write `tokenizer.json`, or `tokenizer.src.json` and `tokenizer.tgt.json`."""
+        """Write `tokenizer.json`, or `tokenizer.tgt.json` and then `tokenizer.src.json`, each
+        atomically: the file `exists_in` looks for comes last, so a run killed midway never has
+        tokenizers that look complete and are not."""
         if self.joint:
-            self.src.save(str(directory / JOINT_FILE))
+            write_text_atomic(directory / JOINT_FILE, self.src.to_str(pretty=True))
         else:
-            self.src.save(str(directory / SRC_FILE))
-            self.tgt.save(str(directory / TGT_FILE))
+            write_text_atomic(directory / TGT_FILE, self.tgt.to_str(pretty=True))
+            write_text_atomic(directory / SRC_FILE, self.src.to_str(pretty=True))
 
     @classmethod
     def load(cls, directory: Path) -> TokenizerPair:

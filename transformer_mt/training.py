@@ -22,6 +22,7 @@ from transformer_mt.errors import CheckpointError, ConfigError, TmtError, Traini
     missing_from_rank0
 from transformer_mt.evaluation import bleu_tokenizer_problem
 from transformer_mt.model import Transformer
+from transformer_mt.optional_outputs import OptionalWriter, quiet_tensorboard_thread
 from transformer_mt.preparation import batch_padding, prepare_data, tokenizer_file
 from transformer_mt.report import estimated_time, format_duration
 from transformer_mt.run_dir import check_saved_config
@@ -118,7 +119,8 @@ class Trainer:
         t, state = self.cfg.train, self.state
         logger.info("device %s, precision %s, %d parameters, %d training pairs", self.device,
                     self.precision.name, self.model.num_parameters(), len(self.train_data))
-        writer = (SummaryWriter(str(RunDir(self.run_dir).tensorboard), purge_step=state.step + 1)
+        tensorboard = str(RunDir(self.run_dir).tensorboard)  # a failed write warns once, then training goes on
+        writer = (OptionalWriter(lambda: SummaryWriter(tensorboard, purge_step=state.step + 1), tensorboard)
                   if self.dist.is_main else _NoWriter())
         self.write_summary("running")
         self._pace_from = (time.monotonic(), state.step)
@@ -289,7 +291,7 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
     Under torchrun every rank calls this with its `dist` (process group started); rank 0
     alone writes files, and alone scores the test split at the end.
     """
-    with sigterm_interrupts():
+    with sigterm_interrupts(), quiet_tensorboard_thread():
         return _train(cfg, run_dir, resume=resume, progress=progress, config_dir=config_dir, dist=dist)
 
 

@@ -10,11 +10,15 @@ so training never tokenizes per step.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import hashlib
 import json
 import logging
+import multiprocessing
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -249,34 +253,73 @@ def _encode(split: datasets.Dataset, tokenizers: TokenizerPair, max_len: int, dr
     `encode_batch` runs in Rust over all cores; with several processes, each encodes its own
     contiguous shard and the Rust side keeps to one thread (`TOKENIZERS_PARALLELISM`), which
     would otherwise oversubscribe the cores and warn about the fork.
+
+    The processes are tmt's own pool, not `datasets.map(num_proc=...)`'s: a terminal's Ctrl-C
+    reaches the whole process group, and `datasets`' workers died of it with a traceback each
+    while their parent waited for them for a minute. Ours ignore SIGINT and SIGTERM's handler
+    (`_worker_setup`): the parent alone handles the signal, and ends them (`Pool.terminate`)
+    on its way out.
     """
     import datasets
 
-    keep = max_len - 1  # room for EOS (source, target output) or BOS (target input)
+    encode = functools.partial(_encode_rows, tokenizers=tokenizers, keep=max_len - 1, drop_long=drop_long)
+    if num_proc == 1:
+        return _encode_shard(split, encode, cache_file, f"tokenize {name}")
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # read by the Rust side of the forked processes
+    shards = [(split.shard(num_proc, index, contiguous=True), encode,
+               cache_file.with_name(f"{cache_file.stem}_{index:05d}_of_{num_proc:05d}.arrow"),
+               f"tokenize {name} (1 of {num_proc} shards)" if index == 0 else None) for index in range(num_proc)]
+    try:
+        with multiprocessing.get_context("fork").Pool(num_proc, initializer=_worker_setup) as pool:
+            files = pool.starmap(_encode_shard_file, shards)  # Ctrl-C here: `with` terminates the pool
+    finally:
+        if saved is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
+    return datasets.concatenate_datasets([datasets.Dataset.from_file(file) for file in files])
 
-    def encode(rows: dict) -> dict:
-        src_ids, tgt_ids = tokenizers.encode_src(rows["src"]), tokenizers.encode_tgt(rows["tgt"])
-        if drop_long:
-            fits = [i for i, (s, t) in enumerate(zip(src_ids, tgt_ids)) if len(s) <= keep and len(t) <= keep]
-            src_ids, tgt_ids = [src_ids[i] for i in fits], [tgt_ids[i] for i in fits]
-        src_ids, tgt_ids = [ids[:keep] for ids in src_ids], [ids[:keep] for ids in tgt_ids]
-        return {"src_ids": src_ids, "tgt_ids": tgt_ids, "src_len": [len(s) for s in src_ids],
-                "tgt_len": [len(t) for t in tgt_ids]}
+
+def _worker_setup() -> None:
+    """In each tokenizing process: leave Ctrl-C to the parent, let its `terminate` (SIGTERM) end
+    this process at once, and (Linux) die with the parent even when it is killed with SIGKILL."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before the call
+            os._exit(1)
+
+
+def _encode_shard_file(shard: datasets.Dataset, encode, cache_file: Path, desc: str | None) -> str:
+    """`_encode_shard` in a pool process: the file it wrote (a Dataset would be pickled back whole)."""
+    import datasets
+
+    if desc is None:
+        datasets.disable_progress_bars()  # one bar, the first shard's, stands for all
+    _encode_shard(shard, encode, cache_file, desc)
+    return str(cache_file)
+
+
+def _encode_shard(split: datasets.Dataset, encode, cache_file: Path, desc: str | None) -> datasets.Dataset:
+    import datasets
 
     features = datasets.Features({"src_ids": datasets.Sequence(datasets.Value("int32")),
                                   "tgt_ids": datasets.Sequence(datasets.Value("int32")),
                                   "src_len": datasets.Value("int32"), "tgt_len": datasets.Value("int32")})
-    saved = os.environ.get("TOKENIZERS_PARALLELISM")
-    if num_proc > 1:
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    try:
-        # A batched map may return fewer rows than it gets, because it replaces every input column.
-        return split.map(encode, batched=True, batch_size=ENCODE_BATCH_ROWS, remove_columns=split.column_names,
-                         features=features, cache_file_name=str(cache_file), load_from_cache_file=False,
-                         num_proc=num_proc if num_proc > 1 else None, desc=f"tokenize {name}")
-    finally:
-        if num_proc > 1:
-            if saved is None:
-                os.environ.pop("TOKENIZERS_PARALLELISM", None)
-            else:
-                os.environ["TOKENIZERS_PARALLELISM"] = saved
+    # A batched map may return fewer rows than it gets, because it replaces every input column.
+    return split.map(encode, batched=True, batch_size=ENCODE_BATCH_ROWS, remove_columns=split.column_names,
+                     features=features, cache_file_name=str(cache_file), load_from_cache_file=False, desc=desc)
+
+
+def _encode_rows(rows: dict, *, tokenizers: TokenizerPair, keep: int, drop_long: bool) -> dict:
+    """Token ids of a batch of rows, at most `keep` per side; pairs longer than that dropped
+    (`drop_long`) or cut."""
+    src_ids, tgt_ids = tokenizers.encode_src(rows["src"]), tokenizers.encode_tgt(rows["tgt"])
+    if drop_long:
+        fits = [i for i, (s, t) in enumerate(zip(src_ids, tgt_ids)) if len(s) <= keep and len(t) <= keep]
+        src_ids, tgt_ids = [src_ids[i] for i in fits], [tgt_ids[i] for i in fits]
+    src_ids, tgt_ids = [ids[:keep] for ids in src_ids], [ids[:keep] for ids in tgt_ids]
+    return {"src_ids": src_ids, "tgt_ids": tgt_ids, "src_len": [len(s) for s in src_ids],
+            "tgt_len": [len(t) for t in tgt_ids]}

@@ -67,6 +67,10 @@ def test_a_second_trainer_on_a_training_run_is_refused_naming_the_first(training
     result = tmt("average", "--run", str(run_dir), "--last", "1", cwd=tmp_path)  # writes into the run
     assert result.returncode == 2 and f"is in use by tmt train (PID {process.pid}" in result.stderr, result.stderr
 
+    result = tmt("export", "--format", "ctranslate2", "--run", str(run_dir), "--output", str(run_dir / "ct2"),
+                 cwd=tmp_path)
+    assert result.returncode == 2 and f"is in use by tmt train (PID {process.pid}" in result.stderr, result.stderr
+
     result = tmt("translate", "--run", str(run_dir), "--device", "cpu", "Good morning.", cwd=tmp_path)  # a reader
     assert result.returncode == 0, result.stderr
     result = tmt("runs", "--dir", str(run_dir), cwd=tmp_path)

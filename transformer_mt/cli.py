@@ -377,7 +377,7 @@ def _lock_if_inside(run_dir: Path, output: Path, purpose: str):
 
     from transformer_mt.run_lock import RunLock
 
-    if run_dir.is_dir() and output.resolve().is_relative_to(run_dir.resolve()):
+    if RunDir(run_dir).checkpoints.is_dir() and output.resolve().is_relative_to(run_dir.resolve()):
         return RunLock.acquire(run_dir, purpose)
     return contextlib.nullcontext()
 

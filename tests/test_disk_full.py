@@ -4,6 +4,7 @@ the reason, never a traceback; the run stays resumable, and no temp file is left
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import shutil
 import subprocess
@@ -96,3 +97,23 @@ def test_tensorboard_and_summary_failures_warn_once_and_training_goes_on(tiny_co
     assert err.count("could not update summary.json (No space left on device); training goes on") == 1
     assert err.count("TensorBoard: cannot write") == 1
     assert (tmp_path / "run" / "checkpoints" / "step_00000006.pt").is_file()
+
+
+def test_a_log_file_on_a_full_disk_warns_once_instead_of_a_traceback_per_line(capsys):
+    from transformer_mt.optional_outputs import OptionalFileHandler
+
+    logger = logging.getLogger("test_disk_full.log")
+    console = logging.StreamHandler(sys.stderr)
+    handler = OptionalFileHandler("/dev/full", encoding="utf-8")  # every flush: ENOSPC
+    logger.addHandler(handler)
+    logging.getLogger("transformer_mt.optional_outputs").addHandler(console)
+    try:
+        for step in range(3):
+            logger.warning("step %d", step)
+    finally:
+        logger.removeHandler(handler)
+        logging.getLogger("transformer_mt.optional_outputs").removeHandler(console)
+        handler.close()
+    err = capsys.readouterr().err
+    assert "Logging error" not in err and "Traceback" not in err, err
+    assert err.count("cannot write the log file /dev/full (No space left on device)") == 1, err

@@ -71,6 +71,21 @@ class OptionalFileHandler(logging.FileHandler):
         if not isinstance(err, OSError):
             super().handleError(record)
             return
+        self._give_up(err)
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError as err:  # buffered lines that the disk will not take
+            self._give_up(err)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError as err:  # closing flushes: the error that ended a run must not be replaced by this
+            self._give_up(err)
+
+    def _give_up(self, err: OSError) -> None:
         if self.level > logging.CRITICAL:
             return  # warned already
         self.setLevel(logging.CRITICAL + 1)

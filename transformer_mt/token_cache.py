@@ -271,7 +271,9 @@ def _encode(split: datasets.Dataset, tokenizers: TokenizerPair, max_len: int, dr
                cache_file.with_name(f"{cache_file.stem}_{index:05d}_of_{num_proc:05d}.arrow"),
                f"tokenize {name} (1 of {num_proc} shards)" if index == 0 else None) for index in range(num_proc)]
     try:
-        with multiprocessing.get_context("fork").Pool(num_proc, initializer=_worker_setup) as pool:
+        # fork where it is safe (Linux): no re-import per process; macOS's system libraries are not fork-safe.
+        context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+        with context.Pool(num_proc, initializer=_worker_setup) as pool:
             files = pool.starmap(_encode_shard_file, shards)  # Ctrl-C here: `with` terminates the pool
     finally:
         if saved is None:

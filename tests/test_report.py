@@ -225,8 +225,8 @@ def test_tmt_data_on_an_existing_run_reports_what_its_training_saw(tmp_path: Pat
     (run_dir / "splits.json").write_text(json.dumps({"source_rows": 12, "seed": 3, "valid": [2, 3], "test": [0, 1]}))
     *_, report = prepare_data(cfg, run_dir)  # reuses splits.json and writes tokenizer.json, as training does
     before = snapshot(run_dir)
-    assert {name.split("/")[0] for name in before} == {".tmt-run", "config.yaml", "splits.json", "tokenizer.json",
-                                                     "corpus_cache", "token_cache"}
+    assert {name.split("/")[0] for name in before} == {".tmt-run", ".tmt-lock", "config.yaml", "splits.json",
+                                                     "tokenizer.json", "corpus_cache", "token_cache"}
 
     code, out, err = run_cli(["data", "--config", str(config_file)], monkeypatch, capsys, tmp_path)  # runs/tiny
     assert code == 0, err

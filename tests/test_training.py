@@ -24,6 +24,7 @@ from transformer_mt.errors import CheckpointError, DataError, TrainingStopped, U
 from transformer_mt.files import temp_file_target
 from transformer_mt.loss import label_smoothed_loss
 from transformer_mt.run_dir import MARKER, prepare_run_dir
+from transformer_mt.run_layout import RunDir
 from transformer_mt.schedule import lr_at
 from transformer_mt.training import Trainer, train
 from transformer_mt.translator import Translator
@@ -335,7 +336,7 @@ def test_overwrite_deletes_only_what_tmt_wrote(tiny_corpus: Path, tmp_path: Path
     assert (run / "notes.txt").is_file() and (run / "checkpoints").is_dir()
     (run / "notes.txt").unlink()
     prepare_run_dir(run, resume=False, overwrite=True)
-    assert [p.name for p in run.iterdir()] == [MARKER]
+    assert sorted(p.name for p in run.iterdir()) == [RunDir.LOCK, MARKER]  # the lock file: tmt's own
 
 
 def test_a_start_that_failed_before_its_first_checkpoint_can_be_retried(tmp_path: Path):
@@ -345,7 +346,7 @@ def test_a_start_that_failed_before_its_first_checkpoint_can_be_retried(tmp_path
         train(tiny_config(tmp_path / "missing"), run, progress=False)
     assert (run / "config.yaml").is_file()
     prepare_run_dir(run, resume=False, overwrite=False)  # no --overwrite needed
-    assert [p.name for p in run.iterdir()] == [MARKER]
+    assert sorted(p.name for p in run.iterdir()) == [RunDir.LOCK, MARKER]  # the lock file: tmt's own
 
 
 KILLED_WRITING_THE_SUMMARY = """
@@ -363,9 +364,9 @@ def test_a_start_killed_while_writing_a_text_file_can_be_retried(tmp_path: Path)
     # A process SIGKILLed between writing summary.json's temp file and renaming it.
     killed = subprocess.run([sys.executable, "-c", KILLED_WRITING_THE_SUMMARY, str(run)], cwd=REPO)
     assert killed.returncode == -signal.SIGKILL
-    assert [temp_file_target(p.name) for p in run.iterdir() if p.name != MARKER] == ["summary.json"]
+    assert [temp_file_target(p.name) for p in run.iterdir() if p.name not in (MARKER, RunDir.LOCK)] == ["summary.json"]
     prepare_run_dir(run, resume=False, overwrite=False)  # tmt's own leftover: no --overwrite needed
-    assert [p.name for p in run.iterdir()] == [MARKER]
+    assert sorted(p.name for p in run.iterdir()) == [RunDir.LOCK, MARKER]  # the lock file: tmt's own
     (run / ".notes.txt.abcd1234.tmp").write_text("not tmt's", encoding="utf-8")  # a temp file of another name
     (run / ".config.yaml.bak.tmp").write_text("not tmt's", encoding="utf-8")  # not the form of tmt's temp files
     with pytest.raises(UsageError, match="files tmt did not write") as refused:
@@ -393,7 +394,7 @@ def test_a_finished_run_whose_checkpoints_were_removed_needs_overwrite(tiny_corp
         prepare_run_dir(run, resume=False, overwrite=False)
     assert sorted(p.name for p in run.iterdir()) == kept
     prepare_run_dir(run, resume=False, overwrite=True)
-    assert [p.name for p in run.iterdir()] == [MARKER]
+    assert sorted(p.name for p in run.iterdir()) == [RunDir.LOCK, MARKER]  # the lock file: tmt's own
 
 
 def test_resume_skips_a_truncated_checkpoint_and_uses_the_previous_one(tiny_corpus: Path, tmp_path: Path):

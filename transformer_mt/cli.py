@@ -17,8 +17,7 @@ from pathlib import Path
 from transformer_mt.cli_parser import STDIO, build_parser, check_translate_options
 from transformer_mt.config import Config
 from transformer_mt.errors import DataError, TmtError, TrainingStopped, UsageError
-from transformer_mt.files import (WRITE_ERRNOS, check_parent_dir, describe_os_error, lines_to_text, make_parent_dir,
-                                  os_errno, write_text_atomic)
+from transformer_mt.files import check_parent_dir, lines_to_text, make_parent_dir, write_text_atomic
 from transformer_mt.optional_outputs import OptionalFileHandler
 from transformer_mt.run_layout import RunDir
 
@@ -47,9 +46,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # an unexpected failure: one line, and the details on request
         if args.traceback:
             raise
-        if isinstance(err, OSError) and os_errno(err) in WRITE_ERRNOS:  # a full disk, say: the file and why
-            print(f"tmt: error: {describe_os_error(err)}", file=sys.stderr)
-            return 1
         logger.debug("unexpected error", exc_info=True)
         print(f"tmt: internal error: {type(err).__name__}: {err} (rerun as `tmt --traceback COMMAND ...` for details)",
               file=sys.stderr)
@@ -69,10 +65,9 @@ def run_train(args: argparse.Namespace) -> None:
     pick_precision(cfg.train.precision, device)  # refuse, say, fp16 on a CPU before the run directory exists
     dist = Distributed.from_environment()  # a world of one unless started by torchrun
     dist.start(device)
-    lock = None  # the run directory's, held by rank 0 until training ends (`run_lock`)
     try:
         if dist.is_main:  # rank 0 prepares the directory; the others wait for it
-            lock = prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)
+            lock = prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)  # held until we return
         dist.barrier()
         log_file = _setup_logging(logging.INFO if dist.is_main else logging.WARNING,
                                   RunDir(run_dir).train_log if dist.is_main else None)
@@ -98,8 +93,6 @@ def run_train(args: argparse.Namespace) -> None:
                 log_file.close()
     finally:
         dist.stop()
-        if lock is not None:
-            lock.release()
     if not dist.is_main:
         return
     best = f", best validation BLEU {state.best_bleu:.2f}" if state.best_bleu >= 0 else ""
@@ -366,20 +359,7 @@ def run_export(args: argparse.Namespace) -> None:
     from transformer_mt.export import export_ctranslate2
 
     _setup_logging(logging.INFO)
-    with _lock_if_inside(args.run, args.output, "tmt export"):
-        export_ctranslate2(args.run, args.output, args.checkpoint, args.quantization)
-
-
-def _lock_if_inside(run_dir: Path, output: Path, purpose: str):
-    """The run directory's lock (`run_lock`) when `output` is inside it, else nothing to hold: a
-    command that writes into a run may not run beside the run's trainer."""
-    import contextlib
-
-    from transformer_mt.run_lock import RunLock
-
-    if RunDir(run_dir).checkpoints.is_dir() and output.resolve().is_relative_to(run_dir.resolve()):
-        return RunLock.acquire(run_dir, purpose)
-    return contextlib.nullcontext()
+    export_ctranslate2(args.run, args.output, args.checkpoint, args.quantization)
 
 
 def run_runs(args: argparse.Namespace) -> None:
@@ -394,6 +374,7 @@ def run_runs(args: argparse.Namespace) -> None:
 
 def run_average(args: argparse.Namespace) -> None:
     from transformer_mt.checkpoint import CheckpointDir, average_checkpoints, is_average_checkpoint, save_atomic
+    from transformer_mt.run_lock import lock_if_inside
 
     _setup_logging(logging.INFO)
     checkpoints = CheckpointDir(RunDir(args.run).checkpoints, keep_last=1)
@@ -412,7 +393,7 @@ def run_average(args: argparse.Namespace) -> None:
         raise UsageError(f"--output {output} already exists; tmt average replaces only an average it wrote "
                          "earlier (average_steps_*.pt): choose a new file name")
     make_parent_dir(output, "--output" if args.output else None)
-    with _lock_if_inside(args.run, output, "tmt average"):  # never beside a training run's own writes
+    with lock_if_inside(args.run, output, "tmt average"):  # never beside the run's trainer
         save_atomic(average_checkpoints([checkpoints.step_path(step) for step in steps]), output)
     print(f"averaged steps {', '.join(map(str, steps))} into {output}", file=sys.stderr)
 

@@ -18,6 +18,7 @@ from torch import nn
 from transformer_mt.errors import TmtError, UsageError
 from transformer_mt.files import check_parent_dir, make_parent_dir, make_temp_dir_beside
 from transformer_mt.model import DecoderLayer, EncoderLayer, SelfAttention, Transformer, sinusoidal_positions
+from transformer_mt.run_lock import lock_if_inside
 from transformer_mt.tokenization import BOS, BOS_ID, EOS, PAD_ID, UNK
 from transformer_mt.translator import Translator
 
@@ -81,21 +82,23 @@ def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None 
     # Write beside the target and rename, so a failed export leaves no half-written model. The
     # temp folder is a new one of our own (never a fixed name, which could be a user's folder),
     # so removing it on failure removes only what this export wrote.
-    make_parent_dir(output_dir, "--output")
-    try:
-        tmp = make_temp_dir_beside(target)
-    except OSError as err:
-        raise TmtError(f"{output_dir}: could not write the CTranslate2 model ({err.strerror or err})") from None
-    try:
-        spec.save(str(tmp))
-        if target.exists():
-            target.rmdir()  # empty, checked above
-        tmp.rename(target)
-    except BaseException as err:  # Ctrl-C and CTranslate2's own errors too: its random name is never reused
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(err, OSError):
+    with lock_if_inside(run_dir, output_dir, "tmt export"):  # never beside the run's trainer
+        make_parent_dir(output_dir, "--output")
+        try:
+            tmp = make_temp_dir_beside(target)
+        except OSError as err:
             raise TmtError(f"{output_dir}: could not write the CTranslate2 model ({err.strerror or err})") from None
-        raise
+        try:
+            spec.save(str(tmp))
+            if target.exists():
+                target.rmdir()  # empty, checked above
+            tmp.rename(target)
+        except BaseException as err:  # Ctrl-C and CTranslate2's own errors too: its random name is never reused
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(err, OSError):
+                raise TmtError(f"{output_dir}: could not write the CTranslate2 model "
+                               f"({err.strerror or err})") from None
+            raise
     logger.info("exported %s to %s (CTranslate2, %s)", run_dir, output_dir, quantization or "float32")
 
 

@@ -85,6 +85,19 @@ def removed_on_failure(folder: Path, what: str) -> Iterator[None]:
         raise
 
 
+@contextlib.contextmanager
+def os_errors_named() -> Iterator[None]:
+    """While inside, an OSError the user can act on (`WRITE_ERRNOS`: a full disk, a quota, a
+    read-only filesystem, permissions, a failing disk) becomes a `TmtError` naming its file and
+    the reason (`describe_os_error`): one line from the CLI, no traceback."""
+    try:
+        yield
+    except OSError as err:
+        if os_errno(err) in WRITE_ERRNOS:
+            raise TmtError(describe_os_error(err)) from None
+        raise
+
+
 def os_errno(err: OSError) -> int | None:
     """`err`'s errno; pyarrow's OSErrors carry none, and say `[errno 28]` in their text instead."""
     if err.errno is not None:

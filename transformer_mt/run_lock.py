@@ -104,3 +104,12 @@ def describe_owner(lock_path: Path) -> str:
         return (f"{owner['purpose']} (PID {owner['pid']} on {owner['host']}, started {owner['started']})")
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
         return "another tmt process (its lock file names no owner yet)"
+
+
+def lock_if_inside(run_dir: Path, output: Path, purpose: str) -> RunLock:
+    """`run_dir`'s lock, taken for `purpose` (`tmt average`, say), when `output` lies inside that
+    run directory: a command that writes into a run may not run beside the run's trainer. Else
+    (`output` elsewhere, or `run_dir` no run: the command's own checks name that) a lock that holds nothing."""
+    if RunDir(run_dir).checkpoints.is_dir() and output.resolve().is_relative_to(run_dir.resolve()):
+        return RunLock.acquire(run_dir, purpose)
+    return RunLock(RunDir(run_dir).lock, None)

@@ -21,6 +21,7 @@ from transformer_mt.distributed import Distributed
 from transformer_mt.errors import CheckpointError, ConfigError, TmtError, TrainingError, TrainingStopped, \
     missing_from_rank0
 from transformer_mt.evaluation import bleu_tokenizer_problem
+from transformer_mt.files import os_errors_named
 from transformer_mt.model import Transformer
 from transformer_mt.optional_outputs import OptionalWriter, quiet_tensorboard_thread
 from transformer_mt.preparation import batch_padding, prepare_data, tokenizer_file
@@ -291,7 +292,7 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
     Under torchrun every rank calls this with its `dist` (process group started); rank 0
     alone writes files, and alone scores the test split at the end.
     """
-    with sigterm_interrupts(), quiet_tensorboard_thread():
+    with sigterm_interrupts(), quiet_tensorboard_thread(), os_errors_named():  # a full disk: the file, why
         return _train(cfg, run_dir, resume=resume, progress=progress, config_dir=config_dir, dist=dist)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import PYTHONPATH, TINY_PAIRS, run_cli, tiny_config, write_corpus
+from tests.conftest import PYTHONPATH, run_cli, tiny_config
 from transformer_mt import summary
 from transformer_mt.checkpoint import load_checkpoint, save_atomic
 from transformer_mt.config import save_config

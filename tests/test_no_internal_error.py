@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import io
 import logging
-import os
 import sys
 import tempfile
 from pathlib import Path

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 from transformer_mt.cli_parser import STDIO, build_parser, check_translate_options
-from transformer_mt.config import Config
 from transformer_mt.errors import DataError, TmtError, TrainingStopped, UsageError
 from transformer_mt.files import check_parent_dir, lines_to_text, make_parent_dir, write_text_atomic
 from transformer_mt.optional_outputs import OptionalFileHandler
@@ -28,9 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits with 2 on bad arguments
     try:
-        {"train": run_train, "data": run_data, "translate": run_translate, "evaluate": run_evaluate, "export": run_export,
-         "average": run_average,
-         "runs": run_runs}[args.command](args)
+        commands = {"train": run_train, "data": run_data, "translate": run_translate, "evaluate": run_evaluate,
+                    "export": run_export, "average": run_average, "runs": run_runs}
+        commands[args.command](args)
         return 0
     except TmtError as err:
         if args.traceback:
@@ -65,9 +64,10 @@ def run_train(args: argparse.Namespace) -> None:
     pick_precision(cfg.train.precision, device)  # refuse, say, fp16 on a CPU before the run directory exists
     dist = Distributed.from_environment()  # a world of one unless started by torchrun
     dist.start(device)
+    lock = None  # rank 0's on the run directory, held while it trains
     try:
         if dist.is_main:  # rank 0 prepares the directory; the others wait for it
-            lock = prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)  # held until we return
+            lock = prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)
         dist.barrier()
         log_file = _setup_logging(logging.INFO if dist.is_main else logging.WARNING,
                                   RunDir(run_dir).train_log if dist.is_main else None)
@@ -93,6 +93,8 @@ def run_train(args: argparse.Namespace) -> None:
                 log_file.close()
     finally:
         dist.stop()
+        if lock is not None:
+            lock.release()
     if not dist.is_main:
         return
     best = f", best validation BLEU {state.best_bleu:.2f}" if state.best_bleu >= 0 else ""
@@ -145,6 +147,7 @@ def run_data(args: argparse.Namespace) -> None:
     import tempfile
 
     from transformer_mt.config import load_config
+    from transformer_mt.run_dir import same_data_settings
     from transformer_mt.tokenization import JOINT_FILE, SRC_FILE, TGT_FILE
     from transformer_mt.runtime import pick_device
     from transformer_mt.preparation import batch_padding, prepare_data
@@ -152,7 +155,7 @@ def run_data(args: argparse.Namespace) -> None:
     _setup_logging(logging.WARNING)
     cfg = load_config(args.config, args.overrides)
     run_dir = args.run_dir or Path("runs") / cfg.name
-    reuse = _same_data_settings(cfg, run_dir)
+    reuse = same_data_settings(cfg, run_dir)
     with tempfile.TemporaryDirectory(prefix="tmt-data-") as scratch:
         if reuse:
             for name in (RunDir.SPLITS, JOINT_FILE, SRC_FILE, TGT_FILE):
@@ -168,21 +171,6 @@ def run_data(args: argparse.Namespace) -> None:
     print(report.render())
     source = f"the tokenizers of {run_dir}" if reuse else "tokenizers trained for this report (not saved)"
     print(f"tmt: data report of {args.config} with {source}", file=sys.stderr)
-
-
-def _same_data_settings(cfg: Config, run_dir: Path) -> bool:
-    """True when `run_dir` holds a run made with the seed, data and tokenizer settings of `cfg`."""
-    from transformer_mt.config import config_to_dict, load_config
-    from transformer_mt.tokenization import TokenizerPair
-
-    if not RunDir(run_dir).config.is_file() or not TokenizerPair.exists_in(run_dir):
-        return False
-    try:
-        saved = config_to_dict(load_config(RunDir(run_dir).config))
-    except TmtError:
-        return False  # an unreadable config: train fresh tokenizers rather than guess
-    current = config_to_dict(cfg)
-    return all(saved[key] == current[key] for key in ("seed", "data", "tokenizer"))
 
 
 def run_translate(args: argparse.Namespace) -> None:

@@ -10,11 +10,12 @@ from pathlib import Path
 import yaml
 
 from transformer_mt.checkpoint import CheckpointDir
-from transformer_mt.config import Config, config_to_dict
-from transformer_mt.errors import CheckpointError, ConfigError, UsageError
+from transformer_mt.config import Config, config_to_dict, load_config
+from transformer_mt.errors import CheckpointError, ConfigError, TmtError, UsageError
 from transformer_mt.files import temp_file_target
 from transformer_mt.run_layout import RunDir
 from transformer_mt.run_lock import RunLock
+from transformer_mt.tokenization import TokenizerPair
 
 # Sections that define what a checkpoint's weights mean; they may not change on resume.
 FROZEN_ON_RESUME = ("seed", "data", "tokenizer", "model")
@@ -160,3 +161,16 @@ def run_folders(folder: Path) -> list[Path]:
         return []
     children = sorted(p for p in folder.iterdir() if p.is_dir())
     return [folder, *children, *sorted(p for child in children for p in child.iterdir() if p.is_dir())]
+
+
+def same_data_settings(cfg: Config, run_dir: Path) -> bool:
+    """True when `run_dir` holds a run made with the seed, data and tokenizer settings of `cfg`
+    (`tmt data` then reports on that run's tokenizers and carved split)."""
+    if not RunDir(run_dir).config.is_file() or not TokenizerPair.exists_in(run_dir):
+        return False
+    try:
+        saved = config_to_dict(load_config(RunDir(run_dir).config))
+    except TmtError:
+        return False  # an unreadable config: train fresh tokenizers rather than guess
+    current = config_to_dict(cfg)
+    return all(saved[key] == current[key] for key in ("seed", "data", "tokenizer"))

@@ -44,7 +44,7 @@ class DataReport:
     - `removed[filter]`: pairs each filter dropped, in the order they run: `empty` (all splits),
       `too_long` and `length_ratio` (train, in words as `data.count_words` counts them; `data.max_words`,
       `data.max_length_ratio`), then `too_many_tokens` (train pairs with more than
-      `model.max_len - 1` BPE tokens on a side, as `training.prepare_data` drops them).
+      `model.max_len - 1` BPE tokens on a side, as `preparation.prepare_data` drops them).
     - `lengths[(split, side)]`: BPE tokens per sentence of the training pairs that are trained on
       and of the validation pairs, untruncated.
     - `valid_truncated`: validation pairs with a side longer than `model.max_len - 1` tokens

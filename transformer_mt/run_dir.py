@@ -116,9 +116,9 @@ def _names(names: list[str]) -> str:
 def check_saved_config(cfg: Config, run_dir: Path) -> None:
     """Refuse a resume whose model, vocabulary or data settings differ from the run's `config.yaml`.
 
-    The checkpoint's own config is checked again in `Trainer.resume`; this earlier check spares
-    preparing a large corpus for a run that cannot continue. A missing or unreadable file is
-    left to that later check.
+    The checkpoint's own config is checked again in `train_state.RunCheckpoint.resume`; this
+    earlier check spares preparing a large corpus for a run that cannot continue. A missing or
+    unreadable file is left to that later check.
     """
     path = RunDir(run_dir).config
     try:

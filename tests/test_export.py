@@ -75,6 +75,15 @@ def src_tokens(tokenizers: TokenizerPair) -> list[list[str]]:
     return [encoding.tokens for encoding in tokenizers.src.encode_batch(SOURCES, add_special_tokens=False)]
 
 
+def ct2_greedy(ct2, export_dir: Path, tokenizers) -> list[list[int]]:
+    """CTranslate2's greedy translations of the test sources, as target ids."""
+    translator = ct2.Translator(str(export_dir), device="cpu", intra_threads=1)
+    # CTranslate2 forbids EOS as the first token unless min_decoding_length=0; tmt allows it.
+    results = translator.translate_batch(src_tokens(tokenizers), beam_size=1, max_decoding_length=MAX_TOKENS,
+                                         min_decoding_length=0)
+    return [[tokenizers.tgt.token_to_id(token) for token in result.hypotheses[0]] for result in results]
+
+
 @pytest.mark.parametrize("share", [True, False], ids=["shared", "unshared"])
 @pytest.mark.parametrize("norm", ["pre", "post"])
 def test_ctranslate2_greedy_output_equals_tmt_greedy_output(ct2, tmp_path: Path, norm: str, share: bool):
@@ -83,13 +92,7 @@ def test_ctranslate2_greedy_output_equals_tmt_greedy_output(ct2, tmp_path: Path,
 
     src_ids, _, _ = encode_pairs(tokenizers)
     expected = greedy_decode(model, src_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=0, max_len_b=MAX_TOKENS)
-    translator = ct2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
-    # CTranslate2 forbids EOS as the first token unless min_decoding_length=0; tmt allows it.
-    results = translator.translate_batch(src_tokens(tokenizers), beam_size=1, max_decoding_length=MAX_TOKENS,
-                                         min_decoding_length=0)
-    got = [[tokenizers.tgt.token_to_id(token) for token in result.hypotheses[0]] for result in results]
-
-    assert got == expected
+    assert ct2_greedy(ct2, tmp_path / "ct2", tokenizers) == expected
     lengths = {len(ids) for ids in expected}
     assert MAX_TOKENS in lengths and min(lengths) < MAX_TOKENS - 1  # some hit the cap, some stop at EOS
 
@@ -102,15 +105,13 @@ def test_a_deep_encoder_shallow_decoder_model_exports_with_each_sides_depth(ct2,
 
     src_ids, tgt_in_ids, tgt_out_ids = encode_pairs(tokenizers)
     expected = greedy_decode(model, src_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=0, max_len_b=MAX_TOKENS)
-    translator = ct2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
-    results = translator.translate_batch(src_tokens(tokenizers), beam_size=1, max_decoding_length=MAX_TOKENS,
-                                         min_decoding_length=0)
-    assert [[tokenizers.tgt.token_to_id(t) for t in r.hypotheses[0]] for r in results] == expected
+    assert ct2_greedy(ct2, tmp_path / "ct2", tokenizers) == expected
     with torch.no_grad():
         logits = model(src_ids, tgt_in_ids)  # (B, T, V)
     logits[..., [PAD_ID, BOS_ID]] = torch.finfo(logits.dtype).min
     log_probs = torch.log_softmax(logits, dim=-1).gather(2, tgt_out_ids[..., None])[..., 0]  # (B, T)
     targets = [e.tokens for e in tokenizers.tgt.encode_batch(TARGETS, add_special_tokens=False)]
+    translator = ct2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
     for row, result in enumerate(translator.score_batch(src_tokens(tokenizers), targets)):
         assert result.log_probs == pytest.approx(log_probs[row, :len(targets[row]) + 1].tolist(), abs=1e-4)
 

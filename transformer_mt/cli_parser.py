@@ -4,6 +4,7 @@ It only describes; `cli` parses argv with it, runs the command and prints."""
 from __future__ import annotations
 
 import argparse
+import math
 import difflib
 import re
 from pathlib import Path
@@ -217,59 +218,32 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bar")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _number(convert: type, accept, requirement: str):
+    """An argparse type: `convert` (int or float) the text, then refuse a value `accept` rejects
+    with "must be `requirement`". Comparisons are False for nan, so nan is refused too."""
+    what = "a whole number" if convert is int else "a number"
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
+        return value
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < float("inf"):  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
-    return value
-
-
-def _probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value <= 1:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
-    return value
+_positive_int = _number(int, lambda v: v >= 1, "at least 1")
+_non_negative_int = _number(int, lambda v: v >= 0, "at least 0")
+_positive_float = _number(float, lambda v: 0 < v < math.inf, "a finite number above 0")
+_probability = _number(float, lambda v: 0 < v <= 1, "above 0 and at most 1")
+_non_negative_float = _number(float, lambda v: 0 <= v < math.inf, "a finite number of at least 0")
 
 
 def _path_or_dash(text: str) -> Path | str:
     """A path, or `STDIO` for exactly "-" (so that `./-` still names a file called -)."""
     return STDIO if text == STDIO else Path(text)
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0 or value == float("inf"):  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be a finite number of at least 0, got {text}")
-    return value
 
 
 def check_translate_options(args: argparse.Namespace) -> None:

@@ -215,6 +215,16 @@ class TrainConfig:
     max_nonfinite_steps: int = 25
     """A batch whose loss or gradient is NaN/inf is skipped (no update, not counted as a step);
     this many in a row stop the run. With fp16, gradient-scaler overflows count too."""
+    ema_decay: float = 0.0
+    """Keep an exponential moving average (EMA) of the weights, in fp32 beside the model, updated
+    after every update (skipped batches leave it alone) with decay min(ema_decay, (1 + n) / (10 + n))
+    at its n-th update: the warm-up of TensorFlow's and timm's EMA, so early averages are not stuck
+    near the random initial weights. 0 turns it off; 0.9999 is usual for long runs, and with a few
+    thousand updates a smaller one such as 0.999 (the warm-up alone averages about the last 10% of
+    updates). When on, validation (and so `best.pt`) scores the EMA weights, checkpoints hold them
+    beside the trained ones (resumed exactly), and `tmt translate`, `evaluate` and `export` use
+    them; `average_last` still averages the trained weights, and the final test then scores the
+    EMA too (`test.ema` in `summary.json`). Turned on at a resume, the EMA starts there."""
 
 
 BLEU_TOKENIZERS: tuple[str, ...] = typing.get_args(typing.get_type_hints(TrainConfig)["bleu_tokenize"])
@@ -599,6 +609,8 @@ def _check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
     elif t.average_last > t.keep_last:
         check(f"train.average_last: {t.average_last} is more than the train.keep_last={t.keep_last} "
               "step checkpoints a run keeps", "train.keep_last")
+    if not 0 <= t.ema_decay < 1:
+        check(f"train.ema_decay: must be in [0, 1) (0 = no EMA; 0.999 or 0.9999 are usual), got {t.ema_decay}")
     if t.patience < 0:
         check(f"train.patience: must be at least 0 (0 = no early stopping), got {t.patience}")
     if t.eval_max_sentences < 0:

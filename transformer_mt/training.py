@@ -1,7 +1,8 @@
 """`train(cfg, run_dir)`: prepare the data, build the model, maybe resume, then the loop: step,
 log, validate, save; at the end the final test. The pieces live in their own modules:
 `preparation` (data), `train_step` (one update), `validation` (validation and the final test),
-`train_state` (checkpoints and resume), `run_status` (summary.json), `signals` (Ctrl-C, SIGTERM)."""
+`train_state` (checkpoints and resume), `run_status` (summary.json), `signals` (Ctrl-C, SIGTERM),
+`ema` (the weights' moving average)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from transformer_mt.config import Config, save_config
 from transformer_mt.distributed import Distributed
 from transformer_mt.errors import CheckpointError, ConfigError, TmtError, TrainingError, TrainingStopped, \
     missing_from_rank0
+from transformer_mt.ema import WeightEMA
 from transformer_mt.evaluation import bleu_tokenizer_problem
 from transformer_mt.files import os_errors_named
 from transformer_mt.model import Transformer
@@ -68,6 +70,7 @@ class Trainer:
             self.tokenizers, self.train_data, valid_data, self.data_report = prepare_data(
                 cfg, run_dir, self.progress, dist.world_size, pad_to_multiple, prepared=not dist.is_main)
         self.model = build_model(cfg, self.tokenizers).to(self.device)  # the same initial weights on every rank
+        self.ema = WeightEMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
         if dist.enabled:
             seed_everything(cfg.seed + dist.rank)  # different dropout masks on each rank
         self.state = TrainState()
@@ -79,8 +82,9 @@ class Trainer:
                       "tgt_vocab_size": self.tokenizers.tgt.get_vocab_size(), "pad_id": PAD_ID}
         self.checkpoint = RunCheckpoint(cfg, run_dir, model=self.model, update=self.train_step, state=self.state,
                                         sampler=self.sampler, model_args=model_args, dist=dist, device=self.device,
-                                        tokenizer_fingerprint=self.tokenizers.fingerprint())
-        self.evaluator = Evaluator(cfg, run_dir, model=self.model, tokenizers=self.tokenizers, valid_data=valid_data,
+                                        tokenizer_fingerprint=self.tokenizers.fingerprint(), ema=self.ema)
+        self.evaluator = Evaluator(cfg, run_dir, model=self.ema.model if self.ema else self.model,
+                                   tokenizers=self.tokenizers, valid_data=valid_data, ema=self.ema is not None,
                                    checkpoints=self.checkpoint.checkpoints, device=self.device,
                                    precision=self.precision, attention=attention, dist=dist,
                                    pad_to_multiple=pad_to_multiple,
@@ -158,6 +162,8 @@ class Trainer:
                     self._skip_nonfinite(nonfinite_in_a_row, writer)
                     continue
                 nonfinite_in_a_row = 0
+                if self.ema is not None:
+                    self.ema.update()
                 self._count(current, result, interval)
                 bar.update(1)
                 if state.step % t.log_every_steps == 0 or state.step == t.max_steps:

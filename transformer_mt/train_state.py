@@ -42,13 +42,14 @@ class TrainState:
     skipped_oom: int = 0  # batches skipped for running out of device memory
     train_seconds: float = 0.0  # wall time spent in this run's training processes, validation included
     last_valid: dict | None = None  # the latest validation's step and metrics
+    parent: dict | None = None  # the checkpoint `train.init_from` started the run from (summary.json)
 
     def state_dict(self) -> dict:
         return {"step": self.step, "best_bleu": self.best_bleu, "best_step": self.best_step,
                 "evals_since_best": self.evals_since_best, "stopped_early": self.stopped_early,
                 "tgt_tokens_seen": self.tgt_tokens_seen,
                 "skipped_nonfinite": self.skipped_nonfinite, "skipped_oom": self.skipped_oom,
-                "train_seconds": self.train_seconds, "last_valid": self.last_valid}
+                "train_seconds": self.train_seconds, "last_valid": self.last_valid, "parent": self.parent}
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
@@ -61,6 +62,7 @@ class TrainState:
         self.skipped_oom = int(state["skipped_oom"])
         self.train_seconds = float(state["train_seconds"])
         self.last_valid = state["last_valid"]
+        self.parent = state.get("parent")  # absent from checkpoints of before train.init_from
 
 
 class Stateful(Protocol):

@@ -340,11 +340,19 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     overridden = {item.partition("=")[0].strip() for item in overrides}  # keys as `apply_overrides` reads them
     from_command_line = "data.path" in overridden or "data" in overridden
     cfg = resolve_paths(cfg, Path.cwd() if from_command_line else path.parent)
-    if cfg.train.init_from and not Path(cfg.train.init_from).expanduser().is_absolute():
+    if cfg.train.init_from and not user_path(cfg.train.init_from).is_absolute():
         base = Path.cwd() if "train.init_from" in overridden or "train" in overridden else path.parent
-        init_from = str((base / Path(cfg.train.init_from).expanduser()).resolve())
+        init_from = str((base / user_path(cfg.train.init_from)).resolve())
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=init_from))
     return cfg
+
+
+def user_path(text: str) -> Path:
+    """`text` as a path, `~` expanded where it can be (`~nobody` stays as written: no such file)."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # an unknown user, or no home directory
+        return Path(text)
 
 
 def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:

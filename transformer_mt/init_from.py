@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer_mt.checkpoint import CheckpointDir, check_tokenizers, load_checkpoint, translation_weights
-from transformer_mt.config import Config, config_to_dict, with_defaults
+from transformer_mt.config import Config, config_to_dict, user_path, with_defaults
 from transformer_mt.errors import CheckpointError, ConfigError, UsageError
 from transformer_mt.run_layout import RunDir
 from transformer_mt.tokenization import TokenizerPair
@@ -33,7 +33,7 @@ def parent_paths(init_from: str) -> tuple[Path, Path]:
     """The run directory and the checkpoint file that `train.init_from` names: a run directory
     (its `best.pt`, else its newest step checkpoint, as `tmt translate` picks) or a checkpoint
     in a run's `checkpoints/` folder (the run's tokenizers lie beside that folder)."""
-    path = Path(init_from).expanduser()
+    path = user_path(init_from)
     if path.is_dir():
         checkpoints = CheckpointDir(RunDir(path).checkpoints, keep_last=1)
         checkpoint = checkpoints.best_path if checkpoints.best_path.is_file() else checkpoints.latest()

@@ -108,8 +108,14 @@ def test_a_checkpoint_file_names_its_run_and_a_bad_path_is_one_clear_line(parent
     save_config(child_config(tmp_path, parent), config)
     code, _, err = run_cli(["train", "--config", str(config), "--run-dir", str(tmp_path / "run"),
                             "--set", "train.init_from=nowhere"], monkeypatch, capsys, tmp_path)
-    assert code == 2
+    assert code == 2 and not (tmp_path / "run").exists()  # refused before the run directory is made
     assert err == f"tmt: error: train.init_from: {tmp_path.resolve() / 'nowhere'}: no such run directory or checkpoint\n"
+
+
+def test_overwrite_never_deletes_the_run_a_new_run_starts_from(parent: Path):
+    with pytest.raises(UsageError, match="is the run train.init_from starts from"):
+        prepare_run_dir(parent, resume=False, overwrite=True, init_from=str(parent / "checkpoints" / "best.pt"))
+    assert (parent / "checkpoints" / "best.pt").is_file()
 
 
 def test_a_relative_init_from_is_read_from_the_config_files_folder_or_from_the_command_lines(tmp_path: Path,

@@ -58,7 +58,7 @@ PRESETS = {
                   "vocab_size": 8000, "batch_tokens": 2048, "steps": 6, "warmup": 2},
     "base": {"model": ModelConfig(d_model=512, n_heads=8, n_layers=6, d_ff=2048, dropout=0.1, max_len=256),
              "vocab_size": 8000, "batch_tokens": 16384, "steps": 60, "warmup": 10},
-}
+}  # batch_tokens: on a CPU; on a GPU tmt's `auto` budget unless --batch-tokens says otherwise
 
 
 TUTORIAL_ROUNDS = 3
@@ -75,7 +75,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="timed tmt/Marian steps per round (default: the preset's)")
     parser.add_argument("--repeats", type=int, default=5,
                         help=f"interleaved timing rounds (default 5; the tutorial runs in the first {TUTORIAL_ROUNDS})")
-    parser.add_argument("--batch-tokens", type=int, default=None, help="tmt's train.batch_tokens (default: preset's)")
+    parser.add_argument("--batch-tokens", type=int, default=None,
+                        help="tmt's train.batch_tokens (default: the preset's on a CPU, auto on a GPU: sized for its memory)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="train.KEY=VALUE",
                         help="extra train.* settings for tmt, e.g. --set train.compile=true")
     parser.add_argument("--tutorial-pad-len", type=int, default=350, help="tutorial: fixed padded length")
@@ -103,7 +104,9 @@ def target_lang(data: Path, src_lang: str) -> str:
 def build_trainer(args: argparse.Namespace, run_dir: Path) -> Trainer:
     preset = PRESETS[args.preset]
     tgt_lang = target_lang(args.data, args.src_lang)
-    train = TrainConfig(max_steps=10**9, batch_tokens=args.batch_tokens or preset["batch_tokens"],
+    # On a GPU tmt's own choice for the device (`train.batch_tokens: auto`), as the goals ask.
+    default_tokens = preset["batch_tokens"] if args.device == "cpu" else "auto"
+    train = TrainConfig(max_steps=10**9, batch_tokens=args.batch_tokens or default_tokens,
                         device=args.device, log_every_steps=10**9, eval_every_steps=10**9, test_at_end=False)
     for item in args.overrides:
         key, _, value = item.partition("=")

@@ -1,15 +1,21 @@
 """The fast training paths compute what the plain ones do: accumulation, padding, bucketing, FLOPs."""
 
+import dataclasses
 import os
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from tests.conftest import tiny_config
 from transformer_mt.batching import make_batch, sorted_batches
-from transformer_mt.config import ModelConfig
+from transformer_mt.batch_budget import activation_bytes_per_token, device_batch_tokens, resolve_batch_tokens
+from transformer_mt.config import ModelConfig, TrainConfig, config_from_dict
+from transformer_mt.errors import ConfigError
+from transformer_mt.runtime import Precision
 from transformer_mt.model import Transformer
 from transformer_mt.throughput import peak_flops_of, peak_flops_per_s
 from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID
@@ -218,3 +224,68 @@ def test_a_compiled_step_makes_the_same_update_as_an_eager_one(tiny_corpus: Path
     for (name, a), b in zip(eager.model.named_parameters(), compiled.model.parameters()):
         assert torch.allclose(a.grad, b.grad, rtol=1e-3, atol=1e-6), name
     assert all(not k.startswith("_orig_mod") for k in compiled.checkpoint.state_dict()["model"])  # plain module saved
+
+
+# --- train.batch_tokens: auto ------------------------------------------------------------------
+
+BASE = ModelConfig(d_model=512, n_heads=8, n_layers=6, d_ff=2048, max_len=256)  # bench_train's base preset
+
+
+def test_the_activation_estimate_matches_the_base_model_measured_on_an_h100():
+    # eccf7fe, H100, eager bf16: peak 7,355 MB at 16,384 tokens per batch and 27,477 MB at 65,536.
+    measured = (27_477 - 7_355) * 2**20 / (65_536 - 16_384)
+    assert activation_bytes_per_token(BASE, 8000, 2) == pytest.approx(measured, rel=0.05)
+
+
+def test_the_auto_budget_follows_device_memory_and_model_size():
+    gib = 2**30
+    assert device_batch_tokens(80 * gib, BASE, 8000, 2) == 65_536  # an H100: half its memory holds more; capped
+    assert device_batch_tokens(24 * gib, BASE, 8000, 2) == 16_384
+    assert device_batch_tokens(8 * gib, BASE, 8000, 2) == 8_192
+    assert device_batch_tokens(80 * gib, BASE, 8000, 4) == 32_768  # fp32 activations take twice the bytes
+    bigger = dataclasses.replace(BASE, d_model=1024, d_ff=4096)
+    assert device_batch_tokens(24 * gib, bigger, 32_000, 2) < device_batch_tokens(24 * gib, BASE, 8000, 2)
+    for memory in (1 * gib, 40 * gib, 200 * gib):  # powers of two between one sequence and the cap
+        tokens = device_batch_tokens(memory, BASE, 8000, 2)
+        assert tokens & (tokens - 1) == 0 and BASE.max_len <= tokens <= 65_536
+    assert device_batch_tokens(0, dataclasses.replace(BASE, max_len=300), 8000, 2) == 512  # one sequence fits
+
+
+def fake_gpu(monkeypatch, total_memory: int, name: str = "NVIDIA H100 80GB HBM3") -> torch.device:
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: types.SimpleNamespace(total_memory=total_memory, name=name))
+    return torch.device("cuda")
+
+
+def test_auto_is_sized_for_the_gpu_and_said_and_a_set_budget_is_kept(tiny_corpus: Path, monkeypatch):
+    cuda = fake_gpu(monkeypatch, 80 * 2**30)
+    auto = tiny_config(tiny_corpus, model=dataclasses.asdict(BASE) | {"encoder_layers": None, "decoder_layers": None},
+                       tokenizer={"vocab_size": 8000}, train={"batch_tokens": "auto"})
+    chosen, note = resolve_batch_tokens(auto, cuda, Precision(torch.bfloat16, "cuda"))
+    assert chosen.train.batch_tokens == 65_536
+    assert note == ("train.batch_tokens 65,536 chosen for the 80 GiB of the NVIDIA H100 80GB HBM3 and this model "
+                    "(set train.batch_tokens to override)")
+    assert resolve_batch_tokens(auto, torch.device("cpu"), Precision(None, "cpu")) == (
+        dataclasses.replace(auto, train=dataclasses.replace(auto.train, batch_tokens=4096)), None)  # today's default
+    user = tiny_config(tiny_corpus, train={"batch_tokens": 8192})
+    assert resolve_batch_tokens(user, cuda, Precision(torch.bfloat16, "cuda")) == (user, None)
+
+
+def test_auto_is_the_default_and_every_recipe_sets_its_budget(tiny_corpus: Path):
+    assert TrainConfig().batch_tokens == "auto"
+    for recipe in sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")):
+        # A recipe's tokens per update must not depend on the GPU it runs on.
+        raw = yaml.safe_load(recipe.read_text(encoding="utf-8"))
+        assert isinstance(raw["train"]["batch_tokens"], int), recipe.name
+
+
+def test_a_cpu_run_with_auto_batches_keeps_todays_budget(tiny_corpus: Path, tmp_path: Path):
+    trainer = make_trainer(tiny_corpus, tmp_path / "run", batch_tokens="auto")
+    assert trainer.cfg.train.batch_tokens == 4096 and trainer.sampler.cut["batch_tokens"] == 4096
+    assert trainer.train_step.cfg.train.batch_tokens == 4096
+
+
+def test_batch_tokens_takes_a_number_or_auto():
+    assert config_from_dict({"data": {"path": "x"}, "train": {"batch_tokens": "1e4"}}).train.batch_tokens == 10_000
+    with pytest.raises(ConfigError, match=r"train.batch_tokens: expected an integer or auto, got 'big' \(str\)"):
+        config_from_dict({"data": {"path": "x"}, "train": {"batch_tokens": "big"}})

@@ -16,6 +16,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from transformer_mt.architectures import build_model as build_architecture
+from transformer_mt.batch_budget import resolve_batch_tokens
 from transformer_mt.config import Config, save_config
 from transformer_mt.distributed import Distributed
 from transformer_mt.errors import CheckpointError, ConfigError, TmtError, TrainingError, TrainingStopped, \
@@ -57,6 +58,10 @@ class Trainer:
         self.progress = progress and dist.is_main
         self.device = dist.local_device(pick_device(cfg.train.device))
         self.precision: Precision = pick_precision(cfg.train.precision, self.device)
+        cfg, budget_note = resolve_batch_tokens(cfg, self.device, self.precision, dist)  # `auto`: for this device
+        self.cfg = cfg
+        if budget_note and dist.is_main:
+            logger.info("%s", budget_note)
         if dist.is_main:  # decoding picks its attention kernels from decode.attention_backend; both warn here, once
             warn_if_bf16_emulated(self.precision, self.device)
             warn_attention_fallbacks(self.device, {"train.attention_backend": cfg.train.attention_backend,

@@ -3,6 +3,7 @@
 device-held learning rate, the device-side skip of a non-finite update, exact resume, out of
 memory. That replaying them as CUDA graphs changes nothing is tested on a GPU, in tests/test_gpu.py."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,26 @@ def test_a_checkpoint_of_the_engine_resumes_on_the_plain_path(engine_on_the_cpu,
     plain.train_step.load_state_dict(engine.train_step.state_dict())
     group = plain.train_step.optimizer.param_groups[0]
     assert not group["capturable"] and group["lr"] == lr_at(2, plain.cfg.train)
+
+
+def test_capture_time_goes_to_the_log_and_summary_apart_from_the_rates(engine_on_the_cpu, tiny_corpus: Path,
+                                                                       tmp_path: Path, monkeypatch, caplog):
+    # On the CPU nothing is captured: a first update that "captured" for 1.5 s stands in for a GPU's.
+    real_start = GraphedStep.start_update
+
+    def start_update(self):
+        if not self.capture_seconds:
+            self.capture_seconds = 1.5
+        real_start(self)
+
+    monkeypatch.setattr(GraphedStep, "start_update", start_update)
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 2, "log_every_steps": 1, "eval_every_steps": 2,
+                                          "save_every_steps": 2, "test_at_end": False})
+    prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
+    with caplog.at_level("INFO", logger="transformer_mt.training"):
+        train(cfg, tmp_path / "run", progress=False)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert "1.5s capturing CUDA graphs, not counted in these rates" in lines[0]
+    assert "capturing" not in lines[1]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text(encoding="utf-8"))
+    assert summary["cuda_graphs"] == {"captured_shapes": 0, "capture_seconds": 1.5}

@@ -7,6 +7,7 @@ tests run only where there is a CUDA GPU (CI has none). `TMT_TEST_DEVICE=cpu` ru
 CPU instead, which checks the tests themselves, not the GPU paths.
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -144,9 +145,15 @@ def test_tmt_trains_and_translates_on_the_device(tmp_path: Path, monkeypatch, ca
     code, _, err = run_cli(["train", "--config", "gpu.yaml", "--run-dir", "run"], monkeypatch, capsys, tmp_path)
     assert code == 0, err
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")["train_state"]["best_bleu"] > 90
+    engine = json.loads((tmp_path / "run" / "summary.json").read_text(encoding="utf-8"))["cuda_graphs"]
     if DEVICE == "cuda":  # the trainer measures the GPU: memory and, on a known GPU, MFU
         assert "precision bf16" in err
         assert max(read_scalars(tmp_path / "run", "perf/peak_memory_mb").values()) > 0
+        # Capturing is reported on its own, not in the steady-state rates.
+        assert "s capturing CUDA graphs, not counted in these rates" in err
+        assert engine["captured_shapes"] >= 1 and engine["capture_seconds"] > 0
+    else:
+        assert engine is None
     known_gpu = DEVICE == "cuda" and "NVIDIA H" in torch.cuda.get_device_name()
     mfu = read_scalars(tmp_path / "run", "perf/mfu") if known_gpu else "not measured on this device"
     with capsys.disabled():  # to the terminal (gpu_session.sh runs pytest -s), not into the stdout compared below

@@ -11,7 +11,9 @@ import torch
 import yaml
 
 from tests.conftest import tiny_config
-from transformer_mt.batching import make_batch, sorted_batches
+from transformer_mt import throughput
+from transformer_mt.batching import Batch, make_batch, sorted_batches
+from transformer_mt.distributed import Distributed
 from transformer_mt.batch_budget import activation_bytes_per_token, device_batch_tokens, resolve_batch_tokens
 from transformer_mt.config import ModelConfig, TrainConfig, config_from_dict
 from transformer_mt.errors import ConfigError
@@ -289,3 +291,22 @@ def test_batch_tokens_takes_a_number_or_auto():
     assert config_from_dict({"data": {"path": "x"}, "train": {"batch_tokens": "1e4"}}).train.batch_tokens == 10_000
     with pytest.raises(ConfigError, match=r"train.batch_tokens: expected an integer or auto, got 'big' \(str\)"):
         config_from_dict({"data": {"path": "x"}, "train": {"batch_tokens": "big"}})
+
+
+def test_time_spent_capturing_cuda_graphs_is_reported_apart_from_the_rates(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(throughput.time, "perf_counter", lambda: now[0])
+    interval = throughput.IntervalMeter(torch.device("cpu"), Distributed())
+    batch = Batch(torch.ones(2, 5, dtype=torch.long), torch.ones(2, 4, dtype=torch.long),
+                  torch.ones(2, 4, dtype=torch.long), n_src_tokens=10, n_tgt_tokens=8)
+    now[0] += 7.0  # a step of 2 s that first captured its shape for 5 s
+    interval.add(torch.tensor(1.0), [batch], capture_seconds=5.0)
+    now[0] += 2.0
+    interval.add(torch.tensor(1.0), [batch])
+    stats = interval.read_and_reset()
+    assert stats.tgt_tokens_per_s == pytest.approx(16 / 4.0) and stats.capture_seconds == 5.0
+    assert stats.perf()["capture_seconds"] == 5.0
+    now[0] += 2.0
+    interval.add(torch.tensor(1.0), [batch])
+    later = interval.read_and_reset()
+    assert later.capture_seconds == 0.0 and "capture_seconds" not in later.perf()

@@ -198,6 +198,7 @@ class GraphedStep:
                 raise err.__context__ from None
             raise
         torch.cuda.set_rng_state(rng, device)
+        torch.cuda.synchronize(device)  # the warm-up runs' GPU time belongs to the capture, not the steps after it
         seconds = time.perf_counter() - started
         self.capture_seconds += seconds
         logger.debug("captured a CUDA graph for batch shape %s in %.2fs", tuple(batch.src_ids.shape), seconds)

@@ -36,6 +36,7 @@ class StepResult:
     grad_norm: torch.Tensor  # global gradient norm before clipping
     updated: bool  # False: the loss or a gradient was not finite and the update was skipped
     stop_signal: int = 0  # the stop signal any rank had received by this step (0: none)
+    capture_seconds: float = 0.0  # spent capturing CUDA graphs in this step (new batch shapes)
 
 
 @dataclass
@@ -234,6 +235,7 @@ class TrainStep:
         replayed, the skip of a non-finite one included; the host then reads the one flag, where
         the eager step reads it, to count the step (and set the next rate) or report the skip."""
         graphs = self.graphs
+        captured_before = graphs.capture_seconds
         graphs.start_update()
         for i, batch in enumerate(batches):
             graphs.run(batch, n_tgt_tokens, last=i == len(batches) - 1)
@@ -244,7 +246,13 @@ class TrainStep:
         if finite:
             self.state.step += 1
             self.apply_settings()  # the next update's learning rate
-        return StepResult(loss, grad_norm, finite, stop_signal)
+        return StepResult(loss, grad_norm, finite, stop_signal, graphs.capture_seconds - captured_before)
+
+    def engine_report(self) -> dict | None:
+        """What the GPU engine captured in this process (for summary.json); None without it."""
+        if self.graphs is None:
+            return None
+        return {"captured_shapes": len(self.graphs.captured), "capture_seconds": round(self.graphs.capture_seconds, 2)}
 
     def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         """Under DDP, gradients are all-reduced only in the backward of a step's last micro-batch."""

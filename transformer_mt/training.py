@@ -91,7 +91,8 @@ class Trainer:
                                    pad_to_multiple=pad_to_multiple,
                                    progress=self.progress)
         self.status = RunStatus(cfg, run_dir, self.state, device=self.device, n_parameters=self.model.num_parameters(),
-                                data_report=self.data_report, dist=dist, config_dir=config_dir)
+                                data_report=self.data_report, dist=dist, config_dir=config_dir,
+                                engine_report=self.train_step.engine_report)
         self.peak_flops = peak_flops_per_s(self.device, self.precision.name)  # None: no MFU (CPU, unknown GPU)
         t = cfg.train
         if t.eval_every_steps % t.save_every_steps:
@@ -180,7 +181,7 @@ class Trainer:
         """An update's tokens into the run's total, and its tokens and FLOPs into the log interval."""
         self.state.tgt_tokens_seen += current.tgt_tokens
         flops = sum(self.model.train_flops(*self.train_data.lengths_of(i)) for i in current.indices)
-        interval.add(result.loss, current.micro_batches, flops)
+        interval.add(result.loss, current.micro_batches, flops, result.capture_seconds)
 
     def _after_step(self, writer: SummaryWriter, interval: IntervalMeter) -> bool:
         """Validate and save when due. True when training is over: `max_steps`, or early stopping."""
@@ -265,7 +266,9 @@ class Trainer:
             postfix["mem"] = f"{stats.peak_memory_mb / 1024:.1f}G"
         bar.set_postfix(postfix)
         extra = "".join([f", MFU {stats.mfu:.1%}" if stats.mfu is not None else "",
-                         f", peak memory {stats.peak_memory_mb:,.0f} MB" if stats.peak_memory_mb is not None else ""])
+                         f", peak memory {stats.peak_memory_mb:,.0f} MB" if stats.peak_memory_mb is not None else "",
+                         f"; {stats.capture_seconds:.1f}s capturing CUDA graphs, not counted in these rates"
+                         if stats.capture_seconds else ""])
         # Progress and time left on every line, for a log read under nohup or in CI (no bar there): at
         # the pace since this process started training, validations and checkpoints included.
         started, first_step = self._pace_from

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import tiny_config
+from tests.conftest import TINY_PAIRS, tiny_config
 from transformer_mt import throughput
 from transformer_mt.batching import Batch, make_batch, sorted_batches
 from transformer_mt.distributed import Distributed
@@ -310,3 +310,21 @@ def test_time_spent_capturing_cuda_graphs_is_reported_apart_from_the_rates(monke
     interval.add(torch.tensor(1.0), [batch])
     later = interval.read_and_reset()
     assert later.capture_seconds == 0.0 and "capture_seconds" not in later.perf()
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+def test_a_pair_longer_than_the_longest_batch_length_is_left_out_not_cut_naming_the_key(tiny_corpus: Path,
+                                                                                      tmp_path: Path, caplog):
+    # model.max_len is the longest padded length a batch (and a captured shape) has; a training
+    # pair past it is never cut to fit (it would teach the model to stop mid-sentence).
+    with caplog.at_level("INFO", logger="transformer_mt.token_cache"):
+        cfg = tiny_config(tiny_corpus, model={"max_len": 6}, train={"batch_tokens": 64})
+        prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
+        trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    data = trainer.train_data
+    assert 0 < len(data) < len(TINY_PAIRS)  # some fit in 5 tokens a side, some do not
+    assert max(data.src_len.max(), data.tgt_len.max()) <= 5  # the kept ones whole: no pair was cut
+    removed = [r.getMessage() for r in caplog.records if "too_many_tokens" in r.getMessage()]
+    assert removed == [f"filter too_many_tokens: removed {len(TINY_PAIRS) - len(data)} train pairs with a side longer than 5 "
+                       "tokens, the most model.max_len=6 leaves (not truncated; raise model.max_len to train on them)"]

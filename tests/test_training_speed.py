@@ -1,7 +1,12 @@
 """The fast training paths compute what the plain ones do: accumulation, padding, bucketing, FLOPs."""
 
 import dataclasses
+import json
 import os
+import re
+import statistics
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -10,12 +15,12 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import TINY_PAIRS, tiny_config
+from tests.conftest import TINY_PAIRS, run_cli, tiny_config
 from transformer_mt import throughput
 from transformer_mt.batching import Batch, make_batch, sorted_batches
 from transformer_mt.distributed import Distributed
 from transformer_mt.batch_budget import activation_bytes_per_token, device_batch_tokens, resolve_batch_tokens
-from transformer_mt.config import ModelConfig, TrainConfig, config_from_dict
+from transformer_mt.config import ModelConfig, TrainConfig, config_from_dict, save_config
 from transformer_mt.errors import ConfigError
 from transformer_mt.runtime import Precision
 from transformer_mt.model import Transformer
@@ -328,3 +333,48 @@ def test_a_pair_longer_than_the_longest_batch_length_is_left_out_not_cut_naming_
     removed = [r.getMessage() for r in caplog.records if "too_many_tokens" in r.getMessage()]
     assert removed == [f"filter too_many_tokens: removed {len(TINY_PAIRS) - len(data)} train pairs with a side longer than 5 "
                        "tokens, the most model.max_len=6 leaves (not truncated; raise model.max_len to train on them)"]
+
+
+# --- the GPU runbook (scripts/gpu_session.sh) ------------------------------------------------------
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def test_a_training_stage_prints_its_figure_as_one_json_line(tiny_corpus: Path, tmp_path: Path, monkeypatch, capsys):
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 4, "log_every_steps": 2, "eval_every_steps": 4,
+                                          "save_every_steps": 4})
+    save_config(cfg, tmp_path / "tiny.yaml")
+    code, _, err = run_cli(["train", "--config", str(tmp_path / "tiny.yaml"), "--run-dir", str(tmp_path / "run"),
+                            "--no-progress"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    monkeypatch.setenv("COMMIT", "abc1234")
+    result = subprocess.run([sys.executable, str(SCRIPTS / "recipe_figures.py"), str(tmp_path / "run"),
+                             "--label", "multi30k-en-de", "--stage-seconds", "12"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    line = json.loads(result.stdout)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text(encoding="utf-8"))
+    assert line["figure"] == "multi30k-en-de" and line["commit"] == "abc1234" and line["end_to_end_s"] == 12
+    assert line["test_bleu"] == summary["test"]["bleu"] and line["step"] == 4
+    log = (tmp_path / "run" / "train.log").read_text(encoding="utf-8")
+    rates = [float(m.group(1)) for m in re.finditer(r"step \d+/4 .*? (\d+) target tokens/s", log)]
+    assert len(rates) == 2  # the log lines of steps 2 and 4
+    assert line["tgt_tokens_per_s_median"] == statistics.median(rates)
+    assert line["ms_per_update"] == pytest.approx(1000 * summary["tgt_tokens_seen"] / 4 / statistics.median(rates), rel=1e-3)
+    resumed = subprocess.run([sys.executable, str(SCRIPTS / "recipe_figures.py"), str(tmp_path / "run"),
+                              "--stage-seconds", "12", "--resumed"], capture_output=True, text=True)
+    assert json.loads(resumed.stdout)["end_to_end_s"] is None  # a resumed run's stage is not a whole run
+
+
+def test_the_runbook_parses_and_skips_variants_that_no_longer_fit(tmp_path: Path):
+    script = SCRIPTS / "gpu_session.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    env = {**os.environ, "BUDGET": "0", "OUT": str(tmp_path / "out"), "COMMIT": "abc1234",
+           "PYTHON": sys.executable}
+    result = subprocess.run(["bash", str(script), "variants"], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"figure"')]
+    assert [line["figure"] for line in lines] == ["variant-16k-tokens", "variant-no-cuda-graphs", "variant-pad1",
+                                                  "variant-compiled"]
+    assert all(line["commit"] == "abc1234" and "skipped" in line for line in lines)
+    unknown = subprocess.run(["bash", str(script), "nonsense"], capture_output=True, text=True, env=env)
+    assert unknown.returncode == 2 and "unknown stage 'nonsense'" in unknown.stderr

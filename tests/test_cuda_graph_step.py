@@ -13,15 +13,15 @@ from tests.conftest import tiny_config
 from tests.test_training_speed import make_trainer
 from transformer_mt import train_step as train_step_module
 from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.config import ModelConfig
 from transformer_mt.cuda_graph_step import GraphedStep, graphs_apply
 from transformer_mt.errors import TrainingError
 from transformer_mt.loss import StepLoss
 from transformer_mt.model import Transformer
-from transformer_mt.config import ModelConfig
 from transformer_mt.run_dir import prepare_run_dir
 from transformer_mt.runtime import AttentionKernels, Precision
 from transformer_mt.schedule import lr_at
-from transformer_mt.training import Trainer, train
+from transformer_mt.training import train
 
 CUDA = torch.device("cuda")
 

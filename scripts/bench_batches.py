@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from transformer_mt import token_cache
+from transformer_mt.batch_budget import resolve_batch_tokens
 from transformer_mt.batching import TokenBatchSampler
 from transformer_mt.config import load_config
 from transformer_mt.preparation import prepare_data
@@ -32,7 +33,7 @@ def main() -> None:
     parser.add_argument("--pad-to-multiple", type=int, default=8, help="as on a GPU (default 8)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    cfg = load_config(args.config, args.overrides)
+    cfg, _ = resolve_batch_tokens(load_config(args.config, args.overrides), torch.device("cpu"))  # `auto`: 4,096
     with tempfile.TemporaryDirectory(prefix="tmt-bench-batches-") as scratch:
         _, train, _, _ = prepare_data(cfg, Path(scratch), pad_to_multiple=args.pad_to_multiple)
         sampler = iter(TokenBatchSampler(train.lengths(), cfg.train.batch_tokens, cfg.seed, tie_break=train.tgt_len,

@@ -12,8 +12,9 @@ One process, the same training sentences for all three engines, each timed after
   dimensions (no download), trained with its own loss on tmt's batches.
 
 Speed is real (non-pad) target tokens per second. On CUDA, `peak_memory_mb` is tmt's peak
-allocated memory over its rounds (its own weights, gradients and optimizer state, plus the
-largest step's activations), and `peak_memory_mb_per_1k_tgt_tokens` divides it by the mean real
+allocated memory over its warm-up and rounds (its own weights, gradients and optimizer state, plus
+the largest step's activations; under CUDA graphs their memory pool, taken when a shape is captured,
+which until 2026-11-24 the figure left out), and `peak_memory_mb_per_1k_tgt_tokens` divides it by the mean real
 target tokens per step, in thousands. The engines run interleaved, `--repeats`
 rounds of each, and the reported figure is each engine's median round: on a shared machine a
 neighbour's burst then hits one round, not one engine.
@@ -32,8 +33,10 @@ import argparse
 import json
 import logging
 import math
+import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -58,7 +61,7 @@ PRESETS = {
                   "vocab_size": 8000, "batch_tokens": 2048, "steps": 6, "warmup": 2},
     "base": {"model": ModelConfig(d_model=512, n_heads=8, n_layers=6, d_ff=2048, dropout=0.1, max_len=256),
              "vocab_size": 8000, "batch_tokens": 16384, "steps": 60, "warmup": 10},
-}
+}  # batch_tokens: on a CPU; on a GPU tmt's `auto` budget unless --batch-tokens says otherwise
 
 
 TUTORIAL_ROUNDS = 3
@@ -75,7 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="timed tmt/Marian steps per round (default: the preset's)")
     parser.add_argument("--repeats", type=int, default=5,
                         help=f"interleaved timing rounds (default 5; the tutorial runs in the first {TUTORIAL_ROUNDS})")
-    parser.add_argument("--batch-tokens", type=int, default=None, help="tmt's train.batch_tokens (default: preset's)")
+    parser.add_argument("--batch-tokens", type=int, default=None,
+                        help="tmt's train.batch_tokens (default: the preset's on a CPU, auto on a GPU: sized for its memory)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="train.KEY=VALUE",
                         help="extra train.* settings for tmt, e.g. --set train.compile=true")
     parser.add_argument("--tutorial-pad-len", type=int, default=350, help="tutorial: fixed padded length")
@@ -85,6 +89,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "20 on a GPU)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--label", default="bench",
+                        help="the JSON line's `figure` name, e.g. bench-multi30k (scripts/gpu_session.sh sets it)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="after timing, profile one more round of tmt and of Marian with torch.profiler "
                              "and print their N costliest operators side by side (self CPU ms)")
@@ -103,7 +109,9 @@ def target_lang(data: Path, src_lang: str) -> str:
 def build_trainer(args: argparse.Namespace, run_dir: Path) -> Trainer:
     preset = PRESETS[args.preset]
     tgt_lang = target_lang(args.data, args.src_lang)
-    train = TrainConfig(max_steps=10**9, batch_tokens=args.batch_tokens or preset["batch_tokens"],
+    # On a GPU tmt's own choice for the device (`train.batch_tokens: auto`), as the issue's goals ask.
+    default_tokens = preset["batch_tokens"] if args.device == "cpu" else "auto"
+    train = TrainConfig(max_steps=10**9, batch_tokens=args.batch_tokens or default_tokens,
                         device=args.device, log_every_steps=10**9, eval_every_steps=10**9, test_at_end=False)
     for item in args.overrides:
         key, _, value = item.partition("=")
@@ -361,12 +369,14 @@ def main(argv: list[str] | None = None) -> int:
         "tutorial": ([tutorial_step(tut_batches[0])], [tutorial_step(b) for b in tut_batches[:tutorial_steps]]),
         "hf_marian": ([marian_step(b) for b in index_batches[:warmup]], [marian_step(b) for b in timed_indices]),
     }
-    peak_mb: dict[str, float | None] = {}
+    peak_mb: dict[str, float | None] = {name: None for name in engines}
     for name, (warm, _) in engines.items():
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+            start_bytes, start_resident = torch.cuda.memory_allocated(device), resident_bytes(*resident[name])
         timed(device, warm)
-        peak_mb[name] = None
+        if device.type == "cuda":  # the warm-up's peak counts too: CUDA graphs take their memory when captured
+            peak_mb[name] = (torch.cuda.max_memory_allocated(device) - start_bytes + start_resident) / 2**20
     rates: dict[str, list[float]] = {name: [] for name in engines}
     cpu_rates: dict[str, list[float]] = {name: [] for name in engines}
     names = list(engines)
@@ -414,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
         mem = f"{peak_mb[name]:.0f}" if peak_mb[name] is not None else "n/a"
         print(f"{name:<12} {speed[name]:>13.1f} {cpu_speed[name]:>10.1f} {rounds:<44} {mem:>8}")
     result = {
+        "figure": args.label,
+        "commit": commit(),
         "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
         "preset": args.preset,
         "data": str(args.data),
@@ -434,11 +446,25 @@ def main(argv: list[str] | None = None) -> int:
         "tmt_vs_hf_marian_cpu_time": round(cpu_speed["tmt"] / cpu_speed["hf_marian"], 3),
         "rounds": {name: [round(r, 1) for r in values] for name, values in rates.items()},
         "steps": steps, "repeats": args.repeats, "batch_tokens": cfg.train.batch_tokens,
+        "batch_tokens_auto": args.batch_tokens is None and args.device != "cpu",  # tmt's choice for the device
+        "overrides": args.overrides,
+        "cuda_graphs": trainer.train_step.engine_report(),  # shapes captured, seconds (not in the rates)
     }
     if args.profile:
         print_profile({name: engines[name][1] for name in ("tmt", "hf_marian")}, args.profile)
     print(json.dumps(result))
     return 0
+
+
+def commit() -> str | None:
+    """The commit measured: $COMMIT (a copy of the tree without .git, as on a lent GPU), else git's."""
+    if os.environ.get("COMMIT"):
+        return os.environ["COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip() or None
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def print_profile(rounds: dict[str, list[Callable[[], int]]], top: int) -> None:

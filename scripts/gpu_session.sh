@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # The GPU checks and figures of docs/benchmarks.md and docs/results.md, in a few short commands.
 #
-#   bash scripts/gpu_session.sh prepare            # here: copy the corpora and wheels into .gpu/
-#   bash scripts/gpu_session.sh bench              # on the GPU machine, first (the issue's figures)
-#   bash scripts/gpu_session.sh check multi30k     # on the GPU machine
+# Issue 23's figures from a bare machine, three commands of at most 10 minutes each (each figure
+# is one JSON line, `grep '^{"figure"' OUT/*.log`; COMMIT=<hash> names the commit in them, as
+# the GPU machine's copy of the tree has no .git):
+#   bash scripts/gpu_session.sh prepare                                 # here: corpora and wheels into .gpu/
+#   COMMIT=abc1234 bash scripts/gpu_session.sh multi30k bench           # 1: the recipe end to end; bench base
+#   COMMIT=abc1234 bash scripts/gpu_session.sh variants                 # 2: what each piece of the engine buys
+#   COMMIT=abc1234 bash scripts/gpu_session.sh check multi30k-seed2     # 3: GPU tests; the recipe's second seed
+# Other stages:
 #   SETS="train.max_steps=10000" bash scripts/gpu_session.sh tatoeba   # again at once to resume
 #   bash scripts/gpu_session.sh decode                                   # decoding speed
 #   bash scripts/gpu_session.sh bench-more suite                         # if time is left
@@ -12,7 +17,12 @@
 #   prepare        copies ../shared/data's Multi30k and Tatoeba (DATA=... for another copy) and the
 #                  wheels the GPU image lacks (datasets and what it needs) into .gpu/, which git
 #                  ignores. The GPU machine sees only the repository: carry `.gpu` in the call.
-#   bench          scripts/bench_train.py, preset base, on the demo corpus and on Multi30k.
+#   bench          scripts/bench_train.py, preset base, on Multi30k and on the demo corpus, at the
+#                  batch size tmt chooses for the device (`train.batch_tokens: auto`): tokens/s, MFU,
+#                  `tmt_vs_hf_marian`, peak memory; figures bench-multi30k, bench-demo.
+#   variants       the same on Multi30k (3 rounds of 30 steps), one piece changed at a time: 16,384
+#                  tokens (the old default), `train.cuda_graphs=false` (no engine), `pad_to_multiple=1`,
+#                  `train.compile=true`; a variant that no longer fits before BUDGET prints a skipped line.
 #   bench-large    the same on Multi30k at 65,536 tokens per batch (what a bigger batch buys in MFU).
 #   profile        cProfile of 1,500 updates of configs/multi30k-en-de.yaml (where the host's time
 #                  goes per update), its top functions into the log and the .prof file into OUT.
@@ -23,7 +33,10 @@
 #                  counted); with CUDNN=1 then the same with cuDNN's attention forced, the kernel auto avoids.
 #   check          the GPU tests (tests/test_gpu.py).
 #   suite          the rest of the test suite on the machine's torch (CI runs it too, on CPU).
-#   multi30k       trains configs/multi30k-en-de.yaml into runs/gpu-multi30k-en-de.
+#   multi30k       trains configs/multi30k-en-de.yaml into runs/gpu-multi30k-en-de, then prints its
+#                  figure (scripts/recipe_figures.py): ms per update, seconds from the command to the
+#                  test score, test BLEU.
+#   multi30k-seed2 the same with seed 2, in runs/gpu-multi30k-en-de-seed2.
 #   tatoeba        trains configs/tatoeba-en-it.yaml into runs/gpu-tatoeba-en-it.
 # A training stage stops with SIGTERM (a checkpoint; the stage still exits 0) before BUDGET seconds
 # (default 480, for a 10-minute command) have passed since the command started, and resumes from
@@ -40,6 +53,8 @@ SETS=${SETS:-}
 export PYTHONUNBUFFERED=1
 # The GPU image's interpreter; here, whatever python3 the caller's environment gives.
 PY=${PYTHON:-python3}
+COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+export COMMIT  # bench_train.py and recipe_figures.py put it in their JSON lines
 
 log() { echo "== $(date -u +%H:%M:%S) $*"; }
 
@@ -95,17 +110,36 @@ suite() {
 
 bench() {  # fails if any run fails; each prints its JSON line last
     local rc=0
+    log "bench: base, Multi30k, train.batch_tokens auto (tmt's choice for this device)"
+    "$PY" scripts/bench_train.py --device cuda --preset base --data .gpu/data/multi30k_en_de \
+        --label bench-multi30k || rc=1
     log "bench: base, demo corpus"
-    "$PY" scripts/bench_train.py --device cuda --preset base || rc=1
-    log "bench: base, Multi30k"
-    "$PY" scripts/bench_train.py --device cuda --preset base --data .gpu/data/multi30k_en_de || rc=1
+    "$PY" scripts/bench_train.py --device cuda --preset base --label bench-demo || rc=1
+    return $rc
+}
+
+variants() {  # one piece at a time, Multi30k base; later ones are skipped when BUDGET runs short
+    local rc=0 name args
+    local variants=("variant-16k-tokens|--batch-tokens 16384" "variant-no-cuda-graphs|--set train.cuda_graphs=false"
+                    "variant-pad1|--set train.pad_to_multiple=1" "variant-compiled|--set train.compile=true")
+    for variant in "${variants[@]}"; do
+        name=${variant%%|*}
+        read -ra args <<< "${variant#*|}"
+        if [ $((BUDGET - SECONDS)) -lt 90 ]; then
+            echo "{\"figure\": \"$name\", \"commit\": \"$COMMIT\", \"skipped\": \"under 90 s of BUDGET=$BUDGET left\"}"
+            continue
+        fi
+        log "bench: base, Multi30k, $name (${args[*]})"
+        "$PY" scripts/bench_train.py --device cuda --preset base --data .gpu/data/multi30k_en_de \
+            --repeats 3 --steps 30 --label "$name" "${args[@]}" || rc=1
+    done
     return $rc
 }
 
 bench-large() {
     log "bench: base, Multi30k, 65,536 tokens per batch"
     "$PY" scripts/bench_train.py --device cuda --preset base --data .gpu/data/multi30k_en_de \
-        --batch-tokens 65536 --repeats 3
+        --batch-tokens 65536 --repeats 3 --label bench-large
 }
 
 profile() {  # the host's time per update of the tiny model, which a CUDA graph step waits on
@@ -142,8 +176,10 @@ decode() {  # each run prints JSON lines: the beam-5 test figure, then the summa
     return $rc
 }
 
-train_stage() {  # name config data-path
-    local name=$1 config=$2 data=$3 run=runs/gpu-$1 resume=() overrides=() sets=() code
+train_stage() {  # name config data-path [extra --set ...]
+    local name=$1 config=$2 data=$3 run=runs/gpu-$1 resume=() overrides=() sets=() code started
+    shift 3
+    overrides+=("$@")
     if [ -d "$run/checkpoints" ] && compgen -G "$run/checkpoints/step_*.pt" > /dev/null; then
         resume=(--resume)
     else
@@ -158,6 +194,7 @@ train_stage() {  # name config data-path
     fi
     log "$name: training for at most ${left}s ${resume[*]} ${overrides[*]}"
     touch "$OUT/.$name.start"  # a checkpoint newer than this one was written by this command
+    started=$SECONDS
     # tmt stops on SIGTERM after the step it is in and writes a checkpoint (seconds for a base model);
     # --kill-after bounds a stop that hangs, so the archive below still gets written within the command.
     timeout --preserve-status -s TERM --kill-after=45 "$left" "$PY" -m transformer_mt train --config "$config" \
@@ -176,11 +213,16 @@ train_stage() {  # name config data-path
         *) log "$name: tmt exited with $code" ;;
     esac
     rm -f "$OUT/.$name.start"
+    if [ -f "$run/summary.json" ]; then  # the stage's figure, one JSON line
+        "$PY" scripts/recipe_figures.py "$run" --label "$name" --stage-seconds $((SECONDS - started)) \
+            ${resume[0]:+--resumed} || code=1
+    fi
     tar -czf "$OUT/$name.tar.gz" --exclude=checkpoints --exclude=corpus_cache --exclude=token_cache "$run"
     return $code
 }
 
 multi30k() { train_stage multi30k-en-de configs/multi30k-en-de.yaml .gpu/data/multi30k_en_de/tok; }
+multi30k-seed2() { train_stage multi30k-en-de-seed2 configs/multi30k-en-de.yaml .gpu/data/multi30k_en_de/tok --set seed=2; }
 tatoeba() { train_stage tatoeba-en-it configs/tatoeba-en-it.yaml .gpu/data/tatoeba_anki_en_it; }
 
 [ $# -gt 0 ] || { awk 'NR > 1 { if (!/^#/) exit; print }' "$0"; exit 2; }  # the comment block above
@@ -191,9 +233,9 @@ if [ "$1" = prepare ]; then
 fi
 for stage in "$@"; do
     case $stage in
-        check|suite|bench|bench-large|bench-more|decode|profile|multi30k|tatoeba) ;;
-        *) echo "gpu_session: unknown stage '$stage' (bench, bench-large, bench-more, decode, profile, check, suite," \
-                "multi30k, tatoeba;" \
+        check|suite|bench|variants|bench-large|bench-more|decode|profile|multi30k|multi30k-seed2|tatoeba) ;;
+        *) echo "gpu_session: unknown stage '$stage' (bench, bench-large, bench-more, decode, profile, variants, check," \
+                "suite, multi30k, multi30k-seed2, tatoeba;" \
                 "prepare runs alone)" >&2
            exit 2 ;;
     esac

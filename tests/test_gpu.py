@@ -7,6 +7,7 @@ tests run only where there is a CUDA GPU (CI has none). `TMT_TEST_DEVICE=cpu` ru
 CPU instead, which checks the tests themselves, not the GPU paths.
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
 from tests.test_decoding import BOS, EOS, random_model, random_sources
 from tests.test_training import read_scalars
 from tests.test_training_speed import make_trainer  # dropout 0, no clipping, fp32
+from transformer_mt import train_step as train_step_module
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.decoding import beam_search, greedy_decode
 from transformer_mt.run_dir import prepare_run_dir
@@ -56,7 +58,7 @@ def test_the_fused_optimizer_on_the_device_updates_like_the_plain_one(tiny_corpu
     fused = list(trainer.model.parameters())
     copies = [p.detach().clone().requires_grad_() for p in fused]
     d = trainer.train_step.optimizer.param_groups[0]  # lr: the first step's warmup rate, set by the schedule
-    plain = torch.optim.AdamW(copies, lr=d["lr"], betas=d["betas"], eps=d["eps"], weight_decay=d["weight_decay"],
+    plain = torch.optim.AdamW(copies, lr=float(d["lr"]), betas=d["betas"], eps=d["eps"], weight_decay=d["weight_decay"],
                               foreach=False)  # the per-parameter loop: the reference implementation
     gen = torch.Generator(DEVICE).manual_seed(0)
     for step in range(4):  # the same random gradients for both: no gradient is exactly 0 (see Adam's sign)
@@ -143,9 +145,15 @@ def test_tmt_trains_and_translates_on_the_device(tmp_path: Path, monkeypatch, ca
     code, _, err = run_cli(["train", "--config", "gpu.yaml", "--run-dir", "run"], monkeypatch, capsys, tmp_path)
     assert code == 0, err
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")["train_state"]["best_bleu"] > 90
+    engine = json.loads((tmp_path / "run" / "summary.json").read_text(encoding="utf-8"))["cuda_graphs"]
     if DEVICE == "cuda":  # the trainer measures the GPU: memory and, on a known GPU, MFU
         assert "precision bf16" in err
         assert max(read_scalars(tmp_path / "run", "perf/peak_memory_mb").values()) > 0
+        # Capturing is reported on its own, not in the steady-state rates.
+        assert "s capturing CUDA graphs, not counted in these rates" in err
+        assert engine["captured_shapes"] >= 1 and engine["capture_seconds"] > 0
+    else:
+        assert engine is None
     known_gpu = DEVICE == "cuda" and "NVIDIA H" in torch.cuda.get_device_name()
     mfu = read_scalars(tmp_path / "run", "perf/mfu") if known_gpu else "not measured on this device"
     with capsys.disabled():  # to the terminal (gpu_session.sh runs pytest -s), not into the stdout compared below
@@ -180,30 +188,69 @@ def test_decoding_on_cudnn_attention_forced_translates_on_the_device(tmp_path: P
         assert ("decode.attention_backend: cudnn" in err) == (not cudnn_runs), err
 
 
-def test_the_captured_step_makes_the_eager_steps_updates(tiny_corpus: Path, tmp_path: Path):
-    # Three updates of three batch shapes, one shape twice (a replay with other data), one update
-    # of two accumulated batches: the CUDA-graph step against the eager one, fp32.
-    graphed = make_trainer(tiny_corpus, tmp_path / "graphed", device=DEVICE, batch_tokens=64)
-    eager = make_trainer(tiny_corpus, tmp_path / "eager", device=DEVICE, batch_tokens=64, cuda_graphs=False)
+@pytest.mark.parametrize("clip", [0.0, 0.5])
+def test_the_captured_update_makes_the_eager_steps_updates(tiny_corpus: Path, tmp_path: Path, clip: float):
+    # Four updates of three batch shapes, one shape twice (a replay with other data), one update
+    # of two accumulated batches: the CUDA-graph update (forward, backward, clipping, AdamW at the
+    # scheduled rate, all replayed) against the eager one, fp32, with and without clipping.
+    settings = {"batch_tokens": 64, "clip_grad_norm": clip, "warmup_steps": 3}
+    graphed = make_trainer(tiny_corpus, tmp_path / "graphed", device=DEVICE, **settings)
+    eager = make_trainer(tiny_corpus, tmp_path / "eager", device=DEVICE, cuda_graphs=False, **settings)
     assert eager.train_step.graphs is None
     assert (graphed.train_step.graphs is not None) == (DEVICE == "cuda")  # elsewhere both run eagerly
+    # A gradient that is 0 up to rounding (the key projection's bias: it shifts every score of a
+    # query alike) gets a step of ±lr from Adam at eps 1e-9 whatever its size, so rounding apart
+    # would show as lr apart in the weights; at eps 1e-4 such a step is ~0 and the weights compare.
+    for trainer in (graphed, eager):
+        trainer.train_step.optimizer.param_groups[0]["eps"] = 1e-4
     updates = [[[0, 1, 2]], [[3, 4, 5, 6, 7]], [[8, 9, 10]], [[0, 11], [5, 6]]]
+    norms = []
     for step, indices in enumerate(updates, 1):
         one = graphed.train_step.run([graphed.train_step.load_batch(i) for i in indices])
         two = eager.train_step.run([eager.train_step.load_batch(i) for i in indices])
-        assert one.updated and two.updated
+        assert one.updated and two.updated and graphed.state.step == eager.state.step == step
         assert one.loss.item() == pytest.approx(two.loss.item(), rel=1e-5)
         assert one.grad_norm.item() == pytest.approx(two.grad_norm.item(), rel=1e-4)
-        # Gradients, not the weights after AdamW: a gradient that is 0 up to rounding (the key
-        # projection's bias: it shifts every score of a query alike) gets a step of ±lr from
-        # Adam whatever its size, so rounding apart would show there as lr apart.
-        expected = gradients(eager)
+        norms.append(two.grad_norm.item())
+        expected = gradients(eager)  # after the update: the clipped gradients the optimizer took
         for name, grad in gradients(graphed).items():
             torch.testing.assert_close(grad, expected[name], rtol=1e-4, atol=1e-6, msg=f"update {step}: {name}")
+        for (name, a), b in zip(graphed.model.named_parameters(), eager.model.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"update {step}: {name}")
+            for key in ("step", "exp_avg", "exp_avg_sq"):
+                torch.testing.assert_close(graphed.train_step.optimizer.state[a][key],
+                                           eager.train_step.optimizer.state[b][key], rtol=1e-4, atol=1e-9,
+                                           msg=f"update {step}: {name} {key}")
+    assert not clip or max(norms) > clip  # with clipping, it did clip
     if DEVICE == "cuda":
         assert 2 <= len(graphed.train_step.graphs.captured) <= len(updates) + 1
         batch = graphed.train_step.load_batch([0, 1, 2])
         assert batch.src_ids.shape[0] == 64 // max(batch.src_ids.shape[1], batch.tgt_in_ids.shape[1])  # filler rows
+
+
+def engine_trainer(tiny_corpus: Path, run: Path, monkeypatch, **train) -> Trainer:
+    """A trainer on the GPU engine: captured on CUDA, its functions run eagerly elsewhere."""
+    if DEVICE != "cuda":
+        monkeypatch.setattr(train_step_module, "graphs_apply", lambda *args, **kwargs: True)
+    trainer = make_trainer(tiny_corpus, run, device=DEVICE, **train)
+    assert trainer.train_step.graphs is not None
+    return trainer
+
+
+def test_a_replayed_update_with_a_non_finite_loss_changes_nothing(tiny_corpus: Path, tmp_path: Path, monkeypatch):
+    trainer = engine_trainer(tiny_corpus, tmp_path / "run", monkeypatch, clip_grad_norm=1.0)
+    step, graphs = trainer.train_step, trainer.train_step.graphs
+    batch = step.load_batch(list(range(6)))
+    assert step.run(batch).updated  # captures this shape's update
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    moments = [dict((k, v.clone()) for k, v in step.optimizer.state[p].items()) for p in trainer.model.parameters()]
+    graphs.start_update()
+    graphs.run(batch, 0, last=True)  # the same graph, replayed with 0 target tokens: the loss is inf / NaN
+    assert graphs.nonfinite.item() == 1.0 and not torch.isfinite(graphs.loss_sum)
+    for p, old, state in zip(trainer.model.parameters(), before, moments):
+        assert torch.equal(p, old) and all(torch.equal(step.optimizer.state[p][k], v) for k, v in state.items())
+    assert step.run(batch).updated and trainer.state.step == 2  # and the next update is a normal one
+    assert not all(torch.equal(p, old) for p, old in zip(trainer.model.parameters(), before))
 
 
 def test_a_replayed_step_draws_new_dropout_masks(tiny_corpus: Path, tmp_path: Path):
@@ -214,8 +261,9 @@ def test_a_replayed_step_draws_new_dropout_masks(tiny_corpus: Path, tmp_path: Pa
     losses = []
     for _ in range(3):  # the same batch: only the dropout masks differ
         if trainer.train_step.graphs is not None:
-            trainer.train_step.graphs.zero_grad()
-            losses.append(trainer.train_step.graphs.run(batch, 1.0).item())
+            trainer.train_step.graphs.start_update()
+            trainer.train_step.graphs.run(batch, batch.n_tgt_tokens, last=False)  # no update: the same weights
+            losses.append(trainer.train_step.graphs.loss_sum.item())
         else:
             trainer.model.train()
             losses.append(trainer.train_step.run(batch).loss.item())

@@ -1,15 +1,28 @@
 """The fast training paths compute what the plain ones do: accumulation, padding, bucketing, FLOPs."""
 
+import dataclasses
+import json
 import os
+import re
+import statistics
+import subprocess
+import sys
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
-from tests.conftest import tiny_config
-from transformer_mt.batching import make_batch, sorted_batches
-from transformer_mt.config import ModelConfig
+from tests.conftest import TINY_PAIRS, run_cli, tiny_config
+from transformer_mt import throughput
+from transformer_mt.batching import Batch, make_batch, sorted_batches
+from transformer_mt.distributed import Distributed
+from transformer_mt.batch_budget import activation_bytes_per_token, device_batch_tokens, resolve_batch_tokens
+from transformer_mt.config import ModelConfig, TrainConfig, config_from_dict, save_config
+from transformer_mt.errors import ConfigError
+from transformer_mt.runtime import Precision
 from transformer_mt.model import Transformer
 from transformer_mt.throughput import peak_flops_of, peak_flops_per_s
 from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID
@@ -218,3 +231,150 @@ def test_a_compiled_step_makes_the_same_update_as_an_eager_one(tiny_corpus: Path
     for (name, a), b in zip(eager.model.named_parameters(), compiled.model.parameters()):
         assert torch.allclose(a.grad, b.grad, rtol=1e-3, atol=1e-6), name
     assert all(not k.startswith("_orig_mod") for k in compiled.checkpoint.state_dict()["model"])  # plain module saved
+
+
+# --- train.batch_tokens: auto ------------------------------------------------------------------
+
+BASE = ModelConfig(d_model=512, n_heads=8, n_layers=6, d_ff=2048, max_len=256)  # bench_train's base preset
+
+
+def test_the_activation_estimate_matches_the_base_model_measured_on_an_h100():
+    # eccf7fe, H100, eager bf16: peak 7,355 MB at 16,384 tokens per batch and 27,477 MB at 65,536.
+    measured = (27_477 - 7_355) * 2**20 / (65_536 - 16_384)
+    assert activation_bytes_per_token(BASE, 8000, 2) == pytest.approx(measured, rel=0.05)
+
+
+def test_the_auto_budget_follows_device_memory_and_model_size():
+    gib = 2**30
+    assert device_batch_tokens(80 * gib, BASE, 8000, 2) == 65_536  # an H100: half its memory holds more; capped
+    assert device_batch_tokens(24 * gib, BASE, 8000, 2) == 16_384
+    assert device_batch_tokens(8 * gib, BASE, 8000, 2) == 8_192
+    assert device_batch_tokens(80 * gib, BASE, 8000, 4) == 32_768  # fp32 activations take twice the bytes
+    bigger = dataclasses.replace(BASE, d_model=1024, d_ff=4096)
+    assert device_batch_tokens(24 * gib, bigger, 32_000, 2) < device_batch_tokens(24 * gib, BASE, 8000, 2)
+    for memory in (1 * gib, 40 * gib, 200 * gib):  # powers of two between one sequence and the cap
+        tokens = device_batch_tokens(memory, BASE, 8000, 2)
+        assert tokens & (tokens - 1) == 0 and BASE.max_len <= tokens <= 65_536
+    assert device_batch_tokens(0, dataclasses.replace(BASE, max_len=300), 8000, 2) == 512  # one sequence fits
+
+
+def fake_gpu(monkeypatch, total_memory: int, name: str = "NVIDIA H100 80GB HBM3") -> torch.device:
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: types.SimpleNamespace(total_memory=total_memory, name=name))
+    return torch.device("cuda")
+
+
+def test_auto_is_sized_for_the_gpu_and_said_and_a_set_budget_is_kept(tiny_corpus: Path, monkeypatch):
+    cuda = fake_gpu(monkeypatch, 80 * 2**30)
+    auto = tiny_config(tiny_corpus, model=dataclasses.asdict(BASE) | {"encoder_layers": None, "decoder_layers": None},
+                       tokenizer={"vocab_size": 8000}, train={"batch_tokens": "auto"})
+    chosen, note = resolve_batch_tokens(auto, cuda, Precision(torch.bfloat16, "cuda"))
+    assert chosen.train.batch_tokens == 65_536
+    assert note == ("train.batch_tokens 65,536 chosen for the 80 GiB of the NVIDIA H100 80GB HBM3 and this model "
+                    "(set train.batch_tokens to override)")
+    assert resolve_batch_tokens(auto, torch.device("cpu"), Precision(None, "cpu")) == (
+        dataclasses.replace(auto, train=dataclasses.replace(auto.train, batch_tokens=4096)), None)  # today's default
+    user = tiny_config(tiny_corpus, train={"batch_tokens": 8192})
+    assert resolve_batch_tokens(user, cuda, Precision(torch.bfloat16, "cuda")) == (user, None)
+
+
+def test_auto_is_the_default_and_every_recipe_sets_its_budget(tiny_corpus: Path):
+    assert TrainConfig().batch_tokens == "auto"
+    for recipe in sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")):
+        # A recipe's tokens per update must not depend on the GPU it runs on.
+        raw = yaml.safe_load(recipe.read_text(encoding="utf-8"))
+        assert isinstance(raw["train"]["batch_tokens"], int), recipe.name
+
+
+def test_a_cpu_run_with_auto_batches_keeps_todays_budget(tiny_corpus: Path, tmp_path: Path):
+    trainer = make_trainer(tiny_corpus, tmp_path / "run", batch_tokens="auto")
+    assert trainer.cfg.train.batch_tokens == 4096 and trainer.sampler.cut["batch_tokens"] == 4096
+    assert trainer.train_step.cfg.train.batch_tokens == 4096
+
+
+def test_batch_tokens_takes_a_number_or_auto():
+    assert config_from_dict({"data": {"path": "x"}, "train": {"batch_tokens": "1e4"}}).train.batch_tokens == 10_000
+    with pytest.raises(ConfigError, match=r"train.batch_tokens: expected an integer or auto, got 'big' \(str\)"):
+        config_from_dict({"data": {"path": "x"}, "train": {"batch_tokens": "big"}})
+
+
+def test_time_spent_capturing_cuda_graphs_is_reported_apart_from_the_rates(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(throughput.time, "perf_counter", lambda: now[0])
+    interval = throughput.IntervalMeter(torch.device("cpu"), Distributed())
+    batch = Batch(torch.ones(2, 5, dtype=torch.long), torch.ones(2, 4, dtype=torch.long),
+                  torch.ones(2, 4, dtype=torch.long), n_src_tokens=10, n_tgt_tokens=8)
+    now[0] += 7.0  # a step of 2 s that first captured its shape for 5 s
+    interval.add(torch.tensor(1.0), [batch], capture_seconds=5.0)
+    now[0] += 2.0
+    interval.add(torch.tensor(1.0), [batch])
+    stats = interval.read_and_reset()
+    assert stats.tgt_tokens_per_s == pytest.approx(16 / 4.0) and stats.capture_seconds == 5.0
+    assert stats.perf()["capture_seconds"] == 5.0
+    now[0] += 2.0
+    interval.add(torch.tensor(1.0), [batch])
+    later = interval.read_and_reset()
+    assert later.capture_seconds == 0.0 and "capture_seconds" not in later.perf()
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+def test_a_pair_longer_than_the_longest_batch_length_is_left_out_not_cut_naming_the_key(tiny_corpus: Path,
+                                                                                      tmp_path: Path, caplog):
+    # model.max_len is the longest padded length a batch (and a captured shape) has; a training
+    # pair past it is never cut to fit (it would teach the model to stop mid-sentence).
+    with caplog.at_level("INFO", logger="transformer_mt.token_cache"):
+        cfg = tiny_config(tiny_corpus, model={"max_len": 6}, train={"batch_tokens": 64})
+        prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
+        trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    data = trainer.train_data
+    assert 0 < len(data) < len(TINY_PAIRS)  # some fit in 5 tokens a side, some do not
+    assert max(data.src_len.max(), data.tgt_len.max()) <= 5  # the kept ones whole: no pair was cut
+    removed = [r.getMessage() for r in caplog.records if "too_many_tokens" in r.getMessage()]
+    assert removed == [f"filter too_many_tokens: removed {len(TINY_PAIRS) - len(data)} train pairs with a side longer than 5 "
+                       "tokens, the most model.max_len=6 leaves (not truncated; raise model.max_len to train on them)"]
+
+
+# --- the GPU runbook (scripts/gpu_session.sh) ------------------------------------------------------
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def test_a_training_stage_prints_its_figure_as_one_json_line(tiny_corpus: Path, tmp_path: Path, monkeypatch, capsys):
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 4, "log_every_steps": 2, "eval_every_steps": 4,
+                                          "save_every_steps": 4})
+    save_config(cfg, tmp_path / "tiny.yaml")
+    code, _, err = run_cli(["train", "--config", str(tmp_path / "tiny.yaml"), "--run-dir", str(tmp_path / "run"),
+                            "--no-progress"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    monkeypatch.setenv("COMMIT", "abc1234")
+    result = subprocess.run([sys.executable, str(SCRIPTS / "recipe_figures.py"), str(tmp_path / "run"),
+                             "--label", "multi30k-en-de", "--stage-seconds", "12"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    line = json.loads(result.stdout)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text(encoding="utf-8"))
+    assert line["figure"] == "multi30k-en-de" and line["commit"] == "abc1234" and line["end_to_end_s"] == 12
+    assert line["test_bleu"] == summary["test"]["bleu"] and line["step"] == 4
+    log = (tmp_path / "run" / "train.log").read_text(encoding="utf-8")
+    rates = [float(m.group(1)) for m in re.finditer(r"step \d+/4 .*? (\d+) target tokens/s", log)]
+    assert len(rates) == 2  # the log lines of steps 2 and 4
+    assert line["tgt_tokens_per_s_median"] == statistics.median(rates)
+    assert line["ms_per_update"] == pytest.approx(1000 * summary["tgt_tokens_seen"] / 4 / statistics.median(rates), rel=1e-3)
+    resumed = subprocess.run([sys.executable, str(SCRIPTS / "recipe_figures.py"), str(tmp_path / "run"),
+                              "--stage-seconds", "12", "--resumed"], capture_output=True, text=True)
+    assert json.loads(resumed.stdout)["end_to_end_s"] is None  # a resumed run's stage is not a whole run
+
+
+def test_the_runbook_parses_and_skips_variants_that_no_longer_fit(tmp_path: Path):
+    script = SCRIPTS / "gpu_session.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    env = {**os.environ, "BUDGET": "0", "OUT": str(tmp_path / "out"), "COMMIT": "abc1234",
+           "PYTHON": sys.executable}
+    result = subprocess.run(["bash", str(script), "variants"], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"figure"')]
+    assert [line["figure"] for line in lines] == ["variant-16k-tokens", "variant-no-cuda-graphs", "variant-pad1",
+                                                  "variant-compiled"]
+    assert all(line["commit"] == "abc1234" and "skipped" in line for line in lines)
+    unknown = subprocess.run(["bash", str(script), "nonsense"], capture_output=True, text=True, env=env)
+    assert unknown.returncode == 2 and "unknown stage 'nonsense'" in unknown.stderr

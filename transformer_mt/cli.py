@@ -150,6 +150,9 @@ def run_data(args: argparse.Namespace) -> None:
     from transformer_mt.config import load_config
     from transformer_mt.run_dir import same_data_settings
     from transformer_mt.tokenization import JOINT_FILE, SRC_FILE, TGT_FILE
+    import torch
+
+    from transformer_mt.batch_budget import resolve_batch_tokens
     from transformer_mt.runtime import pick_device
     from transformer_mt.preparation import batch_padding, prepare_data
 
@@ -163,6 +166,13 @@ def run_data(args: argparse.Namespace) -> None:
                 if (run_dir / name).is_file():
                     shutil.copyfile(run_dir / name, Path(scratch) / name)
         device_type = cfg.train.device if cfg.train.device != "auto" else pick_device().type
+        if cfg.train.batch_tokens == "auto" and device_type == "cuda" and not torch.cuda.is_available():
+            print("tmt: train.batch_tokens auto: batches counted at 4,096 tokens here, as on a CPU; on a GPU "
+                  "the budget is sized for its memory", file=sys.stderr)
+        here = torch.device(device_type if device_type != "cuda" or torch.cuda.is_available() else "cpu")
+        cfg, budget_note = resolve_batch_tokens(cfg, here)
+        if budget_note:
+            print(f"tmt: {budget_note}", file=sys.stderr)
         try:
             *_, report = prepare_data(cfg, Path(scratch), progress=not args.quiet,
                                       pad_to_multiple=batch_padding(cfg.train, device_type))

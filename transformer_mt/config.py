@@ -130,8 +130,11 @@ class TrainConfig:
 
     max_steps: int = 100_000
     """Optimizer updates to run."""
-    batch_tokens: int = 4096
-    """Token budget per batch: batch size × padded length (the longer of source and target)."""
+    batch_tokens: int | Literal["auto"] = "auto"
+    """Token budget per batch: batch size × padded length (the longer of source and target).
+    `auto`: on a CUDA GPU, sized for its memory and the model (`batch_budget`: the largest power
+    of two whose activations fill at most half the memory, at most 65,536), said in the log; 4,096
+    on a CPU or MPS. Set a number to keep a recipe's tokens per update on every device."""
     accum_steps: int = 1
     """Batches accumulated into one optimizer update (gradient accumulation). The loss is
     normalised by the target tokens of all of them, so the update equals one batch of
@@ -485,7 +488,13 @@ def _coerce(value: Any, hint: Any) -> tuple[Any, str | None]:
         if value is None and type(None) in args:
             return None, None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0])
+        if len(inner) == 1:
+            return _coerce(value, inner[0])
+        for alternative in inner:  # e.g. int | Literal["auto"]: the first that takes the value
+            converted, problem = _coerce(value, alternative)
+            if problem is None:
+                return converted, None
+        return None, f"expected {' or '.join(map(_describe, inner))}, got {_show(value)}"
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             return None, f"expected a list of {len(args)} numbers, got {_show(value)}"
@@ -603,7 +612,7 @@ def _check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
                        ("train.accum_steps", t.accum_steps), ("train.pad_to_multiple", t.pad_to_multiple)]:
         if value < 1:
             check(f"{key}: must be at least 1, got {value}")
-    if t.batch_tokens < m.max_len:
+    if t.batch_tokens != "auto" and t.batch_tokens < m.max_len:
         check(f"train.batch_tokens: {t.batch_tokens} cannot hold one sequence of model.max_len={m.max_len} tokens",
               "model.max_len")
     if t.lr <= 0:
@@ -655,6 +664,13 @@ def _check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
     if dec.length_penalty < 0:
         check(f"decode.length_penalty: must be at least 0, got {dec.length_penalty}")
     return p
+
+
+def _describe(hint: Any) -> str:
+    """What a value of type `hint` is, for a message: "an integer", "auto"."""
+    if typing.get_origin(hint) is Literal:
+        return ", ".join(map(str, typing.get_args(hint)))
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(hint, str(hint))
 
 
 def _show(value: Any) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -22,12 +23,14 @@ class RunStatus:
     """Rewrites `summary.json` (rank 0) and counts `TrainState.train_seconds`."""
 
     def __init__(self, cfg: Config, run_dir: Path, state: TrainState, *, device: torch.device, n_parameters: int,
-                 data_report: DataReport | None, dist: Distributed, config_dir: Path | None):
+                 data_report: DataReport | None, dist: Distributed, config_dir: Path | None,
+                 engine_report: Callable[[], dict | None] = lambda: None):
         self.cfg = cfg
         self.run_dir = run_dir
         self.state = state
         self.n_parameters = n_parameters
         self.data_report = data_report
+        self.engine_report = engine_report  # the GPU engine's captures: shapes, seconds
         self.dist = dist
         self.provenance = summary.provenance(cfg, run_dir, device, config_dir)
         self.test_report: dict | None = None  # the final test's, once there is one
@@ -53,7 +56,8 @@ class RunStatus:
             "train_seconds": round(s.train_seconds, 1),
             "tgt_tokens_per_s": round(s.tgt_tokens_seen / s.train_seconds, 1) if s.train_seconds else None,
             "skipped_nonfinite": s.skipped_nonfinite, "skipped_oom": s.skipped_oom, "init_from": s.parent,
-            "parameters": self.n_parameters, "data": self.data_report.to_dict(), "provenance": self.provenance})
+            "parameters": self.n_parameters, "data": self.data_report.to_dict(), "provenance": self.provenance,
+            "cuda_graphs": self.engine_report()})
 
     def _write(self, content: dict) -> None:
         """Write `summary.json`; a failure (a full disk, say) warns once and the run goes on: the

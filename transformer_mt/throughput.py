@@ -62,18 +62,22 @@ class IntervalStats:
     tgt_padding_efficiency: float
     mfu: float | None  # model FLOPs (the model's `train_flops`) ÷ (seconds × device peak); None off-GPU
     peak_memory_mb: float | None  # most GPU memory allocated at once in the interval; None off-GPU
+    capture_seconds: float = 0.0  # spent capturing CUDA graphs in the interval: not in the rates above
 
     def perf(self) -> dict[str, float]:
         """The TensorBoard `perf/` scalars."""
         values = {"src_tokens_per_s": self.src_tokens_per_s, "tgt_tokens_per_s": self.tgt_tokens_per_s,
                   "src_padding_efficiency": self.src_padding_efficiency,
                   "tgt_padding_efficiency": self.tgt_padding_efficiency,
-                  "mfu": self.mfu, "peak_memory_mb": self.peak_memory_mb}
+                  "mfu": self.mfu, "peak_memory_mb": self.peak_memory_mb,
+                  "capture_seconds": self.capture_seconds or None}
         return {name: value for name, value in values.items() if value is not None}
 
 
 class IntervalMeter:
-    """Loss, throughput and padding since the last log line; the loss is summed on the device (no sync per step)."""
+    """Loss, throughput and padding since the last log line; the loss is summed on the device (no sync per step).
+    Time spent capturing CUDA graphs (`add`'s `capture_seconds`) is counted apart: the rates are
+    the steady state's, and the capture time is reported on its own."""
 
     def __init__(self, device: torch.device, dist: Distributed, peak_flops: float | None = None):
         self.device = device
@@ -88,12 +92,14 @@ class IntervalMeter:
 
     def _zero_counts(self) -> None:
         self.steps = self.src_tokens = self.tgt_tokens = self.src_slots = self.tgt_slots = 0
-        self.flops = 0.0
+        self.flops = self.capture_seconds = 0.0
 
-    def add(self, loss: torch.Tensor, batches: list[Batch], flops: float = 0.0) -> None:
-        """Count one update: its loss (a device scalar), its batches and their model FLOPs."""
+    def add(self, loss: torch.Tensor, batches: list[Batch], flops: float = 0.0, capture_seconds: float = 0.0) -> None:
+        """Count one update: its loss (a device scalar), its batches, their model FLOPs, and the
+        seconds it spent capturing CUDA graphs (taken out of the interval's time)."""
         self.loss_sum += loss
         self.steps += 1
+        self.capture_seconds += capture_seconds
         for batch in batches:
             self.src_tokens += batch.n_src_tokens
             self.tgt_tokens += batch.n_tgt_tokens
@@ -125,7 +131,7 @@ class IntervalMeter:
             self.src_tokens, self.tgt_tokens, self.src_slots, self.tgt_slots = map(int, summed[1:5])
             self.flops = summed[5]
         mean_loss = self.loss_sum.item() / max(self.steps, 1)  # waits for the device: the clock then counts its work
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        elapsed = max(time.perf_counter() - self.started - self.capture_seconds, 1e-9)
         peak_memory_mb = None
         if self.device.type == "cuda":
             peak_memory_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
@@ -135,7 +141,7 @@ class IntervalMeter:
             src_padding_efficiency=padding_efficiency(self.src_tokens, self.src_slots),
             tgt_padding_efficiency=padding_efficiency(self.tgt_tokens, self.tgt_slots),
             mfu=self.flops / elapsed / (self.peak_flops * self.dist.world_size) if self.peak_flops else None,
-            peak_memory_mb=peak_memory_mb)
+            peak_memory_mb=peak_memory_mb, capture_seconds=self.capture_seconds)
         self.loss_sum.zero_()
         self._zero_counts()
         self.restart_clock()

@@ -190,8 +190,9 @@ def tokenize_split(split: datasets.Dataset, text_digest: str, tokenizers: Tokeni
         raise DataError(f"no {'training' if name == 'train' else name} pair fits in model.max_len={max_len} tokens")
     removed = len(split) - len(dataset)
     if removed:
-        logger.info("filter too_many_tokens: removed %d %s pairs longer than model.max_len=%d tokens",
-                    removed, name, max_len)
+        logger.info("filter too_many_tokens: removed %d %s pairs with a side longer than %d tokens, the most "
+                    "model.max_len=%d leaves (not truncated; raise model.max_len to train on them)",
+                    removed, name, max_len - 1, max_len)
     src_text, tgt_text = (split["src"][:], split["tgt"][:]) if keep_text else (None, None)
     return TokenizedSplit(dataset, max_len, src_text, tgt_text)
 

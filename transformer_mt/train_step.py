@@ -36,6 +36,7 @@ class StepResult:
     grad_norm: torch.Tensor  # global gradient norm before clipping
     updated: bool  # False: the loss or a gradient was not finite and the update was skipped
     stop_signal: int = 0  # the stop signal any rank had received by this step (0: none)
+    capture_seconds: float = 0.0  # spent capturing CUDA graphs in this step (new batch shapes)
 
 
 @dataclass
@@ -84,8 +85,19 @@ class TrainStep:
         # One fused kernel per parameter group instead of a chain of foreach ops: CUDA and CPU
         # (supported there since torch 2.4); MPS keeps the foreach path.
         self.fused_optimizer = device.type in ("cuda", "cpu")
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, eps=1e-9,
-                                           weight_decay=t.weight_decay, fused=self.fused_optimizer)
+        # The GPU engine (`cuda_graph_step`): each batch shape's whole update (forward, backward,
+        # clipping, AdamW) replayed as a CUDA graph, on batches of fixed row counts so that shapes
+        # repeat. Its AdamW is capturable and reads the learning rate from a device tensor.
+        graphed = t.cuda_graphs and graphs_apply(device, distributed=dist.enabled, compiled=t.compile,
+                                                 grad_scaler=precision.needs_grad_scaler)
+        # The CUDA kernel reads a rate tensor as fp32 (the eager step's rate is a double: 6e-8 apart
+        # at most); the CPU kernel, which the tests run, reads a double.
+        self.lr: torch.Tensor | None = None
+        if graphed:
+            self.lr = torch.zeros((), dtype=torch.float32 if device.type == "cuda" else torch.float64, device=device)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr if self.lr is None else self.lr, betas=t.betas,
+                                           eps=1e-9, weight_decay=t.weight_decay, fused=self.fused_optimizer,
+                                           capturable=graphed)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
         self.sampler = TokenBatchSampler(train_data.lengths(), t.batch_tokens, cfg.seed, tie_break=train_data.tgt_len,
                                          world_size=dist.world_size, pad_to_multiple=pad_to_multiple,
@@ -95,29 +107,36 @@ class TrainStep:
         # share of the work (docs/benchmarks.md, "Training"). Elsewhere the padded path stays: the
         # real rows' count is a host sync per step, and under compile one more dynamic shape.
         self.real_positions_only = device.type == "cpu" and not t.compile
-        # The GPU engine (`cuda_graph_step`): each batch shape's forward and backward replayed as
-        # a CUDA graph, on batches of fixed row counts so that shapes repeat.
         self.graphs: GraphedStep | None = None
-        if t.cuda_graphs and graphs_apply(device, distributed=dist.enabled, compiled=t.compile,
-                                          grad_scaler=self.scaler.is_enabled()):
-            self.graphs = GraphedStep(self.step_model, list(model.parameters()), precision=precision,
-                                      attention=attention, label_smoothing=t.label_smoothing)
+        if graphed:
+            self.graphs = GraphedStep(self.step_model, list(model.parameters()), self.optimizer, precision=precision,
+                                      attention=attention, label_smoothing=t.label_smoothing,
+                                      max_norm=t.clip_grad_norm or float("inf"), capture=device.type == "cuda")
         self.apply_settings()
 
     def apply_settings(self) -> None:
         """Set every parameter group from the config's train.* values and the next update's
         learning rate: a resumed run's optimizer state carries the old ones, and train.* may change
-        on resume (README). With unchanged settings this gives exactly the values that were saved."""
+        on resume (README). With unchanged settings this gives exactly the values that were saved.
+        On the captured path the rate goes into the device tensor the graphs read."""
         t = self.cfg.train
+        lr = lr_at(self.state.step + 1, t)
+        if self.lr is not None:
+            self.lr.fill_(lr)  # queued behind the update that has just run: no sync
         for group in self.optimizer.param_groups:
-            group.update(lr=lr_at(self.state.step + 1, t), betas=t.betas,
-                         weight_decay=t.weight_decay, fused=self.fused_optimizer)
+            group.update(lr=lr if self.lr is None else self.lr, betas=t.betas, weight_decay=t.weight_decay,
+                         fused=self.fused_optimizer, capturable=self.lr is not None)
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict()}
+        optimizer = self.optimizer.state_dict()
+        for group in optimizer["param_groups"]:  # a plain number in checkpoints, whichever path saved them
+            group["lr"] = float(group["lr"])
+        return {"optimizer": optimizer, "scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(state["optimizer"])  # new state tensors: captured graphs must go
+        if self.graphs is not None:
+            self.graphs.forget()
         if state["scaler"] and self.scaler.is_enabled():  # a run may switch between fp32 and fp16
             self.scaler.load_state_dict(state["scaler"])
         self.apply_settings()
@@ -162,15 +181,15 @@ class TrainStep:
         Reading the check one step later instead would let the next batch's dropout and sampler
         position into the checkpoint written for this step, and exact resume would be lost; the
         fp16 scaler's device-side `found_inf` skip would not tell the step counter or the learning
-        rate that no update happened.
+        rate that no update happened. On the GPU engine (`_run_graphed`) the skip itself happens on
+        the device, inside the replayed update; the host reads the same flag at the same point.
         """
         batches = [batches] if isinstance(batches, Batch) else batches
         n_tgt_tokens = step_tgt_tokens or sum(batch.n_tgt_tokens for batch in batches)
         self.model.train()
         if self.graphs is not None:
-            total = self._replay_forward_backward(batches, n_tgt_tokens)
-        else:
-            total = self._forward_backward(batches, n_tgt_tokens)
+            return self._run_graphed(batches, n_tgt_tokens, while_device_works, stop_signal)
+        total = self._forward_backward(batches, n_tgt_tokens)
         self.scaler.unscale_(self.optimizer)
         max_norm = self.cfg.train.clip_grad_norm or float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
@@ -210,13 +229,30 @@ class TrainStep:
             total += loss.detach()
         return total
 
-    def _replay_forward_backward(self, batches: list[Batch], n_tgt_tokens: int) -> torch.Tensor:
-        """`_forward_backward` by replaying each batch shape's CUDA graph (one process: no DDP)."""
-        self.graphs.zero_grad()
-        total = torch.zeros((), device=self.device)
-        for batch in batches:
-            total += self.graphs.run(batch, 1.0 / n_tgt_tokens)  # read before the next replay overwrites it
-        return total
+    def _run_graphed(self, batches: list[Batch], n_tgt_tokens: int, while_device_works: Callable[[], None] | None,
+                     stop_signal: int) -> StepResult:
+        """`run` on the GPU engine (one process: no DDP, no fp16 scaler): the whole update is
+        replayed, the skip of a non-finite one included; the host then reads the one flag, where
+        the eager step reads it, to count the step (and set the next rate) or report the skip."""
+        graphs = self.graphs
+        captured_before = graphs.capture_seconds
+        graphs.start_update()
+        for i, batch in enumerate(batches):
+            graphs.run(batch, n_tgt_tokens, last=i == len(batches) - 1)
+        loss, grad_norm = graphs.loss_sum.clone(), graphs.grad_norm.clone()  # the next update overwrites them
+        if while_device_works is not None:
+            while_device_works()
+        finite = not bool(graphs.nonfinite)
+        if finite:
+            self.state.step += 1
+            self.apply_settings()  # the next update's learning rate
+        return StepResult(loss, grad_norm, finite, stop_signal, graphs.capture_seconds - captured_before)
+
+    def engine_report(self) -> dict | None:
+        """What the GPU engine captured in this process (for summary.json); None without it."""
+        if self.graphs is None:
+            return None
+        return {"captured_shapes": len(self.graphs.captured), "capture_seconds": round(self.graphs.capture_seconds, 2)}
 
     def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         """Under DDP, gradients are all-reduced only in the backward of a step's last micro-batch."""

@@ -17,6 +17,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from transformer_mt.architectures import build_model as build_architecture
+from transformer_mt.batch_budget import resolve_batch_tokens
 from transformer_mt.config import Config, save_config
 from transformer_mt.distributed import Distributed
 from transformer_mt.errors import CheckpointError, ConfigError, TmtError, TrainingError, TrainingStopped, \
@@ -60,6 +61,10 @@ class Trainer:
         self.progress = progress and dist.is_main
         self.device = dist.local_device(pick_device(cfg.train.device))
         self.precision: Precision = pick_precision(cfg.train.precision, self.device)
+        cfg, budget_note = resolve_batch_tokens(cfg, self.device, self.precision, dist)  # `auto`: for this device
+        self.cfg = cfg
+        if budget_note and dist.is_main:
+            logger.info("%s", budget_note)
         if dist.is_main:  # decoding picks its attention kernels from decode.attention_backend; both warn here, once
             warn_if_bf16_emulated(self.precision, self.device)
             warn_attention_fallbacks(self.device, {"train.attention_backend": cfg.train.attention_backend,
@@ -93,7 +98,8 @@ class Trainer:
                                    pad_to_multiple=pad_to_multiple,
                                    progress=self.progress)
         self.status = RunStatus(cfg, run_dir, self.state, device=self.device, n_parameters=self.model.num_parameters(),
-                                data_report=self.data_report, dist=dist, config_dir=config_dir)
+                                data_report=self.data_report, dist=dist, config_dir=config_dir,
+                                engine_report=self.train_step.engine_report)
         self.peak_flops = peak_flops_per_s(self.device, self.precision.name)  # None: no MFU (CPU, unknown GPU)
         t = cfg.train
         if t.eval_every_steps % t.save_every_steps:
@@ -184,7 +190,7 @@ class Trainer:
         """An update's tokens into the run's total, and its tokens and FLOPs into the log interval."""
         self.state.tgt_tokens_seen += current.tgt_tokens
         flops = sum(self.model.train_flops(*self.train_data.lengths_of(i)) for i in current.indices)
-        interval.add(result.loss, current.micro_batches, flops)
+        interval.add(result.loss, current.micro_batches, flops, result.capture_seconds)
 
     def _after_step(self, writer: SummaryWriter, interval: IntervalMeter) -> bool:
         """Validate and save when due. True when training is over: `max_steps`, or early stopping."""
@@ -269,7 +275,9 @@ class Trainer:
             postfix["mem"] = f"{stats.peak_memory_mb / 1024:.1f}G"
         bar.set_postfix(postfix)
         extra = "".join([f", MFU {stats.mfu:.1%}" if stats.mfu is not None else "",
-                         f", peak memory {stats.peak_memory_mb:,.0f} MB" if stats.peak_memory_mb is not None else ""])
+                         f", peak memory {stats.peak_memory_mb:,.0f} MB" if stats.peak_memory_mb is not None else "",
+                         f"; {stats.capture_seconds:.1f}s capturing CUDA graphs, not counted in these rates"
+                         if stats.capture_seconds else ""])
         # Progress and time left on every line, for a log read under nohup or in CI (no bar there): at
         # the pace since this process started training, validations and checkpoints included.
         started, first_step = self._pace_from

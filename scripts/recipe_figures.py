@@ -1,0 +1,68 @@
+"""One JSON line of a training run's figures, from its summary.json and train.log: what issue 23
+asks of `configs/multi30k-en-de.yaml` (ms per update, seconds from the command to the test score,
+test BLEU). `scripts/gpu_session.sh` calls it after a training stage.
+
+    python scripts/recipe_figures.py RUN_DIR --label multi30k --stage-seconds 118 [--resumed]
+
+`ms_per_update`: the run's target tokens per update ÷ the median of the log lines' target
+tokens/s (which leave out validation, checkpoints and CUDA-graph capture), so the steady state.
+`end_to_end_s`: the stage's wall time from starting `tmt train` to its exit, which writes the
+test score last; only for a run that finished in one go (null after a resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+from pathlib import Path
+
+LOG_LINE = re.compile(r"^.*step (\d+)/\d+ .*?, (\d+) source and (\d+) target tokens/s(.*)$")
+
+
+def figures(run: Path, label: str, stage_seconds: float | None, resumed: bool) -> dict:
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    rates, mfus, captures = [], [], []
+    for line in (run / "train.log").read_text(encoding="utf-8").splitlines():
+        if match := LOG_LINE.match(line):
+            rates.append(int(match.group(3)))
+            if mfu := re.search(r"MFU ([\d.]+)%", match.group(4)):
+                mfus.append(float(mfu.group(1)) / 100)
+            if capture := re.search(r"; ([\d.]+)s capturing CUDA graphs", match.group(4)):
+                captures.append(float(capture.group(1)))
+    step = summary["step"]
+    tokens_per_update = summary["tgt_tokens_seen"] / step if step else None
+    rate = statistics.median(rates) if rates else None
+    test = summary.get("test") or {}
+    finished = summary["status"] == "finished"
+    return {
+        "figure": label, "commit": os.environ.get("COMMIT"), "status": summary["status"], "step": step,
+        "max_steps": summary["max_steps"], "resumed": resumed,
+        "end_to_end_s": round(stage_seconds, 1) if stage_seconds is not None and finished and not resumed else None,
+        "stage_s": stage_seconds, "train_seconds": summary["train_seconds"],
+        "ms_per_update": round(1000 * tokens_per_update / rate, 2) if rate and tokens_per_update else None,
+        "tgt_tokens_per_update": round(tokens_per_update, 1) if tokens_per_update else None,
+        "tgt_tokens_per_s_median": rate, "mfu_median": round(statistics.median(mfus), 4) if mfus else None,
+        "capture_seconds_logged": round(sum(captures), 2), "cuda_graphs": summary.get("cuda_graphs"),
+        "best_valid_bleu": summary["best_bleu"], "best_step": summary["best_step"],
+        "test_bleu": test.get("bleu"), "test_chrf": test.get("chrf"), "test_beam": test.get("beam_size"),
+        "test_seconds": test.get("seconds"), "device": (summary.get("provenance") or {}).get("device"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", type=Path, help="the run directory")
+    parser.add_argument("--label", default="recipe", help="the JSON line's `figure` name")
+    parser.add_argument("--stage-seconds", type=float, default=None, help="wall time of the training command")
+    parser.add_argument("--resumed", action="store_true", help="the command resumed an earlier start")
+    args = parser.parse_args(argv)
+    print(json.dumps(figures(args.run, args.label, args.stage_seconds, args.resumed)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,9 @@
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tests.beam_reference import reference_beam_search
 from transformer_mt.config import ModelConfig
 from transformer_mt.decoding import beam_search, greedy_decode
 from transformer_mt.model import Transformer
@@ -17,9 +20,9 @@ def random_model(seed: int) -> Transformer:
     return model
 
 
-def random_sources(seed: int, batch: int = 6, max_len: int = 9) -> torch.Tensor:
+def random_sources(seed: int, batch: int = 6, max_len: int = 9, min_len: int = 1) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, max_len, (batch,), generator=gen).tolist()
+    lengths = torch.randint(min_len, max_len, (batch,), generator=gen).tolist()
     rows = [torch.randint(4, V, (n,), generator=gen).tolist() + [EOS] for n in lengths]
     src = torch.full((batch, max(map(len, rows))), PAD)
     for i, row in enumerate(rows):
@@ -93,6 +96,44 @@ def test_beam_hypotheses_carry_their_true_log_probability_best_first(seed):
         for h in hyps:
             ended = len(h.ids) < limits[i]  # cut at the cap means no EOS was scored
             assert h.log_prob == pytest.approx(teacher_forced_log_prob(model, real, h.ids, ended), abs=1e-4)
+
+
+def assert_same_hypotheses(got, expected):
+    """The same n-best lists, token for token, with the same log-probs and scores up to rounding
+    (the reference drops finished sentences' rows, which changes the batch the products see)."""
+    assert [[h.ids for h in hyps] for hyps in got] == [[h.ids for h in hyps] for hyps in expected]
+    for hyps, reference in zip(got, expected):
+        for h, e in zip(hyps, reference):
+            assert h.log_prob == pytest.approx(e.log_prob, abs=1e-4)
+            assert h.score == pytest.approx(e.score, abs=1e-4)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 7), beam=st.integers(1, 6), data=st.data(),
+       alpha=st.sampled_from([0.0, 0.6, 1.0]), max_len_a=st.sampled_from([0.0, 0.5, 1.5]),
+       max_len_b=st.integers(1, 8), eos_bias=st.floats(-2.0, 4.0))
+def test_the_tensorised_beam_search_gives_the_reference_search_output(seed, batch, beam, data, alpha, max_len_a,
+                                                                       max_len_b, eos_bias):
+    model = random_model(seed % 1000)
+    with torch.no_grad():  # how soon sentences end: from almost never to almost at once
+        model.output_proj.weight[EOS] += eos_bias * model.output_proj.weight[EOS].sign()
+    src = random_sources(seed, batch=batch, max_len=data.draw(st.sampled_from([3, 9, 30]), label="max source length"))
+    settings_ = dict(bos_id=BOS, eos_id=EOS, beam_size=beam, max_len_a=max_len_a, max_len_b=max_len_b, alpha=alpha,
+                     n_best=data.draw(st.integers(1, beam), label="n_best"))
+    assert_same_hypotheses(beam_search(model, src, **settings_), reference_beam_search(model, src, **settings_))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_beam_search_of_sentences_of_very_different_lengths_gives_the_reference_output(seed, alpha):
+    model = random_model(seed)
+    short, long = random_sources(seed, batch=3, max_len=4), random_sources(seed + 1, batch=3, max_len=40, min_len=30)
+    src = torch.full((6, long.shape[1]), PAD)
+    src[:3, :short.shape[1]], src[3:] = short, long
+    settings_ = dict(bos_id=BOS, eos_id=EOS, beam_size=5, max_len_a=1.0, max_len_b=3, alpha=alpha, n_best=3)
+    expected = reference_beam_search(model, src, **settings_)
+    assert_same_hypotheses(beam_search(model, src, **settings_), expected)
+    assert len({len(hyps[0].ids) for hyps in expected}) > 2
 
 
 def test_wider_beams_find_at_least_as_likely_single_best_without_length_penalty():

@@ -173,3 +173,39 @@ def test_fixed_shape_greedy_steps_give_greedy_decodings_output(seed):
     got = static_greedy_decode(model, src, capture=False, **settings)  # the steps a CUDA graph replays
     assert got == expected
     assert len({len(ids) for ids in expected}) > 1  # sentences ended at different steps
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 6), beam=st.integers(1, 5), data=st.data(),
+       alpha=st.sampled_from([0.0, 1.0]), max_len_b=st.integers(1, 8))
+def test_fixed_shape_beam_steps_give_beam_searchs_output(seed, batch, beam, data, alpha, max_len_b):
+    from transformer_mt.graph_decoding import static_beam_search
+
+    model, src = random_model(seed % 1000), random_sources(seed, batch=batch, max_len=20)
+    settings_ = dict(bos_id=BOS, eos_id=EOS, beam_size=beam, max_len_a=1.5, max_len_b=max_len_b, alpha=alpha,
+                     n_best=data.draw(st.integers(1, beam), label="n_best"))
+    expected = beam_search(model, src, **settings_)
+    check_every = data.draw(st.sampled_from([1, 3, 8]), label="check_every")  # steps past the end change nothing
+    assert_same_hypotheses(static_beam_search(model, src, capture=False, check_every=check_every, **settings_),
+                           expected)
+
+
+def test_beam_search_decodes_every_row_of_the_batch_until_the_end():
+    # Fixed shapes: the B·K rows stay through the search (a CUDA graph replays one shape); the
+    # sentences that finish early are computed and ignored, where the reference drops their rows,
+    # and both stop at the step where the last sentence is done.
+    model, src = random_model(3), random_sources(3)
+    settings_ = dict(bos_id=BOS, eos_id=EOS, beam_size=4, max_len_a=1.5, max_len_b=4)
+
+    def rows_per_step(search) -> list[int]:
+        rows = []
+        hook = model.output_proj.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[0]))
+        try:
+            search(model, src, **settings_)
+        finally:
+            hook.remove()
+        return rows
+
+    fixed, shrinking = rows_per_step(beam_search), rows_per_step(reference_beam_search)
+    assert fixed == [src.shape[0] * 4] * len(shrinking)
+    assert shrinking[-1] < shrinking[0]  # sentences did finish at different steps

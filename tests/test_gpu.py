@@ -230,3 +230,21 @@ def test_greedy_decoding_replayed_from_a_cuda_graph_gives_the_eager_output():
         model, src = random_model(seed).to(DEVICE), random_sources(seed).to(DEVICE)
         expected = greedy_decode(model, src, **settings)
         assert static_greedy_decode(model, src, capture=DEVICE == "cuda", **settings) == expected
+
+
+def test_beam_search_replayed_from_a_cuda_graph_gives_the_eager_output():
+    from tests.test_decoding import assert_same_hypotheses
+    from transformer_mt.graph_decoding import static_beam_search
+
+    for seed in range(3):
+        model, src = random_model(seed).to(DEVICE), random_sources(seed, batch=5, max_len=20).to(DEVICE)
+        for alpha, beam, n_best in [(0.0, 4, 2), (1.0, 5, 5), (0.6, 1, 1)]:
+            settings = {"bos_id": BOS, "eos_id": EOS, "beam_size": beam, "max_len_a": 1.5, "max_len_b": 5,
+                        "alpha": alpha, "n_best": n_best}
+            expected = beam_search(model, src, **settings)
+            assert_same_hypotheses(static_beam_search(model, src, capture=DEVICE == "cuda", **settings), expected)
+            if DEVICE == "cuda":  # under bf16 autocast, as `translate_ids` runs it there
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    mixed = static_beam_search(model, src, capture=True, **settings)
+                    eager = beam_search(model, src, **settings)
+                assert [[h.ids for h in hyps] for hyps in mixed] == [[h.ids for h in hyps] for hyps in eager]

@@ -1,30 +1,33 @@
-"""Greedy decoding on a GPU with a fixed-shape decoder step replayed as a CUDA graph.
+"""Greedy and beam search on a GPU with a fixed-shape decoder step replayed as a CUDA graph.
 
-`decoding.greedy_decode` runs the decoder on one new position per step with a cache that grows,
-so every step has new shapes and costs a few hundred kernel launches from the host: for a small
-model the host sets the pace (docs/benchmarks.md, "GPU"). Here the keys and values live in
-buffers of the batch's whole length cap, attention masks the positions not written yet, and the
-step (embedding, layers, output projection, the argmax and the bookkeeping of finished
-sentences) reads its position from a device tensor: every step has the same shapes, so it is
-captured once per batch and replayed. It gives `greedy_decode`'s output (tested); chosen by
-`evaluation.translate_ids` on CUDA with `decode.cuda_graphs`.
+`decoding.greedy_decode` and `decoding.beam_search` run the decoder on one new position per step
+with a cache that grows, so every step has new shapes and costs a few hundred kernel launches
+from the host: for a small model the host sets the pace (docs/benchmarks.md, "GPU"). Here the
+keys and values live in buffers of the batch's whole length cap, attention masks the positions
+not written yet, and the step (embedding, layers, output projection, then greedy's argmax or
+beam search's `decoding.advance_beams`, and the cache's reordering) reads its position from a
+device tensor: every step has the same shapes, so it is captured once per batch and replayed.
+Each gives its eager counterpart's output (tested); chosen by `evaluation` on CUDA with
+`decode.cuda_graphs`.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from transformer_mt.batching import round_up
-from transformer_mt.decoding import max_target_lengths, strip_generated
+from transformer_mt.decoding import (Hypothesis, advance_beams, finished_hypotheses, max_target_lengths,
+                                     new_beam_state, strip_generated)
 from transformer_mt.model import Transformer
 
 
 @dataclass
-class _State:
-    """Every tensor a step reads or writes; their shapes never change during a batch."""
+class StaticCache:
+    """The decoder's source-side tensors and key/value buffers; their shapes never change."""
 
     memory_mask: torch.Tensor  # (N, S) bool, True = real source token
     cross_k: list[torch.Tensor]  # per layer (N, H, S, Dh), from the memory once
@@ -32,56 +35,58 @@ class _State:
     self_k: list[torch.Tensor]  # per layer (N, H, C, Dh), written one position per step
     self_v: list[torch.Tensor]
     written: torch.Tensor  # (1, C) bool: the positions written so far, the only ones attended to
-    position: torch.Tensor  # (1,) long: the position this step writes
-    tokens: torch.Tensor  # (N, C + 1) long: BOS, then the generated ids (pad after a sentence ends)
-    finished: torch.Tensor  # (N,) bool
-    limits: torch.Tensor  # (N,) long: each sentence's cap on generated tokens
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Row i of the self-attention buffers becomes row rows[i] (N,), in place: beams of one
+        sentence trade places, so the source side stays."""
+        for buffer in self.self_k + self.self_v:
+            buffer.copy_(buffer.index_select(0, rows))
 
 
-def _new_state(model: Transformer, src_ids: torch.Tensor, capacity: int, limits: torch.Tensor,
-               bos_id: int) -> _State:
-    pad_id, device = model.pad_id, src_ids.device
-    src_mask = src_ids != pad_id  # (N, S)
-    memory = model.encode(src_ids, src_mask)  # (N, S, D)
-    cross = [layer.cross_attn.project_kv(memory) for layer in model.decoder_layers]  # (N, H, S, Dh) each
+def _new_cache(model: Transformer, src_ids: torch.Tensor, capacity: int, beams: int = 1) -> StaticCache:
+    """Encode src_ids (B, S) once; each sentence gets `beams` neighbouring rows (N = B·beams)."""
+    src_mask = src_ids != model.pad_id  # (B, S)
+    memory = model.encode(src_ids, src_mask)  # (B, S, D)
+    cross = [[t.repeat_interleave(beams, dim=0) for t in layer.cross_attn.project_kv(memory)]
+             for layer in model.decoder_layers]  # (N, H, S, Dh) each
     N, H, _, Dh = cross[0][0].shape
     empty = lambda: cross[0][0].new_zeros(N, H, capacity, Dh)  # noqa: E731  (the projections' dtype: bf16 under autocast)
-    tokens = torch.full((N, capacity + 1), pad_id, dtype=torch.long, device=device)
-    tokens[:, 0] = bos_id
-    return _State(src_mask, [k for k, _ in cross], [v for _, v in cross], [empty() for _ in cross],
-                  [empty() for _ in cross], torch.zeros(1, capacity, dtype=torch.bool, device=device),
-                  torch.zeros(1, dtype=torch.long, device=device), tokens,
-                  torch.zeros(N, dtype=torch.bool, device=device), limits)
+    return StaticCache(src_mask.repeat_interleave(beams, dim=0), [k for k, _ in cross], [v for _, v in cross],
+                       [empty() for _ in cross], [empty() for _ in cross],
+                       torch.zeros(1, capacity, dtype=torch.bool, device=src_ids.device))
 
 
-def _step(model: Transformer, s: _State, bos_id: int, eos_id: int) -> None:
-    """Decode the position `s.position` of every row and write its token; all shapes fixed."""
-    pad_id = model.pad_id
-    ids = s.tokens.gather(1, s.position.expand(s.tokens.shape[0])[:, None])  # (N, 1): the input token
-    position_code = model.positions.index_select(0, s.position).to(model.tgt_embed.weight.dtype)  # (1, D)
+def _logits(model: Transformer, c: StaticCache, tokens: torch.Tensor, position: torch.Tensor,
+            bos_id: int) -> torch.Tensor:
+    """fp32 logits (N, V) of the position `position` (1,) long, whose input is tokens[:, position]
+    (tokens (N, C + 1) long); writes that position's keys and values. Padding and BOS are ruled out."""
+    ids = tokens.gather(1, position.expand(tokens.shape[0])[:, None])  # (N, 1): the input token
+    position_code = model.positions.index_select(0, position).to(model.tgt_embed.weight.dtype)  # (1, D)
     y = model.embed_dropout(model.tgt_embed(ids) * model.embed_scale + position_code)  # (N, 1, D)
-    s.written.index_fill_(1, s.position, True)
+    c.written.index_fill_(1, position, True)
     for i, layer in enumerate(model.decoder_layers):
-        y = layer.self_block(y, lambda h: _self_attention(layer.self_attn, h, s, i))
+        y = layer.self_block(y, lambda h: _self_attention(layer.self_attn, h, c, i, position))
         y = layer.cross_block(y, lambda h: layer.cross_attn.attend(
-            *layer.cross_attn.split_heads(layer.cross_attn.q_proj(h)), s.cross_k[i], s.cross_v[i], s.memory_mask))
+            *layer.cross_attn.split_heads(layer.cross_attn.q_proj(h)), c.cross_k[i], c.cross_v[i], c.memory_mask))
         y = layer.ffn_block(y, layer.ffn)
     y = model.decoder_norm(y)
     with torch.autocast(device_type=y.device.type, enabled=False):  # rank tokens on fp32 logits, as decode does
         logits = model.output_proj(y.float())[:, 0, :]  # (N, V)
-    logits[:, pad_id] = torch.finfo(logits.dtype).min  # never padding or a second BOS
+    logits[:, model.pad_id] = torch.finfo(logits.dtype).min  # never padding or a second BOS
     logits[:, bos_id] = torch.finfo(logits.dtype).min
-    next_ids = logits.max(dim=-1).indices.masked_fill(s.finished, pad_id)  # (N,) first index among ties
-    s.tokens.index_copy_(1, s.position + 1, next_ids[:, None])
-    s.position += 1
-    s.finished |= (next_ids == eos_id) | (s.position >= s.limits)
+    return logits
 
 
-def _self_attention(attention, h: torch.Tensor, s: _State, layer: int) -> torch.Tensor:
+def _self_attention(attention, h: torch.Tensor, c: StaticCache, layer: int, position: torch.Tensor) -> torch.Tensor:
     q, k, v = attention.project(h)  # (N, H, 1, Dh) each
-    s.self_k[layer].index_copy_(2, s.position, k)
-    s.self_v[layer].index_copy_(2, s.position, v)
-    return attention.attend(q, s.self_k[layer], s.self_v[layer], s.written)  # over the written positions
+    c.self_k[layer].index_copy_(2, position, k)
+    c.self_v[layer].index_copy_(2, position, v)
+    return attention.attend(q, c.self_k[layer], c.self_v[layer], c.written)  # over the written positions
+
+
+def _capacity(model: Transformer, max_steps: int) -> int:
+    # The position table bounds the capacity; rounding up lets batches of similar caps share shapes.
+    return min(round_up(max_steps, 8), model.cfg.max_len)
 
 
 @torch.inference_mode()
@@ -91,40 +96,87 @@ def static_greedy_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: i
     (else they run eagerly: the same computation, for a CPU test). src_ids (N, S) long -> N
     lists of generated ids without BOS and EOS. The host checks whether every sentence has
     finished every `check_every` steps (a sync); the steps in between are queued."""
-    src_mask = src_ids != model.pad_id
-    limits = max_target_lengths(src_mask, max_len_a, max_len_b, model.cfg.max_len)  # (N,)
+    pad_id, device = model.pad_id, src_ids.device
+    limits = max_target_lengths(src_ids != pad_id, max_len_a, max_len_b, model.cfg.max_len)  # (N,)
     max_steps = int(limits.max())
-    # The position table bounds the capacity; rounding up lets batches of similar caps share shapes.
-    capacity = min(round_up(max_steps, 8), model.cfg.max_len)
-    s = _new_state(model, src_ids, capacity, limits, bos_id)
-    step = lambda: _step(model, s, bos_id, eos_id)  # noqa: E731
-    done = 0
+    capacity = _capacity(model, max_steps)
+    c = _new_cache(model, src_ids, capacity)
+    tokens = torch.full((src_ids.shape[0], capacity + 1), pad_id, dtype=torch.long, device=device)  # BOS + generated
+    tokens[:, 0] = bos_id
+    position = torch.zeros(1, dtype=torch.long, device=device)  # the position a step writes
+    finished = torch.zeros(src_ids.shape[0], dtype=torch.bool, device=device)
+
+    def step() -> None:
+        next_ids = _logits(model, c, tokens, position, bos_id).max(dim=-1).indices  # (N,) first index among ties
+        next_ids = next_ids.masked_fill(finished, pad_id)
+        tokens.index_copy_(1, position + 1, next_ids[:, None])
+        position.add_(1)
+        finished.logical_or_(next_ids == eos_id).logical_or_(position >= limits)
+
+    _run_steps(step, max_steps, finished, [c.written, position, tokens, finished], capture, device.type, check_every)
+    return [strip_generated(row, eos_id, pad_id) for row in tokens[:, 1:].tolist()]
+
+
+@torch.inference_mode()
+def static_beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_id: int, beam_size: int,
+                       max_len_a: float, max_len_b: int, alpha: float = 0.6, n_best: int = 1, capture: bool,
+                       check_every: int = 8) -> list[list[Hypothesis]]:
+    """`decoding.beam_search` with fixed-shape steps over all B·K rows; `capture` replays them from
+    a CUDA graph (else they run eagerly, for a CPU test). src_ids (B, S) long -> for each sentence
+    its `n_best` hypotheses, best first. The host checks whether every sentence is done every
+    `check_every` steps; a done sentence's rows are computed and ignored until then."""
+    if not 1 <= n_best <= beam_size:
+        raise ValueError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
+    pad_id = model.pad_id
+    limits = max_target_lengths(src_ids != pad_id, max_len_a, max_len_b, model.cfg.max_len)  # (B,)
+    max_steps = int(limits.max())
+    capacity = _capacity(model, max_steps)
+    c = _new_cache(model, src_ids, capacity, beams=beam_size)
+    s = new_beam_state(limits, beam_size, n_best, capacity, bos_id=bos_id, pad_id=pad_id, alpha=alpha)
+
+    def step() -> None:
+        logits = _logits(model, c, s.tokens, s.position, bos_id)  # (B·K, V)
+        c.reorder(advance_beams(s, torch.log_softmax(logits, dim=-1), eos_id))
+
+    state = [c.written, s.tokens, s.scores, s.position, s.done, s.count, s.best_tokens, s.best_log_probs,
+             s.best_scores]
+    _run_steps(step, max_steps, s.done, state, capture, src_ids.device.type, check_every)
+    return finished_hypotheses(s, eos_id, pad_id)
+
+
+def _run_steps(step: Callable[[], None], max_steps: int, finished: torch.Tensor, state: list[torch.Tensor],
+               capture: bool, device_type: str, check_every: int) -> None:
+    """Run `step` up to `max_steps` times, stopping early once `finished` (bool) is all true (read
+    every `check_every` steps). With `capture`, the first step is captured as a CUDA graph and
+    the rest replay it; `state` lists the tensors a step changes other than the caches' keys and
+    values, which the capture's warm-up run must leave as it found them."""
     # Autocast's cache of cast weights must not be filled while a graph is captured.
-    device_type = src_ids.device.type
     no_cast_cache = (torch.autocast(device_type, dtype=torch.get_autocast_dtype(device_type), cache_enabled=False)
                      if capture and torch.is_autocast_enabled(device_type) else contextlib.nullcontext())
+    done = 0
     with no_cast_cache:
         if capture:
-            step, done = _captured(step, s), 1  # capturing ran the first step once, for real
+            step, done = _captured(step, state), 1  # capturing ran the first step once, for real
         while done < max_steps:
             step()
             done += 1
-            if done % check_every == 0 and bool(s.finished.all()):
+            if done % check_every == 0 and bool(finished.all()):
                 break
-    return [strip_generated(row, eos_id, model.pad_id) for row in s.tokens[:, 1:].tolist()]
 
 
-def _captured(step, s: _State):
+def _captured(step: Callable[[], None], state: list[torch.Tensor]) -> Callable[[], None]:
     """Run `step` once eagerly on a side stream (cuBLAS and allocator warm-up, which a capture may
-    not do), undo what it wrote, capture it, then replay the capture for the real first step."""
-    saved = [t.clone() for t in (s.written, s.position, s.tokens, s.finished)]
+    not do), undo what it wrote to `state`, capture it, then replay the capture for the real first
+    step. The first step's keys and values it leaves in the caches are rewritten by the replay; a
+    beam search's reordering of them moves rows among identical beams (all start from BOS)."""
+    saved = [t.clone() for t in state]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         step()
     torch.cuda.current_stream().wait_stream(side)
-    for tensor, before in zip((s.written, s.position, s.tokens, s.finished), saved):
-        tensor.copy_(before)  # the caches hold that step's keys and values: the replay rewrites the same
+    for tensor, before in zip(state, saved):
+        tensor.copy_(before)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()

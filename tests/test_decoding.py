@@ -209,3 +209,13 @@ def test_beam_search_decodes_every_row_of_the_batch_until_the_end():
     fixed, shrinking = rows_per_step(beam_search), rows_per_step(reference_beam_search)
     assert fixed == [src.shape[0] * 4] * len(shrinking)
     assert shrinking[-1] < shrinking[0]  # sentences did finish at different steps
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.lists(st.sampled_from([float("-inf"), -3.0, -1.5, -1.0, 0.0, 2.0]), min_size=1, max_size=9),
+                     min_size=1, max_size=4).filter(lambda rows: len({len(r) for r in rows}) == 1))
+def test_stable_descending_order_sorts_as_python_sorted_does(rows):
+    from transformer_mt.decoding import stable_descending_order
+
+    order = stable_descending_order(torch.tensor(rows, dtype=torch.float64)).tolist()
+    assert order == [sorted(range(len(row)), key=lambda i: row[i], reverse=True) for row in rows]

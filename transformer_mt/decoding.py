@@ -144,8 +144,7 @@ def advance_beams(s: BeamState, log_probs: torch.Tensor, eos_id: int) -> torch.T
     cand_beam, cand_token = cand_flat // V, cand_flat % V  # (B, 2K) each
     first_row = torch.arange(0, BK, K, device=log_probs.device)[:, None]  # (B, 1)
 
-    # Set aside the top K candidates that end, into the M best finished (a stable sort keeps the
-    # earlier of equal scores first, as sorting the plain search's list of hypotheses does).
+    # Set aside the top K candidates that end, into the M best finished.
     at_cap = s.position + 1 >= s.limits  # (B,)
     top_scores = cand_scores[:, :K]
     ends = ((cand_token[:, :K] == eos_id) | at_cap[:, None]) & (top_scores > float("-inf")) & ~s.done[:, None]
@@ -154,7 +153,7 @@ def advance_beams(s: BeamState, log_probs: torch.Tensor, eos_id: int) -> torch.T
     new_tokens = s.tokens.index_select(0, (first_row + cand_beam[:, :K]).flatten())[:, 1:].view(B, K, C)
     new_tokens.index_copy_(2, s.position, cand_token[:, :K, None])  # the EOS, or the last token at the cap
     pool_scores = torch.cat([s.best_scores, new_scores], dim=1)  # (B, M + K)
-    keep = pool_scores.sort(dim=1, descending=True, stable=True).indices[:, :M]  # (B, M)
+    keep = stable_descending_order(pool_scores)[:, :M]  # (B, M)
     s.best_scores.copy_(pool_scores.gather(1, keep))
     s.best_log_probs.copy_(torch.cat([s.best_log_probs, top_scores], dim=1).gather(1, keep))
     s.best_tokens.copy_(torch.cat([s.best_tokens, new_tokens], dim=1).gather(1, keep[:, :, None].expand(B, M, C)))
@@ -170,6 +169,17 @@ def advance_beams(s: BeamState, log_probs: torch.Tensor, eos_id: int) -> torch.T
     s.scores.copy_(live_scores.flatten())
     s.position += 1
     return rows
+
+
+def stable_descending_order(scores: torch.Tensor) -> torch.Tensor:
+    """The indices that sort each row of scores (B, P) best first, the earlier of equal scores first
+    (as Python's `sorted` keeps them) -> (B, P) long. Counted by comparing all pairs, for the few
+    hypotheses of a beam: no `torch.sort`, whose stable CUDA kernels may not be captured in a graph."""
+    P = scores.shape[1]
+    earlier = torch.ones(P, P, dtype=torch.bool, device=scores.device).tril(-1)  # [i, j]: j comes before i
+    ahead = (scores[:, None, :] > scores[:, :, None]) | ((scores[:, None, :] == scores[:, :, None]) & earlier)
+    rank = ahead.sum(dim=2)  # (B, P): how many go before each; a permutation of 0..P-1
+    return torch.empty_like(rank).scatter_(1, rank, torch.arange(P, device=scores.device).expand_as(rank))
 
 
 def finished_hypotheses(s: BeamState, eos_id: int, pad_id: int) -> list[list[Hypothesis]]:

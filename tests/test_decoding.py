@@ -219,3 +219,28 @@ def test_stable_descending_order_sorts_as_python_sorted_does(rows):
 
     order = stable_descending_order(torch.tensor(rows, dtype=torch.float64)).tolist()
     assert order == [sorted(range(len(row)), key=lambda i: row[i], reverse=True) for row in rows]
+
+
+def test_batches_of_one_padded_shape_reuse_one_set_of_step_buffers_with_the_same_output():
+    # What a CUDA graph replays for every batch of its bucket, run eagerly: batches of 5-8
+    # sentences and 6-8 source tokens pad to one shape (8 sentences, 8 tokens), the next to another.
+    from transformer_mt.graph_decoding import StepGraphs, static_beam_search, static_greedy_decode
+
+    model = random_model(5)
+    batches = [random_sources(seed, batch=batch, max_len=max_len, min_len=3)
+               for seed, batch, max_len in [(0, 5, 8), (1, 8, 8), (2, 7, 6), (3, 9, 8), (4, 6, 20)]]
+    assert [tuple(b.shape) for b in batches][:3] == [(5, 8), (8, 8), (7, 6)]  # one bucket
+    greedy_settings = {"bos_id": BOS, "eos_id": EOS, "max_len_a": 1.5, "max_len_b": 5}
+    beam_settings = dict(greedy_settings, beam_size=3, n_best=2, alpha=1.0)
+    for search, expected, settings_ in [(static_greedy_decode, greedy_decode, greedy_settings),
+                                        (static_beam_search, beam_search, beam_settings)]:
+        graphs, states = StepGraphs(), []
+        for src in batches:
+            got = search(model, src, capture=False, graphs=graphs, **settings_)
+            states.append(next(iter(graphs.captured.values()))[0])
+            if search is static_greedy_decode:
+                assert got == expected(model, src, **settings_)
+            else:
+                assert_same_hypotheses(got, expected(model, src, **settings_))
+        assert states[0] is states[1] is states[2]  # the first batch's buffers, reused
+        assert states[3] is not states[2] and states[4] is not states[3]  # 9 sentences; 19 tokens

@@ -190,10 +190,12 @@ def test_fixed_shape_beam_steps_give_beam_searchs_output(seed, batch, beam, data
                            expected)
 
 
-def test_beam_search_decodes_every_row_of_the_batch_until_the_end():
-    # Fixed shapes: the B·K rows stay through the search (a CUDA graph replays one shape); the
-    # sentences that finish early are computed and ignored, where the reference drops their rows,
-    # and both stop at the step where the last sentence is done.
+def test_beam_search_drops_done_sentences_and_the_fixed_shape_steps_keep_every_row():
+    # The eager search drops a sentence's rows at the step it is done, as the reference does; the
+    # fixed-shape steps (what a CUDA graph replays) keep all B·K rows, computing the done ones'
+    # and ignoring them; all stop at the step where the last sentence is done.
+    from transformer_mt.graph_decoding import static_beam_search
+
     model, src = random_model(3), random_sources(3)
     settings_ = dict(bos_id=BOS, eos_id=EOS, beam_size=4, max_len_a=1.5, max_len_b=4)
 
@@ -206,9 +208,11 @@ def test_beam_search_decodes_every_row_of_the_batch_until_the_end():
             hook.remove()
         return rows
 
-    fixed, shrinking = rows_per_step(beam_search), rows_per_step(reference_beam_search)
-    assert fixed == [src.shape[0] * 4] * len(shrinking)
+    shrinking = rows_per_step(reference_beam_search)
     assert shrinking[-1] < shrinking[0]  # sentences did finish at different steps
+    assert rows_per_step(beam_search) == shrinking
+    fixed = rows_per_step(lambda *args, **kwargs: static_beam_search(*args, capture=False, check_every=1, **kwargs))
+    assert fixed == [src.shape[0] * 4] * len(shrinking)
 
 
 @settings(max_examples=200, deadline=None)

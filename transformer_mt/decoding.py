@@ -86,11 +86,11 @@ class Hypothesis:
 
 @dataclass
 class BeamState:
-    """A beam search over B sentences × K beams (row b·K + k is beam k of sentence b) in tensors
-    whose shapes never change during the search: the live beams, each sentence's M best finished
-    hypotheses, and which sentences are done. `advance_beams` updates it in place, with no Python
-    loop over sentences or hypotheses and nothing read back to the host, so a step can be
-    replayed from a CUDA graph (`graph_beam.py`)."""
+    """A beam search over B sentences × K beams (row b·K + k is beam k of sentence b) in tensors of
+    fixed size: the live beams, each sentence's M best finished hypotheses, and which sentences
+    are done. `advance_beams` updates it in place, with no Python loop over sentences or
+    hypotheses and nothing read back to the host, so a step can be replayed from a CUDA graph
+    (`graph_decoding.py`); `select` keeps some sentences, for the eager search."""
 
     tokens: torch.Tensor  # (B·K, C + 1) long: BOS, then each live beam's tokens; pad beyond
     scores: torch.Tensor  # (B·K,) fp32: each live beam's summed log-probability
@@ -140,9 +140,10 @@ def advance_beams(s: BeamState, log_probs: torch.Tensor, eos_id: int) -> torch.T
     penalty (tokens incl. EOS, α), into the M best finished; the K best that do not end become
     the live beams. A sentence is done once it has K finished hypotheses, or M that no live beam
     can still beat (log-probs only fall, so a live beam's best reachable score is its log-prob
-    over the penalty at its length cap), or reaches its cap; a done sentence's beams go on being
-    computed, and ignored. Returns the rows (B·K,) long the new beams continue, for the caller
-    to reorder its key/value cache with: beams move only within their sentence.
+    over the penalty at its length cap), or reaches its cap; a done sentence sets nothing more
+    aside, whether its rows are dropped or computed and ignored. Returns the rows (B·K,) long the
+    new beams continue, for the caller to reorder its key/value cache with: beams move only
+    within their sentence.
     """
     BK, V = log_probs.shape
     B, M, C = s.best_tokens.shape

@@ -32,15 +32,15 @@ class StaticCache:
     memory_mask: torch.Tensor  # (N, S) bool, True = real source token
     cross_k: list[torch.Tensor]  # per layer (N, H, S, Dh), from the memory once
     cross_v: list[torch.Tensor]
-    self_k: list[torch.Tensor]  # per layer (N, H, C, Dh), written one position per step
-    self_v: list[torch.Tensor]
+    # (2, L, N, H, C, Dh): every layer's self-attention keys, then values, written one position
+    # per step; one tensor, so that a beam step reorders them all with one gather and one copy.
+    self_kv: torch.Tensor
     written: torch.Tensor  # (1, C) bool: the positions written so far, the only ones attended to
 
     def reorder(self, rows: torch.Tensor) -> None:
         """Row i of the self-attention buffers becomes row rows[i] (N,), in place: beams of one
         sentence trade places, so the source side stays."""
-        for buffer in self.self_k + self.self_v:
-            buffer.copy_(buffer.index_select(0, rows))
+        self.self_kv.copy_(self.self_kv.index_select(2, rows))
 
 
 def _new_cache(model: Transformer, src_ids: torch.Tensor, capacity: int, beams: int = 1) -> StaticCache:
@@ -50,10 +50,9 @@ def _new_cache(model: Transformer, src_ids: torch.Tensor, capacity: int, beams: 
     cross = [[t.repeat_interleave(beams, dim=0) for t in layer.cross_attn.project_kv(memory)]
              for layer in model.decoder_layers]  # (N, H, S, Dh) each
     N, H, _, Dh = cross[0][0].shape
-    empty = lambda: cross[0][0].new_zeros(N, H, capacity, Dh)  # noqa: E731  (the projections' dtype: bf16 under autocast)
+    self_kv = cross[0][0].new_zeros(2, len(cross), N, H, capacity, Dh)  # the projections' dtype: bf16 under autocast
     return StaticCache(src_mask.repeat_interleave(beams, dim=0), [k for k, _ in cross], [v for _, v in cross],
-                       [empty() for _ in cross], [empty() for _ in cross],
-                       torch.zeros(1, capacity, dtype=torch.bool, device=src_ids.device))
+                       self_kv, torch.zeros(1, capacity, dtype=torch.bool, device=src_ids.device))
 
 
 def _logits(model: Transformer, c: StaticCache, tokens: torch.Tensor, position: torch.Tensor,
@@ -79,9 +78,10 @@ def _logits(model: Transformer, c: StaticCache, tokens: torch.Tensor, position: 
 
 def _self_attention(attention, h: torch.Tensor, c: StaticCache, layer: int, position: torch.Tensor) -> torch.Tensor:
     q, k, v = attention.project(h)  # (N, H, 1, Dh) each
-    c.self_k[layer].index_copy_(2, position, k)
-    c.self_v[layer].index_copy_(2, position, v)
-    return attention.attend(q, c.self_k[layer], c.self_v[layer], c.written)  # over the written positions
+    keys, values = c.self_kv[0, layer], c.self_kv[1, layer]  # (N, H, C, Dh) each
+    keys.index_copy_(2, position, k)
+    values.index_copy_(2, position, v)
+    return attention.attend(q, keys, values, c.written)  # over the written positions
 
 
 def _capacity(model: Transformer, max_steps: int) -> int:

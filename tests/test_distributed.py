@@ -165,10 +165,10 @@ def test_a_ddp_step_equals_one_process_on_the_union_of_the_ranks_batches(tmp_pat
 
 
 def test_ddp_stopped_by_sigterm_resumes_to_the_uninterrupted_result(tmp_path: Path):
-    # Dropout on: each rank's own random stream must be saved and restored.
+    # Dropout on: each rank's own random stream must be saved and restored; so must the EMA.
     steps = 30
     config = write_config(tmp_path, "ddp.yaml", max_steps=steps, eval_every_steps=steps, save_every_steps=2,
-                          log_every_steps=1, keep_last=100)
+                          log_every_steps=1, keep_last=100, ema_decay=0.9)
     straight = torchrun(config, tmp_path / "straight")
     assert straight.returncode == 0, straight.stderr[-3000:]
 
@@ -191,6 +191,8 @@ def test_ddp_stopped_by_sigterm_resumes_to_the_uninterrupted_result(tmp_path: Pa
     a, b = (load_checkpoint(d / "checkpoints" / final) for d in (tmp_path / "straight", run))
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
+        assert torch.equal(a["ema"]["model"][name], b["ema"]["model"][name]), name
+    assert a["ema"]["updates"] == b["ema"]["updates"] == steps
     expected, got = read_scalars(tmp_path / "straight", "train/loss"), read_scalars(run, "train/loss")
     for step in range(stopped_at + 1, steps + 1):
         assert abs(got[step] - expected[step]) < 1e-6, step

@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 
 from tests.conftest import TINY_PAIRS, tiny_config
 from transformer_mt.batching import pad_sequences
-from transformer_mt.checkpoint import FORMAT_VERSION, save_atomic
+from transformer_mt.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
 from transformer_mt.config import config_to_dict
 from transformer_mt.decoding import greedy_decode
 from transformer_mt.errors import TmtError, UsageError
@@ -135,6 +135,22 @@ def test_ctranslate2_scores_equal_tmt_log_probs(ct2, tmp_path: Path, norm: str, 
     for row, result in enumerate(results):
         n = len(targets[row]) + 1  # target tokens and EOS
         assert result.log_probs == pytest.approx(log_probs[row, :n].tolist(), abs=1e-4)
+
+
+def test_a_checkpoint_with_an_ema_exports_its_ema_weights(ct2, tmp_path: Path):
+    model, tokenizers = make_run(tmp_path / "run", "pre", True)
+    best = tmp_path / "run" / "checkpoints" / "best.pt"
+    state = load_checkpoint(best)
+    # The briefly trained weights as the EMA (train.ema_decay), zeros as the trained weights.
+    state["ema"] = {"decay": 0.9, "updates": 20, "model": state["model"]}
+    state["model"] = {name: torch.zeros_like(tensor) for name, tensor in state["model"].items()}
+    save_atomic(state, best)
+    export_ctranslate2(tmp_path / "run", tmp_path / "ct2")
+
+    src_ids, _, _ = encode_pairs(tokenizers)
+    expected = greedy_decode(model, src_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=0, max_len_b=MAX_TOKENS)
+    assert len({tuple(ids) for ids in expected}) > 1  # zero weights would give every sentence one output
+    assert ct2_greedy(ct2, tmp_path / "ct2", tokenizers) == expected
 
 
 def test_int8_export_is_smaller_and_translates(ct2, tmp_path: Path):

@@ -314,8 +314,9 @@ def test_a_checkpoint_from_before_a_config_key_existed_resumes_with_its_default(
     path = run / "checkpoints" / "step_00000003.pt"
     ckpt = load_checkpoint(path)
     for section, key in (("train", "lr_schedule"), ("train", "min_lr"), ("model", "encoder_layers"),
-                         ("model", "decoder_layers")):
+                         ("model", "decoder_layers"), ("train", "ema_decay"), ("train", "init_from")):
         del ckpt["config"][section][key]  # as an older tmt wrote it
+    del ckpt["train_state"]["parent"]
     save_atomic(ckpt, path)
     trainer = Trainer(tiny_config(tiny_corpus, train={"max_steps": 6}), run, progress=False)
     with caplog.at_level("INFO", logger="transformer_mt"):

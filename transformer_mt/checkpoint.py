@@ -2,7 +2,8 @@
 
 A checkpoint is one dict of tensors and plain containers (loadable with `weights_only=True`)
 with fixed keys: model, optimizer, scheduler, scaler, train_state, sampler, rng, config,
-model_args, tokenizers (a fingerprint; absent from older checkpoints), format_version. Every
+model_args, tokenizers (a fingerprint; absent from older checkpoints), format_version, and
+`ema` when the run keeps an EMA of its weights (`ema.WeightEMA.state_dict`). Every
 reader goes through `load_checkpoint`, which brings an older format up to date (`migrate`).
 """
 
@@ -101,6 +102,15 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         return migrate(state)
     except CheckpointError as err:
         raise CheckpointError(f"{path}: {err}") from None
+
+
+def translation_weights(state: dict) -> tuple[dict, str]:
+    """The weights to translate with from a loaded checkpoint, and which they are: its EMA's
+    (`"ema"`, `train.ema_decay`) when it has them, else its trained weights (`"model"`)."""
+    ema = state.get("ema")
+    if ema:
+        return ema["model"], "ema"
+    return state["model"], "model"
 
 
 def check_tokenizers(state: dict, fingerprint: str, path: Path, run_dir: Path) -> None:

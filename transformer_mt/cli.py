@@ -67,7 +67,8 @@ def run_train(args: argparse.Namespace) -> None:
     lock = None  # rank 0's on the run directory, held while it trains
     try:
         if dist.is_main:  # rank 0 prepares the directory; the others wait for it
-            lock = prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite)
+            lock = prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite,
+                                   init_from=cfg.train.init_from)
         dist.barrier()
         log_file = _setup_logging(logging.INFO if dist.is_main else logging.WARNING,
                                   RunDir(run_dir).train_log if dist.is_main else None)

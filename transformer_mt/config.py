@@ -215,6 +215,24 @@ class TrainConfig:
     max_nonfinite_steps: int = 25
     """A batch whose loss or gradient is NaN/inf is skipped (no update, not counted as a step);
     this many in a row stop the run. With fp16, gradient-scaler overflows count too."""
+    ema_decay: float = 0.0
+    """Keep an exponential moving average (EMA) of the weights, in fp32 beside the model, updated
+    after every update (skipped batches leave it alone) with decay min(ema_decay, (1 + n) / (10 + n))
+    at its n-th update: the warm-up of TensorFlow's and timm's EMA, so early averages are not stuck
+    near the random initial weights. 0 turns it off; 0.9999 is usual for long runs, and with a few
+    thousand updates a smaller one such as 0.999 (the warm-up alone averages about the last 10% of
+    updates). When on, validation (and so `best.pt`) scores the EMA weights, checkpoints hold them
+    beside the trained ones (resumed exactly), and `tmt translate`, `evaluate` and `export` use
+    them; `average_last` still averages the trained weights, and the final test then scores the
+    EMA too (`test.ema` in `summary.json`). Turned on at a resume, the EMA starts there."""
+    init_from: str | None = None
+    """Start a new run from another run's weights (fine-tuning, domain adaptation): a run directory
+    (its `best.pt`, else its newest step checkpoint) or a checkpoint file in a run's `checkpoints/`.
+    The weights are those `tmt translate` uses (the EMA's, when the parent has one); the tokenizers
+    are copied from the parent, whose `model.*` and `tokenizer.*` settings this config must repeat;
+    the optimizer, step count, schedule and data order start afresh. `summary.json` records the
+    parent (`init_from`). Ignored when the run resumes from its own checkpoint. Relative to the
+    config file, or to the current directory when set with `--set`; unset (null): a fresh model."""
 
 
 BLEU_TOKENIZERS: tuple[str, ...] = typing.get_args(typing.get_type_hints(TrainConfig)["bleu_tokenize"])
@@ -289,8 +307,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML config file, apply `a.b=value` overrides, and validate it.
 
-    A relative local `data.path` is resolved against the config file's directory, or, when an
-    override sets it, against the current directory, as any command-line path is.
+    A relative local `data.path` (and `train.init_from`) is resolved against the config file's
+    directory, or, when an override sets it, against the current directory, as any command-line
+    path is.
     """
     path = Path(path)
     if path.is_dir():
@@ -320,7 +339,20 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError([f"{path}: a YAML alias refers to the value that contains it"]) from None
     overridden = {item.partition("=")[0].strip() for item in overrides}  # keys as `apply_overrides` reads them
     from_command_line = "data.path" in overridden or "data" in overridden
-    return resolve_paths(cfg, Path.cwd() if from_command_line else path.parent)
+    cfg = resolve_paths(cfg, Path.cwd() if from_command_line else path.parent)
+    if cfg.train.init_from and not user_path(cfg.train.init_from).is_absolute():
+        base = Path.cwd() if "train.init_from" in overridden or "train" in overridden else path.parent
+        init_from = str((base / user_path(cfg.train.init_from)).resolve())
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=init_from))
+    return cfg
+
+
+def user_path(text: str) -> Path:
+    """`text` as a path, `~` expanded where it can be (`~nobody` stays as written: no such file)."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # an unknown user, or no home directory
+        return Path(text)
 
 
 def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
@@ -599,6 +631,10 @@ def _check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
     elif t.average_last > t.keep_last:
         check(f"train.average_last: {t.average_last} is more than the train.keep_last={t.keep_last} "
               "step checkpoints a run keeps", "train.keep_last")
+    if not 0 <= t.ema_decay < 1:
+        check(f"train.ema_decay: must be in [0, 1) (0 = no EMA; 0.999 or 0.9999 are usual), got {t.ema_decay}")
+    if t.init_from and "\0" in t.init_from:
+        check(f"train.init_from: {t.init_from!r} must be the path of a run directory or a checkpoint")
     if t.patience < 0:
         check(f"train.patience: must be at least 0 (0 = no early stopping), got {t.patience}")
     if t.eval_max_sentences < 0:

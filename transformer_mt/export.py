@@ -44,8 +44,9 @@ def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None 
     (`shared_vocabulary.json`, or `source_`/`target_vocabulary.json`) and tmt's tokenizer files.
 
     Weights come from `checkpoint` (default: the run's `best.pt`, else its newest step
-    checkpoint). `quantization` is CTranslate2's weight type (int8, int8_float16, float16, ...);
-    None keeps fp32. Use the result with token strings from tmt's tokenizer (the files are
+    checkpoint): its EMA weights when it has them (`train.ema_decay`), as `tmt translate` uses.
+    `quantization` is CTranslate2's weight type (int8, int8_float16, float16, ...); None keeps
+    fp32. Use the result with token strings from tmt's tokenizer (the files are
     copied in; load one with `Tokenizer.from_file` and set `tokenizer.encode_special_tokens =
     True`, which the file cannot hold, so a literal `</s>` in the text stays text, as in tmt):
     `ctranslate2.Translator(dir).translate_batch([tokenizer.encode(text, add_special_tokens=False)

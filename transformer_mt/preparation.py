@@ -10,6 +10,7 @@ from pathlib import Path
 from transformer_mt import data as data_module
 from transformer_mt.config import Config, TrainConfig
 from transformer_mt.errors import missing_from_rank0
+from transformer_mt.init_from import copy_tokenizers
 from transformer_mt.report import DataReport, build_report
 from transformer_mt.run_layout import RunDir
 from transformer_mt.token_cache import TokenizedSplit, processes_for, tokenize_split
@@ -27,7 +28,7 @@ def batch_padding(train_cfg: TrainConfig, device_type: str) -> int:
 
 def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size: int = 1, pad_to_multiple: int = 1,
                  prepared: bool = False) -> tuple[TokenizerPair, TokenizedSplit, TokenizedSplit, DataReport | None]:
-    """Load the corpus, train (or reuse) the tokenizers, tokenize the train and valid splits once
+    """Load the corpus, train (or reuse, or copy from `train.init_from`) the tokenizers, tokenize the train and valid splits once
     (cached in the run directory, see `token_cache`), and log the data report (batches counted
     with lengths padded to `pad_to_multiple`, see `batch_padding`).
 
@@ -40,6 +41,9 @@ def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size:
         logger.info("reusing the tokenizers in %s", run_dir)
     elif prepared:
         raise missing_from_rank0(tokenizer_file(cfg, run_dir))
+    elif cfg.train.init_from:  # a new run from another's weights: that run's vocabulary
+        tokenizers = copy_tokenizers(cfg.train.init_from, run_dir)
+        logger.info("copied the tokenizers of %s (train.init_from)", cfg.train.init_from)
     else:
         started = time.perf_counter()
         rows = data_module.sample_rows(len(corpus.train), cfg.tokenizer.max_train_pairs, cfg.seed)

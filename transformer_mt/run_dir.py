@@ -4,6 +4,7 @@ keeps the settings that define the run's weights."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from transformer_mt.checkpoint import CheckpointDir
 from transformer_mt.config import Config, config_to_dict, load_config
 from transformer_mt.errors import CheckpointError, ConfigError, TmtError, UsageError
 from transformer_mt.files import temp_file_target
+from transformer_mt.init_from import parent_paths
 from transformer_mt.run_layout import RunDir
 from transformer_mt.run_lock import RunLock
 from transformer_mt.tokenization import TokenizerPair
@@ -24,7 +26,7 @@ CHANGEABLE_ON_RESUME = ("data.num_proc",)  # how fast the cache is filled, not w
 MARKER = RunDir.MARKER
 
 
-def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> RunLock:
+def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, init_from: str | None = None) -> RunLock:
     """Create (or claim) the run directory, refusing to clobber a run or anything tmt did not
     write; return its lock (`run_lock`), held until released or until this process ends.
 
@@ -34,9 +36,17 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool) -> RunLock:
     (test scores, or a summary saying so) is kept even if its checkpoints were removed. With
     `overwrite`, a directory is emptied only when it is marked or holds checkpoints (a run from
     before the marker existed).
+
+    `init_from` (`train.init_from` of a new run) must name another run: starting over in the
+    parent's own directory would delete the weights the new run starts from.
     """
     if resume and overwrite:
         raise UsageError("--resume and --overwrite contradict each other; pick one")
+    if init_from and not resume:
+        parent_dir = parent_paths(init_from)[0]  # a bad path: one line, before anything is created
+        if run_dir.is_dir() and os.path.samefile(parent_dir, run_dir):
+            raise UsageError(f"{run_dir} is the run train.init_from starts from; train the new run in another "
+                             "--run-dir")
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"{run_dir} exists and is not a directory")
     RunLock.check_free(run_dir)  # a writer there first: name it rather than what it wrote

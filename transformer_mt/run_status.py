@@ -52,7 +52,7 @@ class RunStatus:
             "last_valid": s.last_valid, "test": self.test_report, "tgt_tokens_seen": s.tgt_tokens_seen,
             "train_seconds": round(s.train_seconds, 1),
             "tgt_tokens_per_s": round(s.tgt_tokens_seen / s.train_seconds, 1) if s.train_seconds else None,
-            "skipped_nonfinite": s.skipped_nonfinite, "skipped_oom": s.skipped_oom,
+            "skipped_nonfinite": s.skipped_nonfinite, "skipped_oom": s.skipped_oom, "init_from": s.parent,
             "parameters": self.n_parameters, "data": self.data_report.to_dict(), "provenance": self.provenance})
 
     def _write(self, content: dict) -> None:

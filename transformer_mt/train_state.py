@@ -16,6 +16,7 @@ from transformer_mt.batching import TokenBatchSampler
 from transformer_mt.checkpoint import FORMAT_VERSION, CheckpointDir, check_tokenizers, load_checkpoint
 from transformer_mt.config import Config, config_to_dict, with_defaults
 from transformer_mt.distributed import Distributed
+from transformer_mt.ema import WeightEMA
 from transformer_mt.errors import CheckpointError, UsageError
 from transformer_mt.run_dir import resume_config_changes
 from transformer_mt.run_layout import RunDir
@@ -41,13 +42,14 @@ class TrainState:
     skipped_oom: int = 0  # batches skipped for running out of device memory
     train_seconds: float = 0.0  # wall time spent in this run's training processes, validation included
     last_valid: dict | None = None  # the latest validation's step and metrics
+    parent: dict | None = None  # the checkpoint `train.init_from` started the run from (summary.json)
 
     def state_dict(self) -> dict:
         return {"step": self.step, "best_bleu": self.best_bleu, "best_step": self.best_step,
                 "evals_since_best": self.evals_since_best, "stopped_early": self.stopped_early,
                 "tgt_tokens_seen": self.tgt_tokens_seen,
                 "skipped_nonfinite": self.skipped_nonfinite, "skipped_oom": self.skipped_oom,
-                "train_seconds": self.train_seconds, "last_valid": self.last_valid}
+                "train_seconds": self.train_seconds, "last_valid": self.last_valid, "parent": self.parent}
 
     def load_state_dict(self, state: dict) -> None:
         self.step = int(state["step"])
@@ -60,6 +62,7 @@ class TrainState:
         self.skipped_oom = int(state["skipped_oom"])
         self.train_seconds = float(state["train_seconds"])
         self.last_valid = state["last_valid"]
+        self.parent = state.get("parent")  # absent from checkpoints of before train.init_from
 
 
 class Stateful(Protocol):
@@ -71,11 +74,12 @@ class Stateful(Protocol):
 class RunCheckpoint:
     """Writes and restores everything a checkpoint holds: the plain model's weights, the update's
     optimizer and scaler (`TrainStep.state_dict`), the progress counters, the sampler position,
-    every rank's RNG state, the config and the tokenizers' fingerprint."""
+    every rank's RNG state, the config, the tokenizers' fingerprint, and the weights' EMA
+    (`train.ema_decay`)."""
 
     def __init__(self, cfg: Config, run_dir: Path, *, model: torch.nn.Module, update: Stateful, state: TrainState,
                  sampler: TokenBatchSampler, model_args: dict, tokenizer_fingerprint: str, dist: Distributed,
-                 device: torch.device):
+                 device: torch.device, ema: WeightEMA | None = None):
         self.cfg = cfg
         self.run_dir = run_dir
         self.model = model
@@ -86,6 +90,7 @@ class RunCheckpoint:
         self.tokenizer_fingerprint = tokenizer_fingerprint
         self.dist = dist
         self.device = device
+        self.ema = ema
         self.checkpoints = CheckpointDir(RunDir(run_dir).checkpoints, cfg.train.keep_last)
         # The sampler runs one update ahead of training (the loop prepares the next update's
         # batches while the device works); checkpoints record where the trained batches end.
@@ -103,6 +108,7 @@ class RunCheckpoint:
             "model_args": self.model_args,
             "tokenizers": self.tokenizer_fingerprint,
             "format_version": FORMAT_VERSION,
+            **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
 
     def save(self, *, is_best: bool) -> None:
@@ -122,6 +128,7 @@ class RunCheckpoint:
         self.update.load_state_dict(ckpt)  # after the counters: it sets the next update's learning rate
         self.sampler.load_state_dict(ckpt["sampler"])
         self.sampler_state = self.sampler.state_dict()
+        self._resume_ema(ckpt.get("ema"), path)
         load_rng_state({k: _to_cpu(v) for k, v in self._own_rng_state(ckpt["rng"], path).items()})
         logger.info("resuming from %s: step %d, epoch %d, batch %d of that epoch", path, self.state.step,
                     self.sampler.epoch + 1, ckpt["sampler"]["position"])
@@ -135,6 +142,20 @@ class RunCheckpoint:
                 self.checkpoints.copy_to_best(path)
             elif not self.checkpoints.best_path.is_file() and best_file.is_file():
                 self.checkpoints.copy_to_best(best_file)
+
+    def _resume_ema(self, saved: dict | None, path: Path) -> None:
+        """Restore the EMA, or start it from the resumed weights when the checkpoint has none
+        (`train.ema_decay` turned on at this resume)."""
+        if self.ema is None:
+            if saved is not None:
+                logger.info("train.ema_decay is 0: the EMA of the weights in %s is dropped from now on", path.name)
+            return
+        if saved is None:
+            logger.info("%s holds no EMA of the weights: it starts from the weights of step %d", path.name,
+                        self.state.step)
+            self.ema.reset()
+        else:
+            self.ema.load_state_dict(saved)
 
     def _newest_intact(self) -> tuple[Path, dict, list[Path]]:
         """The newest step checkpoint that loads, and the newer ones that do not (reported and skipped)."""

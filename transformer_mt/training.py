@@ -1,7 +1,8 @@
 """`train(cfg, run_dir)`: prepare the data, build the model, maybe resume, then the loop: step,
 log, validate, save; at the end the final test. The pieces live in their own modules:
 `preparation` (data), `train_step` (one update), `validation` (validation and the final test),
-`train_state` (checkpoints and resume), `run_status` (summary.json), `signals` (Ctrl-C, SIGTERM)."""
+`train_state` (checkpoints and resume), `run_status` (summary.json), `signals` (Ctrl-C, SIGTERM),
+`ema` (the weights' moving average), `init_from` (a run started from another's weights)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ from transformer_mt.config import Config, save_config
 from transformer_mt.distributed import Distributed
 from transformer_mt.errors import CheckpointError, ConfigError, TmtError, TrainingError, TrainingStopped, \
     missing_from_rank0
+from transformer_mt.ema import WeightEMA
 from transformer_mt.evaluation import bleu_tokenizer_problem
 from transformer_mt.files import os_errors_named
+from transformer_mt.init_from import Parent, load_parent
 from transformer_mt.model import Transformer
 from transformer_mt.optional_outputs import OptionalWriter, quiet_tensorboard_thread
 from transformer_mt.preparation import batch_padding, prepare_data, tokenizer_file
@@ -50,7 +53,7 @@ class Trainer:
     """One training run: sets up its pieces, then `run` is the loop."""
 
     def __init__(self, cfg: Config, run_dir: Path, *, progress: bool = True, config_dir: Path | None = None,
-                 dist: Distributed = Distributed()):
+                 dist: Distributed = Distributed(), parent: Parent | None = None):
         if problem := bleu_tokenizer_problem(cfg.train.bleu_tokenize):  # before hours of training
             raise ConfigError([f"train.bleu_tokenize: {problem}"])
         self.cfg, self.run_dir, self.dist = cfg, run_dir, dist
@@ -68,9 +71,12 @@ class Trainer:
             self.tokenizers, self.train_data, valid_data, self.data_report = prepare_data(
                 cfg, run_dir, self.progress, dist.world_size, pad_to_multiple, prepared=not dist.is_main)
         self.model = build_model(cfg, self.tokenizers).to(self.device)  # the same initial weights on every rank
+        if parent is not None:  # train.init_from
+            self.model.load_state_dict(parent.weights)
+        self.ema = WeightEMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
         if dist.enabled:
             seed_everything(cfg.seed + dist.rank)  # different dropout masks on each rank
-        self.state = TrainState()
+        self.state = TrainState(parent=parent.record if parent is not None else None)
         self.train_step = TrainStep(cfg, self.model, self.train_data, self.state, device=self.device,
                                     precision=self.precision, attention=attention, dist=dist,
                                     pad_to_multiple=pad_to_multiple)
@@ -79,8 +85,9 @@ class Trainer:
                       "tgt_vocab_size": self.tokenizers.tgt.get_vocab_size(), "pad_id": PAD_ID}
         self.checkpoint = RunCheckpoint(cfg, run_dir, model=self.model, update=self.train_step, state=self.state,
                                         sampler=self.sampler, model_args=model_args, dist=dist, device=self.device,
-                                        tokenizer_fingerprint=self.tokenizers.fingerprint())
-        self.evaluator = Evaluator(cfg, run_dir, model=self.model, tokenizers=self.tokenizers, valid_data=valid_data,
+                                        tokenizer_fingerprint=self.tokenizers.fingerprint(), ema=self.ema)
+        self.evaluator = Evaluator(cfg, run_dir, model=self.ema.model if self.ema else self.model,
+                                   tokenizers=self.tokenizers, valid_data=valid_data, ema=self.ema is not None,
                                    checkpoints=self.checkpoint.checkpoints, device=self.device,
                                    precision=self.precision, attention=attention, dist=dist,
                                    pad_to_multiple=pad_to_multiple,
@@ -158,6 +165,8 @@ class Trainer:
                     self._skip_nonfinite(nonfinite_in_a_row, writer)
                     continue
                 nonfinite_in_a_row = 0
+                if self.ema is not None:
+                    self.ema.update()
                 self._count(current, result, interval)
                 bar.update(1)
                 if state.step % t.log_every_steps == 0 or state.step == t.max_steps:
@@ -307,7 +316,12 @@ def _train(cfg: Config, run_dir: Path, *, resume: bool, progress: bool, config_d
                               "resumed; restore them or start a new run")
     if resume:
         check_saved_config(cfg, run_dir)  # before the data is prepared: refusing then costs nothing, changes nothing
-    trainer = Trainer(cfg, run_dir, progress=progress, config_dir=config_dir, dist=dist)
+    parent = None
+    if cfg.train.init_from and resume:
+        logger.info("train.init_from is ignored: the run resumes from its own checkpoint")
+    elif cfg.train.init_from:
+        parent = load_parent(cfg)  # before the data is prepared, as above
+    trainer = Trainer(cfg, run_dir, progress=progress, config_dir=config_dir, dist=dist, parent=parent)
     state, trained_out = trainer.state, False
     if resume:
         trainer.resume()

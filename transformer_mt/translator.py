@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from transformer_mt.checkpoint import CheckpointDir, check_tokenizers, load_checkpoint
+from transformer_mt.checkpoint import CheckpointDir, check_tokenizers, load_checkpoint, translation_weights
 from transformer_mt.config import Config, config_from_dict
 from transformer_mt.errors import CheckpointError, ConfigError, UsageError
 from transformer_mt.decoding import Sampling
@@ -40,7 +40,8 @@ class Translator:
 
     @classmethod
     def from_run(cls, run_dir: Path, checkpoint: Path | None = None, device: str = "auto") -> Translator:
-        """Load a run directory: `best.pt` (else the newest step checkpoint) or `checkpoint`."""
+        """Load a run directory: `best.pt` (else the newest step checkpoint) or `checkpoint`; its
+        EMA weights when it has them (`train.ema_decay`), else its trained weights."""
         if checkpoint is None:
             checkpoint = find_checkpoint(run_dir)
         state = load_checkpoint(checkpoint)
@@ -55,9 +56,11 @@ class Translator:
                 tokenizers.tgt.get_vocab_size() != args["tgt_vocab_size"]:
             raise CheckpointError(f"{run_dir}: the tokenizer files do not match the checkpoint's vocabulary sizes")
         model = build_model(cfg.model, args["src_vocab_size"], args["tgt_vocab_size"], args["pad_id"])
-        model.load_state_dict(state["model"])
+        weights, which = translation_weights(state)
+        model.load_state_dict(weights)
         torch_device = pick_device(device)
-        logger.info("loaded %s (step %d) on %s", checkpoint, state.get("train_state", {}).get("step", -1), torch_device)
+        logger.info("loaded %s (step %d%s) on %s", checkpoint, state.get("train_state", {}).get("step", -1),
+                    ", EMA weights" if which == "ema" else "", torch_device)
         warn_attention_fallbacks(torch_device, {"decode.attention_backend": cfg.decode.attention_backend})
         return cls(model.to(torch_device), tokenizers, cfg, torch_device, _precision_for(cfg, torch_device), run_dir,
                    checkpoint)

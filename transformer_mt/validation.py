@@ -1,5 +1,6 @@
 """Evaluation inside a training run: validation (loss, greedy BLEU/chrF, examples, attention
-pictures in TensorBoard) and the final test of the best or averaged weights."""
+pictures in TensorBoard) and the final test of the best or averaged weights (and of the EMA's,
+to compare them, when the run keeps both)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 from transformer_mt import data as data_module
 from transformer_mt.batching import sorted_batches
-from transformer_mt.checkpoint import CheckpointDir, average_checkpoints, load_checkpoint, save_atomic
+from transformer_mt.checkpoint import (CheckpointDir, average_checkpoints, load_checkpoint, save_atomic,
+                                       translation_weights)
 from transformer_mt.config import Config, config_to_dict
 from transformer_mt.distributed import Distributed, interleave
 from transformer_mt.evaluation import Scores, cross_attention_labels, cross_attention_map, score, translate_ids
@@ -31,12 +33,18 @@ logger = logging.getLogger(__name__)
 
 class Evaluator:
     """Validates the model during training and tests it at the end; writes what it measures to
-    TensorBoard, `validation/` and `evaluation/` (rank 0)."""
+    TensorBoard, `validation/` and `evaluation/` (rank 0).
+
+    `model` is the one validated: the trained model, or the EMA of its weights (`ema`,
+    `train.ema_decay`), whose validation BLEU then picks `best.pt`, as Marian's
+    `--exponential-smoothing` validates and saves the smoothed weights."""
 
     def __init__(self, cfg: Config, run_dir: Path, *, model: Transformer, tokenizers: TokenizerPair,
                  valid_data: TokenizedSplit, checkpoints: CheckpointDir, device: torch.device, precision: Precision,
-                 attention: AttentionKernels, dist: Distributed, pad_to_multiple: int, progress: bool):
+                 attention: AttentionKernels, dist: Distributed, pad_to_multiple: int, progress: bool,
+                 ema: bool = False):
         self.cfg = cfg
+        self.ema = ema
         self.run_dir = run_dir
         self.paths = RunDir(run_dir)
         self.model = model
@@ -98,11 +106,11 @@ class Evaluator:
         writer.add_scalar("valid/bleu", scores.bleu, step)
         writer.add_scalar("valid/chrf", scores.chrf, step)
         self._log_examples(writer, step, hypotheses, references)
-        logger.info("validation at step %d: loss %.3f, ppl %.2f, BLEU %.2f, chrF %.2f (%d sentences, %.1fs) [%s]",
-                    step, loss, ppl, scores.bleu, scores.chrf, len(hypotheses), time.perf_counter() - started,
-                    scores.bleu_signature)
+        logger.info("validation at step %d%s: loss %.3f, ppl %.2f, BLEU %.2f, chrF %.2f (%d sentences, %.1fs) [%s]",
+                    step, " (EMA weights)" if self.ema else "", loss, ppl, scores.bleu, scores.chrf, len(hypotheses),
+                    time.perf_counter() - started, scores.bleu_signature)
         return {"step": step, "loss": round(loss, 4), "perplexity": round(ppl, 2), "bleu": round(scores.bleu, 2),
-                "chrf": round(scores.chrf, 2)}
+                "chrf": round(scores.chrf, 2), **({"weights": "ema"} if self.ema else {})}
 
     def _log_examples(self, writer: SummaryWriter, step: int, hypotheses: list[str], references: list[str]) -> None:
         """The first `train.n_examples` translations, in the log and as TensorBoard text."""
@@ -149,10 +157,18 @@ class Evaluator:
             return checkpoints.directory / f"average_steps_{steps[0]:08d}-{steps[-1]:08d}.pt", steps
         return (checkpoints.best_path if checkpoints.best_path.is_file() else checkpoints.latest()), []
 
+    def ema_test_weights(self) -> Path | None:
+        """The checkpoint whose EMA the final test also scores, beside an average of the trained
+        weights (`train.average_last`), so that the two can be compared: `best.pt` (what `tmt
+        translate` uses), else the newest step checkpoint; None without both."""
+        if not (self.cfg.train.ema_decay and self.cfg.train.average_last):
+            return None
+        return self.checkpoints.best_path if self.checkpoints.best_path.is_file() else self.checkpoints.latest()
+
     def earlier_test_report(self, step: int) -> dict | None:
         """The final test an earlier start wrote for this very step, `test_weights` file, decoding
         and BLEU tokenizer, if there is one (one of an earlier, shorter training, of another
-        average or beam does not count)."""
+        average or beam, or without the EMA's test that this one adds, does not count)."""
         try:
             report = json.loads(self.paths.test_scores.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -162,11 +178,15 @@ class Evaluator:
                 "beam_size": cfg.decode.beam_size, "length_penalty": cfg.decode.length_penalty}
         if not isinstance(report, dict) or any(report.get(k) != v for k, v in same.items()):
             return None
+        if ("ema" in report) != (self.ema_test_weights() is not None):
+            return None
         return report if f"|tok:{cfg.train.bleu_tokenize}|" in str(report.get("bleu_signature")) else None
 
     def final_test(self, step: int) -> dict:
         """Translate the test split with the best (or averaged) weights; write hypotheses and
-        scores (`evaluation/`), and return the report `summary.json` shows."""
+        scores (`evaluation/`), and return the report `summary.json` shows. With an average and
+        an EMA, the report's `ema` is the test of the EMA weights (`ema_test_weights`); None when
+        that checkpoint has none (EMA turned on after it was written)."""
         cfg = self.cfg
         path, steps = self.test_weights()
         if steps:
@@ -174,9 +194,23 @@ class Evaluator:
                 logger.warning("train.average_last=%d, but the run has only %d step checkpoint(s): averaging those",
                                cfg.train.average_last, len(steps))
             save_atomic(average_checkpoints([self.checkpoints.step_path(s) for s in steps]), path)
-        weights = load_checkpoint(path, map_location=self.device)
-        self.model.load_state_dict(weights["model"])
-        weights_steps = steps or [weights.get("train_state", {}).get("step")]
+        report = self._test(path, steps, step)
+        if (ema_path := self.ema_test_weights()) is not None:
+            report["ema"] = self._test(ema_path, [], step, only_ema=True)
+        write_text_atomic(self.paths.test_scores, json.dumps(report, indent=2) + "\n")
+        return report
+
+    def _test(self, path: Path, steps: list[int], step: int, only_ema: bool = False) -> dict | None:
+        """Score the test split with the weights of `path` (averaged from `steps`, if any) that
+        `tmt translate` would use (the EMA's when it has one); with `only_ema`, None if it has none."""
+        cfg = self.cfg
+        checkpoint = load_checkpoint(path, map_location=self.device)
+        weights, which = translation_weights(checkpoint)
+        if only_ema and which != "ema":
+            logger.warning("%s holds no EMA of the weights (train.ema_decay was 0 then): no EMA test", path.name)
+            return None
+        self.model.load_state_dict(weights)
+        weights_steps = steps or [checkpoint.get("train_state", {}).get("step")]
         test = data_module.load_corpus(cfg.data, cfg.seed, self.run_dir).test
         beam = cfg.decode.beam_size
         started = time.perf_counter()
@@ -189,17 +223,18 @@ class Evaluator:
         out_dir.mkdir(exist_ok=True)
         hypotheses_file = f"test.{path.stem}.beam{beam}.txt"
         write_text_atomic(out_dir / hypotheses_file, lines_to_text(hypotheses))
-        # step: the run's, when it was tested; checkpoint_steps: the steps whose weights were.
-        report = {"checkpoint": path.name, "checkpoint_steps": weights_steps, "hypotheses": hypotheses_file,
-                  "step": step, "sentences": len(hypotheses), "beam_size": beam,
+        # step: the run's, when it was tested; checkpoint_steps: the steps whose weights were;
+        # weights: the checkpoint's EMA ("ema") or its trained weights ("model").
+        report = {"checkpoint": path.name, "checkpoint_steps": weights_steps, "weights": which,
+                  "hypotheses": hypotheses_file, "step": step, "sentences": len(hypotheses), "beam_size": beam,
                   "length_penalty": cfg.decode.length_penalty, "bleu": round(scores.bleu, 2),
                   "chrf": round(scores.chrf, 2), "bleu_signature": scores.bleu_signature,
                   "chrf_signature": scores.chrf_signature, "seconds": round(time.perf_counter() - started, 1)}
-        write_text_atomic(self.paths.test_scores, json.dumps(report, indent=2) + "\n")
-        _log_test(path, beam, len(hypotheses), scores)
+        _log_test(path, which, beam, len(hypotheses), scores)
         return report
 
 
-def _log_test(path: Path, beam: int, n_sentences: int, scores: Scores) -> None:
-    logger.info("test (%s, beam %d, %d sentences): BLEU %.2f [%s], chrF %.2f [%s]", path.name, beam, n_sentences,
-                scores.bleu, scores.bleu_signature, scores.chrf, scores.chrf_signature)
+def _log_test(path: Path, which: str, beam: int, n_sentences: int, scores: Scores) -> None:
+    logger.info("test (%s%s, beam %d, %d sentences): BLEU %.2f [%s], chrF %.2f [%s]", path.name,
+                ", EMA weights" if which == "ema" else "", beam, n_sentences, scores.bleu, scores.bleu_signature,
+                scores.chrf, scores.chrf_signature)

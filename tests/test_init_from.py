@@ -1,0 +1,131 @@
+"""train.init_from: a new run that starts from another run's weights and tokenizers."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
+from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.config import load_config, save_config
+from transformer_mt.errors import ConfigError, UsageError
+from transformer_mt.init_from import load_parent
+from transformer_mt.run_dir import prepare_run_dir
+from transformer_mt.schedule import lr_at
+from transformer_mt.tokenization import TokenizerPair
+from transformer_mt.training import Trainer, train
+
+# Another domain: sentences the parent never saw, whose own BPE would be another vocabulary.
+CHILD_PAIRS = [
+    ("The train leaves at nine.", "Il treno parte alle nove."),
+    ("My sister plays the piano.", "Mia sorella suona il pianoforte."),
+    ("Open the window, please.", "Apri la finestra, per favore."),
+    ("The children sleep.", "I bambini dormono."),
+    ("We visit the museum tomorrow.", "Visitiamo il museo domani."),
+    ("The dog runs in the garden.", "Il cane corre nel giardino."),
+]
+
+
+@pytest.fixture
+def parent(tiny_corpus: Path, tmp_path: Path) -> Path:
+    """A trained run (3 steps) with an EMA of its weights."""
+    run = tmp_path / "parent"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    train(tiny_config(tiny_corpus, train={"max_steps": 3, "ema_decay": 0.9, "test_at_end": False}), run,
+          progress=False)
+    return run
+
+
+def child_config(tmp_path: Path, init_from: Path, **sections):
+    corpus = write_corpus(tmp_path / "child_corpus", {"train": CHILD_PAIRS, "valid": CHILD_PAIRS[:2],
+                                                      "test": CHILD_PAIRS[2:4]})
+    train_settings = {"max_steps": 6, "lr": 5e-4, "init_from": str(init_from), **sections.pop("train", {})}
+    return tiny_config(corpus, train=train_settings, **sections)
+
+
+def test_a_child_starts_from_the_parents_weights_with_a_fresh_optimizer(parent: Path, tmp_path: Path):
+    cfg = child_config(tmp_path, parent)
+    child = tmp_path / "child"
+    prepare_run_dir(child, resume=False, overwrite=False)
+    trainer = Trainer(cfg, child, progress=False, parent=load_parent(cfg))
+    best = load_checkpoint(parent / "checkpoints" / "best.pt")
+    for name, tensor in trainer.model.state_dict().items():  # the parent's EMA weights, what it translates with
+        assert torch.equal(tensor, best["ema"]["model"][name]), name
+    assert TokenizerPair.load(child).fingerprint() == TokenizerPair.load(parent).fingerprint()
+    assert trainer.state.step == 0 and not trainer.train_step.optimizer.state
+    assert trainer.train_step.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(1, cfg.train))  # warmup's first
+    assert trainer.sampler.state_dict()["epoch"] == 0
+
+
+def test_a_child_run_trains_on_its_data_records_its_parent_and_resumes_exactly(parent: Path, tmp_path: Path):
+    cfg = child_config(tmp_path, parent)
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    prepare_run_dir(straight, resume=False, overwrite=False)
+    state = train(cfg, straight, progress=False)
+    assert state.step == 6
+    assert TokenizerPair.load(straight).fingerprint() == TokenizerPair.load(parent).fingerprint()
+    summary = json.loads((straight / "summary.json").read_text())
+    assert summary["init_from"] == {"run_dir": str(parent.resolve()),
+                                    "checkpoint": str((parent / "checkpoints" / "best.pt").resolve()),
+                                    "step": 3, "weights": "ema"}
+
+    short = child_config(tmp_path, parent, train={"max_steps": 3})
+    prepare_run_dir(interrupted, resume=False, overwrite=False)
+    train(short, interrupted, progress=False)
+    shutil.rmtree(parent)  # a resume reads the child's own checkpoint: train.init_from is ignored
+    prepare_run_dir(interrupted, resume=True, overwrite=False)
+    train(cfg, interrupted, resume=True, progress=False)
+    a = load_checkpoint(straight / "checkpoints" / "step_00000006.pt")
+    b = load_checkpoint(interrupted / "checkpoints" / "step_00000006.pt")
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    assert json.loads((interrupted / "summary.json").read_text())["init_from"] == summary["init_from"]
+
+
+def test_model_and_tokenizer_settings_that_differ_from_the_parents_are_listed(parent: Path, tmp_path: Path):
+    cfg = child_config(tmp_path, parent, model={"d_ff": 64}, tokenizer={"vocab_size": 150})
+    with pytest.raises(ConfigError) as err:
+        load_parent(cfg)
+    assert err.value.problems[1:] == ["model.d_ff: 32 in the parent, 64 here",
+                                      "tokenizer.vocab_size: 200 in the parent, 150 here"]
+    assert err.value.problems[0].startswith("train.init_from: the model and tokenizer settings must be those of")
+
+
+def test_a_checkpoint_file_names_its_run_and_a_bad_path_is_one_clear_line(parent: Path, tmp_path: Path,
+                                                                          monkeypatch, capsys):
+    step = parent / "checkpoints" / "step_00000003.pt"
+    loaded = load_parent(child_config(tmp_path, step))
+    assert (loaded.run_dir, loaded.checkpoint, loaded.record["step"]) == (parent.resolve(), step.resolve(), 3)
+    shutil.copyfile(step, tmp_path / "loose.pt")
+    with pytest.raises(UsageError, match="is not in a run's checkpoints/ folder"):
+        load_parent(child_config(tmp_path, tmp_path / "loose.pt"))
+    with pytest.raises(UsageError, match="holds no checkpoints/ to start from"):
+        load_parent(child_config(tmp_path, tmp_path / "child_corpus"))
+
+    config = tmp_path / "child.yaml"
+    save_config(child_config(tmp_path, parent), config)
+    code, _, err = run_cli(["train", "--config", str(config), "--run-dir", str(tmp_path / "run"),
+                            "--set", "train.init_from=nowhere"], monkeypatch, capsys, tmp_path)
+    assert code == 2 and not (tmp_path / "run").exists()  # refused before the run directory is made
+    assert err == f"tmt: error: train.init_from: {tmp_path.resolve() / 'nowhere'}: no such run directory or checkpoint\n"
+
+
+def test_overwrite_never_deletes_the_run_a_new_run_starts_from(parent: Path):
+    with pytest.raises(UsageError, match="is the run train.init_from starts from"):
+        prepare_run_dir(parent, resume=False, overwrite=True, init_from=str(parent / "checkpoints" / "best.pt"))
+    assert (parent / "checkpoints" / "best.pt").is_file()
+
+
+def test_a_relative_init_from_is_read_from_the_config_files_folder_or_from_the_command_lines(tmp_path: Path,
+                                                                                             monkeypatch):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    config = tmp_path / "configs" / "finetune.yaml"
+    config.write_text("data: {path: corpus}\ntrain: {init_from: ../runs/base}\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert load_config(config).train.init_from == str(tmp_path.resolve() / "runs" / "base")
+    overridden = load_config(config, ["train.init_from=runs/base"])
+    assert overridden.train.init_from == str(tmp_path.resolve() / "elsewhere" / "runs" / "base")
+    assert load_config(config, ["train.init_from="]).train.init_from is None  # off again

@@ -32,6 +32,7 @@ the figures at the largest batch size, with every batch size under `by_batch_siz
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import platform
@@ -54,7 +55,7 @@ from transformer_mt.data_sources import read_aligned_files
 from transformer_mt.decoding import beam_search, greedy_decode
 from transformer_mt.evaluation import translate_ids
 from transformer_mt.export import export_ctranslate2
-from transformer_mt.graph_decoding import static_greedy_decode
+from transformer_mt.graph_decoding import StepGraphs, static_beam_search, static_greedy_decode
 from transformer_mt.model import Transformer
 from transformer_mt.run_layout import RunDir
 from transformer_mt.runtime import AttentionKernels, pick_attention, pick_device, pick_precision, warn_attention_fallbacks
@@ -202,18 +203,22 @@ def suppress_eos(model: Transformer) -> torch.utils.hooks.RemovableHandle:
 
 def tmt_engine(model: Transformer, device: torch.device, precision, attention: AttentionKernels, n_tokens: int, *,
                beam: int, use_cache: bool) -> Callable:
+    graphs = StepGraphs()  # on CUDA, batches of one padded shape replay one capture, as in `translate_ids`
+
     def run(ids: list[list[int]], tokens: list[list[str]]) -> list[int]:
         src_ids = pad_sequences(ids, PAD_ID).to(device)  # (B, S)
         with precision.autocast(), attention.enabled():
             if beam == 1 and use_cache and device.type == "cuda":  # what `translate_ids` runs there
                 out = static_greedy_decode(model, src_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=0,
-                                           max_len_b=n_tokens, capture=True)
+                                           max_len_b=n_tokens, capture=True, graphs=graphs)
             elif beam == 1:
                 out = greedy_decode(model, src_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=0, max_len_b=n_tokens,
                                     use_cache=use_cache)
-            else:
-                out = [hyps[0].ids for hyps in beam_search(model, src_ids, bos_id=BOS_ID, eos_id=EOS_ID,
-                                                           beam_size=beam, max_len_a=0, max_len_b=n_tokens)]
+            else:  # on CUDA, replayed from a CUDA graph, as `translate_ids` runs it there
+                search = (functools.partial(static_beam_search, capture=True, graphs=graphs) if device.type == "cuda"
+                          else beam_search)
+                out = [hyps[0].ids for hyps in search(model, src_ids, bos_id=BOS_ID, eos_id=EOS_ID, beam_size=beam,
+                                                      max_len_a=0, max_len_b=n_tokens)]
         return [len(ids) for ids in out]
     return run
 

@@ -1,6 +1,9 @@
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tests.beam_reference import reference_beam_search
 from transformer_mt.config import ModelConfig
 from transformer_mt.decoding import beam_search, greedy_decode
 from transformer_mt.model import Transformer
@@ -17,9 +20,9 @@ def random_model(seed: int) -> Transformer:
     return model
 
 
-def random_sources(seed: int, batch: int = 6, max_len: int = 9) -> torch.Tensor:
+def random_sources(seed: int, batch: int = 6, max_len: int = 9, min_len: int = 1) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, max_len, (batch,), generator=gen).tolist()
+    lengths = torch.randint(min_len, max_len, (batch,), generator=gen).tolist()
     rows = [torch.randint(4, V, (n,), generator=gen).tolist() + [EOS] for n in lengths]
     src = torch.full((batch, max(map(len, rows))), PAD)
     for i, row in enumerate(rows):
@@ -95,6 +98,44 @@ def test_beam_hypotheses_carry_their_true_log_probability_best_first(seed):
             assert h.log_prob == pytest.approx(teacher_forced_log_prob(model, real, h.ids, ended), abs=1e-4)
 
 
+def assert_same_hypotheses(got, expected):
+    """The same n-best lists, token for token, with the same log-probs and scores up to rounding
+    (the reference drops finished sentences' rows, which changes the batch the products see)."""
+    assert [[h.ids for h in hyps] for hyps in got] == [[h.ids for h in hyps] for hyps in expected]
+    for hyps, reference in zip(got, expected):
+        for h, e in zip(hyps, reference):
+            assert h.log_prob == pytest.approx(e.log_prob, abs=1e-4)
+            assert h.score == pytest.approx(e.score, abs=1e-4)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 7), beam=st.integers(1, 6), data=st.data(),
+       alpha=st.sampled_from([0.0, 0.6, 1.0]), max_len_a=st.sampled_from([0.0, 0.5, 1.5]),
+       max_len_b=st.integers(1, 8), eos_bias=st.floats(-2.0, 4.0))
+def test_the_tensorised_beam_search_gives_the_reference_search_output(seed, batch, beam, data, alpha, max_len_a,
+                                                                       max_len_b, eos_bias):
+    model = random_model(seed % 1000)
+    with torch.no_grad():  # how soon sentences end: from almost never to almost at once
+        model.output_proj.weight[EOS] += eos_bias * model.output_proj.weight[EOS].sign()
+    src = random_sources(seed, batch=batch, max_len=data.draw(st.sampled_from([3, 9, 30]), label="max source length"))
+    settings_ = dict(bos_id=BOS, eos_id=EOS, beam_size=beam, max_len_a=max_len_a, max_len_b=max_len_b, alpha=alpha,
+                     n_best=data.draw(st.integers(1, beam), label="n_best"))
+    assert_same_hypotheses(beam_search(model, src, **settings_), reference_beam_search(model, src, **settings_))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_beam_search_of_sentences_of_very_different_lengths_gives_the_reference_output(seed, alpha):
+    model = random_model(seed)
+    short, long = random_sources(seed, batch=3, max_len=4), random_sources(seed + 1, batch=3, max_len=40, min_len=30)
+    src = torch.full((6, long.shape[1]), PAD)
+    src[:3, :short.shape[1]], src[3:] = short, long
+    settings_ = dict(bos_id=BOS, eos_id=EOS, beam_size=5, max_len_a=1.0, max_len_b=3, alpha=alpha, n_best=3)
+    expected = reference_beam_search(model, src, **settings_)
+    assert_same_hypotheses(beam_search(model, src, **settings_), expected)
+    assert len({len(hyps[0].ids) for hyps in expected}) > 2
+
+
 def test_wider_beams_find_at_least_as_likely_single_best_without_length_penalty():
     # Not a theorem for every input, but with K=8 vs greedy on random models it should hold on
     # average: compare the summed log-prob over a batch.
@@ -132,3 +173,78 @@ def test_fixed_shape_greedy_steps_give_greedy_decodings_output(seed):
     got = static_greedy_decode(model, src, capture=False, **settings)  # the steps a CUDA graph replays
     assert got == expected
     assert len({len(ids) for ids in expected}) > 1  # sentences ended at different steps
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 6), beam=st.integers(1, 5), data=st.data(),
+       alpha=st.sampled_from([0.0, 1.0]), max_len_b=st.integers(1, 8))
+def test_fixed_shape_beam_steps_give_beam_searchs_output(seed, batch, beam, data, alpha, max_len_b):
+    from transformer_mt.graph_decoding import static_beam_search
+
+    model, src = random_model(seed % 1000), random_sources(seed, batch=batch, max_len=20)
+    settings_ = dict(bos_id=BOS, eos_id=EOS, beam_size=beam, max_len_a=1.5, max_len_b=max_len_b, alpha=alpha,
+                     n_best=data.draw(st.integers(1, beam), label="n_best"))
+    expected = beam_search(model, src, **settings_)
+    check_every = data.draw(st.sampled_from([1, 3, 8]), label="check_every")  # steps past the end change nothing
+    assert_same_hypotheses(static_beam_search(model, src, capture=False, check_every=check_every, **settings_),
+                           expected)
+
+
+def test_beam_search_drops_done_sentences_and_the_fixed_shape_steps_keep_every_row():
+    # The eager search drops a sentence's rows at the step it is done, as the reference does; the
+    # fixed-shape steps (what a CUDA graph replays) keep all B·K rows, computing the done ones'
+    # and ignoring them; all stop at the step where the last sentence is done.
+    from transformer_mt.graph_decoding import static_beam_search
+
+    model, src = random_model(3), random_sources(3)
+    settings_ = dict(bos_id=BOS, eos_id=EOS, beam_size=4, max_len_a=1.5, max_len_b=4)
+
+    def rows_per_step(search) -> list[int]:
+        rows = []
+        hook = model.output_proj.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[0]))
+        try:
+            search(model, src, **settings_)
+        finally:
+            hook.remove()
+        return rows
+
+    shrinking = rows_per_step(reference_beam_search)
+    assert shrinking[-1] < shrinking[0]  # sentences did finish at different steps
+    assert rows_per_step(beam_search) == shrinking
+    fixed = rows_per_step(lambda *args, **kwargs: static_beam_search(*args, capture=False, check_every=1, **kwargs))
+    assert fixed == [src.shape[0] * 4] * len(shrinking)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.lists(st.sampled_from([float("-inf"), -3.0, -1.5, -1.0, 0.0, 2.0]), min_size=1, max_size=9),
+                     min_size=1, max_size=4).filter(lambda rows: len({len(r) for r in rows}) == 1))
+def test_stable_descending_order_sorts_as_python_sorted_does(rows):
+    from transformer_mt.decoding import stable_descending_order
+
+    order = stable_descending_order(torch.tensor(rows, dtype=torch.float64)).tolist()
+    assert order == [sorted(range(len(row)), key=lambda i: row[i], reverse=True) for row in rows]
+
+
+def test_batches_of_one_padded_shape_reuse_one_set_of_step_buffers_with_the_same_output():
+    # What a CUDA graph replays for every batch of its bucket, run eagerly: batches of 5-8
+    # sentences and 6-8 source tokens pad to one shape (8 sentences, 8 tokens), the next to another.
+    from transformer_mt.graph_decoding import StepGraphs, static_beam_search, static_greedy_decode
+
+    model = random_model(5)
+    batches = [random_sources(seed, batch=batch, max_len=max_len, min_len=3)
+               for seed, batch, max_len in [(0, 5, 8), (1, 8, 8), (2, 7, 6), (3, 9, 8), (4, 6, 20)]]
+    assert [tuple(b.shape) for b in batches][:3] == [(5, 8), (8, 8), (7, 6)]  # one bucket
+    greedy_settings = {"bos_id": BOS, "eos_id": EOS, "max_len_a": 1.5, "max_len_b": 5}
+    beam_settings = dict(greedy_settings, beam_size=3, n_best=2, alpha=1.0)
+    for search, expected, settings_ in [(static_greedy_decode, greedy_decode, greedy_settings),
+                                        (static_beam_search, beam_search, beam_settings)]:
+        graphs, states = StepGraphs(), []
+        for src in batches:
+            got = search(model, src, capture=False, graphs=graphs, **settings_)
+            states.append(next(iter(graphs.captured.values()))[0])
+            if search is static_greedy_decode:
+                assert got == expected(model, src, **settings_)
+            else:
+                assert_same_hypotheses(got, expected(model, src, **settings_))
+        assert states[0] is states[1] is states[2]  # the first batch's buffers, reused
+        assert states[3] is not states[2] and states[4] is not states[3]  # 9 sentences; 19 tokens

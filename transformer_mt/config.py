@@ -258,8 +258,8 @@ class DecodeConfig:
     """GNMT length-penalty α for beam search: hypotheses are ranked by
     log-prob / ((5 + length) / 6)^α; 0 ranks by raw log-prob (favours short outputs)."""
     cuda_graphs: bool = True
-    """Greedy decoding on a CUDA GPU runs fixed-shape decoder steps replayed as a CUDA graph
-    (the same output; a step is then one launch instead of hundreds). `false`: eager steps."""
+    """Greedy and beam search on a CUDA GPU run fixed-shape decoder steps replayed as a CUDA
+    graph (the same output; a step is then one launch instead of hundreds). `false`: eager steps."""
     attention_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = "auto"
     """Attention kernel of decoding (validation BLEU, the final test, `tmt translate` and `tmt
     evaluate`): `auto` on CUDA tries flash, then memory-efficient, then math, never cuDNN's (it

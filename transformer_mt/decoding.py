@@ -84,102 +84,164 @@ class Hypothesis:
     score: float
 
 
+@dataclass
+class BeamState:
+    """A beam search over B sentences × K beams (row b·K + k is beam k of sentence b) in tensors of
+    fixed size: the live beams, each sentence's M best finished hypotheses, and which sentences
+    are done. `advance_beams` updates it in place, with no Python loop over sentences or
+    hypotheses and nothing read back to the host, so a step can be replayed from a CUDA graph
+    (`graph_decoding.py`); `select` keeps some sentences, for the eager search."""
+
+    tokens: torch.Tensor  # (B·K, C + 1) long: BOS, then each live beam's tokens; pad beyond
+    scores: torch.Tensor  # (B·K,) fp32: each live beam's summed log-probability
+    position: torch.Tensor  # (1,) long: tokens generated so far, i.e. the step
+    limits: torch.Tensor  # (B,) long: each sentence's cap on generated tokens
+    done: torch.Tensor  # (B,) bool: the sentence sets nothing more aside
+    count: torch.Tensor  # (B,) long: hypotheses set aside so far (may pass K)
+    best_tokens: torch.Tensor  # (B, M, C) long: the M best finished, generated ids with their EOS; pad beyond
+    best_log_probs: torch.Tensor  # (B, M) fp32
+    best_scores: torch.Tensor  # (B, M) fp64: log-prob / length penalty, best first; -inf = empty slot
+    penalties: torch.Tensor  # (C + 1,) fp64: length_penalty(n, α) for n = 0..C generated tokens
+
+    def select(self, sentences: torch.Tensor) -> BeamState:
+        """The state of the sentences `sentences` (B',) long alone, in that order."""
+        K = self.tokens.shape[0] // self.done.shape[0]
+        rows = (sentences[:, None] * K + torch.arange(K, device=sentences.device)).flatten()  # (B'·K,)
+        return BeamState(self.tokens[rows], self.scores[rows], self.position, self.limits[sentences],
+                         self.done[sentences], self.count[sentences], self.best_tokens[sentences],
+                         self.best_log_probs[sentences], self.best_scores[sentences], self.penalties)
+
+
+def new_beam_state(limits: torch.Tensor, beam_size: int, n_best: int, capacity: int, *, bos_id: int, pad_id: int,
+                   alpha: float) -> BeamState:
+    """The state before the first step: one live beam per sentence (score 0), the other K - 1 at
+    -inf so that the K beams do not all pick the same first token. limits (B,) long."""
+    B, K, device = limits.shape[0], beam_size, limits.device
+    # Scores in fp64, as Python's floats: a hypothesis's score is then the very number the plain
+    # search computed. MPS has no fp64.
+    fp64 = torch.float32 if device.type == "mps" else torch.float64
+    tokens = torch.full((B * K, capacity + 1), pad_id, dtype=torch.long, device=device)
+    tokens[:, 0] = bos_id
+    scores = torch.full((B, K), float("-inf"), device=device)
+    scores[:, 0] = 0.0
+    penalties = torch.tensor([length_penalty(n, alpha) for n in range(capacity + 1)], dtype=fp64, device=device)
+    return BeamState(tokens, scores.flatten(), torch.zeros(1, dtype=torch.long, device=device), limits,
+                     torch.zeros(B, dtype=torch.bool, device=device), torch.zeros(B, dtype=torch.long, device=device),
+                     torch.full((B, n_best, capacity), pad_id, dtype=torch.long, device=device),
+                     torch.zeros(B, n_best, device=device),
+                     torch.full((B, n_best), float("-inf"), dtype=fp64, device=device), penalties)
+
+
+def advance_beams(s: BeamState, log_probs: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """One step of beam search on the live beams' next-token log-probs (B·K, V) fp32.
+
+    Each sentence's 2K best continuations are ranked by summed log-prob; those among the top K
+    that end in EOS (all top K at the length cap) are set aside, scored log-prob / length
+    penalty (tokens incl. EOS, α), into the M best finished; the K best that do not end become
+    the live beams. A sentence is done once it has K finished hypotheses, or M that no live beam
+    can still beat (log-probs only fall, so a live beam's best reachable score is its log-prob
+    over the penalty at its length cap), or reaches its cap; a done sentence sets nothing more
+    aside, whether its rows are dropped or computed and ignored. Returns the rows (B·K,) long the
+    new beams continue, for the caller to reorder its key/value cache with: beams move only
+    within their sentence.
+    """
+    BK, V = log_probs.shape
+    B, M, C = s.best_tokens.shape
+    K = BK // B
+    candidates = (s.scores[:, None] + log_probs).view(B, K * V)
+    cand_scores, cand_flat = candidates.topk(2 * K, dim=1)  # (B, 2K), best first
+    cand_beam, cand_token = cand_flat // V, cand_flat % V  # (B, 2K) each
+    first_row = torch.arange(0, BK, K, device=log_probs.device)[:, None]  # (B, 1)
+
+    # Set aside the top K candidates that end, into the M best finished.
+    at_cap = s.position + 1 >= s.limits  # (B,)
+    top_scores = cand_scores[:, :K]
+    ends = ((cand_token[:, :K] == eos_id) | at_cap[:, None]) & (top_scores > float("-inf")) & ~s.done[:, None]
+    length_penalty_now = s.penalties.index_select(0, s.position + 1)  # (1,) every candidate has position + 1 tokens
+    new_scores = (top_scores.to(s.best_scores.dtype) / length_penalty_now).masked_fill(~ends, float("-inf"))
+    new_tokens = s.tokens.index_select(0, (first_row + cand_beam[:, :K]).flatten())[:, 1:].view(B, K, C)
+    new_tokens.index_copy_(2, s.position, cand_token[:, :K, None])  # the EOS, or the last token at the cap
+    pool_scores = torch.cat([s.best_scores, new_scores], dim=1)  # (B, M + K)
+    keep = stable_descending_order(pool_scores)[:, :M]  # (B, M)
+    s.best_scores.copy_(pool_scores.gather(1, keep))
+    s.best_log_probs.copy_(torch.cat([s.best_log_probs, top_scores], dim=1).gather(1, keep))
+    s.best_tokens.copy_(torch.cat([s.best_tokens, new_tokens], dim=1).gather(1, keep[:, :, None].expand(B, M, C)))
+    s.count += ends.sum(dim=1)
+
+    # The K best candidates that did not end become the live beams.
+    live_scores, pick = cand_scores.masked_fill(cand_token == eos_id, float("-inf")).topk(K, dim=1)  # (B, K)
+    rows = (first_row + cand_beam.gather(1, pick)).flatten()  # (B·K,)
+    beaten = live_scores[:, 0].to(s.best_scores.dtype) / s.penalties.index_select(0, s.limits) <= s.best_scores[:, -1]
+    s.done |= at_cap | (s.count >= K) | ((s.count >= M) & beaten)
+    s.tokens.copy_(s.tokens.index_select(0, rows))
+    s.tokens.index_copy_(1, s.position + 1, cand_token.gather(1, pick).view(BK, 1))
+    s.scores.copy_(live_scores.flatten())
+    s.position += 1
+    return rows
+
+
+def stable_descending_order(scores: torch.Tensor) -> torch.Tensor:
+    """The indices that sort each row of scores (B, P) best first, the earlier of equal scores first
+    (as Python's `sorted` keeps them) -> (B, P) long. Counted by comparing all pairs, for the few
+    hypotheses of a beam: no `torch.sort`, whose stable CUDA kernels may not be captured in a graph."""
+    P = scores.shape[1]
+    earlier = torch.ones(P, P, dtype=torch.bool, device=scores.device).tril(-1)  # [i, j]: j comes before i
+    ahead = (scores[:, None, :] > scores[:, :, None]) | ((scores[:, None, :] == scores[:, :, None]) & earlier)
+    rank = ahead.sum(dim=2)  # (B, P): how many go before each; a permutation of 0..P-1
+    return torch.empty_like(rank).scatter_(1, rank, torch.arange(P, device=scores.device).expand_as(rank))
+
+
+def finished_hypotheses(s: BeamState, eos_id: int, pad_id: int) -> list[list[Hypothesis]]:
+    """Each sentence's finished hypotheses, best first (one copy to the host)."""
+    tokens, log_probs, scores = s.best_tokens.tolist(), s.best_log_probs.tolist(), s.best_scores.tolist()
+    return [[Hypothesis(strip_generated(ids, eos_id, pad_id), log_prob, score)
+             for ids, log_prob, score in zip(*sentence) if score > float("-inf")]
+            for sentence in zip(tokens, log_probs, scores)]
+
+
 @torch.inference_mode()
 def beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_id: int, beam_size: int,
                 max_len_a: float, max_len_b: int, alpha: float = 0.6, n_best: int = 1) -> list[list[Hypothesis]]:
-    """Beam search with K = `beam_size` beams per sentence, batched over sentences.
+    """Beam search with K = `beam_size` beams per sentence, batched over sentences (`advance_beams`
+    says how candidates are ranked, set aside and when a sentence is done).
 
-    src_ids (B, S) long -> for each sentence, its `n_best` hypotheses, best first. Beams are
-    ranked by summed log-probability; a beam that emits EOS among the top K candidates is set
-    aside, scored log_prob / length_penalty(tokens incl. EOS, α). A sentence is done once it
-    has K finished hypotheses, or `n_best` that no live beam can still beat (log-probs only
-    fall, so a live beam's best reachable score is its log-prob over the penalty at its length
-    cap), or reaches its length cap. Beam size 1 gives exactly greedy decoding's output.
-    Finished sentences leave the batch, and their rows leave the cache.
+    src_ids (B, S) long -> for each sentence, its `n_best` hypotheses, best first. A step where
+    sentences are done takes their rows out of the batch and the cache: the work of a step
+    grows with its rows, and a trained model's sentences end at different steps (on the demo
+    model, keeping them all in made beam 5 take 1.55x the CPU time). `graph_decoding.
+    static_beam_search` keeps every row instead, for a CUDA graph. Beam size 1 gives exactly
+    greedy decoding's output.
     """
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
-    K, pad_id, device = beam_size, model.pad_id, src_ids.device
-    B = src_ids.shape[0]
+    K, pad_id = beam_size, model.pad_id
     src_mask = src_ids != pad_id  # (B, S)
-    limits = max_target_lengths(src_mask, max_len_a, max_len_b, model.cfg.max_len).tolist()
+    limits = max_target_lengths(src_mask, max_len_a, max_len_b, model.cfg.max_len)  # (B,)
+    max_steps = int(limits.max())
     memory = model.encode(src_ids, src_mask).repeat_interleave(K, dim=0)  # (B·K, S, D)
     src_mask = src_mask.repeat_interleave(K, dim=0)  # (B·K, S)
-    cache = model.new_cache(max(limits))
-
-    active = list(range(B))  # sentences still searching, in the order of the rows below
-    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-    tokens = torch.full((B * K, 1), bos_id, dtype=torch.long, device=device)  # (N·K, t+1) with BOS
-    # Only the first beam is live at the start, so the K beams do not all pick the same token.
-    scores = torch.tensor([0.0] + [float("-inf")] * (K - 1), device=device).repeat(B)  # (N·K,)
-    step = 0
-    while active:
-        N = len(active)
-        logits = model.decode(tokens[:, -1:], memory, src_mask, cache)[:, -1, :].float()  # (N·K, V)
-        log_probs = torch.log_softmax(_forbid_special(logits, pad_id, bos_id), dim=-1)
-        V = log_probs.shape[-1]
-        candidates = (scores[:, None] + log_probs).view(N, K * V)  # (N, K·V)
-        cand_scores, cand_flat = candidates.topk(2 * K, dim=1)  # (N, 2K), best first
-        cand_beam, cand_token = cand_flat // V, cand_flat % V  # (N, 2K) each
-
-        # Set aside hypotheses ending in EOS among the top K candidates (all top K at the cap).
-        at_cap = torch.tensor([step + 1 >= limits[b] for b in active], device=device)  # (N,)
-        ends = ((cand_token[:, :K] == eos_id) | at_cap[:, None]).nonzero().tolist()
-        if ends:  # one copy to the host each, not one per finished hypothesis
-            cand_lists = cand_scores.tolist(), cand_beam.tolist(), cand_token.tolist()
-            prefixes = tokens[:, 1:].tolist()  # (N·K, t) without BOS
-            for row, rank in ends:
-                _set_aside(finished[active[row]], prefixes[row * K + cand_lists[1][row][rank]],
-                           cand_lists[2][row][rank], cand_lists[0][row][rank], eos_id, alpha)
-
-        # The K best candidates that did not end become the live beams.
-        live_scores = cand_scores.masked_fill(cand_token == eos_id, float("-inf"))  # (N, 2K)
-        live_scores, pick = live_scores.topk(K, dim=1)  # (N, K) indices into the 2K candidates
-        beam_rows = torch.arange(N, device=device)[:, None] * K + cand_beam.gather(1, pick)  # (N, K)
-        next_tokens = cand_token.gather(1, pick)  # (N, K)
-
-        best_live = live_scores[:, 0].tolist()  # (N,) sorted, so column 0 is each row's best
-        still = [row for row, b in enumerate(active)
-                 if step + 1 < limits[b] and not _sentence_done(finished[b], best_live[row], limits[b], K, alpha, n_best)]
-        if not still:
+    cache = model.new_cache(max_steps)
+    s = new_beam_state(limits, K, n_best, max_steps, bos_id=bos_id, pad_id=pad_id, alpha=alpha)
+    sentences = torch.arange(src_ids.shape[0], device=src_ids.device)  # (N,) each row block's sentence
+    results: list[list[Hypothesis]] = [[] for _ in range(src_ids.shape[0])]
+    for step in range(max_steps):
+        logits = model.decode(s.tokens[:, step:step + 1], memory, src_mask, cache)[:, -1, :].float()  # (N·K, V)
+        rows = advance_beams(s, torch.log_softmax(_forbid_special(logits, pad_id, bos_id), dim=-1), eos_id)
+        if not bool(s.done.any()):
+            # A sentence's beams share its memory and cross-attention K/V: only self-attention's move.
+            cache.reorder(rows, cross=False)
+            continue
+        done = s.done.nonzero().squeeze(1)  # (n,) the one copy to the host of a step where some are done
+        for sentence, hyps in zip(sentences[done].tolist(), finished_hypotheses(s.select(done), eos_id, pad_id)):
+            results[sentence] = hyps
+        keep = (~s.done).nonzero().squeeze(1)  # (N',)
+        if keep.numel() == 0:
             break
-        keep = torch.tensor(still, device=device)
-        rows = beam_rows[keep].flatten()  # (N'·K,)
-        tokens = torch.cat([tokens.index_select(0, rows), next_tokens[keep].reshape(-1, 1)], dim=1)
-        scores = live_scores[keep].flatten()
-        # Beams move only within their sentence, and a sentence's beams share the same memory
-        # and cross-attention K/V: those need gathering only when sentences leave the batch.
-        pruned = len(still) < N
-        cache.reorder(rows, cross=pruned)
-        if pruned:
-            memory, src_mask = memory.index_select(0, rows), src_mask.index_select(0, rows)
-        active = [active[row] for row in still]
-        step += 1
-    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:n_best] for hyps in finished]
-
-
-def _set_aside(hyps: list[Hypothesis], prefix: list[int], token: int, log_prob: float, eos_id: int,
-               alpha: float) -> None:
-    """Record a finished hypothesis: `prefix` (no BOS) plus `token`, which is EOS unless at the cap."""
-    if log_prob == float("-inf"):
-        return  # an unused beam (only one beam is live on the first step)
-    ids = prefix if token == eos_id else prefix + [token]
-    length = len(ids) + (token == eos_id)  # generated tokens, EOS included
-    hyps.append(Hypothesis(ids, log_prob, log_prob / length_penalty(length, alpha)))
-
-
-def _sentence_done(hyps: list[Hypothesis], best_live_log_prob: float, limit: int, beam_size: int, alpha: float,
-                   n_best: int) -> bool:
-    """True when the sentence has `beam_size` finished hypotheses (fairseq's rule, which makes
-    beam 1 equal greedy), or `n_best` that no live beam can still beat."""
-    if len(hyps) >= beam_size:
-        return True
-    if len(hyps) < n_best:
-        return False
-    nth_best = sorted((h.score for h in hyps), reverse=True)[n_best - 1]
-    # Log-probs only decrease and the penalty grows with length, so the best a live beam can
-    # reach is its current log-prob divided by the penalty at the longest allowed length.
-    return best_live_log_prob / length_penalty(limit, alpha) <= nth_best
+        rows = rows.view(-1, K)[keep].flatten()  # (N'·K,)
+        cache.reorder(rows, cross=True)
+        memory, src_mask = memory.index_select(0, rows), src_mask.index_select(0, rows)
+        s, sentences = s.select(keep), sentences[keep]
+    return results
 
 
 @dataclass(frozen=True)

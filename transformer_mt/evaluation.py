@@ -14,7 +14,7 @@ from transformer_mt.batching import pad_sequences, sorted_batches
 from transformer_mt.config import DecodeConfig
 from transformer_mt.cpu_fast_path import decoding_model
 from transformer_mt.decoding import Hypothesis, Sampling, beam_search, greedy_decode, sample_decode
-from transformer_mt.graph_decoding import static_greedy_decode
+from transformer_mt.graph_decoding import StepGraphs, static_beam_search, static_greedy_decode
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision, pick_attention
 
@@ -74,9 +74,10 @@ def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: Dec
     allows are truncated; results come back in input order. `progress` shows a bar on stderr.
     """
     beam_size = decode_cfg.beam_size if beam_size is None else beam_size
+    graphs = StepGraphs()  # batches of one padded shape replay one capture
 
     def decode(decoder: Transformer, src_ids: torch.Tensor) -> list[list[int]]:
-        return _decode_batch(decoder, src_ids, decode_cfg, beam_size, bos_id, eos_id)
+        return _decode_batch(decoder, src_ids, decode_cfg, beam_size, bos_id, eos_id, graphs)
 
     # Beam search decodes K rows per sentence, so each sentence costs K times its length.
     return _translate_batches(model, src_seqs, decode_cfg, decode, rows_per_sentence=beam_size, eos_id=eos_id,
@@ -103,11 +104,10 @@ def translate_hypotheses(model: Transformer, src_seqs: list[list[int]], decode_c
         rows_per_sentence = n_best
     else:
         beam_size = decode_cfg.beam_size if beam_size is None else beam_size
+        graphs = StepGraphs()
 
         def decode(decoder: Transformer, src_ids: torch.Tensor) -> list[list[Hypothesis]]:
-            return beam_search(decoder, src_ids, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size,
-                               max_len_a=decode_cfg.max_len_a, max_len_b=decode_cfg.max_len_b, alpha=alpha,
-                               n_best=n_best)
+            return _beam_search(decoder, src_ids, decode_cfg, beam_size, bos_id, eos_id, graphs, n_best)
         rows_per_sentence = beam_size
     return _translate_batches(model, src_seqs, decode_cfg, decode, rows_per_sentence=rows_per_sentence,
                               eos_id=eos_id, device=device, precision=precision, progress=progress)
@@ -142,17 +142,24 @@ def _translate_batches(model: Transformer, src_seqs: list[list[int]], decode_cfg
 
 
 def _decode_batch(model: Transformer, src_ids: torch.Tensor, decode_cfg: DecodeConfig, beam_size: int,
-                  bos_id: int, eos_id: int) -> list[list[int]]:
+                  bos_id: int, eos_id: int, graphs: StepGraphs) -> list[list[int]]:
     if beam_size == 1 and decode_cfg.cuda_graphs and src_ids.device.type == "cuda":
         return static_greedy_decode(model, src_ids, bos_id=bos_id, eos_id=eos_id, max_len_a=decode_cfg.max_len_a,
-                                    max_len_b=decode_cfg.max_len_b, capture=True)
+                                    max_len_b=decode_cfg.max_len_b, capture=True, graphs=graphs)
     if beam_size == 1:
         return greedy_decode(model, src_ids, bos_id=bos_id, eos_id=eos_id,
                              max_len_a=decode_cfg.max_len_a, max_len_b=decode_cfg.max_len_b)
-    hypotheses = beam_search(model, src_ids, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size,
-                             max_len_a=decode_cfg.max_len_a, max_len_b=decode_cfg.max_len_b,
-                             alpha=decode_cfg.length_penalty)
-    return [hyps[0].ids for hyps in hypotheses]
+    return [hyps[0].ids for hyps in _beam_search(model, src_ids, decode_cfg, beam_size, bos_id, eos_id, graphs)]
+
+
+def _beam_search(model: Transformer, src_ids: torch.Tensor, decode_cfg: DecodeConfig, beam_size: int, bos_id: int,
+                 eos_id: int, graphs: StepGraphs, n_best: int = 1) -> list[list[Hypothesis]]:
+    """Beam search, its fixed-shape steps replayed from a CUDA graph on CUDA with `decode.cuda_graphs`."""
+    settings = dict(bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, max_len_a=decode_cfg.max_len_a,
+                    max_len_b=decode_cfg.max_len_b, alpha=decode_cfg.length_penalty, n_best=n_best)
+    if decode_cfg.cuda_graphs and src_ids.device.type == "cuda":
+        return static_beam_search(model, src_ids, capture=True, graphs=graphs, **settings)
+    return beam_search(model, src_ids, **settings)
 
 
 def cross_attention_map(model: Transformer, src_ids: list[int], hyp_ids: list[int], *, bos_id: int, eos_id: int,

@@ -93,6 +93,12 @@ def test_model_and_tokenizer_settings_that_differ_from_the_parents_are_listed(pa
     assert err.value.problems[0].startswith("train.init_from: the model and tokenizer settings must be those of")
 
 
+def test_a_child_may_fine_tune_with_other_dropout_rates(parent: Path, tmp_path: Path):
+    """Dropout changes how the weights are trained, not what they mean: fine-tuning often lowers it."""
+    cfg = child_config(tmp_path, parent, model={"dropout": 0.3, "attention_dropout": 0.2, "activation_dropout": 0.2})
+    assert load_parent(cfg).record["weights"] == "ema"
+
+
 def test_a_checkpoint_file_names_its_run_and_a_bad_path_is_one_clear_line(parent: Path, tmp_path: Path,
                                                                           monkeypatch, capsys):
     step = parent / "checkpoints" / "step_00000003.pt"

@@ -232,8 +232,8 @@ class TrainConfig:
     """Start a new run from another run's weights (fine-tuning, domain adaptation): a run directory
     (its `best.pt`, else its newest step checkpoint) or a checkpoint file in a run's `checkpoints/`.
     The weights are those `tmt translate` uses (the EMA's, when the parent has one); the tokenizers
-    are copied from the parent, whose `model.*` and `tokenizer.*` settings this config must repeat;
-    the optimizer, step count, schedule and data order start afresh. `summary.json` records the
+    are copied from the parent, whose `model.*` and `tokenizer.*` settings this config must repeat
+    (the dropout rates excepted); the optimizer, step count, schedule and data order start afresh. `summary.json` records the
     parent (`init_from`). Ignored when the run resumes from its own checkpoint. Relative to the
     config file, or to the current directory when set with `--set`; unset (null): a fresh model."""
 

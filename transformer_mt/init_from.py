@@ -17,6 +17,9 @@ logger = logging.getLogger(__name__)
 
 # What the parent's weights and tokenizers mean: the child must have the same.
 SHARED_SECTIONS = ("model", "tokenizer")
+# Settings of training only, which fine-tuning commonly changes: they do not change what the
+# weights or the token ids mean.
+TRAINING_ONLY = {"model.dropout", "model.attention_dropout", "model.activation_dropout", "tokenizer.bpe_dropout"}
 
 
 @dataclass(frozen=True)
@@ -50,12 +53,13 @@ def parent_paths(init_from: str) -> tuple[Path, Path]:
 
 
 def setting_conflicts(parent_config: dict, current: dict) -> list[str]:
-    """One line per `model.*` or `tokenizer.*` key whose value differs from the parent's, with both."""
+    """One line per `model.*` or `tokenizer.*` key whose value differs from the parent's, with both
+    (the dropout rates, `TRAINING_ONLY`, may differ)."""
     conflicts = []
     for section in SHARED_SECTIONS:
         before, after = parent_config.get(section) or {}, current.get(section) or {}
         for key in sorted(set(before) | set(after)):
-            if before.get(key) != after.get(key):
+            if f"{section}.{key}" not in TRAINING_ONLY and before.get(key) != after.get(key):
                 conflicts.append(f"{section}.{key}: {before.get(key)!r} in the parent, {after.get(key)!r} here")
     return conflicts
 

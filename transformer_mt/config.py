@@ -592,7 +592,8 @@ def _check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
             if entry.weight <= 0:
                 check(f"data.corpora[{i}].weight: must be positive, got {entry.weight}")
     elif not d.path or "\0" in d.path:
-        check(f"data.path: {d.path!r} must name a hub dataset or a local directory (or list corpora in data.corpora)")
+        check(f"data.path: {d.path!r} must name a hub dataset or a local directory (or list corpora in data.corpora)",
+              "data.corpora")
     for key, lang in (("data.src_lang", d.src_lang), ("data.tgt_lang", d.tgt_lang)):
         if not lang or any(c in lang for c in "/\\\0") or lang.strip() != lang:  # part of each file name
             check(f"{key}: {lang!r} must be a language code such as 'en' (it names the data files)")

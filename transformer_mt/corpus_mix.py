@@ -22,6 +22,7 @@ import numpy as np
 
 from transformer_mt.config import DataConfig
 from transformer_mt.data_sources import PairChunk, SplitSource, open_sources
+from transformer_mt.errors import DataError
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def corpus_weights(cfg: DataConfig) -> tuple[float, ...]:
 def open_corpora(cfg: DataConfig) -> OpenedCorpora:
     """Open every corpus's sources (`data_sources.open_sources`); with one corpus, its own sources."""
     configs = corpus_configs(cfg)
-    opened = [open_sources(one) for one in configs]
+    opened = [_opened(one, f"data.corpora[{i}]" if cfg.corpora else "") for i, one in enumerate(configs)]
     labels = tuple(one.path for one in configs)
     if len(opened) == 1:
         return OpenedCorpora(opened[0], (opened[0]["train"],), labels)
@@ -70,6 +71,16 @@ def open_corpora(cfg: DataConfig) -> OpenedCorpora:
                         key="corpora:" + json.dumps([[one.format, part.key] for one, part in zip(configs, parts)]),
                         chunks=lambda: _chained(parts))
     return OpenedCorpora({"train": train, "valid": opened[0]["valid"], "test": opened[0]["test"]}, parts, labels)
+
+
+def _opened(cfg: DataConfig, entry: str) -> dict[str, SplitSource | None]:
+    """`open_sources(cfg)`; an error names the `data.corpora` entry at fault, when there is one."""
+    try:
+        return open_sources(cfg)
+    except DataError as err:
+        if not entry:
+            raise
+        raise DataError(f"{entry} ({cfg.path}): {err}") from None
 
 
 def _chained(parts: tuple[SplitSource, ...]) -> Iterator[PairChunk]:

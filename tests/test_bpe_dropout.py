@@ -74,6 +74,9 @@ def test_the_sampler_cuts_each_epoch_by_the_lengths_of_its_own_segmentation(corp
         assert sorted(rows % len(MANY_PAIRS)) == list(range(len(MANY_PAIRS)))
         for batch in batches:  # within the budget by this segmentation's lengths
             assert len(batch) * trainer.train_data.lengths()[batch].max() <= cfg.train.batch_tokens
+    # The report's tokens per epoch are those of the first epoch's segmentation, as trained.
+    first = trainer.sampler.epoch_batches(0)
+    assert sum(trainer.train_data.batch(b).n_tgt_tokens for b in first) == trainer.data_report.tgt_tokens_per_epoch
 
 
 def test_a_cached_segmentation_is_reused_not_drawn_again(corpus: Path, tmp_path: Path):

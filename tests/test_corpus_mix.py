@@ -86,6 +86,8 @@ def test_the_training_sampler_draws_each_corpus_by_its_weight(corpora, tmp_path:
         rows = Counter(np.concatenate(trainer.sampler.epoch_batches(epoch)).tolist())
         assert all(rows[i] == 1 for i in range(12)) and all(rows[i] == 2 for i in range(12, 20))
         assert sum(rows.values()) == 12 + 16
+    first = trainer.sampler.epoch_batches(0)
+    assert sum(trainer.train_data.batch(b).n_tgt_tokens for b in first) == trainer.data_report.tgt_tokens_per_epoch
 
 
 def test_the_data_report_gives_each_corpus_its_pairs_tokens_and_share(corpora, tmp_path: Path, monkeypatch, capsys):

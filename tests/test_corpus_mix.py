@@ -103,8 +103,8 @@ def test_the_data_report_gives_each_corpus_its_pairs_tokens_and_share(corpora, t
     for pairs, row, share in zip((TINY_PAIRS, OTHER_PAIRS), rows, report.corpora):
         expected = sum(map(len, tokenizers.encode_tgt([t for _, t in pairs]))) + len(pairs)  # + EOS each
         assert share.tgt_tokens == expected and row[2] == f"{expected:,}"
-    assert report.to_dict()["corpora"][1] == {"path": str(corpora[1]), "pairs": 8, "tgt_tokens": report.corpora[1].tgt_tokens,
-                                               "weight": 0.5, "share": 0.25}
+    assert report.to_dict()["corpora"][1] == {"path": str(corpora[1]), "pairs": 8, "weight": 0.5, "share": 0.25,
+                                               "tgt_tokens": report.corpora[1].tgt_tokens}
 
 
 def test_training_on_mixed_corpora_resumes_exactly(corpora, tmp_path: Path):
@@ -150,7 +150,8 @@ def test_a_corpus_that_cannot_be_read_is_named_by_its_entry(corpora, tmp_path: P
 
 def test_relative_corpus_paths_are_resolved_against_the_config_file(corpora, tmp_path: Path):
     config_file = corpora[0].parent / "mixed.yaml"
-    config_file.write_text("data:\n  corpora:\n    - {path: first}\n    - {path: second, weight: 3}\n", encoding="utf-8")
+    config_file.write_text("data:\n  corpora:\n    - {path: first}\n    - {path: second, weight: 3}\n",
+                           encoding="utf-8")
     cfg = load_config(config_file)
     assert [entry.path for entry in cfg.data.corpora] == [str(corpora[0]), str(corpora[1])]
     assert [entry.weight for entry in cfg.data.corpora] == [1.0, 3.0]

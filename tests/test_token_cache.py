@@ -182,7 +182,8 @@ def test_a_dropout_variant_holds_the_plain_entrys_pairs_within_max_len(tmp_path:
     rows = list(range(len(plain)))
     (plain_src, plain_tgt), (src, tgt) = plain.ids(rows), variant.ids(rows)
     assert len(variant) == len(plain) and max(variant.lengths()) <= max_len
-    assert pair.decode_tgt(tgt) == pair.decode_tgt(plain_tgt) and pair.src.decode_batch(src) == pair.src.decode_batch(plain_src)
+    assert pair.decode_tgt(tgt) == pair.decode_tgt(plain_tgt)
+    assert pair.src.decode_batch(src) == pair.src.decode_batch(plain_src)
     assert tgt != plain_tgt
     assert sorted(entries(tmp_path))[0].startswith("train-")  # the plain entry stays beside its variant
     again = tokenize_split(split, digest, pair, max_len, tmp_path, "train.v2", drop_long=True, bpe_dropout=0.5,

@@ -492,7 +492,8 @@ def _build(cls: type, raw: Any, prefix: str, problems: list[str], defaulted: lis
 def _entry_type(hint: Any) -> type | None:
     """The dataclass of a `tuple[Entry, ...]` field (a list of mappings in YAML), else None."""
     args = typing.get_args(hint)
-    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis and dataclasses.is_dataclass(args[0]):
+    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis \
+            and dataclasses.is_dataclass(args[0]):
         return args[0]
     return None
 

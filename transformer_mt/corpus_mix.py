@@ -4,9 +4,9 @@ their training splits read one after another, and the pairs each epoch draws fro
 Corpus c of n_c training pairs and weight w_c gives every epoch m_c = round(w_c × n_c) pairs
 (halves rounded up): each of its pairs m_c // n_c times, and m_c mod n_c distinct pairs more,
 drawn afresh each epoch by a generator seeded by (seed, epoch, c). Weight 2 shows each pair
-twice an epoch, 0.5 a different half of them each epoch, 1.5 each pair once and half of them again. An epoch's pairs are thus a pure function of
-the seed and the epoch number, which is what makes a resume exact. Validation and test come from
-the first corpus.
+twice an epoch, 0.5 a different half of them each epoch, 1.5 each pair once and half of them
+again. An epoch's pairs are thus a pure function of the seed and the epoch number, which is what
+makes a resume exact. Validation and test come from the first corpus.
 """
 
 from __future__ import annotations

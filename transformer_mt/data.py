@@ -145,7 +145,8 @@ def _open_corpus(directory: Path, manifest: dict, carved: tuple[str, ...] | None
     splits = {split: datasets.Dataset.from_file(str(directory / f"{split}.arrow")) for split in SPLITS}
     logger.info("corpus: %d train, %d valid, %d test pairs", *(len(splits[s]) for s in SPLITS))
     # A manifest from before several corpora were read records no parts: one corpus.
-    parts = tuple((str(label), int(rows)) for label, rows in manifest.get("train_parts") or [["", len(splits["train"])]])
+    recorded = manifest.get("train_parts") or [["", len(splits["train"])]]
+    parts = tuple((str(label), int(rows)) for label, rows in recorded)
     return Corpus(**splits, removed=manifest["removed"], digests=manifest["digests"], carved=carved, train_parts=parts)
 
 

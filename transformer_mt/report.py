@@ -143,8 +143,8 @@ class DataReport:
                                                f"cycled by epoch; {ratio:.2f}x the plain BPE target tokens"]])
         if self.corpora is not None:
             blocks.insert(1, [["corpora", "pairs", "target tokens", "weight", "share of an epoch"]]
-                          + [[f"  {c.path}", f"{c.pairs:,}", f"{c.tgt_tokens:,}", f"{c.weight:g}", f"{100 * c.share:.1f}%"]
-                             for c in self.corpora])
+                          + [[f"  {c.path}", f"{c.pairs:,}", f"{c.tgt_tokens:,}", f"{c.weight:g}",
+                              f"{100 * c.share:.1f}%"] for c in self.corpora])
         if self.valid_truncated:
             blocks.insert(3, [["  longer than max_len", f"{self.valid_truncated:,} valid pair"
                                                          f"{'s' if self.valid_truncated != 1 else ''}, truncated "

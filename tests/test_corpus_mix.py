@@ -3,6 +3,7 @@ the report, exact resume and the configuration's errors."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -155,3 +156,17 @@ def test_relative_corpus_paths_are_resolved_against_the_config_file(corpora, tmp
     cfg = load_config(config_file)
     assert [entry.path for entry in cfg.data.corpora] == [str(corpora[0]), str(corpora[1])]
     assert [entry.weight for entry in cfg.data.corpora] == [1.0, 3.0]
+
+
+def test_an_entry_carries_its_own_source_keys_a_hub_dataset_beside_local_files(corpora, tmp_path: Path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    hub = tmp_path / "hub_dataset"  # a local folder in the hub layout: train.jsonl, a `translation` column
+    hub.mkdir()
+    (hub / "train.jsonl").write_text("".join(json.dumps({"translation": {"en": f"Line {i}.", "it": f"Riga {i}."}}) + "\n"
+                                             for i in range(5)), encoding="utf-8")
+    cfg = tiny_config("", data={"path": "", "format": "text", "corpora": [
+        {"path": str(corpora[0])}, {"path": str(hub), "format": "hub", "weight": 0.4}]})
+    corpus = load_corpus(cfg.data, cfg.seed, tmp_path / "run")
+    assert list(zip(corpus.train["src"], corpus.train["tgt"]))[12:] == [(f"Line {i}.", f"Riga {i}.") for i in range(5)]
+    assert corpus.train_parts == ((str(corpora[0]), 12), (str(hub), 5))

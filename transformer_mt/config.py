@@ -103,7 +103,7 @@ class TokenizerConfig:
     probability, so words are split into varied, smaller pieces (0.1 is the paper's; 0: off).
     Validation, test and translation always use plain BPE, and the saved tokenizers never drop.
     The training split is encoded `bpe_dropout_variants` times ahead into the token cache;
-    epoch e trains on variant e mod that number (a resume reads the same cached variants)."""
+    epoch e trains on number 1 + (e mod that number); a resume reads the same cached ones."""
     bpe_dropout_variants: int = 8
     """Segmentations of the training split cached for `bpe_dropout`, cycled by epoch; each costs
     one more encoding of the training split and its token ids on disk."""

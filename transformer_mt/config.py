@@ -471,7 +471,7 @@ def _build(cls: type, raw: Any, prefix: str, problems: list[str], defaulted: lis
         if dataclasses.is_dataclass(hint):
             values[name] = _build(hint, raw[name], f"{prefix}{name}.", problems, defaulted)
         elif _entry_type(hint) is not None:  # a list of entries, each a mapping of its own keys
-            entries = raw[name]
+            entries = () if raw[name] is None else raw[name]  # `corpora:` with every entry commented out
             if not isinstance(entries, (list, tuple)):
                 problems.append(f"{prefix}{name}: expected a list of mappings, got {_show(entries)}")
                 defaulted.append(f"{prefix}{name}")
@@ -588,8 +588,10 @@ def _check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
             check("data.corpora: given together with data.path; list every corpus under data.corpora (the first "
                   "gives validation and test), or use data.path alone", "data.path")
         for i, entry in enumerate(d.corpora):
-            if not entry.path or "\0" in entry.path:
+            if not entry.path:
                 check(f"data.corpora[{i}].path: missing; each corpus needs a path (a hub dataset or a local directory)")
+            elif "\0" in entry.path:
+                check(f"data.corpora[{i}].path: {entry.path!r} must name a hub dataset or a local directory")
             if entry.weight <= 0:
                 check(f"data.corpora[{i}].weight: must be positive, got {entry.weight}")
     elif not d.path or "\0" in d.path:

@@ -3,9 +3,9 @@
 The cache of a run lives in `<run_dir>/token_cache/<split>-<fingerprint>/`: the Arrow files
 that `datasets.map` wrote (one per tokenizing process) and `entry.json` listing them. The
 fingerprint covers the split's text (so the data files and the data.* filters), the
-tokenizer(s), `model.max_len` and whether over-long pairs are dropped;
-any change makes a new entry and removes the split's old one. Restarts and resumes reuse it,
-so training never tokenizes per step.
+tokenizer(s), `model.max_len` and whether over-long pairs are dropped (and, for a BPE-dropout
+segmentation of the training split, its rate and number); any change makes a new entry and
+removes the split's old one. Restarts and resumes reuse it, so training never tokenizes per step.
 """
 
 from __future__ import annotations

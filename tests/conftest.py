@@ -86,6 +86,7 @@ def run_cli(args: list[str], monkeypatch, capsys, cwd: Path, stdin: bytes | None
     try:
         code = cli.main(args)
     finally:  # cli.main logs to this test's captured stderr, which is closed after the test
-        root.handlers, root.level = handlers, level
+        root.handlers = handlers
+        root.setLevel(level)  # not `root.level =`: that keeps the loggers' cached INFO-enabled answers
     out, err = capsys.readouterr()
     return code, out, err

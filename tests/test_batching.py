@@ -184,3 +184,48 @@ def test_filler_rows_up_to_a_static_shape_change_neither_the_loss_nor_the_gradie
     for name, grad in grads.items():
         torch.testing.assert_close(grown_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
     assert pad_rows(grown, 4, pad_id=0, bos_id=2, eos_id=3) is grown  # never shrinks
+
+
+def test_epoch_rows_choose_each_epochs_examples_and_their_lengths_cut_it():
+    # 40 rows: 20 pairs in two segmentations (rows 20..39 twice as long as rows 0..19). Even epochs
+    # draw rows 0..19, odd ones rows 20..39 with pair 0 twice: each epoch must hold exactly those
+    # rows, cut within the budget by their own lengths.
+    lengths = np.concatenate([np.full(20, 3), np.full(20, 6)])
+
+    def rows(epoch: int) -> np.ndarray:
+        return np.arange(20) if epoch % 2 == 0 else np.concatenate([np.arange(20, 40), [20]])
+
+    sampler = TokenBatchSampler(lengths, batch_tokens=12, seed=4, epoch_rows=rows)
+    for epoch in range(3):
+        batches = sampler.epoch_batches(epoch)
+        assert sorted(np.concatenate(batches).tolist()) == sorted(rows(epoch).tolist())
+        assert all(len(b) * lengths[b].max() <= 12 for b in batches)
+    assert len(sampler.epoch_batches(0)) == 5 and len(sampler.epoch_batches(1)) == 11  # 4 of 3 tokens, 2 of 6
+
+
+@pytest.mark.parametrize("change", [{}, {"batch_tokens": 15}], ids=["same cut", "smaller budget"])
+def test_a_sampler_with_epoch_rows_resumes_mid_epoch_covering_each_example_once(change):
+    lengths = torch.randint(1, 12, (200,), generator=torch.Generator().manual_seed(6)).numpy()
+    rows = np.concatenate([np.arange(100), np.arange(100), np.arange(150, 200)])  # repeats: a weighted mixture
+
+    def sampler(batch_tokens: int = 30) -> TokenBatchSampler:
+        return TokenBatchSampler(lengths, batch_tokens, seed=2, epoch_rows=lambda epoch: rows)
+
+    first = sampler()
+    stream = iter(first)
+    n_first = len(first.epoch_batches(0))
+    before = [next(stream) for _ in range(n_first + 5)]  # an epoch, and 5 batches into the next
+    state = first.state_dict()
+    expected = [next(stream) for _ in range(3)]
+    resumed = sampler(**change)
+    resumed.load_state_dict(state)
+    rest, stream = [], iter(resumed)
+    while True:
+        batch = next(stream)
+        if resumed.epoch != 1:
+            break
+        rest.append(batch)
+    if not change:
+        assert as_lists(rest[:3]) == as_lists(expected)
+    second_epoch = np.concatenate(before[n_first:] + rest)
+    assert sorted(second_epoch.tolist()) == sorted(rows.tolist())  # each example once, repeats included

@@ -8,7 +8,7 @@ import torch
 from tests.conftest import TINY_PAIRS
 from transformer_mt.config import TokenizerConfig
 from transformer_mt.errors import DataError
-from transformer_mt.token_cache import MIN_ROWS_PER_PROCESS, processes_for, tokenize_split
+from transformer_mt.token_cache import MIN_ROWS_PER_PROCESS, _encode_rows, processes_for, tokenize_split
 from transformer_mt.tokenization import train_tokenizers
 
 
@@ -167,3 +167,39 @@ def test_batches_from_the_in_memory_ids_equal_those_from_the_arrow_rows(tmp_path
         for name in ("src_ids", "tgt_in_ids", "tgt_out_ids"):
             assert torch.equal(getattr(a, name), getattr(b, name)), name
         assert (a.n_src_tokens, a.n_tgt_tokens) == (b.n_src_tokens, b.n_tgt_tokens)
+
+
+def test_a_dropout_variant_holds_the_plain_entrys_pairs_within_max_len(tmp_path: Path):
+    # At max_len = the median plain length + 1, no pair is dropped or cut that plain BPE keeps whole.
+    pairs = TINY_PAIRS * 5
+    split, digest, pair = dataset_of(pairs), digest_of(pairs), tokenizers()
+    lengths = [max(len(s), len(t)) for s, t in zip(pair.encode_src([s for s, _ in pairs]),
+                                                   pair.encode_tgt([t for _, t in pairs]))]
+    max_len = sorted(lengths)[len(lengths) // 2] + 1
+    plain = tokenize_split(split, digest, pair, max_len, tmp_path, "train", drop_long=True)
+    variant = tokenize_split(split, digest, pair, max_len, tmp_path, "train.v1", drop_long=True, bpe_dropout=0.5,
+                             variant=1)
+    rows = list(range(len(plain)))
+    (plain_src, plain_tgt), (src, tgt) = plain.ids(rows), variant.ids(rows)
+    assert len(variant) == len(plain) and max(variant.lengths()) <= max_len
+    assert pair.decode_tgt(tgt) == pair.decode_tgt(plain_tgt)
+    assert pair.src.decode_batch(src) == pair.src.decode_batch(plain_src)
+    assert tgt != plain_tgt
+    assert sorted(entries(tmp_path))[0].startswith("train-")  # the plain entry stays beside its variant
+    again = tokenize_split(split, digest, pair, max_len, tmp_path, "train.v2", drop_long=True, bpe_dropout=0.5,
+                           variant=2)
+    assert again.ids(rows)[1] != tgt and len(entries(tmp_path)) == 3  # another variant: another entry
+
+
+def test_a_side_that_dropout_splits_past_max_len_keeps_its_plain_ids():
+    pair = tokenizers()
+    source, target = TINY_PAIRS[5]  # "The city is beautiful." / "La città è bella."
+    rows = {"src": [source], "tgt": [target]}
+    plain = _encode_rows(rows, tokenizers=pair, keep=64, drop_long=True)
+    keep = len(plain["src_ids"][0])
+    assert len(source) > keep >= len(plain["tgt_ids"][0])
+    # Dropping 99% of the merges leaves nearly single characters: the source past `keep` tokens.
+    dropped = _encode_rows(rows, tokenizers=pair, keep=keep, drop_long=True, dropping=pair.with_bpe_dropout(0.99))
+    assert dropped["src_ids"] == plain["src_ids"]  # the plain ids, not a cut segmentation
+    longer = _encode_rows(rows, tokenizers=pair, keep=64, drop_long=True, dropping=pair.with_bpe_dropout(0.99))
+    assert len(longer["src_ids"][0]) > keep

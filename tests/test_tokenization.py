@@ -1,3 +1,4 @@
+import json
 import pickle
 from pathlib import Path
 
@@ -105,3 +106,15 @@ def test_lines_with_an_overlong_word_are_left_out_of_bpe_training(caplog):
     assert with_long.src.get_vocab() == without.src.get_vocab()  # nothing learnt from the left-out line
     assert any(piece.startswith("cc") for piece in with_long.src.get_vocab())  # the line at the limit was trained on
     assert with_long.encode_src([long_word])[0]  # still tokenized
+
+
+def test_a_bpe_dropout_copy_splits_words_smaller_and_decodes_the_same_leaving_the_original_plain():
+    pair = train_tokenizers(TokenizerConfig(vocab_size=120, min_frequency=1), SRC, TGT)
+    dropping = pair.with_bpe_dropout(0.5)
+    assert dropping.joint and dropping.src.get_vocab() == pair.src.get_vocab()
+    plain = pair.encode_tgt(TGT)
+    dropped = dropping.encode_tgt(TGT)
+    assert dropped != plain and sum(map(len, dropped)) > sum(map(len, plain))
+    assert pair.decode_tgt(dropped) == pair.decode_tgt(plain) == TGT
+    assert pair.encode_tgt(TGT) == plain  # the original never drops
+    assert json.loads(pair.src.to_str())["model"]["dropout"] is None  # what `save` writes

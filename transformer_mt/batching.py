@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -175,6 +175,11 @@ class TokenBatchSampler:
     group. The batches of epoch e depend only on (seed, e) and the `cut` (budget, world size,
     padding), so the state is just (epoch, position) and the cut.
 
+    `epoch_rows` (optional): the examples of epoch e are the rows `epoch_rows(e)` of `lengths`
+    (repeats allowed) rather than each row once; a pure function of e (several corpora mixed by
+    weight, a BPE-dropout variant per epoch: `training_split.EpochRows`), so the state stays the same.
+    Batches then hold row numbers, and each epoch is cut by the lengths of its own rows.
+
     A resume may change the cut (a lower `train.batch_tokens` after running out of memory,
     another device's padding; training refuses another world size, but the sampler would cope).
     Then the rest of that epoch is cut the new way from the examples the earlier batches did not
@@ -191,11 +196,14 @@ class TokenBatchSampler:
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, batch_tokens: int, seed: int,
                  tie_break: Sequence[int] | np.ndarray | None = None, world_size: int = 1,
-                 pad_to_multiple: int = 1, max_length: int | None = None):
+                 pad_to_multiple: int = 1, max_length: int | None = None,
+                 epoch_rows: Callable[[int], np.ndarray] | None = None):
         # int32: a 10 M-pair corpus costs 40 MB per array (batch sizes are computed in int64).
         self.lengths = np.asarray(lengths, dtype=np.int32)  # (N,) before padding
         self.tie_break = None if tie_break is None else np.asarray(tie_break, dtype=np.int32)
         self.max_length = max_length
+        self.epoch_rows = epoch_rows
+        self._rows_of: tuple[int, np.ndarray] | None = None  # (epoch, its rows): the last epoch asked for
         self.cut = {"batch_tokens": batch_tokens, "world_size": world_size, "pad_to_multiple": pad_to_multiple}
         self.seed = seed
         self.epoch = 0
@@ -206,22 +214,37 @@ class TokenBatchSampler:
         """The epoch's batches (arrays of example indices) in training order; their count is a
         multiple of the world size. For the current epoch after a changed cut, the batches of its
         last part. Memory: a few int64 arrays of the corpus size, no Python lists."""
+        rows = self._epoch_rows(epoch)  # None: every row once, and an example is its row
+        n_examples = len(self.lengths) if rows is None else len(rows)
         parts = self.earlier_parts if epoch == self.epoch else []
-        left = None  # (N,) bool: examples that no earlier part handed out; None: all
+        left = None  # (n_examples,) bool: examples that no earlier part handed out; None: all
         for part, (cut, handed_out) in enumerate(parts):
-            used = self._cut_epoch(epoch, part, cut, left)[:handed_out]
-            left = np.ones(len(self.lengths), dtype=bool) if left is None else left
+            used = self._cut_epoch(epoch, part, cut, left, rows)[:handed_out]
+            left = np.ones(n_examples, dtype=bool) if left is None else left
             left[np.concatenate(used) if used else []] = False
-        return self._cut_epoch(epoch, len(parts), self.cut, left)
+        batches = self._cut_epoch(epoch, len(parts), self.cut, left, rows)
+        return batches if rows is None else [rows[batch] for batch in batches]
 
-    def _cut_epoch(self, epoch: int, part: int, cut: dict, left: np.ndarray | None) -> list[np.ndarray]:
-        """Part `part` of epoch `epoch`: the examples marked in `left` (None: all), cut by `cut`."""
+    def _epoch_rows(self, epoch: int) -> np.ndarray | None:
+        if self.epoch_rows is None:
+            return None
+        if self._rows_of is None or self._rows_of[0] != epoch:
+            self._rows_of = (epoch, np.asarray(self.epoch_rows(epoch), dtype=np.int64))
+        return self._rows_of[1]
+
+    def _cut_epoch(self, epoch: int, part: int, cut: dict, left: np.ndarray | None,
+                   rows: np.ndarray | None) -> list[np.ndarray]:
+        """Part `part` of epoch `epoch`: the examples marked in `left` (None: all), cut by `cut`;
+        batches of example numbers (positions in `rows`, the epoch's rows; None: every row once)."""
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        shuffled = torch.randperm(len(self.lengths), generator=gen).numpy()
+        shuffled = torch.randperm(len(self.lengths) if rows is None else len(rows), generator=gen).numpy()
         if part:  # the same shuffle of the examples, another shuffle of the batch groups
             gen = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) * 1_009 + part)
         lengths = padded_length(self.lengths, cut["pad_to_multiple"], self.max_length)
-        keys = (lengths[shuffled],) if self.tie_break is None else (self.tie_break[shuffled], lengths[shuffled])
+        tie_break = self.tie_break
+        if rows is not None:  # each example's length is its row's (this epoch's segmentation)
+            lengths, tie_break = lengths[rows], None if tie_break is None else tie_break[rows]
+        keys = (lengths[shuffled],) if tie_break is None else (tie_break[shuffled], lengths[shuffled])
         by_length = shuffled[np.lexsort(keys)]  # the last key sorts first; stable: remaining ties stay shuffled
         if left is not None:
             by_length = by_length[left[by_length]]

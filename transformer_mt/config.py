@@ -26,6 +26,22 @@ from transformer_mt.files import write_text_atomic
 
 
 @dataclass(frozen=True)
+class CorpusEntry:
+    """One corpus of `data.corpora`: where it is, and how often an epoch draws its pairs."""
+
+    path: str = ""
+    """Hub dataset name or local directory, as `data.path`."""
+    weight: float = 1.0
+    """Pairs of this corpus per epoch, per pair (see `data.corpora`); must be positive."""
+    format: Literal["hub", "text", "tsv", "jsonl"] | None = None
+    """As `data.format`; unset: `data.format`."""
+    hub_config: str | None = None
+    """As `data.hub_config`; unset: `data.hub_config`."""
+    revision: str | None = None
+    """As `data.revision`; unset: `data.revision`."""
+
+
+@dataclass(frozen=True)
 class DataConfig:
     """Where the parallel corpus comes from and how it is filtered."""
 
@@ -59,6 +75,14 @@ class DataConfig:
     num_proc: int | None = None
     """Processes that tokenize a large split (100,000 pairs or more) into the token cache;
     unset: the machine's cores, at most 8. Smaller splits take one process."""
+    corpora: tuple[CorpusEntry, ...] = ()
+    """Several corpora trained on together, instead of `path`: a list of `{path: ..., weight: 2.0}`,
+    each entry with its own `path` (required), `weight` (default 1) and optionally `format`,
+    `hub_config`, `revision` (default: the `data.*` keys); languages and filters are `data.*`'s.
+    Corpus c of n_c training pairs gives each epoch m = round(weight × n_c) pairs: each pair
+    m // n_c times, plus m mod n_c distinct pairs drawn afresh each epoch (seeded by `seed` and the
+    epoch): weight 2 shows each pair twice an epoch, 0.5 another half of them each epoch.
+    Validation and test come from the first corpus (its own splits, else carved from its train)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +98,15 @@ class TokenizerConfig:
     max_train_pairs: int | None = None
     """Train the BPE on at most this many training pairs, a seeded random sample; unset: all.
     Counting words is most of the tokenizer's training time (10 M pairs: 7.5 min on 2 cores)."""
+    bpe_dropout: float = 0.0
+    """BPE-dropout (Provilkov et al. 2020) on the training pairs: each merge is skipped with this
+    probability, so words are split into varied, smaller pieces (0.1 is the paper's; 0: off).
+    Validation, test and translation always use plain BPE, and the saved tokenizers never drop.
+    The training split is encoded `bpe_dropout_variants` times ahead into the token cache;
+    epoch e trains on number 1 + (e mod that number); a resume reads the same cached ones."""
+    bpe_dropout_variants: int = 8
+    """Segmentations of the training split cached for `bpe_dropout`, cycled by epoch; each costs
+    one more encoding of the training split and its token ids on disk."""
 
 
 @dataclass(frozen=True)
@@ -341,7 +374,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     except RecursionError:  # `a: &a [*a]`: a value that contains itself
         raise ConfigError([f"{path}: a YAML alias refers to the value that contains it"]) from None
     overridden = {item.partition("=")[0].strip() for item in overrides}  # keys as `apply_overrides` reads them
-    from_command_line = "data.path" in overridden or "data" in overridden
+    from_command_line = bool(overridden & {"data.path", "data.corpora", "data"})
     cfg = resolve_paths(cfg, Path.cwd() if from_command_line else path.parent)
     if cfg.train.init_from and not user_path(cfg.train.init_from).is_absolute():
         base = Path.cwd() if "train.init_from" in overridden or "train" in overridden else path.parent
@@ -427,16 +460,25 @@ def save_config(cfg: Config, path: Path) -> None:
 
 
 def resolve_paths(cfg: Config, base_dir: Path) -> Config:
-    """Make a relative local `data.path` absolute, relative to `base_dir`. With `format: hub`
-    the path is a hub name unless it names a folder there (a local dataset in the hub layout)."""
-    if not cfg.data.path:
-        return cfg
-    data_path = Path(cfg.data.path).expanduser()
-    if cfg.data.format == "hub" and not (base_dir / data_path).is_dir():
-        return cfg
+    """Make a relative local `data.path` (and each `data.corpora` path) absolute, relative to
+    `base_dir`. With `format: hub` a path is a hub name unless it names a folder there (a local
+    dataset in the hub layout)."""
+    corpora = tuple(dataclasses.replace(entry, path=_resolved(entry.path, entry.format or cfg.data.format, base_dir))
+                    for entry in cfg.data.corpora)
+    path = _resolved(cfg.data.path, cfg.data.format, base_dir)
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=path, corpora=corpora))
+
+
+def _resolved(path: str, data_format: str, base_dir: Path) -> str:
+    """A local `path` made absolute against `base_dir`; a hub name (or no path) as it is."""
+    if not path:
+        return path
+    data_path = Path(path).expanduser()
+    if data_format == "hub" and not (base_dir / data_path).is_dir():
+        return path
     if not data_path.is_absolute():
         data_path = (base_dir / data_path).resolve()
-    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=str(data_path)))
+    return str(data_path)
 
 
 def _build(cls: type, raw: Any, prefix: str, problems: list[str], defaulted: list[str]) -> Any:
@@ -463,6 +505,15 @@ def _build(cls: type, raw: Any, prefix: str, problems: list[str], defaulted: lis
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
             values[name] = _build(hint, raw[name], f"{prefix}{name}.", problems, defaulted)
+        elif _entry_type(hint) is not None:  # a list of entries, each a mapping of its own keys
+            entries = () if raw[name] is None else raw[name]  # `corpora:` with every entry commented out
+            if not isinstance(entries, (list, tuple)):
+                problems.append(f"{prefix}{name}: expected a list of mappings, got {_show(entries)}")
+                defaulted.append(f"{prefix}{name}")
+                continue
+            values[name] = tuple(_build(_entry_type(hint), entry if entry is not None else {},
+                                        f"{prefix}{name}[{i}].", problems, defaulted)
+                                 for i, entry in enumerate(entries))
         else:
             value, problem = _coerce(raw[name], hint)
             if problem:
@@ -471,6 +522,15 @@ def _build(cls: type, raw: Any, prefix: str, problems: list[str], defaulted: lis
             else:
                 values[name] = value
     return cls(**values)
+
+
+def _entry_type(hint: Any) -> type | None:
+    """The dataclass of a `tuple[Entry, ...]` field (a list of mappings in YAML), else None."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis \
+            and dataclasses.is_dataclass(args[0]):
+        return args[0]
+    return None
 
 
 def _coerce(value: Any, hint: Any) -> tuple[Any, str | None]:
@@ -564,8 +624,20 @@ def _check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
     if (not cfg.name or "/" in cfg.name or "\0" in cfg.name or cfg.name in (".", "..")
             or len(cfg.name.encode("utf-8")) > 255):
         check(f"name: {cfg.name!r} must be a directory name: not empty, without '/', at most 255 bytes")
-    if not d.path or "\0" in d.path:
-        check(f"data.path: {d.path!r} must name a hub dataset or a local directory")
+    if d.corpora:
+        if d.path:
+            check("data.corpora: given together with data.path; list every corpus under data.corpora (the first "
+                  "gives validation and test), or use data.path alone", "data.path")
+        for i, entry in enumerate(d.corpora):
+            if not entry.path:
+                check(f"data.corpora[{i}].path: missing; each corpus needs a path (a hub dataset or a local directory)")
+            elif "\0" in entry.path:
+                check(f"data.corpora[{i}].path: {entry.path!r} must name a hub dataset or a local directory")
+            if entry.weight <= 0:
+                check(f"data.corpora[{i}].weight: must be positive, got {entry.weight}")
+    elif not d.path or "\0" in d.path:
+        check(f"data.path: {d.path!r} must name a hub dataset or a local directory (or list corpora in data.corpora)",
+              "data.corpora")
     for key, lang in (("data.src_lang", d.src_lang), ("data.tgt_lang", d.tgt_lang)):
         if not lang or any(c in lang for c in "/\\\0") or lang.strip() != lang:  # part of each file name
             check(f"{key}: {lang!r} must be a language code such as 'en' (it names the data files)")
@@ -585,6 +657,10 @@ def _check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
         check(f"tokenizer.vocab_size: {tok.vocab_size} leaves no room beyond the {n_special} special tokens")
     if tok.min_frequency < 1:
         check(f"tokenizer.min_frequency: must be at least 1, got {tok.min_frequency}")
+    if not 0 <= tok.bpe_dropout < 1:
+        check(f"tokenizer.bpe_dropout: must be in [0, 1) (0 = off), got {tok.bpe_dropout}")
+    if tok.bpe_dropout_variants < 1:
+        check(f"tokenizer.bpe_dropout_variants: must be at least 1, got {tok.bpe_dropout_variants}")
     if tok.max_train_pairs is not None and tok.max_train_pairs < 1:
         check(f"tokenizer.max_train_pairs: must be at least 1 (or unset for all pairs), got {tok.max_train_pairs}")
     for key, value in [("model.d_model", m.d_model), ("model.n_heads", m.n_heads), ("model.n_layers", m.n_layers),

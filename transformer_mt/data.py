@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from transformer_mt.config import DataConfig
-from transformer_mt.data_sources import SPLITS, SplitSource, open_sources
+from transformer_mt.corpus_mix import OpenedCorpora, open_corpora
+from transformer_mt.data_sources import SPLITS, SplitSource
 from transformer_mt.errors import DataError, missing_from_rank0
 from transformer_mt.files import removed_on_failure, write_text_atomic
 from transformer_mt.run_layout import RunDir
@@ -57,6 +58,9 @@ class Corpus:
     """A digest of each split's content: what a cache of anything derived from it is keyed by."""
     carved: tuple[str, ...]
     """The splits carved from train (`valid`, `test`) because the data has none of its own."""
+    train_parts: tuple[tuple[str, int], ...] = ()
+    """(path, pairs) of each corpus in `train`, whose rows hold them in this order (`data.corpora`;
+    one part for `data.path`)."""
 
 
 def load_corpus(cfg: DataConfig, seed: int, run_dir: Path, *, prepared: bool = False) -> Corpus:
@@ -78,13 +82,14 @@ def load_corpus(cfg: DataConfig, seed: int, run_dir: Path, *, prepared: bool = F
         if manifest is None:
             raise missing_from_rank0(directory / MANIFEST_FILE)
         return _open_corpus(directory, manifest)
-    sources = open_sources(cfg)
+    opened = open_corpora(cfg)
+    sources = opened.sources
     key = _corpus_key(cfg, seed, sources)
     manifest = _reusable_manifest(directory, key, RunDir(run_dir).splits)
     if manifest is None:
         previous = _read_manifest(directory)  # what the run read before, if anything
         with removed_on_failure(RunDir(run_dir).corpus_build, "the corpus cache"):
-            manifest = _build(cfg, seed, sources, run_dir, key)
+            manifest = _build(cfg, seed, opened, run_dir, key)
         _warn_if_the_text_changed(previous, manifest)
     else:
         logger.info("reusing the corpus read earlier into %s (its sources are unchanged)", directory)
@@ -106,14 +111,14 @@ def load_run_corpus(cfg: DataConfig, seed: int, run_dir: Path) -> Corpus:
     directory, config_file = RunDir(run_dir).corpus_cache, RunDir(run_dir).config
     manifest = _read_manifest(directory)  # None: no complete copy (deleted, or never finished)
     try:
-        sources = open_sources(cfg)
+        sources = open_corpora(cfg).sources
     except DataError as err:  # moved or deleted files, a hub dataset while offline
         if manifest is None:
             raise DataError(f"{err}; that path comes from the run's config, {config_file}, and {directory} holds "
                             "no copy of the run's data to score instead: restore the data, or score files "
                             "directly with --src FILE --ref FILE") from None
         logger.warning("data.path %r of the run's config (%s) cannot be opened, so the run's own copy of its "
-                       "data in %s is scored (%s)", cfg.path, config_file, directory, err)
+                       "data in %s is scored (%s)", _paths(cfg), config_file, directory, err)
         return _open_corpus(directory, manifest)
     if manifest is None:
         return load_corpus(cfg, seed, run_dir)
@@ -122,7 +127,7 @@ def load_run_corpus(cfg: DataConfig, seed: int, run_dir: Path) -> Corpus:
     if _corpus_key(cfg, seed, sources, manifest.get("format")) != manifest.get("key"):
         logger.warning("the data files of data.path %r may have changed since the run read them (another size or "
                        "modification time, or another version of the hub dataset); scoring the run's own copy "
-                       "in %s. To score the current files, use --src FILE --ref FILE", cfg.path, directory)
+                       "in %s. To score the current files, use --src FILE --ref FILE", _paths(cfg), directory)
     return _open_corpus(directory, manifest)
 
 
@@ -139,7 +144,15 @@ def _open_corpus(directory: Path, manifest: dict, carved: tuple[str, ...] | None
 
     splits = {split: datasets.Dataset.from_file(str(directory / f"{split}.arrow")) for split in SPLITS}
     logger.info("corpus: %d train, %d valid, %d test pairs", *(len(splits[s]) for s in SPLITS))
-    return Corpus(**splits, removed=manifest["removed"], digests=manifest["digests"], carved=carved)
+    # A manifest from before several corpora were read records no parts: one corpus.
+    recorded = manifest.get("train_parts") or [["", len(splits["train"])]]
+    parts = tuple((str(label), int(rows)) for label, rows in recorded)
+    return Corpus(**splits, removed=manifest["removed"], digests=manifest["digests"], carved=carved, train_parts=parts)
+
+
+def _paths(cfg: DataConfig) -> str:
+    """`data.path`, or the paths of `data.corpora`, for messages."""
+    return ", ".join(entry.path for entry in cfg.corpora) or cfg.path
 
 
 def _warn_if_the_text_changed(previous: dict | None, manifest: dict) -> None:
@@ -191,8 +204,12 @@ def _read_manifest(directory: Path) -> dict | None:
 
 # --- building the corpus files -----------------------------------------------------------------
 
-def _build(cfg: DataConfig, seed: int, sources: dict[str, SplitSource | None], run_dir: Path, key: str) -> dict:
-    """Write train/valid/test Arrow files and the manifest into a fresh `corpus_cache/`; return the manifest."""
+def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key: str) -> dict:
+    """Write train/valid/test Arrow files and the manifest into a fresh `corpus_cache/`; return the manifest.
+
+    Several corpora (`opened.train_parts`): their training pairs one after another in `train`,
+    the first corpus's rows first, so carving (from the first corpus only) takes its rows."""
+    sources = opened.sources
     target = RunDir(run_dir).corpus_cache
     if target.exists() and any(target.iterdir()) and not (target / MANIFEST_FILE).is_file():
         raise DataError(f"{target} exists but tmt did not write it (no {MANIFEST_FILE}); move it, or train "
@@ -200,14 +217,18 @@ def _build(cfg: DataConfig, seed: int, sources: dict[str, SplitSource | None], r
     build = RunDir(run_dir).corpus_build
     shutil.rmtree(build, ignore_errors=True)  # left by an interrupted start
     build.mkdir(parents=True)
-    verdicts = {}
+    verdicts, part_verdicts = {}, []  # part_verdicts: each corpus's part of train
     for split, source in sources.items():
         if source is not None:
-            verdicts[split] = _write_raw(source, build / f"raw-{split}.arrow", cfg)
+            own = _write_raw(opened.train_parts if split == "train" else (source,), build / f"raw-{split}.arrow", cfg)
+            part_verdicts = own if split == "train" else part_verdicts
+            verdicts[split] = np.concatenate(own)
             logger.info("read %d %s pairs from %s", len(verdicts[split]), split, source.description)
-    if len(verdicts["train"]) == 0:
-        raise DataError(f"the training data in {cfg.path} is empty (data.format: {cfg.format})")
-    plan = _carving_plan(cfg, seed, len(verdicts["train"]), {s for s in SPLITS if sources[s] is None}, run_dir)
+    for label, own in zip(opened.labels, part_verdicts):
+        if len(own) == 0:
+            raise DataError(f"the training data in {label} is empty (data.format: {cfg.format})")
+    n_first = len(part_verdicts[0])  # valid/test are carved from the first corpus's training pairs
+    plan = _carving_plan(cfg, seed, n_first, {s for s in SPLITS if sources[s] is None}, run_dir)
     removed = dict.fromkeys(FILTERS, 0)
     rows, digests = {}, {}
     for split in SPLITS:
@@ -221,27 +242,36 @@ def _build(cfg: DataConfig, seed: int, sources: dict[str, SplitSource | None], r
         path = build / f"{split}.arrow"
         _write_selected(build / f"raw-{origin}.arrow", selected, path)
         rows[split], digests[split] = int(selected.sum()), _file_digest(path)
+        if split == "train":
+            ends = np.cumsum([len(own) for own in part_verdicts])
+            train_parts = [[label, int(selected[end - len(own):end].sum())]
+                           for label, own, end in zip(opened.labels, part_verdicts, ends)]
     for split in verdicts:
         (build / f"raw-{split}.arrow").unlink()
     manifest = {"format": CORPUS_FORMAT, "key": key, "rows": rows, "removed": removed, "digests": digests,
+                "train_parts": train_parts,
                 "carved": list(plan), "splits_digest": _file_digest(RunDir(run_dir).splits) if plan else None}
     (build / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     _replace_directory(build, target, RunDir(run_dir).corpus_old)
     return manifest
 
 
-def _write_raw(source: SplitSource, path: Path, cfg: DataConfig) -> np.ndarray:
-    """Stream `source` into an Arrow file unfiltered; return each row's filter verdict, (N,) uint8."""
+def _write_raw(sources: tuple[SplitSource, ...], path: Path, cfg: DataConfig) -> list[np.ndarray]:
+    """Stream `sources`, one after another, into an Arrow file unfiltered; return each source's
+    rows' filter verdicts, (N_source,) uint8."""
     import pyarrow as pa
 
     schema = pa.schema([("src", pa.string()), ("tgt", pa.string())])
     verdicts = []
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-        for src, tgt in source.chunks():
-            writer.write_batch(pa.record_batch([pa.array(src, pa.string()), pa.array(tgt, pa.string())],
-                                               schema=schema))
-            verdicts.append(_verdicts(src, tgt, cfg))
-    return np.concatenate(verdicts) if verdicts else np.zeros(0, dtype=np.uint8)
+        for source in sources:
+            own = []
+            for src, tgt in source.chunks():
+                writer.write_batch(pa.record_batch([pa.array(src, pa.string()), pa.array(tgt, pa.string())],
+                                                   schema=schema))
+                own.append(_verdicts(src, tgt, cfg))
+            verdicts.append(np.concatenate(own) if own else np.zeros(0, dtype=np.uint8))
+    return verdicts
 
 
 def _verdicts(src: list[str], tgt: list[str], cfg: DataConfig) -> np.ndarray:
@@ -300,7 +330,7 @@ def _check_not_empty(split: str, selected: np.ndarray, removed: dict[str, int], 
                   "too_long": "check data.max_words", "length_ratio": "check data.max_length_ratio"}
         raise DataError(f"no training pairs left after filtering (removed: {counts}); "
                         + "; ".join(advice[name] for name, count in removed.items() if count))
-    raise DataError(f"the {split} split of {cfg.path} has no pairs with text on both sides")
+    raise DataError(f"the {split} split of {_paths(cfg).partition(', ')[0]} has no pairs with text on both sides")
 
 
 def _write_selected(raw_path: Path, selected: np.ndarray, path: Path) -> None:

@@ -15,6 +15,7 @@ from transformer_mt.report import DataReport, build_report
 from transformer_mt.run_layout import RunDir
 from transformer_mt.token_cache import TokenizedSplit, processes_for, tokenize_split
 from transformer_mt.tokenization import TokenizerPair, train_tokenizers
+from transformer_mt.training_split import tokenize_training_split
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +58,8 @@ def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size:
         logger.info("trained BPE tokenizers (vocabulary %d%s) in %.1fs", tokenizers.src.get_vocab_size(),
                     ", joint" if tokenizers.joint else "", time.perf_counter() - started)
     cache = RunDir(run_dir).token_cache
-    train = tokenize_split(corpus.train, corpus.digests["train"], tokenizers, cfg.model.max_len, cache, "train",
-                           drop_long=True, num_proc=processes_for(len(corpus.train), cfg.data.num_proc),
-                           progress=progress, prepared=prepared)
+    # Every corpus's pairs, and with tokenizer.bpe_dropout their cached dropout segmentations.
+    train = tokenize_training_split(cfg, corpus, tokenizers, cache, progress=progress, prepared=prepared)
     # Evaluation sets are never filtered; their over-long sentences are truncated instead.
     valid = tokenize_split(corpus.valid, corpus.digests["valid"], tokenizers, cfg.model.max_len, cache, "valid",
                            drop_long=False, keep_text=True, num_proc=processes_for(len(corpus.valid), cfg.data.num_proc),

@@ -7,6 +7,7 @@ time per epoch and to `train.max_steps`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -35,6 +36,17 @@ class LengthStats:
 
 
 @dataclass(frozen=True)
+class CorpusShare:
+    """One corpus of `data.corpora` as training sees it."""
+
+    path: str
+    pairs: int  # training pairs trained on
+    tgt_tokens: int  # their target tokens in plain BPE, EOS included
+    weight: float
+    share: float  # of an epoch's pairs
+
+
+@dataclass(frozen=True)
 class DataReport:
     """Counts and rates that describe a corpus as the model will see it.
 
@@ -57,7 +69,15 @@ class DataReport:
     - `tgt_tokens_per_epoch`: target tokens of one pass over the training pairs, EOS included
       (what the loss is averaged over; `perf/tgt_tokens_per_s` counts the same tokens).
     - `batches_per_epoch`: token-budget batches the training sampler cuts from one epoch; the
-      same in every epoch, since the cut only sees the length-sorted sequence of lengths.
+      same in every epoch, since the cut only sees the length-sorted sequence of lengths (with
+      several corpora or BPE-dropout, epochs draw other pairs or segmentations: the first epoch's).
+    - The tokens and batches per epoch are the first epoch's: its pairs (`data.corpora` weights)
+      in its segmentation (with `tokenizer.bpe_dropout`, its dropout variant); `lengths` of train
+      are plain BPE's.
+    - `bpe_dropout`: (rate, variants cycled by epoch, the first epoch's target tokens over the
+      same pairs' plain-BPE target tokens); None without BPE-dropout.
+    - `corpora`: per corpus of `data.corpora` (None with `data.path`): its path, training pairs,
+      their target tokens (plain BPE, EOS included), its weight, and its share of an epoch's pairs.
     """
 
     pairs: dict[str, int]
@@ -74,6 +94,8 @@ class DataReport:
     batch_tokens: int
     max_steps: int
     languages: dict[str, str]  # {"src": "en", "tgt": "it"}
+    bpe_dropout: tuple[float, int, float] | None = None
+    corpora: tuple[CorpusShare, ...] | None = None
 
     @property
     def steps_per_epoch(self) -> float:
@@ -91,7 +113,10 @@ class DataReport:
                             for (split, side), stats in self.lengths.items()},
                 "valid_truncated": self.valid_truncated, "unk_rate": self.unk_rate, "word_coverage": self.word_coverage,
                 "src_tokens_per_epoch": self.src_tokens_per_epoch, "tgt_tokens_per_epoch": self.tgt_tokens_per_epoch,
-                "batches_per_epoch": self.batches_per_epoch, "steps_per_epoch": self.steps_per_epoch}
+                "batches_per_epoch": self.batches_per_epoch, "steps_per_epoch": self.steps_per_epoch,
+                "bpe_dropout": None if self.bpe_dropout is None else dict(zip(("rate", "variants", "tgt_token_ratio"),
+                                                                            self.bpe_dropout)),
+                "corpora": None if self.corpora is None else [dataclasses.asdict(c) for c in self.corpora]}
 
     def render(self) -> str:
         """The report as a compact text table: a label column, then aligned cells per block."""
@@ -112,6 +137,14 @@ class DataReport:
                               if self.batches_per_step > 1 else "")]],
             [["until max_steps", f"{self.max_steps:,} steps = {self.epochs_to_max_steps:,.1f} epochs"]],
         ]
+        if self.bpe_dropout is not None:
+            rate, variants, ratio = self.bpe_dropout
+            blocks.insert(-2, [["BPE-dropout", f"{rate:g} on training pairs only, {variants} cached segmentations "
+                                               f"cycled by epoch; {ratio:.2f}x the plain BPE target tokens"]])
+        if self.corpora is not None:
+            blocks.insert(1, [["corpora", "pairs", "target tokens", "weight", "share of an epoch"]]
+                          + [[f"  {c.path}", f"{c.pairs:,}", f"{c.tgt_tokens:,}", f"{c.weight:g}",
+                              f"{100 * c.share:.1f}%"] for c in self.corpora])
         if self.valid_truncated:
             blocks.insert(3, [["  longer than max_len", f"{self.valid_truncated:,} valid pair"
                                                          f"{'s' if self.valid_truncated != 1 else ''}, truncated "
@@ -139,15 +172,18 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: 
     so the report costs no memory that grows with the corpus beyond those.
     """
     keep = cfg.model.max_len - 1
-    train_src = np.asarray(train.src_len, dtype=np.int64)
-    train_tgt = np.asarray(train.tgt_len, dtype=np.int64)
+    n_pairs = len(train)  # block 0 of the table: each pair once, in plain BPE (`training_split.EpochRows`)
+    train_src = np.asarray(train.src_len[:n_pairs], dtype=np.int64)
+    train_tgt = np.asarray(train.tgt_len[:n_pairs], dtype=np.int64)
+    first_epoch = np.arange(n_pairs) if train.epoch_rows is None else train.epoch_rows(0)
     valid_src_ids = tokenizers.encode_src(corpus.valid["src"][:])
     valid_tgt_ids = tokenizers.encode_tgt(corpus.valid["tgt"][:])
     lengths = {("train", "src"): train_src, ("train", "tgt"): train_tgt,
                ("valid", "src"): np.array([len(seq) for seq in valid_src_ids], dtype=np.int64),
                ("valid", "tgt"): np.array([len(seq) for seq in valid_tgt_ids], dtype=np.int64)}
     sampler = TokenBatchSampler(train.lengths(), cfg.train.batch_tokens, cfg.seed, pad_to_multiple=pad_to_multiple,
-                                max_length=cfg.model.max_len)
+                                max_length=cfg.model.max_len, epoch_rows=train.epoch_rows)
+    epoch_tgt_tokens = int(train.tgt_len[first_epoch].sum()) + len(first_epoch)
     return DataReport(
         pairs={"train": len(train_src), "valid": len(corpus.valid), "test": len(corpus.test)},
         carved=corpus.carved,
@@ -157,14 +193,36 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: 
         unk_rate={"src": unk_rate(valid_src_ids), "tgt": unk_rate(valid_tgt_ids)},
         word_coverage={side: word_coverage(corpus.valid[side][:], iter_text_batches(corpus.train, side))
                        for side in SIDES},
-        src_tokens_per_epoch=int(train_src.sum()) + len(train_src),
-        tgt_tokens_per_epoch=int(train_tgt.sum()) + len(train_tgt),
+        src_tokens_per_epoch=int(train.src_len[first_epoch].sum()) + len(first_epoch),
+        tgt_tokens_per_epoch=epoch_tgt_tokens,
         batches_per_epoch=len(sampler.epoch_batches(0)),
         batches_per_step=cfg.train.accum_steps * world_size,
         batch_tokens=cfg.train.batch_tokens,
         max_steps=cfg.train.max_steps,
         languages={"src": cfg.data.src_lang, "tgt": cfg.data.tgt_lang},
+        bpe_dropout=_dropout_summary(cfg, train, first_epoch, epoch_tgt_tokens),
+        corpora=_corpus_shares(cfg, train, train_tgt) if cfg.data.corpora else None,
     )
+
+
+def _dropout_summary(cfg: Config, train: TokenizedSplit, first_epoch: np.ndarray,
+                     epoch_tgt_tokens: int) -> tuple[float, int, float] | None:
+    """(rate, variants, the first epoch's target tokens / the same pairs' in plain BPE), or None."""
+    if not cfg.tokenizer.bpe_dropout:
+        return None
+    plain = first_epoch % len(train)  # the same pairs in block 0
+    return (cfg.tokenizer.bpe_dropout, cfg.tokenizer.bpe_dropout_variants,
+            epoch_tgt_tokens / max(int(train.tgt_len[plain].sum()) + len(plain), 1))
+
+
+def _corpus_shares(cfg: Config, train: TokenizedSplit, train_tgt: np.ndarray) -> tuple[CorpusShare, ...]:
+    """Each corpus's pairs, plain target tokens, weight and share of an epoch (`EpochRows`)."""
+    plan = train.epoch_rows
+    counts, per_epoch = (plan.counts, plan.pairs_per_epoch()) if plan is not None else ((len(train),), [len(train)])
+    ends = np.cumsum(counts)
+    return tuple(CorpusShare(entry.path, n, int(train_tgt[end - n:end].sum()) + n, entry.weight,
+                             drawn / max(sum(per_epoch), 1))
+                 for entry, n, end, drawn in zip(cfg.data.corpora, counts, ends, per_epoch))
 
 
 def percentile(values: Sequence[int] | np.ndarray, p: float) -> int:

@@ -3,9 +3,9 @@
 The cache of a run lives in `<run_dir>/token_cache/<split>-<fingerprint>/`: the Arrow files
 that `datasets.map` wrote (one per tokenizing process) and `entry.json` listing them. The
 fingerprint covers the split's text (so the data files and the data.* filters), the
-tokenizer(s), `model.max_len` and whether over-long pairs are dropped;
-any change makes a new entry and removes the split's old one. Restarts and resumes reuse it,
-so training never tokenizes per step.
+tokenizer(s), `model.max_len` and whether over-long pairs are dropped (and, for a BPE-dropout
+segmentation of the training split, its rate and number); any change makes a new entry and
+removes the split's old one. Restarts and resumes reuse it, so training never tokenizes per step.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,11 +55,18 @@ class TokenizedSplit:
     numpy arrays, so batching touches only index and length arrays until a batch is built.
     `src_text` / `tgt_text` are kept for evaluation splits (references, examples), else None.
     `max_len`: the model's positions, which no padded batch may exceed.
+
+    A training split may hold more rows than pairs (`training_split`: several corpora, BPE-dropout
+    variants): `epoch_rows(epoch)` then names the rows epoch `epoch` trains on (the sampler's
+    examples), and `len` counts the pairs, `n_pairs`.
     """
 
     def __init__(self, dataset: datasets.Dataset, max_len: int, src_text: Sequence[str] | None = None,
-                 tgt_text: Sequence[str] | None = None):
+                 tgt_text: Sequence[str] | None = None, *, epoch_rows: Callable[[int], np.ndarray] | None = None,
+                 n_pairs: int | None = None):
         self.dataset = dataset
+        self.epoch_rows = epoch_rows
+        self.n_pairs = len(dataset) if n_pairs is None else n_pairs
         self.max_len = max_len
         self._arrow = dataset.with_format("arrow")
         self._table = self._arrow[:]  # a zero-copy pyarrow view of the (memory-mapped) rows
@@ -73,7 +80,7 @@ class TokenizedSplit:
             self._flat = (*_flat_column(self._table, "src_ids"), *_flat_column(self._table, "tgt_ids"))
 
     def __len__(self) -> int:
-        return len(self.src_len)
+        return self.n_pairs
 
     @property
     def src_ids(self) -> list[list[int]]:
@@ -136,13 +143,15 @@ def _gather(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, idx: np
     return values[first + np.arange(int(n.sum()))]
 
 
-def fingerprint(text_digest: str, tokenizers: TokenizerPair, max_len: int, drop_long: bool) -> str:
+def fingerprint(text_digest: str, tokenizers: TokenizerPair, max_len: int, drop_long: bool,
+                bpe_dropout: float = 0.0, variant: int = 0) -> str:
     """Hex digest of everything the cached ids depend on: the split's text (its `Corpus` digest),
-    the tokenizer(s), `max_len` and the drop rule."""
+    the tokenizer(s), `max_len`, the drop rule, and the BPE-dropout rate and variant number."""
     digest = hashlib.blake2b(digest_size=16)
+    dropout = [f"bpe_dropout={bpe_dropout}", f"variant={variant}"] if bpe_dropout else []  # plain keys as before
     for part in (f"tmt-token-cache-{CACHE_FORMAT}", f"max_len={max_len}", f"drop_long={drop_long}",
                  f"encode_special_tokens={tokenizers.src.encode_special_tokens}",
-                 tokenizers.src.to_str(), "" if tokenizers.joint else tokenizers.tgt.to_str(), text_digest):
+                 tokenizers.src.to_str(), "" if tokenizers.joint else tokenizers.tgt.to_str(), text_digest, *dropout):
         digest.update(part.encode("utf-8"))
         digest.update(b"\0")  # so that moving text between parts changes the digest
     return digest.hexdigest()
@@ -157,7 +166,8 @@ def processes_for(n_rows: int, num_proc: int | None) -> int:
 
 def tokenize_split(split: datasets.Dataset, text_digest: str, tokenizers: TokenizerPair, max_len: int,
                    cache_root: Path, name: str, *, drop_long: bool, keep_text: bool = False,
-                   num_proc: int = 1, progress: bool = False, prepared: bool = False) -> TokenizedSplit:
+                   num_proc: int = 1, progress: bool = False, prepared: bool = False, bpe_dropout: float = 0.0,
+                   variant: int = 0) -> TokenizedSplit:
     """Token ids of `split` (columns `src`, `tgt`), from `cache_root` when cached, else encoded and cached.
 
     `text_digest` identifies the split's text (`Corpus.digests`). drop_long: remove pairs with a
@@ -167,10 +177,14 @@ def tokenize_split(split: datasets.Dataset, text_digest: str, tokenizers: Tokeni
     the ids go straight to disk, so no split has to fit in memory. `progress` shows the
     encoding's progress bar on stderr when it is a terminal. `prepared`: another process (rank 0)
     has just filled the cache; read its entry, never encode or write.
+
+    `bpe_dropout` > 0 (training only): the ids are one BPE-dropout segmentation, number `variant`,
+    of the pairs plain BPE keeps (same rows, same order as the plain entry, see `_encode_rows`).
+    Encoding is not seeded, so the cached entry is what every later read of that variant gets.
     """
     import datasets
 
-    key = fingerprint(text_digest, tokenizers, max_len, drop_long)
+    key = fingerprint(text_digest, tokenizers, max_len, drop_long, bpe_dropout, variant)
     path = Path(cache_root) / f"{name}-{key}"
     dataset = _load_entry(path)
     if dataset is not None:
@@ -182,14 +196,14 @@ def tokenize_split(split: datasets.Dataset, text_digest: str, tokenizers: Tokeni
         if not (progress and sys.stderr.isatty()):
             datasets.disable_progress_bars()  # not a terminal: the log line below says what happened
         try:
-            dataset = _encode_to_entry(split, tokenizers, max_len, drop_long, path, name, num_proc)
+            dataset = _encode_to_entry(split, tokenizers, max_len, drop_long, path, name, num_proc, bpe_dropout)
         finally:
             if was_enabled:
                 datasets.enable_progress_bars()
     if len(dataset) == 0:
-        raise DataError(f"no {'training' if name == 'train' else name} pair fits in model.max_len={max_len} tokens")
+        raise DataError(f"no {'training' if drop_long else name} pair fits in model.max_len={max_len} tokens")
     removed = len(split) - len(dataset)
-    if removed:
+    if removed and not bpe_dropout:  # a variant drops the plain entry's pairs, logged once
         logger.info("filter too_many_tokens: removed %d %s pairs with a side longer than %d tokens, the most "
                     "model.max_len=%d leaves (not truncated; raise model.max_len to train on them)",
                     removed, name, max_len - 1, max_len)
@@ -220,7 +234,7 @@ def _load_entry(path: Path) -> datasets.Dataset | None:
 
 
 def _encode_to_entry(split: datasets.Dataset, tokenizers: TokenizerPair, max_len: int, drop_long: bool,
-                     path: Path, name: str, num_proc: int) -> datasets.Dataset:
+                     path: Path, name: str, num_proc: int, bpe_dropout: float = 0.0) -> datasets.Dataset:
     """Encode into a temporary folder, list its files in `entry.json`, rename it into place, and
     drop the split's older entries. An empty result is not cached (`datasets` cannot reload one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -228,7 +242,7 @@ def _encode_to_entry(split: datasets.Dataset, tokenizers: TokenizerPair, max_len
     shutil.rmtree(temp, ignore_errors=True)
     temp.mkdir()
     with removed_on_failure(temp, f"the token cache of the {name} split"):  # Ctrl-C, a full disk: no half entry
-        dataset = _encode(split, tokenizers, max_len, drop_long, temp / "ids.arrow", name, num_proc)
+        dataset = _encode(split, tokenizers, max_len, drop_long, temp / "ids.arrow", name, num_proc, bpe_dropout)
         if len(dataset) == 0:
             shutil.rmtree(temp, ignore_errors=True)
             return dataset
@@ -248,7 +262,7 @@ def _encode_to_entry(split: datasets.Dataset, tokenizers: TokenizerPair, max_len
 
 
 def _encode(split: datasets.Dataset, tokenizers: TokenizerPair, max_len: int, drop_long: bool,
-            cache_file: Path, name: str, num_proc: int) -> datasets.Dataset:
+            cache_file: Path, name: str, num_proc: int, bpe_dropout: float = 0.0) -> datasets.Dataset:
     """Batched fast-tokenizer pass over the split, written to `cache_file` (one file per process).
 
     `encode_batch` runs in Rust over all cores; with several processes, each encodes its own
@@ -263,7 +277,9 @@ def _encode(split: datasets.Dataset, tokenizers: TokenizerPair, max_len: int, dr
     """
     import datasets
 
-    encode = functools.partial(_encode_rows, tokenizers=tokenizers, keep=max_len - 1, drop_long=drop_long)
+    dropping = tokenizers.with_bpe_dropout(bpe_dropout) if bpe_dropout else None
+    encode = functools.partial(_encode_rows, tokenizers=tokenizers, keep=max_len - 1, drop_long=drop_long,
+                               dropping=dropping)
     if num_proc == 1:
         return _encode_shard(split, encode, cache_file, f"tokenize {name}")
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
@@ -316,13 +332,25 @@ def _encode_shard(split: datasets.Dataset, encode, cache_file: Path, desc: str |
                      features=features, cache_file_name=str(cache_file), load_from_cache_file=False, desc=desc)
 
 
-def _encode_rows(rows: dict, *, tokenizers: TokenizerPair, keep: int, drop_long: bool) -> dict:
+def _encode_rows(rows: dict, *, tokenizers: TokenizerPair, keep: int, drop_long: bool,
+                 dropping: TokenizerPair | None = None) -> dict:
     """Token ids of a batch of rows, at most `keep` per side; pairs longer than that dropped
-    (`drop_long`) or cut."""
+    (`drop_long`) or cut.
+
+    `dropping` (BPE-dropout copies of `tokenizers`): the kept pairs' ids are theirs instead. Which
+    pairs are kept is still plain BPE's decision, so every variant holds the plain entry's rows in
+    its order; a side that drops past `keep` tokens keeps its plain ids (never cut mid-sentence).
+    """
     src_ids, tgt_ids = tokenizers.encode_src(rows["src"]), tokenizers.encode_tgt(rows["tgt"])
+    fits = list(range(len(src_ids)))
     if drop_long:
         fits = [i for i, (s, t) in enumerate(zip(src_ids, tgt_ids)) if len(s) <= keep and len(t) <= keep]
         src_ids, tgt_ids = [src_ids[i] for i in fits], [tgt_ids[i] for i in fits]
+    if dropping is not None:
+        dropped_src = dropping.encode_src([rows["src"][i] for i in fits])
+        dropped_tgt = dropping.encode_tgt([rows["tgt"][i] for i in fits])
+        src_ids = [d if len(d) <= keep else p for d, p in zip(dropped_src, src_ids)]
+        tgt_ids = [d if len(d) <= keep else p for d, p in zip(dropped_tgt, tgt_ids)]
     src_ids, tgt_ids = [ids[:keep] for ids in src_ids], [ids[:keep] for ids in tgt_ids]
     return {"src_ids": src_ids, "tgt_ids": tgt_ids, "src_len": [len(s) for s in src_ids],
             "tgt_len": [len(t) for t in tgt_ids]}

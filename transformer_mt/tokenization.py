@@ -78,6 +78,23 @@ class TokenizerPair:
     def tgt_pieces(self, ids: list[int]) -> list[str]:
         return [self.tgt.id_to_token(i) for i in ids]
 
+    def with_bpe_dropout(self, dropout: float) -> TokenizerPair:
+        """Copies that skip each BPE merge with probability `dropout` (Provilkov et al. 2020), for
+        encoding training pairs only; never saved. The same vocabulary and ids: the pieces of a
+        dropped segmentation are shorter pieces of the vocabulary, and decode to the same text.
+        The `tokenizers` library draws the skips from an unseeded thread-local generator, so two
+        encodings of a line differ run to run: what makes training reproducible is encoding once
+        and caching the ids (`token_cache`)."""
+        def dropping(tokenizer: Tokenizer) -> Tokenizer:
+            settings = json.loads(tokenizer.to_str())
+            settings["model"]["dropout"] = dropout
+            copy = Tokenizer.from_str(json.dumps(settings))
+            _text_is_text(copy)
+            return copy
+
+        src = dropping(self.src)
+        return TokenizerPair(src, src if self.joint else dropping(self.tgt))
+
     def fingerprint(self) -> str:
         """A digest of both vocabularies (piece -> id), which checkpoints carry: a model is only
         right with the tokenizers it was trained with, whatever the vocabulary sizes say."""

@@ -101,7 +101,7 @@ class TrainStep:
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
         self.sampler = TokenBatchSampler(train_data.lengths(), t.batch_tokens, cfg.seed, tie_break=train_data.tgt_len,
                                          world_size=dist.world_size, pad_to_multiple=pad_to_multiple,
-                                         max_length=cfg.model.max_len)
+                                         max_length=cfg.model.max_len, epoch_rows=train_data.epoch_rows)
         # On a CPU every layer runs at the real tokens only (`cpu_fast_path`) and the loss projects
         # them to the vocabulary block by block: the same loss and gradients without the padding's
         # share of the work (docs/benchmarks.md, "Training"). Elsewhere the padded path stays: the

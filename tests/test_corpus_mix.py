@@ -1,0 +1,172 @@
+"""Several corpora mixed by weight (`data.corpora`): the pairs of each epoch, the corpus files,
+the report, exact resume and the configuration's errors."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
+from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.config import ConfigError, config_from_dict, load_config, save_config
+from transformer_mt.corpus_mix import mixture
+from transformer_mt.data import load_corpus
+from transformer_mt.errors import DataError
+from transformer_mt.preparation import prepare_data
+from transformer_mt.run_dir import prepare_run_dir
+from transformer_mt.training import Trainer, train
+
+OTHER_PAIRS = [(f"Number {i} is here.", f"Il numero {i} è qui.") for i in range(8)]
+
+
+@pytest.fixture
+def corpora(tmp_path: Path) -> tuple[Path, Path]:
+    first = write_corpus(tmp_path / "first", {"train": TINY_PAIRS, "valid": TINY_PAIRS[:3], "test": TINY_PAIRS[3:5]})
+    second = write_corpus(tmp_path / "second", {"train": OTHER_PAIRS, "valid": OTHER_PAIRS[:2]})
+    return first, second
+
+
+def mixed_config(corpora: tuple[Path, Path], weights=(1.0, 2.0), **train):
+    first, second = corpora
+    return tiny_config("", data={"path": "", "corpora": [{"path": str(first), "weight": weights[0]},
+                                                         {"path": str(second), "weight": weights[1]}]},
+                       train={"batch_tokens": 128, **train})
+
+
+def test_each_epoch_shows_every_pair_of_a_corpus_weight_times():
+    # Corpus 0: 10 pairs, weight 2 -> 20 examples, each pair twice. Corpus 1: 7 pairs, weight 0.5
+    # -> round(3.5) = 4 distinct pairs (halves round up). Corpus 2: 4 pairs, weight 1.5 -> 6: each
+    # once, and 2 of them again.
+    counts, weights = (10, 7, 4), (2.0, 0.5, 1.5)
+    drawn = []
+    for epoch in range(6):
+        pairs = Counter(mixture(counts, weights, seed=3, epoch=epoch).tolist())
+        assert all(pairs[i] == 2 for i in range(10))
+        second = [i for i in range(10, 17) if pairs[i]]
+        assert len(second) == 4 and all(pairs[i] == 1 for i in second)
+        third = [pairs[i] for i in range(17, 21)]
+        assert sorted(third) == [1, 1, 2, 2]
+        assert sum(pairs.values()) == 20 + 4 + 6
+        drawn.append(second)
+    assert len({tuple(d) for d in drawn}) > 1  # another half of corpus 1 in another epoch
+    assert np.array_equal(mixture(counts, weights, 3, 4), mixture(counts, weights, 3, 4))  # a function of (seed, epoch)
+    assert not all(np.array_equal(mixture(counts, weights, 3, e), mixture(counts, weights, 4, e)) for e in range(6))
+
+
+def test_the_corpora_are_read_one_after_another_and_validation_comes_from_the_first(corpora, tmp_path: Path):
+    cfg = mixed_config(corpora)
+    corpus = load_corpus(cfg.data, cfg.seed, tmp_path / "run")
+    assert list(zip(corpus.train["src"], corpus.train["tgt"])) == TINY_PAIRS + OTHER_PAIRS
+    assert list(zip(corpus.valid["src"], corpus.valid["tgt"])) == TINY_PAIRS[:3]  # not the second's valid
+    assert list(zip(corpus.test["src"], corpus.test["tgt"])) == TINY_PAIRS[3:5]
+    assert corpus.train_parts == ((str(corpora[0]), 12), (str(corpora[1]), 8))
+
+
+def test_a_missing_split_is_carved_from_the_first_corpus_only(tmp_path: Path):
+    first = write_corpus(tmp_path / "first", {"train": TINY_PAIRS})
+    second = write_corpus(tmp_path / "second", {"train": OTHER_PAIRS, "valid": OTHER_PAIRS[:2],
+                                                "test": OTHER_PAIRS[2:4]})
+    cfg = mixed_config((first, second))
+    corpus = load_corpus(cfg.data, cfg.seed, tmp_path / "run")
+    carved = set(zip(corpus.valid["src"], corpus.valid["tgt"])) | set(zip(corpus.test["src"], corpus.test["tgt"]))
+    assert len(carved) == 4 and carved <= set(TINY_PAIRS)
+    assert corpus.train_parts == ((str(first), 8), (str(second), 8))
+    assert set(zip(corpus.train["src"], corpus.train["tgt"])).isdisjoint(carved)
+
+
+def test_the_training_sampler_draws_each_corpus_by_its_weight(corpora, tmp_path: Path):
+    prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
+    trainer = Trainer(mixed_config(corpora, weights=(1.0, 2.0)), tmp_path / "run", progress=False)
+    assert len(trainer.train_data) == 20
+    for epoch in range(2):
+        rows = Counter(np.concatenate(trainer.sampler.epoch_batches(epoch)).tolist())
+        assert all(rows[i] == 1 for i in range(12)) and all(rows[i] == 2 for i in range(12, 20))
+        assert sum(rows.values()) == 12 + 16
+    first = trainer.sampler.epoch_batches(0)
+    assert sum(trainer.train_data.batch(b).n_tgt_tokens for b in first) == trainer.data_report.tgt_tokens_per_epoch
+
+
+def test_the_data_report_gives_each_corpus_its_pairs_tokens_and_share(corpora, tmp_path: Path, monkeypatch, capsys):
+    config_file = tmp_path / "mixed.yaml"
+    save_config(mixed_config(corpora, weights=(1.0, 0.5)), config_file)
+    code, out, err = run_cli(["data", "--config", str(config_file)], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    rows = [next(line.split() for line in out.splitlines() if line.strip().startswith(str(path))) for path in corpora]
+    # 12 pairs of weight 1 and 4 of the second corpus's 8 (weight 0.5) make an epoch of 16: 75% and 25%.
+    assert [row[1] for row in rows] == ["12", "8"]
+    assert [row[3:] for row in rows] == [["1", "75.0%"], ["0.5", "25.0%"]]
+    tokenizers, *_, report = prepare_data(load_config(config_file), tmp_path / "run")
+    for pairs, row, share in zip((TINY_PAIRS, OTHER_PAIRS), rows, report.corpora):
+        expected = sum(map(len, tokenizers.encode_tgt([t for _, t in pairs]))) + len(pairs)  # + EOS each
+        assert share.tgt_tokens == expected and row[2] == f"{expected:,}"
+    assert report.to_dict()["corpora"][1] == {"path": str(corpora[1]), "pairs": 8, "weight": 0.5, "share": 0.25,
+                                               "tgt_tokens": report.corpora[1].tgt_tokens}
+
+
+def test_training_on_mixed_corpora_resumes_exactly(corpora, tmp_path: Path):
+    cfg = mixed_config(corpora, weights=(1.0, 0.5), max_steps=8, eval_every_steps=4, save_every_steps=4)
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    prepare_run_dir(straight, resume=False, overwrite=False)
+    train(cfg, straight, progress=False)
+    prepare_run_dir(interrupted, resume=False, overwrite=False)
+    train(mixed_config(corpora, weights=(1.0, 0.5), max_steps=3, eval_every_steps=4, save_every_steps=3),
+          interrupted, progress=False)
+    prepare_run_dir(interrupted, resume=True, overwrite=False)
+    train(cfg, interrupted, resume=True, progress=False)
+    final = load_checkpoint(straight / "checkpoints" / "step_00000008.pt")
+    resumed = load_checkpoint(interrupted / "checkpoints" / "step_00000008.pt")
+    assert final["sampler"] == resumed["sampler"] and final["sampler"]["epoch"] >= 1  # past a fresh draw
+    for name, tensor in final["model"].items():
+        assert torch.equal(tensor, resumed["model"][name]), name
+
+
+@pytest.mark.parametrize("data, problem", [
+    ({"corpora": [{"weight": 2.0}]},
+     "data.corpora[0].path: missing; each corpus needs a path (a hub dataset or a local directory)"),
+    ({"corpora": [{"path": "a"}, {"path": "b", "weight": 0}]}, "data.corpora[1].weight: must be positive, got 0.0"),
+    ({"corpora": [{"path": "a", "weight": -1}]}, "data.corpora[0].weight: must be positive, got -1.0"),
+    ({"corpora": [{"path": "a", "wieght": 2}]}, "data.corpora[0].wieght: unknown key (did you mean 'weight'?)"),
+    ({"corpora": ["a"]}, "data.corpora[0]: expected a mapping, got 'a' (str)"),
+    ({"corpora": {"path": "a"}}, "data.corpora: expected a list of mappings, got {'path': 'a'} (dict)"),
+    ({"path": "x", "corpora": [{"path": "a"}]},
+     "data.corpora: given together with data.path; list every corpus under data.corpora (the first gives "
+     "validation and test), or use data.path alone"),
+])
+def test_a_bad_corpora_entry_is_one_clear_line(data, problem):
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict({"data": data})
+    assert caught.value.problems == [problem]
+
+
+def test_a_corpus_that_cannot_be_read_is_named_by_its_entry(corpora, tmp_path: Path):
+    cfg = mixed_config((corpora[0], tmp_path / "nowhere"))
+    with pytest.raises(DataError, match=r"^data\.corpora\[1\] \(.*nowhere\): data.path: .* is not a directory"):
+        load_corpus(cfg.data, cfg.seed, tmp_path / "run")
+
+
+def test_relative_corpus_paths_are_resolved_against_the_config_file(corpora, tmp_path: Path):
+    config_file = corpora[0].parent / "mixed.yaml"
+    config_file.write_text("data:\n  corpora:\n    - {path: first}\n    - {path: second, weight: 3}\n",
+                           encoding="utf-8")
+    cfg = load_config(config_file)
+    assert [entry.path for entry in cfg.data.corpora] == [str(corpora[0]), str(corpora[1])]
+    assert [entry.weight for entry in cfg.data.corpora] == [1.0, 3.0]
+
+
+def test_an_entry_carries_its_own_source_keys_a_hub_dataset_beside_local_files(corpora, tmp_path: Path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    hub = tmp_path / "hub_dataset"  # a local folder in the hub layout: train.jsonl, a `translation` column
+    hub.mkdir()
+    (hub / "train.jsonl").write_text("".join(json.dumps({"translation": {"en": f"Line {i}.", "it": f"Riga {i}."}}) + "\n"
+                                             for i in range(5)), encoding="utf-8")
+    cfg = tiny_config("", data={"path": "", "format": "text", "corpora": [
+        {"path": str(corpora[0])}, {"path": str(hub), "format": "hub", "weight": 0.4}]})
+    corpus = load_corpus(cfg.data, cfg.seed, tmp_path / "run")
+    assert list(zip(corpus.train["src"], corpus.train["tgt"]))[12:] == [(f"Line {i}.", f"Riga {i}.") for i in range(5)]
+    assert corpus.train_parts == ((str(corpora[0]), 12), (str(hub), 5))

@@ -226,3 +226,10 @@ def test_a_numbered_cuda_device_is_refused_with_the_way_to_pick_a_gpu():
     with pytest.raises(ConfigError, match=r"train.device: 'cuda:1' \(str\) is not one of auto, cpu, cuda, mps "
                                           r"\(to train on GPU 1, set cuda and start with CUDA_VISIBLE_DEVICES=1\)"):
         config_from_dict({"data": {"path": "corpus"}, "train": {"device": "cuda:1"}})
+
+
+def test_a_data_path_under_an_unknown_users_home_is_a_path_not_an_internal_error(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text('data:\n  path: "~nosuchuser-tmt/corpus"\n', encoding="utf-8")
+    cfg = load_config(config)  # Path.expanduser raises RuntimeError for an unknown user
+    assert cfg.data.path == str(tmp_path / "~nosuchuser-tmt" / "corpus")

@@ -473,7 +473,7 @@ def _resolved(path: str, data_format: str, base_dir: Path) -> str:
     """A local `path` made absolute against `base_dir`; a hub name (or no path) as it is."""
     if not path:
         return path
-    data_path = Path(path).expanduser()
+    data_path = user_path(path)
     if data_format == "hub" and not (base_dir / data_path).is_dir():
         return path
     if not data_path.is_absolute():

@@ -170,3 +170,13 @@ def test_an_entry_carries_its_own_source_keys_a_hub_dataset_beside_local_files(c
     corpus = load_corpus(cfg.data, cfg.seed, tmp_path / "run")
     assert list(zip(corpus.train["src"], corpus.train["tgt"]))[12:] == [(f"Line {i}.", f"Riga {i}.") for i in range(5)]
     assert corpus.train_parts == ((str(corpora[0]), 12), (str(hub), 5))
+
+
+def test_summary_provenance_names_every_corpus_and_its_weight(corpora, tmp_path: Path):
+    import torch
+
+    from transformer_mt.summary import provenance
+
+    data = provenance(mixed_config(corpora), tmp_path, torch.device("cpu"), None)["data"]
+    assert [(entry["path"], entry["weight"]) for entry in data["corpora"]] == [(str(corpora[0]), 1.0),
+                                                                              (str(corpora[1]), 2.0)]

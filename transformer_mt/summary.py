@@ -7,6 +7,7 @@ notices when the process that wrote it is gone.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -32,7 +33,8 @@ def provenance(cfg: Config, run_dir: Path, device: torch.device, config_dir: Pat
     tokenizer_files = sorted(run_dir.glob("tokenizer*.json"))
     return {
         "data": {"format": cfg.data.format, "path": cfg.data.path, "hub_config": cfg.data.hub_config,
-                 "revision": cfg.data.revision, "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang},
+                 "revision": cfg.data.revision, "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang,
+                 **({"corpora": [dataclasses.asdict(entry) for entry in cfg.data.corpora]} if cfg.data.corpora else {})},
         "split_seed": cfg.seed,
         "tokenizers_sha256": {path.name: _sha256(path) for path in tokenizer_files},
         "versions": {**{name: _version(name) for name in PACKAGES}, "python": platform.python_version()},

@@ -120,3 +120,22 @@ def test_a_bad_bpe_dropout_setting_is_one_clear_line(tokenizer, problem):
     with pytest.raises(ConfigError) as caught:
         config_from_dict({"data": {"path": "x"}, "tokenizer": tokenizer})
     assert caught.value.problems == [problem]
+
+
+def test_tmt_data_draws_only_the_segmentation_its_report_describes(corpus: Path, tmp_path: Path, monkeypatch,
+                                                                   capsys):
+    """The report describes the first epoch: `tmt data` encodes its segmentation, not all K."""
+    from tests.conftest import run_cli
+    from transformer_mt import training_split
+    from transformer_mt.config import save_config
+
+    config = tmp_path / "dropout.yaml"
+    save_config(dropout_config(corpus), config)
+    variants = []
+    real = training_split.tokenize_split
+    monkeypatch.setattr(training_split, "tokenize_split",
+                        lambda *args, **kwargs: variants.append(kwargs["variant"]) or real(*args, **kwargs))
+    code, out, err = run_cli(["data", "--config", str(config), "--quiet"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    assert variants == [0, 1]
+    assert "2 cached segmentations" in out

@@ -144,6 +144,7 @@ def run_data(args: argparse.Namespace) -> None:
     tokenizers and carved split (`splits.json`) are copied there first when the run was made
     from the same seed, data and tokenizer settings, so the report describes that run.
     """
+    import dataclasses
     import shutil
     import tempfile
 
@@ -173,9 +174,16 @@ def run_data(args: argparse.Namespace) -> None:
         cfg, budget_note = resolve_batch_tokens(cfg, here)
         if budget_note:
             print(f"tmt: {budget_note}", file=sys.stderr)
+        # The report describes the first epoch, which trains on the first BPE-dropout segmentation:
+        # drawing the other ones here would only cost time.
+        variants = cfg.tokenizer.bpe_dropout_variants
+        report_cfg = dataclasses.replace(cfg, tokenizer=dataclasses.replace(cfg.tokenizer, bpe_dropout_variants=1))
         try:
-            *_, report = prepare_data(cfg, Path(scratch), progress=not args.quiet,
+            *_, report = prepare_data(report_cfg, Path(scratch), progress=not args.quiet,
                                       pad_to_multiple=batch_padding(cfg.train, device_type))
+            if report.bpe_dropout is not None:
+                report = dataclasses.replace(report, bpe_dropout=(report.bpe_dropout[0], variants,
+                                                                  report.bpe_dropout[2]))
         except TmtError as err:  # name the run's file (a damaged splits.json, say), not its scratch copy
             err.args = tuple(str(arg).replace(scratch, str(run_dir)) for arg in err.args)
             raise

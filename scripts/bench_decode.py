@@ -49,7 +49,7 @@ from transformer_mt.architectures import build_model
 from transformer_mt.batching import pad_sequences
 from transformer_mt.checkpoint import FORMAT_VERSION, save_atomic
 from transformer_mt.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, config_to_dict
-from transformer_mt.cpu_fast_path import decoding_model
+from transformer_mt.cpu_decoding import decoding_model
 from transformer_mt.data_sources import read_aligned_files
 from transformer_mt.decoding import beam_search, greedy_decode
 from transformer_mt.evaluation import translate_ids

@@ -12,7 +12,7 @@ from tqdm import tqdm
 
 from transformer_mt.batching import pad_sequences, sorted_batches
 from transformer_mt.config import DecodeConfig
-from transformer_mt.cpu_fast_path import decoding_model
+from transformer_mt.cpu_decoding import decoding_model
 from transformer_mt.decoding import Hypothesis, Sampling, beam_search, greedy_decode, sample_decode
 from transformer_mt.graph_decoding import static_greedy_decode
 from transformer_mt.model import Transformer

@@ -1,0 +1,204 @@
+"""Decoding on a CPU: a copy of the model whose matrix products run on the faster CPU kernels, and
+whose incremental decoder step is a flat sequence of tensor operations.
+
+`decoding_model(model)` is what `evaluation.translate_ids` decodes with on a CPU. It computes what
+the model computes (up to the order of float sums; tests/test_cpu_decoding.py checks logits and
+translations), with `quantize="int8"` an int8 approximation (weights per output channel,
+activations per call). docs/benchmarks.md measures what each part saves.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_mt.kv_cache import KVCache
+from transformer_mt.model import Transformer
+
+QUANTIZE_CHOICES = ("none", "int8")
+
+
+def onednn_available() -> bool:
+    """oneDNN's packed-weight linear (the op `torch.compile` uses on CPUs) is in this torch build."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+
+
+class DecodingLinear(nn.Module):
+    """An `nn.Linear`'s x·Wᵀ + b (b may be absent) for decoding on a CPU, by the faster of two
+    kernels for the rows at hand (docs/benchmarks.md, "GEMM kernels"):
+
+    - one row (a batch-1 step): MKL with W stored (in, out), `kernel`;
+    - more rows: oneDNN with W pre-packed in its own blocked layout (`packed`, made once), 1.1-1.8×
+      MKL on the AMD EPYC VM (the vocabulary projection of 32 rows: 1.5 ms against 2.5 ms).
+
+    `relu` and `plus` fuse the FFN's ReLU and the residual sum into oneDNN's product. Under
+    autocast the product is `torch.addmm`, which autocast casts.
+    """
+
+    onednn_min_rows = 2
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, onednn: bool):
+        super().__init__()
+        weight, bias = weight.detach(), None if bias is None else bias.detach().clone()
+        self.register_buffer("kernel", weight.t().contiguous())  # (in, out)
+        self.register_buffer("bias", bias)  # (out,) or None
+        # An opaque oneDNN tensor: no storage, so not a buffer (never saved, moved or copied).
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 32) if onednn else None
+
+    def _onednn(self, rows: torch.Tensor) -> bool:
+        return (self.packed is not None and rows.shape[0] >= self.onednn_min_rows
+                and not torch.is_autocast_enabled(rows.device.type))
+
+    def _mkl(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.mm(rows, self.kernel) if self.bias is None else torch.addmm(self.bias, rows, self.kernel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., in) -> (..., out)."""
+        rows = x.reshape(-1, x.shape[-1])  # (N, in)
+        if self._onednn(rows):
+            out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        else:
+            out = self._mkl(rows)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    def relu(self, rows: torch.Tensor) -> torch.Tensor:
+        """relu(x·Wᵀ + b) of rows (N, in)."""
+        if self._onednn(rows):
+            return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "relu", [], "")
+        return self._mkl(rows).relu_()
+
+    def plus(self, rows: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + (x·Wᵀ + b) of rows (N, in), residual (N, out)."""
+        if self._onednn(rows):
+            return torch.ops.mkldnn._linear_pointwise.binary(rows, residual, self.packed, self.bias, "add")
+        return self._mkl(rows).add_(residual)
+
+
+class Int8Linear(nn.Module):
+    """x·Wᵀ + b with W quantised to int8 per output row (symmetric) and x per call
+    (`torch.ao.quantization.quantize_dynamic`'s dynamic linear, per-channel): about a third of
+    the fp32 product's time on a CPU, at ~1% error in each output."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        weight = weight.detach().float()
+        scale = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # (out,)
+        with warnings.catch_warnings():  # torch 2.13 marks quantized tensor creation as deprecated
+            warnings.simplefilter("ignore", UserWarning)
+            q = torch.quantize_per_channel(weight, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0,
+                                           torch.qint8)
+            self.packed = torch.ops.quantized.linear_prepack(q, None if bias is None else bias.detach().float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., in) -> (..., out), fp32."""
+        rows = x.reshape(-1, x.shape[-1]).float()
+        # reduce_range: 7-bit activations, as quantize_dynamic on x86 (no int16 overflow without VNNI)
+        out = torch.ops.quantized.linear_dynamic(rows, self.packed, True)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    def relu(self, rows: torch.Tensor) -> torch.Tensor:
+        return self(rows).relu_()
+
+    def plus(self, rows: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self(rows).add_(residual)
+
+
+class CpuDecodingTransformer(Transformer):
+    """A `Transformer` whose cached one-position `decode` (every step of greedy, beam and sampled
+    decoding) runs `_step`: the same operations as the modules' path, without the module calls,
+    lambdas, eval-mode dropouts, head splits and per-step mask conversions around them, with the
+    ReLU and residual sums fused into the products and the cross-attention mask made once per
+    batch. Any other call (a prefix, no cache, autocast) is the model's own `decode`."""
+
+    def _prepare(self) -> None:
+        self._mask_key: torch.Tensor | None = None  # the src_mask whose additive form is `_mask`
+        self._mask: torch.Tensor | None = None
+        self._scaled_embedding = self.tgt_embed.weight * self.embed_scale  # (V, D): embed() multiplies the same
+
+    def decode(self, tgt_ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+               cache: KVCache | None = None, fp32_logits: bool = True) -> torch.Tensor:
+        if (cache is None or tgt_ids.shape[1] != 1 or not fp32_logits or self.training
+                or torch.is_autocast_enabled(tgt_ids.device.type)):
+            return super().decode(tgt_ids, memory, src_mask, cache, fp32_logits)
+        return self._step(tgt_ids[:, 0], memory, src_mask, cache)[:, None, :]
+
+    def _cross_mask(self, src_mask: torch.Tensor) -> torch.Tensor | None:
+        """src_mask (B, S) bool -> SDPA's additive form (B, 1, 1, S) (what SDPA turns a bool mask
+        into at every call), or None when nothing is masked; made once per src_mask tensor."""
+        if src_mask is not self._mask_key:
+            self._mask_key = src_mask
+            self._mask = None if bool(src_mask.all()) else torch.zeros(src_mask.shape, dtype=torch.float32).masked_fill_(
+                ~src_mask, float("-inf"))[:, None, None, :]
+        return self._mask
+
+    def _step(self, ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """ids (B,) long, the newest position's token -> logits (B, V) fp32; the cache grows by one."""
+        position = cache.length
+        self.check_length(position + 1)
+        B, H = ids.shape[0], self.cfg.n_heads
+        pre = self.cfg.norm == "pre"
+        y = F.embedding(ids, self._scaled_embedding) + self.positions[position]  # (B, D)
+        mask = self._cross_mask(src_mask)
+        for layer, layer_cache in zip(self.decoder_layers, cache.layers):
+            # Each sublayer as `Residual.forward` in eval mode: pre-norm y + f(norm(y)), post-norm norm(y + f(y)).
+            h = _norm(layer.self_block.norm, y) if pre else y
+            y = _self_attention(layer.self_attn, h, y, layer_cache, B, H)
+            y = y if pre else _norm(layer.self_block.norm, y)
+            h = _norm(layer.cross_block.norm, y) if pre else y
+            y = _cross_attention(layer.cross_attn, h, y, memory, mask, layer_cache, B, H)
+            y = y if pre else _norm(layer.cross_block.norm, y)
+            h = _norm(layer.ffn_block.norm, y) if pre else y
+            y = layer.ffn.linear2.plus(layer.ffn.linear1.relu(h), y)  # y + FFN(h)
+            y = y if pre else _norm(layer.ffn_block.norm, y)
+        if pre:
+            y = _norm(self.decoder_norm, y)
+        return self.output_proj(y)  # (B, V)
+
+
+def _norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
+def _self_attention(attention, h: torch.Tensor, y: torch.Tensor, cache, B: int, H: int) -> torch.Tensor:
+    """y + self-attention of the new position h (B, D) over the cached ones and itself."""
+    q, k, v = attention.qkv_proj(h).view(B, 3, H, 1, -1).unbind(1)  # (B, H, 1, Dh) each
+    keys, values = cache.append_self(k, v)  # (B, H, length, Dh)
+    out = F.scaled_dot_product_attention(q, keys, values)  # (B, H, 1, Dh)
+    return attention.out_proj.plus(out.reshape(B, -1), y)
+
+
+def _cross_attention(attention, h: torch.Tensor, y: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor | None,
+                     cache, B: int, H: int) -> torch.Tensor:
+    """y + attention of h (B, D) over the memory, whose keys and values are projected on the first step."""
+    if cache.cross_k is None:
+        cache.cross_k, cache.cross_v = attention.project_kv(memory)  # (B, H, S, Dh) each
+    q = attention.q_proj(h).view(B, H, 1, -1)  # (B, H, 1, Dh)
+    out = F.scaled_dot_product_attention(q, cache.cross_k, cache.cross_v, attn_mask=mask)  # (B, H, 1, Dh)
+    return attention.out_proj.plus(out.reshape(B, -1), y)
+
+
+def decoding_model(model: Transformer, quantize: str = "none") -> Transformer:
+    """The model to decode with: on a CPU a frozen `CpuDecodingTransformer` copy of `model` whose
+    every `nn.Linear` (the output projection too) is a `DecodingLinear`, or with `quantize="int8"`
+    an `Int8Linear`; elsewhere `model` itself (`quantize` applies to CPUs only). The copy's
+    logits are the model's up to the order of float sums (int8: close, not equal); later changes
+    to `model` (training) do not reach it, so make one per round of decoding.
+    """
+    if quantize not in QUANTIZE_CHOICES:
+        raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
+    if model.positions.device.type != "cpu":
+        return model
+    fast = copy.deepcopy(model).eval().requires_grad_(False)
+    fast.__class__ = CpuDecodingTransformer  # same attributes; only `decode` differs
+    onednn = onednn_available()
+    for module in list(fast.modules()):
+        for name, child in module.named_children():
+            if isinstance(child, nn.Linear):
+                setattr(module, name, Int8Linear(child.weight, child.bias) if quantize == "int8"
+                        else DecodingLinear(child.weight, child.bias, onednn))
+    fast._prepare()
+    return fast

@@ -1,15 +1,23 @@
 """The CPU decoding model (`cpu_decoding.decoding_model`) computes what the model computes: its
 products (MKL for one row, oneDNN's packed weights for more), its flat decoder step, and int8
-weights that stay close."""
+weights that stay close; `decode.quantize` / `--quantize` choose int8."""
+
+import logging
+from pathlib import Path
 
 import pytest
 import torch
+
+from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
 
 from transformer_mt.config import ModelConfig
 from transformer_mt.cpu_decoding import CpuDecodingTransformer, DecodingLinear, Int8Linear, decoding_model, \
     onednn_available
 from transformer_mt.decoding import beam_search, greedy_decode, sample_decode, Sampling
 from transformer_mt.model import Transformer
+from transformer_mt.run_dir import prepare_run_dir
+from transformer_mt.training import train
+from transformer_mt.translator import Translator
 
 PAD, BOS, EOS, V = 0, 2, 3, 40
 CLOSE = dict(atol=1e-5, rtol=1e-5)
@@ -134,3 +142,48 @@ def test_an_unknown_quantization_is_refused():
     with pytest.raises(ValueError, match="quantize must be one of"):
         decoding_model(random_model(0), quantize="int4")
 
+
+
+# --- decode.quantize from the command line ------------------------------------------------------
+
+@pytest.fixture
+def tiny_run(tmp_path: Path) -> Path:
+    corpus = write_corpus(tmp_path / "corpus", {"train": TINY_PAIRS, "valid": TINY_PAIRS[:4], "test": TINY_PAIRS[4:6]})
+    run_dir = tmp_path / "run"
+    prepare_run_dir(run_dir, resume=False, overwrite=False)
+    train(tiny_config(corpus, train={"max_steps": 2, "eval_every_steps": 2, "save_every_steps": 2}), run_dir,
+          progress=False)
+    return run_dir
+
+
+def test_quantize_int8_reaches_the_cpu_decoding_model_and_names_evaluates_output(tiny_run: Path, monkeypatch, capsys,
+                                                                                 caplog):
+    import transformer_mt.evaluation as evaluation_module
+
+    seen = []  # the quantize argument of each decoding model made
+    real = evaluation_module.decoding_model
+    monkeypatch.setattr(evaluation_module, "decoding_model", lambda model, quantize: seen.append(quantize) or
+                        real(model, quantize))
+    code, _, err = run_cli(["evaluate", "--run", str(tiny_run), "--quiet", "--quantize", "int8"], monkeypatch, capsys,
+                           tiny_run.parent)
+    assert code == 0, err
+    assert seen == ["int8"] and "beam 1, int8 weights;" in err
+    assert (tiny_run / "evaluation" / "test.best.beam1.int8.txt").is_file()  # never the fp32 hypotheses' file
+    code, _, err = run_cli(["translate", "--run", str(tiny_run), "--quantize", "int8", "Good morning."], monkeypatch,
+                           capsys, tiny_run.parent)
+    assert code == 0 and seen[-1] == "int8", err
+    code, _, err = run_cli(["translate", "--run", str(tiny_run), "Good morning."], monkeypatch, capsys, tiny_run.parent)
+    assert code == 0 and seen[-1] == "none", err  # the run's decode.quantize
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(["translate", "--run", str(tiny_run), "--quantize", "int4", "hello"], monkeypatch, capsys,
+                tiny_run.parent)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --quantize: invalid choice: 'int4'" in err and "Traceback" not in err
+
+
+def test_quantize_on_a_gpu_warns_that_it_decodes_unquantised(tiny_run: Path, caplog):
+    translator = Translator.from_run(tiny_run, device="cpu")
+    translator.device = torch.device("cuda")  # only its type is read: no GPU needed
+    with caplog.at_level(logging.WARNING, logger="transformer_mt.translator"):
+        translator.set_decoding(quantize="int8")
+    assert "decode.quantize: int8 applies to CPU decoding only; decoding on cuda unquantised" in caplog.text

@@ -335,12 +335,16 @@ def run_evaluate(args: argparse.Namespace) -> None:
     # the run's own evaluation/test_scores.json.
     alpha = translator.cfg.decode.length_penalty
     settings = f"beam{beam}" + (f".lp{alpha:g}" if args.length_penalty is not None and beam > 1 else "")
+    if translator.cfg.decode.quantize != "none" and translator.device.type == "cpu":
+        settings += f".{translator.cfg.decode.quantize}"  # int8 hypotheses never replace the fp32 ones
     output = args.output or RunDir(translator.run_dir).evaluation / f"{name}.{translator.checkpoint.stem}.{settings}.txt"
     _write_lines(output, hypotheses)
     print(f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}")
     print(f"chrF = {scores.chrf:.2f}  {scores.chrf_signature}")
     penalty = f", length penalty {alpha:g}" if beam > 1 else ""  # greedy decoding has none
-    print(f"{len(hypotheses)} sentences, beam {beam}{penalty}; hypotheses in {_shown(output)}", file=sys.stderr)
+    quantized = ", int8 weights" if settings.endswith(".int8") else ""
+    print(f"{len(hypotheses)} sentences, beam {beam}{penalty}{quantized}; hypotheses in {_shown(output)}",
+          file=sys.stderr)
 
 
 def run_export(args: argparse.Namespace) -> None:
@@ -406,6 +410,8 @@ def _load_translator(args: argparse.Namespace):
               file=sys.stderr)
     if args.length_penalty is not None:
         translator.set_decoding(length_penalty=args.length_penalty)
+    if args.quantize is not None:
+        translator.set_decoding(quantize=args.quantize)
     return translator
 
 

@@ -163,11 +163,15 @@ def _norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
     return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 def _self_attention(attention, h: torch.Tensor, y: torch.Tensor, cache, B: int, H: int) -> torch.Tensor:
     """y + self-attention of the new position h (B, D) over the cached ones and itself."""
     q, k, v = attention.qkv_proj(h).view(B, 3, H, 1, -1).unbind(1)  # (B, H, 1, Dh) each
     keys, values = cache.append_self(k, v)  # (B, H, length, Dh)
-    out = F.scaled_dot_product_attention(q, keys, values)  # (B, H, 1, Dh)
+    out = _attention(q, keys, values, None)  # (B, H, 1, Dh)
     return attention.out_proj.plus(out.reshape(B, -1), y)
 
 
@@ -177,7 +181,7 @@ def _cross_attention(attention, h: torch.Tensor, y: torch.Tensor, memory: torch.
     if cache.cross_k is None:
         cache.cross_k, cache.cross_v = attention.project_kv(memory)  # (B, H, S, Dh) each
     q = attention.q_proj(h).view(B, H, 1, -1)  # (B, H, 1, Dh)
-    out = F.scaled_dot_product_attention(q, cache.cross_k, cache.cross_v, attn_mask=mask)  # (B, H, 1, Dh)
+    out = _attention(q, cache.cross_k, cache.cross_v, mask)  # (B, H, 1, Dh)
     return attention.out_proj.plus(out.reshape(B, -1), y)
 
 

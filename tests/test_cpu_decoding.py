@@ -13,7 +13,7 @@ from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
 from transformer_mt.config import ModelConfig
 from transformer_mt.cpu_decoding import CpuDecodingTransformer, DecodingLinear, Int8Linear, decoding_model, \
     onednn_available
-from transformer_mt.decoding import beam_search, greedy_decode, sample_decode, Sampling
+from transformer_mt.decoding import Sampling, beam_search, best_tokens, greedy_decode, sample_decode
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import prepare_run_dir
 from transformer_mt.training import train
@@ -187,3 +187,15 @@ def test_quantize_on_a_gpu_warns_that_it_decodes_unquantised(tiny_run: Path, cap
     with caplog.at_level(logging.WARNING, logger="transformer_mt.translator"):
         translator.set_decoding(quantize="int8")
     assert "decode.quantize: int8 applies to CPU decoding only; decoding on cuda unquantised" in caplog.text
+
+
+@pytest.mark.parametrize("rows, vocab", [(1, 40), (8, 40), (32, 8000), (33, 8003), (9, 64), (16, 63)])
+def test_best_tokens_is_the_first_argmax_of_each_row(rows, vocab):
+    gen = torch.Generator().manual_seed(rows * vocab)
+    logits = torch.randint(-3, 4, (rows, vocab), generator=gen).float()  # few values: many ties
+    logits[0, -1] = 10.0  # a maximum in the tail (beyond the last whole block)
+    if rows > 1:
+        logits[1, 1] = logits[1, vocab - 1] = 10.0  # a tie across the head and the tail: the first wins
+    assert torch.equal(best_tokens(logits), logits.max(dim=-1).indices)
+    noise = torch.randn(rows, vocab, generator=gen)
+    assert torch.equal(best_tokens(noise), noise.argmax(dim=-1))

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import copy
 import warnings
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from transformer_mt.kv_cache import KVCache
-from transformer_mt.model import Transformer
+from transformer_mt.model import CrossAttention, Transformer
 
 QUANTIZE_CHOICES = ("none", "int8")
 
@@ -29,29 +30,27 @@ def onednn_available() -> bool:
 
 class DecodingLinear(nn.Module):
     """An `nn.Linear`'s x·Wᵀ + b (b may be absent) for decoding on a CPU, by the faster of two
-    kernels for the rows at hand (docs/benchmarks.md, "GEMM kernels"):
+    kernels for the rows at hand (docs/benchmarks.md, "CPU decoding against CTranslate2"):
 
     - one row (a batch-1 step): MKL with W stored (in, out), `kernel`;
     - more rows: oneDNN with W pre-packed in its own blocked layout (`packed`, made once), 1.1-1.8×
       MKL on the AMD EPYC VM (the vocabulary projection of 32 rows: 1.5 ms against 2.5 ms).
 
-    `relu` and `plus` fuse the FFN's ReLU and the residual sum into oneDNN's product. Under
-    autocast the product is `torch.addmm`, which autocast casts.
+    `forward` follows autocast (its product is then `torch.addmm`, which autocast casts). The
+    decoder step's `rows`, `relu` and `plus` run outside autocast only; `relu` and `plus` fuse the
+    FFN's ReLU and the residual sum into oneDNN's product. The tensors are plain attributes, not
+    buffers (a step reads them dozens of times; the copy is never saved or moved).
     """
 
     onednn_min_rows = 2
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, onednn: bool):
         super().__init__()
-        weight, bias = weight.detach(), None if bias is None else bias.detach().clone()
-        self.register_buffer("kernel", weight.t().contiguous())  # (in, out)
-        self.register_buffer("bias", bias)  # (out,) or None
-        # An opaque oneDNN tensor: no storage, so not a buffer (never saved, moved or copied).
+        weight = weight.detach()
+        self.kernel = weight.t().contiguous()  # (in, out)
+        self.bias = None if bias is None else bias.detach().clone()  # (out,)
+        # An opaque oneDNN tensor: no storage (it cannot be saved, moved or deep-copied).
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 32) if onednn else None
-
-    def _onednn(self, rows: torch.Tensor) -> bool:
-        return (self.packed is not None and rows.shape[0] >= self.onednn_min_rows
-                and not torch.is_autocast_enabled(rows.device.type))
 
     def _mkl(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.mm(rows, self.kernel) if self.bias is None else torch.addmm(self.bias, rows, self.kernel)
@@ -59,29 +58,32 @@ class DecodingLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., in) -> (..., out)."""
         rows = x.reshape(-1, x.shape[-1])  # (N, in)
-        if self._onednn(rows):
-            out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
-        else:
-            out = self._mkl(rows)
+        out = self._mkl(rows) if torch.is_autocast_enabled(x.device.type) else self.rows(rows)
         return out.view(*x.shape[:-1], out.shape[-1])
 
+    def rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows (N, in) -> (N, out), outside autocast."""
+        if self.packed is not None and rows.shape[0] >= self.onednn_min_rows:
+            return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        return self._mkl(rows)
+
     def relu(self, rows: torch.Tensor) -> torch.Tensor:
-        """relu(x·Wᵀ + b) of rows (N, in)."""
-        if self._onednn(rows):
+        """relu(x·Wᵀ + b) of rows (N, in), outside autocast."""
+        if self.packed is not None and rows.shape[0] >= self.onednn_min_rows:
             return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "relu", [], "")
         return self._mkl(rows).relu_()
 
     def plus(self, rows: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """residual + (x·Wᵀ + b) of rows (N, in), residual (N, out)."""
-        if self._onednn(rows):
+        """residual + (x·Wᵀ + b) of rows (N, in), residual (N, out), outside autocast."""
+        if self.packed is not None and rows.shape[0] >= self.onednn_min_rows:
             return torch.ops.mkldnn._linear_pointwise.binary(rows, residual, self.packed, self.bias, "add")
         return self._mkl(rows).add_(residual)
 
 
 class Int8Linear(nn.Module):
     """x·Wᵀ + b with W quantised to int8 per output row (symmetric) and x per call
-    (`torch.ao.quantization.quantize_dynamic`'s dynamic linear, per-channel): about a third of
-    the fp32 product's time on a CPU, at ~1% error in each output."""
+    (`torch.ao.quantization.quantize_dynamic`'s dynamic linear, per channel): about a third of
+    the fp32 product's time on a CPU, at ~1% error in each output. Same methods as `DecodingLinear`."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
@@ -95,16 +97,33 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., in) -> (..., out), fp32."""
-        rows = x.reshape(-1, x.shape[-1]).float()
-        # reduce_range: 7-bit activations, as quantize_dynamic on x86 (no int16 overflow without VNNI)
-        out = torch.ops.quantized.linear_dynamic(rows, self.packed, True)
+        out = self.rows(x.reshape(-1, x.shape[-1]).float())
         return out.view(*x.shape[:-1], out.shape[-1])
 
+    def rows(self, rows: torch.Tensor) -> torch.Tensor:
+        # reduce_range: 7-bit activations, as quantize_dynamic on x86 (no int16 overflow without VNNI)
+        return torch.ops.quantized.linear_dynamic(rows, self.packed, True)
+
     def relu(self, rows: torch.Tensor) -> torch.Tensor:
-        return self(rows).relu_()
+        return self.rows(rows).relu_()
 
     def plus(self, rows: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self(rows).add_(residual)
+        return self.rows(rows).add_(residual)
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerPlan:
+    """What a decoder layer's step reads, gathered once: plain attribute reads instead of
+    `nn.Module.__getattr__` lookups through three levels of submodules at every step."""
+
+    norms: tuple[tuple[torch.Tensor, torch.Tensor, float], ...]  # self, cross, FFN: weight, bias, eps
+    qkv: nn.Module
+    self_out: nn.Module
+    q: nn.Module
+    cross_out: nn.Module
+    cross_attn: CrossAttention  # its `project_kv` of the memory, on the first step
+    ffn1: nn.Module
+    ffn2: nn.Module
 
 
 class CpuDecodingTransformer(Transformer):
@@ -118,6 +137,14 @@ class CpuDecodingTransformer(Transformer):
         self._mask_key: torch.Tensor | None = None  # the src_mask whose additive form is `_mask`
         self._mask: torch.Tensor | None = None
         self._scaled_embedding = self.tgt_embed.weight * self.embed_scale  # (V, D): embed() multiplies the same
+        self._position_codes = self.positions  # a plain attribute: read at every step
+        self._pre = self.cfg.norm == "pre"
+        self._final_norm = (self.decoder_norm.weight, self.decoder_norm.bias, self.decoder_norm.eps) if self._pre else None
+        self._plan = [_LayerPlan(tuple((b.norm.weight, b.norm.bias, b.norm.eps)
+                                       for b in (layer.self_block, layer.cross_block, layer.ffn_block)),
+                                 layer.self_attn.qkv_proj, layer.self_attn.out_proj, layer.cross_attn.q_proj,
+                                 layer.cross_attn.out_proj, layer.cross_attn, layer.ffn.linear1, layer.ffn.linear2)
+                      for layer in self.decoder_layers]
 
     def decode(self, tgt_ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                cache: KVCache | None = None, fp32_logits: bool = True) -> torch.Tensor:
@@ -139,50 +166,41 @@ class CpuDecodingTransformer(Transformer):
         """ids (B,) long, the newest position's token -> logits (B, V) fp32; the cache grows by one."""
         position = cache.length
         self.check_length(position + 1)
-        B, H = ids.shape[0], self.cfg.n_heads
-        pre = self.cfg.norm == "pre"
-        y = F.embedding(ids, self._scaled_embedding) + self.positions[position]  # (B, D)
+        B, H, pre = ids.shape[0], self.cfg.n_heads, self._pre
+        y = F.embedding(ids, self._scaled_embedding) + self._position_codes[position]  # (B, D)
         mask = self._cross_mask(src_mask)
-        for layer, layer_cache in zip(self.decoder_layers, cache.layers):
+        for p, layer_cache in zip(self._plan, cache.layers):
             # Each sublayer as `Residual.forward` in eval mode: pre-norm y + f(norm(y)), post-norm norm(y + f(y)).
-            h = _norm(layer.self_block.norm, y) if pre else y
-            y = _self_attention(layer.self_attn, h, y, layer_cache, B, H)
-            y = y if pre else _norm(layer.self_block.norm, y)
-            h = _norm(layer.cross_block.norm, y) if pre else y
-            y = _cross_attention(layer.cross_attn, h, y, memory, mask, layer_cache, B, H)
-            y = y if pre else _norm(layer.cross_block.norm, y)
-            h = _norm(layer.ffn_block.norm, y) if pre else y
-            y = layer.ffn.linear2.plus(layer.ffn.linear1.relu(h), y)  # y + FFN(h)
-            y = y if pre else _norm(layer.ffn_block.norm, y)
+            norm = p.norms[0]
+            h = _norm(y, norm) if pre else y
+            q, k, v = p.qkv.rows(h).view(B, 3, H, 1, -1).unbind(1)  # (B, H, 1, Dh) each
+            keys, values = layer_cache.append_self(k, v)  # (B, H, length, Dh)
+            y = p.self_out.plus(_attention(q, keys, values, None).reshape(B, -1), y)
+            y = y if pre else _norm(y, norm)
+            norm = p.norms[1]
+            h = _norm(y, norm) if pre else y
+            if layer_cache.cross_k is None:
+                layer_cache.cross_k, layer_cache.cross_v = p.cross_attn.project_kv(memory)  # (B, H, S, Dh) each
+            q = p.q.rows(h).view(B, H, 1, -1)  # (B, H, 1, Dh)
+            y = p.cross_out.plus(_attention(q, layer_cache.cross_k, layer_cache.cross_v, mask).reshape(B, -1), y)
+            y = y if pre else _norm(y, norm)
+            norm = p.norms[2]
+            h = _norm(y, norm) if pre else y
+            y = p.ffn2.plus(p.ffn1.relu(h), y)  # y + FFN(h)
+            y = y if pre else _norm(y, norm)
         if pre:
-            y = _norm(self.decoder_norm, y)
+            y = _norm(y, self._final_norm)
         return self.output_proj(y)  # (B, V)
 
 
-def _norm(norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+def _norm(x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor, float]) -> torch.Tensor:
+    weight, bias, eps = norm
+    return torch.layer_norm(x, weight.shape, weight, bias, eps)
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Single-query attention (B, H, 1, Dh) over k, v (B, H, L, Dh), with an additive mask or None."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-
-def _self_attention(attention, h: torch.Tensor, y: torch.Tensor, cache, B: int, H: int) -> torch.Tensor:
-    """y + self-attention of the new position h (B, D) over the cached ones and itself."""
-    q, k, v = attention.qkv_proj(h).view(B, 3, H, 1, -1).unbind(1)  # (B, H, 1, Dh) each
-    keys, values = cache.append_self(k, v)  # (B, H, length, Dh)
-    out = _attention(q, keys, values, None)  # (B, H, 1, Dh)
-    return attention.out_proj.plus(out.reshape(B, -1), y)
-
-
-def _cross_attention(attention, h: torch.Tensor, y: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor | None,
-                     cache, B: int, H: int) -> torch.Tensor:
-    """y + attention of h (B, D) over the memory, whose keys and values are projected on the first step."""
-    if cache.cross_k is None:
-        cache.cross_k, cache.cross_v = attention.project_kv(memory)  # (B, H, S, Dh) each
-    q = attention.q_proj(h).view(B, H, 1, -1)  # (B, H, 1, Dh)
-    out = _attention(q, cache.cross_k, cache.cross_v, mask)  # (B, H, 1, Dh)
-    return attention.out_proj.plus(out.reshape(B, -1), y)
 
 
 def decoding_model(model: Transformer, quantize: str = "none") -> Transformer:

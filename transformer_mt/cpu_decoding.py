@@ -180,7 +180,8 @@ class CpuDecodingTransformer(Transformer):
             norm = p.norms[1]
             h = _norm(y, norm) if pre else y
             if layer_cache.cross_k is None:
-                layer_cache.cross_k, layer_cache.cross_v = p.cross_attn.project_kv(memory)  # (B, H, S, Dh) each
+                # (B, H, S, Dh) each, contiguous: SDPA reads the projection's strided views 1.4x slower
+                layer_cache.cross_k, layer_cache.cross_v = (t.contiguous() for t in p.cross_attn.project_kv(memory))
             q = p.q.rows(h).view(B, H, 1, -1)  # (B, H, 1, Dh)
             y = p.cross_out.plus(_attention(q, layer_cache.cross_k, layer_cache.cross_v, mask).reshape(B, -1), y)
             y = y if pre else _norm(y, norm)

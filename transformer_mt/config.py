@@ -247,7 +247,8 @@ class DecodeConfig:
     quantize: Literal["none", "int8"] = "none"
     """`int8`: `tmt translate` and `tmt evaluate` on a CPU decode with int8 weights (per output
     row) and int8 activations (per call) in every linear layer, the vocabulary projection too:
-    about 1.5-2.5x faster, translations close to fp32 but not identical (docs/benchmarks.md).
+    greedy decoding 1.6-1.8x faster in docs/benchmarks.md's bench, translations close to fp32's
+    but not identical.
     Validation during training, the final test and GPUs decode as `none` does."""
 
 

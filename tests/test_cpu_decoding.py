@@ -14,6 +14,7 @@ from transformer_mt.config import ModelConfig
 from transformer_mt.cpu_decoding import CpuDecodingTransformer, DecodingLinear, Int8Linear, decoding_model, \
     onednn_available
 from transformer_mt.decoding import Sampling, beam_search, best_tokens, greedy_decode, sample_decode
+from transformer_mt.errors import UsageError
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import prepare_run_dir
 from transformer_mt.training import train
@@ -199,3 +200,13 @@ def test_best_tokens_is_the_first_argmax_of_each_row(rows, vocab):
     assert torch.equal(best_tokens(logits), logits.max(dim=-1).indices)
     noise = torch.randn(rows, vocab, generator=gen)
     assert torch.equal(best_tokens(noise), noise.argmax(dim=-1))
+
+
+def test_int8_on_a_torch_without_its_quantized_ops_is_one_clear_error(monkeypatch):
+    def unsupported(*args):
+        raise RuntimeError("Didn't find engine for operation quantized::linear_prepack NoQEngine\nmore lines")
+
+    monkeypatch.setattr(torch.ops.quantized, "linear_prepack", unsupported)
+    with pytest.raises(UsageError, match=r"decode.quantize: int8 is not available in this torch build on this CPU "
+                                         r"\(\w+ engine: Didn't find engine .* NoQEngine\); use none$"):
+        decoding_model(random_model(0), quantize="int8")

@@ -10,6 +10,7 @@ activations per call). docs/benchmarks.md measures what each part saves.
 from __future__ import annotations
 
 import copy
+import platform
 import warnings
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformer_mt.errors import UsageError
 from transformer_mt.kv_cache import KVCache
 from transformer_mt.model import CrossAttention, Transformer
 
@@ -24,8 +26,10 @@ QUANTIZE_CHOICES = ("none", "int8")
 
 
 def onednn_available() -> bool:
-    """oneDNN's packed-weight linear (the op `torch.compile` uses on CPUs) is in this torch build."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    """oneDNN's packed-weight linear (the op `torch.compile` uses on CPUs) is in this torch build,
+    on an x86 CPU (where it was measured; elsewhere MKL's or the build's BLAS products stay)."""
+    return (platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
 class DecodingLinear(nn.Module):
@@ -221,7 +225,15 @@ def decoding_model(model: Transformer, quantize: str = "none") -> Transformer:
     for module in list(fast.modules()):
         for name, child in module.named_children():
             if isinstance(child, nn.Linear):
-                setattr(module, name, Int8Linear(child.weight, child.bias) if quantize == "int8"
-                        else DecodingLinear(child.weight, child.bias, onednn))
+                setattr(module, name, _int8(child) if quantize == "int8" else DecodingLinear(child.weight, child.bias,
+                                                                                             onednn))
     fast._prepare()
     return fast
+
+
+def _int8(layer: nn.Linear) -> Int8Linear:
+    try:
+        return Int8Linear(layer.weight, layer.bias)
+    except (RuntimeError, AttributeError, NotImplementedError) as err:  # a torch without (this) quantized engine
+        raise UsageError(f"decode.quantize: int8 is not available in this torch build on this CPU "
+                         f"({torch.backends.quantized.engine} engine: {str(err).splitlines()[0]}); use none") from None

@@ -70,6 +70,11 @@ class Translator:
         if "quantize" in settings:
             self._warn_quantize_ignored()
 
+    @property
+    def quantized(self) -> str | None:
+        """The weights' quantisation translations are made with (`decode.quantize` on a CPU), or None."""
+        return self.cfg.decode.quantize if self.cfg.decode.quantize != "none" and self.device.type == "cpu" else None
+
     def _warn_quantize_ignored(self) -> None:
         if self.cfg.decode.quantize != "none" and self.device.type != "cpu":
             logger.warning("decode.quantize: %s applies to CPU decoding only; decoding on %s unquantised",

@@ -13,7 +13,9 @@ tmt and Marian run attention on the kernels of `--attention-backend` (tmt's
 suppressed), so all do the same work; the script checks the counts. Speed is generated target
 tokens per second. Engines that decode the same batches are timed interleaved, batch by batch
 in rotating order, so a change in the machine's load during the run hits them alike; CPU
-time (process time, all threads) is reported beside wall time.
+time (process time, all threads) is reported beside wall time. On a CPU, greedy decoding is also
+timed with int8 weights: tmt's `decode.quantize: int8` against CTranslate2's `compute_type="int8"`
+(`--no-int8` leaves them out).
 
     python scripts/bench_decode.py                                   # demo corpus, cpu-small, 1 thread
     python scripts/bench_decode.py --data /work/shared/data/multi30k_en_de
@@ -50,7 +52,7 @@ from transformer_mt.architectures import build_model
 from transformer_mt.batching import pad_sequences
 from transformer_mt.checkpoint import FORMAT_VERSION, save_atomic
 from transformer_mt.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, config_to_dict
-from transformer_mt.cpu_fast_path import decoding_model
+from transformer_mt.cpu_decoding import decoding_model
 from transformer_mt.data_sources import read_aligned_files
 from transformer_mt.decoding import beam_search, greedy_decode
 from transformer_mt.evaluation import translate_ids
@@ -106,6 +108,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="also time translate_ids over --test-sentences test sentences with K beams "
                         "(default 0: not)")
     parser.add_argument("--test-sentences", type=int, default=1000, help="sentences for --test-beam (default 1000)")
+    parser.add_argument("--no-int8", dest="int8", action="store_false",
+                        help="leave out the int8 greedy engines (tmt decode.quantize int8, CTranslate2 int8), "
+                        "timed on a CPU only")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also print a torch.profiler table of tmt greedy (cached) over N batches of the "
                         "largest batch size (default 0: no profile)")
@@ -349,11 +354,16 @@ def main(argv: list[str] | None = None) -> None:
         model, tokenizers = build_run(run_dir, args)
         model.to(device)
         decoder = decoding_model(model)  # what tmt decodes with (`evaluation.translate_ids`)
-        translator = None
+        int8 = args.int8 and device.type == "cpu"  # decode.quantize applies to CPUs only
+        decoder_int8 = decoding_model(model, "int8") if int8 else None  # `--quantize int8`
+        translator = translator_int8 = None
         if ct2 is not None:
             export_ctranslate2(run_dir, Path(tmp) / "ct2")
             translator = ct2.Translator(str(Path(tmp) / "ct2"), device=device.type, intra_threads=args.threads,
                                         inter_threads=1, compute_type=CT2_COMPUTE_TYPE[args.precision])
+            if int8:
+                translator_int8 = ct2.Translator(str(Path(tmp) / "ct2"), device=device.type,
+                                                 intra_threads=args.threads, inter_threads=1, compute_type="int8")
         vocab_size = tokenizers.src.get_vocab_size()
         marian = build_marian(model.cfg, vocab_size).to(device) if with_hf else None
         _, _, sources = read_corpus(args.data, args.src_lang)
@@ -378,7 +388,7 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(test_figure), flush=True)
 
         timings: list[Timing] = []
-        hook = suppress_eos(decoder)
+        hooks = [suppress_eos(m) for m in (decoder, decoder_int8) if m is not None]
         try:
             for batch_size in batch_sizes:
                 n = args.n_batch1 if batch_size == 1 else args.n_sentences
@@ -393,6 +403,11 @@ def main(argv: list[str] | None = None) -> None:
                 if translator is not None:
                     greedy.append(("ct2 greedy", ct2_engine(translator, n_tokens, beam=1)))
                     beams.append((f"ct2 beam {BEAM}", ct2_engine(translator, n_tokens, beam=BEAM)))
+                if decoder_int8 is not None:
+                    greedy.append(("tmt greedy, int8", tmt_engine(decoder_int8, device, precision, attention, n_tokens,
+                                                                  beam=1, use_cache=True)))
+                if translator_int8 is not None:
+                    greedy.append(("ct2 greedy, int8", ct2_engine(translator_int8, n_tokens, beam=1)))
                 if marian is not None:
                     greedy.append(("hf_marian greedy", hf_engine(marian, device, precision, attention, n_tokens, beam=1)))
                     beams.append((f"hf_marian beam {BEAM}", hf_engine(marian, device, precision, attention, n_tokens,
@@ -412,7 +427,8 @@ def main(argv: list[str] | None = None) -> None:
                               source_batches(sources, tokenizers, args.profile * batch_sizes[-1], batch_sizes[-1],
                                              model.cfg.max_len))
         finally:
-            hook.remove()
+            for hook in hooks:
+                hook.remove()
 
     print(json.dumps(summary(args, device, precision, attention, vocab_size, model, timings, batch_sizes, agree,
                              compared, engines, test_figure)))
@@ -457,6 +473,7 @@ def summary(args, device, precision, attention, vocab_size, model, timings, batc
         greedy, beam = rate["tmt greedy, cached"], rate[f"tmt beam {BEAM}"]
         ct2, ct2_beam = rate.get("ct2 greedy"), rate.get(f"ct2 beam {BEAM}")
         hf, hf_beam = rate.get("hf_marian greedy"), rate.get(f"hf_marian beam {BEAM}")
+        int8, ct2_int8 = rate.get("tmt greedy, int8"), rate.get("ct2 greedy, int8")
         by_batch[str(batch_size)] = {
             "cached_tokens_per_s": round(greedy, 1),
             "uncached_tokens_per_s": round(rate["tmt greedy, uncached"], 1),
@@ -465,11 +482,16 @@ def summary(args, device, precision, attention, vocab_size, model, timings, batc
             "ct2_beam4_tokens_per_s": ct2_beam and round(ct2_beam, 1),
             "hf_marian_tokens_per_s": hf and round(hf, 1),
             "hf_marian_beam4_tokens_per_s": hf_beam and round(hf_beam, 1),
+            "int8_tokens_per_s": int8 and round(int8, 1),
+            "ct2_int8_tokens_per_s": ct2_int8 and round(ct2_int8, 1),
             "cache_speedup": round(greedy / rate["tmt greedy, uncached"], 2),
             "tmt_vs_ct2": _ratio(greedy, ct2),
             "tmt_beam4_vs_ct2": _ratio(beam, ct2_beam),
             "tmt_vs_ct2_cpu_time": _ratio(cpu_rate["tmt greedy, cached"], cpu_rate.get("ct2 greedy")),
             "tmt_beam4_vs_ct2_cpu_time": _ratio(cpu_rate[f"tmt beam {BEAM}"], cpu_rate.get(f"ct2 beam {BEAM}")),
+            "tmt_int8_vs_ct2_int8": _ratio(int8, ct2_int8),
+            "tmt_int8_vs_tmt_fp32": _ratio(int8, greedy),
+            "tmt_int8_vs_ct2_int8_cpu_time": _ratio(cpu_rate.get("tmt greedy, int8"), cpu_rate.get("ct2 greedy, int8")),
             "tmt_vs_hf_marian_greedy": _ratio(greedy, hf),
             "tmt_vs_hf_marian_beam4": _ratio(beam, hf_beam),
             "sentences": sentences,

@@ -9,7 +9,7 @@ from transformer_mt.checkpoint import FORMAT_VERSION, load_checkpoint, save_atom
 from transformer_mt.config import ModelConfig
 from transformer_mt.decoding import greedy_decode
 from transformer_mt import dropout as dropout_module
-from transformer_mt.cpu_fast_path import decoding_model, dropout, real_positions_states
+from transformer_mt.cpu_fast_path import dropout, real_positions_states
 from transformer_mt.dropout import attention_with_dropout, dropped_positions
 from transformer_mt.errors import CheckpointError
 from transformer_mt.model import Transformer
@@ -275,28 +275,6 @@ def test_a_version_1_checkpoint_resumes_training_exactly(tmp_path):
     assert train_step(resumed, resumed_optimizer) == train_step(model, optimizer)  # the next step's loss
     for (name, a), b in zip(model.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
-
-
-def test_the_decoding_output_projection_computes_y_times_w_transposed_for_few_and_many_rows():
-    projection = decoding_model(tiny_model()).output_proj
-    assert projection.max_rows_transposed < 3 * 100
-    for y in (torch.randn(3, 100, 16), torch.randn(4, 1, 16), torch.randn(2, 3, 16)):  # F.linear, then (W·yᵀ)ᵀ
-        torch.testing.assert_close(projection(y), F.linear(y, projection.weight))
-
-
-@pytest.mark.parametrize("norm", ["pre", "post"])
-def test_the_cpu_decoding_model_gives_the_models_logits_and_translations(norm):
-    model = tiny_model(norm=norm)
-    fast = decoding_model(model)
-    assert not any(isinstance(m, torch.nn.Linear) for m in fast.modules())  # every product in (in, out) layout
-    src = torch.tensor([[5, 6, 7, EOS, PAD], [4, 5, 6, 7, EOS]])
-    mask = src != PAD
-    memory = model.encode(src, mask)
-    torch.testing.assert_close(fast.encode(src, mask), memory, atol=1e-5, rtol=1e-5)
-    tgt = torch.tensor([[BOS, 8, 9], [BOS, 4, 4]])
-    torch.testing.assert_close(fast.decode(tgt, memory, mask), model.decode(tgt, memory, mask), atol=1e-5, rtol=1e-5)
-    args = dict(bos_id=BOS, eos_id=EOS, max_len_a=1.0, max_len_b=5)
-    assert greedy_decode(fast, src, **args) == greedy_decode(model, src, **args)
 
 
 def test_under_bf16_autocast_training_logits_take_its_dtype_and_decoding_logits_stay_fp32():

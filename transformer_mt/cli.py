@@ -353,12 +353,14 @@ def run_evaluate(args: argparse.Namespace) -> None:
     # test's file: scoring another checkpoint or setting never overwrites the hypotheses behind
     # the run's own evaluation/test_scores.json.
     alpha = translator.cfg.decode.length_penalty
-    settings = f"beam{beam}" + (f".lp{alpha:g}" if args.length_penalty is not None and beam > 1 else "")
+    settings = f"beam{beam}" + (f".lp{alpha:g}" if args.length_penalty is not None and beam > 1 else "") + \
+        (f".{translator.quantized}" if translator.quantized else "")  # never replacing the fp32 hypotheses
     output = args.output or RunDir(translator.run_dir).evaluation / f"{name}.{translator.checkpoint.stem}.{settings}.txt"
     _write_lines(output, hypotheses)
     print(f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}")
     print(f"chrF = {scores.chrf:.2f}  {scores.chrf_signature}")
     penalty = f", length penalty {alpha:g}" if beam > 1 else ""  # greedy decoding has none
+    penalty += f", {translator.quantized} weights" if translator.quantized else ""
     print(f"{len(hypotheses)} sentences, beam {beam}{penalty}; hypotheses in {_shown(output)}", file=sys.stderr)
 
 
@@ -423,8 +425,8 @@ def _load_translator(args: argparse.Namespace):
         print(f"tmt: using {_shown(run_dir)} ({data.src_lang}->{data.tgt_lang}, {translator.checkpoint.name}), "
               "the most recently updated run under runs/; choose another with --run DIR (`tmt runs` lists them)",
               file=sys.stderr)
-    if args.length_penalty is not None:
-        translator.set_decoding(length_penalty=args.length_penalty)
+    chosen = {"length_penalty": args.length_penalty, "quantize": args.quantize}
+    translator.set_decoding(**{key: value for key, value in chosen.items() if value is not None})
     return translator
 
 

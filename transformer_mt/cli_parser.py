@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                                              "normally 13a; 'none' for pre-tokenized text)")
     evaluate.add_argument("--output", type=_path_or_dash,
                           help="where to write the hypotheses "
-                               "(default: <run>/evaluation/<name>.<checkpoint>.beam<K>[.lp<ALPHA>].txt)")
+                               "(default: <run>/evaluation/<name>.<checkpoint>.beam<K>[.lp<ALPHA>][.int8].txt)")
 
     export = _add_command(commands, "export", "export a trained run to another inference engine", EXPORT_EXAMPLES)
     export.add_argument("--format", choices=["ctranslate2"], required=True,
@@ -203,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """--run / --checkpoint, --beam, --length-penalty and --device, shared by translate and evaluate."""
+    """--run / --checkpoint, --beam, --length-penalty, --quantize and --device, shared by translate and evaluate."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--run", type=Path, help="run directory (default: the most recently updated run under ./runs)")
     source.add_argument("--checkpoint", type=Path, help="a checkpoint file inside a run's checkpoints/ folder")
@@ -212,6 +212,9 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--length-penalty", type=_non_negative_float, metavar="ALPHA",
                         help="beam search's length penalty α (default: the run's decode.length_penalty; "
                              "0 = none, higher favours longer translations)")
+    parser.add_argument("--quantize", choices=["none", "int8"],
+                        help="int8: decode with int8 weights on a CPU, faster, translations close to fp32 but "
+                             "not identical (default: the run's decode.quantize, none)")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
                         help="where to translate (default auto: CUDA, else MPS, else the CPU; another GPU: "
                              "CUDA_VISIBLE_DEVICES=N)")

@@ -298,6 +298,12 @@ class DecodeConfig:
     evaluate`): `auto` on CUDA tries flash, then memory-efficient, then math, never cuDNN's (it
     plans each new shape, and each decoding step is one: 3-7x slower on an H100); elsewhere
     PyTorch chooses. Otherwise as `train.attention_backend`."""
+    quantize: Literal["none", "int8"] = "none"
+    """`int8`: `tmt translate` and `tmt evaluate` on a CPU decode with int8 weights (per output
+    row) and int8 activations (per call) in every linear layer, the vocabulary projection too:
+    greedy decoding 1.6-1.8x faster in docs/benchmarks.md's bench, translations close to fp32's
+    but not identical.
+    Validation during training, the final test and GPUs decode as `none` does."""
 
 
 @dataclass(frozen=True)

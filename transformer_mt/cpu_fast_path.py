@@ -1,6 +1,6 @@
-"""CPU speed paths beside the paper model, reusing its parameters: training on real positions only
-(`Packing`, `real_positions_states`), dropout drawn by its gaps, the loss fused with the output
-projection, and decoding with (in, out) weight copies (`decoding_model`).
+"""CPU speed paths of training beside the paper model, reusing its parameters: training on real
+positions only (`Packing`, `real_positions_states`), dropout drawn by its gaps, the loss fused with
+the output projection. (Decoding's CPU path is `cpu_decoding.py`.)
 
 Each computes what the plain `Transformer` path computes (tests/test_model.py and
 tests/test_training_speed.py check it); docs/benchmarks.md measures what each saves.
@@ -8,7 +8,6 @@ tests/test_training_speed.py check it); docs/benchmarks.md measures what each sa
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
@@ -253,63 +252,3 @@ def real_positions_loss(model: Transformer, src_ids: torch.Tensor, tgt_in_ids: t
     with torch.autocast(device_type=src_ids.device.type, enabled=False):
         return projected_label_smoothed_loss(states, model.output_proj.weight, targets, model.pad_id,
                                              label_smoothing, product_dtype)
-
-
-# --- decoding with (in, out) weights -------------------------------------------------------------
-
-class TransposedLinear(nn.Module):
-    """An `nn.Linear`'s x·Wᵀ + b computed with a copy of W stored (in, out).
-
-    At the few rows of a decoding step (batch × 1 position), MKL's CPU GEMM multiplies by an
-    (in, out) matrix 20–45% faster than by the transposed view `nn.Linear` uses; at training
-    sizes the two are equally fast (docs/benchmarks.md, "Where tmt's time goes"). The matrix is
-    named `kernel`, as in Keras and Flax, whose dense layers use this layout.
-    """
-
-    def __init__(self, layer: nn.Linear):
-        super().__init__()
-        self.register_buffer("kernel", layer.weight.detach().t().contiguous())  # (in, out)
-        self.register_buffer("bias", layer.bias.detach().clone())  # (out,)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., in) -> (..., out)."""
-        out = torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.kernel)  # (N, out)
-        return out.view(*x.shape[:-1], out.shape[-1])
-
-
-class TransposedOutputProjection(nn.Module):
-    """Logits y·Wᵀ (W (V, D), no bias), computed for the few rows of a decoding step as (W·yᵀ)ᵀ:
-    the same products in the orientation MKL's CPU GEMM runs 20–35% faster at those sizes
-    (docs/benchmarks.md); the logits are then a transposed view. Larger inputs keep `F.linear`."""
-
-    max_rows_transposed = 256  # decoding steps: batch (× beams) rows; a training batch has thousands
-
-    def __init__(self, layer: nn.Linear):
-        super().__init__()
-        self.register_buffer("weight", layer.weight.detach().clone())  # (V, D)
-
-    def forward(self, y: torch.Tensor) -> torch.Tensor:
-        """y (..., D) -> logits (..., V)."""
-        rows = y.reshape(-1, y.shape[-1])  # (N, D)
-        if rows.shape[0] > self.max_rows_transposed:
-            return F.linear(y, self.weight)
-        return torch.mm(self.weight, rows.t()).t().view(*y.shape[:-1], -1)  # (V, N) -> (N, V) view -> (..., V)
-
-
-def decoding_model(model: Transformer) -> Transformer:
-    """The model to decode with: on a CPU a frozen copy of `model` with each `nn.Linear` replaced
-    by its (in, out) copy (`TransposedLinear`) and the output projection by
-    `TransposedOutputProjection`; elsewhere `model` itself. The copy gives the same logits as
-    `model` up to the order of float sums; later changes to `model` (training) do not reach it,
-    so make one per round of decoding.
-    """
-    if model.positions.device.type != "cpu":
-        return model
-    fast = copy.deepcopy(model).eval().requires_grad_(False)
-    for module in list(fast.modules()):
-        for name, child in module.named_children():
-            if child is fast.output_proj:
-                setattr(module, name, TransposedOutputProjection(child))
-            elif isinstance(child, nn.Linear):
-                setattr(module, name, TransposedLinear(child))
-    return fast

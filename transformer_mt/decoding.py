@@ -53,13 +53,33 @@ def greedy_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos
     for step in range(max_steps):
         new_ids = tgt_ids[:, step:step + 1] if use_cache else tgt_ids[:, :step + 1]  # (B, 1) or (B, step + 1)
         logits = model.decode(new_ids, memory, src_mask, cache)[:, -1, :]  # (B, V) last position
-        # `max(dim).indices` is argmax (first index among ties) by a faster kernel than `argmax` on CPU.
-        next_ids = _forbid_special(logits, pad_id, bos_id).max(dim=-1).indices  # (B,)
+        next_ids = best_tokens(_forbid_special(logits, pad_id, bos_id))  # (B,)
         tgt_ids[:, step + 1] = next_ids.masked_fill(finished, pad_id)
         finished |= (next_ids == eos_id) | (step + 1 >= limits)
         if bool(finished.all()):
             break
     return [strip_generated(row, eos_id, pad_id) for row in tgt_ids[:, 1:].tolist()]
+
+
+def best_tokens(logits: torch.Tensor, block: int = 64) -> torch.Tensor:
+    """logits (N, V) -> (N,) long: each row's argmax, the first index among ties.
+
+    `max(dim).indices` (torch's CPU `argmax` is slower still) does not vectorise on a CPU, `amax`
+    does: with many rows on a CPU, take the maxima of blocks of `block` logits, then search only
+    each row's first best block (32 × 8,000 logits: 67 µs against 231 µs, docs/benchmarks.md).
+    """
+    N, V = logits.shape
+    head = V - V % block
+    if N < 8 or head == 0 or logits.device.type != "cpu":
+        return logits.max(dim=-1).indices
+    blocks = logits[:, :head].reshape(N, head // block, block)
+    best = blocks.amax(dim=-1).max(dim=-1)  # the first block holding each row's maximum
+    within = blocks[torch.arange(N, device=logits.device), best.indices].max(dim=-1).indices  # (N,)
+    ids = best.indices * block + within
+    if head < V:  # the last V % block logits; on a tie the earlier index stays
+        tail = logits[:, head:].max(dim=-1)
+        ids = torch.where(tail.values > best.values, tail.indices + head, ids)
+    return ids
 
 
 def strip_generated(ids: list[int], eos_id: int, pad_id: int) -> list[int]:

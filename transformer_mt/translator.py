@@ -62,12 +62,26 @@ class Translator:
         logger.info("loaded %s (step %d%s) on %s", checkpoint, state.get("train_state", {}).get("step", -1),
                     ", EMA weights" if which == "ema" else "", torch_device)
         warn_attention_fallbacks(torch_device, {"decode.attention_backend": cfg.decode.attention_backend})
-        return cls(model.to(torch_device), tokenizers, cfg, torch_device, _precision_for(cfg, torch_device), run_dir,
-                   checkpoint)
+        translator = cls(model.to(torch_device), tokenizers, cfg, torch_device, _precision_for(cfg, torch_device),
+                         run_dir, checkpoint)
+        translator._warn_quantize_ignored()
+        return translator
 
     def set_decoding(self, **settings) -> None:
         """Decode with other `decode.*` settings than the run's, e.g. `length_penalty=1.0`."""
         self.cfg = dataclasses.replace(self.cfg, decode=dataclasses.replace(self.cfg.decode, **settings))
+        if "quantize" in settings:
+            self._warn_quantize_ignored()
+
+    @property
+    def quantized(self) -> str | None:
+        """The weights' quantisation translations are made with (`decode.quantize` on a CPU), or None."""
+        return self.cfg.decode.quantize if self.cfg.decode.quantize != "none" and self.device.type == "cpu" else None
+
+    def _warn_quantize_ignored(self) -> None:
+        if self.cfg.decode.quantize != "none" and self.device.type != "cpu":
+            logger.warning("decode.quantize: %s applies to CPU decoding only; decoding on %s unquantised",
+                           self.cfg.decode.quantize, self.device.type)
 
     def translate(self, lines: list[str], beam_size: int | None = None, progress: bool = False) -> list[str]:
         """Translate each line (beam size: `beam_size`, else the run's `decode.beam_size`).
@@ -79,7 +93,7 @@ class Translator:
         src_ids = self._encode_src(texts)
         hyp_ids = translate_ids(self.model, src_ids, self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID,
                                 device=self.device, precision=self.precision, beam_size=beam_size,
-                                progress=progress)
+                                quantize=self.cfg.decode.quantize, progress=progress)
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         return [hyp if text else "" for text, hyp in zip(texts, hypotheses)]
 
@@ -92,7 +106,8 @@ class Translator:
         texts = [line.strip() for line in lines]
         hypotheses = translate_hypotheses(self.model, self._encode_src(texts), self.cfg.decode, bos_id=BOS_ID,
                                           eos_id=EOS_ID, device=self.device, precision=self.precision,
-                                          beam_size=beam_size, n_best=n_best, sampling=sampling, progress=progress)
+                                          beam_size=beam_size, n_best=n_best, sampling=sampling,
+                                          quantize=self.cfg.decode.quantize, progress=progress)
         results = []
         for text, hyps in zip(texts, hypotheses):
             if not text:
@@ -110,7 +125,8 @@ class Translator:
         """
         src_ids = self._encode_src([line.strip()])[0][: self.model.cfg.max_len - 1]  # as translate_ids cuts it
         hyp_ids = translate_ids(self.model, [src_ids], self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID,
-                                device=self.device, precision=self.precision, beam_size=beam_size)[0]
+                                device=self.device, precision=self.precision, beam_size=beam_size,
+                                quantize=self.cfg.decode.quantize)[0]
         weights = cross_attention_map(self.model, src_ids, hyp_ids, bos_id=BOS_ID, eos_id=EOS_ID,
                                       device=self.device, layer=layer)
         src_pieces, tgt_pieces = cross_attention_labels(

@@ -1,0 +1,239 @@
+"""Decoding on a CPU: a copy of the model whose matrix products run on the faster CPU kernels, and
+whose incremental decoder step is a flat sequence of tensor operations.
+
+`decoding_model(model)` is what `evaluation.translate_ids` decodes with on a CPU. It computes what
+the model computes (up to the order of float sums; tests/test_cpu_decoding.py checks logits and
+translations), with `quantize="int8"` an int8 approximation (weights per output channel,
+activations per call). docs/benchmarks.md measures what each part saves.
+"""
+
+from __future__ import annotations
+
+import copy
+import platform
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_mt.errors import UsageError
+from transformer_mt.kv_cache import KVCache
+from transformer_mt.model import CrossAttention, Transformer
+
+QUANTIZE_CHOICES = ("none", "int8")
+
+
+def onednn_available() -> bool:
+    """oneDNN's packed-weight linear (the op `torch.compile` uses on CPUs) is in this torch build,
+    on an x86 CPU (where it was measured; elsewhere MKL's or the build's BLAS products stay)."""
+    return (platform.machine().lower() in ("x86_64", "amd64") and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+class DecodingLinear(nn.Module):
+    """An `nn.Linear`'s x·Wᵀ + b (b may be absent) for decoding on a CPU, by the faster of two
+    kernels for the rows at hand (docs/benchmarks.md, "CPU decoding against CTranslate2"):
+
+    - one row (a batch-1 step): MKL with W stored (in, out), `kernel`;
+    - more rows: oneDNN with W pre-packed in its own blocked layout (`packed`, made once), 1.1-1.8×
+      MKL on the AMD EPYC VM (the vocabulary projection of 32 rows: 1.5 ms against 2.5 ms).
+
+    `forward` follows autocast (its product is then `torch.addmm`, which autocast casts). The
+    decoder step's `rows`, `relu` and `plus` run outside autocast only; `relu` and `plus` fuse the
+    FFN's ReLU and the residual sum into oneDNN's product. The tensors are plain attributes, not
+    buffers (a step reads them dozens of times; the copy is never saved or moved).
+    """
+
+    onednn_min_rows = 2
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, onednn: bool):
+        super().__init__()
+        weight = weight.detach()
+        self.kernel = weight.t().contiguous()  # (in, out)
+        self.bias = None if bias is None else bias.detach().clone()  # (out,)
+        # An opaque oneDNN tensor: no storage (it cannot be saved, moved or deep-copied).
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 32) if onednn else None
+
+    def _mkl(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.mm(rows, self.kernel) if self.bias is None else torch.addmm(self.bias, rows, self.kernel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., in) -> (..., out)."""
+        rows = x.reshape(-1, x.shape[-1])  # (N, in)
+        out = self._mkl(rows) if torch.is_autocast_enabled(x.device.type) else self.rows(rows)
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    def rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows (N, in) -> (N, out), outside autocast."""
+        if self.packed is not None and rows.shape[0] >= self.onednn_min_rows:
+            return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
+        return self._mkl(rows)
+
+    def relu(self, rows: torch.Tensor) -> torch.Tensor:
+        """relu(x·Wᵀ + b) of rows (N, in), outside autocast."""
+        if self.packed is not None and rows.shape[0] >= self.onednn_min_rows:
+            return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "relu", [], "")
+        return self._mkl(rows).relu_()
+
+    def plus(self, rows: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + (x·Wᵀ + b) of rows (N, in), residual (N, out), outside autocast."""
+        if self.packed is not None and rows.shape[0] >= self.onednn_min_rows:
+            return torch.ops.mkldnn._linear_pointwise.binary(rows, residual, self.packed, self.bias, "add")
+        return self._mkl(rows).add_(residual)
+
+
+class Int8Linear(nn.Module):
+    """x·Wᵀ + b with W quantised to int8 per output row (symmetric) and x per call
+    (`torch.ao.quantization.quantize_dynamic`'s dynamic linear, per channel): about a third of
+    the fp32 product's time on a CPU, at ~1% error in each output. Same methods as `DecodingLinear`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        weight = weight.detach().float()
+        scale = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-12)  # (out,)
+        with warnings.catch_warnings():  # torch 2.13 marks quantized tensor creation as deprecated
+            warnings.simplefilter("ignore", UserWarning)
+            q = torch.quantize_per_channel(weight, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0,
+                                           torch.qint8)
+            self.packed = torch.ops.quantized.linear_prepack(q, None if bias is None else bias.detach().float())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., in) -> (..., out), fp32."""
+        out = self.rows(x.reshape(-1, x.shape[-1]).float())
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    def rows(self, rows: torch.Tensor) -> torch.Tensor:
+        # reduce_range: 7-bit activations, as quantize_dynamic on x86 (no int16 overflow without VNNI)
+        return torch.ops.quantized.linear_dynamic(rows, self.packed, True)
+
+    def relu(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.rows(rows).relu_()
+
+    def plus(self, rows: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.rows(rows).add_(residual)
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerPlan:
+    """What a decoder layer's step reads, gathered once: plain attribute reads instead of
+    `nn.Module.__getattr__` lookups through three levels of submodules at every step."""
+
+    norms: tuple[tuple[torch.Tensor, torch.Tensor, float], ...]  # self, cross, FFN: weight, bias, eps
+    qkv: nn.Module
+    self_out: nn.Module
+    q: nn.Module
+    cross_out: nn.Module
+    cross_attn: CrossAttention  # its `project_kv` of the memory, on the first step
+    ffn1: nn.Module
+    ffn2: nn.Module
+
+
+class CpuDecodingTransformer(Transformer):
+    """A `Transformer` whose cached one-position `decode` (every step of greedy, beam and sampled
+    decoding) runs `_step`: the same operations as the modules' path, without the module calls,
+    lambdas, eval-mode dropouts, head splits and per-step mask conversions around them, with the
+    ReLU and residual sums fused into the products and the cross-attention mask made once per
+    batch. Any other call (a prefix, no cache, autocast) is the model's own `decode`."""
+
+    def _prepare(self) -> None:
+        self._mask_key: torch.Tensor | None = None  # the src_mask whose additive form is `_mask`
+        self._mask: torch.Tensor | None = None
+        self._scaled_embedding = self.tgt_embed.weight * self.embed_scale  # (V, D): embed() multiplies the same
+        self._position_codes = self.positions  # a plain attribute: read at every step
+        self._pre = self.cfg.norm == "pre"
+        self._final_norm = (self.decoder_norm.weight, self.decoder_norm.bias, self.decoder_norm.eps) if self._pre else None
+        self._plan = [_LayerPlan(tuple((b.norm.weight, b.norm.bias, b.norm.eps)
+                                       for b in (layer.self_block, layer.cross_block, layer.ffn_block)),
+                                 layer.self_attn.qkv_proj, layer.self_attn.out_proj, layer.cross_attn.q_proj,
+                                 layer.cross_attn.out_proj, layer.cross_attn, layer.ffn.linear1, layer.ffn.linear2)
+                      for layer in self.decoder_layers]
+
+    def decode(self, tgt_ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+               cache: KVCache | None = None, fp32_logits: bool = True) -> torch.Tensor:
+        if (cache is None or tgt_ids.shape[1] != 1 or not fp32_logits or self.training
+                or torch.is_autocast_enabled(tgt_ids.device.type)):
+            return super().decode(tgt_ids, memory, src_mask, cache, fp32_logits)
+        return self._step(tgt_ids[:, 0], memory, src_mask, cache)[:, None, :]
+
+    def _cross_mask(self, src_mask: torch.Tensor) -> torch.Tensor | None:
+        """src_mask (B, S) bool -> SDPA's additive form (B, 1, 1, S) (what SDPA turns a bool mask
+        into at every call), or None when nothing is masked; made once per src_mask tensor."""
+        if src_mask is not self._mask_key:
+            self._mask_key = src_mask
+            self._mask = None if bool(src_mask.all()) else torch.zeros(src_mask.shape, dtype=torch.float32).masked_fill_(
+                ~src_mask, float("-inf"))[:, None, None, :]
+        return self._mask
+
+    def _step(self, ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """ids (B,) long, the newest position's token -> logits (B, V) fp32; the cache grows by one."""
+        position = cache.length
+        self.check_length(position + 1)
+        B, H, pre = ids.shape[0], self.cfg.n_heads, self._pre
+        y = F.embedding(ids, self._scaled_embedding) + self._position_codes[position]  # (B, D)
+        mask = self._cross_mask(src_mask)
+        for p, layer_cache in zip(self._plan, cache.layers):
+            # Each sublayer as `Residual.forward` in eval mode: pre-norm y + f(norm(y)), post-norm norm(y + f(y)).
+            norm = p.norms[0]
+            h = _norm(y, norm) if pre else y
+            q, k, v = p.qkv.rows(h).view(B, 3, H, 1, -1).unbind(1)  # (B, H, 1, Dh) each
+            keys, values = layer_cache.append_self(k, v)  # (B, H, length, Dh)
+            y = p.self_out.plus(_attention(q, keys, values, None).reshape(B, -1), y)
+            y = y if pre else _norm(y, norm)
+            norm = p.norms[1]
+            h = _norm(y, norm) if pre else y
+            if layer_cache.cross_k is None:
+                # (B, H, S, Dh) each, contiguous: SDPA reads the projection's strided views 1.4x slower
+                layer_cache.cross_k, layer_cache.cross_v = (t.contiguous() for t in p.cross_attn.project_kv(memory))
+            q = p.q.rows(h).view(B, H, 1, -1)  # (B, H, 1, Dh)
+            y = p.cross_out.plus(_attention(q, layer_cache.cross_k, layer_cache.cross_v, mask).reshape(B, -1), y)
+            y = y if pre else _norm(y, norm)
+            norm = p.norms[2]
+            h = _norm(y, norm) if pre else y
+            y = p.ffn2.plus(p.ffn1.relu(h), y)  # y + FFN(h)
+            y = y if pre else _norm(y, norm)
+        if pre:
+            y = _norm(y, self._final_norm)
+        return self.output_proj(y)  # (B, V)
+
+
+def _norm(x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor, float]) -> torch.Tensor:
+    weight, bias, eps = norm
+    return torch.layer_norm(x, weight.shape, weight, bias, eps)
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Single-query attention (B, H, 1, Dh) over k, v (B, H, L, Dh), with an additive mask or None."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def decoding_model(model: Transformer, quantize: str = "none") -> Transformer:
+    """The model to decode with: on a CPU a frozen `CpuDecodingTransformer` copy of `model` whose
+    every `nn.Linear` (the output projection too) is a `DecodingLinear`, or with `quantize="int8"`
+    an `Int8Linear`; elsewhere `model` itself (`quantize` applies to CPUs only). The copy's
+    logits are the model's up to the order of float sums (int8: close, not equal); later changes
+    to `model` (training) do not reach it, so make one per round of decoding.
+    """
+    if quantize not in QUANTIZE_CHOICES:
+        raise ValueError(f"quantize must be one of {QUANTIZE_CHOICES}, got {quantize!r}")
+    if model.positions.device.type != "cpu":
+        return model
+    fast = copy.deepcopy(model).eval().requires_grad_(False)
+    fast.__class__ = CpuDecodingTransformer  # same attributes; only `decode` differs
+    onednn = onednn_available()
+    for module in list(fast.modules()):
+        for name, child in module.named_children():
+            if isinstance(child, nn.Linear):
+                setattr(module, name, _int8(child) if quantize == "int8" else DecodingLinear(child.weight, child.bias,
+                                                                                             onednn))
+    fast._prepare()
+    return fast
+
+
+def _int8(layer: nn.Linear) -> Int8Linear:
+    try:
+        return Int8Linear(layer.weight, layer.bias)
+    except (RuntimeError, AttributeError, NotImplementedError) as err:  # a torch without (this) quantized engine
+        raise UsageError(f"decode.quantize: int8 is not available in this torch build on this CPU "
+                         f"({torch.backends.quantized.engine} engine: {str(err).splitlines()[0]}); use none") from None

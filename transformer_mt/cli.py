@@ -138,55 +138,17 @@ def _continue_command(args: argparse.Namespace, run_dir: Path, torchrun: bool) -
 
 
 def run_data(args: argparse.Namespace) -> None:
-    """Print the data report of a config without training, leaving no file behind.
-
-    The corpus is loaded and the tokenizers trained in a temporary folder; an existing run's
-    tokenizers and carved split (`splits.json`) are copied there first when the run was made
-    from the same seed, data and tokenizer settings, so the report describes that run.
-    """
-    import dataclasses
-    import shutil
-    import tempfile
-
+    """Print the data report of a config without training, leaving no file behind
+    (`preparation.preview_report`: with an existing run's tokenizers when they fit)."""
     from transformer_mt.config import load_config
-    from transformer_mt.run_dir import same_data_settings
-    from transformer_mt.tokenization import JOINT_FILE, SRC_FILE, TGT_FILE
-    import torch
-
-    from transformer_mt.batch_budget import resolve_batch_tokens
-    from transformer_mt.runtime import pick_device
-    from transformer_mt.preparation import batch_padding, prepare_data
+    from transformer_mt.preparation import preview_report
 
     _setup_logging(logging.WARNING)
     cfg = load_config(args.config, args.overrides)
     run_dir = args.run_dir or Path("runs") / cfg.name
-    reuse = same_data_settings(cfg, run_dir)
-    with tempfile.TemporaryDirectory(prefix="tmt-data-") as scratch:
-        if reuse:
-            for name in (RunDir.SPLITS, JOINT_FILE, SRC_FILE, TGT_FILE):
-                if (run_dir / name).is_file():
-                    shutil.copyfile(run_dir / name, Path(scratch) / name)
-        device_type = cfg.train.device if cfg.train.device != "auto" else pick_device().type
-        if cfg.train.batch_tokens == "auto" and device_type == "cuda" and not torch.cuda.is_available():
-            print("tmt: train.batch_tokens auto: batches counted at 4,096 tokens here, as on a CPU; on a GPU "
-                  "the budget is sized for its memory", file=sys.stderr)
-        here = torch.device(device_type if device_type != "cuda" or torch.cuda.is_available() else "cpu")
-        cfg, budget_note = resolve_batch_tokens(cfg, here)
-        if budget_note:
-            print(f"tmt: {budget_note}", file=sys.stderr)
-        # The report describes the first epoch, which trains on the first BPE-dropout segmentation:
-        # drawing the other ones here would only cost time.
-        variants = cfg.tokenizer.bpe_dropout_variants
-        report_cfg = dataclasses.replace(cfg, tokenizer=dataclasses.replace(cfg.tokenizer, bpe_dropout_variants=1))
-        try:
-            *_, report = prepare_data(report_cfg, Path(scratch), progress=not args.quiet,
-                                      pad_to_multiple=batch_padding(cfg.train, device_type))
-            if report.bpe_dropout is not None:
-                report = dataclasses.replace(report, bpe_dropout=(report.bpe_dropout[0], variants,
-                                                                  report.bpe_dropout[2]))
-        except TmtError as err:  # name the run's file (a damaged splits.json, say), not its scratch copy
-            err.args = tuple(str(arg).replace(scratch, str(run_dir)) for arg in err.args)
-            raise
+    report, notes, reuse = preview_report(cfg, run_dir, progress=not args.quiet)
+    for note in notes:
+        print(f"tmt: {note}", file=sys.stderr)
     print(report.render())
     source = f"the tokenizers of {run_dir}" if reuse else "tokenizers trained for this report (not saved)"
     print(f"tmt: data report of {args.config} with {source}", file=sys.stderr)

@@ -3,18 +3,26 @@ and the data report, prepared once in the run directory."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
+import torch
+
 from transformer_mt import data as data_module
+from transformer_mt.batch_budget import resolve_batch_tokens
 from transformer_mt.config import Config, TrainConfig
-from transformer_mt.errors import missing_from_rank0
+from transformer_mt.errors import TmtError, missing_from_rank0
 from transformer_mt.init_from import copy_tokenizers
 from transformer_mt.report import DataReport, build_report
+from transformer_mt.run_dir import same_data_settings
 from transformer_mt.run_layout import RunDir
+from transformer_mt.runtime import pick_device
 from transformer_mt.token_cache import TokenizedSplit, processes_for, tokenize_split
-from transformer_mt.tokenization import TokenizerPair, train_tokenizers
+from transformer_mt.tokenization import JOINT_FILE, SRC_FILE, TGT_FILE, TokenizerPair, train_tokenizers
 from transformer_mt.training_split import tokenize_training_split
 
 logger = logging.getLogger(__name__)
@@ -74,3 +82,39 @@ def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size:
 def tokenizer_file(cfg: Config, run_dir: Path) -> Path:
     """The tokenizer file a run of `cfg` writes first (its joint one, else the source one)."""
     return RunDir(run_dir).tokenizer_file(cfg.tokenizer.joint)
+
+
+def preview_report(cfg: Config, run_dir: Path, progress: bool) -> tuple[DataReport, list[str], bool]:
+    """`tmt data`: the data report of `cfg` prepared in a temporary folder, leaving no file behind
+    -> (report, notes for the user, whether `run_dir`'s tokenizers were used).
+
+    An existing run's tokenizers and carved split (`splits.json`) are copied there first when the
+    run was made from the same seed, data and tokenizer settings, so the report describes that run.
+    """
+    notes = []
+    reuse = same_data_settings(cfg, run_dir)
+    with tempfile.TemporaryDirectory(prefix="tmt-data-") as scratch:
+        if reuse:
+            for name in (RunDir.SPLITS, JOINT_FILE, SRC_FILE, TGT_FILE):
+                if (run_dir / name).is_file():
+                    shutil.copyfile(run_dir / name, Path(scratch) / name)
+        device_type = cfg.train.device if cfg.train.device != "auto" else pick_device().type
+        if cfg.train.batch_tokens == "auto" and device_type == "cuda" and not torch.cuda.is_available():
+            notes.append("train.batch_tokens auto: batches counted at 4,096 tokens here, as on a CPU; on a GPU "
+                         "the budget is sized for its memory")
+        here = torch.device(device_type if device_type != "cuda" or torch.cuda.is_available() else "cpu")
+        cfg, budget_note = resolve_batch_tokens(cfg, here)
+        notes += [budget_note] if budget_note else []
+        # The report describes the first epoch, which trains on the first BPE-dropout segmentation:
+        # drawing the other ones here would only cost time.
+        variants = cfg.tokenizer.bpe_dropout_variants
+        report_cfg = dataclasses.replace(cfg, tokenizer=dataclasses.replace(cfg.tokenizer, bpe_dropout_variants=1))
+        try:
+            *_, report = prepare_data(report_cfg, Path(scratch), progress=progress,
+                                      pad_to_multiple=batch_padding(cfg.train, device_type))
+        except TmtError as err:  # name the run's file (a damaged splits.json, say), not its scratch copy
+            err.args = tuple(str(arg).replace(scratch, str(run_dir)) for arg in err.args)
+            raise
+    if report.bpe_dropout is not None:
+        report = dataclasses.replace(report, bpe_dropout=(report.bpe_dropout[0], variants, report.bpe_dropout[2]))
+    return report, notes, reuse

@@ -14,7 +14,7 @@ import torch
 
 from transformer_mt.batching import Batch, TokenBatchSampler, pad_rows, static_rows
 from transformer_mt.config import Config
-from transformer_mt.cuda_graph_step import GraphedStep, graphs_apply
+from transformer_mt.cuda_graph_step import MAX_GRAPHS, GraphedStep, compiled_for_graphs, graphs_apply
 from transformer_mt.distributed import Distributed
 from transformer_mt.errors import TrainingError
 from transformer_mt.loss import StepLoss, step_loss
@@ -80,16 +80,18 @@ class TrainStep:
             self.ddp_model = torch.nn.parallel.DistributedDataParallel(
                 StepLoss(model), device_ids=[device] if device.type == "cuda" else None, broadcast_buffers=False)
         self.step_model = self.ddp_model or StepLoss(model)
-        if t.compile:
-            self.step_model = torch.compile(self.step_model)
-        # One fused kernel per parameter group instead of a chain of foreach ops: CUDA and CPU
-        # (supported there since torch 2.4); MPS keeps the foreach path.
-        self.fused_optimizer = device.type in ("cuda", "cpu")
+        plain_step_model = self.step_model
         # The GPU engine (`cuda_graph_step`): each batch shape's whole update (forward, backward,
         # clipping, AdamW) replayed as a CUDA graph, on batches of fixed row counts so that shapes
         # repeat. Its AdamW is capturable and reads the learning rate from a device tensor.
-        graphed = t.cuda_graphs and graphs_apply(device, distributed=dist.enabled, compiled=t.compile,
+        graphed = t.cuda_graphs and graphs_apply(device, distributed=dist.enabled,
                                                  grad_scaler=precision.needs_grad_scaler)
+        if t.compile:  # under the engine: static shapes, compiled before each capture (`compiled_for_graphs`)
+            self.step_model = (compiled_for_graphs(self.step_model, MAX_GRAPHS) if graphed
+                               else torch.compile(self.step_model))
+        # One fused kernel per parameter group instead of a chain of foreach ops: CUDA and CPU
+        # (supported there since torch 2.4); MPS keeps the foreach path.
+        self.fused_optimizer = device.type in ("cuda", "cpu")
         # The CUDA kernel reads a rate tensor as fp32 (the eager step's rate is a double: 6e-8 apart
         # at most); the CPU kernel, which the tests run, reads a double.
         self.lr: torch.Tensor | None = None
@@ -111,7 +113,8 @@ class TrainStep:
         if graphed:
             self.graphs = GraphedStep(self.step_model, list(model.parameters()), self.optimizer, precision=precision,
                                       attention=attention, label_smoothing=t.label_smoothing,
-                                      max_norm=t.clip_grad_norm or float("inf"), capture=device.type == "cuda")
+                                      max_norm=t.clip_grad_norm or float("inf"), capture=device.type == "cuda",
+                                      max_graphs=MAX_GRAPHS, uncaptured_loss=plain_step_model)
         self.apply_settings()
 
     def apply_settings(self) -> None:
@@ -252,7 +255,8 @@ class TrainStep:
         """What the GPU engine captured in this process (for summary.json); None without it."""
         if self.graphs is None:
             return None
-        return {"captured_shapes": len(self.graphs.captured), "capture_seconds": round(self.graphs.capture_seconds, 2)}
+        return {"captured_shapes": len(self.graphs.captured), "capture_seconds": round(self.graphs.capture_seconds, 2),
+                "compile_seconds": round(self.graphs.compile_seconds, 2)}  # part of capture_seconds
 
     def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         """Under DDP, gradients are all-reduced only in the backward of a step's last micro-batch."""

@@ -417,8 +417,8 @@ def test_the_runbook_parses_and_skips_variants_that_no_longer_fit(tmp_path: Path
     result = subprocess.run(["bash", str(script), "variants"], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"figure"')]
-    assert [line["figure"] for line in lines] == ["variant-16k-tokens", "variant-no-cuda-graphs", "variant-pad1",
-                                                  "variant-compiled"]
+    assert [line["figure"] for line in lines] == ["variant-compiled", "variant-16k-tokens", "variant-no-cuda-graphs",
+                                                  "variant-pad1"]
     assert all(line["commit"] == "abc1234" and "skipped" in line for line in lines)
     unknown = subprocess.run(["bash", str(script), "nonsense"], capture_output=True, text=True, env=env)
     assert unknown.returncode == 2 and "unknown stage 'nonsense'" in unknown.stderr

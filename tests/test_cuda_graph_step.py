@@ -53,7 +53,7 @@ def test_with_compile_the_engine_is_given_the_compiled_module_and_the_plain_one(
                                                                               tiny_corpus: Path, tmp_path: Path):
     wrapped = []
 
-    def compiled_for_graphs_spy(module, max_graphs):
+    def compiled_for_graphs_spy(module, max_graphs=MAX_GRAPHS):
         wrapped.append((module, max_graphs))
         return StepLoss(module.model)  # a stand-in for the compiled module: another object
 

@@ -57,7 +57,7 @@ def graphs_apply(device: torch.device, *, distributed: bool, grad_scaler: bool) 
     return device.type == "cuda" and not distributed and not grad_scaler
 
 
-def compiled_for_graphs(step_loss: nn.Module, max_graphs: int) -> nn.Module:
+def compiled_for_graphs(step_loss: nn.Module, max_graphs: int = MAX_GRAPHS) -> nn.Module:
     """`step_loss` through `torch.compile` for the captured step: inductor's fused kernels
     (LayerNorm, residual adds, dropout, autocast's casts, bias-gradient sums) in forward and, as
     AOTAutograd compiles both, backward. Default mode, with inductor's own CUDA graphs off

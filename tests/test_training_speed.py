@@ -220,7 +220,7 @@ def test_peak_flops_follow_the_device_name_and_whether_fp32_may_use_tf32():
 
 
 compile_opt_in = pytest.mark.skipif(not os.environ.get("TMT_TEST_COMPILE"), reason="torch.compile needs a C++ "
-                                    "compiler and about half a minute here; set TMT_TEST_COMPILE=1")
+                                    "compiler and minutes here; set TMT_TEST_COMPILE=1")
 
 
 @compile_opt_in

@@ -66,7 +66,7 @@ def compiled_for_graphs(step_loss: nn.Module, max_graphs: int = MAX_GRAPHS) -> n
     other, and each batch shape compiles once, in the warm-up runs before its capture (a compile
     inside a capture would fail: it reads the CUDA RNG state). Dynamo keeps one compiled entry per
     shape, so its recompile limit is raised to the shapes a run may capture (past its default 8,
-    dynamo would silently run the module uncompiled)."""
+    dynamo would run the module uncompiled, with a warning only)."""
     config = torch._dynamo.config
     limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
     setattr(config, limit, max(getattr(config, limit), max_graphs))

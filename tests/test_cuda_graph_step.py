@@ -14,7 +14,7 @@ from tests.test_training_speed import make_trainer
 from transformer_mt import train_step as train_step_module
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import ModelConfig
-from transformer_mt.cuda_graph_step import GraphedStep, graphs_apply
+from transformer_mt.cuda_graph_step import MAX_GRAPHS, GraphedStep, compiled_for_graphs, graphs_apply
 from transformer_mt.errors import TrainingError
 from transformer_mt.loss import StepLoss
 from transformer_mt.model import Transformer
@@ -26,12 +26,45 @@ from transformer_mt.training import train
 CUDA = torch.device("cuda")
 
 
-def test_the_captured_step_runs_on_one_cuda_process_without_compile_or_fp16_scaling():
-    assert graphs_apply(CUDA, distributed=False, compiled=False, grad_scaler=False)
-    assert not graphs_apply(torch.device("cpu"), distributed=False, compiled=False, grad_scaler=False)
-    assert not graphs_apply(CUDA, distributed=True, compiled=False, grad_scaler=False)  # DDP hooks in backward
-    assert not graphs_apply(CUDA, distributed=False, compiled=True, grad_scaler=False)
-    assert not graphs_apply(CUDA, distributed=False, compiled=False, grad_scaler=True)  # fp16's changing scale
+def test_the_captured_step_runs_on_one_cuda_process_without_fp16_scaling_compiled_or_not():
+    assert graphs_apply(CUDA, distributed=False, grad_scaler=False)  # train.compile: its kernels are captured
+    assert not graphs_apply(torch.device("cpu"), distributed=False, grad_scaler=False)
+    assert not graphs_apply(CUDA, distributed=True, grad_scaler=False)  # DDP hooks in backward
+    assert not graphs_apply(CUDA, distributed=False, grad_scaler=True)  # fp16's changing scale
+
+
+def test_the_engine_compiles_static_shapes_without_inductors_own_cuda_graphs(monkeypatch):
+    # GraphedStep captures the update itself: inductor must not capture its kernels again
+    # (mode="reduce-overhead" / triton.cudagraphs), and a replayed graph has one shape, so the
+    # kernels are specialised to it (dynamic=False), one dynamo entry per shape: the recompile
+    # limit must cover the shapes captured, or dynamo would run new shapes uncompiled.
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: calls.append(kwargs) or module)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    module = torch.nn.Linear(2, 2)
+    assert compiled_for_graphs(module, 40) is module
+    assert calls == [{"dynamic": False, "options": {"triton.cudagraphs": False}}]
+    assert torch._dynamo.config.recompile_limit == 40
+    compiled_for_graphs(module, 4)
+    assert torch._dynamo.config.recompile_limit == 40  # never lowered
+
+
+def test_with_compile_the_engine_is_given_the_compiled_module_and_the_plain_one(engine_on_the_cpu, monkeypatch,
+                                                                              tiny_corpus: Path, tmp_path: Path):
+    wrapped = []
+
+    def compiled_for_graphs_spy(module, max_graphs=MAX_GRAPHS):
+        wrapped.append((module, max_graphs))
+        return StepLoss(module.model)  # a stand-in for the compiled module: another object
+
+    monkeypatch.setattr(train_step_module, "compiled_for_graphs", compiled_for_graphs_spy)
+    monkeypatch.setattr(train_step_module.torch, "compile", lambda *args, **kwargs: pytest.fail("not the engine's"))
+    step = make_trainer(tiny_corpus, tmp_path / "run", compile=True).train_step
+    assert step.graphs is not None and step.graphs.compiled
+    assert wrapped == [(step.graphs.uncaptured_loss, MAX_GRAPHS)]  # the plain StepLoss, for shapes past max_graphs
+    assert step.graphs.step_loss is step.step_model is not step.graphs.uncaptured_loss
+    assert not step.real_positions_only  # the padded path, as on the GPU
+    assert step.engine_report()["compile_seconds"] == 0.0  # nothing captured on a CPU
 
 
 def test_on_a_cpu_the_step_and_its_batches_are_the_eager_ones(tiny_corpus: Path, tmp_path: Path):
@@ -216,4 +249,4 @@ def test_capture_time_goes_to_the_log_and_summary_apart_from_the_rates(engine_on
     assert "1.5s capturing CUDA graphs, not counted in these rates" in lines[0]
     assert "capturing" not in lines[1]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text(encoding="utf-8"))
-    assert summary["cuda_graphs"] == {"captured_shapes": 0, "capture_seconds": 1.5}
+    assert summary["cuda_graphs"] == {"captured_shapes": 0, "capture_seconds": 1.5, "compile_seconds": 0.0}

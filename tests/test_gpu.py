@@ -237,6 +237,44 @@ def engine_trainer(tiny_corpus: Path, run: Path, monkeypatch, **train) -> Traine
     return trainer
 
 
+@pytest.mark.skipif(not os.environ.get("TMT_TEST_COMPILE"),
+                    reason="torch.compile takes minutes here; set TMT_TEST_COMPILE=1 (gpu_session.sh check does)")
+def test_the_compiled_and_captured_update_makes_the_compiled_eager_steps_updates(tiny_corpus: Path, tmp_path: Path,
+                                                                                monkeypatch):
+    # train.compile under the GPU engine: each shape's inductor kernels (static shapes, compiled in
+    # the warm-up runs) captured with clipping and AdamW and replayed, against the compiled step
+    # run eagerly (torch.compile's own shape-generic kernels after the first shape, no graphs).
+    # Both are inductor's fused kernels, but not the same ones: sums may run in another order,
+    # hence the tolerances of the uncompiled test above.
+    torch._dynamo.reset()
+    settings = {"batch_tokens": 64, "clip_grad_norm": 0.5, "warmup_steps": 3, "compile": True}
+    graphed = engine_trainer(tiny_corpus, tmp_path / "graphed", monkeypatch, **settings)
+    eager = make_trainer(tiny_corpus, tmp_path / "eager", device=DEVICE, cuda_graphs=False, **settings)
+    assert eager.train_step.graphs is None and graphed.train_step.graphs.compiled
+    for trainer in (graphed, eager):  # see test_the_captured_update_makes_the_eager_steps_updates
+        trainer.train_step.optimizer.param_groups[0]["eps"] = 1e-4
+    updates = [[[0, 1, 2]], [[3, 4, 5, 6, 7]], [[8, 9, 10]], [[0, 11], [5, 6]]]
+    norms = []
+    for step, indices in enumerate(updates, 1):
+        one = graphed.train_step.run([graphed.train_step.load_batch(i) for i in indices])
+        two = eager.train_step.run([eager.train_step.load_batch(i) for i in indices])
+        assert one.updated and two.updated and graphed.state.step == eager.state.step == step
+        assert one.loss.item() == pytest.approx(two.loss.item(), rel=1e-5)
+        assert one.grad_norm.item() == pytest.approx(two.grad_norm.item(), rel=1e-4)
+        norms.append(two.grad_norm.item())
+        expected = gradients(eager)
+        for name, grad in gradients(graphed).items():
+            torch.testing.assert_close(grad, expected[name], rtol=1e-4, atol=1e-6, msg=f"update {step}: {name}")
+        for (name, a), b in zip(graphed.model.named_parameters(), eager.model.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"update {step}: {name}")
+    assert max(norms) > 0.5  # it clipped
+    report = graphed.train_step.engine_report()
+    if DEVICE == "cuda":  # each shape compiled in its warm-up, then captured: compiling is part of capturing
+        assert 2 <= report["captured_shapes"] <= len(updates) + 1
+        assert 0 < report["compile_seconds"] < report["capture_seconds"]
+        print(f"\ncompiled and captured: {report}")  # gpu_session.sh runs pytest -s: for the log
+
+
 def test_a_replayed_update_with_a_non_finite_loss_changes_nothing(tiny_corpus: Path, tmp_path: Path, monkeypatch):
     trainer = engine_trainer(tiny_corpus, tmp_path / "run", monkeypatch, clip_grad_norm=1.0)
     step, graphs = trainer.train_step, trainer.train_step.graphs
@@ -253,8 +291,13 @@ def test_a_replayed_update_with_a_non_finite_loss_changes_nothing(tiny_corpus: P
     assert not all(torch.equal(p, old) for p, old in zip(trainer.model.parameters(), before))
 
 
-def test_a_replayed_step_draws_new_dropout_masks(tiny_corpus: Path, tmp_path: Path):
-    cfg = tiny_config(tiny_corpus, model={"dropout": 0.3}, train={"device": DEVICE, "max_steps": 2})
+@pytest.mark.parametrize("compile", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not os.environ.get("TMT_TEST_COMPILE"), reason="torch.compile: set TMT_TEST_COMPILE=1"))])
+def test_a_replayed_step_draws_new_dropout_masks(tiny_corpus: Path, tmp_path: Path, compile: bool):
+    # Compiled, dropout is inductor's: seeds drawn by a kernel inside the graph (aten.randint from
+    # the CUDA generator, whose offset moves on at each replay), not frozen at capture.
+    torch._dynamo.reset()
+    cfg = tiny_config(tiny_corpus, model={"dropout": 0.3}, train={"device": DEVICE, "max_steps": 2, "compile": compile})
     prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
     trainer = Trainer(cfg, tmp_path / "run", progress=False)
     batch = trainer.train_step.load_batch(list(range(6)))

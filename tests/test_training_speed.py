@@ -219,8 +219,11 @@ def test_peak_flops_follow_the_device_name_and_whether_fp32_may_use_tf32():
     assert peak_flops_per_s(torch.device("cpu"), "fp32") is None
 
 
-@pytest.mark.skipif(not os.environ.get("TMT_TEST_COMPILE"),
-                    reason="torch.compile needs a C++ compiler and about half a minute here; set TMT_TEST_COMPILE=1")
+compile_opt_in = pytest.mark.skipif(not os.environ.get("TMT_TEST_COMPILE"), reason="torch.compile needs a C++ "
+                                    "compiler and minutes here; set TMT_TEST_COMPILE=1")
+
+
+@compile_opt_in
 def test_a_compiled_step_makes_the_same_update_as_an_eager_one(tiny_corpus: Path, tmp_path: Path):
     eager = make_trainer(tiny_corpus, tmp_path / "eager")
     compiled = make_trainer(tiny_corpus, tmp_path / "compiled", compile=True)
@@ -231,6 +234,48 @@ def test_a_compiled_step_makes_the_same_update_as_an_eager_one(tiny_corpus: Path
     for (name, a), b in zip(eager.model.named_parameters(), compiled.model.parameters()):
         assert torch.allclose(a.grad, b.grad, rtol=1e-3, atol=1e-6), name
     assert all(not k.startswith("_orig_mod") for k in compiled.checkpoint.state_dict()["model"])  # plain module saved
+
+
+@compile_opt_in
+def test_the_compiled_step_inside_the_gpu_engine_trains_like_the_plain_step(tiny_corpus: Path, tmp_path: Path,
+                                                                          monkeypatch):
+    # The GPU engine with train.compile, its functions run eagerly on the CPU (what a graph
+    # captures: inductor's kernels for forward and backward, one static-shape compile per batch
+    # shape, then clipping and the capturable AdamW) against the plain uncompiled step on the same
+    # padded batches. Tolerances, fp32: inductor fuses ops and reorders their sums (LayerNorm
+    # statistics, softmax, the loss, bias gradients), a few ulps per op that compound through the
+    # layers and backward; AdamW at eps 1e-4, as in tests/test_gpu.py, so that a gradient that is 0
+    # up to rounding (the key bias) does not turn rounding into a step of ±lr.
+    from transformer_mt import train_step as train_step_module
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # reset() keeps them: other tests' compiles would count
+    settings = {"clip_grad_norm": 0.5, "warmup_steps": 3, "lr": 3e-3, "weight_decay": 0.01}
+    with monkeypatch.context() as patch:
+        patch.setattr(train_step_module, "graphs_apply", lambda *args, **kwargs: True)
+        compiled = make_trainer(tiny_corpus, tmp_path / "compiled", compile=True, **settings)
+    plain = make_trainer(tiny_corpus, tmp_path / "plain", **settings)
+    plain.train_step.real_positions_only = False
+    graphs = compiled.train_step.graphs
+    assert graphs is not None and graphs.compiled and not graphs.capture
+    for trainer in (compiled, plain):
+        trainer.train_step.optimizer.param_groups[0]["eps"] = 1e-4
+    updates = [[[0, 1, 2]], [[3, 4, 5, 6, 7]], [[8, 9, 10]], [[0, 11], [5, 6]]]
+    shapes, norms = set(), []
+    for step, indices in enumerate(updates, 1):
+        batches = [compiled.train_step.load_batch(i) for i in indices]  # padded to 8, filler rows
+        shapes |= {(b.src_ids.shape, b.tgt_in_ids.shape) for b in batches}
+        one, two = compiled.train_step.run(batches), plain.train_step.run(batches)
+        assert one.updated and two.updated and compiled.state.step == plain.state.step == step
+        assert one.loss.item() == pytest.approx(two.loss.item(), rel=1e-5)
+        assert one.grad_norm.item() == pytest.approx(two.grad_norm.item(), rel=1e-4)
+        norms.append(two.grad_norm.item())
+        for (name, a), b in zip(compiled.model.named_parameters(), plain.model.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=f"update {step}: {name}")
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=f"update {step}: {name}")
+    assert max(norms) > 0.5  # clipping was active
+    # Inductor ran, once per batch shape (dynamic=False), not dynamo's silent uncompiled fallback.
+    assert 2 <= len(shapes) == torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 # --- train.batch_tokens: auto ------------------------------------------------------------------
@@ -373,8 +418,8 @@ def test_the_runbook_parses_and_skips_variants_that_no_longer_fit(tmp_path: Path
     result = subprocess.run(["bash", str(script), "variants"], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"figure"')]
-    assert [line["figure"] for line in lines] == ["variant-16k-tokens", "variant-no-cuda-graphs", "variant-pad1",
-                                                  "variant-compiled"]
+    assert [line["figure"] for line in lines] == ["variant-compiled", "variant-16k-tokens", "variant-no-cuda-graphs",
+                                                  "variant-pad1"]
     assert all(line["commit"] == "abc1234" and "skipped" in line for line in lines)
     unknown = subprocess.run(["bash", str(script), "nonsense"], capture_output=True, text=True, env=env)
     assert unknown.returncode == 2 and "unknown stage 'nonsense'" in unknown.stderr

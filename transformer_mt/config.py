@@ -179,12 +179,13 @@ class TrainConfig:
     padded lengths. The loss ignores the padding."""
     compile: bool = False
     """Run the model through `torch.compile` for training steps (checkpoints still hold the plain
-    module's weights). The first steps of each new batch shape are slow while it compiles."""
+    module's weights). The first steps of each new batch shape are slow while it compiles; with
+    `cuda_graphs` each shape compiles once, before its capture, and the graphs replay its kernels."""
     cuda_graphs: bool = True
     """On one CUDA GPU, capture each batch shape's forward and backward once as a CUDA graph and
     replay it: a step is then a few kernel launches instead of hundreds. Batches get a fixed row
-    count per padded length (filler rows, no loss) so shapes repeat. Not with `train.compile`,
-    torchrun or fp16; `false` runs every step eagerly."""
+    count per padded length (filler rows, no loss) so shapes repeat. Not with torchrun or fp16;
+    `false` runs every step eagerly."""
     lr: float = 7e-4
     """Peak learning rate, reached at the end of warmup."""
     warmup_steps: int = 4000

@@ -5,7 +5,9 @@ launches instead of ~900 (the host, not the GPU, set the pace of the eager step:
 
 Batches reach it with fixed shapes (`batching.static_rows` / `pad_rows` in `TrainStep.load_batch`),
 so a run meets a handful of shapes and captures each once. Chosen by `TrainStep` on CUDA with one
-process, no `train.compile` and no fp16 loss scaling (`graphs_apply`). Nothing in a replay waits
+process and no fp16 loss scaling (`graphs_apply`). With `train.compile` the captured forward and
+backward are inductor's fused kernels (`compiled_for_graphs`): each shape compiles in the warm-up
+runs before its capture, so the capture only launches what is already built. Nothing in a replay waits
 for the host: the learning rate is read from a device tensor that `TrainStep` sets before each
 update, the clipping coefficient is computed on the device, and a non-finite loss or gradient
 norm skips the update on the device, through the fused AdamW's `found_inf` (the mechanism the
@@ -33,7 +35,8 @@ from transformer_mt.runtime import AttentionKernels, Precision
 
 logger = logging.getLogger(__name__)
 
-WARMUP_RUNS = 2  # eager runs on a side stream before a capture: cuBLAS/cuDNN handles, allocator pools
+WARMUP_RUNS = 2  # eager runs on a side stream before a capture: cuBLAS/cuDNN handles, allocator pools, compiling
+MAX_GRAPHS = 64  # batch shapes captured at most (one memory pool; under compile, one compiled entry each)
 
 
 @dataclass
@@ -47,11 +50,27 @@ class _Captured:
     graph: torch.cuda.CUDAGraph | None = None
 
 
-def graphs_apply(device: torch.device, *, distributed: bool, compiled: bool, grad_scaler: bool) -> bool:
+def graphs_apply(device: torch.device, *, distributed: bool, grad_scaler: bool) -> bool:
     """Whether the captured step can run: CUDA, one process (DDP's all-reduce hooks fire inside
-    backward), no torch.compile (it is the other way to cut launches), no fp16 GradScaler (its
-    scale changes between steps)."""
-    return device.type == "cuda" and not distributed and not compiled and not grad_scaler
+    backward), no fp16 GradScaler (its scale changes between steps). `train.compile` may be on:
+    the graphs then capture its kernels (`compiled_for_graphs`)."""
+    return device.type == "cuda" and not distributed and not grad_scaler
+
+
+def compiled_for_graphs(step_loss: nn.Module, max_graphs: int = MAX_GRAPHS) -> nn.Module:
+    """`step_loss` through `torch.compile` for the captured step: inductor's fused kernels
+    (LayerNorm, residual adds, dropout, autocast's casts, bias-gradient sums) in forward and, as
+    AOTAutograd compiles both, backward. Default mode, with inductor's own CUDA graphs off
+    (`mode="reduce-overhead"` would capture them itself; `GraphedStep` captures the whole update).
+    Static shapes (`dynamic=False`): a graph replays one shape, so its kernels need not take any
+    other, and each batch shape compiles once, in the warm-up runs before its capture (a compile
+    inside a capture would fail: it reads the CUDA RNG state). Dynamo keeps one compiled entry per
+    shape, so its recompile limit is raised to the shapes a run may capture (past its default 8,
+    dynamo would run the module uncompiled, with a warning only)."""
+    config = torch._dynamo.config
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
+    setattr(config, limit, max(getattr(config, limit), max_graphs))
+    return torch.compile(step_loss, dynamic=False, options={"triton.cudagraphs": False})
 
 
 def init_adam_state(optimizer: torch.optim.Optimizer) -> None:
@@ -75,12 +94,16 @@ class GraphedStep:
 
     `optimizer`: AdamW with `fused=True`, `capturable=True` and its learning rate a device tensor
     (`TrainStep` builds it so). `max_graphs` bounds the shapes captured (they share one memory
-    pool); a shape beyond it runs eagerly, with the same result."""
+    pool); a shape beyond it runs eagerly through `uncaptured_loss` (default `step_loss`; under
+    `train.compile` the plain module, so that no more shapes compile), with the same result up to
+    float rounding."""
 
     def __init__(self, step_loss: nn.Module, params: list[nn.Parameter], optimizer: torch.optim.Optimizer, *,
                  precision: Precision, attention: AttentionKernels, label_smoothing: float, max_norm: float,
-                 capture: bool, max_graphs: int = 64):
-        self.step_loss = step_loss  # a `loss.StepLoss`
+                 capture: bool, max_graphs: int = MAX_GRAPHS, uncaptured_loss: nn.Module | None = None):
+        self.step_loss = step_loss  # a `loss.StepLoss`, or it compiled (`compiled_for_graphs`)
+        self.uncaptured_loss = step_loss if uncaptured_loss is None else uncaptured_loss
+        self.compiled = self.uncaptured_loss is not step_loss  # a compiled step_loss comes with its plain module
         self.params = params
         self.optimizer = optimizer
         self.precision = precision
@@ -99,6 +122,8 @@ class GraphedStep:
         self.pool = torch.cuda.graph_pool_handle() if capture else None  # graphs replay one at a time
         self.captured: dict[tuple, _Captured] = {}
         self.capture_seconds = 0.0  # spent capturing (warm-up runs included), reported apart from speed
+        # Of which compiling: a compiled shape's first warm-up run beyond its second (same work, no compile).
+        self.compile_seconds = 0.0
         self._said_eager = False
         init_adam_state(optimizer)
 
@@ -129,7 +154,9 @@ class GraphedStep:
                 self._said_eager = True
             denominator = torch.full((), float(n_tgt_tokens), device=batch.src_ids.device)
             with _uncaptured_capturable_step():
-                self._micro_step(batch.src_ids, batch.tgt_in_ids, batch.tgt_out_ids, denominator, last)
+                # Without capture (the CPU tests) the captured path's module; past max_graphs the plain one.
+                self._micro_step(batch.src_ids, batch.tgt_in_ids, batch.tgt_out_ids, denominator, last,
+                                 self.uncaptured_loss if self.capture else self.step_loss)
             return
         captured.src_ids.copy_(batch.src_ids)
         captured.tgt_in_ids.copy_(batch.tgt_in_ids)
@@ -138,13 +165,14 @@ class GraphedStep:
         captured.graph.replay()
 
     def _micro_step(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, tgt_out_ids: torch.Tensor,
-                    denominator: torch.Tensor, last: bool) -> None:
+                    denominator: torch.Tensor, last: bool, step_loss: nn.Module | None = None) -> None:
         """What a graph holds: forward, loss / denominator (as the eager step divides it), backward
         into the buffers; with `last`, `clip_and_update`."""
+        step_loss = self.step_loss if step_loss is None else step_loss
         # Autocast's cache of cast weights would be captured once and then hold stale casts.
         with self.precision.autocast(cache_enabled=False), self.attention.enabled():
-            loss = self.step_loss(src_ids, tgt_in_ids, tgt_out_ids, False, self.label_smoothing,
-                                  self.precision.dtype) / denominator
+            loss = step_loss(src_ids, tgt_in_ids, tgt_out_ids, False, self.label_smoothing,
+                             self.precision.dtype) / denominator
         torch._foreach_add_(self.grads, torch.autograd.grad(loss, self.params))
         self.loss_sum += loss.detach()
         if last:
@@ -178,12 +206,18 @@ class GraphedStep:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         self._warming_up = True
+        run_seconds = []  # the first run of a compiled module compiles this shape (forward and backward)
         try:
             with torch.cuda.stream(side), _uncaptured_capturable_step():
                 for _ in range(WARMUP_RUNS):
+                    run_started = time.perf_counter()
                     self._micro_step(*args)
+                    side.synchronize()
+                    run_seconds.append(time.perf_counter() - run_started)
         finally:
             self._warming_up = False
+        if self.compiled:
+            self.compile_seconds += max(run_seconds[0] - run_seconds[-1], 0.0)
         torch.cuda.current_stream(device).wait_stream(side)
         torch._foreach_copy_(self.grads, saved[0])
         self.loss_sum.copy_(saved[1])
@@ -201,7 +235,8 @@ class GraphedStep:
         torch.cuda.synchronize(device)  # the warm-up runs' GPU time belongs to the capture, not the steps after it
         seconds = time.perf_counter() - started
         self.capture_seconds += seconds
-        logger.debug("captured a CUDA graph for batch shape %s in %.2fs", tuple(batch.src_ids.shape), seconds)
+        logger.debug("captured a CUDA graph for batch shape %s in %.2fs (compiling: %.2fs)", tuple(batch.src_ids.shape),
+                     seconds, max(run_seconds[0] - run_seconds[-1], 0.0) if self.compiled else 0.0)
         return captured
 
 

@@ -14,7 +14,7 @@ import torch
 
 from transformer_mt.batching import Batch, TokenBatchSampler, pad_rows, static_rows
 from transformer_mt.config import Config
-from transformer_mt.cuda_graph_step import GraphedStep, graphs_apply
+from transformer_mt.cuda_graph_step import GraphedStep, compiled_for_graphs, graphs_apply
 from transformer_mt.distributed import Distributed
 from transformer_mt.errors import TrainingError
 from transformer_mt.loss import StepLoss, step_loss
@@ -71,25 +71,24 @@ class TrainStep:
         # The module a step calls is the model's loss (`StepLoss`). Under torchrun DDP wraps it and
         # averages the gradients in backward. torch.compile wraps the same parameters, so
         # checkpoints, validation and decoding use the plain model.
-        # Dynamo compiles a shape-generic graph after the first new shape, and train.pad_to_multiple
-        # keeps lengths on a coarse grid, so it does not recompile for every batch.
+        # Without the GPU engine dynamo compiles a shape-generic graph after the first new shape, and
+        # train.pad_to_multiple keeps lengths on a coarse grid, so it does not recompile for every batch.
         self.ddp_model: torch.nn.parallel.DistributedDataParallel | None = None
         if dist.enabled:
             # No buffer broadcast before every forward: the only buffer, the sinusoidal position
             # table, is the same constant on every rank.
             self.ddp_model = torch.nn.parallel.DistributedDataParallel(
                 StepLoss(model), device_ids=[device] if device.type == "cuda" else None, broadcast_buffers=False)
-        self.step_model = self.ddp_model or StepLoss(model)
-        if t.compile:
-            self.step_model = torch.compile(self.step_model)
+        self.step_model = plain_step_model = self.ddp_model or StepLoss(model)
+        # The GPU engine (`cuda_graph_step`): each batch shape's whole update replayed as a CUDA graph, on
+        # batches of fixed row counts; its AdamW is capturable and reads the rate from a device tensor.
+        graphed = t.cuda_graphs and graphs_apply(device, distributed=dist.enabled,
+                                                 grad_scaler=precision.needs_grad_scaler)
+        if t.compile:  # under the engine: static shapes, each compiled before its capture
+            self.step_model = compiled_for_graphs(self.step_model) if graphed else torch.compile(self.step_model)
         # One fused kernel per parameter group instead of a chain of foreach ops: CUDA and CPU
         # (supported there since torch 2.4); MPS keeps the foreach path.
         self.fused_optimizer = device.type in ("cuda", "cpu")
-        # The GPU engine (`cuda_graph_step`): each batch shape's whole update (forward, backward,
-        # clipping, AdamW) replayed as a CUDA graph, on batches of fixed row counts so that shapes
-        # repeat. Its AdamW is capturable and reads the learning rate from a device tensor.
-        graphed = t.cuda_graphs and graphs_apply(device, distributed=dist.enabled, compiled=t.compile,
-                                                 grad_scaler=precision.needs_grad_scaler)
         # The CUDA kernel reads a rate tensor as fp32 (the eager step's rate is a double: 6e-8 apart
         # at most); the CPU kernel, which the tests run, reads a double.
         self.lr: torch.Tensor | None = None
@@ -111,7 +110,8 @@ class TrainStep:
         if graphed:
             self.graphs = GraphedStep(self.step_model, list(model.parameters()), self.optimizer, precision=precision,
                                       attention=attention, label_smoothing=t.label_smoothing,
-                                      max_norm=t.clip_grad_norm or float("inf"), capture=device.type == "cuda")
+                                      max_norm=t.clip_grad_norm or float("inf"), capture=device.type == "cuda",
+                                      uncaptured_loss=plain_step_model)
         self.apply_settings()
 
     def apply_settings(self) -> None:
@@ -252,7 +252,8 @@ class TrainStep:
         """What the GPU engine captured in this process (for summary.json); None without it."""
         if self.graphs is None:
             return None
-        return {"captured_shapes": len(self.graphs.captured), "capture_seconds": round(self.graphs.capture_seconds, 2)}
+        return {"captured_shapes": len(self.graphs.captured), "capture_seconds": round(self.graphs.capture_seconds, 2),
+                "compile_seconds": round(self.graphs.compile_seconds, 2)}  # part of capture_seconds
 
     def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         """Under DDP, gradients are all-reduced only in the backward of a step's last micro-batch."""

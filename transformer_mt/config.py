@@ -182,8 +182,9 @@ class TrainConfig:
     module's weights). The first steps of each new batch shape are slow while it compiles; with
     `cuda_graphs` each shape compiles once, before its capture, and the graphs replay its kernels."""
     cuda_graphs: bool = True
-    """On one CUDA GPU, capture each batch shape's forward and backward once as a CUDA graph and
-    replay it: a step is then a few kernel launches instead of hundreds. Batches get a fixed row
+    """On one CUDA GPU, capture each batch shape's whole update (forward, backward, clipping and
+    the AdamW step) once as a CUDA graph and replay it: an update is then a few kernel launches
+    instead of hundreds. Batches get a fixed row
     count per padded length (filler rows, no loss) so shapes repeat. Not with torchrun or fp16;
     `false` runs every step eagerly."""
     lr: float = 7e-4

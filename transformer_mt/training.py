@@ -276,7 +276,8 @@ class Trainer:
         bar.set_postfix(postfix)
         extra = "".join([f", MFU {stats.mfu:.1%}" if stats.mfu is not None else "",
                          f", peak memory {stats.peak_memory_mb:,.0f} MB" if stats.peak_memory_mb is not None else "",
-                         f"; {stats.capture_seconds:.1f}s capturing CUDA graphs, not counted in these rates"
+                         f"; {stats.capture_seconds:.1f}s {'compiling and ' if self.cfg.train.compile else ''}capturing CUDA "
+                         "graphs, not counted in these rates"
                          if stats.capture_seconds else ""])
         # Progress and time left on every line, for a log read under nohup or in CI (no bar there): at
         # the pace since this process started training, validations and checkpoints included.

@@ -8,6 +8,10 @@
 #   COMMIT=abc1234 bash scripts/gpu_session.sh multi30k bench           # 1: the recipe end to end; bench base
 #   COMMIT=abc1234 bash scripts/gpu_session.sh variants                 # 2: what each piece of the engine buys
 #   COMMIT=abc1234 bash scripts/gpu_session.sh check multi30k-seed2     # 3: GPU tests; the recipe's second seed
+# Issue 26's figure (test2016 BLEU, mean of 3 seeds, of the recipe with its quality levers; TAG names
+# the runs apart from the plain recipe's, so a warm machine never resumes one as the other):
+#   COMMIT=abc1234 TAG=levers SETS="tokenizer.bpe_dropout=0.1 train.ema_decay=0.9999" \
+#       bash scripts/gpu_session.sh multi30k multi30k-seed2 multi30k-seed3     # again at once to resume
 # Other stages:
 #   SETS="train.max_steps=10000" bash scripts/gpu_session.sh tatoeba   # again at once to resume
 #   bash scripts/gpu_session.sh decode                                   # decoding speed
@@ -38,13 +42,13 @@
 #   multi30k       trains configs/multi30k-en-de.yaml into runs/gpu-multi30k-en-de, then prints its
 #                  figure (scripts/recipe_figures.py): ms per update, seconds from the command to the
 #                  test score, test BLEU.
-#   multi30k-seed2 the same with seed 2, in runs/gpu-multi30k-en-de-seed2.
+#   multi30k-seed2 the same with seed 2, in runs/gpu-multi30k-en-de-seed2 (multi30k-seed3: seed 3).
 #   tatoeba        trains configs/tatoeba-en-it.yaml into runs/gpu-tatoeba-en-it.
 # A training stage stops with SIGTERM (a checkpoint; the stage still exits 0) before BUDGET seconds
 # (default 480, for a 10-minute command) have passed since the command started, and resumes from
 # its newest checkpoint when run again on the same, still warm machine (it is given back after
 # 30 s idle, and runs do not come back: a cold machine starts again at step 0, and says so).
-# SETS="key=value ..." adds `--set` overrides to the training stages. Each stage writes STAGE.log
+# SETS="key=value ..." adds `--set` overrides to the training stages; TAG=x appends -x to their run names. Each stage writes STAGE.log
 # and, for training, <run name>.tar.gz (the run's logs, scores and TensorBoard events; no
 # checkpoints) into OUT (default gpu-out/), plus setup.log.
 set -uo pipefail
@@ -188,7 +192,8 @@ decode() {  # each run prints JSON lines: the beam-5 test figure, then the summa
 }
 
 train_stage() {  # name config data-path [extra --set ...]
-    local name=$1 config=$2 data=$3 run=runs/gpu-$1 resume=() overrides=() sets=() code started
+    local name=$1${TAG:+-$TAG} config=$2 data=$3 resume=() overrides=() sets=() code started
+    local run=runs/gpu-$name
     shift 3
     overrides+=("$@")
     if [ -d "$run/checkpoints" ] && compgen -G "$run/checkpoints/step_*.pt" > /dev/null; then
@@ -234,6 +239,7 @@ train_stage() {  # name config data-path [extra --set ...]
 
 multi30k() { train_stage multi30k-en-de configs/multi30k-en-de.yaml .gpu/data/multi30k_en_de/tok; }
 multi30k-seed2() { train_stage multi30k-en-de-seed2 configs/multi30k-en-de.yaml .gpu/data/multi30k_en_de/tok --set seed=2; }
+multi30k-seed3() { train_stage multi30k-en-de-seed3 configs/multi30k-en-de.yaml .gpu/data/multi30k_en_de/tok --set seed=3; }
 tatoeba() { train_stage tatoeba-en-it configs/tatoeba-en-it.yaml .gpu/data/tatoeba_anki_en_it; }
 
 [ $# -gt 0 ] || { awk 'NR > 1 { if (!/^#/) exit; print }' "$0"; exit 2; }  # the comment block above
@@ -244,9 +250,9 @@ if [ "$1" = prepare ]; then
 fi
 for stage in "$@"; do
     case $stage in
-        check|suite|bench|variants|bench-large|bench-more|decode|profile|multi30k|multi30k-seed2|tatoeba) ;;
+        check|suite|bench|variants|bench-large|bench-more|decode|profile|multi30k|multi30k-seed2|multi30k-seed3|tatoeba) ;;
         *) echo "gpu_session: unknown stage '$stage' (bench, bench-large, bench-more, decode, profile, variants, check," \
-                "suite, multi30k, multi30k-seed2, tatoeba;" \
+                "suite, multi30k, multi30k-seed2, multi30k-seed3, tatoeba;" \
                 "prepare runs alone)" >&2
            exit 2 ;;
     esac

@@ -423,3 +423,12 @@ def test_the_runbook_parses_and_skips_variants_that_no_longer_fit(tmp_path: Path
     assert all(line["commit"] == "abc1234" and "skipped" in line for line in lines)
     unknown = subprocess.run(["bash", str(script), "nonsense"], capture_output=True, text=True, env=env)
     assert unknown.returncode == 2 and "unknown stage 'nonsense'" in unknown.stderr
+
+
+def test_tag_names_a_runbook_training_stage_apart_from_the_plain_recipe(tmp_path: Path):
+    """Issue 26's seeds run with TAG=levers: a warm machine must not resume the plain recipe's run."""
+    env = {**os.environ, "BUDGET": "0", "OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "TAG": "levers"}
+    result = subprocess.run(["bash", str(SCRIPTS / "gpu_session.sh"), "multi30k-seed3"], capture_output=True,
+                            text=True, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "multi30k-en-de-seed3-levers: NO CHECKPOINT in runs/gpu-multi30k-en-de-seed3-levers" in result.stdout

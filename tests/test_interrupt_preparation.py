@@ -64,6 +64,8 @@ def test_ctrl_c_while_two_processes_tokenize_stops_within_seconds(big_config: Pa
     os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
     try:
         code = process.wait(timeout=10)  # 0.8 s on an idle machine; a loaded one is slower
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running 10 s after SIGINT; its stderr:\n{err.read_text()}")
     finally:
         if not group_is_gone(process.pid, 0):
             os.killpg(process.pid, signal.SIGKILL)

@@ -42,7 +42,8 @@
 #   multi30k       trains configs/multi30k-en-de.yaml into runs/gpu-multi30k-en-de, then prints its
 #                  figure (scripts/recipe_figures.py): ms per update, seconds from the command to the
 #                  test score, test BLEU.
-#   multi30k-seed2 the same with seed 2, in runs/gpu-multi30k-en-de-seed2 (multi30k-seed3: seed 3).
+#   multi30k-seed2 the same with seed 2, in runs/gpu-multi30k-en-de-seed2.
+#   multi30k-seed3 the same with seed 3, in runs/gpu-multi30k-en-de-seed3.
 #   tatoeba        trains configs/tatoeba-en-it.yaml into runs/gpu-tatoeba-en-it.
 # A training stage stops with SIGTERM (a checkpoint; the stage still exits 0) before BUDGET seconds
 # (default 480, for a 10-minute command) have passed since the command started, and resumes from

@@ -62,13 +62,15 @@ def test_a_decoding_linear_computes_the_linear_its_relu_and_its_residual_sum_for
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
-@pytest.mark.parametrize("batch", [1, 5])  # one row (MKL, no source mask) and several (oneDNN, padded sources)
-def test_each_cached_step_gives_the_models_logits(norm, batch):
+# One row (MKL, SDPA, no source mask); several (oneDNN, attention by baddbmm/bmm), padded sources or none.
+@pytest.mark.parametrize("batch, max_len", [(1, 9), (5, 9), (3, 2)])
+def test_each_cached_step_gives_the_models_logits(norm, batch, max_len):
     model = random_model(0, norm=norm)
     fast = decoding_model(model)
     assert isinstance(fast, CpuDecodingTransformer)
     assert not any(isinstance(m, torch.nn.Linear) for m in fast.modules())  # every product a DecodingLinear
-    src = random_sources(batch, batch)
+    src = random_sources(batch, batch, max_len)
+    assert bool((src != PAD).all()) == (max_len == 2 or batch == 1)
     mask = src != PAD
     with torch.inference_mode():
         memory = model.encode(src, mask)

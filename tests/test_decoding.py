@@ -275,3 +275,53 @@ def test_the_kv_cache_written_in_one_copy_or_two_and_reordered_keeps_the_rows_as
     assert one.length == 5
     with pytest.raises(ValueError, match="KV cache full"):
         one.layers[0].append_self_kv(torch.zeros(2, 2, 2, 2, 3))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("drop_finished", [0.0, 0.25, 0.5])
+def test_greedy_drops_finished_sentences_from_the_batch_with_the_same_output(seed, drop_finished):
+    from transformer_mt.cpu_decoding import decoding_model
+
+    model, src = random_model(seed), random_sources(seed, batch=8)
+    args = dict(bos_id=BOS, eos_id=EOS, max_len_a=1.5, max_len_b=4)
+    for m in (model, decoding_model(model)):  # the model's own step, and the CPU decoding step
+        rows = []
+        hook = m.output_proj.register_forward_hook(lambda module, inputs, out: rows.append(inputs[0].shape[0]))
+        try:
+            dropping = greedy_decode(m, src, drop_finished=drop_finished, **args)
+            kept = len(rows)
+            assert greedy_decode(m, src, drop_finished=None, **args) == dropping
+        finally:
+            hook.remove()
+        assert dropping == greedy_decode(model, src, use_cache=False, **args)
+        assert rows[kept - 1] < 8 and rows[kept:] == [8] * (len(rows) - kept)  # dropped rows, or kept them all
+
+
+@pytest.mark.parametrize("vocab, k", [(40, 8), (8000, 8), (8003, 12), (2048, 1), (4100, 16)])
+def test_row_top_gives_topks_values_and_indices_of_those_values(vocab, k):
+    from transformer_mt.decoding import row_top
+
+    gen = torch.Generator().manual_seed(vocab + k)
+    for values in (torch.randn(9, vocab, generator=gen), torch.randint(-3, 4, (9, vocab), generator=gen).float()):
+        values[0, -1] = 10.0  # the best in the tail beyond the last whole block
+        top, where = row_top(values, k)
+        expected = values.topk(k, dim=1)
+        assert torch.equal(top, expected.values)
+        assert torch.equal(values.gather(1, where), top) and all(len(set(row)) == k for row in where.tolist())
+    assert torch.equal(where[0, :1], torch.tensor([vocab - 1]))
+
+
+def test_beam_search_over_a_large_vocabulary_ranks_candidates_as_a_full_topk_does(monkeypatch):
+    import transformer_mt.decoding as decoding
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32, dropout=0.0, max_len=48), 2100, 2100,
+                        PAD).eval()
+    with torch.no_grad():
+        model.output_proj.weight.mul_(4.0)
+        model.output_proj.weight[EOS] += 1.0
+    src = torch.randint(4, 2100, (5, 7), generator=torch.Generator().manual_seed(0))
+    settings_ = dict(bos_id=BOS, eos_id=EOS, beam_size=4, max_len_a=1.0, max_len_b=5, n_best=3)
+    got = beam_search(model, src, **settings_)  # each beam's 8 best by block maxima (2,100 tokens: 32 blocks)
+    monkeypatch.setattr(decoding, "row_top", lambda values, k: values.topk(k, dim=1))
+    assert_same_hypotheses(got, beam_search(model, src, **settings_))

@@ -87,6 +87,30 @@ def test_each_cached_step_gives_the_models_logits(norm, batch, max_len):
         torch.testing.assert_close(fast.decode(tgt, memory, mask), model.decode(tgt, memory, mask), **CLOSE)
 
 
+@pytest.mark.parametrize("batch, groups", [(1, 3), (4, 3), (3, 1)])
+def test_steps_with_one_memory_row_per_group_of_rows_give_the_models_logits(batch, groups):
+    # Beam search's K beams of a sentence: one memory row (and cross-attention K/V) for all.
+    model = random_model(1)
+    fast = decoding_model(model)
+    assert fast.shares_source_rows("cpu")
+    src = random_sources(2, batch)
+    mask = src != PAD
+    with torch.inference_mode():
+        memory = model.encode(src, mask)
+        wide_memory, wide_mask = memory.repeat_interleave(groups, 0), mask.repeat_interleave(groups, 0)
+        plain_cache, fast_cache = model.new_cache(5), fast.new_cache(5)
+        tokens = torch.randint(4, V, (batch * groups, 5), generator=torch.Generator().manual_seed(0))
+        for t in range(5):
+            expected = model.decode(tokens[:, t:t + 1], wide_memory, wide_mask, plain_cache)
+            torch.testing.assert_close(fast.decode(tokens[:, t:t + 1], memory, mask, fast_cache), expected, **CLOSE)
+        assert fast_cache.layers[0].cross_k.shape[0] == batch
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # the model's own step: memory repeated for it
+            assert not fast.shares_source_rows("cpu")
+            got = fast.decode(tokens[:, :1], memory, mask, fast.new_cache(2))
+            torch.testing.assert_close(got, model.decode(tokens[:, :1], wide_memory, wide_mask, model.new_cache(2)),
+                                       atol=0.05, rtol=0.02)
+
+
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("norm", ["pre", "post"])
 def test_greedy_beam_and_sampled_translations_are_the_models(seed, norm):

@@ -157,19 +157,30 @@ class CpuDecodingTransformer(Transformer):
 
     def decode(self, tgt_ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                cache: KVCache | None = None, fp32_logits: bool = True) -> torch.Tensor:
+        """The model's `decode`; memory and src_mask may also hold one row per group of G
+        consecutive target rows (beam search's beams of one sentence: `shares_source_rows`)."""
         if (cache is None or tgt_ids.shape[1] != 1 or not fp32_logits or self.training
                 or torch.is_autocast_enabled(tgt_ids.device.type)):
+            groups = tgt_ids.shape[0] // memory.shape[0]
+            if groups > 1:
+                memory, src_mask = memory.repeat_interleave(groups, 0), src_mask.repeat_interleave(groups, 0)
             return super().decode(tgt_ids, memory, src_mask, cache, fp32_logits)
         return self._step(tgt_ids[:, 0], memory, src_mask, cache)[:, None, :]
 
-    def _cross_mask(self, src_mask: torch.Tensor) -> torch.Tensor | None:
-        """src_mask (B, S) bool -> additive: (B·H, 1, S) for `_attention`'s `baddbmm` with 2+ rows,
-        (B, 1, 1, S) for SDPA with one; None when nothing is masked. Made once per src_mask tensor."""
+    def shares_source_rows(self, device_type: str) -> bool:
+        """Whether cached one-position `decode` calls now run `_step`, which takes one memory row
+        per group of target rows: each sentence's cross-attention keys and values are then
+        projected and read once for all its beams (with its beams' queries as one product)."""
+        return not self.training and not torch.is_autocast_enabled(device_type)
+
+    def _cross_mask(self, src_mask: torch.Tensor, rows: int) -> torch.Tensor | None:
+        """src_mask (B, S) bool -> additive: (B·H, 1, S) for `_attention`'s `baddbmm` when the step
+        has 2+ rows, (1, 1, 1, S) for SDPA with one; None when nothing is masked. Made once per src_mask tensor."""
         if src_mask is not self._mask_key:
             self._mask_key = src_mask
             (B, S), H = src_mask.shape, self.cfg.n_heads
             additive = torch.zeros(src_mask.shape, dtype=torch.float32).masked_fill_(~src_mask, float("-inf"))
-            self._mask = (None if bool(src_mask.all()) else additive[:, None, None, :] if B == 1
+            self._mask = (None if bool(src_mask.all()) else additive[:, None, None, :] if rows == 1
                           else additive[:, None, None, :].expand(B, H, 1, S).reshape(B * H, 1, S))
         return self._mask
 
@@ -179,7 +190,7 @@ class CpuDecodingTransformer(Transformer):
         self.check_length(position + 1)
         B, H, pre = ids.shape[0], self.cfg.n_heads, self._pre
         y = F.embedding(ids, self._scaled_embedding) + self._position_codes[position]  # (B, D)
-        mask = self._cross_mask(src_mask)
+        mask = self._cross_mask(src_mask, B)
         for p, layer_cache in zip(self._plan, cache.layers):
             # Each sublayer as `Residual.forward` in eval mode: pre-norm y + f(norm(y)), post-norm norm(y + f(y)).
             norm = p.norms[0]
@@ -197,7 +208,7 @@ class CpuDecodingTransformer(Transformer):
                 k, v = p.cross_attn.project_kv(memory)
                 k = k.transpose(2, 3).contiguous().transpose(2, 3) if B > 1 else k.contiguous()
                 layer_cache.cross_k, layer_cache.cross_v = k, v.contiguous()
-            q = p.q.rows(h).view(B, H, -1)  # (B, H, Dh)
+            q = p.q.rows(h).view(B, H, -1)  # (B, H, Dh); the cross K/V may hold one row per group of rows
             y = p.cross_out.plus(self._attention(q, layer_cache.cross_k, layer_cache.cross_v, mask), y)
             y = y if pre else _norm(y, norm)
             norm = p.norms[2]
@@ -209,16 +220,19 @@ class CpuDecodingTransformer(Transformer):
         return self.output_proj(y)  # (B, V)
 
     def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """One query per row and head, q (B, H, Dh), over k, v (B, H, L, Dh) with `_cross_mask`'s
-        mask or None -> (B, H·Dh). With 2+ rows by `baddbmm`, softmax and `bmm` over (B·H) views
-        (1.3-1.9x faster than SDPA's flash kernel at 8-128 rows, docs/benchmarks.md); SDPA with one."""
-        B, H, L, Dh = k.shape
-        if B == 1:
-            return F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask).reshape(B, -1)
-        scores = torch.baddbmm(self._no_mask if mask is None else mask, q.reshape(B * H, 1, Dh),
-                               k.reshape(B * H, L, Dh).transpose(1, 2), beta=0.0 if mask is None else 1.0,
-                               alpha=self._scale)  # (B·H, 1, L)
-        return torch.bmm(torch.softmax(scores, dim=-1), v.reshape(B * H, L, Dh)).view(B, -1)
+        """One query per row and head, q (R, H, Dh), over k, v (B, H, L, Dh) with `_cross_mask`'s
+        mask or None -> (R, H·Dh); R = G·B: each group of G consecutive rows attends over one row
+        of k, v. With 2+ rows by `baddbmm`, softmax and `bmm` over (B·H) views (1.3-1.9x faster
+        than SDPA's flash kernel at 8-128 rows, docs/benchmarks.md); SDPA with one."""
+        R, (B, H, L, Dh) = q.shape[0], k.shape
+        if R == 1:
+            return F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask).reshape(R, -1)
+        G = R // B
+        q = q.view(B, G, H, Dh).transpose(1, 2).reshape(B * H, G, Dh)  # a view when G = 1
+        scores = torch.baddbmm(self._no_mask if mask is None else mask, q, k.reshape(B * H, L, Dh).transpose(1, 2),
+                               beta=0.0 if mask is None else 1.0, alpha=self._scale)  # (B·H, G, L)
+        out = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(B * H, L, Dh))  # (B·H, G, Dh)
+        return out.view(B, H, G, Dh).transpose(1, 2).reshape(R, H * Dh)
 
 
 def _norm(x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor, float]) -> torch.Tensor:

@@ -279,8 +279,11 @@ def beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_i
     src_mask = src_ids != pad_id  # (B, S)
     limits = max_target_lengths(src_mask, max_len_a, max_len_b, model.cfg.max_len)  # (B,)
     max_steps = int(limits.max())
-    memory = model.encode(src_ids, src_mask).repeat_interleave(K, dim=0)  # (B·K, S, D)
-    src_mask = src_mask.repeat_interleave(K, dim=0)  # (B·K, S)
+    memory = model.encode(src_ids, src_mask)  # (B, S, D)
+    # A sentence's K beams share its memory: one row for all where the model's steps take that.
+    shared = getattr(model, "shares_source_rows", lambda device_type: False)(src_ids.device.type)
+    if not shared:
+        memory, src_mask = memory.repeat_interleave(K, dim=0), src_mask.repeat_interleave(K, dim=0)  # (B·K, S, D)
     cache = model.new_cache(max_steps)
     s = new_beam_state(limits, K, n_best, max_steps, bos_id=bos_id, pad_id=pad_id, alpha=alpha)
     sentences = torch.arange(src_ids.shape[0], device=src_ids.device)  # (N,) each row block's sentence
@@ -299,8 +302,11 @@ def beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_i
         if keep.numel() == 0:
             break
         rows = rows.view(-1, K)[keep].flatten()  # (N'·K,)
-        cache.reorder(rows, cross=True)
-        memory, src_mask = memory.index_select(0, rows), src_mask.index_select(0, rows)
+        source_rows = keep if shared else rows
+        cache.reorder(rows, cross=not shared)
+        if shared:
+            cache.select_cross(keep)
+        memory, src_mask = memory.index_select(0, source_rows), src_mask.index_select(0, source_rows)
         s, sentences = s.select(keep), sentences[keep]
     return results
 

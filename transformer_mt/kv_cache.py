@@ -100,7 +100,16 @@ class KVCache:
         a row of the same source sentence (beams of one sentence share the same K/V), with the
         row count unchanged; then the identity (no row moves) copies nothing.
         """
-        if not cross and bool((indices == torch.arange(indices.shape[0], device=indices.device)).all()):
+        first = self.layers[0]
+        if (not cross and first.kv is not None and indices.shape[0] == first.kv.shape[1]
+                and bool((indices == torch.arange(indices.shape[0], device=indices.device)).all())):
             return
         for layer in self.layers:
             layer.reorder(indices, cross)
+
+    def select_cross(self, indices: torch.Tensor) -> None:
+        """Keep rows `indices` (long) of the cross-attention K/V alone: where they hold one row per
+        sentence for all its beams (`CpuDecodingTransformer.shares_source_rows`)."""
+        for layer in self.layers:
+            if layer.cross_k is not None:
+                layer.cross_k, layer.cross_v = layer.cross_k.index_select(0, indices), layer.cross_v.index_select(0, indices)

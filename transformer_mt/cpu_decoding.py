@@ -143,6 +143,7 @@ class CpuDecodingTransformer(Transformer):
         out as views that attention and the cache read without copies."""
         self._mask_key: torch.Tensor | None = None  # the src_mask whose additive form is `_mask`
         self._mask: torch.Tensor | None = None
+        self._mask_one_row = False  # whether `_mask` is SDPA's form, for a step of one row
         self._scaled_embedding = self.tgt_embed.weight * self.embed_scale  # (V, D): embed() multiplies the same
         self._position_codes = self.positions  # a plain attribute: read at every step
         self._pre = self.cfg.norm == "pre"
@@ -175,9 +176,10 @@ class CpuDecodingTransformer(Transformer):
 
     def _cross_mask(self, src_mask: torch.Tensor, rows: int) -> torch.Tensor | None:
         """src_mask (B, S) bool -> additive: (B·H, 1, S) for `_attention`'s `baddbmm` when the step
-        has 2+ rows, (1, 1, 1, S) for SDPA with one; None when nothing is masked. Made once per src_mask tensor."""
-        if src_mask is not self._mask_key:
-            self._mask_key = src_mask
+        has 2+ rows, (1, 1, 1, S) for SDPA with one; None when nothing is masked. Made once per src_mask
+        tensor (and form)."""
+        if src_mask is not self._mask_key or (rows == 1) != self._mask_one_row:
+            self._mask_key, self._mask_one_row = src_mask, rows == 1
             (B, S), H = src_mask.shape, self.cfg.n_heads
             additive = torch.zeros(src_mask.shape, dtype=torch.float32).masked_fill_(~src_mask, float("-inf"))
             self._mask = (None if bool(src_mask.all()) else additive[:, None, None, :] if rows == 1

@@ -97,8 +97,9 @@ class KVCache:
         """Keep batch rows `indices` (long, (B',)), in that order, in every cached tensor.
 
         `cross=False` leaves the cross-attention K/V alone: valid when each row is replaced by
-        a row of the same source sentence (beams of one sentence share the same K/V), with the
-        row count unchanged; then the identity (no row moves) copies nothing.
+        a row of the same source sentence (beams of one sentence share the same K/V) with the
+        row count unchanged, or when they hold one row per sentence, which `select_cross`
+        selects. The identity at the same row count with `cross=False` copies nothing.
         """
         first = self.layers[0]
         if (not cross and first.kv is not None and indices.shape[0] == first.kv.shape[1]

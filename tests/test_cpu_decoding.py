@@ -62,13 +62,15 @@ def test_a_decoding_linear_computes_the_linear_its_relu_and_its_residual_sum_for
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
-@pytest.mark.parametrize("batch", [1, 5])  # one row (MKL, no source mask) and several (oneDNN, padded sources)
-def test_each_cached_step_gives_the_models_logits(norm, batch):
+# One row (MKL, SDPA, no source mask); several (oneDNN, attention by baddbmm/bmm), padded sources or none.
+@pytest.mark.parametrize("batch, max_len", [(1, 9), (5, 9), (3, 2)])
+def test_each_cached_step_gives_the_models_logits(norm, batch, max_len):
     model = random_model(0, norm=norm)
     fast = decoding_model(model)
     assert isinstance(fast, CpuDecodingTransformer)
     assert not any(isinstance(m, torch.nn.Linear) for m in fast.modules())  # every product a DecodingLinear
-    src = random_sources(batch, batch)
+    src = random_sources(batch, batch, max_len)
+    assert bool((src != PAD).all()) == (max_len == 2 or batch == 1)
     mask = src != PAD
     with torch.inference_mode():
         memory = model.encode(src, mask)
@@ -83,6 +85,30 @@ def test_each_cached_step_gives_the_models_logits(norm, batch):
         tgt = torch.cat([torch.full((batch, 1), BOS), torch.randint(4, V, (batch, 4))], dim=1)
         # a whole prefix (no cache) takes the model's path, on the fast products
         torch.testing.assert_close(fast.decode(tgt, memory, mask), model.decode(tgt, memory, mask), **CLOSE)
+
+
+@pytest.mark.parametrize("batch, groups", [(1, 3), (4, 3), (3, 1)])
+def test_steps_with_one_memory_row_per_group_of_rows_give_the_models_logits(batch, groups):
+    # Beam search's K beams of a sentence: one memory row (and cross-attention K/V) for all.
+    model = random_model(1)
+    fast = decoding_model(model)
+    assert fast.shares_source_rows("cpu")
+    src = random_sources(2, batch)
+    mask = src != PAD
+    with torch.inference_mode():
+        memory = model.encode(src, mask)
+        wide_memory, wide_mask = memory.repeat_interleave(groups, 0), mask.repeat_interleave(groups, 0)
+        plain_cache, fast_cache = model.new_cache(5), fast.new_cache(5)
+        tokens = torch.randint(4, V, (batch * groups, 5), generator=torch.Generator().manual_seed(0))
+        for t in range(5):
+            expected = model.decode(tokens[:, t:t + 1], wide_memory, wide_mask, plain_cache)
+            torch.testing.assert_close(fast.decode(tokens[:, t:t + 1], memory, mask, fast_cache), expected, **CLOSE)
+        assert fast_cache.layers[0].cross_k.shape[0] == batch
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # the model's own step: memory repeated for it
+            assert not fast.shares_source_rows("cpu")
+            got = fast.decode(tokens[:, :1], memory, mask, fast.new_cache(2))
+            torch.testing.assert_close(got, model.decode(tokens[:, :1], wide_memory, wide_mask, model.new_cache(2)),
+                                       atol=0.05, rtol=0.02)
 
 
 @pytest.mark.parametrize("seed", range(3))

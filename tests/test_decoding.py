@@ -248,3 +248,80 @@ def test_batches_of_one_padded_shape_reuse_one_set_of_step_buffers_with_the_same
                 assert_same_hypotheses(got, expected(model, src, **settings_))
         assert states[0] is states[1] is states[2]  # the first batch's buffers, reused
         assert states[3] is not states[2] and states[4] is not states[3]  # 9 sentences; 19 tokens
+
+
+def test_the_kv_cache_written_in_one_copy_or_two_and_reordered_keeps_the_rows_asked_for():
+    from transformer_mt.kv_cache import KVCache
+
+    gen = torch.Generator().manual_seed(0)
+    one, two = KVCache(1, 6), KVCache(1, 6)
+    expected_k, expected_v = torch.empty(4, 2, 0, 3), torch.empty(4, 2, 0, 3)
+    for n, rows in [(2, [0, 1, 2, 3]), (1, [2, 2, 0, 1]), (1, [0, 1, 2, 3]), (1, [3, 1])]:
+        if len(rows) < expected_k.shape[0]:  # fewer rows: sentences dropped, cross K/V selected too
+            for cache in (one, two):
+                cache.layers[0].cross_k = cache.layers[0].cross_v = torch.arange(4.0)
+                cache.reorder(torch.tensor(rows), cross=True)
+                assert cache.layers[0].cross_k.tolist() == [3.0, 1.0]
+        else:
+            for cache in (one, two):
+                cache.reorder(torch.tensor(rows), cross=False)  # same rows: the spare buffer, or nothing
+        expected_k, expected_v = expected_k[rows], expected_v[rows]
+        kv = torch.randn(2, len(rows), 2, n, 3, generator=gen)
+        got_one = one.layers[0].append_self_kv(kv.transpose(1, 2).contiguous().transpose(1, 2))  # any strides
+        got_two = two.layers[0].append_self(kv[0], kv[1])
+        expected_k, expected_v = torch.cat([expected_k, kv[0]], dim=2), torch.cat([expected_v, kv[1]], dim=2)
+        for keys, values in (got_one, got_two):
+            assert torch.equal(keys, expected_k) and torch.equal(values, expected_v)
+    assert one.length == 5
+    with pytest.raises(ValueError, match="KV cache full"):
+        one.layers[0].append_self_kv(torch.zeros(2, 2, 2, 2, 3))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("drop_finished", [0.0, 0.25, 0.5])
+def test_greedy_drops_finished_sentences_from_the_batch_with_the_same_output(seed, drop_finished):
+    from transformer_mt.cpu_decoding import decoding_model
+
+    model, src = random_model(seed), random_sources(seed, batch=8)
+    args = dict(bos_id=BOS, eos_id=EOS, max_len_a=1.5, max_len_b=4)
+    for m in (model, decoding_model(model)):  # the model's own step, and the CPU decoding step
+        rows = []
+        hook = m.output_proj.register_forward_hook(lambda module, inputs, out: rows.append(inputs[0].shape[0]))
+        try:
+            dropping = greedy_decode(m, src, drop_finished=drop_finished, **args)
+            kept = len(rows)
+            assert greedy_decode(m, src, drop_finished=None, **args) == dropping
+        finally:
+            hook.remove()
+        assert dropping == greedy_decode(model, src, use_cache=False, **args)
+        assert rows[kept - 1] < 8 and rows[kept:] == [8] * (len(rows) - kept)  # dropped rows, or kept them all
+
+
+@pytest.mark.parametrize("vocab, k", [(40, 8), (8000, 8), (8003, 12), (2048, 1), (4100, 16)])
+def test_row_top_gives_topks_values_and_indices_of_those_values(vocab, k):
+    from transformer_mt.decoding import row_top
+
+    gen = torch.Generator().manual_seed(vocab + k)
+    for values in (torch.randn(9, vocab, generator=gen), torch.randint(-3, 4, (9, vocab), generator=gen).float()):
+        values[0, -1] = 10.0  # the best in the tail beyond the last whole block
+        top, where = row_top(values, k)
+        expected = values.topk(k, dim=1)
+        assert torch.equal(top, expected.values)
+        assert torch.equal(values.gather(1, where), top) and all(len(set(row)) == k for row in where.tolist())
+    assert torch.equal(where[0, :1], torch.tensor([vocab - 1]))
+
+
+def test_beam_search_over_a_large_vocabulary_ranks_candidates_as_a_full_topk_does(monkeypatch):
+    import transformer_mt.decoding as decoding
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32, dropout=0.0, max_len=48), 2100, 2100,
+                        PAD).eval()
+    with torch.no_grad():
+        model.output_proj.weight.mul_(4.0)
+        model.output_proj.weight[EOS] += 1.0
+    src = torch.randint(4, 2100, (5, 7), generator=torch.Generator().manual_seed(0))
+    settings_ = dict(bos_id=BOS, eos_id=EOS, beam_size=4, max_len_a=1.0, max_len_b=5, n_best=3)
+    got = beam_search(model, src, **settings_)  # each beam's 8 best by block maxima (2,100 tokens: 32 blocks)
+    monkeypatch.setattr(decoding, "row_top", lambda values, k: values.topk(k, dim=1))
+    assert_same_hypotheses(got, beam_search(model, src, **settings_))

@@ -33,12 +33,16 @@ def _forbid_special(logits: torch.Tensor, pad_id: int, bos_id: int) -> torch.Ten
 
 @torch.inference_mode()
 def greedy_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_id: int,
-                  max_len_a: float, max_len_b: int, use_cache: bool = True) -> list[list[int]]:
+                  max_len_a: float, max_len_b: int, use_cache: bool = True,
+                  drop_finished: float | None = 0.25) -> list[list[int]]:
     """Pick the most probable token at each step for a batch of sources.
 
     src_ids (B, S) long, padded with `model.pad_id` -> B lists of generated ids, without BOS
     and EOS. Each sentence stops at its EOS or its length cap; the batch stops when all have.
-    `use_cache=False` re-runs the decoder over the whole prefix each step (the slow reference).
+    With the cache, finished sentences leave the batch (their cache rows, memory and mask) once
+    they are at least `drop_finished` of the rows still decoded (None: never): a step's work
+    grows with its rows, and dropping costs a copy of the cache. `use_cache=False` re-runs the
+    decoder over the whole prefix each step with every row (the slow reference).
     """
     pad_id = model.pad_id
     src_mask = src_ids != pad_id  # (B, S) True = real token
@@ -49,15 +53,28 @@ def greedy_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos
     cache = model.new_cache(max_steps) if use_cache else None
     tgt_ids = torch.full((B, max_steps + 1), pad_id, dtype=torch.long, device=src_ids.device)  # BOS + generated
     tgt_ids[:, 0] = bos_id
+    live, rows = tgt_ids, None  # the rows still decoded, and their rows in tgt_ids once some are dropped
     finished = torch.zeros(B, dtype=torch.bool, device=src_ids.device)
     for step in range(max_steps):
-        new_ids = tgt_ids[:, step:step + 1] if use_cache else tgt_ids[:, :step + 1]  # (B, 1) or (B, step + 1)
-        logits = model.decode(new_ids, memory, src_mask, cache)[:, -1, :]  # (B, V) last position
-        next_ids = best_tokens(_forbid_special(logits, pad_id, bos_id))  # (B,)
-        tgt_ids[:, step + 1] = next_ids.masked_fill(finished, pad_id)
+        new_ids = live[:, step:step + 1] if use_cache else live[:, :step + 1]  # (N, 1) or (N, step + 1)
+        logits = model.decode(new_ids, memory, src_mask, cache)[:, -1, :]  # (N, V) last position
+        next_ids = best_tokens(_forbid_special(logits, pad_id, bos_id))  # (N,)
+        live[:, step + 1] = next_ids.masked_fill(finished, pad_id)
         finished |= (next_ids == eos_id) | (step + 1 >= limits)
-        if bool(finished.all()):
+        done = int(finished.sum())
+        if done == finished.shape[0]:
             break
+        if cache is not None and drop_finished is not None and done and done >= drop_finished * finished.shape[0]:
+            keep = (~finished).nonzero().squeeze(1)  # (N',)
+            if rows is None:
+                rows = torch.arange(B, device=src_ids.device)
+            else:
+                tgt_ids.index_copy_(0, rows, live)  # the dropped rows' last tokens
+            cache.reorder(keep, cross=True)
+            live, rows, memory, src_mask = live[keep], rows[keep], memory[keep], src_mask[keep]
+            limits, finished = limits[keep], finished[keep]
+    if rows is not None:
+        tgt_ids.index_copy_(0, rows, live)
     return [strip_generated(row, eos_id, pad_id) for row in tgt_ids[:, 1:].tolist()]
 
 
@@ -168,9 +185,12 @@ def advance_beams(s: BeamState, log_probs: torch.Tensor, eos_id: int) -> torch.T
     BK, V = log_probs.shape
     B, M, C = s.best_tokens.shape
     K = BK // B
-    candidates = (s.scores[:, None] + log_probs).view(B, K * V)
+    # A sentence's 2K best continuations are among each of its beams' 2K best tokens.
+    W = min(2 * K, V)
+    row_scores, row_tokens = row_top(log_probs, W)  # (B·K, W) each
+    candidates = (s.scores[:, None] + row_scores).view(B, K * W)
     cand_scores, cand_flat = candidates.topk(2 * K, dim=1)  # (B, 2K), best first
-    cand_beam, cand_token = cand_flat // V, cand_flat % V  # (B, 2K) each
+    cand_beam, cand_token = cand_flat // W, row_tokens.view(B, K * W).gather(1, cand_flat)  # (B, 2K) each
     first_row = torch.arange(0, BK, K, device=log_probs.device)[:, None]  # (B, 1)
 
     # Set aside the top K candidates that end, into the M best finished.
@@ -198,6 +218,27 @@ def advance_beams(s: BeamState, log_probs: torch.Tensor, eos_id: int) -> torch.T
     s.scores.copy_(live_scores.flatten())
     s.position += 1
     return rows
+
+
+def row_top(values: torch.Tensor, k: int, block: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """values (N, V) -> each row's k largest values and their indices (N, k), best first: the
+    values of `topk`; among equal values the indices may differ. On a CPU with a large V, the
+    k largest lie in the k blocks of `block` values with the largest maxima: `amax` over blocks
+    vectorises, then `topk` searches only those (128 × 8,000 log-probs, k = 8: µs in docs/benchmarks.md)."""
+    N, V = values.shape
+    n_blocks = V // block
+    if values.device.type != "cpu" or n_blocks < 4 * k:
+        return values.topk(k, dim=1)
+    head = n_blocks * block
+    blocks = values[:, :head].view(N, n_blocks, block)
+    chosen = blocks.amax(dim=2).topk(k, dim=1).indices  # (N, k)
+    pool = blocks[torch.arange(N, device=values.device)[:, None], chosen].view(N, k * block)  # (N, k·block)
+    where = (chosen[:, :, None] * block + torch.arange(block, device=values.device)).view(N, k * block)
+    if head < V:  # the last V % block values: always searched
+        pool = torch.cat([pool, values[:, head:]], dim=1)
+        where = torch.cat([where, torch.arange(head, V, device=values.device).expand(N, V - head)], dim=1)
+    top, at = pool.topk(k, dim=1)
+    return top, where.gather(1, at)
 
 
 def stable_descending_order(scores: torch.Tensor) -> torch.Tensor:
@@ -238,8 +279,11 @@ def beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_i
     src_mask = src_ids != pad_id  # (B, S)
     limits = max_target_lengths(src_mask, max_len_a, max_len_b, model.cfg.max_len)  # (B,)
     max_steps = int(limits.max())
-    memory = model.encode(src_ids, src_mask).repeat_interleave(K, dim=0)  # (B·K, S, D)
-    src_mask = src_mask.repeat_interleave(K, dim=0)  # (B·K, S)
+    memory = model.encode(src_ids, src_mask)  # (B, S, D)
+    # A sentence's K beams share its memory: one row for all where the model's steps take that.
+    shared = getattr(model, "shares_source_rows", lambda device_type: False)(src_ids.device.type)
+    if not shared:
+        memory, src_mask = memory.repeat_interleave(K, dim=0), src_mask.repeat_interleave(K, dim=0)  # (B·K, S, D)
     cache = model.new_cache(max_steps)
     s = new_beam_state(limits, K, n_best, max_steps, bos_id=bos_id, pad_id=pad_id, alpha=alpha)
     sentences = torch.arange(src_ids.shape[0], device=src_ids.device)  # (N,) each row block's sentence
@@ -258,8 +302,11 @@ def beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_i
         if keep.numel() == 0:
             break
         rows = rows.view(-1, K)[keep].flatten()  # (N'·K,)
-        cache.reorder(rows, cross=True)
-        memory, src_mask = memory.index_select(0, rows), src_mask.index_select(0, rows)
+        source_rows = keep if shared else rows
+        cache.reorder(rows, cross=not shared)
+        if shared:
+            cache.select_cross(keep)
+        memory, src_mask = memory.index_select(0, source_rows), src_mask.index_select(0, source_rows)
         s, sentences = s.select(keep), sentences[keep]
     return results
 

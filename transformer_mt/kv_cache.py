@@ -11,31 +11,70 @@ import torch
 class LayerCache:
     """One decoder layer's cached keys and values, each (B, H, L, Dh).
 
-    Self-attention K/V live in buffers of `capacity` positions allocated on the first step and
-    written in place, so a step copies only its new position (growing them with `torch.cat`
-    would copy the whole prefix every step).
+    Self-attention K/V live in one buffer `kv` (2, B, H, capacity, Dh) allocated on the first
+    step and written in place, so a step copies only its new position (growing them with
+    `torch.cat` would copy the whole prefix every step), with one copy when the caller has the
+    keys and values side by side (`append_self_kv`). A reorder that keeps the row count gathers
+    into a second buffer of the same shape and swaps the two: one copy, not a gather and a copy back.
     """
 
     capacity: int
     length: int = 0  # positions written so far
-    self_k: torch.Tensor | None = None  # (B, H, capacity, Dh) buffer
-    self_v: torch.Tensor | None = None
+    kv: torch.Tensor | None = None  # (2, B, H, capacity, Dh): keys, then values
+    spare: torch.Tensor | None = None  # kv's shape: where the next same-size reorder gathers into
     cross_k: torch.Tensor | None = None  # (B, H, S, Dh), computed once from the encoder memory
     cross_v: torch.Tensor | None = None
 
+    @property
+    def self_k(self) -> torch.Tensor | None:
+        """(B, H, capacity, Dh), of which the first `length` positions are written."""
+        return None if self.kv is None else self.kv[0]
+
+    @property
+    def self_v(self) -> torch.Tensor | None:
+        return None if self.kv is None else self.kv[1]
+
     def append_self(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the new positions' keys/values (B, H, n, Dh); return views of all written so far."""
-        n = k.shape[2]
+        slot = self._slot(k, k.shape)
+        slot[0] = k
+        slot[1] = v
+        return self._written()
+
+    def append_self_kv(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`append_self` of keys and values given as one tensor (2, B, H, n, Dh) (any strides): one copy."""
+        self._slot(kv, kv.shape[1:]).copy_(kv)
+        return self._written()
+
+    def _slot(self, like: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        """The buffer's view (2, B, H, n, Dh) for n new positions of `shape` (B, H, n, Dh) (of `like`'s
+        dtype and device); counts them written."""
+        B, H, n, Dh = shape
         if self.length + n > self.capacity:
             raise ValueError(f"KV cache full: {self.length} + {n} positions exceed its capacity {self.capacity}")
-        if self.self_k is None:
-            B, H, _, Dh = k.shape
-            self.self_k = k.new_empty(B, H, self.capacity, Dh)
-            self.self_v = v.new_empty(B, H, self.capacity, Dh)
-        self.self_k[:, :, self.length:self.length + n] = k
-        self.self_v[:, :, self.length:self.length + n] = v
+        if self.kv is None:
+            self.kv = like.new_empty(2, B, H, self.capacity, Dh)
         self.length += n
-        return self.self_k[:, :, :self.length], self.self_v[:, :, :self.length]  # (B, H, length, Dh)
+        return self.kv[:, :, :, self.length - n:self.length]
+
+    def _written(self) -> tuple[torch.Tensor, torch.Tensor]:
+        written = self.kv[:, :, :, :self.length]
+        return written[0], written[1]  # (B, H, length, Dh) each
+
+    def reorder(self, indices: torch.Tensor, cross: bool) -> None:
+        """Keep batch rows `indices` (long, (B',)) in that order; see `KVCache.reorder`."""
+        if self.kv is not None:
+            n = self.length
+            if indices.shape[0] == self.kv.shape[1]:  # same rows: gather the written part into the spare buffer
+                if self.spare is None:
+                    self.spare = torch.empty_like(self.kv)
+                torch.index_select(self.kv[:, :, :, :n], 1, indices, out=self.spare[:, :, :, :n])
+                self.kv, self.spare = self.spare, self.kv
+            else:
+                self.kv, self.spare = self.kv.index_select(1, indices), None
+        if cross and self.cross_k is not None:
+            self.cross_k = self.cross_k.index_select(0, indices)
+            self.cross_v = self.cross_v.index_select(0, indices)
 
 
 class KVCache:
@@ -58,18 +97,20 @@ class KVCache:
         """Keep batch rows `indices` (long, (B',)), in that order, in every cached tensor.
 
         `cross=False` leaves the cross-attention K/V alone: valid when each row is replaced by
-        a row of the same source sentence (beams of one sentence share the same K/V), with the
-        row count unchanged.
+        a row of the same source sentence (beams of one sentence share the same K/V) with the
+        row count unchanged, or when they hold one row per sentence, which `select_cross`
+        selects. The identity at the same row count with `cross=False` copies nothing.
         """
+        first = self.layers[0]
+        if (not cross and first.kv is not None and indices.shape[0] == first.kv.shape[1]
+                and bool((indices == torch.arange(indices.shape[0], device=indices.device)).all())):
+            return
         for layer in self.layers:
-            if layer.self_k is not None:
-                n = layer.length
-                if indices.shape[0] == layer.self_k.shape[0]:  # same rows: gather the written part in place
-                    layer.self_k[:, :, :n] = layer.self_k[:, :, :n].index_select(0, indices)
-                    layer.self_v[:, :, :n] = layer.self_v[:, :, :n].index_select(0, indices)
-                else:
-                    layer.self_k = layer.self_k.index_select(0, indices)
-                    layer.self_v = layer.self_v.index_select(0, indices)
-            if cross and layer.cross_k is not None:
-                layer.cross_k = layer.cross_k.index_select(0, indices)
-                layer.cross_v = layer.cross_v.index_select(0, indices)
+            layer.reorder(indices, cross)
+
+    def select_cross(self, indices: torch.Tensor) -> None:
+        """Keep rows `indices` (long) of the cross-attention K/V alone: where they hold one row per
+        sentence for all its beams (`CpuDecodingTransformer.shares_source_rows`)."""
+        for layer in self.layers:
+            if layer.cross_k is not None:
+                layer.cross_k, layer.cross_v = layer.cross_k.index_select(0, indices), layer.cross_v.index_select(0, indices)

@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import multiprocessing
-import multiprocessing.pool
 import os
 import shutil
 import signal
@@ -292,25 +291,13 @@ def _encode(split: datasets.Dataset, tokenizers: TokenizerPair, max_len: int, dr
         # fork where it is safe (Linux): no re-import per process; macOS's system libraries are not fork-safe.
         context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
         with context.Pool(num_proc, initializer=_worker_setup) as pool:
-            files = _results_of(pool.starmap_async(_encode_shard_file, shards))  # Ctrl-C: `with` terminates it
+            files = pool.starmap(_encode_shard_file, shards)  # Ctrl-C here: `with` terminates the pool
     finally:
         if saved is None:
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
         else:
             os.environ["TOKENIZERS_PARALLELISM"] = saved
     return datasets.concatenate_datasets([datasets.Dataset.from_file(file) for file in files])
-
-
-def _results_of(pending: multiprocessing.pool.AsyncResult) -> list:
-    """The pool's results, waited for in slices of 0.1 s. The kernel may hand a Ctrl-C or SIGTERM
-    to any thread of this process (the pool's own, the tokenizers' Rust threads); Python acts on
-    it only when the main thread next runs, and a main thread asleep in one long wait would run
-    only once the pool is done."""
-    while True:
-        try:
-            return pending.get(timeout=0.1)
-        except multiprocessing.TimeoutError:
-            continue
 
 
 def _worker_setup() -> None:

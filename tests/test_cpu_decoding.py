@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
+from tests.conftest import run_cli
+from tests.test_evaluation import tiny_run  # noqa: F401  (a fixture: a tiny trained run)
 
 from transformer_mt.config import ModelConfig
 from transformer_mt.cpu_decoding import CpuDecodingTransformer, DecodingLinear, Int8Linear, decoding_model, \
@@ -16,8 +17,6 @@ from transformer_mt.cpu_decoding import CpuDecodingTransformer, DecodingLinear, 
 from transformer_mt.decoding import Sampling, beam_search, best_tokens, greedy_decode, sample_decode
 from transformer_mt.errors import UsageError
 from transformer_mt.model import Transformer
-from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.training import train
 from transformer_mt.translator import Translator
 
 PAD, BOS, EOS, V = 0, 2, 3, 40
@@ -172,16 +171,6 @@ def test_an_unknown_quantization_is_refused():
 
 
 # --- decode.quantize from the command line ------------------------------------------------------
-
-@pytest.fixture
-def tiny_run(tmp_path: Path) -> Path:
-    corpus = write_corpus(tmp_path / "corpus", {"train": TINY_PAIRS, "valid": TINY_PAIRS[:4], "test": TINY_PAIRS[4:6]})
-    run_dir = tmp_path / "run"
-    prepare_run_dir(run_dir, resume=False, overwrite=False)
-    train(tiny_config(corpus, train={"max_steps": 2, "eval_every_steps": 2, "save_every_steps": 2}), run_dir,
-          progress=False)
-    return run_dir
-
 
 def test_quantize_int8_reaches_the_cpu_decoding_model_and_names_evaluates_output(tiny_run: Path, monkeypatch, capsys,
                                                                                  caplog):

@@ -1,8 +1,6 @@
 """train.ema_decay: the weights' exponential moving average, its resume, validation, final test and use."""
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -10,10 +8,11 @@ import torch
 from torch import nn
 
 from tests.conftest import tiny_config
+from tests.test_training import stop_at_first_validation
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import config_from_dict
 from transformer_mt.ema import WeightEMA
-from transformer_mt.errors import ConfigError, TrainingStopped
+from transformer_mt.errors import ConfigError
 from transformer_mt.run_dir import prepare_run_dir
 from transformer_mt.train_step import StepResult, TrainStep
 from transformer_mt.training import Trainer, train
@@ -57,17 +56,7 @@ def test_a_resumed_run_ends_with_the_uninterrupted_runs_ema(tiny_corpus: Path, t
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     prepare_run_dir(straight, resume=False, overwrite=False)
     train(cfg, straight, progress=False)
-    validate = Trainer.validate
-
-    def signalled(self, writer):  # SIGTERM during step 4's validation: a checkpoint at step 4, then stop
-        os.kill(os.getpid(), signal.SIGTERM)
-        return validate(self, writer)
-
-    prepare_run_dir(interrupted, resume=False, overwrite=False)
-    with monkeypatch.context() as patch:
-        patch.setattr(Trainer, "validate", signalled)
-        with pytest.raises(TrainingStopped):
-            train(cfg, interrupted, progress=False)
+    stop_at_first_validation(cfg, interrupted, monkeypatch)  # at step 4's validation: a checkpoint at 4
     assert load_checkpoint(interrupted / "checkpoints" / "step_00000004.pt")["ema"]["updates"] == 4
     prepare_run_dir(interrupted, resume=True, overwrite=False)
     train(cfg, interrupted, resume=True, progress=False)

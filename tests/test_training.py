@@ -268,6 +268,22 @@ def test_each_update_and_its_log_line_use_the_schedules_rate(tiny_corpus: Path, 
     assert logged == pytest.approx(expected, rel=1e-6)  # TensorBoard keeps fp32
 
 
+def stop_at_first_validation(cfg, run_dir: Path, monkeypatch) -> None:
+    """Train a new run in `run_dir` until SIGTERM arrives during its first validation: it saves a
+    checkpoint at that step and stops, as under a scheduler's notice."""
+    validate = Trainer.validate
+
+    def signalled(self, writer):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return validate(self, writer)
+
+    prepare_run_dir(run_dir, resume=False, overwrite=False)
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "validate", signalled)
+        with pytest.raises(TrainingStopped):
+            train(cfg, run_dir, progress=False)
+
+
 def test_a_linear_schedule_resumes_exactly_and_a_changed_schedule_applies_from_the_next_update(
         tiny_corpus: Path, tmp_path: Path, monkeypatch):
     linear = {"lr": 1e-3, "warmup_steps": 2, "lr_schedule": "linear", "min_lr": 1e-4}
@@ -276,17 +292,7 @@ def test_a_linear_schedule_resumes_exactly_and_a_changed_schedule_applies_from_t
     prepare_run_dir(straight, resume=False, overwrite=False)
     train(cfg, straight, progress=False)
     # Stopped by SIGTERM at step 3's validation: the same config throughout (the decay reads max_steps).
-    validate = Trainer.validate
-
-    def signalled(self, writer):
-        os.kill(os.getpid(), signal.SIGTERM)
-        return validate(self, writer)
-
-    prepare_run_dir(interrupted, resume=False, overwrite=False)
-    with monkeypatch.context() as patch:
-        patch.setattr(Trainer, "validate", signalled)
-        with pytest.raises(TrainingStopped):
-            train(cfg, interrupted, progress=False)
+    stop_at_first_validation(cfg, interrupted, monkeypatch)
     assert load_checkpoint(interrupted / "checkpoints" / "step_00000003.pt")["train_state"]["step"] == 3
     trainer = Trainer(cfg, interrupted, progress=False)
     trainer.resume()

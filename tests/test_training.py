@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.conftest import REPO, TINY_PAIRS, run_cli, tiny_config, write_corpus
@@ -23,7 +24,7 @@ from transformer_mt.distributed import Distributed
 from transformer_mt.errors import CheckpointError, DataError, TrainingStopped, UsageError
 from transformer_mt.files import temp_file_target
 from transformer_mt.loss import label_smoothed_loss
-from transformer_mt.run_dir import MARKER, prepare_run_dir
+from transformer_mt.run_dir import MARKER, check_saved_config, prepare_run_dir
 from transformer_mt.run_layout import RunDir
 from transformer_mt.schedule import lr_at
 from transformer_mt.training import Trainer, train
@@ -319,12 +320,19 @@ def test_a_checkpoint_from_before_a_config_key_existed_resumes_with_its_default(
     train(tiny_config(tiny_corpus, train={"max_steps": 3}), run, progress=False)
     path = run / "checkpoints" / "step_00000003.pt"
     ckpt = load_checkpoint(path)
-    for section, key in (("train", "lr_schedule"), ("train", "min_lr"), ("model", "encoder_layers"),
-                         ("model", "decoder_layers"), ("train", "ema_decay"), ("train", "init_from")):
+    added_since = (("train", "lr_schedule"), ("train", "min_lr"), ("model", "encoder_layers"),
+                   ("model", "decoder_layers"), ("train", "ema_decay"), ("train", "init_from"),
+                   ("tokenizer", "bpe_dropout"), ("tokenizer", "bpe_dropout_variants"), ("data", "corpora"))
+    saved_yaml = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+    for section, key in added_since:
         del ckpt["config"][section][key]  # as an older tmt wrote it
+        del saved_yaml[section][key]
     del ckpt["train_state"]["parent"]
     save_atomic(ckpt, path)
-    trainer = Trainer(tiny_config(tiny_corpus, train={"max_steps": 6}), run, progress=False)
+    (run / "config.yaml").write_text(yaml.safe_dump(saved_yaml), encoding="utf-8")
+    resumed_cfg = tiny_config(tiny_corpus, train={"max_steps": 6})
+    check_saved_config(resumed_cfg, run)  # what `tmt train --resume` checks before preparing the data
+    trainer = Trainer(resumed_cfg, run, progress=False)
     with caplog.at_level("INFO", logger="transformer_mt"):
         trainer.resume()
     assert "settings changed since that checkpoint: train.max_steps: 3 -> 6\n" in caplog.text  # and nothing else

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from transformer_mt.checkpoint import CheckpointDir
-from transformer_mt.config import Config, config_to_dict, load_config
+from transformer_mt.config import Config, config_to_dict, load_config, with_defaults
 from transformer_mt.errors import CheckpointError, ConfigError, TmtError, UsageError
 from transformer_mt.files import temp_file_target
 from transformer_mt.init_from import parent_paths
@@ -127,7 +127,8 @@ def check_saved_config(cfg: Config, run_dir: Path) -> None:
     """Refuse a resume whose model, vocabulary or data settings differ from the run's `config.yaml`.
 
     The checkpoint's own config is checked again in `train_state.RunCheckpoint.resume`; this
-    earlier check spares preparing a large corpus for a run that cannot continue. A missing or
+    earlier check spares preparing a large corpus for a run that cannot continue. A key added to
+    tmt after the run started counts at its default, as the run ran with it. A missing or
     unreadable file is left to that later check.
     """
     path = RunDir(run_dir).config
@@ -136,7 +137,7 @@ def check_saved_config(cfg: Config, run_dir: Path) -> None:
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return
     if isinstance(saved, dict):
-        resume_config_changes(saved, config_to_dict(cfg), path)
+        resume_config_changes(with_defaults(saved), config_to_dict(cfg), path)
 
 
 def resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:

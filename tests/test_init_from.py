@@ -93,6 +93,17 @@ def test_model_and_tokenizer_settings_that_differ_from_the_parents_are_listed(pa
     assert err.value.problems[0].startswith("train.init_from: the model and tokenizer settings must be those of")
 
 
+def test_tmt_train_refuses_a_parent_of_other_settings_before_making_the_run_directory(parent: Path, tmp_path: Path,
+                                                                                      monkeypatch, capsys):
+    config = tmp_path / "child.yaml"
+    save_config(child_config(tmp_path, parent, model={"d_ff": 64}), config)
+    code, _, err = run_cli(["train", "--config", str(config), "--run-dir", str(tmp_path / "run")], monkeypatch,
+                           capsys, tmp_path)
+    assert code == 2 and not (tmp_path / "run").exists()
+    assert "train.init_from: the model and tokenizer settings must be those of the parent" in err
+    assert "model.d_ff: 32 in the parent, 64 here" in err and "Traceback" not in err
+
+
 def test_a_child_may_fine_tune_with_other_dropout_rates(parent: Path, tmp_path: Path):
     """Dropout changes how the weights are trained, not what they mean: fine-tuning often lowers it."""
     cfg = child_config(tmp_path, parent, model={"dropout": 0.3, "attention_dropout": 0.2, "activation_dropout": 0.2})

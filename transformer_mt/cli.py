@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_train(args: argparse.Namespace) -> None:
     from transformer_mt.config import load_config
     from transformer_mt.distributed import Distributed
+    from transformer_mt.init_from import check_parent_settings
     from transformer_mt.runtime import pick_device, pick_precision
     from transformer_mt.run_dir import prepare_run_dir
     from transformer_mt.training import train
@@ -62,6 +63,8 @@ def run_train(args: argparse.Namespace) -> None:
     run_dir = args.run_dir or Path("runs") / cfg.name
     device = pick_device(cfg.train.device)
     pick_precision(cfg.train.precision, device)  # refuse, say, fp16 on a CPU before the run directory exists
+    if cfg.train.init_from and not args.resume:
+        check_parent_settings(cfg)  # so is a parent of other model settings
     dist = Distributed.from_environment()  # a world of one unless started by torchrun
     dist.start(device)
     lock = None  # rank 0's on the run directory, held while it trains

@@ -7,6 +7,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from transformer_mt.checkpoint import CheckpointDir, check_tokenizers, load_checkpoint, translation_weights
 from transformer_mt.config import Config, config_to_dict, user_path, with_defaults
 from transformer_mt.errors import CheckpointError, ConfigError, UsageError
@@ -64,16 +66,25 @@ def setting_conflicts(parent_config: dict, current: dict) -> list[str]:
     return conflicts
 
 
+def check_parent_settings(cfg: Config) -> None:
+    """`load_parent`'s settings check against the parent run's `config.yaml`, which is read in an
+    instant: `tmt train` makes it before creating the new run's directory, so a refused start
+    leaves nothing behind. An unreadable file is left to `load_parent`'s check of the checkpoint."""
+    run_dir, path = parent_paths(cfg.train.init_from)
+    try:
+        saved = yaml.safe_load(RunDir(run_dir).config.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return
+    if isinstance(saved, dict):
+        _refuse_conflicts(saved, cfg, run_dir, path)
+
+
 def load_parent(cfg: Config) -> Parent:
     """Load the checkpoint `train.init_from` names; refuse one whose model or tokenizer settings
     differ from `cfg`'s (every differing key listed), or whose run lacks its tokenizers."""
     run_dir, path = parent_paths(cfg.train.init_from)
     state = load_checkpoint(path)
-    # Keys added to tmt since the parent was written count as their defaults, as on resume.
-    conflicts = setting_conflicts(with_defaults(state["config"]), config_to_dict(cfg))
-    if conflicts:
-        raise ConfigError([f"train.init_from: the model and tokenizer settings must be those of the parent "
-                           f"{path} (see {RunDir(run_dir).config}); these differ:", *conflicts])
+    _refuse_conflicts(state["config"], cfg, run_dir, path)
     check_tokenizers(state, _parent_tokenizers(run_dir).fingerprint(), path, run_dir)
     weights, which = translation_weights(state)
     step = state.get("train_state", {}).get("step")
@@ -81,6 +92,14 @@ def load_parent(cfg: Config) -> Parent:
                 "EMA" if which == "ema" else "trained")
     record = {"run_dir": str(run_dir), "checkpoint": str(path), "step": step, "weights": which}
     return Parent(run_dir, path, weights, record)
+
+
+def _refuse_conflicts(parent_config: dict, cfg: Config, run_dir: Path, path: Path) -> None:
+    # Keys added to tmt since the parent was written count as their defaults, as on resume.
+    conflicts = setting_conflicts(with_defaults(parent_config), config_to_dict(cfg))
+    if conflicts:
+        raise ConfigError([f"train.init_from: the model and tokenizer settings must be those of the parent "
+                           f"{path} (see {RunDir(run_dir).config}); these differ:", *conflicts])
 
 
 def copy_tokenizers(init_from: str, run_dir: Path) -> TokenizerPair:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from transformer_mt.checkpoint_reader import FORMAT_VERSION, REQUIRED_KEYS, translation_weights  # noqa: F401
+from transformer_mt.checkpoint_reader import (  # noqa: F401  (defined there, torch-free; imported from here too)
+    FORMAT_VERSION, REQUIRED_KEYS, check_tokenizers, check_vocabulary, translation_weights)
 from transformer_mt.errors import CheckpointError
 from transformer_mt.files import describe_os_error, write_atomic
 from transformer_mt.run_files import BEST_NAME, checkpoint_steps, step_file_name
@@ -99,16 +100,6 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         return migrate(state)
     except CheckpointError as err:
         raise CheckpointError(f"{path}: {err}") from None
-
-
-def check_tokenizers(state: dict, fingerprint: str, path: Path, run_dir: Path) -> None:
-    """Refuse a checkpoint trained with other tokenizers than the run's (`TokenizerPair.fingerprint`),
-    say one copied from another run: its ids would mean other pieces, and its translations be
-    garbage. Checkpoints from before the fingerprint was saved pass."""
-    saved = state.get("tokenizers")
-    if saved is not None and saved != fingerprint:
-        raise CheckpointError(f"{path} was trained with other tokenizers than those of {run_dir} (a checkpoint of "
-                              "another run?); use it with its own run directory")
 
 
 # torch.save writes a zip archive (PyTorch >= 1.6), or in its legacy format a pickle stream that

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from transformer_mt.errors import CheckpointError
+
 # 2: `nn.Linear` weights (out, in) named `weight`. 1: the same matrices stored (in, out) as `kernel`.
 FORMAT_VERSION = 2
 REQUIRED_KEYS = ("model", "config", "model_args", "format_version")
@@ -51,6 +53,22 @@ def translation_weights(state: dict) -> tuple[dict, str]:
     return state["model"], "model"
 
 
+def check_tokenizers(state: dict, fingerprint: str, path: Path, run_dir: Path) -> None:
+    """Refuse a checkpoint trained with other tokenizers than the run's (`TokenizerPair.fingerprint`),
+    say one copied from another run: its ids would mean other pieces, and its translations be
+    garbage. Checkpoints from before the fingerprint was saved pass."""
+    saved = state.get("tokenizers")
+    if saved is not None and saved != fingerprint:
+        raise CheckpointError(f"{path} was trained with other tokenizers than those of {run_dir} (a checkpoint of "
+                              "another run?); use it with its own run directory")
+
+
+def check_vocabulary(model_args: dict, src_size: int, tgt_size: int, run_dir: Path) -> None:
+    """Refuse tokenizers whose vocabulary sizes (`src_size`, `tgt_size`) are not the checkpoint's."""
+    if src_size != model_args["src_vocab_size"] or tgt_size != model_args["tgt_vocab_size"]:
+        raise CheckpointError(f"{run_dir}: the tokenizer files do not match the checkpoint's vocabulary sizes")
+
+
 @dataclass(frozen=True)
 class TranslationState:
     """What translating needs of a checkpoint: its saved config, model arguments, tokenizer
@@ -71,7 +89,7 @@ def read_translation_state(path: Path) -> TranslationState:
     try:
         archive = zipfile.ZipFile(path)
     except (OSError, zipfile.BadZipFile) as err:  # missing, empty, legacy format, not torch's
-        raise UnsupportedCheckpoint(f"{path}: not a zip archive ({err})") from None
+        raise UnsupportedCheckpoint(f"not a zip archive ({err})") from None
     with archive:
         reader = _ArchiveReader(archive)
         state = reader.unpickle()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from transformer_mt.checkpoint import check_tokenizers, load_checkpoint, translation_weights
+from transformer_mt.checkpoint import check_tokenizers, check_vocabulary, load_checkpoint, translation_weights
 from transformer_mt.config import Config, config_from_dict
 from transformer_mt.errors import CheckpointError, ConfigError, UsageError
 from transformer_mt.decoding import Sampling
@@ -51,9 +51,7 @@ class Translator:
         tokenizers = TokenizerPair.load(run_dir)
         check_tokenizers(state, tokenizers.fingerprint(), checkpoint, run_dir)
         args = state["model_args"]
-        if tokenizers.src.get_vocab_size() != args["src_vocab_size"] or \
-                tokenizers.tgt.get_vocab_size() != args["tgt_vocab_size"]:
-            raise CheckpointError(f"{run_dir}: the tokenizer files do not match the checkpoint's vocabulary sizes")
+        check_vocabulary(args, tokenizers.src.get_vocab_size(), tokenizers.tgt.get_vocab_size(), run_dir)
         model = build_model(cfg.model, args["src_vocab_size"], args["tgt_vocab_size"], args["pad_id"])
         weights, which = translation_weights(state)
         model.load_state_dict(weights)

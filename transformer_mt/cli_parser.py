@@ -142,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--interactive", action="store_true",
                            help="translate each line as it is typed (the default when stdin is a terminal and "
                                 "no sentence, --input or --output is given)")
+    translate.add_argument("--engine", choices=["auto", "torch", "numpy"], default="auto",
+                           help="auto (default): sentences given as arguments, on the CPU (--device cpu or auto), "
+                                "greedy or beam search with plain text output, are translated in numpy without "
+                                "loading torch (a second less; a handful of sentences also translate faster so "
+                                "than by starting a GPU), everything else with torch; the same translations either "
+                                "way. torch or numpy: always that engine (numpy refuses what it cannot do)")
     lists = translate.add_argument_group("n-best lists, scores and sampling (README: \"n-best lists and scores\")")
     lists.add_argument("--n-best", type=_positive_int, default=1, metavar="K",
                        help="the K best translations of each sentence (K at most the beam size), best first; "
@@ -279,3 +285,14 @@ def check_translate_options(args: argparse.Namespace) -> None:
         if given:
             raise UsageError(f"--interactive reads sentences as they are typed and answers on stdout; "
                              f"leave out {', '.join(given)}")
+
+
+def numpy_engine_refusal(args: argparse.Namespace) -> str | None:
+    """Why `tmt translate` with these options needs the torch engine (`--engine`), or None when
+    the numpy engine (`numpy_translator`) translates them as torch would."""
+    refusals = [(args.engine == "torch", "--engine torch"), (not args.text, "sentences not given as arguments"),
+                (args.interactive, "--interactive"), (args.device not in ("auto", "cpu"), f"--device {args.device}"),
+                (args.quantize not in (None, "none"), f"--quantize {args.quantize}"), (args.sample, "--sample"),
+                (args.show_attention is not None, "--show-attention"), (args.n_best > 1, "--n-best"),
+                (args.scores, "--scores"), (args.format != "text", f"--format {args.format}")]
+    return next((reason for refused, reason in refusals if refused), None)

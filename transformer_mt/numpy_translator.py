@@ -65,10 +65,9 @@ class NumpyTranslator:
         return cls(model, tokenizers, cfg, run_dir, checkpoint)
 
     def set_decoding(self, **settings) -> None:
-        """Decode with other `decode.*` settings than the run's, e.g. `length_penalty=1.0`."""
+        """Decode with other `decode.*` settings than the run's, e.g. `length_penalty=1.0` (the caller
+        keeps `quantize` at none: `cli_parser.numpy_engine_refusal`)."""
         self.cfg = dataclasses.replace(self.cfg, decode=dataclasses.replace(self.cfg.decode, **settings))
-        if (reason := unsupported_reason(self.cfg)) is not None:
-            raise EngineUnavailable(f"{reason} is not implemented in numpy")
 
     def translate(self, lines: list[str], beam_size: int | None = None, progress: bool = False) -> list[str]:
         """`Translator.translate`: each line's translation (beam size `beam_size`, else the run's

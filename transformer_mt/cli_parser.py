@@ -143,10 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
                            help="translate each line as it is typed (the default when stdin is a terminal and "
                                 "no sentence, --input or --output is given)")
     translate.add_argument("--engine", choices=["auto", "torch", "numpy"], default="auto",
-                           help="auto (default): sentences given as arguments, on the CPU (--device cpu or auto), "
-                                "greedy or beam search with plain text output, are translated in numpy without "
-                                "loading torch (a second less; a handful of sentences also translate faster so "
-                                "than by starting a GPU), everything else with torch; the same translations either "
+                           help="auto (default): sentences given as arguments, greedy or beam search, plain text "
+                                "output, --device cpu or auto, are translated in numpy on the CPU without loading "
+                                "torch (a second less; even beside a GPU, a handful of sentences are done before "
+                                "CUDA would have started); everything else with torch. The same translations either "
                                 "way. torch or numpy: always that engine (numpy refuses what it cannot do)")
     lists = translate.add_argument_group("n-best lists, scores and sampling (README: \"n-best lists and scores\")")
     lists.add_argument("--n-best", type=_positive_int, default=1, metavar="K",

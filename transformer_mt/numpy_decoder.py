@@ -115,7 +115,7 @@ class NumpyTransformer:
         self.pre_norm = cfg.norm == "pre"
         self.heads = cfg.n_heads
         self.weights = {name: (array.T.copy() if array.ndim == 2 and "embed" not in name else array)
-                        for name, array in weights.items()}  # linear weights as (in, out) kernels
+                        for name, array in weights.items() if name != "output_proj.weight"}  # (in, out) kernels
         self.output_kernel = weights["output_proj.weight"].T.copy()  # (D, V)
         self.embed_scale = np.float32(math.sqrt(cfg.d_model))
         self.positions = sinusoidal_positions(cfg.max_len, cfg.d_model)

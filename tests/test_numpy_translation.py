@@ -145,6 +145,9 @@ def test_a_run_numpy_cannot_decode_is_translated_with_torch(tmp_path: Path, monk
                            monkeypatch, capsys, tmp_path)
     assert code == 2 and err == ("tmt: error: --engine numpy: the run's decode.quantize: int8 is not implemented in "
                                  "numpy; leave out --engine to translate with torch\n")
+    code, _, err = run_cli(["translate", "--run", str(run), "--engine", "numpy", "--n-best", "2", "--beam", "2", "Hi."],
+                           monkeypatch, capsys, tmp_path)
+    assert code == 2 and err == "tmt: error: --engine numpy: --n-best needs torch; leave out --engine to translate with torch\n"
 
 
 def tmt_translate_in_python(args: list[str], cwd: Path) -> subprocess.CompletedProcess:

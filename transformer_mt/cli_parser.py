@@ -290,9 +290,12 @@ def check_translate_options(args: argparse.Namespace) -> None:
 def numpy_engine_refusal(args: argparse.Namespace) -> str | None:
     """Why `tmt translate` with these options needs the torch engine (`--engine`), or None when
     the numpy engine (`numpy_translator`) translates them as torch would."""
-    refusals = [(args.engine == "torch", "--engine torch"), (not args.text, "sentences not given as arguments"),
-                (args.interactive, "--interactive"), (args.device not in ("auto", "cpu"), f"--device {args.device}"),
-                (args.quantize not in (None, "none"), f"--quantize {args.quantize}"), (args.sample, "--sample"),
-                (args.show_attention is not None, "--show-attention"), (args.n_best > 1, "--n-best"),
-                (args.scores, "--scores"), (args.format != "text", f"--format {args.format}")]
-    return next((reason for refused, reason in refusals if refused), None)
+    if args.engine == "torch":
+        return "--engine torch"
+    if not args.text:
+        return "it translates sentences given as arguments only"
+    options = [(args.interactive, "--interactive"), (args.device not in ("auto", "cpu"), f"--device {args.device}"),
+               (args.quantize not in (None, "none"), f"--quantize {args.quantize}"), (args.sample, "--sample"),
+               (args.show_attention is not None, "--show-attention"), (args.n_best > 1, "--n-best"),
+               (args.scores, "--scores"), (args.format != "text", f"--format {args.format}")]
+    return next((f"{option} needs torch" for given, option in options if given), None)

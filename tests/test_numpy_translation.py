@@ -19,7 +19,7 @@ from transformer_mt.checkpoint import load_checkpoint, save_atomic, translation_
 from transformer_mt.checkpoint_reader import UnsupportedCheckpoint, read_translation_state
 from transformer_mt.config import ModelConfig, config_from_dict
 from transformer_mt.errors import CheckpointError
-from transformer_mt.numpy_decoder import unsupported_reason
+from transformer_mt.numpy_decoder import best_indices, descending_order, unsupported_reason
 from transformer_mt.numpy_translator import EngineUnavailable, NumpyTranslator
 from transformer_mt.run_dir import prepare_run_dir
 from transformer_mt.training import train
@@ -120,6 +120,16 @@ def test_numpy_translations_are_torchs_greedy_and_beam(run_name: str, request):
         for beam in (2, 3, 4, 5):
             assert numpy_translator.translate(SENTENCES, beam_size=beam) == \
                 torch_translator.translate(SENTENCES, beam_size=beam), (alpha, beam)
+
+
+def test_best_indices_are_the_head_of_the_full_stable_sort():
+    generator = np.random.default_rng(0)
+    for size in (1, 5, 64, 1000):
+        for values in (generator.standard_normal(size).astype(np.float32),
+                       generator.integers(0, 4, size).astype(np.float32)):  # many ties at every boundary
+            values[generator.integers(0, size)] = -np.inf
+            for k in (1, 2, 5, 10, size, size + 3):
+                assert np.array_equal(best_indices(values, k), descending_order(values)[:k]), (size, k)
 
 
 def test_a_model_option_numpy_does_not_implement_is_named():

@@ -256,9 +256,9 @@ def beam_search(model: NumpyTransformer, src_ids: list[int], decode: DecodeConfi
     for step in range(limit):
         log_probs = log_softmax(model.step(state, tokens[:, step]))  # (K, V)
         W = min(2 * K, log_probs.shape[1])
-        row_tokens = _descending(log_probs)[:, :W]  # (K, W) each beam's W best tokens
+        row_tokens = np.stack([best_indices(row, W) for row in log_probs])  # (K, W) each beam's W best tokens
         candidates = (scores[:, None] + np.take_along_axis(log_probs, row_tokens, axis=1)).reshape(-1)  # (K·W,)
-        chosen = _descending(candidates)[: 2 * K]  # (2K,) best first
+        chosen = descending_order(candidates)[: 2 * K]  # (2K,) best first
         cand_scores, cand_beam, cand_token = candidates[chosen], chosen // W, row_tokens.reshape(-1)[chosen]
         at_cap = step + 1 >= limit
         for score, beam, token in zip(cand_scores[:K], cand_beam[:K], cand_token[:K]):
@@ -268,9 +268,9 @@ def beam_search(model: NumpyTransformer, src_ids: list[int], decode: DecodeConfi
                 if final > best_score:  # strictly: an earlier hypothesis keeps a tie
                     best_score, best_ids = final, [*tokens[beam, 1:step + 1].tolist(), int(token)]
         live_scores = np.where(cand_token == eos_id, np.float32(-np.inf), cand_scores)
-        pick = _descending(live_scores)[:K]  # (K,)
+        pick = descending_order(live_scores)[:K]  # (K,)
         beaten = float(live_scores[pick[0]]) / penalties[limit] <= best_score
-        if at_cap or ended >= K or beaten:  # n_best 1: one ended hypothesis that no live beam can beat
+        if at_cap or ended >= K or (ended and beaten):  # n_best 1: one ended that no live beam can beat
             break
         rows = cand_beam[pick]
         tokens = tokens[rows]
@@ -280,6 +280,16 @@ def beam_search(model: NumpyTransformer, src_ids: list[int], decode: DecodeConfi
     return best_ids[: best_ids.index(eos_id)] if eos_id in best_ids else best_ids
 
 
-def _descending(values: np.ndarray) -> np.ndarray:
+def best_indices(values: np.ndarray, k: int) -> np.ndarray:
+    """`descending_order(values)[:k]` of a 1-D array without sorting all of it: the values at least the
+    k-th largest (ties at it included), sorted."""
+    if k >= values.shape[0]:
+        return descending_order(values)[:k]
+    threshold = values[np.argpartition(values, -k)[-k]]  # the k-th largest value
+    at_least = np.flatnonzero(values >= threshold)  # ascending indices, k or more of them
+    return at_least[descending_order(values[at_least])[:k]]
+
+
+def descending_order(values: np.ndarray) -> np.ndarray:
     """The indices that sort the last axis best first, the lower index first among equal values."""
     return np.argsort(-values, axis=-1, kind="stable")

@@ -18,16 +18,14 @@ from pathlib import Path
 
 import torch
 
+from transformer_mt.checkpoint_reader import (  # noqa: F401  (defined there, torch-free; imported from here too)
+    FORMAT_VERSION, REQUIRED_KEYS, check_tokenizers, check_vocabulary, translation_weights)
 from transformer_mt.errors import CheckpointError
 from transformer_mt.files import describe_os_error, write_atomic
+from transformer_mt.run_files import BEST_NAME, checkpoint_steps, step_file_name
 
 logger = logging.getLogger(__name__)
 
-# 2: `nn.Linear` weights (out, in) named `weight`. 1: the same matrices stored (in, out) as `kernel`.
-FORMAT_VERSION = 2
-REQUIRED_KEYS = ("model", "config", "model_args", "format_version")
-BEST_NAME = "best.pt"
-_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
 
 
 def save_atomic(state: dict, path: Path) -> None:
@@ -102,25 +100,6 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         return migrate(state)
     except CheckpointError as err:
         raise CheckpointError(f"{path}: {err}") from None
-
-
-def translation_weights(state: dict) -> tuple[dict, str]:
-    """The weights to translate with from a loaded checkpoint, and which they are: its EMA's
-    (`"ema"`, `train.ema_decay`) when it has them, else its trained weights (`"model"`)."""
-    ema = state.get("ema")
-    if ema:
-        return ema["model"], "ema"
-    return state["model"], "model"
-
-
-def check_tokenizers(state: dict, fingerprint: str, path: Path, run_dir: Path) -> None:
-    """Refuse a checkpoint trained with other tokenizers than the run's (`TokenizerPair.fingerprint`),
-    say one copied from another run: its ids would mean other pieces, and its translations be
-    garbage. Checkpoints from before the fingerprint was saved pass."""
-    saved = state.get("tokenizers")
-    if saved is not None and saved != fingerprint:
-        raise CheckpointError(f"{path} was trained with other tokenizers than those of {run_dir} (a checkpoint of "
-                              "another run?); use it with its own run directory")
 
 
 # torch.save writes a zip archive (PyTorch >= 1.6), or in its legacy format a pickle stream that
@@ -199,7 +178,7 @@ class CheckpointDir:
         self.keep_last = keep_last
 
     def step_path(self, step: int) -> Path:
-        return self.directory / f"step_{step:08d}.pt"
+        return self.directory / step_file_name(step)
 
     @property
     def best_path(self) -> Path:
@@ -207,10 +186,7 @@ class CheckpointDir:
 
     def steps(self) -> list[int]:
         """Steps of the step checkpoints on disk, ascending."""
-        if not self.directory.is_dir():
-            return []
-        found = (_STEP_FILE.match(p.name) for p in self.directory.iterdir())
-        return sorted(int(m.group(1)) for m in found if m)
+        return checkpoint_steps(self.directory)
 
     def latest(self) -> Path | None:
         """The step checkpoint with the highest step, or None."""

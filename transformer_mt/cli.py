@@ -14,7 +14,7 @@ import signal
 import sys
 from pathlib import Path
 
-from transformer_mt.cli_parser import STDIO, build_parser, check_translate_options
+from transformer_mt.cli_parser import STDIO, build_parser, check_translate_options, numpy_engine_refusal
 from transformer_mt.errors import DataError, TmtError, TrainingStopped, UsageError
 from transformer_mt.files import check_parent_dir, lines_to_text, make_parent_dir, write_text_atomic
 from transformer_mt.optional_outputs import OptionalFileHandler
@@ -203,11 +203,11 @@ def _translate_lines(translator, lines: list[str], args: argparse.Namespace, pro
     """The output lines for `lines`: one translation each, or with --n-best, --scores, --format
     jsonl or --sample, the lists README's "n-best lists and scores" describes (sentences
     numbered from `first_number`)."""
+    if args.n_best == 1 and not args.scores and args.format == "text" and not args.sample:
+        return translator.translate(lines, beam_size=args.beam, progress=progress)  # no torch import for numpy's
     from transformer_mt.decoding import Sampling
     from transformer_mt.translator import format_translations
 
-    if args.n_best == 1 and not args.scores and args.format == "text" and not args.sample:
-        return translator.translate(lines, beam_size=args.beam, progress=progress)
     beam = args.beam or translator.cfg.decode.beam_size
     if not args.sample and args.n_best > beam:  # the run's beam size, when --beam was left out
         raise UsageError(f"--n-best {args.n_best}: beam search keeps only the run's decode.beam_size={beam} "
@@ -373,19 +373,19 @@ def run_average(args: argparse.Namespace) -> None:
 
 
 def _load_translator(args: argparse.Namespace):
-    from transformer_mt.translator import Translator, latest_run
+    from transformer_mt.run_files import latest_run
 
     if args.checkpoint:
         if args.checkpoint.resolve().parent.name != RunDir.CHECKPOINTS:
             raise UsageError(f"--checkpoint {args.checkpoint}: give a checkpoint inside a run's checkpoints/ "
                              "folder (the run's tokenizers and config are found from there)")
         run_dir = args.checkpoint.resolve().parent.parent  # <run>/checkpoints/<file>.pt
-        translator = Translator.from_run(run_dir, checkpoint=args.checkpoint, device=args.device)
+        translator = _open_translator(args, run_dir, args.checkpoint)
     elif args.run:
-        translator = Translator.from_run(args.run, device=args.device)
+        translator = _open_translator(args, args.run, None)
     else:  # say which run answers: the newest run may be of another language pair than the user thinks
         run_dir = latest_run(Path("runs"))
-        translator = Translator.from_run(run_dir, device=args.device)
+        translator = _open_translator(args, run_dir, None)
         data = translator.cfg.data
         print(f"tmt: using {_shown(run_dir)} ({data.src_lang}->{data.tgt_lang}, {translator.checkpoint.name}), "
               "the most recently updated run under runs/; choose another with --run DIR (`tmt runs` lists them)",
@@ -393,6 +393,23 @@ def _load_translator(args: argparse.Namespace):
     chosen = {"length_penalty": args.length_penalty, "quantize": args.quantize}
     translator.set_decoding(**{key: value for key, value in chosen.items() if value is not None})
     return translator
+
+
+def _open_translator(args: argparse.Namespace, run_dir: Path, checkpoint: Path | None):
+    """`translate`'s numpy engine where `cli_parser.numpy_engine_refusal` and the run allow it, which
+    imports no torch (README: "Translating"); else (and for `evaluate`) the torch `Translator`."""
+    refusal = numpy_engine_refusal(args) if args.command == "translate" else args.command
+    if refusal is None:
+        from transformer_mt.numpy_translator import EngineUnavailable, NumpyTranslator
+        try:
+            return NumpyTranslator.from_run(run_dir, checkpoint)
+        except EngineUnavailable as err:
+            refusal = str(err)
+    if args.command == "translate" and args.engine == "numpy":
+        raise UsageError(f"--engine numpy: {refusal}; leave out --engine to translate with torch")
+    from transformer_mt.translator import Translator
+
+    return Translator.from_run(run_dir, checkpoint=checkpoint, device=args.device)
 
 
 def _shown(path: Path) -> str:

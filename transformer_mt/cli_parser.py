@@ -142,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--interactive", action="store_true",
                            help="translate each line as it is typed (the default when stdin is a terminal and "
                                 "no sentence, --input or --output is given)")
+    translate.add_argument("--engine", choices=["auto", "torch", "numpy"], default="auto",
+                           help="auto (default): sentences given as arguments, greedy or beam search, plain text "
+                                "output, --device cpu or auto, are translated in numpy on the CPU without loading "
+                                "torch (a second less; even beside a GPU, a handful of sentences are done before "
+                                "CUDA would have started); everything else with torch. The same translations either "
+                                "way. torch or numpy: always that engine (numpy refuses what it cannot do)")
     lists = translate.add_argument_group("n-best lists, scores and sampling (README: \"n-best lists and scores\")")
     lists.add_argument("--n-best", type=_positive_int, default=1, metavar="K",
                        help="the K best translations of each sentence (K at most the beam size), best first; "
@@ -279,3 +285,17 @@ def check_translate_options(args: argparse.Namespace) -> None:
         if given:
             raise UsageError(f"--interactive reads sentences as they are typed and answers on stdout; "
                              f"leave out {', '.join(given)}")
+
+
+def numpy_engine_refusal(args: argparse.Namespace) -> str | None:
+    """Why `tmt translate` with these options needs the torch engine (`--engine`), or None when
+    the numpy engine (`numpy_translator`) translates them as torch would."""
+    if args.engine == "torch":
+        return "--engine torch"
+    if not args.text:
+        return "it translates sentences given as arguments only"
+    options = [(args.interactive, "--interactive"), (args.device not in ("auto", "cpu"), f"--device {args.device}"),
+               (args.quantize not in (None, "none"), f"--quantize {args.quantize}"), (args.sample, "--sample"),
+               (args.show_attention is not None, "--show-attention"), (args.n_best > 1, "--n-best"),
+               (args.scores, "--scores"), (args.format != "text", f"--format {args.format}")]
+    return next((f"{option} needs torch" for given, option in options if given), None)

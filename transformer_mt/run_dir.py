@@ -164,16 +164,6 @@ def resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:
     return allowed
 
 
-def run_folders(folder: Path) -> list[Path]:
-    """The folders under `folder` that may be runs, as `tmt runs` and `tmt translate` without
-    --run look for them: `folder` itself, its subfolders (`runs/<name>`) and theirs
-    (`runs/<group>/<name>`, an ablation's runs, say)."""
-    if not folder.is_dir():
-        return []
-    children = sorted(p for p in folder.iterdir() if p.is_dir())
-    return [folder, *children, *sorted(p for child in children for p in child.iterdir() if p.is_dir())]
-
-
 def same_data_settings(cfg: Config, run_dir: Path) -> bool:
     """True when `run_dir` holds a run made with the seed, data and tokenizer settings of `cfg`
     (`tmt data` then reports on that run's tokenizers and carved split)."""

@@ -22,7 +22,7 @@ import torch
 
 from transformer_mt.config import Config
 from transformer_mt.files import write_text_atomic
-from transformer_mt.run_dir import run_folders
+from transformer_mt.run_files import run_folders
 from transformer_mt.run_layout import RunDir
 
 PACKAGES = ("transformer-mt", "torch", "tokenizers", "datasets", "sacrebleu")

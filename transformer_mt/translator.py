@@ -10,15 +10,14 @@ from pathlib import Path
 
 import torch
 
-from transformer_mt.checkpoint import CheckpointDir, check_tokenizers, load_checkpoint, translation_weights
+from transformer_mt.checkpoint import check_tokenizers, check_vocabulary, load_checkpoint, translation_weights
 from transformer_mt.config import Config, config_from_dict
 from transformer_mt.errors import CheckpointError, ConfigError, UsageError
 from transformer_mt.decoding import Sampling
 from transformer_mt.evaluation import cross_attention_labels, cross_attention_map, translate_hypotheses, translate_ids
 from transformer_mt.architectures import build_model
 from transformer_mt.model import Transformer
-from transformer_mt.run_dir import run_folders
-from transformer_mt.run_layout import RunDir
+from transformer_mt.run_files import find_checkpoint, latest_run  # noqa: F401  (latest_run: callers import it here)
 from transformer_mt.runtime import Precision, pick_device, pick_precision, warn_attention_fallbacks
 from transformer_mt.tokenization import BOS_ID, EOS, EOS_ID, TokenizerPair
 
@@ -52,9 +51,7 @@ class Translator:
         tokenizers = TokenizerPair.load(run_dir)
         check_tokenizers(state, tokenizers.fingerprint(), checkpoint, run_dir)
         args = state["model_args"]
-        if tokenizers.src.get_vocab_size() != args["src_vocab_size"] or \
-                tokenizers.tgt.get_vocab_size() != args["tgt_vocab_size"]:
-            raise CheckpointError(f"{run_dir}: the tokenizer files do not match the checkpoint's vocabulary sizes")
+        check_vocabulary(args, tokenizers.src.get_vocab_size(), tokenizers.tgt.get_vocab_size(), run_dir)
         model = build_model(cfg.model, args["src_vocab_size"], args["tgt_vocab_size"], args["pad_id"])
         weights, which = translation_weights(state)
         model.load_state_dict(weights)
@@ -188,31 +185,3 @@ def _precision_for(cfg: Config, device: torch.device) -> Precision:
         return pick_precision(cfg.train.precision, device)
     except UsageError:  # e.g. an fp16 run translated on a CPU
         return pick_precision("auto", device)
-
-
-def find_checkpoint(run_dir: Path) -> Path:
-    """`best.pt` if the run has one, else its newest step checkpoint."""
-    if not run_dir.is_dir():
-        raise CheckpointError(f"{run_dir}: no such run directory" if not run_dir.exists()
-                              else f"{run_dir}: not a run directory (a file)")
-    checkpoints = CheckpointDir(RunDir(run_dir).checkpoints, keep_last=1)
-    if checkpoints.best_path.is_file():
-        return checkpoints.best_path
-    latest = checkpoints.latest()
-    if latest is None:
-        raise CheckpointError(f"{run_dir}: no checkpoint found in {checkpoints.directory}")
-    return latest
-
-
-def latest_run(runs_dir: Path) -> Path:
-    """The run under `runs_dir` (`runs/<name>` or `runs/<group>/<name>`) whose checkpoints were
-    written most recently."""
-    candidates = []
-    for run in run_folders(runs_dir)[1:]:  # not `runs/` itself
-        files = list(RunDir(run).checkpoints.glob("*.pt"))
-        if files:
-            candidates.append((max(f.stat().st_mtime for f in files), run))
-    if not candidates:
-        raise CheckpointError(f"no trained run found under {runs_dir} (train one with `tmt train`, "
-                              "or pass --run DIR)")
-    return max(candidates)[1]

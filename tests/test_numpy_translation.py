@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import PYTHONPATH, TINY_PAIRS, run_cli, tiny_config, write_corpus
+from transformer_mt.cli_parser import NUMPY_AUTO_MAX_SENTENCES
 from transformer_mt.checkpoint import load_checkpoint, save_atomic, translation_weights
 from transformer_mt.checkpoint_reader import UnsupportedCheckpoint, read_translation_state
 from transformer_mt.config import ModelConfig, config_from_dict
@@ -178,6 +179,11 @@ def test_translating_arguments_on_the_cpu_never_imports_torch(pre_norm_run: Path
     assert done.returncode == 0 and done.stdout.splitlines() == expected, done.stderr
     assert done.stderr == ("tmt: using runs/tiny (en->it, best.pt), the most recently updated run under runs/; "
                            "choose another with --run DIR (`tmt runs` lists them)\n")
+    # Many sentences go to torch's batches, unless numpy is asked for.
+    many = [f"Sentence {i}." for i in range(NUMPY_AUTO_MAX_SENTENCES + 1)]
+    assert "torch was imported" in tmt_translate_in_python(["--run", str(pre_norm_run), *many], tmp_path).stderr
+    done = tmt_translate_in_python(["--run", str(pre_norm_run), "--engine", "numpy", *many], tmp_path)
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == len(many), done.stderr
     # Options only torch implements: the same command imports it.
     done = tmt_translate_in_python(["--n-best", "2", "--beam", "3", "Good morning."], tmp_path)
     assert done.returncode == 1 and "torch was imported" in done.stderr

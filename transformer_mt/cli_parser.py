@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="translate each line as it is typed (the default when stdin is a terminal and "
                                 "no sentence, --input or --output is given)")
     translate.add_argument("--engine", choices=["auto", "torch", "numpy"], default="auto",
-                           help="auto (default): sentences given as arguments, greedy or beam search, plain text "
+                           help="auto (default): up to 32 sentences given as arguments, greedy or beam search, plain text "
                                 "output, --device cpu or auto, are translated in numpy on the CPU without loading "
                                 "torch (a second less; even beside a GPU, a handful of sentences are done before "
                                 "CUDA would have started); everything else with torch. The same translations either "
@@ -287,6 +287,12 @@ def check_translate_options(args: argparse.Namespace) -> None:
                              f"leave out {', '.join(given)}")
 
 
+# `--engine auto` gives torch more sentences than this: numpy decodes one sentence at a time,
+# about 4x torch's per-sentence time in batches (docs/benchmarks.md), so past a few dozen
+# sentences torch's 1.5 s of start-up is paid back.
+NUMPY_AUTO_MAX_SENTENCES = 32
+
+
 def numpy_engine_refusal(args: argparse.Namespace) -> str | None:
     """Why `tmt translate` with these options needs the torch engine (`--engine`), or None when
     the numpy engine (`numpy_translator`) translates them as torch would."""
@@ -294,6 +300,8 @@ def numpy_engine_refusal(args: argparse.Namespace) -> str | None:
         return "--engine torch"
     if not args.text:
         return "it translates sentences given as arguments only"
+    if args.engine == "auto" and len(args.text) > NUMPY_AUTO_MAX_SENTENCES:
+        return f"more than {NUMPY_AUTO_MAX_SENTENCES} sentences go to torch's batches"
     options = [(args.interactive, "--interactive"), (args.device not in ("auto", "cpu"), f"--device {args.device}"),
                (args.quantize not in (None, "none"), f"--quantize {args.quantize}"), (args.sample, "--sample"),
                (args.show_attention is not None, "--show-attention"), (args.n_best > 1, "--n-best"),

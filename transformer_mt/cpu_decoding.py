@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformer_mt.cpu_fast_path import Packing
 from transformer_mt.errors import UsageError
 from transformer_mt.kv_cache import KVCache
 from transformer_mt.model import CrossAttention, Transformer
@@ -137,6 +138,8 @@ class CpuDecodingTransformer(Transformer):
     ReLU and residual sums fused into the products and the cross-attention mask made once per
     batch. Any other call (a prefix, no cache, autocast) is the model's own `decode`."""
 
+    pack_above = 0.06  # the share of padding in a batch above which `encode` skips the padded positions
+
     def _prepare(self, head_major_qkv: list[nn.Module], scaled_q: list[nn.Module]) -> None:
         """Per decoder layer, head_major_qkv: its q/k/v product with the output features in the order
         (head, q/k/v, Dh) instead of (q/k/v, head, Dh): a step's query and new key/value then come
@@ -159,24 +162,32 @@ class CpuDecodingTransformer(Transformer):
     def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         """The model's `encode` as one flat sequence of tensor operations, with the FFN's ReLU and
         the residual sums fused into the products (the ReLU alone, over a fresh (B·S, d_ff) tensor,
-        was 8.6% of the encoder's time); under autocast or in training, the model's own."""
+        was 8.6% of the encoder's time), and, where at least `pack_above` of the positions are
+        padding, every position-wise layer on the real positions only (`Packing`; attention pads
+        its projections back). The memory is the model's at every real position; with packing,
+        zero at the padding, which cross-attention masks. Under autocast or in training, the model's own."""
         if self.training or torch.is_autocast_enabled(src_ids.device.type):
             return super().encode(src_ids, src_mask)
         x = self.embed(self.src_embed, src_ids)  # (B, S, D)
         (B, S, D), pre = x.shape, self._pre
-        x, key_mask = x.view(B * S, D), src_mask[:, None, None, :]  # the mask as `MultiHeadAttention.attend` gives it
+        packing = Packing.of(src_mask) if int(src_mask.sum()) <= (1.0 - self.pack_above) * B * S else None
+        x = x.view(B * S, D) if packing is None else packing.pack(x)  # (N, D): all positions, or the real ones
+        key_mask = src_mask[:, None, None, :]  # as `MultiHeadAttention.attend` gives it
         for layer in self.encoder_layers:
             attention, block = layer.self_attn, layer.attn_block
             h = block.norm(x) if pre else x
-            q, k, v = attention.split_heads(attention.qkv_proj.rows(h).view(B, S, 3 * D), 3)  # (B, H, S, Dh) each
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask).transpose(1, 2).reshape(B * S, D)
-            x = attention.out_proj.plus(out, x)
+            qkv = attention.qkv_proj.rows(h)  # (N, 3D)
+            qkv = qkv.view(B, S, 3 * D) if packing is None else packing.pad(qkv)
+            out = F.scaled_dot_product_attention(*attention.split_heads(qkv, 3), attn_mask=key_mask)  # (B, H, S, Dh)
+            out = out.transpose(1, 2).reshape(B, S, D)
+            x = attention.out_proj.plus(out.view(B * S, D) if packing is None else packing.pack(out), x)
             x = x if pre else block.norm(x)
             block = layer.ffn_block
             h = block.norm(x) if pre else x
             x = layer.ffn.linear2.plus(layer.ffn.linear1.relu(h), x)
             x = x if pre else block.norm(x)
-        return self.encoder_norm(x.view(B, S, D))
+        x = self.encoder_norm(x)
+        return x.view(B, S, D) if packing is None else packing.pad(x)
 
     def decode(self, tgt_ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                cache: KVCache | None = None, fp32_logits: bool = True) -> torch.Tensor:

@@ -73,7 +73,7 @@ def test_each_cached_step_gives_the_models_logits(norm, batch, max_len):
     mask = src != PAD
     with torch.inference_mode():
         memory = model.encode(src, mask)
-        torch.testing.assert_close(fast.encode(src, mask), memory, **CLOSE)
+        torch.testing.assert_close(fast.encode(src, mask)[mask], memory[mask], **CLOSE)  # padding: see below
         plain_cache, fast_cache = model.new_cache(6), fast.new_cache(6)
         tokens = torch.full((batch, 1), BOS)
         for _ in range(6):  # the model's own cached steps against the flat step, fed the same tokens
@@ -84,6 +84,28 @@ def test_each_cached_step_gives_the_models_logits(norm, batch, max_len):
         tgt = torch.cat([torch.full((batch, 1), BOS), torch.randint(4, V, (batch, 4))], dim=1)
         # a whole prefix (no cache) takes the model's path, on the fast products
         torch.testing.assert_close(fast.decode(tgt, memory, mask), model.decode(tgt, memory, mask), **CLOSE)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_the_encoder_skips_the_padded_positions_of_a_batch_that_has_enough_of_them(norm):
+    model = random_model(3, norm=norm)
+    fast = decoding_model(model)
+    src = random_sources(3, 6)  # lengths 2-9 padded to the longest
+    mask = src != PAD
+    assert 1 - mask.float().mean() > fast.pack_above
+    rows = []  # the rows each encoder FFN product gets
+    for layer in fast.encoder_layers:
+        product = layer.ffn.linear1
+        product.relu = lambda h, product=product: rows.append(h.shape[0]) or type(product).relu(product, h)
+    with torch.inference_mode():
+        expected = model.encode(src, mask)
+        packed = fast.encode(src, mask)
+        assert rows == [int(mask.sum())] * len(fast.encoder_layers)  # the real positions only
+        torch.testing.assert_close(packed[mask], expected[mask], **CLOSE)
+        assert not packed[~mask].any()  # zero at the padding, which cross-attention never reads
+        fast.pack_above = 1.0  # never packed: every position, as the model
+        torch.testing.assert_close(fast.encode(src, mask), expected, **CLOSE)
+        assert rows[-1] == src.numel()
 
 
 @pytest.mark.parametrize("batch, groups", [(1, 3), (4, 3), (3, 1)])

@@ -254,27 +254,34 @@ def test_the_kv_cache_written_in_one_copy_or_two_and_reordered_keeps_the_rows_as
     from transformer_mt.kv_cache import KVCache
 
     gen = torch.Generator().manual_seed(0)
-    one, two = KVCache(1, 6), KVCache(1, 6)
+    one, two, flat = KVCache(1, 6), KVCache(1, 6), KVCache(1, 6)  # flat: one position at a time by append_position
     expected_k, expected_v = torch.empty(4, 2, 0, 3), torch.empty(4, 2, 0, 3)
     for n, rows in [(2, [0, 1, 2, 3]), (1, [2, 2, 0, 1]), (1, [0, 1, 2, 3]), (1, [3, 1])]:
         if len(rows) < expected_k.shape[0]:  # fewer rows: sentences dropped, cross K/V selected too
-            for cache in (one, two):
+            for cache in (one, two, flat):
                 cache.layers[0].cross_k = cache.layers[0].cross_v = torch.arange(4.0)
                 cache.reorder(torch.tensor(rows), cross=True)
                 assert cache.layers[0].cross_k.tolist() == [3.0, 1.0]
         else:
-            for cache in (one, two):
+            for cache in (one, two, flat):
                 cache.reorder(torch.tensor(rows), cross=False)  # same rows: the spare buffer, or nothing
         expected_k, expected_v = expected_k[rows], expected_v[rows]
         kv = torch.randn(2, len(rows), 2, n, 3, generator=gen)
         got_one = one.layers[0].append_self_kv(kv.transpose(1, 2).contiguous().transpose(1, 2))  # any strides
         got_two = two.layers[0].append_self(kv[0], kv[1])
+        for i in range(n):  # (2, B·H, Dh) of position i, any strides -> (2, B·H, length, Dh)
+            written = flat.layers[0].append_position(kv[:, :, :, i].permute(1, 2, 0, 3).reshape(-1, 2, 3).transpose(0, 1),
+                                                     len(rows))
         expected_k, expected_v = torch.cat([expected_k, kv[0]], dim=2), torch.cat([expected_v, kv[1]], dim=2)
-        for keys, values in (got_one, got_two):
+        got_flat = written.view(2, len(rows), 2, -1, 3).unbind(0)
+        for keys, values in (got_one, got_two, got_flat):
             assert torch.equal(keys, expected_k) and torch.equal(values, expected_v)
-    assert one.length == 5
+    assert one.length == flat.length == 5
     with pytest.raises(ValueError, match="KV cache full"):
         one.layers[0].append_self_kv(torch.zeros(2, 2, 2, 2, 3))
+    flat.layers[0].append_position(torch.zeros(2, 4, 3), 2)
+    with pytest.raises(ValueError, match="KV cache full"):
+        flat.layers[0].append_position(torch.zeros(2, 4, 3), 2)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformer_mt.cpu_fast_path import Packing
 from transformer_mt.errors import UsageError
 from transformer_mt.kv_cache import KVCache
 from transformer_mt.model import CrossAttention, Transformer
@@ -121,9 +122,9 @@ class _LayerPlan:
     `nn.Module.__getattr__` lookups through three levels of submodules at every step."""
 
     norms: tuple[tuple[torch.Tensor, torch.Tensor, float], ...]  # self, cross, FFN: weight, bias, eps
-    qkv: nn.Module
+    qkv: nn.Module  # head-major, its query rows pre-scaled by Dh^-0.5
     self_out: nn.Module
-    q: nn.Module
+    q: nn.Module  # the cross-attention query, pre-scaled by Dh^-0.5
     cross_out: nn.Module
     cross_attn: CrossAttention  # its `project_kv` of the memory, on the first step
     ffn1: nn.Module
@@ -137,10 +138,14 @@ class CpuDecodingTransformer(Transformer):
     ReLU and residual sums fused into the products and the cross-attention mask made once per
     batch. Any other call (a prefix, no cache, autocast) is the model's own `decode`."""
 
-    def _prepare(self, head_major_qkv: list[nn.Module]) -> None:
-        """head_major_qkv: per decoder layer, its q/k/v product with the output features in the order
+    pack_above = 0.06  # the share of padding in a batch above which `encode` skips the padded positions
+
+    def _prepare(self, head_major_qkv: list[nn.Module], scaled_q: list[nn.Module]) -> None:
+        """Per decoder layer, head_major_qkv: its q/k/v product with the output features in the order
         (head, q/k/v, Dh) instead of (q/k/v, head, Dh): a step's query and new key/value then come
-        out as views that attention and the cache read without copies."""
+        out as views that attention and the cache read without copies; scaled_q: its cross-attention
+        query product. Both give queries already multiplied by attention's scale Dh^-0.5 (exact when
+        Dh is a power of 4, as 64), so that `_attention` multiplies nothing more."""
         self._mask_key: torch.Tensor | None = None  # the src_mask whose additive form is `_mask`
         self._mask: torch.Tensor | None = None
         self._mask_one_row = False  # whether `_mask` is SDPA's form, for a step of one row
@@ -148,13 +153,41 @@ class CpuDecodingTransformer(Transformer):
         self._position_codes = self.positions  # a plain attribute: read at every step
         self._pre = self.cfg.norm == "pre"
         self._final_norm = (self.decoder_norm.weight, self.decoder_norm.bias, self.decoder_norm.eps) if self._pre else None
-        self._scale = (self.cfg.d_model // self.cfg.n_heads) ** -0.5  # SDPA's default scale
-        self._no_mask = torch.zeros(1, 1, 1)  # baddbmm's ignored input (beta=0) when nothing is masked
         self._plan = [_LayerPlan(tuple((b.norm.weight, b.norm.bias, b.norm.eps)
                                        for b in (layer.self_block, layer.cross_block, layer.ffn_block)),
-                                 qkv, layer.self_attn.out_proj, layer.cross_attn.q_proj,
-                                 layer.cross_attn.out_proj, layer.cross_attn, layer.ffn.linear1, layer.ffn.linear2)
-                      for layer, qkv in zip(self.decoder_layers, head_major_qkv, strict=True)]
+                                 qkv, layer.self_attn.out_proj, q, layer.cross_attn.out_proj, layer.cross_attn,
+                                 layer.ffn.linear1, layer.ffn.linear2)
+                      for layer, qkv, q in zip(self.decoder_layers, head_major_qkv, scaled_q, strict=True)]
+
+    def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
+        """The model's `encode` as one flat sequence of tensor operations, with the FFN's ReLU and
+        the residual sums fused into the products (the ReLU alone, over a fresh (B·S, d_ff) tensor,
+        was 8.6% of the encoder's time), and, where at least `pack_above` of the positions are
+        padding, every position-wise layer on the real positions only (`Packing`; attention pads
+        its projections back). The memory is the model's at every real position; with packing,
+        zero at the padding, which cross-attention masks. Under autocast or in training, the model's own."""
+        if self.training or torch.is_autocast_enabled(src_ids.device.type):
+            return super().encode(src_ids, src_mask)
+        x = self.embed(self.src_embed, src_ids)  # (B, S, D)
+        (B, S, D), pre = x.shape, self._pre
+        packing = Packing.of(src_mask) if int(src_mask.sum()) <= (1.0 - self.pack_above) * B * S else None
+        x = x.view(B * S, D) if packing is None else packing.pack(x)  # (N, D): all positions, or the real ones
+        key_mask = src_mask[:, None, None, :]  # as `MultiHeadAttention.attend` gives it
+        for layer in self.encoder_layers:
+            attention, block = layer.self_attn, layer.attn_block
+            h = block.norm(x) if pre else x
+            qkv = attention.qkv_proj.rows(h)  # (N, 3D)
+            qkv = qkv.view(B, S, 3 * D) if packing is None else packing.pad(qkv)
+            out = F.scaled_dot_product_attention(*attention.split_heads(qkv, 3), attn_mask=key_mask)  # (B, H, S, Dh)
+            out = out.transpose(1, 2).reshape(B, S, D)
+            x = attention.out_proj.plus(out.view(B * S, D) if packing is None else packing.pack(out), x)
+            x = x if pre else block.norm(x)
+            block = layer.ffn_block
+            h = block.norm(x) if pre else x
+            x = layer.ffn.linear2.plus(layer.ffn.linear1.relu(h), x)
+            x = x if pre else block.norm(x)
+        x = self.encoder_norm(x)
+        return x.view(B, S, D) if packing is None else packing.pad(x)
 
     def decode(self, tgt_ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                cache: KVCache | None = None, fp32_logits: bool = True) -> torch.Tensor:
@@ -197,10 +230,10 @@ class CpuDecodingTransformer(Transformer):
             # Each sublayer as `Residual.forward` in eval mode: pre-norm y + f(norm(y)), post-norm norm(y + f(y)).
             norm = p.norms[0]
             h = _norm(y, norm) if pre else y
-            qkv = p.qkv.rows(h).view(B, H, 3, -1)  # head-major: (B, H, q/k/v, Dh)
-            # The new key and value (2, B, H, 1, Dh) in one copy; (B, H, length, Dh) each written so far.
-            keys, values = layer_cache.append_self_kv(qkv[:, :, 1:].permute(2, 0, 1, 3)[:, :, :, None])
-            y = p.self_out.plus(self._attention(qkv[:, :, 0], keys, values, None), y)
+            qkv = p.qkv.rows(h).view(B * H, 3, -1)  # head-major: (B·H, q/k/v, Dh)
+            # The new key and value (2, B·H, Dh) in one copy; (2, B·H, length, Dh) written so far.
+            kv = layer_cache.append_position(qkv[:, 1:].transpose(0, 1), B)
+            y = p.self_out.plus(self._attention(qkv[:, :1], kv[0].transpose(1, 2), kv[1], None, B).view(B, -1), y)
             y = y if pre else _norm(y, norm)
             norm = p.norms[1]
             h = _norm(y, norm) if pre else y
@@ -210,8 +243,15 @@ class CpuDecodingTransformer(Transformer):
                 k, v = p.cross_attn.project_kv(memory)
                 k = k.transpose(2, 3).contiguous().transpose(2, 3) if B > 1 else k.contiguous()
                 layer_cache.cross_k, layer_cache.cross_v = k, v.contiguous()
-            q = p.q.rows(h).view(B, H, -1)  # (B, H, Dh); the cross K/V may hold one row per group of rows
-            y = p.cross_out.plus(self._attention(q, layer_cache.cross_k, layer_cache.cross_v, mask), y)
+            # The cross K/V may hold one row per group of G rows (beams): B = G·M, M rows of K/V.
+            k, v = layer_cache.cross_k, layer_cache.cross_v
+            (M, _, S, Dh), q = k.shape, p.q.rows(h)  # (B, D)
+            q = (q.view(M * H, 1, Dh) if M == B  # else each row's H queries to its group's row of K/V
+                 else q.view(M, B // M, H, Dh).transpose(1, 2).reshape(M * H, B // M, Dh))
+            out = self._attention(q, k.view(M * H, S, Dh).transpose(1, 2), v.view(M * H, S, Dh), mask, B)
+            if M != B:
+                out = out.view(M, H, B // M, Dh).transpose(1, 2)
+            y = p.cross_out.plus(out.reshape(B, -1), y)
             y = y if pre else _norm(y, norm)
             norm = p.norms[2]
             h = _norm(y, norm) if pre else y
@@ -221,20 +261,18 @@ class CpuDecodingTransformer(Transformer):
             y = _norm(y, self._final_norm)
         return self.output_proj(y)  # (B, V)
 
-    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """One query per row and head, q (R, H, Dh), over k, v (B, H, L, Dh) with `_cross_mask`'s
-        mask or None -> (R, H·Dh); R = G·B: each group of G consecutive rows attends over one row
-        of k, v. With 2+ rows by `baddbmm`, softmax and `bmm` over (B·H) views (1.3-1.9x faster
-        than SDPA's flash kernel at 8-128 rows, docs/benchmarks.md); SDPA with one."""
-        R, (B, H, L, Dh) = q.shape[0], k.shape
-        if R == 1:
-            return F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask).reshape(R, -1)
-        G = R // B
-        q = q.view(B, G, H, Dh).transpose(1, 2).reshape(B * H, G, Dh)  # a view when G = 1
-        scores = torch.baddbmm(self._no_mask if mask is None else mask, q, k.reshape(B * H, L, Dh).transpose(1, 2),
-                               beta=0.0 if mask is None else 1.0, alpha=self._scale)  # (B·H, G, L)
-        out = torch.bmm(torch.softmax(scores, dim=-1), v.reshape(B * H, L, Dh))  # (B·H, G, Dh)
-        return out.view(B, H, G, Dh).transpose(1, 2).reshape(R, H * Dh)
+    @staticmethod
+    def _attention(q: torch.Tensor, k_t: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                   rows: int) -> torch.Tensor:
+        """G pre-scaled queries per head of M rows, q (M·H, G, Dh), over keys k_t (M·H, Dh, L) (a transposed
+        view) and values v (M·H, L, Dh), with `_cross_mask`'s mask or None -> (M·H, G, Dh); `rows` is
+        the step's rows, M·G. With 2+ rows by `bmm` (`baddbmm` adding the mask), softmax and `bmm`
+        (1.3-1.9x faster than SDPA's flash kernel at 8-128 rows, docs/benchmarks.md); SDPA with one."""
+        if rows == 1:
+            return F.scaled_dot_product_attention(q[None], k_t.transpose(1, 2)[None], v[None], attn_mask=mask,
+                                                  scale=1.0)[0]
+        scores = torch.bmm(q, k_t) if mask is None else torch.baddbmm(mask, q, k_t)  # (M·H, G, L)
+        return torch.bmm(torch.softmax(scores, dim=-1), v)
 
 
 def _norm(x: torch.Tensor, norm: tuple[torch.Tensor, torch.Tensor, float]) -> torch.Tensor:
@@ -261,20 +299,35 @@ def decoding_model(model: Transformer, quantize: str = "none") -> Transformer:
         return _int8(weight, bias) if quantize == "int8" else DecodingLinear(weight, bias, onednn)
 
     H = model.cfg.n_heads
-    head_major = [product(*_head_major(layer.self_attn.qkv_proj, H)) for layer in fast.decoder_layers]
+    scale = (model.cfg.d_model // H) ** -0.5  # attention's, SDPA's default
+    head_major = [product(*_head_major(layer.self_attn.qkv_proj, H, scale)) for layer in fast.decoder_layers]
+    scaled_q = [product(*_scaled(layer.cross_attn.q_proj.weight, layer.cross_attn.q_proj.bias, scale))
+                for layer in fast.decoder_layers]
     for module in list(fast.modules()):
         for name, child in module.named_children():
             if isinstance(child, nn.Linear):
                 setattr(module, name, product(child.weight, child.bias))
-    fast._prepare(head_major)
+    fast._prepare(head_major, scaled_q)
     return fast
 
 
-def _head_major(qkv: nn.Linear, n_heads: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The (3D, D) q/k/v projection's weight and bias with output rows reordered from (q/k/v, head,
-    Dh) to (head, q/k/v, Dh)."""
+def _head_major(qkv: nn.Linear, n_heads: int, scale: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The (3D, D) q/k/v projection's weight and bias with the query rows multiplied by `scale` and the
+    output rows reordered from (q/k/v, head, Dh) to (head, q/k/v, Dh)."""
+    weight, bias = _scaled(qkv.weight, qkv.bias, scale, qkv.out_features // 3)
     order = torch.arange(qkv.out_features).view(3, n_heads, -1).transpose(0, 1).flatten()
-    return qkv.weight.detach()[order], None if qkv.bias is None else qkv.bias.detach()[order]
+    return weight[order], None if bias is None else bias[order]
+
+
+def _scaled(weight: torch.Tensor, bias: torch.Tensor | None, scale: float, rows: int | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Copies of weight (out, in) and bias (out,) with their first `rows` output rows (all: None)
+    multiplied by `scale`."""
+    weight, bias = weight.detach().clone(), None if bias is None else bias.detach().clone()
+    weight[:rows] *= scale
+    if bias is not None:
+        bias[:rows] *= scale
+    return weight, bias
 
 
 def _int8(weight: torch.Tensor, bias: torch.Tensor | None) -> Int8Linear:

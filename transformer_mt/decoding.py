@@ -55,12 +55,16 @@ def greedy_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos
     tgt_ids[:, 0] = bos_id
     live, rows = tgt_ids, None  # the rows still decoded, and their rows in tgt_ids once some are dropped
     finished = torch.zeros(B, dtype=torch.bool, device=src_ids.device)
+    first_cap, done = int(limits.min()), 0  # no row reaches its cap before step first_cap - 1
     for step in range(max_steps):
         new_ids = live[:, step:step + 1] if use_cache else live[:, :step + 1]  # (N, 1) or (N, step + 1)
         logits = model.decode(new_ids, memory, src_mask, cache)[:, -1, :]  # (N, V) last position
         next_ids = best_tokens(_forbid_special(logits, pad_id, bos_id))  # (N,)
-        live[:, step + 1] = next_ids.masked_fill(finished, pad_id)
-        finished |= (next_ids == eos_id) | (step + 1 >= limits)
+        live[:, step + 1] = next_ids.masked_fill_(finished, pad_id) if done else next_ids
+        ended = next_ids == eos_id
+        if step + 1 >= first_cap:
+            ended |= step + 1 >= limits
+        finished |= ended
         done = int(finished.sum())
         if done == finished.shape[0]:
             break
@@ -89,10 +93,10 @@ def best_tokens(logits: torch.Tensor, block: int = 64) -> torch.Tensor:
     head = V - V % block
     if N < 8 or head == 0 or logits.device.type != "cpu":
         return logits.max(dim=-1).indices
-    blocks = logits[:, :head].reshape(N, head // block, block)
-    best = blocks.amax(dim=-1).max(dim=-1)  # the first block holding each row's maximum
-    within = blocks[torch.arange(N, device=logits.device), best.indices].max(dim=-1).indices  # (N,)
-    ids = best.indices * block + within
+    best = (logits if head == V else logits[:, :head]).reshape(N, head // block, block).amax(dim=-1).max(dim=-1)
+    start = best.indices.mul_(block)  # (N,) where each row's first best block starts
+    lanes = torch.arange(block, device=logits.device)
+    ids = logits.gather(1, start[:, None] + lanes).max(dim=-1).indices.add_(start)  # (N,)
     if head < V:  # the last V % block logits; on a tie the earlier index stays
         tail = logits[:, head:].max(dim=-1)
         ids = torch.where(tail.values > best.values, tail.indices + head, ids)

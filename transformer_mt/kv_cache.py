@@ -46,16 +46,30 @@ class LayerCache:
         self._slot(kv, kv.shape[1:]).copy_(kv)
         return self._written()
 
+    def append_position(self, kv: torch.Tensor, rows: int) -> torch.Tensor:
+        """Write one new position's keys and values, kv (2, B·H, Dh) (any strides), B = `rows`, in one
+        copy; return all written so far as one view (2, B·H, length, Dh): fewer view operations per
+        decoding step than `append_self_kv` (the buffer is contiguous: made here or by `reorder`)."""
+        _, BH, Dh = kv.shape
+        self._reserve(kv, (rows, BH // rows, 1, Dh))
+        flat = self.kv.view(2, BH, self.capacity, Dh)
+        flat[:, :, self.length - 1].copy_(kv)
+        return flat[:, :, :self.length]
+
     def _slot(self, like: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         """The buffer's view (2, B, H, n, Dh) for n new positions of `shape` (B, H, n, Dh) (of `like`'s
         dtype and device); counts them written."""
+        self._reserve(like, shape)
+        return self.kv[:, :, :, self.length - shape[2]:self.length]
+
+    def _reserve(self, like: torch.Tensor, shape: tuple[int, int, int, int]) -> None:
+        """Count n new positions of `shape` (B, H, n, Dh) written, making the buffer on the first."""
         B, H, n, Dh = shape
         if self.length + n > self.capacity:
             raise ValueError(f"KV cache full: {self.length} + {n} positions exceed its capacity {self.capacity}")
         if self.kv is None:
             self.kv = like.new_empty(2, B, H, self.capacity, Dh)
         self.length += n
-        return self.kv[:, :, :, self.length - n:self.length]
 
     def _written(self) -> tuple[torch.Tensor, torch.Tensor]:
         written = self.kv[:, :, :, :self.length]

@@ -210,7 +210,8 @@ def test_quantize_int8_reaches_the_cpu_decoding_model_and_names_evaluates_output
     code, _, err = run_cli(["translate", "--run", str(tiny_run), "--quantize", "int8", "Good morning."], monkeypatch,
                            capsys, tiny_run.parent)
     assert code == 0 and seen[-1] == "int8", err
-    code, _, err = run_cli(["translate", "--run", str(tiny_run), "Good morning."], monkeypatch, capsys, tiny_run.parent)
+    code, _, err = run_cli(["translate", "--run", str(tiny_run), "--engine", "torch", "Good morning."], monkeypatch,
+                           capsys, tiny_run.parent)
     assert code == 0 and seen[-1] == "none", err  # the run's decode.quantize
     with pytest.raises(SystemExit) as exit_:
         run_cli(["translate", "--run", str(tiny_run), "--quantize", "int4", "hello"], monkeypatch, capsys,

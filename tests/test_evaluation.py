@@ -131,10 +131,11 @@ def test_a_length_penalty_option_reaches_beam_search_and_names_evaluates_output(
                            monkeypatch, capsys, tiny_run.parent)  # greedy (the run's beam 1): no penalty to name
     assert code == 0 and seen[-1] == (1, 1.5) and "beam 1;" in err, err
     assert not list((tiny_run / "evaluation").glob("*beam1.lp*"))
-    code, _, err = run_cli(["translate", "--run", str(tiny_run), "--beam", "2", "--length-penalty", "0", "hello"],
-                           monkeypatch, capsys, tiny_run.parent)
+    code, _, err = run_cli(["translate", "--run", str(tiny_run), "--engine", "torch", "--beam", "2",
+                            "--length-penalty", "0", "hello"], monkeypatch, capsys, tiny_run.parent)
     assert code == 0 and seen[-1] == (2, 0.0), err
-    code, _, err = run_cli(["translate", "--run", str(tiny_run), "hello"], monkeypatch, capsys, tiny_run.parent)
+    code, _, err = run_cli(["translate", "--run", str(tiny_run), "--engine", "torch", "hello"], monkeypatch, capsys,
+                           tiny_run.parent)
     assert code == 0 and seen[-1][1] == 0.6, err  # the run's decode.length_penalty
     for bad in ("-1", "nan", "x"):
         with pytest.raises(SystemExit) as exit_:  # argparse's usage error

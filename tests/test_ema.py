@@ -135,3 +135,16 @@ def test_ema_turned_on_at_a_resume_starts_from_the_resumed_weights(tiny_corpus: 
     assert trainer.ema.updates == 0
     for average, trained in zip(trainer.ema.model.parameters(), trainer.model.parameters()):
         assert torch.equal(average, trained)
+
+
+def test_the_ema_leaves_training_itself_alone(tiny_corpus: Path, tmp_path: Path):
+    """The average is read from the trained weights, never written back, and draws no random numbers:
+    a run with an EMA trains the same weights, update by update, as the run without."""
+    runs = {}
+    for decay in (0.0, 0.9):
+        runs[decay] = tmp_path / f"ema{decay}"
+        prepare_run_dir(runs[decay], resume=False, overwrite=False)
+        train(ema_run(tiny_corpus, ema_decay=decay), runs[decay], progress=False)
+    plain, with_ema = (load_checkpoint(runs[d] / "checkpoints" / "step_00000008.pt") for d in (0.0, 0.9))
+    for name, tensor in plain["model"].items():
+        assert torch.equal(tensor, with_ema["model"][name]), name

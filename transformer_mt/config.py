@@ -462,6 +462,16 @@ def with_defaults(saved: dict) -> dict:
     return filled
 
 
+def read_saved_config(path: Path) -> dict | None:
+    """A run's saved `config.yaml` as a plain dict, unchecked; None when it is missing, unreadable
+    or not a mapping (whoever asks then relies on the checkpoint's copy)."""
+    try:
+        saved = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
 def save_config(cfg: Config, path: Path) -> None:
     """Write the resolved config as YAML (the run directory's `config.yaml`)."""
     write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True))

@@ -7,10 +7,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from transformer_mt.checkpoint import CheckpointDir, check_tokenizers, load_checkpoint, translation_weights
-from transformer_mt.config import Config, config_to_dict, user_path, with_defaults
+from transformer_mt.config import Config, config_to_dict, read_saved_config, user_path, with_defaults
 from transformer_mt.errors import CheckpointError, ConfigError, UsageError
 from transformer_mt.run_layout import RunDir
 from transformer_mt.tokenization import TokenizerPair
@@ -71,11 +69,7 @@ def check_parent_settings(cfg: Config) -> None:
     instant: `tmt train` makes it before creating the new run's directory, so a refused start
     leaves nothing behind. An unreadable file is left to `load_parent`'s check of the checkpoint."""
     run_dir, path = parent_paths(cfg.train.init_from)
-    try:
-        saved = yaml.safe_load(RunDir(run_dir).config.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return
-    if isinstance(saved, dict):
+    if (saved := read_saved_config(RunDir(run_dir).config)) is not None:
         _refuse_conflicts(saved, cfg, run_dir, path)
 
 

@@ -8,10 +8,8 @@ import os
 import shutil
 from pathlib import Path
 
-import yaml
-
 from transformer_mt.checkpoint import CheckpointDir
-from transformer_mt.config import Config, config_to_dict, load_config, with_defaults
+from transformer_mt.config import Config, config_to_dict, load_config, read_saved_config, with_defaults
 from transformer_mt.errors import CheckpointError, ConfigError, TmtError, UsageError
 from transformer_mt.files import temp_file_target
 from transformer_mt.init_from import parent_paths
@@ -132,11 +130,7 @@ def check_saved_config(cfg: Config, run_dir: Path) -> None:
     unreadable file is left to that later check.
     """
     path = RunDir(run_dir).config
-    try:
-        saved = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return
-    if isinstance(saved, dict):
+    if (saved := read_saved_config(path)) is not None:
         resume_config_changes(with_defaults(saved), config_to_dict(cfg), path)
 
 

@@ -139,3 +139,23 @@ def test_tmt_data_draws_only_the_segmentation_its_report_describes(corpus: Path,
     assert code == 0, err
     assert variants == [0, 1]
     assert "2 cached segmentations" in out
+
+
+def test_tmt_data_on_a_dropout_run_reports_the_segmentation_the_run_trains_on(corpus: Path, tmp_path: Path,
+                                                                             monkeypatch, capsys):
+    """Dropout encoding is not seeded: `tmt data --run-dir` must read the run's cached first
+    segmentation, not draw a new one, or its lengths and batches differ from the run's own report."""
+    from tests.conftest import run_cli
+    from transformer_mt.config import save_config
+    from transformer_mt.run_layout import RunDir
+
+    cfg, run = dropout_config(corpus), tmp_path / "run"
+    *_, report = prepare_data(cfg, run)
+    save_config(cfg, RunDir(run).config)
+    cached = sorted(path.name for path in (run / "token_cache").iterdir())
+    code, out, err = run_cli(["data", "--config", str(RunDir(run).config), "--run-dir", str(run), "--quiet"],
+                             monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    assert f"with the tokenizers of {run}" in err
+    assert out.strip() == report.render().strip()
+    assert sorted(path.name for path in (run / "token_cache").iterdir()) == cached  # nothing written there

@@ -84,12 +84,22 @@ def tokenizer_file(cfg: Config, run_dir: Path) -> Path:
     return RunDir(run_dir).tokenizer_file(cfg.tokenizer.joint)
 
 
+def _copy_first_segmentation(run_dir: Path, scratch: Path) -> None:
+    """Copy the run's cached BPE-dropout segmentation of the first epoch (variant 1 of each corpus)
+    into `scratch`: dropout encoding is not seeded, so drawing it again would report other lengths
+    than the run trains on. A copy, not a link: nothing `tmt data` does may write into the run."""
+    for entry in sorted(RunDir(run_dir).token_cache.glob("train*.v1-*")):
+        if entry.is_dir():
+            shutil.copytree(entry, RunDir(scratch).token_cache / entry.name)
+
+
 def preview_report(cfg: Config, run_dir: Path, progress: bool) -> tuple[DataReport, list[str], bool]:
     """`tmt data`: the data report of `cfg` prepared in a temporary folder, leaving no file behind
     -> (report, notes for the user, whether `run_dir`'s tokenizers were used).
 
-    An existing run's tokenizers and carved split (`splits.json`) are copied there first when the
-    run was made from the same seed, data and tokenizer settings, so the report describes that run.
+    An existing run's tokenizers, carved split (`splits.json`) and first BPE-dropout segmentation
+    are copied there first when the run was made from the same seed, data and tokenizer settings,
+    so the report describes that run.
     """
     notes = []
     reuse = same_data_settings(cfg, run_dir)
@@ -98,6 +108,7 @@ def preview_report(cfg: Config, run_dir: Path, progress: bool) -> tuple[DataRepo
             for name in (RunDir.SPLITS, JOINT_FILE, SRC_FILE, TGT_FILE):
                 if (run_dir / name).is_file():
                     shutil.copyfile(run_dir / name, Path(scratch) / name)
+            _copy_first_segmentation(run_dir, Path(scratch))
         device_type = cfg.train.device if cfg.train.device != "auto" else pick_device().type
         if cfg.train.batch_tokens == "auto" and device_type == "cuda" and not torch.cuda.is_available():
             notes.append("train.batch_tokens auto: batches counted at 4,096 tokens here, as on a CPU; on a GPU "

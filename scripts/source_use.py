@@ -1,0 +1,81 @@
+"""How much a trained model takes from its source: the teacher-forced loss of a parallel text with
+the true sources, and with each sentence given the next sentence's source. A model that translates
+loses several nats per token when its sources are swapped; a decoder that has become a
+target-side language model (a stalled post-norm run, docs/results.md) loses little.
+
+    python scripts/source_use.py --checkpoint runs/x/checkpoints/step_00004096.pt \
+        --src ../shared/data/multi30k_en_de/tok/valid.en --tgt ../shared/data/multi30k_en_de/tok/valid.de
+
+Prints one JSON line: the mean negative log-likelihood in nats per target token (plain cross
+entropy, no label smoothing) with the true sources (`true`) and the shifted ones (`shifted`), and
+`source_use` = shifted - true. `--weights trained` scores a checkpoint's trained weights even when
+it also holds an EMA of them (`train.ema_decay`), which `tmt translate` would use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from transformer_mt.batching import make_batch
+from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.errors import TmtError
+from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.translator import Translator
+
+BATCH_SENTENCES = 64
+
+
+def mean_nll(model: torch.nn.Module, src: list[list[int]], tgt: list[list[int]]) -> float:
+    """Nats per target token (EOS included) of `tgt` given `src`, teacher-forced."""
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(src), BATCH_SENTENCES):
+            batch = make_batch(src[start:start + BATCH_SENTENCES], tgt[start:start + BATCH_SENTENCES],
+                               PAD_ID, BOS_ID, EOS_ID)
+            logits = model(batch.src_ids, batch.tgt_in_ids).float()
+            total += F.cross_entropy(logits.flatten(0, 1), batch.tgt_out_ids.flatten(), ignore_index=PAD_ID,
+                                     reduction="sum").item()
+            tokens += batch.n_tgt_tokens
+    return total / tokens
+
+
+def source_use(checkpoint: Path, src_lines: list[str], tgt_lines: list[str], weights: str = "translation") -> dict:
+    translator = Translator.from_run(checkpoint.parent.parent, checkpoint, device="cpu")
+    model = translator.model.eval()
+    if weights == "trained":
+        model.load_state_dict(load_checkpoint(checkpoint)["model"])
+    keep = model.positions.shape[0] - 1  # room for EOS / BOS
+    src = [ids[:keep] for ids in translator.tokenizers.encode_src(src_lines)]
+    tgt = [ids[:keep] for ids in translator.tokenizers.encode_tgt(tgt_lines)]
+    true, shifted = mean_nll(model, src, tgt), mean_nll(model, src[1:] + src[:1], tgt)
+    return {"checkpoint": str(checkpoint), "weights": weights, "sentences": len(src), "true": round(true, 4),
+            "shifted": round(shifted, 4), "source_use": round(shifted - true, 4)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint in a run's checkpoints/")
+    parser.add_argument("--src", type=Path, required=True, help="source sentences, one per line")
+    parser.add_argument("--tgt", type=Path, required=True, help="their reference translations, line by line")
+    parser.add_argument("--weights", choices=("translation", "trained"), default="translation",
+                        help="translation: what tmt translate uses (the EMA when there is one); trained: the trained weights")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    src_lines = args.src.read_text(encoding="utf-8").splitlines()
+    tgt_lines = args.tgt.read_text(encoding="utf-8").splitlines()
+    if len(src_lines) != len(tgt_lines) or len(src_lines) < 2:
+        raise SystemExit(f"source_use.py: {args.src} and {args.tgt} need the same number of lines, at least 2 "
+                         f"(got {len(src_lines)} and {len(tgt_lines)})")
+    try:
+        print(json.dumps(source_use(args.checkpoint, src_lines, tgt_lines, args.weights)))
+    except TmtError as err:  # a missing or damaged checkpoint, a run without its tokenizers
+        raise SystemExit(f"source_use.py: {err}") from None
+
+
+if __name__ == "__main__":
+    main()

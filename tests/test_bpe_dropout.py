@@ -79,6 +79,24 @@ def test_the_sampler_cuts_each_epoch_by_the_lengths_of_its_own_segmentation(corp
     assert sum(trainer.train_data.batch(b).n_tgt_tokens for b in first) == trainer.data_report.tgt_tokens_per_epoch
 
 
+def test_epochs_before_the_start_epoch_train_on_plain_bpe(corpus: Path, tmp_path: Path):
+    cfg = tiny_config(corpus, tokenizer={"bpe_dropout": 0.1, "bpe_dropout_variants": 2, "bpe_dropout_start_epoch": 2},
+                      train={"batch_tokens": 256})
+    prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
+    trainer = Trainer(cfg, tmp_path / "run", progress=False)
+    blocks = [set((np.concatenate(trainer.sampler.epoch_batches(epoch)) // len(MANY_PAIRS)).tolist())
+              for epoch in range(5)]
+    assert blocks == [{0}, {0}, {1}, {2}, {1}]  # plain BPE, then segmentation 1 + e mod 2 from epoch 2
+    # The report: the first epoch is plain BPE; the dropout line names the start and its token ratio.
+    plain_tokens = sum(len(ids) + 1 for ids in trainer.tokenizers.encode_tgt([t for _, t in MANY_PAIRS]))
+    report = trainer.data_report
+    assert report.tgt_tokens_per_epoch == plain_tokens
+    rate, variants, ratio, start = report.bpe_dropout
+    assert (rate, variants, start) == (0.1, 2, 2) and ratio > 1
+    assert "cycled by epoch from epoch 2;" in report.render()
+    assert report.to_dict()["bpe_dropout"]["start_epoch"] == 2
+
+
 def test_a_cached_segmentation_is_reused_not_drawn_again(corpus: Path, tmp_path: Path):
     # Encoding with dropout is not seeded: a second preparation (a resume) must read the cache.
     _, first, *_ = prepare_data(dropout_config(corpus), tmp_path / "run")
@@ -115,6 +133,7 @@ def test_training_with_bpe_dropout_resumes_exactly(corpus: Path, tmp_path: Path)
     ({"bpe_dropout": -0.1}, "tokenizer.bpe_dropout: must be in [0, 1) (0 = off), got -0.1"),
     ({"bpe_dropout": "lots"}, "tokenizer.bpe_dropout: expected a number, got 'lots' (str)"),
     ({"bpe_dropout_variants": 0}, "tokenizer.bpe_dropout_variants: must be at least 1, got 0"),
+    ({"bpe_dropout_start_epoch": -1}, "tokenizer.bpe_dropout_start_epoch: must be at least 0, got -1"),
 ])
 def test_a_bad_bpe_dropout_setting_is_one_clear_line(tokenizer, problem):
     with pytest.raises(ConfigError) as caught:

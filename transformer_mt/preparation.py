@@ -116,8 +116,8 @@ def preview_report(cfg: Config, run_dir: Path, progress: bool) -> tuple[DataRepo
         here = torch.device(device_type if device_type != "cuda" or torch.cuda.is_available() else "cpu")
         cfg, budget_note = resolve_batch_tokens(cfg, here)
         notes += [budget_note] if budget_note else []
-        # The report describes the first epoch, which trains on the first BPE-dropout segmentation:
-        # drawing the other ones here would only cost time.
+        # The report describes the first epoch and the first BPE-dropout segmentation: drawing the
+        # other ones here would only cost time.
         variants = cfg.tokenizer.bpe_dropout_variants
         report_cfg = dataclasses.replace(cfg, tokenizer=dataclasses.replace(cfg.tokenizer, bpe_dropout_variants=1))
         try:
@@ -127,5 +127,5 @@ def preview_report(cfg: Config, run_dir: Path, progress: bool) -> tuple[DataRepo
             err.args = tuple(str(arg).replace(scratch, str(run_dir)) for arg in err.args)
             raise
     if report.bpe_dropout is not None:
-        report = dataclasses.replace(report, bpe_dropout=(report.bpe_dropout[0], variants, report.bpe_dropout[2]))
+        report = dataclasses.replace(report, bpe_dropout=(report.bpe_dropout[0], variants, *report.bpe_dropout[2:]))
     return report, notes, reuse

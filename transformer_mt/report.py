@@ -74,8 +74,9 @@ class DataReport:
     - The tokens and batches per epoch are the first epoch's: its pairs (`data.corpora` weights)
       in its segmentation (with `tokenizer.bpe_dropout`, its dropout variant); `lengths` of train
       are plain BPE's.
-    - `bpe_dropout`: (rate, variants cycled by epoch, the first epoch's target tokens over the
-      same pairs' plain-BPE target tokens); None without BPE-dropout.
+    - `bpe_dropout`: (rate, variants cycled by epoch, the first dropout epoch's pairs' target
+      tokens in the first dropout segmentation over theirs in plain BPE, the first dropout epoch);
+      None without BPE-dropout.
     - `corpora`: per corpus of `data.corpora` (None with `data.path`): its path, training pairs,
       their target tokens (plain BPE, EOS included), its weight, and its share of an epoch's pairs.
     """
@@ -94,7 +95,7 @@ class DataReport:
     batch_tokens: int
     max_steps: int
     languages: dict[str, str]  # {"src": "en", "tgt": "it"}
-    bpe_dropout: tuple[float, int, float] | None = None
+    bpe_dropout: tuple[float, int, float, int] | None = None
     corpora: tuple[CorpusShare, ...] | None = None
 
     @property
@@ -114,8 +115,8 @@ class DataReport:
                 "valid_truncated": self.valid_truncated, "unk_rate": self.unk_rate, "word_coverage": self.word_coverage,
                 "src_tokens_per_epoch": self.src_tokens_per_epoch, "tgt_tokens_per_epoch": self.tgt_tokens_per_epoch,
                 "batches_per_epoch": self.batches_per_epoch, "steps_per_epoch": self.steps_per_epoch,
-                "bpe_dropout": None if self.bpe_dropout is None else dict(zip(("rate", "variants", "tgt_token_ratio"),
-                                                                            self.bpe_dropout)),
+                "bpe_dropout": None if self.bpe_dropout is None else dict(zip(
+                    ("rate", "variants", "tgt_token_ratio", "start_epoch"), self.bpe_dropout)),
                 "corpora": None if self.corpora is None else [dataclasses.asdict(c) for c in self.corpora]}
 
     def render(self) -> str:
@@ -138,9 +139,10 @@ class DataReport:
             [["until max_steps", f"{self.max_steps:,} steps = {self.epochs_to_max_steps:,.1f} epochs"]],
         ]
         if self.bpe_dropout is not None:
-            rate, variants, ratio = self.bpe_dropout
+            rate, variants, ratio, start = self.bpe_dropout
             blocks.insert(-2, [["BPE-dropout", f"{rate:g} on training pairs only, {variants} cached segmentations "
-                                               f"cycled by epoch; {ratio:.2f}x the plain BPE target tokens"]])
+                                               f"cycled by epoch{f' from epoch {start}' if start else ''}; "
+                                               f"{ratio:.2f}x the plain BPE target tokens"]])
         if self.corpora is not None:
             blocks.insert(1, [["corpora", "pairs", "target tokens", "weight", "share of an epoch"]]
                           + [[f"  {c.path}", f"{c.pairs:,}", f"{c.tgt_tokens:,}", f"{c.weight:g}",
@@ -200,19 +202,20 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: 
         batch_tokens=cfg.train.batch_tokens,
         max_steps=cfg.train.max_steps,
         languages={"src": cfg.data.src_lang, "tgt": cfg.data.tgt_lang},
-        bpe_dropout=_dropout_summary(cfg, train, first_epoch, epoch_tgt_tokens),
+        bpe_dropout=_dropout_summary(cfg, train),
         corpora=_corpus_shares(cfg, train, train_tgt) if cfg.data.corpora else None,
     )
 
 
-def _dropout_summary(cfg: Config, train: TokenizedSplit, first_epoch: np.ndarray,
-                     epoch_tgt_tokens: int) -> tuple[float, int, float] | None:
-    """(rate, variants, the first epoch's target tokens / the same pairs' in plain BPE), or None."""
+def _dropout_summary(cfg: Config, train: TokenizedSplit) -> tuple[float, int, float, int] | None:
+    """(rate, variants, the target tokens of the first dropout epoch's pairs in the first dropout
+    segmentation / in plain BPE, the first dropout epoch), or None."""
     if not cfg.tokenizer.bpe_dropout:
         return None
-    plain = first_epoch % len(train)  # the same pairs in block 0
-    return (cfg.tokenizer.bpe_dropout, cfg.tokenizer.bpe_dropout_variants,
-            epoch_tgt_tokens / max(int(train.tgt_len[plain].sum()) + len(plain), 1))
+    start = cfg.tokenizer.bpe_dropout_start_epoch
+    pairs = train.epoch_rows.pairs(start)  # rows of block 0 (plain BPE); block 1 holds the first segmentation
+    plain, dropped = (int(train.tgt_len[rows].sum()) + len(rows) for rows in (pairs, pairs + len(train)))
+    return cfg.tokenizer.bpe_dropout, cfg.tokenizer.bpe_dropout_variants, dropped / max(plain, 1), start
 
 
 def _corpus_shares(cfg: Config, train: TokenizedSplit, train_tgt: np.ndarray) -> tuple[CorpusShare, ...]:

@@ -30,13 +30,15 @@ class EpochRows:
     The table holds `variants + 1` blocks of `n_pairs` rows each: block 0 the pairs in plain BPE,
     block v (1..K) their v-th BPE-dropout segmentation, in the same order. Within a block, corpus
     c's pairs come after those of corpora 0..c-1 (`counts`). Epoch e draws the pairs
-    `corpus_mix.mixture` picks by `weights`, from block 1 + e mod K (block 0 without dropout).
+    `corpus_mix.mixture` picks by `weights`, from block 1 + e mod K (block 0 without dropout, or
+    before `start_epoch`).
     """
 
     counts: tuple[int, ...]  # training pairs of each corpus
     weights: tuple[float, ...]
     seed: int
     variants: int = 0  # K: BPE-dropout segmentations cycled by epoch; 0: plain BPE only
+    start_epoch: int = 0  # the first epoch on a dropout segmentation; earlier ones on plain BPE
 
     @property
     def n_pairs(self) -> int:
@@ -44,7 +46,7 @@ class EpochRows:
 
     def variant(self, epoch: int) -> int:
         """The block epoch `epoch` trains on: 0 (plain BPE), or a BPE-dropout variant 1..K."""
-        return 1 + epoch % self.variants if self.variants else 0
+        return 1 + epoch % self.variants if self.variants and epoch >= self.start_epoch else 0
 
     def pairs(self, epoch: int) -> np.ndarray:
         """(examples,) int64: the pair numbers (rows of block 0) of epoch `epoch`."""
@@ -85,10 +87,12 @@ def tokenize_training_split(cfg: Config, corpus: Corpus, tokenizers: TokenizerPa
     if variants == 0 and weights == (1.0,):
         return blocks[0][0]
     if variants:
-        logger.info("BPE-dropout %.2f: %d segmentations of the training split in the token cache, epoch e trains on "
+        start_epoch = cfg.tokenizer.bpe_dropout_start_epoch
+        logger.info("BPE-dropout %.2f: %d segmentations of the training split in the token cache, epoch e%s trains on "
                     "number 1 + e mod %d (%.1fs to read or encode them all)", cfg.tokenizer.bpe_dropout, variants,
-                    variants, time.perf_counter() - started)
-    plan = EpochRows(tuple(len(piece) for piece in blocks[0]), weights, cfg.seed, variants)
+                    f" >= {start_epoch}" if start_epoch else "", variants, time.perf_counter() - started)
+    plan = EpochRows(tuple(len(piece) for piece in blocks[0]), weights, cfg.seed, variants,
+                     cfg.tokenizer.bpe_dropout_start_epoch)
     if not sum(plan.pairs_per_epoch()):
         raise DataError("data.corpora: the weights give an epoch no training pairs; raise them")
     return TokenizedSplit(_concatenated([piece.dataset for block in blocks for piece in block]), cfg.model.max_len,

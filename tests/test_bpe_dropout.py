@@ -81,7 +81,7 @@ def test_the_sampler_cuts_each_epoch_by_the_lengths_of_its_own_segmentation(corp
 
 def test_epochs_before_the_start_epoch_train_on_plain_bpe(corpus: Path, tmp_path: Path):
     cfg = tiny_config(corpus, tokenizer={"bpe_dropout": 0.1, "bpe_dropout_variants": 2, "bpe_dropout_start_epoch": 2},
-                      train={"batch_tokens": 256})
+                      train={"batch_tokens": 256, "max_steps": 100})
     prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
     trainer = Trainer(cfg, tmp_path / "run", progress=False)
     blocks = [set((np.concatenate(trainer.sampler.epoch_batches(epoch)) // len(MANY_PAIRS)).tolist())
@@ -95,6 +95,11 @@ def test_epochs_before_the_start_epoch_train_on_plain_bpe(corpus: Path, tmp_path
     assert (rate, variants, start) == (0.1, 2, 2) and ratio > 1
     assert "cycled by epoch from epoch 2;" in report.render()
     assert report.to_dict()["bpe_dropout"]["start_epoch"] == 2
+    # Until max_steps: the plain epochs' updates, then epochs of the dropout segmentations' batch count.
+    dropout_batches = len(trainer.sampler.epoch_batches(2))
+    assert report.batches_per_epoch < dropout_batches == report.dropout_batches_per_epoch
+    plain_steps = 2 * report.steps_per_epoch
+    assert report.epochs_to_max_steps == pytest.approx(2 + (cfg.train.max_steps - plain_steps) / dropout_batches)
 
 
 def test_a_cached_segmentation_is_reused_not_drawn_again(corpus: Path, tmp_path: Path):

@@ -96,6 +96,7 @@ class DataReport:
     max_steps: int
     languages: dict[str, str]  # {"src": "en", "tgt": "it"}
     bpe_dropout: tuple[float, int, float, int] | None = None
+    dropout_batches_per_epoch: int | None = None  # an epoch's batches from a later bpe_dropout_start_epoch on
     corpora: tuple[CorpusShare, ...] | None = None
 
     @property
@@ -105,7 +106,12 @@ class DataReport:
 
     @property
     def epochs_to_max_steps(self) -> float:
-        return self.max_steps / self.steps_per_epoch
+        """Epochs in train.max_steps updates; with a later BPE-dropout start, epochs from it on hold
+        `dropout_batches_per_epoch` batches (more, smaller tokens) instead of the first epoch's."""
+        plain_steps = self.bpe_dropout[3] * self.steps_per_epoch if self.dropout_batches_per_epoch else self.max_steps
+        if self.max_steps <= plain_steps:
+            return self.max_steps / self.steps_per_epoch
+        return self.bpe_dropout[3] + (self.max_steps - plain_steps) * self.batches_per_step / self.dropout_batches_per_epoch
 
     def to_dict(self) -> dict:
         """The report as plain JSON values, for `summary.json`."""
@@ -203,6 +209,8 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: 
         max_steps=cfg.train.max_steps,
         languages={"src": cfg.data.src_lang, "tgt": cfg.data.tgt_lang},
         bpe_dropout=_dropout_summary(cfg, train),
+        dropout_batches_per_epoch=(len(sampler.epoch_batches(cfg.tokenizer.bpe_dropout_start_epoch))
+                                   if cfg.tokenizer.bpe_dropout and cfg.tokenizer.bpe_dropout_start_epoch else None),
         corpora=_corpus_shares(cfg, train, train_tgt) if cfg.data.corpora else None,
     )
 

@@ -135,12 +135,22 @@ def test_training_on_mixed_corpora_resumes_exactly(corpora, tmp_path: Path):
     ({"corpora": {"path": "a"}}, "data.corpora: expected a list of mappings, got {'path': 'a'} (dict)"),
     ({"path": "x", "corpora": [{"path": "a"}]},
      "data.corpora: given together with data.path; list every corpus under data.corpora (the first gives "
-     "validation and test), or use data.path alone"),
+     "validation and test), or use data.path alone (on the command line: --set data.path=null)"),
 ])
 def test_a_bad_corpora_entry_is_one_clear_line(data, problem):
     with pytest.raises(ConfigError) as caught:
         config_from_dict({"data": data})
     assert caught.value.problems == [problem]
+
+
+def test_a_config_with_data_path_switches_to_corpora_from_the_command_line(corpora, tmp_path: Path):
+    config_file = tmp_path / "single.yaml"
+    config_file.write_text(f"data:\n  path: {corpora[0]}\n", encoding="utf-8")
+    cfg = load_config(config_file, ["data.path=null", f"data.corpora=[{{path: {corpora[1]}, weight: 2}}]"])
+    assert cfg.data.path == "" and [(e.path, e.weight) for e in cfg.data.corpora] == [(str(corpora[1]), 2.0)]
+    with pytest.raises(ConfigError) as caught:  # null is no path at all when no corpora replace it
+        load_config(config_file, ["data.path=null"])
+    assert caught.value.problems[0].startswith("data.path: '' must name a hub dataset or a local directory")
 
 
 def test_a_corpus_that_cannot_be_read_is_named_by_its_entry(corpora, tmp_path: Path):

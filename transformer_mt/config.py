@@ -517,6 +517,7 @@ def _build(cls: type, raw: Any, prefix: str, problems: list[str], defaulted: lis
         return cls()
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
     for key in raw:
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
@@ -538,6 +539,8 @@ def _build(cls: type, raw: Any, prefix: str, problems: list[str], defaulted: lis
             values[name] = tuple(_build(_entry_type(hint), entry if entry is not None else {},
                                         f"{prefix}{name}[{i}].", problems, defaulted)
                                  for i, entry in enumerate(entries))
+        elif raw[name] is None and defaults[name] == "":  # `path:` or `--set data.path=null`: unset, as the default
+            values[name] = ""
         else:
             value, problem = _coerce(raw[name], hint)
             if problem:
@@ -651,7 +654,7 @@ def _check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
     if d.corpora:
         if d.path:
             check("data.corpora: given together with data.path; list every corpus under data.corpora (the first "
-                  "gives validation and test), or use data.path alone", "data.path")
+                  "gives validation and test), or use data.path alone (on the command line: --set data.path=null)", "data.path")
         for i, entry in enumerate(d.corpora):
             if not entry.path:
                 check(f"data.corpora[{i}].path: missing; each corpus needs a path (a hub dataset or a local directory)")

@@ -254,9 +254,11 @@ def test_the_kv_cache_written_in_one_copy_or_two_and_reordered_keeps_the_rows_as
     from transformer_mt.kv_cache import KVCache
 
     gen = torch.Generator().manual_seed(0)
-    one, two, flat = KVCache(1, 6), KVCache(1, 6), KVCache(1, 6)  # flat: one position at a time by append_position
+    one, two, flat = KVCache(1, 8), KVCache(1, 8), KVCache(1, 8)  # flat: one position at a time by append_position
     expected_k, expected_v = torch.empty(4, 2, 0, 3), torch.empty(4, 2, 0, 3)
-    for n, rows in [(2, [0, 1, 2, 3]), (1, [2, 2, 0, 1]), (1, [0, 1, 2, 3]), (1, [3, 1])]:
+    # A same-rows reorder leaves room for one position: the identity (no reorder) and two new
+    # positions after a reorder write past it, which moves the cache back to its full capacity.
+    for n, rows in [(2, [0, 1, 2, 3]), (1, [2, 2, 0, 1]), (1, [0, 1, 2, 3]), (2, [1, 0, 3, 2]), (1, [3, 1])]:
         if len(rows) < expected_k.shape[0]:  # fewer rows: sentences dropped, cross K/V selected too
             for cache in (one, two, flat):
                 cache.layers[0].cross_k = cache.layers[0].cross_v = torch.arange(4.0)
@@ -276,7 +278,7 @@ def test_the_kv_cache_written_in_one_copy_or_two_and_reordered_keeps_the_rows_as
         got_flat = written.view(2, len(rows), 2, -1, 3).unbind(0)
         for keys, values in (got_one, got_two, got_flat):
             assert torch.equal(keys, expected_k) and torch.equal(values, expected_v)
-    assert one.length == flat.length == 5
+    assert one.length == flat.length == 7
     with pytest.raises(ValueError, match="KV cache full"):
         one.layers[0].append_self_kv(torch.zeros(2, 2, 2, 2, 3))
     flat.layers[0].append_position(torch.zeros(2, 4, 3), 2)

@@ -11,23 +11,32 @@ import torch
 class LayerCache:
     """One decoder layer's cached keys and values, each (B, H, L, Dh).
 
-    Self-attention K/V live in one buffer `kv` (2, B, H, capacity, Dh) allocated on the first
-    step and written in place, so a step copies only its new position (growing them with
-    `torch.cat` would copy the whole prefix every step), with one copy when the caller has the
-    keys and values side by side (`append_self_kv`). A reorder that keeps the row count gathers
-    into a second buffer of the same shape and swaps the two: one copy, not a gather and a copy back.
+    Self-attention K/V live in one buffer `kv` (2, B, H, span, Dh), a view of the flat `store`
+    that has room for `capacity` positions; made on the first step with span = capacity and
+    written in place, so a step copies only its new position (growing them with `torch.cat`
+    would copy the whole prefix every step), with one copy when the caller has the keys and
+    values side by side (`append_self_kv`).
+
+    A reorder that keeps the row count (beam search: every step) gathers the written positions
+    into a second store and swaps the two: one copy, not a gather and a copy back. It lays them
+    out with span = written + 1, the room for the next step's position, so that the gather and
+    the next step's attention read contiguous rows; at span = capacity they read each head's
+    positions as short runs strided over the whole buffer (CPU, beam 4 at batch 32: the gathers
+    took 1.35x and the attention products 2.4x as long, the whole search 1.13x; docs/benchmarks.md).
+    A write past the span first moves the written positions to span = capacity.
     """
 
     capacity: int
     length: int = 0  # positions written so far
-    kv: torch.Tensor | None = None  # (2, B, H, capacity, Dh): keys, then values
-    spare: torch.Tensor | None = None  # kv's shape: where the next same-size reorder gathers into
+    kv: torch.Tensor | None = None  # (2, B, H, span, Dh), contiguous, in `store`: keys, then values
+    store: torch.Tensor | None = None  # flat, 2·B·H·capacity·Dh elements
+    spare: torch.Tensor | None = None  # `store`'s size: where the next same-size reorder gathers into
     cross_k: torch.Tensor | None = None  # (B, H, S, Dh), computed once from the encoder memory
     cross_v: torch.Tensor | None = None
 
     @property
     def self_k(self) -> torch.Tensor | None:
-        """(B, H, capacity, Dh), of which the first `length` positions are written."""
+        """(B, H, span, Dh), of which the first `length` positions are written."""
         return None if self.kv is None else self.kv[0]
 
     @property
@@ -49,10 +58,10 @@ class LayerCache:
     def append_position(self, kv: torch.Tensor, rows: int) -> torch.Tensor:
         """Write one new position's keys and values, kv (2, B·H, Dh) (any strides), B = `rows`, in one
         copy; return all written so far as one view (2, B·H, length, Dh): fewer view operations per
-        decoding step than `append_self_kv` (the buffer is contiguous: made here or by `reorder`)."""
+        decoding step than `append_self_kv`."""
         _, BH, Dh = kv.shape
         self._reserve(kv, (rows, BH // rows, 1, Dh))
-        flat = self.kv.view(2, BH, self.capacity, Dh)
+        flat = self.kv.view(2, BH, self.kv.shape[3], Dh)
         flat[:, :, self.length - 1].copy_(kv)
         return flat[:, :, :self.length]
 
@@ -68,8 +77,27 @@ class LayerCache:
         if self.length + n > self.capacity:
             raise ValueError(f"KV cache full: {self.length} + {n} positions exceed its capacity {self.capacity}")
         if self.kv is None:
-            self.kv = like.new_empty(2, B, H, self.capacity, Dh)
+            self.store = like.new_empty(2 * B * H * self.capacity * Dh)
+            self.kv = self.store.view(2, B, H, self.capacity, Dh)
+        elif self.length + n > self.kv.shape[3]:  # past a reorder's span: the written part to span = capacity
+            self._move(None, self.capacity)
         self.length += n
+
+    def _move(self, indices: torch.Tensor | None, span: int) -> None:
+        """Lay the written positions of rows `indices` (all rows: None) out at `span` in the spare
+        store (same rows) or a new one, which becomes `store`."""
+        _, B, H, _, Dh = self.kv.shape
+        rows = B if indices is None else indices.shape[0]
+        if rows != B:
+            self.spare = None  # the old stores are the wrong size
+        target = self.spare if self.spare is not None else self.kv.new_empty(2 * rows * H * self.capacity * Dh)
+        moved = target[:2 * rows * H * span * Dh].view(2, rows, H, span, Dh)
+        n, written = self.length, self.kv[:, :, :, :self.length]
+        if indices is None:
+            moved[:, :, :, :n].copy_(written)
+        else:
+            torch.index_select(written, 1, indices, out=moved[:, :, :, :n])
+        self.kv, self.store, self.spare = moved, target, (self.store if rows == B else None)
 
     def _written(self) -> tuple[torch.Tensor, torch.Tensor]:
         written = self.kv[:, :, :, :self.length]
@@ -78,14 +106,10 @@ class LayerCache:
     def reorder(self, indices: torch.Tensor, cross: bool) -> None:
         """Keep batch rows `indices` (long, (B',)) in that order; see `KVCache.reorder`."""
         if self.kv is not None:
-            n = self.length
-            if indices.shape[0] == self.kv.shape[1]:  # same rows: gather the written part into the spare buffer
-                if self.spare is None:
-                    self.spare = torch.empty_like(self.kv)
-                torch.index_select(self.kv[:, :, :, :n], 1, indices, out=self.spare[:, :, :, :n])
-                self.kv, self.spare = self.spare, self.kv
-            else:
-                self.kv, self.spare = self.kv.index_select(1, indices), None
+            same_rows = indices.shape[0] == self.kv.shape[1]
+            # Same rows: beam search, which writes one position before its next reorder. Fewer
+            # rows: sentences dropped; greedy decoding writes every later position in place.
+            self._move(indices, min(self.length + 1, self.capacity) if same_rows else self.capacity)
         if cross and self.cross_k is not None:
             self.cross_k = self.cross_k.index_select(0, indices)
             self.cross_v = self.cross_v.index_select(0, indices)

@@ -15,7 +15,8 @@ tokens per second. Engines that decode the same batches are timed interleaved, b
 in rotating order, so a change in the machine's load during the run hits them alike; CPU
 time (process time, all threads) is reported beside wall time. On a CPU, greedy decoding is also
 timed with int8 weights: tmt's `decode.quantize: int8` against CTranslate2's `compute_type="int8"`
-(`--no-int8` leaves them out).
+(`--no-int8` leaves them out), and at batch size 1 in fp32 with tmt's numpy engine too, what `tmt
+translate` runs for up to 32 sentences (`--engine auto`), one sentence at a time.
 
     python scripts/bench_decode.py                                   # demo corpus, cpu-small, 1 thread
     python scripts/bench_decode.py --data /work/shared/data/multi30k_en_de
@@ -46,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from transformer_mt.architectures import build_model
@@ -59,6 +61,8 @@ from transformer_mt.evaluation import translate_ids
 from transformer_mt.export import export_ctranslate2
 from transformer_mt.graph_decoding import StepGraphs, static_beam_search, static_greedy_decode
 from transformer_mt.model import Transformer
+from transformer_mt.numpy_decoder import NumpyTransformer, greedy_search
+from transformer_mt.numpy_translator import EngineUnavailable, NumpyTranslator
 from transformer_mt.run_layout import RunDir
 from transformer_mt.runtime import AttentionKernels, pick_attention, pick_device, pick_precision, warn_attention_fallbacks
 from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
@@ -228,6 +232,22 @@ def tmt_engine(model: Transformer, device: torch.device, precision, attention: A
     return run
 
 
+def numpy_engine(model: NumpyTransformer, n_tokens: int) -> Callable:
+    """Greedy decoding as `numpy_decoder.greedy_search` runs it, one sentence at a time, with EOS
+    made impossible."""
+    def run(ids: list[list[int]], tokens: list[list[str]]) -> list[int]:
+        lengths = []
+        for src in ids:
+            state, token = model.start(model.encode(src), 1, n_tokens), BOS_ID
+            for _ in range(n_tokens):
+                logits = model.step(state, np.array([token]))
+                logits[:, EOS_ID] = -np.inf
+                token = int(logits[0].argmax())
+            lengths.append(state.length)
+        return lengths
+    return run
+
+
 def ct2_engine(translator, n_tokens: int, *, beam: int) -> Callable:
     def run(ids: list[list[int]], tokens: list[list[str]]) -> list[int]:
         results = translator.translate_batch(tokens, beam_size=beam, max_decoding_length=n_tokens,
@@ -303,16 +323,53 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def same_greedy_output(model: Transformer, translator, tokenizers: TokenizerPair, batches: list,
-                       device: torch.device, precision, n_tokens: int) -> tuple[int, int]:
-    """(sentences of the first batch where both engines' natural greedy output agrees, sentences compared)."""
-    ids, tokens = batches[0]
+def greedy_outputs(model: Transformer, batch: tuple, device: torch.device, precision, n_tokens: int) -> list[list[int]]:
+    """tmt's natural greedy output (EOS when the model picks it) for one batch."""
     with precision.autocast():
-        expected = greedy_decode(model, pad_sequences(ids, PAD_ID).to(device), bos_id=BOS_ID, eos_id=EOS_ID,
-                                 max_len_a=0, max_len_b=n_tokens)
-    results = translator.translate_batch(tokens, beam_size=1, max_decoding_length=n_tokens, min_decoding_length=0)
+        return greedy_decode(model, pad_sequences(batch[0], PAD_ID).to(device), bos_id=BOS_ID, eos_id=EOS_ID,
+                             max_len_a=0, max_len_b=n_tokens)
+
+
+def same_greedy_output(expected: list[list[int]], translator, tokenizers: TokenizerPair, batch: tuple,
+                       n_tokens: int) -> int:
+    """Sentences of `batch` where CTranslate2's natural greedy output is tmt's `expected`."""
+    results = translator.translate_batch(batch[1], beam_size=1, max_decoding_length=n_tokens, min_decoding_length=0)
     got = [[tokenizers.tgt.token_to_id(token) for token in r.hypotheses[0]] for r in results]
-    return sum(a == b for a, b in zip(expected, got)), len(expected)
+    return sum(a == b for a, b in zip(expected, got))
+
+
+def same_numpy_output(expected: list[list[int]], model: NumpyTransformer, batch: tuple, n_tokens: int) -> int:
+    """Sentences of `batch` where the numpy engine's natural greedy output is torch's `expected`."""
+    decode = DecodeConfig(beam_size=1, max_len_a=0, max_len_b=n_tokens)
+    return sum(greedy_search(model, src, decode, bos_id=BOS_ID, eos_id=EOS_ID) == want
+               for src, want in zip(batch[0], expected))
+
+
+def output_checks(decoder: Transformer, translator, numpy_decoder: NumpyTransformer | None, tokenizers: TokenizerPair,
+                  sources: list[str], device: torch.device, precision, n_tokens: int) -> dict[str, str | None]:
+    """Natural greedy outputs (EOS when the model picks it) of 32 sentences against torch's: of
+    CTranslate2 and of the numpy engine, each "agreeing/compared" (None: not run)."""
+    checks = {"same_greedy_output": None, "same_numpy_output": None}
+    if translator is None and numpy_decoder is None:
+        return checks
+    batch = source_batches(sources, tokenizers, 32, 32, decoder.cfg.max_len)[0]
+    expected = greedy_outputs(decoder, batch, device, precision, n_tokens)
+    if translator is not None:
+        checks["same_greedy_output"] = f"{same_greedy_output(expected, translator, tokenizers, batch, n_tokens)}/32"
+        print(f"# same greedy output as ct2 (natural EOS, no suppression): {checks['same_greedy_output']} sentences")
+    if numpy_decoder is not None:
+        checks["same_numpy_output"] = f"{same_numpy_output(expected, numpy_decoder, batch, n_tokens)}/32"
+        print(f"# same greedy output from the numpy engine: {checks['same_numpy_output']} sentences")
+    return checks
+
+
+def numpy_model(run_dir: Path) -> NumpyTransformer | None:
+    """The numpy engine's model of the run, as `tmt translate` loads it, or None with a note."""
+    try:
+        return NumpyTranslator.from_run(run_dir).model
+    except EngineUnavailable as err:
+        print(f"# numpy engine: left out ({err}); its figures are null")
+        return None
 
 
 # --- main --------------------------------------------------------------------------------------
@@ -366,6 +423,9 @@ def main(argv: list[str] | None = None) -> None:
                                                  intra_threads=args.threads, inter_threads=1, compute_type="int8")
         vocab_size = tokenizers.src.get_vocab_size()
         marian = build_marian(model.cfg, vocab_size).to(device) if with_hf else None
+        # `tmt translate`'s engine for a few sentences: fp32, on a CPU, one sentence at a time.
+        numpy_decoder = (numpy_model(run_dir) if device.type == "cpu" and args.precision == "fp32" and 1 in batch_sizes
+                         else None)
         _, _, sources = read_corpus(args.data, args.src_lang)
         setup_s = time.perf_counter() - setup_started
         print(f"# {args.preset}: d_model={model.cfg.d_model} "
@@ -375,12 +435,7 @@ def main(argv: list[str] | None = None) -> None:
               + (f" (Marian {marian.num_parameters() / 1e6:.1f}M)" if marian is not None else "")
               + f"; {len(sources)} test sources; attention {attention.names or 'PyTorch chooses'}; setup {setup_s:.1f}s")
 
-        agree = compared = None
-        if translator is not None:
-            check_batches = source_batches(sources, tokenizers, 32, 32, model.cfg.max_len)
-            agree, compared = same_greedy_output(decoder, translator, tokenizers, check_batches, device, precision,
-                                                 n_tokens)
-            print(f"# same greedy output as ct2 (natural EOS, no suppression): {agree}/{compared} sentences")
+        checks = output_checks(decoder, translator, numpy_decoder, tokenizers, sources, device, precision, n_tokens)
 
         test_figure = None
         if args.test_beam:
@@ -408,6 +463,8 @@ def main(argv: list[str] | None = None) -> None:
                                                                   beam=1, use_cache=True)))
                 if translator_int8 is not None:
                     greedy.append(("ct2 greedy, int8", ct2_engine(translator_int8, n_tokens, beam=1)))
+                if numpy_decoder is not None and batch_size == 1:
+                    greedy.append(("tmt greedy, numpy", numpy_engine(numpy_decoder, n_tokens)))
                 if marian is not None:
                     greedy.append(("hf_marian greedy", hf_engine(marian, device, precision, attention, n_tokens, beam=1)))
                     beams.append((f"hf_marian beam {BEAM}", hf_engine(marian, device, precision, attention, n_tokens,
@@ -430,8 +487,8 @@ def main(argv: list[str] | None = None) -> None:
             for hook in hooks:
                 hook.remove()
 
-    print(json.dumps(summary(args, device, precision, attention, vocab_size, model, timings, batch_sizes, agree,
-                             compared, engines, test_figure)))
+    print(json.dumps(summary(args, device, precision, attention, vocab_size, model, timings, batch_sizes, checks,
+                             engines, test_figure)))
 
 
 def time_test_split(model: Transformer, tokenizers: TokenizerPair, sources: list[str], args: argparse.Namespace,
@@ -463,7 +520,7 @@ def _ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:
     return round(a / b, digits) if a is not None and b is not None else None
 
 
-def summary(args, device, precision, attention, vocab_size, model, timings, batch_sizes, agree, compared, engines,
+def summary(args, device, precision, attention, vocab_size, model, timings, batch_sizes, checks, engines,
             test_figure) -> dict:
     by_batch: dict[str, dict] = {}
     for batch_size in batch_sizes:
@@ -474,6 +531,7 @@ def summary(args, device, precision, attention, vocab_size, model, timings, batc
         ct2, ct2_beam = rate.get("ct2 greedy"), rate.get(f"ct2 beam {BEAM}")
         hf, hf_beam = rate.get("hf_marian greedy"), rate.get(f"hf_marian beam {BEAM}")
         int8, ct2_int8 = rate.get("tmt greedy, int8"), rate.get("ct2 greedy, int8")
+        numpy = rate.get("tmt greedy, numpy")
         by_batch[str(batch_size)] = {
             "cached_tokens_per_s": round(greedy, 1),
             "uncached_tokens_per_s": round(rate["tmt greedy, uncached"], 1),
@@ -484,6 +542,7 @@ def summary(args, device, precision, attention, vocab_size, model, timings, batc
             "hf_marian_beam4_tokens_per_s": hf_beam and round(hf_beam, 1),
             "int8_tokens_per_s": int8 and round(int8, 1),
             "ct2_int8_tokens_per_s": ct2_int8 and round(ct2_int8, 1),
+            "numpy_tokens_per_s": numpy and round(numpy, 1),
             "cache_speedup": round(greedy / rate["tmt greedy, uncached"], 2),
             "tmt_vs_ct2": _ratio(greedy, ct2),
             "tmt_beam4_vs_ct2": _ratio(beam, ct2_beam),
@@ -492,6 +551,8 @@ def summary(args, device, precision, attention, vocab_size, model, timings, batc
             "tmt_int8_vs_ct2_int8": _ratio(int8, ct2_int8),
             "tmt_int8_vs_tmt_fp32": _ratio(int8, greedy),
             "tmt_int8_vs_ct2_int8_cpu_time": _ratio(cpu_rate.get("tmt greedy, int8"), cpu_rate.get("ct2 greedy, int8")),
+            "tmt_numpy_vs_ct2": _ratio(numpy, ct2),
+            "tmt_numpy_vs_ct2_cpu_time": _ratio(cpu_rate.get("tmt greedy, numpy"), cpu_rate.get("ct2 greedy")),
             "tmt_vs_hf_marian_greedy": _ratio(greedy, hf),
             "tmt_vs_hf_marian_beam4": _ratio(beam, hf_beam),
             "sentences": sentences,
@@ -511,7 +572,7 @@ def summary(args, device, precision, attention, vocab_size, model, timings, batc
         "data": args.data.name,
         "vocab_size": vocab_size,
         "parameters": model.num_parameters(),
-        "same_greedy_output": f"{agree}/{compared}" if compared else None,
+        **checks,
         "torch": torch.__version__,
         "ctranslate2": engines["ct2"].__version__ if "ct2" in engines else None,
         "transformers": engines["hf_marian"].__version__ if "hf_marian" in engines else None,

@@ -45,6 +45,12 @@ def test_without_ctranslate2_or_transformers_installed_tmt_is_timed_and_their_fi
     for key in ("cached_tokens_per_s", "uncached_tokens_per_s", "beam4_tokens_per_s", "int8_tokens_per_s",
                 "tmt_int8_vs_tmt_fp32"):
         assert result[key] > 0 and result["by_batch_size"]["1"][key] > 0
+    # The numpy engine (`tmt translate`'s for a few sentences) is timed at batch 1 only, and its
+    # natural greedy output checked against torch's.
+    assert result["by_batch_size"]["1"]["numpy_tokens_per_s"] > 0 and result["numpy_tokens_per_s"] is None
+    assert result["by_batch_size"]["1"]["sentences"]["tmt greedy, numpy"] == 8
+    agree, compared = map(int, result["same_numpy_output"].split("/"))
+    assert compared == 32 and agree >= 30  # the same weights in another engine: a near tie may split one
     for key in ("ct2_tokens_per_s", "tmt_vs_ct2", "tmt_beam4_vs_ct2", "ct2_int8_tokens_per_s", "tmt_int8_vs_ct2_int8",
                 "tmt_vs_hf_marian_greedy",
                 "tmt_vs_hf_marian_beam4", "ctranslate2", "transformers", "same_greedy_output"):
@@ -60,6 +66,7 @@ def test_with_ctranslate2_its_ratios_are_measured_and_both_run_the_same_weights(
     monkeypatch.setitem(sys.modules, "transformers", None)
     _, result = run(bench, [], capsys)
     assert result["tmt_vs_ct2"] > 0 and result["tmt_beam4_vs_ct2"] > 0 and result["ctranslate2"]
+    assert result["by_batch_size"]["1"]["tmt_numpy_vs_ct2"] > 0 and result["tmt_numpy_vs_ct2"] is None
     assert result["tmt_int8_vs_ct2_int8"] > 0 and result["by_batch_size"]["1"]["tmt_int8_vs_ct2_int8"] > 0
     agree, compared = map(int, result["same_greedy_output"].split("/"))
     assert compared == 32 and agree >= 30  # the same weights: greedy outputs agree (a near tie may split one)
@@ -79,6 +86,7 @@ def test_no_int8_leaves_the_int8_engines_out(bench, capsys, monkeypatch):
     lines, result = run(bench, ["--no-int8", "--batch-sizes", "32"], capsys)
     assert result["int8_tokens_per_s"] is None and result["tmt_int8_vs_ct2_int8"] is None
     assert not any("int8" in line for line in lines[:-1])
+    assert result["same_numpy_output"] is None and not any("numpy" in line for line in lines[:-1])  # no batch 1
 
 
 def test_an_unknown_engine_to_leave_out_is_one_clear_line(bench):

@@ -355,10 +355,11 @@ def output_checks(decoder: Transformer, translator, numpy_decoder: NumpyTransfor
     batch = source_batches(sources, tokenizers, 32, 32, decoder.cfg.max_len)[0]
     expected = greedy_outputs(decoder, batch, device, precision, n_tokens)
     if translator is not None:
-        checks["same_greedy_output"] = f"{same_greedy_output(expected, translator, tokenizers, batch, n_tokens)}/32"
+        agree = same_greedy_output(expected, translator, tokenizers, batch, n_tokens)
+        checks["same_greedy_output"] = f"{agree}/{len(expected)}"
         print(f"# same greedy output as ct2 (natural EOS, no suppression): {checks['same_greedy_output']} sentences")
     if numpy_decoder is not None:
-        checks["same_numpy_output"] = f"{same_numpy_output(expected, numpy_decoder, batch, n_tokens)}/32"
+        checks["same_numpy_output"] = f"{same_numpy_output(expected, numpy_decoder, batch, n_tokens)}/{len(expected)}"
         print(f"# same greedy output from the numpy engine: {checks['same_numpy_output']} sentences")
     return checks
 

@@ -88,16 +88,16 @@ class LayerCache:
         store (same rows) or a new one, which becomes `store`."""
         _, B, H, _, Dh = self.kv.shape
         rows = B if indices is None else indices.shape[0]
-        if rows != B:
-            self.spare = None  # the old stores are the wrong size
-        target = self.spare if self.spare is not None else self.kv.new_empty(2 * rows * H * self.capacity * Dh)
+        same_rows = rows == B  # else the old stores are the wrong size
+        reuse = self.spare if same_rows else None
+        target = reuse if reuse is not None else self.kv.new_empty(2 * rows * H * self.capacity * Dh)
         moved = target[:2 * rows * H * span * Dh].view(2, rows, H, span, Dh)
         n, written = self.length, self.kv[:, :, :, :self.length]
         if indices is None:
             moved[:, :, :, :n].copy_(written)
         else:
             torch.index_select(written, 1, indices, out=moved[:, :, :, :n])
-        self.kv, self.store, self.spare = moved, target, (self.store if rows == B else None)
+        self.kv, self.store, self.spare = moved, target, (self.store if same_rows else None)
 
     def _written(self) -> tuple[torch.Tensor, torch.Tensor]:
         written = self.kv[:, :, :, :self.length]

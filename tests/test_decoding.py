@@ -279,6 +279,9 @@ def test_the_kv_cache_written_in_one_copy_or_two_and_reordered_keeps_the_rows_as
         for keys, values in (got_one, got_two, got_flat):
             assert torch.equal(keys, expected_k) and torch.equal(values, expected_v)
     assert one.length == flat.length == 7
+    fresh = KVCache(1, 8).layers[0]
+    fresh.append_position(torch.zeros(2, 4, 3), 2)
+    assert fresh.kv[0, :, :, 0].is_contiguous()  # position-major: a step writes one contiguous block
     with pytest.raises(ValueError, match="KV cache full"):
         one.layers[0].append_self_kv(torch.zeros(2, 2, 2, 2, 3))
     flat.layers[0].append_position(torch.zeros(2, 4, 3), 2)

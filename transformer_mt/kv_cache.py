@@ -15,20 +15,25 @@ class LayerCache:
     that has room for `capacity` positions; made on the first step with span = capacity and
     written in place, so a step copies only its new position (growing them with `torch.cat`
     would copy the whole prefix every step), with one copy when the caller has the keys and
-    values side by side (`append_self_kv`).
+    values side by side (`append_self_kv`). At span = capacity the store is position-major,
+    (2, capacity, B, H, Dh) in memory: a step's new position is one contiguous block, and
+    attention reads each (row, head) as runs of Dh at a stride BLAS takes as a leading dimension
+    (CPU greedy at batch 32: 0.96x the time of the block layout, (2, B, H, capacity, Dh) in
+    memory, whose writes touch B·H separate runs; docs/benchmarks.md).
 
     A reorder that keeps the row count (beam search: every step) gathers the written positions
     into a second store and swaps the two: one copy, not a gather and a copy back. It lays them
-    out with span = written + 1, the room for the next step's position, so that the gather and
-    the next step's attention read contiguous rows; at span = capacity they read each head's
-    positions as short runs strided over the whole buffer (CPU, beam 4 at batch 32: the gathers
-    took 1.35x and the attention products 2.4x as long, the whole search 1.13x; docs/benchmarks.md).
-    A write past the span first moves the written positions to span = capacity.
+    out block by block with span = written + 1, the room for the next step's position, so that
+    the gather and the next step's attention read contiguous rows; at span = capacity they read
+    each head's positions as short runs strided over the whole buffer (CPU, beam 4 at batch 32:
+    the gathers took 1.35x and the attention products 2.4x as long, the whole search 1.13x;
+    docs/benchmarks.md). A write past the span first moves the written positions back to span =
+    capacity, position-major.
     """
 
     capacity: int
     length: int = 0  # positions written so far
-    kv: torch.Tensor | None = None  # (2, B, H, span, Dh), contiguous, in `store`: keys, then values
+    kv: torch.Tensor | None = None  # (2, B, H, span, Dh), in `store` (`_laid_out`): keys, then values
     store: torch.Tensor | None = None  # flat, 2·B·H·capacity·Dh elements
     spare: torch.Tensor | None = None  # `store`'s size: where the next same-size reorder gathers into
     cross_k: torch.Tensor | None = None  # (B, H, S, Dh), computed once from the encoder memory
@@ -78,7 +83,7 @@ class LayerCache:
             raise ValueError(f"KV cache full: {self.length} + {n} positions exceed its capacity {self.capacity}")
         if self.kv is None:
             self.store = like.new_empty(2 * B * H * self.capacity * Dh)
-            self.kv = self.store.view(2, B, H, self.capacity, Dh)
+            self.kv = self._laid_out(self.store, B, H, self.capacity, Dh)
         elif self.length + n > self.kv.shape[3]:  # past a reorder's span: the written part to span = capacity
             self._move(None, self.capacity)
         self.length += n
@@ -91,13 +96,20 @@ class LayerCache:
         same_rows = rows == B  # else the old stores are the wrong size
         reuse = self.spare if same_rows else None
         target = reuse if reuse is not None else self.kv.new_empty(2 * rows * H * self.capacity * Dh)
-        moved = target[:2 * rows * H * span * Dh].view(2, rows, H, span, Dh)
+        moved = self._laid_out(target, rows, H, span, Dh)
         n, written = self.length, self.kv[:, :, :, :self.length]
         if indices is None:
             moved[:, :, :, :n].copy_(written)
         else:
             torch.index_select(written, 1, indices, out=moved[:, :, :, :n])
         self.kv, self.store, self.spare = moved, target, (self.store if same_rows else None)
+
+    def _laid_out(self, store: torch.Tensor, B: int, H: int, span: int, Dh: int) -> torch.Tensor:
+        """The buffer (2, B, H, span, Dh) in `store`: position-major, (2, span, B, H, Dh) in memory, at
+        span = capacity; else block by block, (2, B, H, span, Dh) in memory."""
+        if span == self.capacity:
+            return store.view(2, span, B, H, Dh).permute(0, 2, 3, 1, 4)
+        return store[:2 * B * H * span * Dh].view(2, B, H, span, Dh)
 
     def _written(self) -> tuple[torch.Tensor, torch.Tensor]:
         written = self.kv[:, :, :, :self.length]

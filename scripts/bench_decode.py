@@ -200,12 +200,25 @@ def spread_subset(batches: list, n_sentences: int) -> list:
     return [full[round(i * (len(full) - 1) / (k - 1))] for i in range(k)] if k > 1 else full[:1]
 
 
-def suppress_eos(model: Transformer) -> torch.utils.hooks.RemovableHandle:
-    """Make EOS impossible, so every sentence runs to the length cap."""
-    def hook(module, inputs, logits):
-        logits[..., EOS_ID] = torch.finfo(logits.dtype).min
-        return logits
-    return model.output_proj.register_forward_hook(hook)
+class EosSuppression:
+    """Make EOS impossible, so every sentence runs to the length cap: in the logits (beam search,
+    sampling) and among greedy decoding's forbidden tokens (`decode_best`, which may not compute
+    every logit). `remove()` undoes both."""
+
+    def __init__(self, model: Transformer):
+        def hook(module, inputs, logits):
+            logits[..., EOS_ID] = torch.finfo(logits.dtype).min
+            return logits
+
+        def decode_best(tgt_ids, memory, src_mask, cache=None, forbidden_ids=(), step=model.decode_best):
+            return step(tgt_ids, memory, src_mask, cache, (*forbidden_ids, EOS_ID))
+
+        self.model, self.handle = model, model.output_proj.register_forward_hook(hook)
+        model.decode_best = decode_best
+
+    def remove(self) -> None:
+        self.handle.remove()
+        del self.model.decode_best  # the class's method again
 
 
 # --- engines: each decodes one batch and returns the generated lengths ------------------------
@@ -444,7 +457,7 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(test_figure), flush=True)
 
         timings: list[Timing] = []
-        hooks = [suppress_eos(m) for m in (decoder, decoder_int8) if m is not None]
+        hooks = [EosSuppression(m) for m in (decoder, decoder_int8) if m is not None]
         try:
             for batch_size in batch_sizes:
                 n = args.n_batch1 if batch_size == 1 else args.n_sentences

@@ -12,9 +12,9 @@ from tests.conftest import run_cli
 from tests.test_evaluation import tiny_run  # noqa: F401  (a fixture: a tiny trained run)
 
 from transformer_mt.config import ModelConfig
-from transformer_mt.cpu_decoding import CpuDecodingTransformer, DecodingLinear, Int8Linear, decoding_model, \
-    onednn_available
-from transformer_mt.decoding import Sampling, beam_search, best_tokens, greedy_decode, sample_decode
+from transformer_mt.cpu_decoding import ArgmaxScreen, CpuDecodingTransformer, DecodingLinear, Int8Linear, best_tokens, \
+    decoding_model, onednn_available
+from transformer_mt.decoding import Sampling, beam_search, greedy_decode, sample_decode
 from transformer_mt.errors import UsageError
 from transformer_mt.model import Transformer
 from transformer_mt.translator import Translator
@@ -248,3 +248,58 @@ def test_int8_on_a_torch_without_its_quantized_ops_is_one_clear_error(monkeypatc
     with pytest.raises(UsageError, match=r"decode.quantize: int8 is not available in this torch build on this CPU "
                                          r"\(\w+ engine: Didn't find engine .* NoQEngine\); use none$"):
         decoding_model(random_model(0), quantize="int8")
+    fast = decoding_model(random_model(0))  # fp32 decoding needs no int8 engine: greedy computes every logit
+    assert fast._screen is None
+    src = random_sources(0, 4)
+    args = dict(bos_id=BOS, eos_id=EOS, max_len_a=1.5, max_len_b=4)
+    assert greedy_decode(fast, src, **args) == greedy_decode(random_model(0), src, **args)
+
+
+def screened_rows(vocab: int, dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """weight (V, D), bias (V,) and rows x (64, D) at several scales, some lopsided."""
+    gen = torch.Generator().manual_seed(seed)
+    weight, bias = torch.randn(vocab, dim, generator=gen) / dim ** 0.5, torch.randn(vocab, generator=gen)
+    x = torch.randn(64, dim, generator=gen) * torch.logspace(-3, 2, 64)[:, None]
+    x[::5] = x[::5].abs()  # no negative value: the activations' zero point at the bottom of its range
+    x[1::7, 0] *= 50.0  # one value far outside the rest: a coarse quantisation step
+    return weight, bias, x
+
+
+@pytest.mark.parametrize("vocab, dim, seed", [(40, 16, 0), (3000, 64, 1), (8003, 32, 2)])
+def test_the_argmax_screens_bound_holds_and_its_tokens_are_the_fp32_argmax(vocab, dim, seed):
+    weight, bias, x = screened_rows(vocab, dim, seed)
+    screen = ArgmaxScreen(weight, bias)
+    exact = torch.addmm(bias, x, weight.t())  # (64, V)
+    assert bool(((exact - screen.int8.rows(x)).abs().amax(dim=1) <= screen.bound(x)).all())
+    forbidden = (0, 2)
+    expected = exact.clone()
+    expected[:, list(forbidden)] = torch.finfo(exact.dtype).min
+    opened = []
+
+    def fp32(rows: torch.Tensor) -> torch.Tensor:
+        opened.append(rows.shape[0])
+        return torch.addmm(bias, rows, weight.t())
+
+    assert torch.equal(screen.best(x, forbidden, fp32), expected.max(dim=-1).indices)
+    # Rows whose best token leads clearly, as a trained decoder's mostly do, are settled by the int8 logits.
+    targets = torch.arange(64) * 37 % vocab
+    leading = weight[targets] * 10.0 + 0.1 * x / x.norm(dim=1, keepdim=True)  # (64, D)
+    opened.clear()
+    assert torch.equal(screen.best(leading, (), fp32), torch.addmm(bias, leading, weight.t()).max(dim=-1).indices)
+    assert sum(opened) < 32
+
+
+def test_a_tie_the_screen_cannot_settle_goes_to_the_fp32_logits_and_the_first_token_wins():
+    weight, bias, x = screened_rows(500, 32, 3)
+    weight[[7, 300]] = x[40] / x[40].norm()  # tokens 7 and 300 tie for row 40, far ahead of the rest
+    bias[[7, 300]] = 5.0
+    screen = ArgmaxScreen(weight, bias)
+    opened = []
+
+    def fp32(rows: torch.Tensor) -> torch.Tensor:
+        opened.append(rows.clone())
+        return torch.addmm(bias, rows, weight.t())
+
+    ids = screen.best(x, (), fp32)
+    assert ids[40] == 7 and any(bool((rows == x[40]).all(dim=1).any()) for rows in opened)
+    assert torch.equal(ids, torch.addmm(bias, x, weight.t()).max(dim=-1).indices)

@@ -28,6 +28,10 @@ class TranslationModel(Protocol):
                cache: KVCache | None = None, fp32_logits: bool = True) -> torch.Tensor:
         """tgt_ids (B, T) long -> logits (B, T, V); with a cache, only the new positions."""
 
+    def decode_best(self, tgt_ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+                    cache: KVCache | None = None, forbidden_ids: tuple[int, ...] = ()) -> torch.Tensor:
+        """(B,) long: each row's most probable next token after `decode`, none of `forbidden_ids`."""
+
     def new_cache(self, capacity: int) -> KVCache:
         """An empty cache for incremental decoding of up to `capacity` target positions."""
 

@@ -58,8 +58,7 @@ def greedy_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos
     first_cap, done = int(limits.min()), 0  # no row reaches its cap before step first_cap - 1
     for step in range(max_steps):
         new_ids = live[:, step:step + 1] if use_cache else live[:, :step + 1]  # (N, 1) or (N, step + 1)
-        logits = model.decode(new_ids, memory, src_mask, cache)[:, -1, :]  # (N, V) last position
-        next_ids = best_tokens(_forbid_special(logits, pad_id, bos_id))  # (N,)
+        next_ids = model.decode_best(new_ids, memory, src_mask, cache, (pad_id, bos_id))  # (N,)
         live[:, step + 1] = next_ids.masked_fill_(finished, pad_id) if done else next_ids
         ended = next_ids == eos_id
         if step + 1 >= first_cap:
@@ -80,27 +79,6 @@ def greedy_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos
     if rows is not None:
         tgt_ids.index_copy_(0, rows, live)
     return [strip_generated(row, eos_id, pad_id) for row in tgt_ids[:, 1:].tolist()]
-
-
-def best_tokens(logits: torch.Tensor, block: int = 64) -> torch.Tensor:
-    """logits (N, V) -> (N,) long: each row's argmax, the first index among ties.
-
-    `max(dim).indices` (torch's CPU `argmax` is slower still) does not vectorise on a CPU, `amax`
-    does: with many rows on a CPU, take the maxima of blocks of `block` logits, then search only
-    each row's first best block (32 × 8,000 logits: 67 µs against 231 µs, docs/benchmarks.md).
-    """
-    N, V = logits.shape
-    head = V - V % block
-    if N < 8 or head == 0 or logits.device.type != "cpu":
-        return logits.max(dim=-1).indices
-    best = (logits if head == V else logits[:, :head]).reshape(N, head // block, block).amax(dim=-1).max(dim=-1)
-    start = best.indices.mul_(block)  # (N,) where each row's first best block starts
-    lanes = torch.arange(block, device=logits.device)
-    ids = logits.gather(1, start[:, None] + lanes).max(dim=-1).indices.add_(start)  # (N,)
-    if head < V:  # the last V % block logits; on a tie the earlier index stays
-        tail = logits[:, head:].max(dim=-1)
-        ids = torch.where(tail.values > best.values, tail.indices + head, ids)
-    return ids
 
 
 def strip_generated(ids: list[int], eos_id: int, pad_id: int) -> list[int]:

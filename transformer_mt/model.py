@@ -318,6 +318,16 @@ class Transformer(nn.Module):
         with torch.autocast(device_type=y.device.type, enabled=False):
             return self.output_proj(y.float())
 
+    def decode_best(self, tgt_ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+                    cache: KVCache | None = None, forbidden_ids: tuple[int, ...] = ()) -> torch.Tensor:
+        """Greedy decoding's step: `decode`, then each row's most probable next token that is not one
+        of `forbidden_ids`, the first among ties -> (B,) long. A decoding copy may find it without
+        computing every logit (`cpu_decoding.ArgmaxScreen`)."""
+        logits = self.decode(tgt_ids, memory, src_mask, cache)[:, -1, :]  # (B, V)
+        for token in forbidden_ids:  # column by column: no index tensor to copy to the device
+            logits[:, token] = torch.finfo(logits.dtype).min
+        return logits.max(dim=-1).indices
+
     def new_cache(self, capacity: int) -> KVCache:
         """An empty cache for incremental decoding of up to `capacity` target positions."""
         return KVCache(len(self.decoder_layers), capacity)

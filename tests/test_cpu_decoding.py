@@ -11,6 +11,7 @@ import torch
 from tests.conftest import run_cli
 from tests.test_evaluation import tiny_run  # noqa: F401  (a fixture: a tiny trained run)
 
+from transformer_mt import cpu_decoding
 from transformer_mt.config import ModelConfig
 from transformer_mt.cpu_decoding import ArgmaxScreen, CpuDecodingTransformer, DecodingLinear, Int8Linear, best_tokens, \
     decoding_model, onednn_available
@@ -63,11 +64,15 @@ def test_a_decoding_linear_computes_the_linear_its_relu_and_its_residual_sum_for
 @pytest.mark.parametrize("norm", ["pre", "post"])
 # One row (MKL, SDPA, no source mask); several (oneDNN, attention by baddbmm/bmm), padded sources or none.
 @pytest.mark.parametrize("batch, max_len", [(1, 9), (5, 9), (3, 2)])
-def test_each_cached_step_gives_the_models_logits(norm, batch, max_len):
+@pytest.mark.parametrize("onednn_above", [None, 0])  # a tiny model's products on MKL, or all on oneDNN
+def test_each_cached_step_gives_the_models_logits(norm, batch, max_len, onednn_above, monkeypatch):
+    if onednn_above is not None:
+        monkeypatch.setattr(cpu_decoding, "ONEDNN_ABOVE_ELEMENTS", onednn_above)
     model = random_model(0, norm=norm)
     fast = decoding_model(model)
     assert isinstance(fast, CpuDecodingTransformer)
     assert not any(isinstance(m, torch.nn.Linear) for m in fast.modules())  # every product a DecodingLinear
+    assert (fast.output_proj.packed is not None) == (onednn_above == 0 and onednn_available())
     src = random_sources(batch, batch, max_len)
     assert bool((src != PAD).all()) == (max_len == 2 or batch == 1)
     mask = src != PAD

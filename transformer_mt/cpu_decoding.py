@@ -26,6 +26,10 @@ from transformer_mt.kv_cache import KVCache
 from transformer_mt.model import CrossAttention, Transformer
 
 QUANTIZE_CHOICES = ("none", "int8")
+# oneDNN's products cost ~20 µs more per call than MKL's: at 32 rows, a 256 x 256 weight's product was
+# faster on MKL with AVX2 (greedy at batch 32: 0.97x the time) and the same with AVX-512; larger ones
+# gain from oneDNN (docs/benchmarks.md). Weights of at most this many elements stay on MKL.
+ONEDNN_ABOVE_ELEMENTS = 256 * 256
 
 
 def onednn_available() -> bool:
@@ -384,7 +388,9 @@ def decoding_model(model: Transformer, quantize: str = "none") -> Transformer:
     onednn = onednn_available()
 
     def product(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
-        return _int8(weight, bias) if quantize == "int8" else DecodingLinear(weight, bias, onednn)
+        if quantize == "int8":
+            return _int8(weight, bias)
+        return DecodingLinear(weight, bias, onednn and weight.numel() > ONEDNN_ABOVE_ELEMENTS)
 
     H = model.cfg.n_heads
     scale = (model.cfg.d_model // H) ** -0.5  # attention's, SDPA's default

@@ -139,9 +139,12 @@ def test_steps_with_one_memory_row_per_group_of_rows_give_the_models_logits(batc
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("norm", ["pre", "post"])
-def test_greedy_beam_and_sampled_translations_are_the_models(seed, norm):
+@pytest.mark.parametrize("screen", [False, True])  # greedy's tokens from the full projection, or through the screen
+def test_greedy_beam_and_sampled_translations_are_the_models(seed, norm, screen, monkeypatch):
+    monkeypatch.setattr(cpu_decoding, "SCREEN_MIN_ELEMENTS", 0 if screen else 2 ** 62)
     model = random_model(seed, norm=norm)
     fast = decoding_model(model)
+    assert (fast._screen is not None) == screen
     src = random_sources(seed, 6)
     args = dict(bos_id=BOS, eos_id=EOS, max_len_a=1.5, max_len_b=4)
     greedy = greedy_decode(fast, src, **args)
@@ -253,6 +256,7 @@ def test_int8_on_a_torch_without_its_quantized_ops_is_one_clear_error(monkeypatc
     with pytest.raises(UsageError, match=r"decode.quantize: int8 is not available in this torch build on this CPU "
                                          r"\(\w+ engine: Didn't find engine .* NoQEngine\); use none$"):
         decoding_model(random_model(0), quantize="int8")
+    monkeypatch.setattr(cpu_decoding, "SCREEN_MIN_ELEMENTS", 0)  # even where greedy would use the screen
     fast = decoding_model(random_model(0))  # fp32 decoding needs no int8 engine: greedy computes every logit
     assert fast._screen is None
     src = random_sources(0, 4)
@@ -270,41 +274,46 @@ def screened_rows(vocab: int, dim: int, seed: int) -> tuple[torch.Tensor, torch.
     return weight, bias, x
 
 
+def spied(screen: ArgmaxScreen, exact: DecodingLinear, monkeypatch) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The rows the screen sent on from the int8 logits (close calls), and those whose every fp32 logit it
+    computed, as they go."""
+    rescored, exact_rows = [], []
+    rescore, rows = screen._rescored, exact.rows
+    monkeypatch.setattr(screen, "_rescored", lambda x, *more: rescored.append(x.clone()) or rescore(x, *more))
+    monkeypatch.setattr(exact, "rows", lambda x: exact_rows.append(x.clone()) or rows(x))
+    return rescored, exact_rows
+
+
 @pytest.mark.parametrize("vocab, dim, seed", [(40, 16, 0), (3000, 64, 1), (8003, 32, 2)])
-def test_the_argmax_screens_bound_holds_and_its_tokens_are_the_fp32_argmax(vocab, dim, seed):
+def test_the_argmax_screens_bound_holds_and_its_tokens_are_the_fp32_argmax(vocab, dim, seed, monkeypatch):
     weight, bias, x = screened_rows(vocab, dim, seed)
-    screen = ArgmaxScreen(weight, bias)
-    exact = torch.addmm(bias, x, weight.t())  # (64, V)
-    assert bool(((exact - screen.int8.rows(x)).abs().amax(dim=1) <= screen.bound(x)).all())
+    screen, exact = ArgmaxScreen(weight, bias), DecodingLinear(weight, bias, onednn=False)
+    logits = torch.addmm(bias, x, weight.t())  # (64, V)
+    assert bool(((logits - screen.int8.rows(x)).abs().amax(dim=1) <= screen.bound(x)).all())
     forbidden = (0, 2)
-    expected = exact.clone()
-    expected[:, list(forbidden)] = torch.finfo(exact.dtype).min
-    opened = []
-
-    def fp32(rows: torch.Tensor) -> torch.Tensor:
-        opened.append(rows.shape[0])
-        return torch.addmm(bias, rows, weight.t())
-
-    assert torch.equal(screen.best(x, forbidden, fp32), expected.max(dim=-1).indices)
+    expected = logits.clone()
+    expected[:, list(forbidden)] = torch.finfo(logits.dtype).min
+    rescored, _ = spied(screen, exact, monkeypatch)
+    assert torch.equal(screen.best(x, forbidden, exact), expected.max(dim=-1).indices)
+    assert rescored  # some rows were close calls
     # Rows whose best token leads clearly, as a trained decoder's mostly do, are settled by the int8 logits.
     targets = torch.arange(64) * 37 % vocab
     leading = weight[targets] * 10.0 + 0.1 * x / x.norm(dim=1, keepdim=True)  # (64, D)
-    opened.clear()
-    assert torch.equal(screen.best(leading, (), fp32), torch.addmm(bias, leading, weight.t()).max(dim=-1).indices)
-    assert sum(opened) < 32
+    rescored.clear()
+    assert torch.equal(screen.best(leading, (), exact), torch.addmm(bias, leading, weight.t()).max(dim=-1).indices)
+    assert sum(rows.shape[0] for rows in rescored) < 32
 
 
-def test_a_tie_the_screen_cannot_settle_goes_to_the_fp32_logits_and_the_first_token_wins():
+def test_a_close_call_is_decided_by_fp32_logits_of_its_few_candidates_and_a_tie_goes_to_the_first(monkeypatch):
     weight, bias, x = screened_rows(500, 32, 3)
+    x = torch.layer_norm(x, (32,))  # rows of one scale, as a decoder's output
     weight[[7, 300]] = x[40] / x[40].norm()  # tokens 7 and 300 tie for row 40, far ahead of the rest
     bias[[7, 300]] = 5.0
-    screen = ArgmaxScreen(weight, bias)
-    opened = []
-
-    def fp32(rows: torch.Tensor) -> torch.Tensor:
-        opened.append(rows.clone())
-        return torch.addmm(bias, rows, weight.t())
-
-    ids = screen.best(x, (), fp32)
-    assert ids[40] == 7 and any(bool((rows == x[40]).all(dim=1).any()) for rows in opened)
+    screen, exact = ArgmaxScreen(weight, bias), DecodingLinear(weight, bias, onednn=False)
+    rescored, exact_rows = spied(screen, exact, monkeypatch)
+    ids = screen.best(x, (), exact)
+    assert ids[40] == 7 and any(bool((rows == x[40]).all(dim=1).any()) for rows in rescored)
     assert torch.equal(ids, torch.addmm(bias, x, weight.t()).max(dim=-1).indices)
+    assert not exact_rows  # the close calls had few candidates: their fp32 logits alone were computed
+    x[3, 5] = float("nan")  # a broken row: no bound holds, so all its logits are computed, as the full path does
+    assert screen.best(x, (), exact)[3] == best_tokens(torch.addmm(bias, x, weight.t()))[3] and exact_rows

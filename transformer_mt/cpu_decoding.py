@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import platform
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +29,10 @@ QUANTIZE_CHOICES = ("none", "int8")
 # faster on MKL with AVX2 (greedy at batch 32: 0.97x the time) and the same with AVX-512; larger ones
 # gain from oneDNN (docs/benchmarks.md). Weights of at most this many elements stay on MKL.
 ONEDNN_ABOVE_ELEMENTS = 256 * 256
+# Greedy decoding finds its tokens through `ArgmaxScreen` when the vocabulary projection has at least
+# this many weights: 8,000 × 256 took 0.90x the time at batch 32; 1,000 × 128 (the demo model) 1.04x
+# on its own sentences and 1.22x on another corpus's, whose uncertain steps it rescored (docs/benchmarks.md).
+SCREEN_MIN_ELEMENTS = 2 ** 20
 
 
 def onednn_available() -> bool:
@@ -124,9 +127,10 @@ class Int8Linear(nn.Module):
 
 class ArgmaxScreen:
     """Each row's argmax of an fp32 vocabulary projection x·Wᵀ + b, from an int8 approximation of
-    it (`Int8Linear`: 1.0 against 2.4 ms for 32 rows × 8,000 words on the AMD EPYC VM) wherever a
-    bound on the approximation's error proves which token leads, and from the fp32 logits of the
-    other rows: the tokens are the fp32 projection's (up to the order of its float sums).
+    it (`Int8Linear`: 1.0 against 2.4 ms for 32 rows × 8,000 words on an AVX2 EPYC VM) wherever a
+    bound on the approximation's error proves which token leads, and elsewhere from the fp32 logits
+    of the tokens the bound leaves in the running: the tokens are the fp32 projection's (up to the
+    order of its float sums).
 
     For a row x (D,), each logit's int8 approximation is off by at most
         E = t·max_j ‖W_j‖₁ + (max_j s_j / 2)·(‖x‖₁ + D·t) + R,
@@ -134,7 +138,8 @@ class ArgmaxScreen:
     (7-bit activations; each value off by at most t, rounding and the zero point's rounding
     together; at least 1e-4, where the product raises a smaller step) and row j of W at
     s_j = max|W_j| / 127 (off by at most s_j / 2), and R bounds the float rounding of both sums.
-    Where the best approximate logit leads the second by more than 2E, its token is the argmax.
+    Where the best approximate logit leads the second by more than 2E, its token is the argmax;
+    elsewhere only tokens within 2E of the best can be (a trained model's uncertain steps: a few).
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -146,18 +151,36 @@ class ArgmaxScreen:
         # fp32 sums of D products, each side: |error| <= D·2^-24·‖x‖₁·max|W| (doubled for the bias and scaling)
         self.rounding = 4 * self.dim * 2.0 ** -24 * float(weight.abs().max())
 
-    def best(self, x: torch.Tensor, forbidden_ids: tuple[int, ...],
-             exact: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """x (N, D) fp32 -> (N,) long: each row's first argmax of exact(x) (N, V), the fp32 logits,
-        among the tokens not in `forbidden_ids`; `exact` runs only on the rows the bound leaves open."""
+    def best(self, x: torch.Tensor, forbidden_ids: tuple[int, ...], exact: DecodingLinear) -> torch.Tensor:
+        """x (N, D) fp32 -> (N,) long: each row's first argmax, among the tokens not in `forbidden_ids`,
+        of the fp32 logits of `exact`, the projection the screen stands for: of the tokens in the
+        running (its `kernel` columns and bias), or of all where they are many or no bound holds
+        (NaN, inf: `exact.rows`)."""
         approx = _forbid(self.int8.rows(x), forbidden_ids)  # (N, V)
         ids = best_tokens(approx)  # (N,)
-        first = approx.gather(1, ids[:, None])[:, 0]
-        second = approx.scatter_(1, ids[:, None], torch.finfo(approx.dtype).min).amax(dim=1)
-        open_rows = (first - second <= 2 * self.bound(x)).nonzero()[:, 0]
+        first = approx.gather(1, ids[:, None])  # (N, 1)
+        second = approx.scatter_(1, ids[:, None], torch.finfo(approx.dtype).min).amax(dim=1, keepdim=True)
+        floor = first - 2 * self.bound(x)[:, None]  # (N, 1): no token below it can win
+        open_rows = (~(second < floor)).nonzero()[:, 0]  # NaN rows too
         if open_rows.numel():
-            ids[open_rows] = best_tokens(_forbid(exact(x[open_rows]), forbidden_ids))
+            approx.scatter_(1, ids[:, None], first)
+            ids[open_rows] = self._rescored(x[open_rows], approx[open_rows], floor[open_rows], forbidden_ids, exact)
         return ids
+
+    def _rescored(self, x: torch.Tensor, approx: torch.Tensor, floor: torch.Tensor, forbidden_ids: tuple[int, ...],
+                  exact: DecodingLinear) -> torch.Tensor:
+        """The first fp32 argmax of rows x (K, D), computed for the tokens whose approx (K, V) is at least
+        floor (K, 1) alone; of every token where those are more than 16 a row or a floor is not finite."""
+        running = approx >= floor  # (K, V); the forbidden are at the lowest float: never
+        count = int(running.sum()) if bool(floor.isfinite().all()) else approx.numel()
+        if count > 16 * approx.shape[0]:  # many (a loose bound, flat logits): the rows' product costs less
+            return best_tokens(_forbid(exact.rows(x), forbidden_ids))
+        rows, tokens = running.nonzero(as_tuple=True)
+        logits = torch.full_like(approx, torch.finfo(approx.dtype).min)
+        columns = exact.kernel.index_select(1, tokens)  # (D, count)
+        bias = 0.0 if exact.bias is None else exact.bias[tokens]
+        logits[rows, tokens] = torch.linalg.vecdot(x[rows], columns.t()) + bias
+        return best_tokens(logits)
 
     def bound(self, x: torch.Tensor) -> torch.Tensor:
         """x (N, D) -> (N,): E, the most by which a logit of row x and its int8 approximation differ."""
@@ -287,7 +310,7 @@ class CpuDecodingTransformer(Transformer):
         if self._screen is None or not self._steps(tgt_ids, cache):
             return best_tokens(_forbid(self.decode(tgt_ids, memory, src_mask, cache)[:, -1, :], forbidden_ids))
         return self._screen.best(self._step(tgt_ids[:, 0], memory, src_mask, cache), forbidden_ids,
-                                 self.output_proj.rows)
+                                 self.output_proj)
 
     def _steps(self, tgt_ids: torch.Tensor, cache: KVCache | None) -> bool:
         """Whether a `decode` call of these arguments runs `_step`: one cached position, in eval mode, no autocast."""
@@ -401,7 +424,8 @@ def decoding_model(model: Transformer, quantize: str = "none") -> Transformer:
         for name, child in module.named_children():
             if isinstance(child, nn.Linear):
                 setattr(module, name, product(child.weight, child.bias))
-    fast._prepare(head_major, scaled_q, _screen(model.output_proj) if quantize == "none" else None)
+    screened = quantize == "none" and model.output_proj.weight.numel() >= SCREEN_MIN_ELEMENTS
+    fast._prepare(head_major, scaled_q, _screen(model.output_proj) if screened else None)
     return fast
 
 

@@ -309,9 +309,9 @@ class DecodeConfig:
     quantize: Literal["none", "int8"] = "none"
     """`int8`: `tmt translate` and `tmt evaluate` on a CPU decode with int8 weights (per output
     row) and int8 activations (per call) in every linear layer, the vocabulary projection too:
-    greedy decoding 1.4x faster than fp32's (whose greedy step already takes most tokens from int8
-    logits where that provably gives fp32's choice) in docs/benchmarks.md's bench, translations
-    close to fp32's but not identical.
+    greedy decoding 1.4x faster than fp32's in docs/benchmarks.md's bench (whose fp32 greedy step,
+    with a projection of 2^20+ weights, already takes most tokens from int8 logits where that
+    provably gives fp32's choice), translations close to fp32's but not identical.
     Validation during training, the final test and GPUs decode as `none` does."""
 
 

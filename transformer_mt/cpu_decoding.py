@@ -306,7 +306,7 @@ class CpuDecodingTransformer(Transformer):
     def decode_best(self, tgt_ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
                     cache: KVCache | None = None, forbidden_ids: tuple[int, ...] = ()) -> torch.Tensor:
         """The model's `decode_best`; a cached step finds the tokens through `ArgmaxScreen` when the
-        copy has one (fp32 weights), from the fp32 logits of the rows it leaves open."""
+        copy has one (fp32 weights, a large enough vocabulary projection)."""
         if self._screen is None or not self._steps(tgt_ids, cache):
             return best_tokens(_forbid(self.decode(tgt_ids, memory, src_mask, cache)[:, -1, :], forbidden_ids))
         return self._screen.best(self._step(tgt_ids[:, 0], memory, src_mask, cache), forbidden_ids,

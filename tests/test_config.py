@@ -68,6 +68,22 @@ def test_encoder_and_decoder_depths_default_to_n_layers_and_bad_ones_are_named()
                         "model.decoder_layers: expected an integer, got 1.5 (float)"]
 
 
+def test_a_resume_compares_depths_as_the_layers_they_give():
+    """`n_layers: 4` and `encoder_layers: 4, decoder_layers: 4` are one model; n_layers is then unused."""
+    from transformer_mt.config import config_to_dict
+    from transformer_mt.run_dir import resume_config_changes
+
+    saved = config_to_dict(config_from_dict({"data": {"path": "x"}, "model": {"n_layers": 4}}))
+    same = {"data": {"path": "x"}, "model": {"n_layers": 0, "encoder_layers": 4, "decoder_layers": 4}}
+    assert resume_config_changes(saved, config_to_dict(config_from_dict(same)), Path("config.yaml")) == []
+    deeper = config_from_dict({"data": {"path": "x"}, "model": {"n_layers": 4, "encoder_layers": 6}})
+    with pytest.raises(ConfigError) as caught:
+        resume_config_changes(saved, config_to_dict(deeper), Path("config.yaml"))
+    assert caught.value.problems[1:] == ["model.encoder_layers: 4 -> 6"]
+    assert problems_of({"data": {"path": "x"}, "model": {"n_layers": 0, "encoder_layers": 4}}) == [
+        "model.n_layers: must be at least 1, got 0"]  # the decoder's depth
+
+
 def test_the_attention_layer_must_be_one_of_the_decoders_layers():
     raw = {"data": {"path": "x"}, "model": {"n_layers": 6, "decoder_layers": 2}}
     assert config_from_dict({**raw, "train": {"attention_layer": -2}}).train.attention_layer == -2

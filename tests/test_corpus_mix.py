@@ -155,8 +155,34 @@ def test_a_config_with_data_path_switches_to_corpora_from_the_command_line(corpo
 
 def test_a_corpus_that_cannot_be_read_is_named_by_its_entry(corpora, tmp_path: Path):
     cfg = mixed_config((corpora[0], tmp_path / "nowhere"))
-    with pytest.raises(DataError, match=r"^data\.corpora\[1\] \(.*nowhere\): data.path: .* is not a directory"):
+    with pytest.raises(DataError, match=r"^data\.corpora\[1\] \(.*nowhere\): data\.corpora\[1\]\.path: .* is not a "
+                                         "directory"):
         load_corpus(cfg.data, cfg.seed, tmp_path / "run")
+
+
+def test_a_weight_that_gives_a_corpus_no_pair_is_refused_naming_it(corpora, tmp_path: Path):
+    """round(weight x pairs) = 0 would leave the corpus out of every epoch without a word."""
+    cfg = mixed_config(corpora, weights=(1.0, 0.05))  # 8 pairs x 0.05 = 0.4: none an epoch
+    with pytest.raises(DataError) as caught:
+        prepare_data(cfg, tmp_path / "run")
+    assert str(caught.value) == (f"data.corpora[1].weight: 0.05 gives the 8 training pairs of {corpora[1]} none per "
+                                 "epoch (round(0.05 x 8) = 0); raise it to at least 0.0625")
+    prepare_data(mixed_config(corpora, weights=(1.0, 0.0625)), tmp_path / "run2")  # 8 x 0.0625 = 0.5: one pair
+
+
+def test_relative_corpus_paths_stay_the_config_files_when_the_command_line_sets_data_path(corpora, tmp_path: Path,
+                                                                                          monkeypatch):
+    """`--set data.path=null` (how a config of one corpus switches to its corpora) moves no path."""
+    config_file = corpora[0].parent / "mixed.yaml"
+    config_file.write_text(f"data:\n  path: {corpora[0]}\n  corpora:\n    - {{path: first}}\n"
+                           "    - {path: second, weight: 3}\n", encoding="utf-8")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_config(config_file, ["data.path=null"])
+    assert [entry.path for entry in cfg.data.corpora] == [str(corpora[0]), str(corpora[1])]
+    cfg = load_config(config_file, ["data.path=null", "data.corpora=[{path: first}]"])  # given here: read here
+    assert [entry.path for entry in cfg.data.corpora] == [str(elsewhere / "first")]
 
 
 def test_relative_corpus_paths_are_resolved_against_the_config_file(corpora, tmp_path: Path):

@@ -110,6 +110,50 @@ def test_a_child_may_fine_tune_with_other_dropout_rates(parent: Path, tmp_path: 
     assert load_parent(cfg).record["weights"] == "ema"
 
 
+def test_settings_only_training_reads_may_differ_and_depths_compare_as_the_layers_they_give(parent: Path,
+                                                                                           tmp_path: Path):
+    """Which cached BPE-dropout segmentation an epoch trains on, and how long a training pair may
+    be, change nothing the weights mean; n_layers 2 is the model of encoder_layers 2 + decoder_layers 2."""
+    cfg = child_config(tmp_path, parent, tokenizer={"bpe_dropout": 0.1, "bpe_dropout_variants": 2,
+                                                    "bpe_dropout_start_epoch": 3},
+                       model={"max_len": 48, "n_layers": 6, "encoder_layers": 2, "decoder_layers": 2})
+    assert load_parent(cfg).record["step"] == 3
+    with pytest.raises(ConfigError) as err:
+        load_parent(child_config(tmp_path, parent, model={"n_layers": 2, "encoder_layers": 3}))
+    assert err.value.problems[1:] == ["model.encoder_layers: 2 in the parent, 3 here"]
+
+
+def test_overwrite_keeps_the_old_run_when_the_parent_cannot_be_started_from(parent: Path, tmp_path: Path,
+                                                                             monkeypatch, capsys):
+    """Every check of the parent comes before the run directory is emptied, not only its settings'."""
+    old = tmp_path / "old"
+    shutil.copytree(parent, old)
+    broken = tmp_path / "broken"
+    shutil.copytree(parent, broken)
+    for tokenizer in broken.glob("tokenizer*.json"):
+        tokenizer.unlink()
+    config = tmp_path / "child.yaml"
+    save_config(child_config(tmp_path, broken), config)
+    code, _, err = run_cli(["train", "--config", str(config), "--run-dir", str(old), "--overwrite"], monkeypatch,
+                           capsys, tmp_path)
+    assert code == 1 and err == f"tmt: error: train.init_from: {broken.resolve()} has no tokenizer files, which its " \
+                                "weights need\n"
+    assert sorted(p.name for p in (old / "checkpoints").iterdir()) == sorted(
+        p.name for p in (parent / "checkpoints").iterdir())
+
+
+def test_tmt_data_refuses_what_tmt_train_would_and_names_the_parents_tokenizers(parent: Path, tmp_path: Path,
+                                                                                monkeypatch, capsys):
+    config = tmp_path / "child.yaml"
+    save_config(child_config(tmp_path, parent), config)
+    code, out, err = run_cli(["data", "--config", str(config), "--quiet", "--set", "tokenizer.vocab_size=150"],
+                             monkeypatch, capsys, tmp_path)
+    assert code == 2 and "tokenizer.vocab_size: 200 in the parent, 150 here" in err and not out
+    code, out, err = run_cli(["data", "--config", str(config), "--quiet"], monkeypatch, capsys, tmp_path)
+    assert code == 0 and "per epoch" in out
+    assert err.endswith(f"with the tokenizers of {parent.resolve()} (train.init_from)\n")
+
+
 def test_a_checkpoint_file_names_its_run_and_a_bad_path_is_one_clear_line(parent: Path, tmp_path: Path,
                                                                           monkeypatch, capsys):
     step = parent / "checkpoints" / "step_00000003.pt"

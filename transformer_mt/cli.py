@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_train(args: argparse.Namespace) -> None:
     from transformer_mt.config import load_config
     from transformer_mt.distributed import Distributed
-    from transformer_mt.init_from import check_parent_settings
+    from transformer_mt.init_from import check_parent
     from transformer_mt.runtime import pick_device, pick_precision
     from transformer_mt.run_dir import prepare_run_dir
     from transformer_mt.training import train
@@ -64,7 +64,7 @@ def run_train(args: argparse.Namespace) -> None:
     device = pick_device(cfg.train.device)
     pick_precision(cfg.train.precision, device)  # refuse, say, fp16 on a CPU before the run directory exists
     if cfg.train.init_from and not args.resume:
-        check_parent_settings(cfg)  # so is a parent of other model settings
+        check_parent(cfg)  # so is a parent that cannot be started from: nothing created, nothing emptied
     dist = Distributed.from_environment()  # a world of one unless started by torchrun
     dist.start(device)
     lock = None  # rank 0's on the run directory, held while it trains
@@ -144,16 +144,24 @@ def run_data(args: argparse.Namespace) -> None:
     """Print the data report of a config without training, leaving no file behind
     (`preparation.preview_report`: with an existing run's tokenizers when they fit)."""
     from transformer_mt.config import load_config
+    from transformer_mt.init_from import check_parent
     from transformer_mt.preparation import preview_report
 
     _setup_logging(logging.WARNING)
     cfg = load_config(args.config, args.overrides)
     run_dir = args.run_dir or Path("runs") / cfg.name
+    if cfg.train.init_from:
+        check_parent(cfg)  # a config `tmt train` would refuse gets no report
     report, notes, reuse = preview_report(cfg, run_dir, progress=not args.quiet)
     for note in notes:
         print(f"tmt: {note}", file=sys.stderr)
     print(report.render())
-    source = f"the tokenizers of {run_dir}" if reuse else "tokenizers trained for this report (not saved)"
+    if reuse:
+        source = f"the tokenizers of {run_dir}"
+    elif cfg.train.init_from:
+        source = f"the tokenizers of {cfg.train.init_from} (train.init_from)"
+    else:
+        source = "tokenizers trained for this report (not saved)"
     print(f"tmt: data report of {args.config} with {source}", file=sys.stderr)
 
 

@@ -81,7 +81,8 @@ class DataConfig:
     `hub_config`, `revision` (default: the `data.*` keys); languages and filters are `data.*`'s.
     Corpus c of n_c training pairs gives each epoch m = round(weight × n_c) pairs: each pair
     m // n_c times, plus m mod n_c distinct pairs drawn afresh each epoch (seeded by `seed` and the
-    epoch): weight 2 shows each pair twice an epoch, 0.5 another half of them each epoch.
+    epoch): weight 2 shows each pair twice an epoch, 0.5 a random half of them, drawn anew each epoch
+    (independently: two epochs need not cover the corpus). A weight giving a corpus no pair is refused.
     Validation and test come from the first corpus (its own splits, else carved from its train)."""
 
 
@@ -274,8 +275,9 @@ class TrainConfig:
     (its `best.pt`, else its newest step checkpoint) or a checkpoint file in a run's `checkpoints/`.
     The weights are those `tmt translate` uses (the EMA's, when the parent has one); the tokenizers
     are copied from the parent, whose `model.*` and `tokenizer.*` settings this config must repeat
-    (the dropout rates excepted); the optimizer, step count, schedule and data order start afresh. `summary.json` records the
-    parent (`init_from`). Ignored when the run resumes from its own checkpoint. Relative to the
+    (except the dropout rates, the BPE-dropout keys and `max_len`, which only training reads); the
+    optimizer, step count, schedule and data order start afresh. `summary.json` records the parent
+    (`init_from`). Ignored when the run resumes from its own checkpoint. Relative to the
     config file, or to the current directory when set with `--set`; unset (null): a fresh model."""
 
 
@@ -358,9 +360,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a YAML config file, apply `a.b=value` overrides, and validate it.
 
-    A relative local `data.path` (and `train.init_from`) is resolved against the config file's
-    directory, or, when an override sets it, against the current directory, as any command-line
-    path is.
+    A relative local `data.path` (and each `data.corpora` path, and `train.init_from`) is resolved
+    against the config file's directory, or, when an override sets that key (or its section),
+    against the current directory, as any command-line path is.
     """
     path = Path(path)
     if path.is_dir():
@@ -389,8 +391,11 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     except RecursionError:  # `a: &a [*a]`: a value that contains itself
         raise ConfigError([f"{path}: a YAML alias refers to the value that contains it"]) from None
     overridden = {item.partition("=")[0].strip() for item in overrides}  # keys as `apply_overrides` reads them
-    from_command_line = bool(overridden & {"data.path", "data.corpora", "data"})
-    cfg = resolve_paths(cfg, Path.cwd() if from_command_line else path.parent)
+
+    def base(key: str) -> Path:  # where a relative path read from `key` is
+        return Path.cwd() if overridden & {key, "data"} else path.parent
+
+    cfg = resolve_paths(cfg, path_base=base("data.path"), corpora_base=base("data.corpora"))
     if cfg.train.init_from and not user_path(cfg.train.init_from).is_absolute():
         base = Path.cwd() if "train.init_from" in overridden or "train" in overridden else path.parent
         init_from = str((base / user_path(cfg.train.init_from)).resolve())
@@ -469,6 +474,21 @@ def with_defaults(saved: dict) -> dict:
     return filled
 
 
+def comparable_depths(config: dict) -> dict:
+    """A config dict (`config_to_dict`'s form) as two runs' settings are compared (resume,
+    `train.init_from`): the model's `encoder_layers` and `decoder_layers` as the depths they give,
+    and `n_layers` left out, so that `n_layers: 4` and `encoder_layers: 4, decoder_layers: 4`
+    compare equal and a differing depth is named by the side it changes."""
+    model = config.get("model")
+    if not isinstance(model, dict) or "n_layers" not in model:
+        return config
+    model = dict(model)
+    n_layers = model.pop("n_layers")
+    for key in ("encoder_layers", "decoder_layers"):
+        model[key] = n_layers if model.get(key) is None else model[key]
+    return {**config, "model": model}
+
+
 def read_saved_config(path: Path) -> dict | None:
     """A run's saved `config.yaml` as a plain dict, unchecked; None when it is missing, unreadable
     or not a mapping (whoever asks then relies on the checkpoint's copy)."""
@@ -484,13 +504,14 @@ def save_config(cfg: Config, path: Path) -> None:
     write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True))
 
 
-def resolve_paths(cfg: Config, base_dir: Path) -> Config:
-    """Make a relative local `data.path` (and each `data.corpora` path) absolute, relative to
-    `base_dir`. With `format: hub` a path is a hub name unless it names a folder there (a local
-    dataset in the hub layout)."""
-    corpora = tuple(dataclasses.replace(entry, path=_resolved(entry.path, entry.format or cfg.data.format, base_dir))
+def resolve_paths(cfg: Config, path_base: Path, corpora_base: Path) -> Config:
+    """Make a relative local `data.path` absolute, relative to `path_base`, and each `data.corpora`
+    path, relative to `corpora_base`. With `format: hub` a path is a hub name unless it names a
+    folder there (a local dataset in the hub layout)."""
+    corpora = tuple(dataclasses.replace(entry, path=_resolved(entry.path, entry.format or cfg.data.format,
+                                                              corpora_base))
                     for entry in cfg.data.corpora)
-    path = _resolved(cfg.data.path, cfg.data.format, base_dir)
+    path = _resolved(cfg.data.path, cfg.data.format, path_base)
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=path, corpora=corpora))
 
 
@@ -693,8 +714,11 @@ def _check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
         check(f"tokenizer.bpe_dropout_start_epoch: must be at least 0, got {tok.bpe_dropout_start_epoch}")
     if tok.max_train_pairs is not None and tok.max_train_pairs < 1:
         check(f"tokenizer.max_train_pairs: must be at least 1 (or unset for all pairs), got {tok.max_train_pairs}")
-    for key, value in [("model.d_model", m.d_model), ("model.n_heads", m.n_heads), ("model.n_layers", m.n_layers),
-                       ("model.d_ff", m.d_ff), ("model.max_len", m.max_len)]:
+    sizes = [("model.d_model", m.d_model), ("model.n_heads", m.n_heads), ("model.d_ff", m.d_ff),
+             ("model.max_len", m.max_len)]
+    if m.encoder_layers is None or m.decoder_layers is None:  # else n_layers sets nothing
+        sizes.append(("model.n_layers", m.n_layers))
+    for key, value in sizes:
         if value < 1:
             check(f"{key}: must be at least 1, got {value}")
     for key, value in (("model.encoder_layers", m.encoder_layers), ("model.decoder_layers", m.decoder_layers)):

@@ -4,9 +4,10 @@ their training splits read one after another, and the pairs each epoch draws fro
 Corpus c of n_c training pairs and weight w_c gives every epoch m_c = round(w_c × n_c) pairs
 (halves rounded up): each of its pairs m_c // n_c times, and m_c mod n_c distinct pairs more,
 drawn afresh each epoch by a generator seeded by (seed, epoch, c). Weight 2 shows each pair
-twice an epoch, 0.5 a different half of them each epoch, 1.5 each pair once and half of them
-again. An epoch's pairs are thus a pure function of the seed and the epoch number, which is what
-makes a resume exact. Validation and test come from the first corpus.
+twice an epoch, 0.5 a random half of them, drawn anew each epoch (independently: two epochs
+need not cover the corpus), 1.5 each pair once and a random half of them again. An epoch's
+pairs are thus a pure function of the seed and the epoch number, which is what makes a resume
+exact. Validation and test come from the first corpus.
 """
 
 from __future__ import annotations
@@ -74,13 +75,14 @@ def open_corpora(cfg: DataConfig) -> OpenedCorpora:
 
 
 def _opened(cfg: DataConfig, entry: str) -> dict[str, SplitSource | None]:
-    """`open_sources(cfg)`; an error names the `data.corpora` entry at fault, when there is one."""
+    """`open_sources(cfg)`; an error names the `data.corpora` entry at fault, when there is one
+    (its `path` where the message says `data.path`, which the entry's path stands for)."""
     try:
         return open_sources(cfg)
     except DataError as err:
         if not entry:
             raise
-        raise DataError(f"{entry} ({cfg.path}): {err}") from None
+        raise DataError(f"{entry} ({cfg.path}): {str(err).replace('data.path', f'{entry}.path')}") from None
 
 
 def _chained(parts: tuple[SplitSource, ...]) -> Iterator[PairChunk]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer_mt.checkpoint import CheckpointDir, check_tokenizers, load_checkpoint, translation_weights
-from transformer_mt.config import Config, config_to_dict, read_saved_config, user_path, with_defaults
+from transformer_mt.config import Config, comparable_depths, config_to_dict, user_path, with_defaults
 from transformer_mt.errors import CheckpointError, ConfigError, UsageError
 from transformer_mt.run_layout import RunDir
 from transformer_mt.tokenization import TokenizerPair
@@ -18,8 +18,10 @@ logger = logging.getLogger(__name__)
 # What the parent's weights and tokenizers mean: the child must have the same.
 SHARED_SECTIONS = ("model", "tokenizer")
 # Settings of training only, which fine-tuning commonly changes: they do not change what the
-# weights or the token ids mean.
-TRAINING_ONLY = {"model.dropout", "model.attention_dropout", "model.activation_dropout", "tokenizer.bpe_dropout"}
+# weights or the token ids mean (`model.max_len` sizes the sinusoidal positions, which are not
+# weights, and the longest training pairs kept).
+TRAINING_ONLY = {"model.dropout", "model.attention_dropout", "model.activation_dropout", "model.max_len",
+                 "tokenizer.bpe_dropout", "tokenizer.bpe_dropout_variants", "tokenizer.bpe_dropout_start_epoch"}
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,9 @@ def parent_paths(init_from: str) -> tuple[Path, Path]:
 
 def setting_conflicts(parent_config: dict, current: dict) -> list[str]:
     """One line per `model.*` or `tokenizer.*` key whose value differs from the parent's, with both
-    (the dropout rates, `TRAINING_ONLY`, may differ)."""
+    (the settings of training only, `TRAINING_ONLY`, may differ; depths compare as the layers they
+    give, `comparable_depths`)."""
+    parent_config, current = comparable_depths(parent_config), comparable_depths(current)
     conflicts = []
     for section in SHARED_SECTIONS:
         before, after = parent_config.get(section) or {}, current.get(section) or {}
@@ -64,28 +68,33 @@ def setting_conflicts(parent_config: dict, current: dict) -> list[str]:
     return conflicts
 
 
-def check_parent_settings(cfg: Config) -> None:
-    """`load_parent`'s settings check against the parent run's `config.yaml`, which is read in an
-    instant: `tmt train` makes it before creating the new run's directory, so a refused start
-    leaves nothing behind. An unreadable file is left to `load_parent`'s check of the checkpoint."""
-    run_dir, path = parent_paths(cfg.train.init_from)
-    if (saved := read_saved_config(RunDir(run_dir).config)) is not None:
-        _refuse_conflicts(saved, cfg, run_dir, path)
+def check_parent(cfg: Config) -> None:
+    """Every check of `load_parent`, made by `tmt train` before it creates (or, with --overwrite,
+    empties) the new run's directory, so that a refused start leaves nothing behind and deletes
+    nothing, and by `tmt data`. It reads the parent's checkpoint, which `load_parent` reads again:
+    a second or less at the sizes tmt trains."""
+    _checked_parent(cfg)
 
 
 def load_parent(cfg: Config) -> Parent:
     """Load the checkpoint `train.init_from` names; refuse one whose model or tokenizer settings
     differ from `cfg`'s (every differing key listed), or whose run lacks its tokenizers."""
-    run_dir, path = parent_paths(cfg.train.init_from)
-    state = load_checkpoint(path)
-    _refuse_conflicts(state["config"], cfg, run_dir, path)
-    check_tokenizers(state, _parent_tokenizers(run_dir).fingerprint(), path, run_dir)
+    run_dir, path, state = _checked_parent(cfg)
     weights, which = translation_weights(state)
     step = state.get("train_state", {}).get("step")
     logger.info("starting from %s (step %s, its %s weights) with a fresh optimizer and step count", path, step,
                 "EMA" if which == "ema" else "trained")
     record = {"run_dir": str(run_dir), "checkpoint": str(path), "step": step, "weights": which}
     return Parent(run_dir, path, weights, record)
+
+
+def _checked_parent(cfg: Config) -> tuple[Path, Path, dict]:
+    """The parent's run directory, checkpoint file and loaded checkpoint, checked."""
+    run_dir, path = parent_paths(cfg.train.init_from)
+    state = load_checkpoint(path)
+    _refuse_conflicts(state["config"], cfg, run_dir, path)
+    check_tokenizers(state, _parent_tokenizers(run_dir).fingerprint(), path, run_dir)
+    return run_dir, path, state
 
 
 def _refuse_conflicts(parent_config: dict, cfg: Config, run_dir: Path, path: Path) -> None:

@@ -9,7 +9,8 @@ import shutil
 from pathlib import Path
 
 from transformer_mt.checkpoint import CheckpointDir
-from transformer_mt.config import Config, config_to_dict, load_config, read_saved_config, with_defaults
+from transformer_mt.config import (Config, comparable_depths, config_to_dict, load_config, read_saved_config,
+                                  with_defaults)
 from transformer_mt.errors import CheckpointError, ConfigError, TmtError, UsageError
 from transformer_mt.files import temp_file_target
 from transformer_mt.init_from import parent_paths
@@ -141,6 +142,7 @@ def resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:
     (`FROZEN_ON_RESUME`, less `CHANGEABLE_ON_RESUME`); changes to train.* and decode.* are
     allowed and returned.
     """
+    saved, current = comparable_depths(saved), comparable_depths(current)  # n_layers: 4 = encoder 4 + decoder 4
     frozen, allowed = [], []
     for section in sorted(set(saved) | set(current)):
         before, after = saved.get(section), current.get(section)

@@ -6,6 +6,7 @@ segmentations; and `EpochRows`, the rows each epoch trains on (by corpus weight 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,10 +94,27 @@ def tokenize_training_split(cfg: Config, corpus: Corpus, tokenizers: TokenizerPa
                     f" >= {start_epoch}" if start_epoch else "", variants, time.perf_counter() - started)
     plan = EpochRows(tuple(len(piece) for piece in blocks[0]), weights, cfg.seed, variants,
                      cfg.tokenizer.bpe_dropout_start_epoch)
+    if cfg.data.corpora:
+        _refuse_unused_corpora(plan, [label for label, _ in parts])
     if not sum(plan.pairs_per_epoch()):
         raise DataError("data.corpora: the weights give an epoch no training pairs; raise them")
     return TokenizedSplit(_concatenated([piece.dataset for block in blocks for piece in block]), cfg.model.max_len,
                           epoch_rows=plan, n_pairs=plan.n_pairs)
+
+
+def _refuse_unused_corpora(plan: EpochRows, labels: list[str]) -> None:
+    """A corpus that gives an epoch no pair (none left after the filters, or a weight too small for
+    round(weight x pairs) to reach 1) is an error naming its entry, never a corpus silently unused."""
+    for c, (label, n, weight, wanted) in enumerate(zip(labels, plan.counts, plan.weights, plan.pairs_per_epoch())):
+        if wanted:
+            continue
+        if not n:
+            raise DataError(f"data.corpora[{c}] ({label}): no training pair is left after the filters (data.max_words, "
+                            "data.max_length_ratio, model.max_len)")
+        digits = 2 - math.floor(math.log10(0.5 / n))  # three significant ones, rounded up: enough for one pair
+        raise DataError(f"data.corpora[{c}].weight: {weight:g} gives the {n:,} training pairs of {label} none per "
+                        f"epoch (round({weight:g} x {n:,}) = 0); raise it to at least "
+                        f"{math.ceil(0.5 / n * 10 ** digits) / 10 ** digits:g}")
 
 
 def _concatenated(parts: list):

@@ -1,4 +1,3 @@
-import re
 from pathlib import Path
 
 import pytest
@@ -217,8 +216,9 @@ def test_names_that_cannot_be_file_names_are_config_errors(key, value):
     section, _, field = key.rpartition(".")
     raw = {"data": {"path": "corpus"}}
     (raw.setdefault(section, {}) if section else raw)[field] = value
-    with pytest.raises(ConfigError, match=rf"\n  {re.escape(key)}: "):  # the problem's own line
+    with pytest.raises(ConfigError) as caught:
         config_from_dict(raw)
+    assert [problem.split(": ")[0] for problem in caught.value.problems] == [key]
 
 
 def test_a_language_code_yaml_reads_as_a_boolean_says_to_quote_it():

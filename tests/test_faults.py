@@ -78,10 +78,10 @@ def corpus_config(tmp_path: Path, corpus: Path, extra: str = "") -> Path:
 CONFIG_ROWS = {
     "missing config file": (None, "config.yaml", 2),
     "YAML syntax error": ("name: x\ntrain: {max_steps: 3\n", "config.yaml:3: YAML syntax error", 2),
-    "unknown key": ("name: x\nmodel: {d_modle: 64}\n", "model.d_modle: unknown key (did you mean 'd_model'?)", 2),
-    "wrong type": ("name: x\ntrain: {max_steps: many}\n", "train.max_steps: expected an integer", 2),
-    "impossible value": ("name: x\nmodel: {d_model: 30, n_heads: 4}\n", "model.n_heads: 4 does not divide", 2),
-    "vocabulary too small": ("name: x\ntokenizer: {vocab_size: 4}\n", "tokenizer.vocab_size: 4 leaves no room", 2),
+    "unknown key": ("name: x\ndata: {path: .}\nmodel: {d_modle: 64}\n", "model.d_modle: unknown key (did you mean 'd_model'?)", 2),
+    "wrong type": ("name: x\ndata: {path: .}\ntrain: {max_steps: many}\n", "train.max_steps: expected an integer", 2),
+    "impossible value": ("name: x\ndata: {path: .}\nmodel: {d_model: 30, n_heads: 4}\n", "model.n_heads: 4 does not divide", 2),
+    "vocabulary too small": ("name: x\ndata: {path: .}\ntokenizer: {vocab_size: 4}\n", "tokenizer.vocab_size: 4 leaves no room", 2),
 }
 
 
@@ -92,6 +92,7 @@ def test_bad_config_is_named_with_exit_2(row, tmp_path: Path, monkeypatch, capsy
     result = run_cli(["train", "--config", str(path)], monkeypatch, capsys, tmp_path)
     assert result[0] == code, result
     assert expected in result[2] and "Traceback" not in result[2], result[2]
+    assert len(result[2].splitlines()) == 1, result[2]  # one problem (each row has one), one line
     assert not (tmp_path / "runs").exists()  # nothing was created
 
 

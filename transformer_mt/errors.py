@@ -22,7 +22,10 @@ class ConfigError(UsageError):
 
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
-        super().__init__("invalid configuration:\n" + "\n".join(f"  {p}" for p in self.problems))
+        if len(self.problems) == 1:  # one line, as any other error
+            super().__init__(f"invalid configuration: {self.problems[0]}")
+        else:
+            super().__init__("invalid configuration:\n" + "\n".join(f"  {p}" for p in self.problems))
 
 
 class DataError(TmtError):

@@ -128,7 +128,10 @@ class ModelConfig:
     """Layers in the encoder and in the decoder, unless the two keys below say otherwise."""
     encoder_layers: int | None = None
     """Encoder layers; unset: `n_layers`. A deep encoder with a shallow decoder decodes faster at
-    about the same BLEU (Kasai et al. 2021: 12 and 1 against 6 and 6)."""
+    about the same BLEU (Kasai et al. 2021: 12 and 1 against 6 and 6). A deeper post-norm stack at a
+    high peak rate without clipping may never learn to read its source (Multi30k's recipe with 6 or
+    8 encoder layers: docs/results.md); pre-norm (`norm: pre`) trains deep stacks more stably (Xiong
+    et al. 2020)."""
     decoder_layers: int | None = None
     """Decoder layers; unset: `n_layers`."""
     d_ff: int = 2048

@@ -395,13 +395,12 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise ConfigError([f"{path}: a YAML alias refers to the value that contains it"]) from None
     overridden = {item.partition("=")[0].strip() for item in overrides}  # keys as `apply_overrides` reads them
 
-    def base(key: str) -> Path:  # where a relative path read from `key` is
-        return Path.cwd() if overridden & {key, "data"} else path.parent
+    def base(key: str) -> Path:  # where a relative path read from `key` (or from its section) is
+        return Path.cwd() if overridden & {key, key.partition(".")[0]} else path.parent
 
     cfg = resolve_paths(cfg, path_base=base("data.path"), corpora_base=base("data.corpora"))
     if cfg.train.init_from and not user_path(cfg.train.init_from).is_absolute():
-        base = Path.cwd() if "train.init_from" in overridden or "train" in overridden else path.parent
-        init_from = str((base / user_path(cfg.train.init_from)).resolve())
+        init_from = str((base("train.init_from") / user_path(cfg.train.init_from)).resolve())
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=init_from))
     return cfg
 

@@ -11,9 +11,11 @@
 # Issue 26's figure (test2016 BLEU, mean of 3 seeds, of the recipe with its quality levers; TAG names
 # the runs apart from the plain recipe's, so a warm machine never resumes one as the other). The
 # levers here are the best measured on the CPU so far (docs/results.md, issue 26's section: a cosine
-# decay and an EMA; BPE-dropout from step 0 stalls this post-norm recipe):
-#   COMMIT=abc1234 TAG=levers SETS="train.lr_schedule=cosine train.ema_decay=0.9999" \
-#       bash scripts/gpu_session.sh multi30k multi30k-seed2 multi30k-seed3     # again at once to resume
+# decay and an EMA; BPE-dropout from step 0 stalls this post-norm recipe). Stages joined by commas
+# run at the same time (the tiny model leaves most of the GPU and the host's cores idle), so the
+# GPU tests and the three seeds share one command; their times are then not those of a machine alone:
+#   COMMIT=abc1234 BUDGET=420 TAG=levers SETS="train.lr_schedule=cosine train.ema_decay=0.9999" \
+#       bash scripts/gpu_session.sh check,multi30k,multi30k-seed2,multi30k-seed3 decode   # again to resume
 # Other stages:
 #   SETS="train.max_steps=10000" bash scripts/gpu_session.sh tatoeba   # again at once to resume
 #   bash scripts/gpu_session.sh decode                                   # decoding speed
@@ -52,8 +54,9 @@
 # its newest checkpoint when run again on the same, still warm machine (it is given back after
 # 30 s idle, and runs do not come back: a cold machine starts again at step 0, and says so).
 # SETS="key=value ..." adds `--set` overrides to the training stages; TAG=x appends -x to their run names. Each stage writes STAGE.log
-# and, for training, <run name>.tar.gz (the run's logs, scores and TensorBoard events; no
-# checkpoints) into OUT (default gpu-out/), plus setup.log.
+# into OUT (default gpu-out/), beside setup.log; after each stage (or group of stages at once) the runs
+# trained so far in the command go into runs.tar.gz (their logs, scores and TensorBoard events; no
+# checkpoints), one file, as the device tool brings back at most 8.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -236,7 +239,7 @@ train_stage() {  # name config data-path [extra --set ...]
         "$PY" scripts/recipe_figures.py "$run" --label "$name" --stage-seconds $((SECONDS - started)) \
             ${resume[0]:+--resumed} || code=1
     fi
-    tar -czf "$OUT/$name.tar.gz" --exclude=checkpoints --exclude=corpus_cache --exclude=token_cache "$run"
+    echo "$run" >> "$TRAINED"  # archived after the stage (stages at once would race on one archive)
     return $code
 }
 
@@ -251,19 +254,50 @@ if [ "$1" = prepare ]; then
     prepare
     exit $?
 fi
-for stage in "$@"; do
-    case $stage in
-        check|suite|bench|variants|bench-large|bench-more|decode|profile|multi30k|multi30k-seed2|multi30k-seed3|tatoeba) ;;
-        *) echo "gpu_session: unknown stage '$stage' (bench, bench-large, bench-more, decode, profile, variants, check," \
-                "suite, multi30k, multi30k-seed2, multi30k-seed3, tatoeba;" \
-                "prepare runs alone)" >&2
-           exit 2 ;;
-    esac
+for group in "$@"; do
+    IFS=, read -ra stages <<< "$group"
+    for stage in "${stages[@]}"; do
+        case $stage in
+            check|suite|bench|variants|bench-large|bench-more|decode|profile|multi30k|multi30k-seed2|multi30k-seed3|tatoeba) ;;
+            *) echo "gpu_session: unknown stage '$stage' (bench, bench-large, bench-more, decode, profile, variants, check," \
+                    "suite, multi30k, multi30k-seed2, multi30k-seed3, tatoeba; joined by commas to run at once;" \
+                    "prepare runs alone)" >&2
+               exit 2 ;;
+        esac
+    done
 done
 mkdir -p "$OUT"
+TRAINED=$(mktemp)  # the run directories the training stages of this command used, one per line
+
+archive_runs() {  # every run trained so far in this command, into one archive
+    [ -s "$TRAINED" ] || return 0
+    sort -u "$TRAINED" | tar -czf "$OUT/runs.tar.gz" --exclude=checkpoints --exclude=corpus_cache \
+        --exclude=token_cache -T -
+}
+
 setup > "$OUT/setup.log" 2>&1 || { cat "$OUT/setup.log"; exit 1; }
 cat "$OUT/setup.log"
-for stage in "$@"; do
-    { "$stage" 2>&1 | tee "$OUT/$stage.log"; } || status=1
+for group in "$@"; do
+    IFS=, read -ra stages <<< "$group"
+    if [ "${#stages[@]}" -eq 1 ]; then
+        { "$group" 2>&1 | tee "$OUT/$group.log"; } || status=1
+    else
+        log "at once: ${stages[*]}, each into its own STAGE.log"
+        pids=()
+        for stage in "${stages[@]}"; do  # the host's cores shared out, unless OMP_NUM_THREADS says
+            OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( ($(nproc) + ${#stages[@]} - 1) / ${#stages[@]} ))} \
+                "$stage" > "$OUT/$stage.log" 2>&1 &
+            pids+=($!)
+        done
+        for i in "${!pids[@]}"; do
+            wait "${pids[$i]}" || { status=1; log "${stages[$i]} failed"; }
+        done
+        for stage in "${stages[@]}"; do  # each one's end: its figure line, its test summary
+            log "$stage.log ends:"
+            tail -n 4 "$OUT/$stage.log"
+        done
+    fi
+    archive_runs
 done
+rm -f "$TRAINED"
 exit $status

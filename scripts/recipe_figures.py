@@ -49,7 +49,7 @@ def figures(run: Path, label: str, stage_seconds: float | None, resumed: bool) -
         "capture_seconds_logged": round(sum(captures), 2), "cuda_graphs": summary.get("cuda_graphs"),
         "best_valid_bleu": summary["best_bleu"], "best_step": summary["best_step"],
         "test_bleu": test.get("bleu"), "test_chrf": test.get("chrf"), "test_beam": test.get("beam_size"),
-        "test_seconds": test.get("seconds"), "device": (summary.get("provenance") or {}).get("device"),
+        "test_seconds": test.get("seconds"), "test_ema_bleu": (test.get("ema") or {}).get("bleu"), "device": (summary.get("provenance") or {}).get("device"),
     }
 
 

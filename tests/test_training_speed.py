@@ -387,7 +387,7 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 def test_a_training_stage_prints_its_figure_as_one_json_line(tiny_corpus: Path, tmp_path: Path, monkeypatch, capsys):
     cfg = tiny_config(tiny_corpus, train={"max_steps": 4, "log_every_steps": 2, "eval_every_steps": 4,
-                                          "save_every_steps": 4})
+                                          "save_every_steps": 2, "average_last": 2, "ema_decay": 0.9})
     save_config(cfg, tmp_path / "tiny.yaml")
     code, _, err = run_cli(["train", "--config", str(tmp_path / "tiny.yaml"), "--run-dir", str(tmp_path / "run"),
                             "--no-progress"], monkeypatch, capsys, tmp_path)
@@ -400,6 +400,7 @@ def test_a_training_stage_prints_its_figure_as_one_json_line(tiny_corpus: Path, 
     summary = json.loads((tmp_path / "run" / "summary.json").read_text(encoding="utf-8"))
     assert line["figure"] == "multi30k-en-de" and line["commit"] == "abc1234" and line["end_to_end_s"] == 12
     assert line["test_bleu"] == summary["test"]["bleu"] and line["step"] == 4
+    assert line["test_ema_bleu"] == summary["test"]["ema"]["bleu"]  # the average's test, then the EMA's
     log = (tmp_path / "run" / "train.log").read_text(encoding="utf-8")
     rates = [float(m.group(1)) for m in re.finditer(r"step \d+/4 .*? (\d+) target tokens/s", log)]
     assert len(rates) == 2  # the log lines of steps 2 and 4
@@ -432,3 +433,19 @@ def test_tag_names_a_runbook_training_stage_apart_from_the_plain_recipe(tmp_path
                             text=True, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "multi30k-en-de-seed3-levers: NO CHECKPOINT in runs/gpu-multi30k-en-de-seed3-levers" in result.stdout
+
+
+def test_runbook_stages_joined_by_commas_run_at_once_each_into_its_own_log(tmp_path: Path):
+    """`check,multi30k,...` shares one lease between stages: each keeps its own log and status."""
+    out = tmp_path / "out"
+    env = {**os.environ, "BUDGET": "0", "OUT": str(out), "PYTHON": sys.executable, "COMMIT": "abc1234"}
+    script = str(SCRIPTS / "gpu_session.sh")
+    result = subprocess.run(["bash", script, "variants,multi30k-seed2"], capture_output=True, text=True, env=env,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "at once: variants multi30k-seed2" in result.stdout
+    assert '"figure": "variant-pad1"' in (out / "variants.log").read_text(encoding="utf-8")
+    assert "NO CHECKPOINT in runs/gpu-multi30k-en-de-seed2" in (out / "multi30k-seed2.log").read_text(encoding="utf-8")
+    assert not (out / "runs.tar.gz").exists()  # nothing trained: nothing to archive
+    unknown = subprocess.run(["bash", script, "variants,nonsense"], capture_output=True, text=True, env=env)
+    assert unknown.returncode == 2 and "unknown stage 'nonsense'" in unknown.stderr

@@ -9,13 +9,14 @@
 #   COMMIT=abc1234 bash scripts/gpu_session.sh variants                 # 2: what each piece of the engine buys
 #   COMMIT=abc1234 bash scripts/gpu_session.sh check multi30k-seed2     # 3: GPU tests; the recipe's second seed
 # Issue 26's figure (test2016 BLEU, mean of 3 seeds, of the recipe with its quality levers; TAG names
-# the runs apart from the plain recipe's, so a warm machine never resumes one as the other). The
-# levers here are the best measured on the CPU so far (docs/results.md, issue 26's section: a cosine
-# decay and an EMA; BPE-dropout from step 0 stalls this post-norm recipe). Stages joined by commas
-# run at the same time (the tiny model leaves most of the GPU and the host's cores idle), so the
-# GPU tests and the three seeds share one command; their times are then not those of a machine alone:
+# the runs apart from the plain recipe's, so a warm machine never resumes one as the other). Stages
+# joined by commas run at the same time (the tiny model leaves most of the GPU and the host's cores
+# idle), so the GPU tests and the three seeds share one command; their times are then not those of
+# a machine alone (the lease of 2026-11-27 ran this, docs/results.md; cosine + EMA scored below plain):
 #   COMMIT=abc1234 BUDGET=420 TAG=levers SETS="train.lr_schedule=cosine train.ema_decay=0.9999" \
 #       bash scripts/gpu_session.sh check,multi30k,multi30k-seed2,multi30k-seed3 decode   # again to resume
+# and `scout` tries several variants of the recipe at once, one run each (docs/benchmarks.md, "The
+# next lease", has the command).
 # Other stages:
 #   SETS="train.max_steps=10000" bash scripts/gpu_session.sh tatoeba   # again at once to resume
 #   bash scripts/gpu_session.sh decode                                   # decoding speed
@@ -49,6 +50,11 @@
 #   multi30k-seed2 the same with seed 2, in runs/gpu-multi30k-en-de-seed2.
 #   multi30k-seed3 the same with seed 3, in runs/gpu-multi30k-en-de-seed3.
 #   tatoeba        trains configs/tatoeba-en-it.yaml into runs/gpu-tatoeba-en-it.
+#   scout          several recipes of configs/multi30k-en-de.yaml at once, one run each, from
+#                  SCOUT="name:key=value key=value;name:..." (each run's sets after SETS), into
+#                  runs/gpu-multi30k-en-de-NAME; one log, each line tagged [NAME], figures at its end:
+#                    SCOUT="pre:model.norm=pre;pre-drop:model.norm=pre tokenizer.bpe_dropout=0.1" \
+#                        bash scripts/gpu_session.sh scout
 # A training stage stops with SIGTERM (a checkpoint; the stage still exits 0) before BUDGET seconds
 # (default 480, for a 10-minute command) have passed since the command started, and resumes from
 # its newest checkpoint when run again on the same, still warm machine (it is given back after
@@ -243,6 +249,28 @@ train_stage() {  # name config data-path [extra --set ...]
     return $code
 }
 
+scout() {  # several Multi30k recipes at once, each from SCOUT="name:key=value ...;name:...", into one log
+    local entry name pids=() names=() rc=0 i
+    [ -n "${SCOUT:-}" ] || { echo "gpu_session: scout needs SCOUT=\"name:key=value ...;name:...\"" >&2; return 2; }
+    IFS=';' read -ra entries <<< "$SCOUT"
+    log "scout: ${#entries[@]} runs at once (their times are not those of a machine alone)"
+    for entry in "${entries[@]}"; do
+        name=${entry%%:*}
+        # Each run's own overrides after SETS (a later --set wins); its lines tagged with its name.
+        { OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( ($(nproc) + ${#entries[@]} - 1) / ${#entries[@]} ))} \
+            SETS="$SETS ${entry#*:}" train_stage "multi30k-en-de-$name" configs/multi30k-en-de.yaml \
+            .gpu/data/multi30k_en_de/tok 2>&1 | sed -u "s/^/[$name] /"; } &
+        pids+=($!)
+        names+=("$name")
+    done
+    for i in "${!pids[@]}"; do
+        wait "${pids[$i]}" || { rc=1; log "scout: ${names[$i]} failed"; }
+    done
+    log "scout: the figures"
+    sed -n 's/^\[[^]]*\] \({"figure".*\)/\1/p' "$OUT/scout.log" 2>/dev/null  # untagged, as `grep '^{"figure"'` finds
+    return $rc
+}
+
 multi30k() { train_stage multi30k-en-de configs/multi30k-en-de.yaml .gpu/data/multi30k_en_de/tok; }
 multi30k-seed2() { train_stage multi30k-en-de-seed2 configs/multi30k-en-de.yaml .gpu/data/multi30k_en_de/tok --set seed=2; }
 multi30k-seed3() { train_stage multi30k-en-de-seed3 configs/multi30k-en-de.yaml .gpu/data/multi30k_en_de/tok --set seed=3; }
@@ -258,9 +286,9 @@ for group in "$@"; do
     IFS=, read -ra stages <<< "$group"
     for stage in "${stages[@]}"; do
         case $stage in
-            check|suite|bench|variants|bench-large|bench-more|decode|profile|multi30k|multi30k-seed2|multi30k-seed3|tatoeba) ;;
+            check|suite|bench|variants|bench-large|bench-more|decode|profile|multi30k|multi30k-seed2|multi30k-seed3|tatoeba|scout) ;;
             *) echo "gpu_session: unknown stage '$stage' (bench, bench-large, bench-more, decode, profile, variants, check," \
-                    "suite, multi30k, multi30k-seed2, multi30k-seed3, tatoeba; joined by commas to run at once;" \
+                    "suite, multi30k, multi30k-seed2, multi30k-seed3, tatoeba, scout; joined by commas to run at once;" \
                     "prepare runs alone)" >&2
                exit 2 ;;
         esac

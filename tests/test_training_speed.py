@@ -449,3 +449,19 @@ def test_runbook_stages_joined_by_commas_run_at_once_each_into_its_own_log(tmp_p
     assert not (out / "runs.tar.gz").exists()  # nothing trained: nothing to archive
     unknown = subprocess.run(["bash", script, "variants,nonsense"], capture_output=True, text=True, env=env)
     assert unknown.returncode == 2 and "unknown stage 'nonsense'" in unknown.stderr
+
+
+def test_runbook_scout_runs_each_recipe_under_its_own_name_into_one_log(tmp_path: Path):
+    out = tmp_path / "out"
+    env = {**os.environ, "BUDGET": "0", "OUT": str(out), "PYTHON": sys.executable,
+           "SCOUT": "pre:model.norm=pre;pre-s2:seed=2 model.norm=pre"}
+    script = str(SCRIPTS / "gpu_session.sh")
+    result = subprocess.run(["bash", script, "scout"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = (out / "scout.log").read_text(encoding="utf-8")
+    assert "scout: 2 runs at once" in log
+    for name in ("pre", "pre-s2"):
+        assert f"[{name}] == " in log and f"NO CHECKPOINT in runs/gpu-multi30k-en-de-{name}:" in log
+    env.pop("SCOUT")
+    unset = subprocess.run(["bash", script, "scout"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert unset.returncode == 1 and "scout needs SCOUT=" in unset.stdout + unset.stderr

@@ -104,7 +104,9 @@ class TokenizerConfig:
     probability, so words are split into varied, smaller pieces (0.1 is the paper's; 0: off).
     Validation, test and translation always use plain BPE, and the saved tokenizers never drop.
     The training split is encoded `bpe_dropout_variants` times ahead into the token cache;
-    epoch e trains on number 1 + (e mod that number); a resume reads the same cached ones."""
+    epoch e trains on number 1 + (e mod that number); a resume reads the same cached ones.
+    Use it with `model.norm: pre`: Multi30k's post-norm recipe (lr 0.005) stalls under it, as a
+    target-side language model, with clipping too; pre-norm learns (docs/results.md)."""
     bpe_dropout_variants: int = 8
     """Segmentations of the training split cached for `bpe_dropout`, cycled by epoch; each costs
     one more encoding of the training split and its token ids on disk."""
@@ -113,7 +115,7 @@ class TokenizerConfig:
     BPE (epoch e >= it on number 1 + (e mod `bpe_dropout_variants`)). A post-norm model at a high
     rate can fail to learn to read its source under dropout from the first update
     (configs/multi30k-en-de.yaml, docs/results.md); starting after the warm-up avoided it there
-    (warmup_steps / the steps per epoch `tmt data` reports)."""
+    (warmup_steps / the steps per epoch `tmt data` reports), but trailed plain BPE."""
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ test BLEU). `scripts/gpu_session.sh` calls it after a training stage.
 tokens/s (which leave out validation, checkpoints and CUDA-graph capture), so the steady state.
 `end_to_end_s`: the stage's wall time from starting `tmt train` to its exit, which writes the
 test score last; only for a run that finished in one go (null after a resume).
+`test_bleu`: the final test of the averaged (or best) weights; `test_ema_bleu`: the same test of
+the EMA's weights, when the run keeps one (`train.ema_decay`), else null.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ def figures(run: Path, label: str, stage_seconds: float | None, resumed: bool) -
         "capture_seconds_logged": round(sum(captures), 2), "cuda_graphs": summary.get("cuda_graphs"),
         "best_valid_bleu": summary["best_bleu"], "best_step": summary["best_step"],
         "test_bleu": test.get("bleu"), "test_chrf": test.get("chrf"), "test_beam": test.get("beam_size"),
-        "test_seconds": test.get("seconds"), "test_ema_bleu": (test.get("ema") or {}).get("bleu"), "device": (summary.get("provenance") or {}).get("device"),
+        "test_seconds": test.get("seconds"), "test_ema_bleu": (test.get("ema") or {}).get("bleu"),
+        "device": (summary.get("provenance") or {}).get("device"),
     }
 
 

@@ -21,7 +21,7 @@ import torch
 from transformer_mt import token_cache
 from transformer_mt.batch_budget import resolve_batch_tokens
 from transformer_mt.batching import TokenBatchSampler
-from transformer_mt.config import load_config
+from transformer_mt.config_loading import load_config
 from transformer_mt.preparation import prepare_data
 
 

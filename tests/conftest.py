@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from transformer_mt import cli
-from transformer_mt.config import Config, config_from_dict
+from transformer_mt.config import Config
+from transformer_mt.config_loading import config_from_dict
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO / "configs" / "demo.yaml"

@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "transformer_mt"
-MAX_MODULE_LINES = 500  # config.py excepted: its field docstrings are the config reference
+MAX_MODULE_LINES = 500
 MAX_CORE_LINES = 400  # the loop and the model, where most changes land
 MAX_CLASS_LINES = 250
 
@@ -53,7 +53,7 @@ def test_modules_and_classes_are_readable_in_one_sitting():
     for path in sorted(PACKAGE.glob("*.py")):
         lines = len(path.read_text(encoding="utf-8").splitlines())
         limit = MAX_CORE_LINES if path.stem in ("training", "model") else MAX_MODULE_LINES
-        if path.stem != "config" and lines > limit:
+        if lines > limit:
             too_long.append(f"{path.name}: {lines} lines (at most {limit})")
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES:

@@ -14,7 +14,8 @@ from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
 from tests.test_decoding import BOS, EOS, random_model, random_sources
 from tests.test_training_speed import make_trainer  # dropout 0 (attention runs in SDPA), no clipping, fp32
 from transformer_mt import runtime
-from transformer_mt.config import DecodeConfig, TrainConfig, config_from_dict
+from transformer_mt.config import DecodeConfig, TrainConfig
+from transformer_mt.config_loading import config_from_dict
 from transformer_mt.errors import ConfigError
 from transformer_mt.evaluation import translate_ids
 from transformer_mt.run_dir import prepare_run_dir

@@ -13,7 +13,8 @@ import torch
 
 from tests.conftest import TINY_PAIRS, tiny_config, write_corpus
 from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.config import ConfigError, config_from_dict
+from transformer_mt.config_loading import config_from_dict
+from transformer_mt.errors import ConfigError
 from transformer_mt.preparation import prepare_data
 from transformer_mt.run_dir import prepare_run_dir
 from transformer_mt.tokenization import TokenizerPair
@@ -151,7 +152,7 @@ def test_tmt_data_draws_only_the_segmentation_its_report_describes(corpus: Path,
     """The report describes the first epoch: `tmt data` encodes its segmentation, not all K."""
     from tests.conftest import run_cli
     from transformer_mt import training_split
-    from transformer_mt.config import save_config
+    from transformer_mt.config_loading import save_config
 
     config = tmp_path / "dropout.yaml"
     save_config(dropout_config(corpus), config)
@@ -170,7 +171,7 @@ def test_tmt_data_on_a_dropout_run_reports_the_segmentation_the_run_trains_on(co
     """Dropout encoding is not seeded: `tmt data --run-dir` must read the run's cached first
     segmentation, not draw a new one, or its lengths and batches differ from the run's own report."""
     from tests.conftest import run_cli
-    from transformer_mt.config import save_config
+    from transformer_mt.config_loading import save_config
     from transformer_mt.run_layout import RunDir
 
     cfg, run = dropout_config(corpus), tmp_path / "run"

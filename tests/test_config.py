@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from transformer_mt.config import TrainConfig, config_from_dict, load_config
+from transformer_mt.config import TrainConfig
+from transformer_mt.config_loading import config_from_dict, load_config
 from transformer_mt.errors import ConfigError
 
 

@@ -13,10 +13,10 @@ import torch
 
 from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
 from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.config import ConfigError, config_from_dict, load_config, save_config
+from transformer_mt.config_loading import config_from_dict, load_config, save_config
 from transformer_mt.corpus_mix import mixture
 from transformer_mt.data import load_corpus
-from transformer_mt.errors import DataError
+from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.preparation import prepare_data
 from transformer_mt.run_dir import prepare_run_dir
 from transformer_mt.training import Trainer, train

@@ -17,7 +17,7 @@ import torch
 from tests.conftest import PYTHONPATH, run_cli, tiny_config
 from transformer_mt import summary
 from transformer_mt.checkpoint import load_checkpoint, save_atomic
-from transformer_mt.config import save_config
+from transformer_mt.config_loading import save_config
 from transformer_mt.errors import CheckpointError
 
 

@@ -17,7 +17,7 @@ from tests.conftest import PYTHONPATH, TINY_PAIRS, tiny_config, write_corpus
 from tests.test_training import read_scalars
 from transformer_mt.batching import TokenBatchSampler
 from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.config import save_config
+from transformer_mt.config_loading import save_config
 from transformer_mt.distributed import Distributed, interleave
 from transformer_mt.errors import DataError, UsageError
 from transformer_mt.run_dir import prepare_run_dir

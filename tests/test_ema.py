@@ -10,7 +10,7 @@ from torch import nn
 from tests.conftest import tiny_config
 from tests.test_training import stop_at_first_validation
 from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.config import config_from_dict
+from transformer_mt.config_loading import config_from_dict
 from transformer_mt.ema import WeightEMA
 from transformer_mt.errors import ConfigError
 from transformer_mt.run_dir import prepare_run_dir

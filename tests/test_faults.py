@@ -23,7 +23,7 @@ from tests.test_training import read_scalars
 from transformer_mt import train_step as train_step_module
 from transformer_mt import training
 from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.config import load_config, save_config
+from transformer_mt.config_loading import load_config, save_config
 from transformer_mt.errors import CheckpointError, Terminated, TrainingError, TrainingStopped
 from transformer_mt.files import write_text_atomic
 from transformer_mt.run_dir import prepare_run_dir
@@ -577,7 +577,7 @@ logging.basicConfig(level=logging.INFO)
 from transformer_mt import checkpoint, training
 from transformer_mt import train_step as train_step_module
 from transformer_mt import run_dir as run_dir_module
-from transformer_mt.config import load_config
+from transformer_mt.config_loading import load_config
 
 config, run_dir, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 point, _, n = mode.partition("@")

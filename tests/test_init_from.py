@@ -9,7 +9,7 @@ import torch
 
 from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
 from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.config import load_config, save_config
+from transformer_mt.config_loading import load_config, save_config
 from transformer_mt.errors import ConfigError, UsageError
 from transformer_mt.init_from import load_parent
 from transformer_mt.run_dir import prepare_run_dir

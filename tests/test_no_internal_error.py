@@ -23,7 +23,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 from tests.conftest import DEMO_CONFIG  # noqa: E402
 from transformer_mt import cli  # noqa: E402
-from transformer_mt.config import Config, load_config  # noqa: E402
+from transformer_mt.config import Config  # noqa: E402
+from transformer_mt.config_loading import load_config
 from transformer_mt.errors import DataError, TmtError  # noqa: E402
 from transformer_mt.train_state import TrainState  # noqa: E402
 

@@ -18,7 +18,8 @@ from tests.conftest import PYTHONPATH, TINY_PAIRS, run_cli, tiny_config, write_c
 from transformer_mt.cli_parser import NUMPY_AUTO_MAX_SENTENCES
 from transformer_mt.checkpoint import load_checkpoint, save_atomic, translation_weights
 from transformer_mt.checkpoint_reader import UnsupportedCheckpoint, read_translation_state
-from transformer_mt.config import ModelConfig, config_from_dict
+from transformer_mt.config import ModelConfig
+from transformer_mt.config_loading import config_from_dict
 from transformer_mt.errors import CheckpointError
 from transformer_mt.numpy_decoder import best_indices, descending_order, unsupported_reason
 from transformer_mt.numpy_translator import EngineUnavailable, NumpyTranslator

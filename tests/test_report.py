@@ -11,7 +11,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from tests.conftest import DEMO_CONFIG, TINY_PAIRS, run_cli, tiny_config, write_corpus
-from transformer_mt.config import save_config
+from transformer_mt.config_loading import save_config
 from transformer_mt.report import estimated_time, format_duration, percentile
 from transformer_mt.tokenization import SPECIAL_TOKENS
 from transformer_mt.run_dir import prepare_run_dir

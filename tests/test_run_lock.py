@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PYTHONPATH, TINY_PAIRS, tiny_config, write_corpus
-from transformer_mt.config import save_config
+from transformer_mt.config_loading import save_config
 from transformer_mt.errors import UsageError
 from transformer_mt.run_dir import prepare_run_dir
 from transformer_mt.run_lock import RunLock

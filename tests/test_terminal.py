@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import DEMO_CONFIG, PYTHONPATH, TINY_PAIRS, run_cli, tiny_config, write_corpus
 from transformer_mt.cli_parser import build_parser
-from transformer_mt.config import load_config, save_config
+from transformer_mt.config_loading import load_config, save_config
 
 TIMESTAMP = re.compile(r"\d\d:\d\d:\d\d (INFO|WARNING|ERROR) ")
 BAR = re.compile(r"\d+/\d+ \[|[?\d.]+(it|step|batch|line)/s\]|\|[ #▏▎▍▌▋▊▉█]*\|")

@@ -20,7 +20,8 @@ from transformer_mt import throughput
 from transformer_mt.batching import Batch, make_batch, sorted_batches
 from transformer_mt.distributed import Distributed
 from transformer_mt.batch_budget import activation_bytes_per_token, device_batch_tokens, resolve_batch_tokens
-from transformer_mt.config import ModelConfig, TrainConfig, config_from_dict, save_config
+from transformer_mt.config import ModelConfig, TrainConfig
+from transformer_mt.config_loading import config_from_dict, save_config
 from transformer_mt.errors import ConfigError
 from transformer_mt.runtime import Precision
 from transformer_mt.model import Transformer

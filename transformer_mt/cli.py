@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_train(args: argparse.Namespace) -> None:
-    from transformer_mt.config import load_config
+    from transformer_mt.config_loading import load_config
     from transformer_mt.distributed import Distributed
     from transformer_mt.init_from import check_parent
     from transformer_mt.runtime import pick_device, pick_precision
@@ -143,7 +143,7 @@ def _continue_command(args: argparse.Namespace, run_dir: Path, torchrun: bool) -
 def run_data(args: argparse.Namespace) -> None:
     """Print the data report of a config without training, leaving no file behind
     (`preparation.preview_report`: with an existing run's tokenizers when they fit)."""
-    from transformer_mt.config import load_config
+    from transformer_mt.config_loading import load_config
     from transformer_mt.init_from import check_parent
     from transformer_mt.preparation import preview_report
 

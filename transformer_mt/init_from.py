@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer_mt.checkpoint import CheckpointDir, check_tokenizers, load_checkpoint, translation_weights
-from transformer_mt.config import Config, comparable_depths, config_to_dict, user_path, with_defaults
+from transformer_mt.config import Config, comparable_depths, config_to_dict, with_defaults
+from transformer_mt.config_loading import user_path
 from transformer_mt.errors import CheckpointError, ConfigError, UsageError
 from transformer_mt.run_layout import RunDir
 from transformer_mt.tokenization import TokenizerPair

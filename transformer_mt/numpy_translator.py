@@ -16,7 +16,8 @@ from pathlib import Path
 
 from transformer_mt.checkpoint_reader import (UnsupportedCheckpoint, check_tokenizers, check_vocabulary,
                                               read_translation_state)
-from transformer_mt.config import Config, config_from_dict
+from transformer_mt.config import Config
+from transformer_mt.config_loading import config_from_dict
 from transformer_mt.errors import ConfigError
 from transformer_mt.numpy_decoder import NumpyTransformer, beam_search, greedy_search, unsupported_reason
 from transformer_mt.run_files import find_checkpoint

@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 from transformer_mt.checkpoint import CheckpointDir
-from transformer_mt.config import (Config, comparable_depths, config_to_dict, load_config, read_saved_config,
-                                  with_defaults)
+from transformer_mt.config import Config, comparable_depths, config_to_dict, with_defaults
+from transformer_mt.config_loading import load_config, read_saved_config
 from transformer_mt.errors import CheckpointError, ConfigError, TmtError, UsageError
 from transformer_mt.files import temp_file_target
 from transformer_mt.init_from import parent_paths

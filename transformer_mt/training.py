@@ -18,7 +18,8 @@ from tqdm import tqdm
 
 from transformer_mt.architectures import build_model as build_architecture
 from transformer_mt.batch_budget import resolve_batch_tokens
-from transformer_mt.config import Config, save_config
+from transformer_mt.config import Config
+from transformer_mt.config_loading import save_config
 from transformer_mt.distributed import Distributed
 from transformer_mt.errors import CheckpointError, ConfigError, TmtError, TrainingError, TrainingStopped, \
     missing_from_rank0

@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 from transformer_mt.checkpoint import check_tokenizers, check_vocabulary, load_checkpoint, translation_weights
-from transformer_mt.config import Config, config_from_dict
+from transformer_mt.config import Config
+from transformer_mt.config_loading import config_from_dict
 from transformer_mt.errors import CheckpointError, ConfigError, UsageError
 from transformer_mt.decoding import Sampling
 from transformer_mt.evaluation import cross_attention_labels, cross_attention_map, translate_hypotheses, translate_ids

@@ -75,6 +75,7 @@ COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export COMMIT  # bench_train.py and recipe_figures.py put it in their JSON lines
 
 log() { echo "== $(date -u +%H:%M:%S) $*"; }
+threads_each() { echo "${OMP_NUM_THREADS:-$(( ($(nproc) + $1 - 1) / $1 ))}"; }  # the host's cores shared by $1 runs, unless OMP_NUM_THREADS says
 
 prepare() {
     local data=${DATA:-../shared/data}
@@ -253,11 +254,11 @@ scout() {  # several Multi30k recipes at once, each from SCOUT="name:key=value .
     local entry name pids=() names=() rc=0 i
     [ -n "${SCOUT:-}" ] || { echo "gpu_session: scout needs SCOUT=\"name:key=value ...;name:...\"" >&2; return 2; }
     IFS=';' read -ra entries <<< "$SCOUT"
-    log "scout: ${#entries[@]} runs at once (their times are not those of a machine alone)"
+    log "scout: ${#entries[@]} runs at once, $(threads_each ${#entries[@]}) CPU threads each (their times are not those of a machine alone)"
     for entry in "${entries[@]}"; do
         name=${entry%%:*}
         # Each run's own overrides after SETS (a later --set wins); its lines tagged with its name.
-        { OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( ($(nproc) + ${#entries[@]} - 1) / ${#entries[@]} ))} \
+        { OMP_NUM_THREADS=$(threads_each ${#entries[@]}) \
             SETS="$SETS ${entry#*:}" train_stage "multi30k-en-de-$name" configs/multi30k-en-de.yaml \
             .gpu/data/multi30k_en_de/tok 2>&1 | sed -u "s/^/[$name] /"; } &
         pids+=($!)
@@ -310,11 +311,10 @@ for group in "$@"; do
     if [ "${#stages[@]}" -eq 1 ]; then
         { "$group" 2>&1 | tee "$OUT/$group.log"; } || status=1
     else
-        log "at once: ${stages[*]}, each into its own STAGE.log"
+        log "at once: ${stages[*]}, each into its own STAGE.log, $(threads_each ${#stages[@]}) CPU threads each"
         pids=()
-        for stage in "${stages[@]}"; do  # the host's cores shared out, unless OMP_NUM_THREADS says
-            OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( ($(nproc) + ${#stages[@]} - 1) / ${#stages[@]} ))} \
-                "$stage" > "$OUT/$stage.log" 2>&1 &
+        for stage in "${stages[@]}"; do
+            OMP_NUM_THREADS=$(threads_each ${#stages[@]}) "$stage" > "$OUT/$stage.log" 2>&1 &
             pids+=($!)
         done
         for i in "${!pids[@]}"; do

@@ -440,11 +440,13 @@ def test_runbook_stages_joined_by_commas_run_at_once_each_into_its_own_log(tmp_p
     """`check,multi30k,...` shares one lease between stages: each keeps its own log and status."""
     out = tmp_path / "out"
     env = {**os.environ, "BUDGET": "0", "OUT": str(out), "PYTHON": sys.executable, "COMMIT": "abc1234"}
+    env.pop("OMP_NUM_THREADS", None)  # unset: the host's cores shared out, rounded up
     script = str(SCRIPTS / "gpu_session.sh")
     result = subprocess.run(["bash", script, "variants,multi30k-seed2"], capture_output=True, text=True, env=env,
                             cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "at once: variants multi30k-seed2" in result.stdout
+    threads = (len(os.sched_getaffinity(0)) + 1) // 2
+    assert f"at once: variants multi30k-seed2, each into its own STAGE.log, {threads} CPU threads each" in result.stdout
     assert '"figure": "variant-pad1"' in (out / "variants.log").read_text(encoding="utf-8")
     assert "NO CHECKPOINT in runs/gpu-multi30k-en-de-seed2" in (out / "multi30k-seed2.log").read_text(encoding="utf-8")
     assert not (out / "runs.tar.gz").exists()  # nothing trained: nothing to archive
@@ -455,12 +457,12 @@ def test_runbook_stages_joined_by_commas_run_at_once_each_into_its_own_log(tmp_p
 def test_runbook_scout_runs_each_recipe_under_its_own_name_into_one_log(tmp_path: Path):
     out = tmp_path / "out"
     env = {**os.environ, "BUDGET": "0", "OUT": str(out), "PYTHON": sys.executable,
-           "SCOUT": "pre:model.norm=pre;pre-s2:seed=2 model.norm=pre"}
+           "SCOUT": "pre:model.norm=pre;pre-s2:seed=2 model.norm=pre", "OMP_NUM_THREADS": "3"}
     script = str(SCRIPTS / "gpu_session.sh")
     result = subprocess.run(["bash", script, "scout"], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     log = (out / "scout.log").read_text(encoding="utf-8")
-    assert "scout: 2 runs at once" in log
+    assert "scout: 2 runs at once, 3 CPU threads each" in log  # OMP_NUM_THREADS set: each run gets it
     for name in ("pre", "pre-s2"):
         assert f"[{name}] == " in log and f"NO CHECKPOINT in runs/gpu-multi30k-en-de-{name}:" in log
     env.pop("SCOUT")

@@ -84,6 +84,15 @@ def test_a_resume_compares_depths_as_the_layers_they_give():
         "model.n_layers: must be at least 1, got 0"]  # the decoder's depth
 
 
+def test_a_value_below_its_floor_is_named_once_and_an_unset_optional_key_passes():
+    problems = problems_of({"data": {"path": "x", "num_proc": 0},
+                            "model": {"max_len": 0}, "decode": {"batch_tokens": 4096}})
+    assert problems == ["data.num_proc: must be at least 1 (or unset for automatic), got 0",
+                        "model.max_len: must be at least 2 (a token and end-of-sentence), got 0"]
+    cfg = config_from_dict({"data": {"path": "x", "num_proc": None}, "tokenizer": {"max_train_pairs": None}})
+    assert (cfg.data.num_proc, cfg.tokenizer.max_train_pairs) == (None, None)
+
+
 def test_the_attention_layer_must_be_one_of_the_decoders_layers():
     raw = {"data": {"path": "x"}, "model": {"n_layers": 6, "decoder_layers": 2}}
     assert config_from_dict({**raw, "train": {"attention_layer": -2}}).train.attention_layer == -2

@@ -20,6 +20,13 @@ def check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
         if not any(key == bad or key.startswith(f"{bad}.") or not bad for key in keys for bad in defaulted):
             p.append(problem)
 
+    def at_least(key: str, value: float | None, floor: float, note: str = "") -> bool:
+        """Report `key` when `value` is below `floor` (None, an unset optional key, passes); True if it passes."""
+        if value is None or value >= floor:
+            return True
+        check(f"{key}: must be at least {floor}{note}, got {value}")
+        return False
+
     d, tok, m, t, dec = cfg.data, cfg.tokenizer, cfg.model, cfg.train, cfg.decode
     if not 0 <= cfg.seed < 2**32:
         check(f"seed: must be in [0, 2**32), got {cfg.seed}")
@@ -45,42 +52,29 @@ def check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
             check(f"{key}: {lang!r} must be a language code such as 'en' (it names the data files)")
     if d.src_lang == d.tgt_lang:
         check(f"data.tgt_lang: must differ from data.src_lang ({d.src_lang!r})", "data.src_lang")
-    for key, value in [("data.valid_size", d.valid_size), ("data.test_size", d.test_size)]:
-        if value < 1:
-            check(f"{key}: must be at least 1, got {value}")
-    if d.max_words < 1:
-        check(f"data.max_words: must be at least 1, got {d.max_words}")
-    if d.max_length_ratio < 1:
-        check(f"data.max_length_ratio: must be at least 1, got {d.max_length_ratio}")
-    if d.num_proc is not None and d.num_proc < 1:
-        check(f"data.num_proc: must be at least 1 (or unset for automatic), got {d.num_proc}")
+    for key, value in [("data.valid_size", d.valid_size), ("data.test_size", d.test_size),
+                       ("data.max_words", d.max_words), ("data.max_length_ratio", d.max_length_ratio)]:
+        at_least(key, value, 1)
+    at_least("data.num_proc", d.num_proc, 1, " (or unset for automatic)")
     n_special = 4
     if tok.vocab_size <= n_special:
         check(f"tokenizer.vocab_size: {tok.vocab_size} leaves no room beyond the {n_special} special tokens")
-    if tok.min_frequency < 1:
-        check(f"tokenizer.min_frequency: must be at least 1, got {tok.min_frequency}")
+    at_least("tokenizer.min_frequency", tok.min_frequency, 1)
     if not 0 <= tok.bpe_dropout < 1:
         check(f"tokenizer.bpe_dropout: must be in [0, 1) (0 = off), got {tok.bpe_dropout}")
-    if tok.bpe_dropout_variants < 1:
-        check(f"tokenizer.bpe_dropout_variants: must be at least 1, got {tok.bpe_dropout_variants}")
-    if tok.bpe_dropout_start_epoch < 0:
-        check(f"tokenizer.bpe_dropout_start_epoch: must be at least 0, got {tok.bpe_dropout_start_epoch}")
-    if tok.max_train_pairs is not None and tok.max_train_pairs < 1:
-        check(f"tokenizer.max_train_pairs: must be at least 1 (or unset for all pairs), got {tok.max_train_pairs}")
-    sizes = [("model.d_model", m.d_model), ("model.n_heads", m.n_heads), ("model.d_ff", m.d_ff),
-             ("model.max_len", m.max_len)]
+    at_least("tokenizer.bpe_dropout_variants", tok.bpe_dropout_variants, 1)
+    at_least("tokenizer.bpe_dropout_start_epoch", tok.bpe_dropout_start_epoch, 0)
+    at_least("tokenizer.max_train_pairs", tok.max_train_pairs, 1, " (or unset for all pairs)")
+    sizes = [("model.d_model", m.d_model), ("model.n_heads", m.n_heads), ("model.d_ff", m.d_ff)]
     if m.encoder_layers is None or m.decoder_layers is None:  # else n_layers sets nothing
         sizes.append(("model.n_layers", m.n_layers))
     for key, value in sizes:
-        if value < 1:
-            check(f"{key}: must be at least 1, got {value}")
+        at_least(key, value, 1)
     for key, value in (("model.encoder_layers", m.encoder_layers), ("model.decoder_layers", m.decoder_layers)):
-        if value is not None and value < 1:
-            check(f"{key}: must be at least 1 (or unset for model.n_layers), got {value}")
+        at_least(key, value, 1, " (or unset for model.n_layers)")
     if m.n_heads >= 1 and m.d_model % m.n_heads:
         check(f"model.n_heads: {m.n_heads} does not divide model.d_model={m.d_model}", "model.d_model")
-    if m.max_len < 2:
-        check(f"model.max_len: must be at least 2 (a token and end-of-sentence), got {m.max_len}")
+    at_least("model.max_len", m.max_len, 2, " (a token and end-of-sentence)")
     if not 0 <= m.dropout < 1:
         check(f"model.dropout: must be in [0, 1), got {m.dropout}")
     for key, value in (("model.attention_dropout", m.attention_dropout), ("model.activation_dropout", m.activation_dropout)):
@@ -93,57 +87,43 @@ def check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
                        ("train.save_every_steps", t.save_every_steps), ("train.log_every_steps", t.log_every_steps),
                        ("train.keep_last", t.keep_last), ("train.max_nonfinite_steps", t.max_nonfinite_steps),
                        ("train.accum_steps", t.accum_steps), ("train.pad_to_multiple", t.pad_to_multiple)]:
-        if value < 1:
-            check(f"{key}: must be at least 1, got {value}")
+        at_least(key, value, 1)
     if t.batch_tokens != "auto" and t.batch_tokens < m.max_len:
         check(f"train.batch_tokens: {t.batch_tokens} cannot hold one sequence of model.max_len={m.max_len} tokens",
               "model.max_len")
     if t.lr <= 0:
         check(f"train.lr: must be positive, got {t.lr}")
-    if t.min_lr < 0:
-        check(f"train.min_lr: must be at least 0, got {t.min_lr}")
-    elif t.lr > 0 and t.min_lr > t.lr:
+    if at_least("train.min_lr", t.min_lr, 0) and t.lr > 0 and t.min_lr > t.lr:
         check(f"train.min_lr: {t.min_lr} is above the peak train.lr={t.lr}; the decay goes down to it", "train.lr")
-    if t.warmup_steps < 0:
-        check(f"train.warmup_steps: must be at least 0, got {t.warmup_steps}")
+    at_least("train.warmup_steps", t.warmup_steps, 0)
     if not 0 <= t.label_smoothing < 1:
         check(f"train.label_smoothing: must be in [0, 1), got {t.label_smoothing}")
-    if t.weight_decay < 0:
-        check(f"train.weight_decay: must be at least 0, got {t.weight_decay}")
+    at_least("train.weight_decay", t.weight_decay, 0)
     if not all(0 <= b < 1 for b in t.betas):
         check(f"train.betas: each must be in [0, 1), got {list(t.betas)}")
-    if t.clip_grad_norm < 0:
-        check(f"train.clip_grad_norm: must be at least 0 (0 disables), got {t.clip_grad_norm}")
+    at_least("train.clip_grad_norm", t.clip_grad_norm, 0, " (0 disables)")
     decoder_layers = m.n_decoder_layers
     if decoder_layers >= 1 and not -decoder_layers <= t.attention_layer < decoder_layers:
         check(f"train.attention_layer: {t.attention_layer} is not a decoder layer (0..{decoder_layers - 1}, "
               "or negative to count from the last)", "model.n_layers", "model.decoder_layers")
-    if t.average_last < 0:
-        check(f"train.average_last: must be at least 0 (0 = use best.pt), got {t.average_last}")
-    elif t.average_last > t.keep_last:
+    if at_least("train.average_last", t.average_last, 0, " (0 = use best.pt)") and t.average_last > t.keep_last:
         check(f"train.average_last: {t.average_last} is more than the train.keep_last={t.keep_last} "
               "step checkpoints a run keeps", "train.keep_last")
     if not 0 <= t.ema_decay < 1:
         check(f"train.ema_decay: must be in [0, 1) (0 = no EMA; 0.999 or 0.9999 are usual), got {t.ema_decay}")
     if t.init_from and "\0" in t.init_from:
         check(f"train.init_from: {t.init_from!r} must be the path of a run directory or a checkpoint")
-    if t.patience < 0:
-        check(f"train.patience: must be at least 0 (0 = no early stopping), got {t.patience}")
-    if t.eval_max_sentences < 0:
-        check(f"train.eval_max_sentences: must be at least 0 (0 = all), got {t.eval_max_sentences}")
-    if t.n_examples < 0:
-        check(f"train.n_examples: must be at least 0, got {t.n_examples}")
+    at_least("train.patience", t.patience, 0, " (0 = no early stopping)")
+    at_least("train.eval_max_sentences", t.eval_max_sentences, 0, " (0 = all)")
+    at_least("train.n_examples", t.n_examples, 0)
     for key, value in (("decode.max_len_a", dec.max_len_a), ("decode.max_len_b", dec.max_len_b)):
-        if value < 0:
-            check(f"{key}: must be at least 0, got {value}")
+        at_least(key, value, 0)
     if dec.max_len_a == 0 and dec.max_len_b == 0:
         check("decode.max_len_b: 0 with decode.max_len_a 0 leaves no room for a translation (a·S + b must be ≥ 1)",
               "decode.max_len_a")
     if dec.batch_tokens < m.max_len:
         check(f"decode.batch_tokens: {dec.batch_tokens} cannot hold one source of model.max_len={m.max_len} tokens",
               "model.max_len")
-    if dec.beam_size < 1:
-        check(f"decode.beam_size: must be at least 1 (1 = greedy), got {dec.beam_size}")
-    if dec.length_penalty < 0:
-        check(f"decode.length_penalty: must be at least 0, got {dec.length_penalty}")
+    at_least("decode.beam_size", dec.beam_size, 1, " (1 = greedy)")
+    at_least("decode.length_penalty", dec.length_penalty, 0)
     return p

@@ -99,13 +99,19 @@ def test_the_data_report_gives_each_corpus_its_pairs_tokens_and_share(corpora, t
     rows = [next(line.split() for line in out.splitlines() if line.strip().startswith(str(path))) for path in corpora]
     # 12 pairs of weight 1 and 4 of the second corpus's 8 (weight 0.5) make an epoch of 16: 75% and 25%.
     assert [row[1] for row in rows] == ["12", "8"]
-    assert [row[3:] for row in rows] == [["1", "75.0%"], ["0.5", "25.0%"]]
+    assert [row[3:5] for row in rows] == [["1", "75.0%"], ["0.5", "25.0%"]]
     tokenizers, *_, report = prepare_data(load_config(config_file), tmp_path / "run")
     for pairs, row, share in zip((TINY_PAIRS, OTHER_PAIRS), rows, report.corpora):
         expected = sum(map(len, tokenizers.encode_tgt([t for _, t in pairs]))) + len(pairs)  # + EOS each
         assert share.tgt_tokens == expected and row[2] == f"{expected:,}"
+    # The token share: the first corpus gives all its pairs every epoch, so its tokens over the epoch's
+    # (which the sampler's batches hold: test above); the second's the rest, from a random half of its pairs.
+    first_share = report.corpora[0].tgt_tokens / report.tgt_tokens_per_epoch
+    assert [row[5] for row in rows] == [f"{100 * first_share:.1f}%", f"{100 * (1 - first_share):.1f}%"]
+    assert report.corpora[0].tgt_share == pytest.approx(first_share)
     assert report.to_dict()["corpora"][1] == {"path": str(corpora[1]), "pairs": 8, "weight": 0.5, "share": 0.25,
-                                               "tgt_tokens": report.corpora[1].tgt_tokens}
+                                               "tgt_tokens": report.corpora[1].tgt_tokens,
+                                               "tgt_share": pytest.approx(1 - first_share)}
 
 
 def test_training_on_mixed_corpora_resumes_exactly(corpora, tmp_path: Path):

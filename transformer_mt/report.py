@@ -44,6 +44,7 @@ class CorpusShare:
     tgt_tokens: int  # their target tokens in plain BPE, EOS included
     weight: float
     share: float  # of an epoch's pairs
+    tgt_share: float  # of the first epoch's target tokens: the corpus's weight in the loss, which averages tokens
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,8 @@ class DataReport:
       tokens in the first dropout segmentation over theirs in plain BPE, the first dropout epoch);
       None without BPE-dropout.
     - `corpora`: per corpus of `data.corpora` (None with `data.path`): its path, training pairs,
-      their target tokens (plain BPE, EOS included), its weight, and its share of an epoch's pairs.
+      their target tokens (plain BPE, EOS included), its weight, and its share of an epoch's pairs
+      and of the first epoch's target tokens (what the loss averages over).
     """
 
     pairs: dict[str, int]
@@ -150,9 +152,9 @@ class DataReport:
                                                f"cycled by epoch{f' from epoch {start}' if start else ''}; "
                                                f"{ratio:.2f}x the plain BPE target tokens"]])
         if self.corpora is not None:
-            blocks.insert(1, [["corpora", "pairs", "target tokens", "weight", "share of an epoch"]]
+            blocks.insert(1, [["corpora", "pairs", "target tokens", "weight", "share of an epoch: pairs", "tokens"]]
                           + [[f"  {c.path}", f"{c.pairs:,}", f"{c.tgt_tokens:,}", f"{c.weight:g}",
-                              f"{100 * c.share:.1f}%"] for c in self.corpora])
+                              f"{100 * c.share:.1f}%", f"{100 * c.tgt_share:.1f}%"] for c in self.corpora])
         if self.valid_truncated:
             blocks.insert(3, [["  longer than max_len", f"{self.valid_truncated:,} valid pair"
                                                          f"{'s' if self.valid_truncated != 1 else ''}, truncated "
@@ -227,13 +229,18 @@ def _dropout_summary(cfg: Config, train: TokenizedSplit) -> tuple[float, int, fl
 
 
 def _corpus_shares(cfg: Config, train: TokenizedSplit, train_tgt: np.ndarray) -> tuple[CorpusShare, ...]:
-    """Each corpus's pairs, plain target tokens, weight and share of an epoch (`EpochRows`)."""
+    """Each corpus's pairs, plain target tokens, weight and share of an epoch (`EpochRows`): of its
+    pairs, and of the first epoch's target tokens (its segmentation, EOS included, as `tgt_tokens_per_epoch`)."""
     plan = train.epoch_rows
     counts, per_epoch = (plan.counts, plan.pairs_per_epoch()) if plan is not None else ((len(train),), [len(train)])
     ends = np.cumsum(counts)
+    rows, pairs = (plan(0), plan.pairs(0)) if plan is not None else (np.arange(len(train)),) * 2
+    corpus_of = np.searchsorted(ends, pairs, side="right")  # the corpus of each pair of the first epoch
+    epoch_tokens = np.bincount(corpus_of, weights=np.asarray(train.tgt_len[rows], dtype=np.int64) + 1,
+                               minlength=len(counts))
     return tuple(CorpusShare(entry.path, n, int(train_tgt[end - n:end].sum()) + n, entry.weight,
-                             drawn / max(sum(per_epoch), 1))
-                 for entry, n, end, drawn in zip(cfg.data.corpora, counts, ends, per_epoch))
+                             drawn / max(sum(per_epoch), 1), float(tokens / max(epoch_tokens.sum(), 1)))
+                 for entry, n, end, drawn, tokens in zip(cfg.data.corpora, counts, ends, per_epoch, epoch_tokens))
 
 
 def percentile(values: Sequence[int] | np.ndarray, p: float) -> int:

@@ -23,9 +23,10 @@
 #   bash scripts/gpu_session.sh bench-more suite                         # if time is left
 #
 # Stages:
-#   prepare        copies ../shared/data's Multi30k and Tatoeba (DATA=... for another copy) and the
-#                  wheels the GPU image lacks (datasets and what it needs) into .gpu/, which git
-#                  ignores. The GPU machine sees only the repository: carry `.gpu` in the call.
+#   prepare        copies ../shared/data's Multi30k and Tatoeba (DATA=... for another copy), IWSLT'14's
+#                  evaluation sets as a training corpus (.gpu/data/iwslt14_eval_as_train, for scouting
+#                  `data.corpora`) and the wheels the GPU image lacks (datasets and what it needs) into
+#                  .gpu/, which git ignores. The GPU machine sees only the repository: carry `.gpu` in the call.
 #   bench          scripts/bench_train.py, preset base, on Multi30k and on the demo corpus, at the
 #                  batch size tmt chooses for the device (`train.batch_tokens: auto`): tokens/s, MFU,
 #                  `tmt_vs_hf_marian`, peak memory; figures bench-multi30k, bench-demo.
@@ -84,6 +85,15 @@ prepare() {
         [ -d "$data/$corpus" ] || { echo "gpu_session: no corpus at $data/$corpus (set DATA)" >&2; return 2; }
         rm -rf ".gpu/data/$corpus" && cp -r "$data/$corpus" .gpu/data/
     done
+    # Issue 26's data.corpora scout: IWSLT'14's evaluation sets (TED talks, lowercased and tokenized as
+    # Multi30k's tok/ files are) as a second en->de training corpus, without the lines holding <unk>.
+    local iwslt=$data/iwslt14_de_en_eval extra=.gpu/data/iwslt14_eval_as_train
+    [ -d "$iwslt" ] || { echo "gpu_session: no corpus at $iwslt (set DATA)" >&2; return 2; }
+    mkdir -p "$extra"
+    paste <(cat "$iwslt/valid.en" "$iwslt/test.en") <(cat "$iwslt/valid.de" "$iwslt/test.de") | grep -v '<unk>' \
+        > "$extra/pairs.tsv" || return 1
+    cut -f1 "$extra/pairs.tsv" > "$extra/train.en" && cut -f2 "$extra/pairs.tsv" > "$extra/train.de" || return 1
+    rm "$extra/pairs.tsv"
     # The GPU image has torch, tokenizers, transformers, pyarrow, pandas, xxhash, huggingface-hub and
     # fsspec, but not datasets nor two of its needs; fsspec comes too, at a version datasets accepts
     # (it pins fsspec <= 2026.9.0, and the image's version is not known).

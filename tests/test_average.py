@@ -52,6 +52,31 @@ def test_average_of_the_last_checkpoints_is_their_mean_and_translates(tiny_corpu
     assert code == 2 and "3 step checkpoint(s) on disk, fewer than --last 5" in err
 
 
+def test_a_run_resumed_with_its_depths_written_another_way_still_averages(tiny_corpus: Path, tmp_path: Path):
+    """A resume accepts `n_layers: 2` rewritten as 2 encoder and 2 decoder layers (the same model), and
+    a checkpoint saved before the depth keys existed; the end-of-training average must accept them too."""
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    steps = {"save_every_steps": 1, "eval_every_steps": 2, "keep_last": 4}
+    train(tiny_config(tiny_corpus, train={"max_steps": 2, **steps}), run, progress=False)
+    older = load_checkpoint(run / "checkpoints" / "step_00000001.pt")
+    for key in ("encoder_layers", "decoder_layers"):  # as a tmt from before these keys saved it
+        del older["config"]["model"][key]
+    torch.save(older, run / "checkpoints" / "step_00000001.pt")
+    prepare_run_dir(run, resume=True, overwrite=False)
+    rewritten = tiny_config(tiny_corpus, model={"n_layers": 6, "encoder_layers": 2, "decoder_layers": 2},
+                            train={"max_steps": 4, "average_last": 4, **steps})
+    train(rewritten, run, resume=True, progress=False)  # ends with the test of the average of steps 1-4
+    averaged = load_checkpoint(run / "checkpoints" / "average_steps_00000001-00000004.pt")
+    assert averaged["averaged_from"] == [f"step_{s:08d}.pt" for s in (1, 2, 3, 4)]
+    # A model that really differs is still refused.
+    other = load_checkpoint(run / "checkpoints" / "step_00000003.pt")
+    other["config"]["model"]["decoder_layers"] = 1
+    torch.save(other, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="only checkpoints of one run can be averaged"):
+        average_checkpoints([tmp_path / "other.pt", run / "checkpoints" / "step_00000004.pt"])
+
+
 def test_average_never_writes_over_a_checkpoint_or_a_users_file(tiny_corpus: Path, tmp_path: Path,
                                                                 monkeypatch, capsys):
     run = tmp_path / "run"

@@ -20,6 +20,7 @@ import torch
 
 from transformer_mt.checkpoint_reader import (  # noqa: F401  (defined there, torch-free; imported from here too)
     FORMAT_VERSION, REQUIRED_KEYS, check_tokenizers, check_vocabulary, translation_weights)
+from transformer_mt.config import comparable_depths, with_defaults
 from transformer_mt.errors import CheckpointError
 from transformer_mt.files import describe_os_error, write_atomic
 from transformer_mt.run_files import BEST_NAME, checkpoint_steps, step_file_name
@@ -266,7 +267,7 @@ def average_checkpoints(paths: list[Path]) -> dict:
     for path in paths[:-1]:
         state = load_checkpoint(path)
         fingerprints = {state.get("tokenizers"), newest.get("tokenizers")} - {None}  # None: saved before them
-        if state["model_args"] != newest["model_args"] or state["config"]["model"] != newest["config"]["model"] \
+        if state["model_args"] != newest["model_args"] or _model_settings(state) != _model_settings(newest) \
                 or len(fingerprints) > 1:
             raise CheckpointError(f"{path}: a different model from {paths[-1].name}; only checkpoints of one "
                                   "run can be averaged")
@@ -279,6 +280,13 @@ def average_checkpoints(paths: list[Path]) -> dict:
             **({"tokenizers": newest["tokenizers"]} if newest.get("tokenizers") else {}),
             "format_version": FORMAT_VERSION, "train_state": newest.get("train_state", {}),
             "averaged_from": [path.name for path in paths]}
+
+
+def _model_settings(state: dict) -> dict:
+    """A checkpoint's model settings as a resume compares them: keys added to tmt since it was saved
+    at their defaults, and depths as the layers they give (`n_layers: 4` = 4 encoder + 4 decoder
+    layers), so that the checkpoints of a run resumed across either change still average."""
+    return comparable_depths(with_defaults(state["config"]))["model"]
 
 
 def is_average_checkpoint(path: Path) -> bool:

@@ -13,6 +13,7 @@ import torch
 
 from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
 from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.config import config_to_dict
 from transformer_mt.config_loading import config_from_dict, load_config, save_config
 from transformer_mt.corpus_mix import mixture
 from transformer_mt.data import load_corpus
@@ -174,6 +175,29 @@ def test_a_weight_that_gives_a_corpus_no_pair_is_refused_naming_it(corpora, tmp_
     assert str(caught.value) == (f"data.corpora[1].weight: 0.05 gives the 8 training pairs of {corpora[1]} none per "
                                  "epoch (round(0.05 x 8) = 0); raise it to at least 0.0625")
     prepare_data(mixed_config(corpora, weights=(1.0, 0.0625)), tmp_path / "run2")  # 8 x 0.0625 = 0.5: one pair
+
+
+@pytest.mark.parametrize("order, sets, problem", [
+    ((0, 2), {"data": {"max_words": 10}}, "no training pair is left after the filters (data.max_words, "
+                                          "data.max_length_ratio)"),
+    ((0, 2, 1), {"data": {"max_words": 10}}, "no training pair is left after the filters (data.max_words, "
+                                             "data.max_length_ratio)"),
+    ((0, 2), {"model": {"max_len": 16}}, "no training pair fits in model.max_len=16 tokens"),
+])
+def test_a_corpus_the_filters_empty_is_named_by_its_entry(corpora, order, sets, problem, tmp_path: Path,
+                                                          monkeypatch, capsys):
+    """Every pair of the second entry is 20 words long: the word filter or model.max_len leaves it none."""
+    long_pairs = [(" ".join(["word"] * 19) + f" {i}.", " ".join(["parola"] * 19) + f" {i}.") for i in range(3)]
+    paths = (*corpora, write_corpus(tmp_path / "long", {"train": long_pairs}))
+    raw = config_to_dict(mixed_config(corpora))
+    raw["data"]["corpora"] = [{"path": str(paths[i])} for i in order]
+    for section, values in sets.items():
+        raw[section].update(values)
+    config_file = tmp_path / "mixed.yaml"
+    save_config(config_from_dict(raw), config_file)
+    code, out, err = run_cli(["data", "--config", str(config_file)], monkeypatch, capsys, tmp_path)
+    assert code != 0 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == f"tmt: error: data.corpora[1] ({paths[2]}): {problem}"
 
 
 def test_relative_corpus_paths_stay_the_config_files_when_the_command_line_sets_data_path(corpora, tmp_path: Path,

@@ -73,16 +73,24 @@ def tokenize_training_split(cfg: Config, corpus: Corpus, tokenizers: TokenizerPa
     blocks: list[list[TokenizedSplit]] = [[] for _ in range(variants + 1)]  # [variant][corpus]
     start = 0
     started = time.perf_counter()
-    for c, (_, n_rows) in enumerate(parts):
+    for c, (label, n_rows) in enumerate(parts):
         split, digest, name = corpus.train, corpus.digests["train"], "train"
         if len(parts) > 1:  # each corpus's rows of train: their own entries, so each keeps its pair count
+            if not n_rows:
+                raise DataError(f"data.corpora[{c}] ({label}): no training pair is left after the filters "
+                                "(data.max_words, data.max_length_ratio)")
             split, digest, name = (corpus.train.select(range(start, start + n_rows)),
                                    f"{digest}:{start}:{start + n_rows}", f"train.c{c}")
         for v in range(variants + 1):
-            blocks[v].append(tokenize_split(
-                split, digest, tokenizers, cfg.model.max_len, cache, name if v == 0 else f"{name}.v{v}",
-                drop_long=True, num_proc=processes_for(len(split), cfg.data.num_proc), progress=progress,
-                prepared=prepared, bpe_dropout=cfg.tokenizer.bpe_dropout if v else 0.0, variant=v))
+            try:
+                blocks[v].append(tokenize_split(
+                    split, digest, tokenizers, cfg.model.max_len, cache, name if v == 0 else f"{name}.v{v}",
+                    drop_long=True, num_proc=processes_for(len(split), cfg.data.num_proc), progress=progress,
+                    prepared=prepared, bpe_dropout=cfg.tokenizer.bpe_dropout if v else 0.0, variant=v))
+            except DataError as err:  # e.g. none of this corpus's pairs fits in model.max_len: say which corpus
+                if len(parts) == 1:
+                    raise
+                raise DataError(f"data.corpora[{c}] ({label}): {err}") from None
         start += n_rows
     weights = corpus_weights(cfg.data)
     if variants == 0 and weights == (1.0,):
@@ -103,14 +111,11 @@ def tokenize_training_split(cfg: Config, corpus: Corpus, tokenizers: TokenizerPa
 
 
 def _refuse_unused_corpora(plan: EpochRows, labels: list[str]) -> None:
-    """A corpus that gives an epoch no pair (none left after the filters, or a weight too small for
-    round(weight x pairs) to reach 1) is an error naming its entry, never a corpus silently unused."""
+    """A corpus whose weight is too small for round(weight x pairs) to reach 1 is an error naming its
+    entry, never a corpus silently unused (one with no pairs left is refused as it is tokenized)."""
     for c, (label, n, weight, wanted) in enumerate(zip(labels, plan.counts, plan.weights, plan.pairs_per_epoch())):
         if wanted:
             continue
-        if not n:
-            raise DataError(f"data.corpora[{c}] ({label}): no training pair is left after the filters (data.max_words, "
-                            "data.max_length_ratio, model.max_len)")
         digits = 2 - math.floor(math.log10(0.5 / n))  # three significant ones, rounded up: enough for one pair
         raise DataError(f"data.corpora[{c}].weight: {weight:g} gives the {n:,} training pairs of {label} none per "
                         f"epoch (round({weight:g} x {n:,}) = 0); raise it to at least "

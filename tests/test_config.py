@@ -111,6 +111,19 @@ def test_lr_schedule_names_its_choices_and_the_floor_lies_between_zero_and_the_p
     assert config_from_dict({"data": {"path": "x"}}).train.lr_schedule == "inverse_sqrt"  # today's schedule
 
 
+def test_a_decaying_schedule_needs_its_warmup_to_end_before_max_steps():
+    """Warmup to max_steps would leave linear or cosine no decay: the rate never reaches min_lr (or
+    the peak), e.g. a short fine-tune under the default warmup of 4,000 updates."""
+    short = {"max_steps": 2000, "warmup_steps": 4000}
+    assert problems_of({"data": {"path": "x"}, "train": {**short, "lr_schedule": "cosine"}}) == [
+        "train.warmup_steps: 4000 is not below train.max_steps=2000, so train.lr_schedule=cosine would never decay "
+        "(from the end of warmup to train.min_lr at max_steps); lower it"]
+    assert len(problems_of({"data": {"path": "x"}, "train": {"max_steps": 10, "warmup_steps": 10,
+                                                            "lr_schedule": "linear"}})) == 1
+    config_from_dict({"data": {"path": "x"}, "train": short})  # inverse_sqrt: decays from wherever warmup stops
+    config_from_dict({"data": {"path": "x"}, "train": {"max_steps": 10, "warmup_steps": 9, "lr_schedule": "linear"}})
+
+
 def test_heads_must_divide_model_width():
     problems = problems_of({"data": {"path": "x"}, "model": {"d_model": 512, "n_heads": 6}})
     assert problems == ["model.n_heads: 6 does not divide model.d_model=512"]

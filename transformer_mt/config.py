@@ -103,8 +103,9 @@ class TokenizerConfig:
     """Segmentations of the training split cached for `bpe_dropout`, cycled by epoch; each costs
     one more encoding of the training split and its token ids on disk."""
     bpe_dropout_start_epoch: int = 0
-    """The first epoch trained on `bpe_dropout` segmentations; the epochs before it train on plain
-    BPE (epoch e >= it on number 1 + (e mod `bpe_dropout_variants`)). A post-norm model at a high
+    """The first epoch trained on `bpe_dropout` segmentations, counted from 0 (`summary.json`'s and
+    the resume log's epochs count from 1); the epochs before it train on plain BPE (epoch e >= it
+    on number 1 + (e mod `bpe_dropout_variants`)). A post-norm model at a high
     rate can fail to learn to read its source under dropout from the first update
     (configs/multi30k-en-de.yaml, docs/results.md); starting after the warm-up avoided it there
     (warmup_steps / the steps per epoch `tmt data` reports), but trailed plain BPE."""
@@ -194,7 +195,8 @@ class TrainConfig:
     lr: float = 7e-4
     """Peak learning rate, reached at the end of warmup."""
     warmup_steps: int = 4000
-    """Steps of linear warmup to `lr`, then the decay `lr_schedule` names."""
+    """Steps of linear warmup to `lr`, then the decay `lr_schedule` names (`linear` and `cosine`:
+    fewer than `max_steps`, or they would never decay)."""
     lr_schedule: Literal["inverse_sqrt", "linear", "cosine"] = "inverse_sqrt"
     """Decay after warmup: `inverse_sqrt` ∝ 1/sqrt(step) (Vaswani et al. 2017 §5.3), never below
     `min_lr`; `linear` and `cosine` (half a period, Loshchilov & Hutter 2017) from `lr` down to
@@ -272,8 +274,8 @@ class TrainConfig:
     (its `best.pt`, else its newest step checkpoint) or a checkpoint file in a run's `checkpoints/`.
     The weights are those `tmt translate` uses (the EMA's, when the parent has one); the tokenizers
     are copied from the parent, whose `model.*` and `tokenizer.*` settings this config must repeat
-    (except the dropout rates, the BPE-dropout keys and `max_len`, which only training reads); the
-    optimizer, step count, schedule and data order start afresh. `summary.json` records the parent
+    (except the dropout rates, the BPE-dropout keys and `max_len`, which do not change what the
+    weights mean); the optimizer, step count, schedule and data order start afresh. `summary.json` records the parent
     (`init_from`). Ignored when the run resumes from its own checkpoint. Relative to the
     config file, or to the current directory when set with `--set`; unset (null): a fresh model."""
 

@@ -95,7 +95,11 @@ def check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
         check(f"train.lr: must be positive, got {t.lr}")
     if at_least("train.min_lr", t.min_lr, 0) and t.lr > 0 and t.min_lr > t.lr:
         check(f"train.min_lr: {t.min_lr} is above the peak train.lr={t.lr}; the decay goes down to it", "train.lr")
-    at_least("train.warmup_steps", t.warmup_steps, 0)
+    if at_least("train.warmup_steps", t.warmup_steps, 0) and t.lr_schedule in ("linear", "cosine") \
+            and t.max_steps >= 1 and t.warmup_steps >= t.max_steps:
+        check(f"train.warmup_steps: {t.warmup_steps} is not below train.max_steps={t.max_steps}, so "
+              f"train.lr_schedule={t.lr_schedule} would never decay (from the end of warmup to train.min_lr at "
+              "max_steps); lower it", "train.max_steps", "train.lr_schedule")
     if not 0 <= t.label_smoothing < 1:
         check(f"train.label_smoothing: must be in [0, 1), got {t.label_smoothing}")
     at_least("train.weight_decay", t.weight_decay, 0)

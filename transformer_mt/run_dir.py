@@ -156,7 +156,7 @@ def resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:
                 (frozen if frozen_key else allowed).append(f"{key}: {old!r} -> {new!r}")
     if frozen:
         raise ConfigError([f"cannot resume from {path.name}: these settings differ from the run's "
-                           "(only train.* and decode.* may change)"] + frozen)
+                           "(only train.*, decode.* and data.num_proc may change)"] + frozen)
     return allowed
 
 

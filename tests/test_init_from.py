@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
+from tests.conftest import run_cli, tiny_config, write_corpus
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config_loading import load_config, save_config
 from transformer_mt.errors import ConfigError, UsageError
@@ -108,6 +108,18 @@ def test_a_child_may_fine_tune_with_other_dropout_rates(parent: Path, tmp_path: 
     """Dropout changes how the weights are trained, not what they mean: fine-tuning often lowers it."""
     cfg = child_config(tmp_path, parent, model={"dropout": 0.3, "attention_dropout": 0.2, "activation_dropout": 0.2})
     assert load_parent(cfg).record["weights"] == "ema"
+
+
+def test_a_child_of_another_language_pair_is_warned_that_it_keeps_the_parents_tokenizers(parent: Path,
+                                                                                       tmp_path: Path, caplog):
+    """A reversed direction (or a new language) may start from a parent; its tokenizers come along."""
+    with caplog.at_level("WARNING", logger="transformer_mt.init_from"):
+        load_parent(child_config(tmp_path, parent))
+        assert not caplog.records  # the parent's pair: nothing to say
+        load_parent(child_config(tmp_path, parent, data={"src_lang": "it", "tgt_lang": "en"}))
+    assert [r.getMessage() for r in caplog.records] == [
+        "train.init_from: the parent translates en->it and this run it->en; it keeps the parent's tokenizers, "
+        "trained on both of the parent's languages (tokenizer.joint)"]
 
 
 def test_settings_only_training_reads_may_differ_and_depths_compare_as_the_layers_they_give(parent: Path,

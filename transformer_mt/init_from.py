@@ -81,6 +81,7 @@ def load_parent(cfg: Config) -> Parent:
     """Load the checkpoint `train.init_from` names; refuse one whose model or tokenizer settings
     differ from `cfg`'s (every differing key listed), or whose run lacks its tokenizers."""
     run_dir, path, state = _checked_parent(cfg)
+    _warn_other_languages(state["config"].get("data") or {}, cfg)
     weights, which = translation_weights(state)
     step = state.get("train_state", {}).get("step")
     logger.info("starting from %s (step %s, its %s weights) with a fresh optimizer and step count", path, step,
@@ -104,6 +105,17 @@ def _refuse_conflicts(parent_config: dict, cfg: Config, run_dir: Path, path: Pat
     if conflicts:
         raise ConfigError([f"train.init_from: the model and tokenizer settings must be those of the parent "
                            f"{path} (see {RunDir(run_dir).config}); these differ:", *conflicts])
+
+
+def _warn_other_languages(parent_data: dict, cfg: Config) -> None:
+    """The parent may translate another pair (a new language on a joint vocabulary, a reversed
+    direction): allowed, but its tokenizers, which this run keeps, were trained on its languages."""
+    parent = (parent_data.get("src_lang"), parent_data.get("tgt_lang"))
+    if parent != (cfg.data.src_lang, cfg.data.tgt_lang):
+        logger.warning("train.init_from: the parent translates %s->%s and this run %s->%s; it keeps the parent's "
+                       "tokenizers, trained on %s", *parent, cfg.data.src_lang, cfg.data.tgt_lang,
+                       "both of the parent's languages (tokenizer.joint)" if cfg.tokenizer.joint
+                       else f"its {parent[0]} text for the source and its {parent[1]} text for the target")
 
 
 def copy_tokenizers(init_from: str, run_dir: Path) -> TokenizerPair:

@@ -232,7 +232,7 @@ train_stage() {  # name config data-path [extra --set ...]
         return 0
     fi
     log "$name: training for at most ${left}s ${resume[*]} ${overrides[*]}"
-    touch "$OUT/.$name.start"  # a checkpoint newer than this one was written by this command
+    touch "$STAMPS/$name"  # a checkpoint or summary newer than this was written by this command
     started=$SECONDS
     # tmt stops on SIGTERM after the step it is in and writes a checkpoint (seconds for a base model);
     # --kill-after bounds a stop that hangs, so the archive below still gets written within the command.
@@ -243,7 +243,7 @@ train_stage() {  # name config data-path [extra --set ...]
         0) log "$name: finished" ;;
         143) # tmt exits 143 after writing its checkpoint, but a SIGTERM before training starts
              # (tokenizers, caches, loading a checkpoint) kills it with the same code and none
-             if [ -n "$(find "$run/checkpoints" -name 'step_*.pt' -newer "$OUT/.$name.start" 2>/dev/null)" ]; then
+             if [ -n "$(find "$run/checkpoints" -name 'step_*.pt' -newer "$STAMPS/$name" 2>/dev/null)" ]; then
                  log "$name: stopped at the time limit with a checkpoint: run the stage again at once to resume"
                  code=0
              else
@@ -251,11 +251,16 @@ train_stage() {  # name config data-path [extra --set ...]
              fi ;;
         *) log "$name: tmt exited with $code" ;;
     esac
-    rm -f "$OUT/.$name.start"
-    if [ -f "$run/summary.json" ]; then  # the stage's figure, one JSON line
+    # The stage's figure, one JSON line, from a summary this command wrote: on a warm machine an
+    # older run of the same name (refused, or already finished) must not pass for this one.
+    if [ "$run/summary.json" -nt "$STAMPS/$name" ]; then
         "$PY" scripts/recipe_figures.py "$run" --label "$name" --stage-seconds $((SECONDS - started)) \
             ${resume[0]:+--resumed} || code=1
+    elif [ -f "$run/summary.json" ]; then
+        log "$name: no figure: $run/summary.json is older than this command (tmt exited $code)"
+        code=1
     fi
+    rm -f "$STAMPS/$name"
     echo "$run" >> "$TRAINED"  # archived after the stage (stages at once would race on one archive)
     return $code
 }
@@ -263,7 +268,15 @@ train_stage() {  # name config data-path [extra --set ...]
 scout() {  # several Multi30k recipes at once, each from SCOUT="name:key=value ...;name:...", into one log
     local entry name pids=() names=() rc=0 i
     [ -n "${SCOUT:-}" ] || { echo "gpu_session: scout needs SCOUT=\"name:key=value ...;name:...\"" >&2; return 2; }
+    case $SCOUT in *$'\n'*)  # `read` would keep the first line only
+        echo "gpu_session: SCOUT holds a line break; continue its lines with a backslash" >&2; return 2 ;;
+    esac
     IFS=';' read -ra entries <<< "$SCOUT"
+    for entry in "${entries[@]}"; do
+        [[ ${entry%%:*} =~ ^[A-Za-z0-9._-]+$ && $entry == *:* ]] || {
+            echo "gpu_session: SCOUT entry '$entry' is not name:key=value ... (a name of letters, digits, . _ -)" >&2
+            return 2; }
+    done
     log "scout: ${#entries[@]} runs at once, $(threads_each ${#entries[@]}) CPU threads each (their times are not those of a machine alone)"
     for entry in "${entries[@]}"; do
         name=${entry%%:*}
@@ -307,6 +320,7 @@ for group in "$@"; do
 done
 mkdir -p "$OUT"
 TRAINED=$(mktemp)  # the run directories the training stages of this command used, one per line
+STAMPS=$(mktemp -d)  # each stage's start time (outside OUT: a killed command leaves no extra file there)
 
 archive_runs() {  # every run trained so far in this command, into one archive
     [ -s "$TRAINED" ] || return 0
@@ -337,5 +351,5 @@ for group in "$@"; do
     fi
     archive_runs
 done
-rm -f "$TRAINED"
+rm -rf "$TRAINED" "$STAMPS"
 exit $status

@@ -9,7 +9,9 @@ tokens/s (which leave out validation, checkpoints and CUDA-graph capture), so th
 `end_to_end_s`: the stage's wall time from starting `tmt train` to its exit, which writes the
 test score last; only for a run that finished in one go (null after a resume).
 `test_bleu`: the final test of the averaged (or best) weights; `test_ema_bleu`: the same test of
-the EMA's weights, when the run keeps one (`train.ema_decay`), else null.
+the EMA's weights, when the run keeps one (`train.ema_decay`), else null: the EMA of `best.pt`,
+which that EMA's validation chose (`test_ema_checkpoint`). With an EMA, `best_valid_bleu` is the
+EMA's greedy validation, not comparable with a run's without one.
 """
 
 from __future__ import annotations
@@ -52,6 +54,10 @@ def figures(run: Path, label: str, stage_seconds: float | None, resumed: bool) -
         "best_valid_bleu": summary["best_bleu"], "best_step": summary["best_step"],
         "test_bleu": test.get("bleu"), "test_chrf": test.get("chrf"), "test_beam": test.get("beam_size"),
         "test_seconds": test.get("seconds"), "test_ema_bleu": (test.get("ema") or {}).get("bleu"),
+        # What the test scores are of: the checkpoint, how many step checkpoints it averages (10 for the
+        # recipe's full average; fewer says the run stopped early) and whose weights ("model" or "ema").
+        "test_checkpoint": test.get("checkpoint"), "test_checkpoints_averaged": len(test.get("checkpoint_steps") or []),
+        "test_weights": test.get("weights"), "test_ema_checkpoint": (test.get("ema") or {}).get("checkpoint"),
         "device": (summary.get("provenance") or {}).get("device"),
     }
 

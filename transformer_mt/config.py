@@ -105,8 +105,8 @@ class TokenizerConfig:
     bpe_dropout_start_epoch: int = 0
     """The first epoch trained on `bpe_dropout` segmentations, counted from 0 (`summary.json`'s and
     the resume log's epochs count from 1); the epochs before it train on plain BPE (epoch e >= it
-    on number 1 + (e mod `bpe_dropout_variants`)). A post-norm model at a high
-    rate can fail to learn to read its source under dropout from the first update
+    on number 1 + (e mod `bpe_dropout_variants`)). A post-norm model at a high rate can fail to
+    learn to read its source under dropout from the first update
     (configs/multi30k-en-de.yaml, docs/results.md); starting after the warm-up avoided it there
     (warmup_steps / the steps per epoch `tmt data` reports), but trailed plain BPE."""
 
@@ -275,9 +275,9 @@ class TrainConfig:
     The weights are those `tmt translate` uses (the EMA's, when the parent has one); the tokenizers
     are copied from the parent, whose `model.*` and `tokenizer.*` settings this config must repeat
     (except the dropout rates, the BPE-dropout keys and `max_len`, which do not change what the
-    weights mean); the optimizer, step count, schedule and data order start afresh. `summary.json` records the parent
-    (`init_from`). Ignored when the run resumes from its own checkpoint. Relative to the
-    config file, or to the current directory when set with `--set`; unset (null): a fresh model."""
+    weights mean); the optimizer, step count, schedule and data order start afresh. `summary.json`
+    records the parent (`init_from`). Ignored when the run resumes from its own checkpoint. Relative
+    to the config file, or to the current directory when set with `--set`; unset (null): a fresh model."""
 
 
 BLEU_TOKENIZERS: tuple[str, ...] = typing.get_args(typing.get_type_hints(TrainConfig)["bleu_tokenize"])

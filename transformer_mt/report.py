@@ -213,7 +213,7 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: 
         bpe_dropout=_dropout_summary(cfg, train),
         dropout_batches_per_epoch=(len(sampler.epoch_batches(cfg.tokenizer.bpe_dropout_start_epoch))
                                    if cfg.tokenizer.bpe_dropout and cfg.tokenizer.bpe_dropout_start_epoch else None),
-        corpora=_corpus_shares(cfg, train, train_tgt) if cfg.data.corpora else None,
+        corpora=_corpus_shares(cfg, train, train_tgt, first_epoch) if cfg.data.corpora else None,
     )
 
 
@@ -228,15 +228,15 @@ def _dropout_summary(cfg: Config, train: TokenizedSplit) -> tuple[float, int, fl
     return cfg.tokenizer.bpe_dropout, cfg.tokenizer.bpe_dropout_variants, dropped / max(plain, 1), start
 
 
-def _corpus_shares(cfg: Config, train: TokenizedSplit, train_tgt: np.ndarray) -> tuple[CorpusShare, ...]:
+def _corpus_shares(cfg: Config, train: TokenizedSplit, train_tgt: np.ndarray,
+                   first_epoch: np.ndarray) -> tuple[CorpusShare, ...]:
     """Each corpus's pairs, plain target tokens, weight and share of an epoch (`EpochRows`): of its
-    pairs, and of the first epoch's target tokens (its segmentation, EOS included, as `tgt_tokens_per_epoch`)."""
+    pairs, and of the target tokens of `first_epoch` (the first epoch's rows, as `tgt_tokens_per_epoch`)."""
     plan = train.epoch_rows
     counts, per_epoch = (plan.counts, plan.pairs_per_epoch()) if plan is not None else ((len(train),), [len(train)])
     ends = np.cumsum(counts)
-    rows, pairs = (plan(0), plan.pairs(0)) if plan is not None else (np.arange(len(train)),) * 2
-    corpus_of = np.searchsorted(ends, pairs, side="right")  # the corpus of each pair of the first epoch
-    epoch_tokens = np.bincount(corpus_of, weights=np.asarray(train.tgt_len[rows], dtype=np.int64) + 1,
+    corpus_of = np.searchsorted(ends, first_epoch % len(train), side="right")  # a row's pair: its number mod pairs
+    epoch_tokens = np.bincount(corpus_of, weights=np.asarray(train.tgt_len[first_epoch], dtype=np.int64) + 1,
                                minlength=len(counts))
     return tuple(CorpusShare(entry.path, n, int(train_tgt[end - n:end].sum()) + n, entry.weight,
                              drawn / max(sum(per_epoch), 1), float(tokens / max(epoch_tokens.sum(), 1)))

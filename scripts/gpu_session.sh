@@ -47,14 +47,15 @@
 #   suite          the rest of the test suite on the machine's torch (CI runs it too, on CPU).
 #   multi30k       trains configs/multi30k-en-de.yaml into runs/gpu-multi30k-en-de, then prints its
 #                  figure (scripts/recipe_figures.py): ms per update, seconds from the command to the
-#                  test score, test BLEU.
+#                  test score, test BLEU, and the validation BLEU of the test's checkpoint (and of the
+#                  EMA's), beam 5: issue 26's measure.
 #   multi30k-seed2 the same with seed 2, in runs/gpu-multi30k-en-de-seed2.
 #   multi30k-seed3 the same with seed 3, in runs/gpu-multi30k-en-de-seed3.
 #   tatoeba        trains configs/tatoeba-en-it.yaml into runs/gpu-tatoeba-en-it.
 #   scout          several recipes of configs/multi30k-en-de.yaml at once, one run each, from
 #                  SCOUT="name:key=value key=value;name:..." (each run's sets after SETS), into
 #                  runs/gpu-multi30k-en-de-NAME; one log, each line tagged [NAME], figures at its end:
-#                    SCOUT="pre:model.norm=pre;pre-drop:model.norm=pre tokenizer.bpe_dropout=0.1" \
+#                    SCOUT="post:model.norm=post;drop:tokenizer.bpe_dropout=0.1" \
 #                        bash scripts/gpu_session.sh scout
 # A training stage stops with SIGTERM (a checkpoint; the stage still exits 0) before BUDGET seconds
 # (default 480, for a 10-minute command) have passed since the command started, and resumes from
@@ -255,7 +256,7 @@ train_stage() {  # name config data-path [extra --set ...]
     # older run of the same name (refused, or already finished) must not pass for this one.
     if [ "$run/summary.json" -nt "$STAMPS/$name" ]; then
         "$PY" scripts/recipe_figures.py "$run" --label "$name" --stage-seconds $((SECONDS - started)) \
-            ${resume[0]:+--resumed} || code=1
+            ${resume[0]:+--resumed} --score-valid || code=1
     elif [ -f "$run/summary.json" ]; then
         log "$name: no figure: $run/summary.json is older than this command (tmt exited $code)"
         code=1

@@ -12,6 +12,9 @@ test score last; only for a run that finished in one go (null after a resume).
 the EMA's weights, when the run keeps one (`train.ema_decay`), else null: the EMA of `best.pt`,
 which that EMA's validation chose (`test_ema_checkpoint`). With an EMA, `best_valid_bleu` is the
 EMA's greedy validation, not comparable with a run's without one.
+`--score-valid` adds issue 26's measure of a finished run: `valid_bleu`, the validation split
+translated from the test's checkpoint (the average of the last 10) as `tmt evaluate --split valid`
+does it (the run's beam, 5 for the recipe), and `valid_ema_bleu`, the same of the EMA's checkpoint.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import json
 import os
 import re
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -62,15 +66,39 @@ def figures(run: Path, label: str, stage_seconds: float | None, resumed: bool) -
     }
 
 
+def valid_bleu(run: Path, checkpoint: str | None) -> float | None:
+    """BLEU of one of the run's checkpoints on its validation split, by `tmt evaluate --split valid`
+    (which translates with the checkpoint's EMA weights when it has them); None without a checkpoint
+    or when the evaluation fails (its error then goes to stderr)."""
+    if not checkpoint:
+        return None
+    result = subprocess.run([sys.executable, "-m", "transformer_mt", "evaluate", "--checkpoint",
+                             str(run / "checkpoints" / checkpoint), "--split", "valid", "--quiet"],
+                            capture_output=True, text=True)
+    score = re.search(r"^BLEU = ([\d.]+)", result.stdout, re.MULTILINE)
+    if result.returncode != 0 or not score:
+        print(f"recipe_figures: tmt evaluate --split valid of {checkpoint} failed:\n{result.stderr}", file=sys.stderr)
+        return None
+    return float(score.group(1))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run", type=Path, help="the run directory")
     parser.add_argument("--label", default="recipe", help="the JSON line's `figure` name")
     parser.add_argument("--stage-seconds", type=float, default=None, help="wall time of the training command")
     parser.add_argument("--resumed", action="store_true", help="the command resumed an earlier start")
+    parser.add_argument("--score-valid", action="store_true",
+                        help="a finished run's test checkpoint and EMA checkpoint, translated and scored on validation")
     args = parser.parse_args(argv)
-    print(json.dumps(figures(args.run, args.label, args.stage_seconds, args.resumed)))
-    return 0
+    line = figures(args.run, args.label, args.stage_seconds, args.resumed)
+    failed = False
+    if args.score_valid and line["status"] == "finished":
+        line["valid_bleu"] = valid_bleu(args.run, line["test_checkpoint"])
+        line["valid_ema_bleu"] = valid_bleu(args.run, line["test_ema_checkpoint"])
+        failed = line["valid_bleu"] is None or (line["test_ema_checkpoint"] is not None and line["valid_ema_bleu"] is None)
+    print(json.dumps(line))
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -412,6 +412,33 @@ def test_a_training_stage_prints_its_figure_as_one_json_line(tiny_corpus: Path, 
     assert json.loads(resumed.stdout)["end_to_end_s"] is None  # a resumed run's stage is not a whole run
 
 
+def test_the_figure_scores_validation_as_tmt_evaluate_does_and_says_when_it_cannot(tiny_corpus: Path, tmp_path: Path,
+                                                                                monkeypatch, capsys):
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 4, "eval_every_steps": 4, "save_every_steps": 2,
+                                          "average_last": 2, "ema_decay": 0.9}, decode={"beam_size": 2})
+    save_config(cfg, tmp_path / "tiny.yaml")
+    run = tmp_path / "run"
+    code, _, err = run_cli(["train", "--config", str(tmp_path / "tiny.yaml"), "--run-dir", str(run), "--no-progress"],
+                           monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    figure = [sys.executable, str(SCRIPTS / "recipe_figures.py"), str(run), "--score-valid"]
+    line = json.loads(subprocess.run(figure, capture_output=True, text=True, check=True).stdout)
+    for checkpoint in (line["test_checkpoint"], line["test_ema_checkpoint"]):  # validation, at the run's beam
+        hypotheses = run / "evaluation" / f"valid.{checkpoint.removesuffix('.pt')}.beam2.txt"
+        assert len(hypotheses.read_text(encoding="utf-8").splitlines()) == 4
+    expected = {}
+    for key, checkpoint in (("valid_bleu", line["test_checkpoint"]), ("valid_ema_bleu", line["test_ema_checkpoint"])):
+        code, out, err = run_cli(["evaluate", "--checkpoint", str(run / "checkpoints" / checkpoint), "--split", "valid",
+                                  "--quiet"], monkeypatch, capsys, tmp_path)
+        assert code == 0, err
+        expected[key] = float(re.search(r"^BLEU = ([\d.]+)", out, re.MULTILINE).group(1))
+    assert {key: line[key] for key in expected} == expected
+    (run / "checkpoints" / line["test_checkpoint"]).unlink()  # the averaged checkpoint gone: no score, exit 1
+    failed = subprocess.run(figure, capture_output=True, text=True)
+    assert failed.returncode == 1 and json.loads(failed.stdout)["valid_bleu"] is None
+    assert f"tmt evaluate --split valid of {line['test_checkpoint']} failed" in failed.stderr
+
+
 def test_the_runbook_parses_and_skips_variants_that_no_longer_fit(tmp_path: Path):
     script = SCRIPTS / "gpu_session.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0

@@ -300,10 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         def step(k: int) -> Callable[[], int]:
             def load_next() -> None:
                 if k + 1 < len(index_list):
-                    prefetched[k + 1] = trainer.train_step.load_batch(index_list[k + 1])
+                    prefetched[k + 1] = trainer.train_step.batches.load(index_list[k + 1])
 
             def run() -> int:
-                batch = prefetched.pop(k, None) or trainer.train_step.load_batch(index_list[k])
+                batch = prefetched.pop(k, None) or trainer.train_step.batches.load(index_list[k])
                 trainer.train_step.run(batch, while_device_works=load_next)
                 return batch.n_tgt_tokens
             return run
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def marian_step(indices) -> Callable[[], int]:
         def run() -> int:
-            batch = trainer.train_step.load_batch(indices)
+            batch = trainer.train_step.batches.load(indices)
             marian.train()
             with trainer.precision.autocast():
                 loss = marian(**marian_inputs(batch)).loss

@@ -127,7 +127,7 @@ def test_the_listed_kernels_are_the_only_ones_enabled_inside(an_h100):
 def test_a_training_step_and_the_validation_loss_run_attention_on_the_trains_kernels(tiny_corpus: Path,
                                                                                      tmp_path: Path, sdpa_calls):
     trainer = make_trainer(tiny_corpus, tmp_path / "run", attention_backend="math")
-    trainer.train_step.run(trainer.train_step.load_batch(list(range(8))))
+    trainer.train_step.run(trainer.train_step.batches.load(list(range(8))))
     trainer.evaluator.validation_loss()
     # forward of encoder self-, decoder self- and cross-attention in 2 layers, then the validation batches
     assert len(sdpa_calls) >= 6 and set(sdpa_calls) == {MATH_ONLY}
@@ -155,8 +155,8 @@ def test_training_with_a_named_kernel_on_a_cpu_computes_the_loss_of_auto(choice,
                         [f"train.attention_backend: {choice} is a CUDA kernel; on cpu PyTorch picks the attention "
                          "kernel itself (as with auto)"])
     indices = list(range(8))
-    expected = auto.train_step.run(auto.train_step.load_batch(indices))
-    got = named.train_step.run(named.train_step.load_batch(indices))
+    expected = auto.train_step.run(auto.train_step.batches.load(indices))
+    got = named.train_step.run(named.train_step.batches.load(indices))
     if choice == "math":  # PyTorch's CPU flash kernel sums in another order than math: rounding apart
         assert got.loss.item() == pytest.approx(expected.loss.item(), rel=1e-6)
         assert got.grad_norm.item() == pytest.approx(expected.grad_norm.item(), rel=1e-5)

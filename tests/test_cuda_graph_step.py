@@ -71,7 +71,7 @@ def test_on_a_cpu_the_step_and_its_batches_are_the_eager_ones(tiny_corpus: Path,
     trainer = make_trainer(tiny_corpus, tmp_path / "run", cuda_graphs=True)
     assert trainer.train_step.graphs is None and trainer.train_step.lr is None  # the plain path, a float rate
     assert not trainer.train_step.optimizer.param_groups[0]["capturable"]
-    batch = trainer.train_step.load_batch([0, 1, 2])
+    batch = trainer.train_step.batches.load([0, 1, 2])
     assert batch.src_ids.shape[0] == 3  # no filler rows
 
 
@@ -138,7 +138,7 @@ def test_the_engine_run_eagerly_trains_like_the_plain_step(engine_on_the_cpu, ti
     updates = [[[0, 1, 2]], [[3, 4, 5, 6, 7]], [[8, 9, 10]], [[0, 11], [5, 6]], [[1, 2, 3, 4]]]
     norms = []
     for step, indices in enumerate(updates, 1):
-        batches = [engine.train_step.load_batch(i) for i in indices]
+        batches = [engine.train_step.batches.load(i) for i in indices]
         assert batches[0].src_ids.shape[0] > len(indices[0])  # filler rows, as on the GPU
         one, two = engine.train_step.run(batches), plain.train_step.run(batches)
         assert one.updated and two.updated and engine.state.step == plain.state.step == step
@@ -155,7 +155,7 @@ def test_the_engine_run_eagerly_trains_like_the_plain_step(engine_on_the_cpu, ti
 def test_a_non_finite_update_is_skipped_on_the_device(engine_on_the_cpu, tiny_corpus: Path, tmp_path: Path):
     trainer = make_trainer(tiny_corpus, tmp_path / "run", clip_grad_norm=1.0)
     step = trainer.train_step
-    batch = step.load_batch([0, 1, 2, 3])
+    batch = step.batches.load([0, 1, 2, 3])
     assert step.run(batch).updated
     before = [p.detach().clone() for p in trainer.model.parameters()]
     moments = {k: [step.optimizer.state[p][k].clone() for p in trainer.model.parameters()]
@@ -177,7 +177,7 @@ def test_out_of_memory_on_the_engine_skips_once_then_names_the_key(engine_on_the
                                                                    tmp_path: Path):
     trainer = make_trainer(tiny_corpus, tmp_path / "run")
     step = trainer.train_step
-    batch = step.load_batch([0, 1, 2, 3])
+    batch = step.batches.load([0, 1, 2, 3])
     real_forward = step.step_model.forward
 
     def out_of_memory(*args):
@@ -218,7 +218,7 @@ def test_training_on_the_engine_resumes_exactly(engine_on_the_cpu, tiny_corpus: 
 
 def test_a_checkpoint_of_the_engine_resumes_on_the_plain_path(engine_on_the_cpu, tiny_corpus: Path, tmp_path: Path):
     engine = make_trainer(tiny_corpus, tmp_path / "engine")
-    batch = engine.train_step.load_batch([0, 1, 2])
+    batch = engine.train_step.batches.load([0, 1, 2])
     engine.train_step.run(batch)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(train_step_module, "graphs_apply", lambda *args, **kwargs: False)

@@ -415,7 +415,7 @@ def test_out_of_memory_in_an_fp16_optimizer_step_leaves_a_scaler_that_goes_on(ti
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     trainer.train_step.optimizer.step = step_out_of_memory  # after unscale_, inside scaler.step
-    batch = trainer.train_step.load_batch(list(range(4)))
+    batch = trainer.train_step.batches.load(list(range(4)))
     assert trainer.train_step.run_or_skip([batch], batch.n_tgt_tokens, None, 0) is None
     assert trainer.train_step.run(batch).updated  # the scaler's next unscale_ is allowed
     assert trainer.train_step.scaler.get_scale() == 1024.0

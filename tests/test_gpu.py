@@ -39,8 +39,8 @@ def test_a_step_on_the_device_makes_the_update_of_a_cpu_step(tiny_corpus: Path, 
     cpu = make_trainer(tiny_corpus, tmp_path / "cpu", device="cpu")
     device = make_trainer(tiny_corpus, tmp_path / "device", device=DEVICE)
     indices = list(range(8))
-    on_cpu = cpu.train_step.run(cpu.train_step.load_batch(indices))
-    batch = device.train_step.load_batch(indices)
+    on_cpu = cpu.train_step.run(cpu.train_step.batches.load(indices))
+    batch = device.train_step.batches.load(indices)
     if DEVICE == "cuda":  # the GPU's own path, not the CPU's
         assert batch.src_ids.shape[1] % 8 == 0 and batch.tgt_in_ids.shape[1] % 8 == 0
         assert not device.train_step.real_positions_only and device.train_step.optimizer.defaults["fused"]
@@ -75,8 +75,8 @@ def test_a_bf16_step_is_close_to_the_fp32_step(tiny_corpus: Path, tmp_path: Path
     fp32 = make_trainer(tiny_corpus, tmp_path / "fp32", device=DEVICE)
     bf16 = make_trainer(tiny_corpus, tmp_path / "bf16", device=DEVICE, precision="bf16")
     indices = list(range(12))
-    exact = fp32.train_step.run(fp32.train_step.load_batch(indices))
-    mixed = bf16.train_step.run(bf16.train_step.load_batch(indices))
+    exact = fp32.train_step.run(fp32.train_step.batches.load(indices))
+    mixed = bf16.train_step.run(bf16.train_step.batches.load(indices))
     assert mixed.updated
     assert mixed.loss.item() == pytest.approx(exact.loss.item(), rel=1e-2)  # 8 mantissa bits in the matmuls
     flat = lambda grads: torch.cat([g.flatten() for g in grads.values()])  # noqa: E731
@@ -208,8 +208,8 @@ def same_updates(graphed: Trainer, eager: Trainer, updates: list) -> list[float]
     # at 1e4fab4 an atol of 1e-9 failed there); exp_avg_sq, of their squares, at twice the relative one.
     moments = {"step": (0.0, 0.0), "exp_avg": (1e-4, 1e-6), "exp_avg_sq": (2e-4, 1e-9)}
     for step, indices in enumerate(updates, 1):
-        one = graphed.train_step.run([graphed.train_step.load_batch(i) for i in indices])
-        two = eager.train_step.run([eager.train_step.load_batch(i) for i in indices])
+        one = graphed.train_step.run([graphed.train_step.batches.load(i) for i in indices])
+        two = eager.train_step.run([eager.train_step.batches.load(i) for i in indices])
         assert one.updated and two.updated and graphed.state.step == eager.state.step == step
         assert one.loss.item() == pytest.approx(two.loss.item(), rel=1e-5)
         assert one.grad_norm.item() == pytest.approx(two.grad_norm.item(), rel=1e-4)
@@ -239,7 +239,7 @@ def test_the_captured_update_makes_the_eager_steps_updates(tiny_corpus: Path, tm
     assert not clip or max(norms) > clip  # with clipping, it did clip
     if DEVICE == "cuda":
         assert 2 <= len(graphed.train_step.graphs.captured) <= len(UPDATES) + 1
-        batch = graphed.train_step.load_batch([0, 1, 2])
+        batch = graphed.train_step.batches.load([0, 1, 2])
         assert batch.src_ids.shape[0] == 64 // max(batch.src_ids.shape[1], batch.tgt_in_ids.shape[1])  # filler rows
 
 
@@ -278,7 +278,7 @@ def test_the_compiled_and_captured_update_makes_the_compiled_eager_steps_updates
 def test_a_replayed_update_with_a_non_finite_loss_changes_nothing(tiny_corpus: Path, tmp_path: Path, monkeypatch):
     trainer = engine_trainer(tiny_corpus, tmp_path / "run", monkeypatch, clip_grad_norm=1.0)
     step, graphs = trainer.train_step, trainer.train_step.graphs
-    batch = step.load_batch(list(range(6)))
+    batch = step.batches.load(list(range(6)))
     assert step.run(batch).updated  # captures this shape's update
     before = [p.detach().clone() for p in trainer.model.parameters()]
     moments = [dict((k, v.clone()) for k, v in step.optimizer.state[p].items()) for p in trainer.model.parameters()]
@@ -300,7 +300,7 @@ def test_a_replayed_step_draws_new_dropout_masks(tiny_corpus: Path, tmp_path: Pa
     cfg = tiny_config(tiny_corpus, model={"dropout": 0.3}, train={"device": DEVICE, "max_steps": 2, "compile": compile})
     prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
     trainer = Trainer(cfg, tmp_path / "run", progress=False)
-    batch = trainer.train_step.load_batch(list(range(6)))
+    batch = trainer.train_step.batches.load(list(range(6)))
     losses = []
     for _ in range(3):  # the same batch: only the dropout masks differ
         if trainer.train_step.graphs is not None:

@@ -177,7 +177,7 @@ def test_the_loop_trains_the_sampler_batches_in_order_and_checkpoints_their_end(
                                       tie_break=trainer.train_data.tgt_len))
     expected = [[next(expected).tolist() for _ in range(2)] for _ in range(5)]
     indices_of, trained = {}, []
-    real_load, real_step = trainer.train_step.load_batch, trainer.train_step.run
+    real_load, real_step = trainer.train_step.batches.load, trainer.train_step.run
 
     def load_batch(indices):
         batch = real_load(indices)
@@ -188,7 +188,7 @@ def test_the_loop_trains_the_sampler_batches_in_order_and_checkpoints_their_end(
         trained.append([indices_of[id(batch)] for batch in batches])
         return real_step(batches, *args, **kwargs)
 
-    trainer.train_step.load_batch, trainer.train_step.run = load_batch, train_step
+    trainer.train_step.batches.load, trainer.train_step.run = load_batch, train_step
     trainer.run()
     assert trained == expected
     position = load_checkpoint(tmp_path / "run" / "checkpoints" / "step_00000003.pt")["sampler"]

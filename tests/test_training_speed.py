@@ -44,8 +44,8 @@ def test_two_accumulated_half_batches_make_the_same_update_as_one_batch(tiny_cor
     whole = make_trainer(tiny_corpus, tmp_path / "whole")
     halves = make_trainer(tiny_corpus, tmp_path / "halves", accum_steps=2)
     indices = list(range(8))
-    one = whole.train_step.run(whole.train_step.load_batch(indices))
-    two = halves.train_step.run([halves.train_step.load_batch(indices[:3]), halves.train_step.load_batch(indices[3:])])
+    one = whole.train_step.run(whole.train_step.batches.load(indices))
+    two = halves.train_step.run([halves.train_step.batches.load(indices[:3]), halves.train_step.batches.load(indices[3:])])
     # The loss is normalised by the target tokens of both halves: the whole batch's loss per token.
     assert two.loss.item() == pytest.approx(one.loss.item(), rel=1e-5)
     assert two.grad_norm.item() == pytest.approx(one.grad_norm.item(), rel=1e-4)
@@ -60,7 +60,7 @@ def test_a_step_on_real_positions_only_makes_the_update_of_a_padded_step(tiny_co
     padded = make_trainer(tiny_corpus, tmp_path / "padded")
     assert real_only.train_step.real_positions_only  # the CPU default
     padded.train_step.real_positions_only = False  # the plain path: (B, T, V) logits, pads ignored by the loss
-    batch = real_only.train_step.load_batch(list(range(8)))
+    batch = real_only.train_step.batches.load(list(range(8)))
     assert batch.n_tgt_tokens < batch.tgt_out_ids.numel()  # there is padding to skip
     one = padded.train_step.run(batch)
     two = real_only.train_step.run(batch)
@@ -132,7 +132,7 @@ def test_a_bf16_step_on_the_cpu_follows_the_fp32_step(tiny_corpus: Path, tmp_pat
     fp32 = make_trainer(tiny_corpus, tmp_path / "fp32", precision="fp32")
     bf16 = make_trainer(tiny_corpus, tmp_path / "bf16", precision="bf16")
     assert bf16.precision.name == "bf16" and fp32.precision.name == "fp32"
-    batch = fp32.train_step.load_batch(list(range(8)))
+    batch = fp32.train_step.batches.load(list(range(8)))
     one, two = fp32.train_step.run(batch), bf16.train_step.run(batch)
     # bf16 keeps 8 bits of mantissa: the same loss to about 1%, gradients pointing the same way;
     # the weights and Adam's moments stay fp32 (autocast casts per product).
@@ -229,8 +229,8 @@ def test_a_compiled_step_makes_the_same_update_as_an_eager_one(tiny_corpus: Path
     eager = make_trainer(tiny_corpus, tmp_path / "eager")
     compiled = make_trainer(tiny_corpus, tmp_path / "compiled", compile=True)
     indices = list(range(6))
-    one = eager.train_step.run(eager.train_step.load_batch(indices))
-    two = compiled.train_step.run(compiled.train_step.load_batch(indices))
+    one = eager.train_step.run(eager.train_step.batches.load(indices))
+    two = compiled.train_step.run(compiled.train_step.batches.load(indices))
     assert two.loss.item() == pytest.approx(one.loss.item(), rel=1e-4)
     for (name, a), b in zip(eager.model.named_parameters(), compiled.model.parameters()):
         assert torch.allclose(a.grad, b.grad, rtol=1e-3, atol=1e-6), name
@@ -264,7 +264,7 @@ def test_the_compiled_step_inside_the_gpu_engine_trains_like_the_plain_step(tiny
     updates = [[[0, 1, 2]], [[3, 4, 5, 6, 7]], [[8, 9, 10]], [[0, 11], [5, 6]]]
     shapes, norms = set(), []
     for step, indices in enumerate(updates, 1):
-        batches = [compiled.train_step.load_batch(i) for i in indices]  # padded to 8, filler rows
+        batches = [compiled.train_step.batches.load(i) for i in indices]  # padded to 8, filler rows
         shapes |= {(b.src_ids.shape, b.tgt_in_ids.shape) for b in batches}
         one, two = compiled.train_step.run(batches), plain.train_step.run(batches)
         assert one.updated and two.updated and compiled.state.step == plain.state.step == step

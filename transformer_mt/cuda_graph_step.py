@@ -3,7 +3,7 @@ AdamW step) captured once per batch shape as a CUDA graph, then replayed, so an 
 launches instead of ~900 (the host, not the GPU, set the pace of the eager step:
 ../shared/gpu/README.md, docs/benchmarks.md).
 
-Batches reach it with fixed shapes (`batching.static_rows` / `pad_rows` in `TrainStep.load_batch`),
+Batches reach it with fixed shapes (`batching.static_rows` / `pad_rows` in `BatchSource.load`),
 so a run meets a handful of shapes and captures each once. Chosen by `TrainStep` on CUDA with one
 process and no fp16 loss scaling (`graphs_apply`). With `train.compile` the captured forward and
 backward are inductor's fused kernels (`compiled_for_graphs`): each shape compiles in the warm-up

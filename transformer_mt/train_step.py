@@ -1,18 +1,18 @@
-"""One training update: its micro-batches on the device, forward and backward (gradient
-accumulation, DDP), clipping, the NaN/inf and out-of-memory guards, and the AdamW update at the
-scheduled learning rate. The GPU engine's work belongs here and in `batching`, not in the loop."""
+"""One training update: forward and backward over its micro-batches (gradient accumulation,
+DDP), clipping, the NaN/inf and out-of-memory guards, and the AdamW update at the scheduled
+learning rate. The GPU engine's work belongs here, in `step_batches` and in `batching`, not in
+the loop."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from transformer_mt.batching import Batch, TokenBatchSampler, pad_rows, static_rows
+from transformer_mt.batching import Batch
 from transformer_mt.config import Config
 from transformer_mt.cuda_graph_step import GraphedStep, compiled_for_graphs, graphs_apply
 from transformer_mt.distributed import Distributed
@@ -21,8 +21,8 @@ from transformer_mt.loss import StepLoss, step_loss
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import AttentionKernels, Precision
 from transformer_mt.schedule import lr_at
+from transformer_mt.step_batches import BatchSource
 from transformer_mt.token_cache import TokenizedSplit
-from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.train_state import TrainState
 
 logger = logging.getLogger(__name__)
@@ -39,19 +39,9 @@ class StepResult:
     capture_seconds: float = 0.0  # spent capturing CUDA graphs in this step (new batch shapes)
 
 
-@dataclass
-class StepBatches:
-    """One update's micro-batches, drawn from the sampler and already on the device."""
-
-    micro_batches: list[Batch]  # this rank's
-    indices: list[np.ndarray]  # their example indices
-    tgt_tokens: int  # target tokens of every rank's micro-batches: the loss's denominator
-    sampler_state: dict  # the sampler's position once these batches are drawn
-
-
 class TrainStep:
-    """Owns what an update changes besides the weights: the batch sampler, the optimizer, the fp16
-    grad scaler, and the module a step calls (the model, DDP-wrapped under torchrun, compiled with
+    """Owns what an update changes besides the weights: the batches (`BatchSource`, its sampler),
+    the optimizer, the fp16 grad scaler, and the module a step calls (the model, DDP-wrapped under torchrun, compiled with
     `train.compile`). A finite update advances `state.step`; the optimizer always holds the
     learning rate of the next update, `lr_at(state.step + 1, cfg.train)`."""
 
@@ -61,13 +51,11 @@ class TrainStep:
         t = cfg.train
         self.cfg = cfg
         self.model = model
-        self.train_data = train_data
         self.state = state
         self.device = device
         self.precision = precision
         self.attention = attention  # the SDPA kernels of forward and backward
         self.dist = dist
-        self.pad_to_multiple = pad_to_multiple
         # The module a step calls is the model's loss (`StepLoss`). Under torchrun DDP wraps it and
         # averages the gradients in backward. torch.compile wraps the same parameters, so
         # checkpoints, validation and decoding use the plain model.
@@ -98,9 +86,8 @@ class TrainStep:
                                            eps=1e-9, weight_decay=t.weight_decay, fused=self.fused_optimizer,
                                            capturable=graphed)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
-        self.sampler = TokenBatchSampler(train_data.lengths(), t.batch_tokens, cfg.seed, tie_break=train_data.tgt_len,
-                                         world_size=dist.world_size, pad_to_multiple=pad_to_multiple,
-                                         max_length=cfg.model.max_len, epoch_rows=train_data.epoch_rows)
+        self.batches = BatchSource(cfg, train_data, device=device, dist=dist, pad_to_multiple=pad_to_multiple,
+                                   fixed_rows=graphed)
         # On a CPU every layer runs at the real tokens only (`cpu_fast_path`) and the loss projects
         # them to the vocabulary block by block: the same loss and gradients without the padding's
         # share of the work (docs/benchmarks.md, "Training"). Elsewhere the padded path stays: the
@@ -140,26 +127,6 @@ class TrainStep:
         if state["scaler"] and self.scaler.is_enabled():  # a run may switch between fp32 and fp16
             self.scaler.load_state_dict(state["scaler"])
         self.apply_settings()
-
-    # --- the update's batches ----------------------------------------------------------
-    def load_batch(self, indices: list[int] | np.ndarray) -> Batch:
-        """Training examples -> a padded batch on the device; on CUDA through pinned memory, so the
-        copy is asynchronous (`non_blocking`) and overlaps with queued GPU work."""
-        batch = self.train_data.batch(indices, self.pad_to_multiple)
-        if self.graphs is not None:  # a fixed row count per padded length: shapes repeat, graphs replay
-            batch = pad_rows(batch, static_rows(batch, self.cfg.train.batch_tokens), PAD_ID, BOS_ID, EOS_ID)
-        if self.device.type == "cuda":
-            batch = batch.pin_memory()
-        return batch.to(self.device)
-
-    def draw(self, batches: Iterator[np.ndarray]) -> StepBatches:
-        """The next update's batches from `iter(self.sampler)`: every rank's, in groups of W; this
-        rank's on the device."""
-        W = self.dist.world_size
-        step_batches = [next(batches) for _ in range(self.cfg.train.accum_steps * W)]
-        indices = step_batches[self.dist.rank::W]  # this rank's micro-batches
-        tgt_tokens = int(self.train_data.lengths_of(np.concatenate(step_batches))[1].sum())
-        return StepBatches([self.load_batch(i) for i in indices], indices, tgt_tokens, self.sampler.state_dict())
 
     # --- the update ----------------------------------------------------------------------
     def run(self, batches: Batch | list[Batch], step_tgt_tokens: int | None = None, *,

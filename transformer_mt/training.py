@@ -38,10 +38,11 @@ from transformer_mt.runtime import (Precision, pick_attention, pick_device, pick
                                    warn_attention_fallbacks, warn_if_bf16_emulated)
 from transformer_mt.schedule import lr_at
 from transformer_mt.signals import StopRequest, sigterm_interrupts
+from transformer_mt.step_batches import StepBatches
 from transformer_mt.throughput import IntervalMeter, peak_flops_per_s
 from transformer_mt.tokenization import PAD_ID, TokenizerPair
 from transformer_mt.train_state import RunCheckpoint, TrainState
-from transformer_mt.train_step import StepBatches, StepResult, TrainStep
+from transformer_mt.train_step import StepResult, TrainStep
 from transformer_mt.validation import Evaluator
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class Trainer:
         self.train_step = TrainStep(cfg, self.model, self.train_data, self.state, device=self.device,
                                     precision=self.precision, attention=attention, dist=dist,
                                     pad_to_multiple=pad_to_multiple)
-        self.sampler = self.train_step.sampler
+        self.sampler = self.train_step.batches.sampler
         model_args = {"src_vocab_size": self.tokenizers.src.get_vocab_size(),
                       "tgt_vocab_size": self.tokenizers.tgt.get_vocab_size(), "pad_id": PAD_ID}
         self.checkpoint = RunCheckpoint(cfg, run_dir, model=self.model, update=self.train_step, state=self.state,
@@ -154,11 +155,11 @@ class Trainer:
             while state.step < t.max_steps:
                 if signal_number := agreed_signal if self.dist.enabled else (stop.signal_number or 0):
                     self._stop_on_signal(signal_number)
-                current = upcoming.pop() if upcoming else self.train_step.draw(batches)
+                current = upcoming.pop() if upcoming else self.train_step.batches.draw(batches)
 
                 def draw_next() -> None:  # runs on the host while the device works on `current`
                     if state.step + 1 < t.max_steps:
-                        upcoming.append(self.train_step.draw(batches))
+                        upcoming.append(self.train_step.batches.draw(batches))
 
                 result = self.train_step.run_or_skip(current.micro_batches, current.tgt_tokens, draw_next,
                                                      stop.signal_number or 0)

@@ -41,9 +41,9 @@ class StepResult:
 
 class TrainStep:
     """Owns what an update changes besides the weights: the batches (`BatchSource`, its sampler),
-    the optimizer, the fp16 grad scaler, and the module a step calls (the model, DDP-wrapped under torchrun, compiled with
-    `train.compile`). A finite update advances `state.step`; the optimizer always holds the
-    learning rate of the next update, `lr_at(state.step + 1, cfg.train)`."""
+    the optimizer, the fp16 grad scaler, and the module a step calls (the model, DDP-wrapped under
+    torchrun, compiled with `train.compile`). A finite update advances `state.step`; the optimizer
+    always holds the learning rate of the next update, `lr_at(state.step + 1, cfg.train)`."""
 
     def __init__(self, cfg: Config, model: Transformer, train_data: TokenizedSplit, state: TrainState, *,
                  device: torch.device, precision: Precision, attention: AttentionKernels, dist: Distributed,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -27,16 +26,15 @@ from transformer_mt.ema import WeightEMA
 from transformer_mt.evaluation import bleu_tokenizer_problem
 from transformer_mt.files import os_errors_named
 from transformer_mt.init_from import Parent, load_parent
+from transformer_mt.interval_log import IntervalLog
 from transformer_mt.model import Transformer
 from transformer_mt.optional_outputs import OptionalWriter, quiet_tensorboard_thread
 from transformer_mt.preparation import batch_padding, prepare_data, tokenizer_file
-from transformer_mt.report import estimated_time, format_duration
 from transformer_mt.run_dir import check_saved_config
 from transformer_mt.run_layout import RunDir
 from transformer_mt.run_status import RunStatus
 from transformer_mt.runtime import (Precision, pick_attention, pick_device, pick_precision, seed_everything,
                                    warn_attention_fallbacks, warn_if_bf16_emulated)
-from transformer_mt.schedule import lr_at
 from transformer_mt.signals import StopRequest, sigterm_interrupts
 from transformer_mt.step_batches import StepBatches
 from transformer_mt.throughput import IntervalMeter, peak_flops_per_s
@@ -108,8 +106,7 @@ class Trainer:
             logger.info("train.eval_every_steps=%d is not a multiple of train.save_every_steps=%d: a new best "
                         "between saves is saved as a step checkpoint too, and counts toward train.keep_last "
                         "and train.average_last", t.eval_every_steps, t.save_every_steps)
-        self._intervals_logged = 0
-        self._pace_from = (time.monotonic(), 0)  # (clock, step) where `run` started: the log lines' time left
+        self.interval_log = IntervalLog(t, self.data_report)
 
     def resume(self) -> None:
         self.checkpoint.resume()
@@ -139,7 +136,7 @@ class Trainer:
         writer = (OptionalWriter(lambda: SummaryWriter(tensorboard, purge_step=state.step + 1), tensorboard)
                   if self.dist.is_main else _NoWriter())
         self.write_summary("running")
-        self._pace_from = (time.monotonic(), state.step)
+        self.interval_log.start(state.step)
         bar = tqdm(total=t.max_steps, initial=state.step, desc="train", unit="step",
                    # Not a terminal (a CI log, a file): the periodic log lines stand in for the bar.
                    disable=not (self.progress and sys.stderr.isatty()), file=sys.stderr, dynamic_ncols=True,
@@ -178,7 +175,7 @@ class Trainer:
                 self._count(current, result, interval)
                 bar.update(1)
                 if state.step % t.log_every_steps == 0 or state.step == t.max_steps:
-                    self._log_interval(interval, result.grad_norm, writer, bar)
+                    self.interval_log.write(state.step, interval, result.grad_norm, writer, bar)
                 if self._after_step(writer, interval):
                     break
             self._stop_if_signalled_during_the_last_step(stop)
@@ -257,44 +254,6 @@ class Trainer:
                 f"stopping at step {step}: {in_a_row} updates in a row had a non-finite loss or gradient "
                 f"(train.max_nonfinite_steps={limit}); try a lower train.lr, more train.warmup_steps or "
                 f"train.precision fp32/bf16, then resume from the last checkpoint with --resume")
-
-    def _log_interval(self, interval: IntervalMeter, grad_norm: torch.Tensor, writer: SummaryWriter, bar: tqdm) -> None:
-        """Log line and TensorBoard points for the steps since the last log; one host sync."""
-        t, step = self.cfg.train, self.state.step
-        stats = interval.read_and_reset()
-        lr = lr_at(step, t)  # the rate this step used
-        grad_norm_value = grad_norm.item()
-        writer.add_scalar("train/loss", stats.mean_loss, step)
-        writer.add_scalar("train/grad_norm", grad_norm_value, step)
-        writer.add_scalar("lr", lr, step)
-        for name, value in stats.perf().items():
-            writer.add_scalar(f"perf/{name}", value, step)
-        postfix = {"loss": f"{stats.mean_loss:.3f}", "lr": f"{lr:.2e}", "tgt_tok_s": f"{stats.tgt_tokens_per_s:,.0f}",
-                   "src_tok_s": f"{stats.src_tokens_per_s:,.0f}"}
-        if stats.mfu is not None:
-            postfix["mfu"] = f"{stats.mfu:.1%}"
-        if stats.peak_memory_mb is not None:
-            postfix["mem"] = f"{stats.peak_memory_mb / 1024:.1f}G"
-        bar.set_postfix(postfix)
-        extra = "".join([f", MFU {stats.mfu:.1%}" if stats.mfu is not None else "",
-                         f", peak memory {stats.peak_memory_mb:,.0f} MB" if stats.peak_memory_mb is not None else "",
-                         f"; {stats.capture_seconds:.1f}s {'compiling and ' if self.cfg.train.compile else ''}capturing CUDA "
-                         "graphs, not counted in these rates"
-                         if stats.capture_seconds else ""])
-        # Progress and time left on every line, for a log read under nohup or in CI (no bar there): at
-        # the pace since this process started training, validations and checkpoints included.
-        started, first_step = self._pace_from
-        left = (time.monotonic() - started) / max(step - first_step, 1) * (t.max_steps - step)
-        logger.info("step %d/%d (%.0f%%, %s left): loss %.4f, lr %.3e, grad norm %.3f, %.0f source and %.0f target "
-                    "tokens/s, padding efficiency %.3f source, %.3f target%s", step, t.max_steps,
-                    100 * step / t.max_steps, format_duration(left), stats.mean_loss, lr, grad_norm_value,
-                    stats.src_tokens_per_s, stats.tgt_tokens_per_s, stats.src_padding_efficiency,
-                    stats.tgt_padding_efficiency, extra)
-        self._intervals_logged += 1
-        # From the first interval of this process; under train.compile from the second, as the
-        # first includes compiling.
-        if self._intervals_logged == (2 if t.compile else 1) and self.data_report is not None:
-            logger.info("%s", estimated_time(self.data_report, stats.tgt_tokens_per_s, step))
 
 
 class _NoWriter:

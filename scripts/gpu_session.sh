@@ -48,7 +48,7 @@
 #   multi30k       trains configs/multi30k-en-de.yaml into runs/gpu-multi30k-en-de, then prints its
 #                  figure (scripts/recipe_figures.py): ms per update, seconds from the command to the
 #                  test score, test BLEU, and the validation BLEU of the test's checkpoint (and of the
-#                  EMA's), beam 5: issue 26's measure.
+#                  last step's EMA), beam 5: issue 26's measure.
 #   multi30k-seed2 the same with seed 2, in runs/gpu-multi30k-en-de-seed2.
 #   multi30k-seed3 the same with seed 3, in runs/gpu-multi30k-en-de-seed3.
 #   tatoeba        trains configs/tatoeba-en-it.yaml into runs/gpu-tatoeba-en-it.

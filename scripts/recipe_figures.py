@@ -14,7 +14,8 @@ which that EMA's validation chose (`test_ema_checkpoint`). With an EMA, `best_va
 EMA's greedy validation, not comparable with a run's without one.
 `--score-valid` adds issue 26's measure of a finished run: `valid_bleu`, the validation split
 translated from the test's checkpoint (the average of the last 10) as `tmt evaluate --split valid`
-does it (the run's beam, 5 for the recipe), and `valid_ema_bleu`, the same of the EMA's checkpoint.
+does it (the run's beam, 5 for the recipe), and for a run with an EMA `valid_ema_bleu`, the same of
+the last step's checkpoint, its EMA weights (not `best.pt`'s: validation chose that one).
 """
 
 from __future__ import annotations
@@ -89,14 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage-seconds", type=float, default=None, help="wall time of the training command")
     parser.add_argument("--resumed", action="store_true", help="the command resumed an earlier start")
     parser.add_argument("--score-valid", action="store_true",
-                        help="a finished run's test checkpoint and EMA checkpoint, translated and scored on validation")
+                        help="a finished run's test checkpoint (and last EMA), translated and scored on validation")
     args = parser.parse_args(argv)
     line = figures(args.run, args.label, args.stage_seconds, args.resumed)
     failed = False
     if args.score_valid and line["status"] == "finished":
         line["valid_bleu"] = valid_bleu(args.run, line["test_checkpoint"])
-        line["valid_ema_bleu"] = valid_bleu(args.run, line["test_ema_checkpoint"])
-        failed = line["valid_bleu"] is None or (line["test_ema_checkpoint"] is not None and line["valid_ema_bleu"] is None)
+        has_ema = line["test_ema_checkpoint"] is not None
+        line["valid_ema_bleu"] = valid_bleu(args.run, f"step_{line['step']:08d}.pt" if has_ema else None)
+        failed = line["valid_bleu"] is None or (has_ema and line["valid_ema_bleu"] is None)
     print(json.dumps(line))
     return 1 if failed else 0
 

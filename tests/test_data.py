@@ -359,6 +359,8 @@ def test_streaming_in_small_chunks_reads_the_same_pairs(data_dir, tmp_path, monk
     whole = pairs_of(load_corpus(make_cfg(data_dir), seed=1, run_dir=tmp_path / "whole").train)
     monkeypatch.setattr(data_sources, "READ_CHUNK_BYTES", 10)
     monkeypatch.setattr(data_sources, "CHUNK_ROWS", 4)
+    chunks = list(data_sources.open_sources(make_cfg(data_dir))["train"].chunks())
+    assert [len(src) for src, _ in chunks] == [4] * 14 + [1]  # read at the patched size
     chunked = pairs_of(load_corpus(make_cfg(data_dir), seed=1, run_dir=tmp_path / "chunked").train)
     assert whole == chunked
     assert len(whole) == 57 - 4 and set(whole) <= set(expected)  # less the 2 + 2 carved rows

@@ -40,7 +40,7 @@ holding files under two names of one split is refused: tmt does not guess which 
 LOADING_SCRIPT_REFUSED = "Dataset scripts are no longer supported"
 PARQUET_CONVERSION = "refs/convert/parquet"  # the hub's branch of Parquet files made from a dataset
 PROBE_TIMEOUT_S = 5.0
-CHUNK_ROWS = 50_000
+CHUNK_ROWS = 50_000  # rows per chunk; read when a stream starts, so tests can shrink it
 READ_CHUNK_BYTES = 4 << 20
 
 Pair = tuple[str, str]
@@ -140,7 +140,7 @@ def _files_key(files: list[Path]) -> str:
 
 def _local_chunks(cfg: DataConfig, files: list[Path]) -> Callable[[], Iterator[PairChunk]]:
     if cfg.format == "text":
-        return lambda: iter_aligned_files(files[0], files[1])
+        return lambda: iter_aligned_files(files[0], files[1], CHUNK_ROWS)
     if cfg.format == "tsv":
         return lambda: _iter_tsv(files[0], cfg.src_lang, cfg.tgt_lang)
     return lambda: _iter_jsonl(files[0], cfg.src_lang, cfg.tgt_lang)
@@ -248,7 +248,7 @@ def read_aligned_files(src_path: Path, tgt_path: Path) -> list[Pair]:
     return [pair for src, tgt in iter_aligned_files(src_path, tgt_path) for pair in zip(src, tgt)]
 
 
-def _rechunk(pairs: Iterator[Pair], chunk_rows: int = CHUNK_ROWS) -> Iterator[PairChunk]:
+def _rechunk(pairs: Iterator[Pair], chunk_rows: int) -> Iterator[PairChunk]:
     while chunk := list(islice(pairs, chunk_rows)):
         yield [s for s, _ in chunk], [t for _, t in chunk]
 
@@ -273,7 +273,7 @@ def _iter_tsv(path: Path, src_lang: str, tgt_lang: str) -> Iterator[PairChunk]:
                 logger.warning("%s:1 looks like a header row (%s<TAB>%s); tmt reads every line as a sentence "
                                "pair, so remove it if it is one", path, *pair)
             yield pair
-    return _rechunk(pairs())
+    return _rechunk(pairs(), CHUNK_ROWS)
 
 
 def _looks_like_a_header(pair: Pair, src_lang: str, tgt_lang: str) -> bool:
@@ -295,7 +295,7 @@ def _iter_jsonl(path: Path, src_lang: str, tgt_lang: str) -> Iterator[PairChunk]
             if isinstance(record, dict) and isinstance(record.get("translation"), dict):
                 record = record["translation"]
             yield pair_from_record(record, src_lang, tgt_lang, where=f"{path}:{lineno}")
-    return _rechunk(pairs())
+    return _rechunk(pairs(), CHUNK_ROWS)
 
 
 # Line breaks inside a record's text (JSONL, hub rows): a sentence must stay on one line, or

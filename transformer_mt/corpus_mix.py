@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from transformer_mt.config import DataConfig
-from transformer_mt.data_sources import PairChunk, SplitSource, open_sources
+from transformer_mt.data_sources import PairChunk, SplitSource, local_sources
 from transformer_mt.errors import DataError
+from transformer_mt.hub_sources import hub_sources
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def corpus_weights(cfg: DataConfig) -> tuple[float, ...]:
 
 
 def open_corpora(cfg: DataConfig) -> OpenedCorpora:
-    """Open every corpus's sources (`data_sources.open_sources`); with one corpus, its own sources."""
+    """Open every corpus's sources (local files or a hub dataset); with one corpus, its own sources."""
     configs = corpus_configs(cfg)
     opened = [_opened(one, f"data.corpora[{i}]" if cfg.corpora else "") for i, one in enumerate(configs)]
     labels = tuple(one.path for one in configs)
@@ -75,10 +76,10 @@ def open_corpora(cfg: DataConfig) -> OpenedCorpora:
 
 
 def _opened(cfg: DataConfig, entry: str) -> dict[str, SplitSource | None]:
-    """`open_sources(cfg)`; an error names the `data.corpora` entry at fault, when there is one
+    """The sources of one corpus; an error names the `data.corpora` entry at fault, when there is one
     (its `path` where the message says `data.path`, which the entry's path stands for)."""
     try:
-        return open_sources(cfg)
+        return hub_sources(cfg) if cfg.format == "hub" else local_sources(cfg)
     except DataError as err:
         if not entry:
             raise

@@ -1,7 +1,8 @@
-"""Where parallel text comes from: local files (text, tsv, jsonl, maybe gzipped) or a Hub dataset.
+"""Parallel text from local files (text, tsv, jsonl, maybe gzipped), and what every source yields.
 
-Each split is read as a stream of chunks of stripped (source, target) strings, so a corpus of
-any size passes through in bounded memory. Errors name the file and line (or Hub split and row).
+Each split is read as a stream of chunks of stripped (source, target) strings (`SplitSource`),
+so a corpus of any size passes through in bounded memory. Errors name the file and line.
+A Hub dataset is read by `hub_sources`, into the same `SplitSource`s (rows via `pair_from_record`).
 """
 
 from __future__ import annotations
@@ -10,36 +11,23 @@ import gzip
 import hashlib
 import json
 import logging
-import os
 import re
-import socket
-import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import chain, islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from typing import Any
 
 from transformer_mt.config import DataConfig
 from transformer_mt.errors import DataError
 
-if TYPE_CHECKING:
-    import datasets
-
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
-HUB_VALID_NAMES = ("validation", "valid", "dev")
 LOCAL_SPLIT_NAMES = {"train": ("train",), "valid": ("valid", "dev", "validation"), "test": ("test",)}
 """The names a split's local files may start with (`dev.en`, `validation.tsv`, ...). A directory
 holding files under two names of one split is refused: tmt does not guess which to validate on."""
-# `datasets` 4 and later refuse a dataset defined by a Python loading script with a RuntimeError
-# that says so ("Dataset scripts are no longer supported, but found iwslt2017.py").
-LOADING_SCRIPT_REFUSED = "Dataset scripts are no longer supported"
-PARQUET_CONVERSION = "refs/convert/parquet"  # the hub's branch of Parquet files made from a dataset
-PROBE_TIMEOUT_S = 5.0
 CHUNK_ROWS = 50_000  # rows per chunk; read when a stream starts, so tests can shrink it
 READ_CHUNK_BYTES = 4 << 20
 
@@ -60,18 +48,10 @@ class SplitSource:
     """A fresh stream of the split's rows, `CHUNK_ROWS` at a time (the last chunk may be shorter)."""
 
 
-def open_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
-    """The sources of train, valid and test (None: the data has no such split; train always exists).
-
-    Reads nothing but file metadata (local) or the Hub's memory-mapped Arrow cache (hub), and
-    checks what can be checked without reading the text: files that exist, columns, languages.
+def local_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
+    """The sources of train, valid and test in the directory `data.path` (None: no such split;
+    train always exists). Reads nothing but file metadata: which files exist, and are unambiguous.
     """
-    return _hub_sources(cfg) if cfg.format == "hub" else _local_sources(cfg)
-
-
-# --- local files -------------------------------------------------------------------------------
-
-def _local_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
     directory = Path(cfg.path)
     if not directory.is_dir():
         raise DataError(f"data.path: {cfg.path!r} is not a directory (data.format: {cfg.format})")
@@ -326,168 +306,3 @@ def _one_line(text: str | None, lang: str, where: str) -> str:
     except UnicodeEncodeError as err:  # JSON's "\ud83d" escape: half of an emoji, cut off
         raise DataError(f"{where}: {lang!r} is not valid Unicode ({err.reason} at character {err.start})") from None
     return text
-
-
-# --- Hugging Face Hub --------------------------------------------------------------------------
-
-def _hub_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
-    """A Hub dataset with a `translation` column or one text column per language; valid/test are
-    None when it lacks them."""
-    # A local dataset folder needs no network; behind a proxy a direct probe proves nothing.
-    if not _hub_offline() and not _behind_proxy() and not Path(cfg.path).is_dir():
-        _check_hub_reachable(cfg)
-    dataset_dict = _load_hub_dataset(cfg)
-    names = {"train": ["train"], "valid": list(HUB_VALID_NAMES), "test": ["test"]}
-    sources: dict[str, SplitSource | None] = {}
-    for split in SPLITS:
-        found = next((name for name in names[split] if name in dataset_dict), None)
-        if found is None:
-            sources[split] = None
-            continue
-        dataset = dataset_dict[found]
-        columns = _pair_columns(dataset, cfg, found)
-        sources[split] = SplitSource(f"hub split {found!r} of {cfg.path} ({len(dataset)} rows)",
-                                     f"hub:{dataset._fingerprint}", _hub_chunks(dataset, cfg, found, columns))
-    if sources["train"] is None:
-        raise DataError(f"data.path: hub dataset {cfg.path!r} has no 'train' split "
-                        f"(splits: {', '.join(dataset_dict)})")
-    return sources
-
-
-def _local_files_hint(cfg: DataConfig) -> str:
-    return (f"train from local files instead: set data.format: text and data.path: a directory with "
-            f"train.{cfg.src_lang}/train.{cfg.tgt_lang} (see README)")
-
-
-def _hub_offline() -> bool:
-    """True when the environment tells `datasets` to use only its local cache."""
-    true_values = {"1", "ON", "YES", "TRUE"}  # as datasets.config.ENV_VARS_TRUE_VALUES
-    return any(os.environ.get(name, "").upper() in true_values for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-
-
-def _behind_proxy() -> bool:
-    return any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
-
-
-def _check_hub_reachable(cfg: DataConfig) -> None:
-    """Fail in seconds, not after minutes of retries, when the Hub host cannot be reached.
-
-    The probe runs in a daemon thread so that a stalled DNS lookup (which `timeout` does not
-    bound) cannot hang the run either.
-    """
-    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    host = endpoint.hostname or "huggingface.co"
-    port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
-
-    outcome: list[OSError | None] = []
-
-    def probe() -> None:
-        try:
-            socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
-            outcome.append(None)
-        except OSError as err:
-            outcome.append(err)
-
-    thread = threading.Thread(target=probe, name="hub-probe", daemon=True)
-    thread.start()
-    thread.join(PROBE_TIMEOUT_S + 1)
-    error = outcome[0] if outcome else TimeoutError("timed out")
-    if error is not None:
-        raise DataError(f"cannot reach the Hugging Face Hub to download {cfg.path!r} ({host}:{port}: {error}). "
-                        f"Without a network, {_local_files_hint(cfg)}; or, if the dataset is already in your HF "
-                        "cache, set HF_HUB_OFFLINE=1.")
-
-
-def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
-    import datasets
-
-    if cfg.revision == PARQUET_CONVERSION and cfg.hub_config is None:
-        # Read whole, the conversion's folders of all configurations (language pairs) would be
-        # one dataset: mixed pairs, or columns that do not match.
-        raise DataError(f"data.hub_config: with data.revision: {PARQUET_CONVERSION}, name the configuration to "
-                        "read (its folder on that branch, e.g. iwslt2017-en-it; 'default' for a dataset with "
-                        "only one)")
-    try:
-        if cfg.revision == PARQUET_CONVERSION:
-            # The hub's Parquet conversion of a dataset keeps each configuration in a folder of
-            # its name (`<config>/<split>/0000.parquet`) with no dataset card to declare them, so
-            # `datasets` sees one `default` configuration: the wanted one is a folder to read.
-            return datasets.load_dataset(cfg.path, data_dir=cfg.hub_config, revision=cfg.revision)
-        return datasets.load_dataset(cfg.path, cfg.hub_config, revision=cfg.revision)
-    except RuntimeError as err:
-        if LOADING_SCRIPT_REFUSED not in str(err):
-            raise  # not a known data problem: reported as an internal error
-        raise DataError(_loading_script_advice(cfg, script=str(err).rpartition(" ")[2])) from None
-    except (OSError, ValueError) as err:  # not found, no network, bad config name or revision
-        # Offline, a dataset missing from the cache is a ConnectionError (another error, say a
-        # wrong data.hub_config of a cached dataset, is not about the network).
-        offline = (" HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set, so only your HF cache was looked at: unset it to "
-                   f"download the dataset, or {_local_files_hint(cfg)}."
-                   if _hub_offline() and isinstance(err, ConnectionError) else "")
-        raise DataError(f"cannot load hub dataset data.path={cfg.path!r}, data.hub_config={cfg.hub_config!r}"
-                        f"{f', data.revision={cfg.revision!r}' if cfg.revision else ''}: "
-                        f"{type(err).__name__}: {str(err).rstrip('.')}.{offline}") from None
-
-
-def _loading_script_advice(cfg: DataConfig, script: str) -> str:
-    """Why a dataset defined by a loading script `script` does not load, and what to do instead."""
-    import datasets
-
-    local = (", with data.path set to the dataset's hub name rather than this local folder"
-             if Path(cfg.path).is_dir() else "")
-    return (f"data.path={cfg.path!r}: this dataset is defined by a loading script ({script}), which the installed "
-            f"datasets {datasets.__version__} no longer runs. If the dataset has a Parquet conversion on the hub, load "
-            f"that: data.revision: {PARQUET_CONVERSION}, data.hub_config: the configuration's folder there "
-            f"('default' if it has only one){local}; or export the dataset to local files and "
-            "use data.format: text, tsv or jsonl (see README, Data)")
-
-
-def _pair_columns(dataset: datasets.Dataset, cfg: DataConfig, split_name: str) -> list[str]:
-    """The columns that hold a split's pairs, in one of the two shapes of translation datasets on
-    the Hub: `["translation"]`, one {lang: text} dict per row (OPUS Books), or `[src_lang, tgt_lang]`,
-    a plain text column per language (Multi30k's `en`, `de`). A `translation` column comes first."""
-    if "translation" in dataset.column_names:
-        languages = _translation_languages(dataset)
-        missing = [f"data.{side}_lang={lang!r}" for side, lang in (("src", cfg.src_lang), ("tgt", cfg.tgt_lang))
-                   if lang not in languages]
-        if missing:
-            raise DataError(f"{' and '.join(missing)} not in the translation column of hub dataset {cfg.path!r} "
-                            f"(available: {', '.join(languages)})")
-        return ["translation"]
-    columns = [cfg.src_lang, cfg.tgt_lang]
-    if not all(column in dataset.column_names for column in columns):
-        raise DataError(f"data.path: hub dataset {cfg.path!r} split {split_name!r} has neither a 'translation' "
-                        f"column nor columns {cfg.src_lang!r} and {cfg.tgt_lang!r} (data.src_lang, data.tgt_lang); "
-                        f"columns found: {', '.join(dataset.column_names)}. data.format: hub reads a 'translation' "
-                        "column of {language: text} dicts, or one text column per language named by "
-                        "data.src_lang and data.tgt_lang")
-    for column in columns:
-        feature = dataset.features[column]
-        if getattr(feature, "dtype", None) not in ("string", "large_string"):
-            raise DataError(f"hub dataset {cfg.path!r} split {split_name!r}: column {column!r} holds {feature}, "
-                            "not text (one sentence per row)")
-    return columns
-
-
-def _hub_chunks(dataset: datasets.Dataset, cfg: DataConfig, split_name: str,
-                columns: list[str]) -> Callable[[], Iterator[PairChunk]]:
-    """Stripped (src, tgt) chunks from the `columns` of `_pair_columns`, read from the memory-mapped Arrow table."""
-    def chunks() -> Iterator[PairChunk]:
-        table = dataset.with_format("arrow").select_columns(columns)
-        for start in range(0, len(dataset), CHUNK_ROWS):
-            batch = table[start:start + CHUNK_ROWS]  # a pyarrow Table: ~50x faster than row access
-            # A `translation` row is already a {lang: text} record; text columns give {src_lang: .., tgt_lang: ..}.
-            rows = batch["translation"].to_pylist() if columns == ["translation"] else batch.to_pylist()
-            pairs = [pair_from_record(row, cfg.src_lang, cfg.tgt_lang, where=f"{cfg.path} {split_name} row {start + i}")
-                     for i, row in enumerate(rows)]
-            yield [s for s, _ in pairs], [t for _, t in pairs]
-    return chunks
-
-
-def _translation_languages(dataset: datasets.Dataset) -> list[str]:
-    """Language keys of the `translation` column: a `Translation` feature or a struct of strings."""
-    feature = dataset.features["translation"]
-    languages = getattr(feature, "languages", None)
-    if languages is None and isinstance(feature, dict):
-        languages = list(feature)
-    return [str(lang) for lang in languages or []]

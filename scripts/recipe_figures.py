@@ -29,6 +29,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from transformer_mt.run_files import step_file_name
+
 LOG_LINE = re.compile(r"^.*step (\d+)/\d+ .*?, (\d+) source and (\d+) target tokens/s(.*)$")
 
 
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.score_valid and line["status"] == "finished":
         line["valid_bleu"] = valid_bleu(args.run, line["test_checkpoint"])
         has_ema = line["test_ema_checkpoint"] is not None
-        line["valid_ema_bleu"] = valid_bleu(args.run, f"step_{line['step']:08d}.pt" if has_ema else None)
+        line["valid_ema_bleu"] = valid_bleu(args.run, step_file_name(line["step"]) if has_ema else None)
         failed = line["valid_bleu"] is None or (has_ema and line["valid_ema_bleu"] is None)
     print(json.dumps(line))
     return 1 if failed else 0

@@ -25,8 +25,9 @@ from transformer_mt.config import DataConfig
 from transformer_mt.corpus_mix import OpenedCorpora, open_corpora
 from transformer_mt.data_sources import SPLITS, SplitSource
 from transformer_mt.errors import DataError, missing_from_rank0
-from transformer_mt.files import removed_on_failure, write_text_atomic
+from transformer_mt.files import removed_on_failure
 from transformer_mt.run_layout import RunDir
+from transformer_mt.split_carving import carving_plan
 
 if TYPE_CHECKING:
     import datasets
@@ -228,7 +229,7 @@ def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key
         if len(own) == 0:
             raise DataError(f"the training data in {label} is empty (data.format: {cfg.format})")
     n_first = len(part_verdicts[0])  # valid/test are carved from the first corpus's training pairs
-    plan = _carving_plan(cfg, seed, n_first, {s for s in SPLITS if sources[s] is None}, run_dir)
+    plan = carving_plan(cfg, seed, n_first, {s for s in SPLITS if sources[s] is None}, run_dir)
     removed = dict.fromkeys(FILTERS, 0)
     rows, digests = {}, {}
     for split in SPLITS:
@@ -372,67 +373,6 @@ def _replace_directory(new: Path, target: Path, old: Path) -> None:
         target.rename(old)
     new.rename(target)
     shutil.rmtree(old, ignore_errors=True)
-
-
-# --- carving valid/test from train -------------------------------------------------------------
-
-def _carving_plan(cfg: DataConfig, seed: int, n_rows: int, missing: set[str], run_dir: Path) -> dict[str, np.ndarray]:
-    """Row indices of train to carve into each missing split, from `splits.json` when it exists."""
-    sizes = {split: size for split, size in (("valid", cfg.valid_size), ("test", cfg.test_size)) if split in missing}
-    if not sizes:
-        return {}
-    path = RunDir(run_dir).splits
-    if path.is_file():
-        plan = _load_split_plan(path, n_rows, list(sizes))
-        logger.info("reusing the %s split(s) recorded in %s", "/".join(sizes), path)
-        for split, size in sizes.items():
-            if len(plan[split]) != size:
-                logger.warning("%s keeps %d %s pairs although data.%s_size is now %d; start a new run "
-                               "to re-split", path, len(plan[split]), split, split, size)
-    else:
-        plan = _make_split_plan(n_rows, sizes, seed)
-        record = {"source_rows": n_rows, "seed": seed, **{split: indices.tolist() for split, indices in plan.items()}}
-        write_text_atomic(path, json.dumps(record) + "\n")
-        logger.info("carved %s from %d train rows (seed %d); indices saved to %s",
-                    ", ".join(f"{len(plan[s])} {s}" for s in plan), n_rows, seed, path)
-    return plan
-
-
-def _make_split_plan(n_rows: int, sizes: dict[str, int], seed: int) -> dict[str, np.ndarray]:
-    """Pick disjoint, sorted row indices of size `sizes[split]` from a seeded sample of range(n_rows)."""
-    if n_rows < 1 + sum(sizes.values()):
-        keys = " + ".join(f"data.{split}_size={size}" for split, size in sizes.items())
-        raise DataError(f"train has {n_rows} pairs, too few to carve {keys} and keep at least one for training; "
-                        "lower those sizes or provide valid/test files")
-    chosen = np.random.default_rng(seed).choice(n_rows, size=sum(sizes.values()), replace=False)
-    plan, start = {}, 0
-    for split, size in sizes.items():
-        plan[split] = np.sort(chosen[start:start + size])
-        start += size
-    return plan
-
-
-def _load_split_plan(path: Path, n_rows: int, needed: list[str]) -> dict[str, np.ndarray]:
-    """Read carved indices from `path`, checking they still fit the current training data."""
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise DataError(f"{path}: cannot read the saved data split ({err}); delete it to re-split") from None
-    if not isinstance(saved, dict):
-        raise DataError(f"{path}: expected a JSON object with source_rows, seed and row indices")
-    changed = f"the training data changed since {path} was made"
-    if saved.get("source_rows") != n_rows:
-        raise DataError(f"{changed}: it records {saved.get('source_rows')} train rows, now there are {n_rows}; "
-                        "use the original data or start a new run")
-    plan = {}
-    for split in needed:
-        indices = saved.get(split)
-        if not isinstance(indices, list) or not all(isinstance(i, int) and 0 <= i < n_rows for i in indices):
-            raise DataError(f"{changed}: it has no valid '{split}' row indices for {n_rows} rows")
-        plan[split] = np.asarray(indices, dtype=np.int64)
-    if len(np.unique(np.concatenate(list(plan.values())))) != sum(map(len, plan.values())):
-        raise DataError(f"{path}: the carved splits overlap; delete it to re-split")
-    return plan
 
 
 def iter_text_batches(split: datasets.Dataset, column: str, rows: np.ndarray | None = None) -> Iterator[list[str]]:

@@ -162,9 +162,23 @@ def test_a_config_with_data_path_switches_to_corpora_from_the_command_line(corpo
 
 def test_a_corpus_that_cannot_be_read_is_named_by_its_entry(corpora, tmp_path: Path):
     cfg = mixed_config((corpora[0], tmp_path / "nowhere"))
-    with pytest.raises(DataError, match=r"^data\.corpora\[1\] \(.*nowhere\): data\.corpora\[1\]\.path: .* is not a "
-                                         "directory"):
+    with pytest.raises(DataError, match=r"^data\.corpora\[1\]\.path: '.*nowhere' is not a directory"):
         load_corpus(cfg.data, cfg.seed, tmp_path / "run")
+
+
+def test_a_hub_entrys_error_names_the_entrys_own_keys(corpora, tmp_path: Path, monkeypatch):
+    """The entry's format, hub_config and revision stand for data.*'s: the message names the entry's keys."""
+    from transformer_mt import hub_sources
+    from transformer_mt.hub_sources import PARQUET_CONVERSION
+
+    monkeypatch.setattr(hub_sources, "_check_hub_reachable", lambda cfg: None)  # refused before any download
+    cfg = tiny_config("", data={"path": "", "format": "text", "corpora": [
+        {"path": str(corpora[0])}, {"path": "someone/pairs", "format": "hub", "revision": PARQUET_CONVERSION}]})
+    with pytest.raises(DataError) as caught:
+        load_corpus(cfg.data, cfg.seed, tmp_path / "run")
+    assert str(caught.value).startswith(f"data.corpora[1].hub_config: with data.corpora[1].revision: "
+                                        f"{PARQUET_CONVERSION}, name the configuration to read")
+    assert "data.hub_config" not in str(caught.value) and "data.revision" not in str(caught.value)
 
 
 def test_a_weight_that_gives_a_corpus_no_pair_is_refused_naming_it(corpora, tmp_path: Path):

@@ -16,17 +16,22 @@ import dataclasses
 import json
 import logging
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from transformer_mt.config import DataConfig
+from transformer_mt.config import CorpusEntry, DataConfig
 from transformer_mt.data_sources import PairChunk, SplitSource, local_sources
 from transformer_mt.errors import DataError
 from transformer_mt.hub_sources import hub_sources
 
 logger = logging.getLogger(__name__)
+
+# `data.path`, `data.format`, ... in a message about one corpus: the keys its entry sets for itself.
+_SOURCE_KEYS = re.compile(r"\bdata\.(%s)\b" % "|".join(
+    field.name for field in dataclasses.fields(CorpusEntry) if field.name != "weight"))
 
 
 @dataclass(frozen=True)
@@ -76,14 +81,16 @@ def open_corpora(cfg: DataConfig) -> OpenedCorpora:
 
 
 def _opened(cfg: DataConfig, entry: str) -> dict[str, SplitSource | None]:
-    """The sources of one corpus; an error names the `data.corpora` entry at fault, when there is one
-    (its `path` where the message says `data.path`, which the entry's path stands for)."""
+    """The sources of one corpus; an error names the `data.corpora` entry at fault, when there is one:
+    its own keys where the message names `data.path`, `data.format`, `data.hub_config` or
+    `data.revision` (the entry's stand for them), else the entry and its path before the message."""
     try:
         return hub_sources(cfg) if cfg.format == "hub" else local_sources(cfg)
     except DataError as err:
         if not entry:
             raise
-        raise DataError(f"{entry} ({cfg.path}): {str(err).replace('data.path', f'{entry}.path')}") from None
+        message = _SOURCE_KEYS.sub(lambda key: f"{entry}.{key[1]}", str(err))
+        raise DataError(message if f"{entry}." in message else f"{entry} ({cfg.path}): {message}") from None
 
 
 def _chained(parts: tuple[SplitSource, ...]) -> Iterator[PairChunk]:

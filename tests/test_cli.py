@@ -177,6 +177,20 @@ def test_ctrl_c_or_sigterm_saves_a_checkpoint_and_says_how_to_resume(sig, tmp_pa
     assert len(checkpoints) == 1
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_python_exits_ends_it_with_tmts_exit_code_and_no_traceback(sig, tmp_path: Path):
+    """After tmt's last line (say, a second Ctrl-C after a stopped run) Python runs its exit handlers
+    (torch's among them); a signal then must not print a KeyboardInterrupt traceback under that line,
+    nor lose what tmt wrote to stdout."""
+    script = (f"import atexit, os, time; from transformer_mt import cli\n"
+              f"cli.main = lambda: print('translated') or 130\n"
+              f"atexit.register(lambda: os.kill(os.getpid(), {int(sig)}) or time.sleep(30))\n"
+              f"cli.run()\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                            env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": PYTHONPATH})
+    assert (result.returncode, result.stdout, result.stderr) == (130, "translated\n", "")
+
+
 def test_show_attention_draws_a_png_of_one_sentence(trained: Path):
     result = tmt("translate", "--run", "runs/demo", "--show-attention", "att/a.png", "--attention-layer", "0",
                  "Where is the station?", cwd=trained)

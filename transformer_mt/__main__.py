@@ -1,5 +1,3 @@
-import sys
+from transformer_mt.cli import run
 
-from transformer_mt.cli import main
-
-sys.exit(main())
+run()

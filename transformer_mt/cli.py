@@ -52,6 +52,27 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def run() -> None:
+    """The `tmt` command (`python -m transformer_mt` too): `main`, then an exit that a late signal
+    cannot turn into a traceback."""
+    code = main()
+    _signals_end_the_exit_at_once(code)
+    sys.exit(code)
+
+
+def _signals_end_the_exit_at_once(code: int) -> None:
+    """tmt has said all it will: a Ctrl-C or SIGTERM from here on (a second Ctrl-C after a stopped
+    run, say) ends the process with `code` at once. Left to Python, it would raise KeyboardInterrupt
+    inside an exit handler (torch's, `datasets`') and print a traceback under tmt's last line."""
+    for stream in (sys.stdout, sys.stderr):  # what os._exit would otherwise drop
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that left, a closed stream: nothing more to say
+            pass
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signal_number, frame: os._exit(code))
+
+
 def run_train(args: argparse.Namespace) -> None:
     from transformer_mt.config_loading import load_config
     from transformer_mt.distributed import Distributed

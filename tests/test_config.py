@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -272,3 +273,24 @@ def test_a_data_path_under_an_unknown_users_home_is_a_path_not_an_internal_error
     config.write_text('data:\n  path: "~nosuchuser-tmt/corpus"\n', encoding="utf-8")
     cfg = load_config(config)  # Path.expanduser raises RuntimeError for an unknown user
     assert cfg.data.path == str(tmp_path / "~nosuchuser-tmt" / "corpus")
+
+
+def test_a_set_value_whose_bytes_are_not_utf8_is_named_not_an_internal_error(tmp_path: Path):
+    """Python hands argv bytes that are not UTF-8 over as lone surrogates, which no file or name takes."""
+    config = tmp_path / "c.yaml"
+    config.write_text("name: x\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as caught:
+        load_config(config, [os.fsdecode(b"name=caf\xe9")])
+    assert caught.value.problems == ["--set 'name=caf\\udce9': not valid UTF-8 (the bytes shown as \\udcXX)"]
+    str(caught.value).encode("utf-8")  # the message itself can be printed
+
+
+def test_a_beam_wider_than_the_vocabulary_allows_is_refused_before_training():
+    raw = {"tokenizer": {"vocab_size": 100}, "decode": {"beam_size": 98}}
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict(raw)
+    assert ("decode.beam_size: 98 is more than the 97 hypotheses beam search can keep with tokenizer.vocab_size=100 "
+            "(all tokens but PAD, BOS and EOS)") in caught.value.problems
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict({**raw, "decode": {"beam_size": 97}})
+    assert not [problem for problem in caught.value.problems if problem.startswith("decode.")]

@@ -18,7 +18,7 @@ import pytest
 import sacrebleu
 import torch
 
-from tests.conftest import PYTHONPATH, TINY_PAIRS, run_cli, tiny_config, write_corpus
+from tests.conftest import DEMO_CONFIG, PYTHONPATH, TINY_PAIRS, run_cli, tiny_config, write_corpus
 from tests.test_training import read_scalars
 from transformer_mt import train_step as train_step_module
 from transformer_mt import training
@@ -284,6 +284,73 @@ def test_an_output_that_is_an_input_file_is_refused(command, inputs, output, tin
                            tmp_path)
     assert code == 2 and "would destroy the input" in err and "Traceback" not in err, err
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("command, output", [
+    ("translate", "checkpoints/best.pt"),
+    ("translate", "tokenizer.json"),
+    ("translate", "."),  # the folder itself: refused as a directory
+    ("evaluate", "config.yaml"),
+    ("evaluate", "evaluation/test_scores.json"),
+    ("evaluate", "validation/new.txt"),
+])
+def test_an_output_that_is_a_file_the_run_keeps_is_refused(command, output, tiny_run: Path, tmp_path: Path,
+                                                            monkeypatch, capsys):
+    """Written over, a checkpoint, the tokenizers or the config would leave the run unusable."""
+    (tmp_path / "in.en").write_text("Good morning.\n", encoding="utf-8")
+    (tmp_path / "ref.it").write_text("Buongiorno.\n", encoding="utf-8")
+    inputs = ["--input", "in.en"] if command == "translate" else ["--src", "in.en", "--ref", "ref.it", "--quiet"]
+    before = snapshot(tiny_run)
+    code, _, err = run_cli([command, "--run", str(tiny_run), *inputs, "--output", str(tiny_run / output)],
+                           monkeypatch, capsys, tmp_path)
+    assert code == 2 and "Traceback" not in err, err
+    assert ("is a directory" if output == "." else "is part of the run") in err
+    assert snapshot(tiny_run) == before
+    # Beside the run's files, and evaluate's own outputs in evaluation/, an output is written as asked.
+    for elsewhere in ("hypotheses.txt", "evaluation/mine.txt"):
+        code, _, err = run_cli([command, "--run", str(tiny_run), *inputs, "--output", str(tiny_run / elsewhere)],
+                               monkeypatch, capsys, tmp_path)
+        assert code == 0 and (tiny_run / elsewhere).is_file(), err
+
+
+@pytest.mark.parametrize("size", ["4096000000", "1e100"])
+def test_a_model_too_big_for_the_machine_is_one_config_error_before_the_run_exists(size, tmp_path: Path,
+                                                                                    monkeypatch, capsys):
+    code, _, err = run_cli(["train", "--config", str(DEMO_CONFIG), "--set", f"model.d_model={size}"], monkeypatch,
+                           capsys, tmp_path)
+    assert code == 2 and "Traceback" not in err and "internal error" not in err, err
+    assert err.strip().splitlines()[-1].startswith("tmt: error: invalid configuration: model.d_model: a model of "
+                                                   f"model.d_model={float(size):.6g}, ")
+    assert "GiB in fp32, more than this machine's" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_model_that_fits_passes_the_memory_check():
+    from transformer_mt.batch_budget import check_model_fits, parameter_count
+    from transformer_mt.config import ModelConfig
+    from transformer_mt.errors import ConfigError
+
+    model = ModelConfig(d_model=64, d_ff=128, n_heads=2, n_layers=2)
+    need = 4 * parameter_count(model, 1000)
+    check_model_fits(model, 1000, need)
+    with pytest.raises(ConfigError):
+        check_model_fits(model, 1000, need - 1)
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_a_beam_wider_than_the_target_vocabulary_is_refused(command, tiny_run: Path, tmp_path: Path, monkeypatch,
+                                                            capsys):
+    """The numpy engine overflowed and printed an empty line; torch's ran out of memory at --beam 100000."""
+    vocabulary = TokenizerPair.load(tiny_run).tgt.get_vocab_size()
+    (tmp_path / "in.en").write_text("Good morning.\n", encoding="utf-8")
+    inputs = ["Good morning."] if command == "translate" else ["--src", "in.en", "--ref", "in.en", "--quiet"]
+    code, out, err = run_cli([command, "--run", str(tiny_run), "--beam", str(vocabulary - 2), *inputs], monkeypatch,
+                             capsys, tmp_path)
+    assert code == 2 and out == "" and "Traceback" not in err, err
+    assert f"--beam {vocabulary - 2}: beam search keeps at most {vocabulary - 3} hypotheses" in err
+    code, out, err = run_cli([command, "--run", str(tiny_run), "--beam", str(vocabulary - 3), *inputs], monkeypatch,
+                             capsys, tmp_path)
+    assert code == 0 and "Warning" not in err, err
 
 
 def test_scoring_a_file_named_test_keeps_the_final_tests_hypotheses(tiny_run: Path, tmp_path: Path,

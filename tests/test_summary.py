@@ -45,8 +45,13 @@ def test_runs_lists_each_run_and_notices_a_dead_one(tiny_corpus: Path, tmp_path:
     assert any(r.startswith("tiny") and "finished" in r and "2/2" in r for r in rows), out
     assert any(r.startswith("killed") and "died (process gone)" in r for r in rows), out
 
-    code, out, err = run_cli(["runs", "--dir", str(tmp_path / "nothing")], monkeypatch, capsys, tmp_path)
+    (tmp_path / "empty").mkdir()
+    code, out, err = run_cli(["runs", "--dir", str(tmp_path / "empty")], monkeypatch, capsys, tmp_path)
     assert code == 0 and out.startswith("run ") and len(out.splitlines()) == 1 and "no runs" in err
+    # A mistyped folder, or a file, is not "no runs yet".
+    for wrong, problem in [("nothing", "no such folder"), ("runs/tiny/summary.json", "not a folder")]:
+        code, out, err = run_cli(["runs", "--dir", str(tmp_path / wrong)], monkeypatch, capsys, tmp_path)
+        assert code == 2 and out == "" and err.strip() == f"tmt: error: --dir {tmp_path / wrong}: {problem}"
 
 
 def test_runs_lists_every_run_even_beside_a_summary_of_the_wrong_shape(tmp_path: Path, monkeypatch, capsys):

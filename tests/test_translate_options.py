@@ -142,6 +142,7 @@ def test_sampling_from_the_command_line_repeats_with_its_seed(workdir: Path):
     (["--sample", "--top-p", "1.5"], "argument --top-p: must be above 0 and at most 1"),
     (["--interactive", "--output", "x.txt"], "tmt: error: --interactive reads sentences as they are typed"),
     (["--show-attention", "a.bmp"], "tmt: error: --show-attention a.bmp: name a picture file ending in"),
+    (["--attention-layer", "0"], "tmt: error: --attention-layer picks the layer --show-attention draws"),
 ])
 def test_list_sampling_and_picture_options_that_cannot_work_are_refused_in_one_line(workdir: Path, args, message):
     result = tmt("translate", "--run", "runs/tiny", *args, "Good morning.", cwd=workdir)

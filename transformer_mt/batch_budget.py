@@ -20,6 +20,7 @@ import torch
 
 from transformer_mt.config import Config, ModelConfig
 from transformer_mt.distributed import Distributed
+from transformer_mt.errors import ConfigError
 from transformer_mt.runtime import Precision
 
 WITHOUT_GPU_TOKENS = 4096  # CPU and MPS: tmt's budget before `auto` existed
@@ -34,6 +35,19 @@ def parameter_count(model: ModelConfig, vocab_size: int) -> int:
     layers = model.n_encoder_layers * (4 * d * d + 2 * d * ff) + model.n_decoder_layers * (8 * d * d + 2 * d * ff)
     embeddings = vocab_size * d * ((1 if model.share_embeddings else 2) + (0 if model.tie_output else 1))
     return layers + embeddings
+
+
+def check_model_fits(model: ModelConfig, vocab_size: int, memory_bytes: int) -> None:
+    """Refuse, in one line naming the sizes, a model whose fp32 weights alone (4 bytes a parameter)
+    exceed `memory_bytes` (the machine's memory, where the model is built): torch would fail to
+    allocate it, or take the machine's memory down with it."""
+    n = parameter_count(model, vocab_size)
+    if 4 * n > memory_bytes:
+        sizes = ", ".join(f"model.{key}={getattr(model, key):.6g}" for key in ("d_model", "d_ff", "n_heads"))
+        layers = f"{model.n_encoder_layers} + {model.n_decoder_layers} layers"
+        raise ConfigError([f"model.d_model: a model of {sizes}, {layers} and {vocab_size:,} words has about "
+                           f"{n:.3g} parameters, {4 * n / 2**30:.3g} GiB in fp32, more than this machine's "
+                           f"{memory_bytes / 2**30:.3g} GiB of memory"])
 
 
 def activation_bytes_per_token(model: ModelConfig, vocab_size: int, element_bytes: int) -> int:

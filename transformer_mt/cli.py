@@ -77,7 +77,8 @@ def run_train(args: argparse.Namespace) -> None:
     from transformer_mt.config_loading import load_config
     from transformer_mt.distributed import Distributed
     from transformer_mt.init_from import check_parent
-    from transformer_mt.runtime import pick_device, pick_precision
+    from transformer_mt.batch_budget import check_model_fits
+    from transformer_mt.runtime import machine_memory_bytes, pick_device, pick_precision
     from transformer_mt.run_dir import prepare_run_dir
     from transformer_mt.training import train
 
@@ -85,6 +86,8 @@ def run_train(args: argparse.Namespace) -> None:
     run_dir = args.run_dir or Path("runs") / cfg.name
     device = pick_device(cfg.train.device)
     pick_precision(cfg.train.precision, device)  # refuse, say, fp16 on a CPU before the run directory exists
+    # A typo such as model.d_model=5120000: one line now, not torch's failed allocation after the data is read
+    check_model_fits(cfg.model, cfg.tokenizer.vocab_size, machine_memory_bytes())
     if cfg.train.init_from and not args.resume:
         check_parent(cfg)  # so is a parent that cannot be started from: nothing created, nothing emptied
     dist = Distributed.from_environment()  # a world of one unless started by torchrun
@@ -197,10 +200,13 @@ def run_export(args: argparse.Namespace) -> None:
 def run_runs(args: argparse.Namespace) -> None:
     from transformer_mt.summary import read_summaries, runs_table
 
-    rows = read_summaries(args.dir)
+    if args.dir is not None and not args.dir.is_dir():  # a typo must not read as "no runs yet"
+        raise UsageError(f"--dir {args.dir}: {'not a folder' if args.dir.exists() else 'no such folder'}")
+    folder = args.dir or Path("runs")
+    rows = read_summaries(folder)
     print(runs_table(rows))  # with no runs, the header alone: scripts read an empty table, not an error
     if not rows:
-        print(f"tmt: no runs with a summary.json under {args.dir} (train one with `tmt train`, or pass --dir)",
+        print(f"tmt: no runs with a summary.json under {folder} (train one with `tmt train`, or pass --dir)",
               file=sys.stderr)
 
 

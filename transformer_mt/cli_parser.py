@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--show-attention", type=Path, metavar="FILE.png",
                            help="draw the cross-attention of the (single) sentence's translation to FILE.png "
                                 "(or .jpg, .pdf, .svg, ...: the format the suffix names)")
-    translate.add_argument("--attention-layer", type=int, default=-1, metavar="N",
+    translate.add_argument("--attention-layer", type=int, metavar="N",
                            help="decoder layer to draw for --show-attention: 0 is the first, -1 (default) the last")
     translate.add_argument("--interactive", action="store_true",
                            help="translate each line as it is typed (the default when stdin is a terminal and "
@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                "(default: float32)")
 
     runs = _add_command(commands, "runs", "list training runs: status, steps, best BLEU, last update", RUNS_EXAMPLES)
-    runs.add_argument("--dir", type=Path, default=Path("runs"),
+    runs.add_argument("--dir", type=Path,
                       help="folder holding run directories, also grouped one folder deeper (runs/<group>/<name>), "
                            "or one run directory (default: runs)")
 
@@ -268,6 +268,8 @@ def check_translate_options(args: argparse.Namespace) -> None:
     elif args.beam is not None and args.beam > 1:
         raise UsageError(f"--sample draws each token and keeps no beams: leave out --beam {args.beam} "
                          "(--n-best K draws K translations)")
+    if args.attention_layer is not None and not args.show_attention:
+        raise UsageError("--attention-layer picks the layer --show-attention draws: add --show-attention FILE.png")
     if args.show_attention:
         from transformer_mt.plotting import image_formats  # matplotlib: only when a picture is asked for
 

@@ -16,6 +16,7 @@ from transformer_mt.cli_parser import STDIO, check_translate_options, numpy_engi
 from transformer_mt.errors import DataError, TmtError, UsageError
 from transformer_mt.files import check_parent_dir, lines_to_text, make_parent_dir, write_text_atomic
 from transformer_mt.run_layout import RunDir
+from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID
 
 
 def run_translate(args: argparse.Namespace) -> None:
@@ -47,6 +48,8 @@ def run_translate(args: argparse.Namespace) -> None:
     _check_output(args.output, inputs={"--input": args.input})
     _check_output(args.show_attention, "--show-attention", inputs={"--input": args.input})
     translator = _load_translator(args)
+    _check_not_kept(args.output, "--output", translator.run_dir)
+    _check_not_kept(args.show_attention, "--show-attention", translator.run_dir)
     if args.show_attention:
         outputs = [_draw_attention(translator, lines[0], args)]
     else:
@@ -104,8 +107,10 @@ def _prompt(prompt: str, number: int) -> str | None:
             import readline  # noqa: F401  (input() then offers line editing and history)
         try:
             return input(prompt)
-        except EOFError:
-            print(file=sys.stderr)  # the shell's prompt then starts on a line of its own
+        except (EOFError, KeyboardInterrupt) as end:
+            print(file=sys.stderr)  # the shell's prompt (or "tmt: interrupted") then starts on a line of its own
+            if isinstance(end, KeyboardInterrupt):
+                raise
             return None
     if prompt:  # stdout is a file or a pipe: keep it for translations
         print(prompt, end="", file=sys.stderr, flush=True)
@@ -130,11 +135,12 @@ def _draw_attention(translator, line: str, args: argparse.Namespace) -> str:
     from transformer_mt.plotting import save_attention
 
     n_layers = translator.model.cfg.n_decoder_layers
-    if not -n_layers <= args.attention_layer < n_layers:
-        raise UsageError(f"--attention-layer {args.attention_layer}: the model has {n_layers} decoder layers "
+    asked = -1 if args.attention_layer is None else args.attention_layer  # the last by default
+    if not -n_layers <= asked < n_layers:
+        raise UsageError(f"--attention-layer {asked}: the model has {n_layers} decoder layers "
                          f"(0..{n_layers - 1}, or -1 for the last)")
-    attention = translator.attention(line, layer=args.attention_layer, beam_size=args.beam)
-    layer = args.attention_layer % n_layers
+    attention = translator.attention(line, layer=asked, beam_size=args.beam)
+    layer = asked % n_layers
     try:
         save_attention(args.show_attention, attention.weights, attention.src_pieces, attention.tgt_pieces,
                            f"cross-attention, decoder layer {layer + 1} of {n_layers}, mean over heads")
@@ -156,6 +162,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
         raise UsageError("--output -: evaluate prints its scores on stdout; give a file for the hypotheses")
     _check_output(args.output, inputs={"--src": args.src, "--ref": args.ref})
     translator = _load_translator(args)
+    _check_not_kept(args.output, "--output", translator.run_dir)
     tokenize = args.tokenize or translator.cfg.train.bleu_tokenize
     problem = bleu_tokenizer_problem(tokenize)  # before translating
     if problem:
@@ -211,7 +218,20 @@ def _load_translator(args: argparse.Namespace):
               file=sys.stderr)
     chosen = {"length_penalty": args.length_penalty, "quantize": args.quantize}
     translator.set_decoding(**{key: value for key, value in chosen.items() if value is not None})
+    _check_beam(args.beam, translator)
     return translator
+
+
+def _check_beam(beam: int | None, translator) -> None:
+    """Refuse a beam wider than the target vocabulary's tokens a hypothesis can continue with (all
+    but PAD, BOS and EOS): the first step could not fill it, and a huge one runs out of memory."""
+    size = beam or translator.cfg.decode.beam_size
+    vocabulary = translator.tokenizers.tgt.get_vocab_size()
+    most = vocabulary - len((PAD_ID, BOS_ID, EOS_ID))
+    if size > most:
+        where = f"--beam {size}" if beam else f"the run's decode.beam_size={size} (choose another with --beam)"
+        raise UsageError(f"{where}: beam search keeps at most {most} hypotheses with this run's target vocabulary "
+                         f"of {vocabulary} tokens (all but PAD, BOS and EOS)")
 
 
 def _open_translator(args: argparse.Namespace, run_dir: Path, checkpoint: Path | None):
@@ -253,6 +273,14 @@ def _check_output(path: Path | None, option: str = "--output", inputs: dict[str,
         if source is not None and path.exists() and source.exists() and os.path.samefile(path, source):
             raise UsageError(f"{option} {path} is the {name} file; writing it would destroy the input")
     check_parent_dir(path, option)
+
+
+def _check_not_kept(path: Path | None, option: str, run_dir: Path) -> None:
+    """Refuse an output that would replace a file the run keeps (`RunDir.keeps`): a checkpoint,
+    its tokenizers or config written over would leave the run unusable."""
+    if path is not None and RunDir(run_dir).keeps(path):
+        raise UsageError(f"{option} {path} is part of the run {run_dir} (its checkpoints, tokenizers, config, caches "
+                         "or records); writing it would break the run: give a file outside them")
 
 
 def _write_lines(path: Path, lines: list[str]) -> None:

@@ -128,6 +128,8 @@ def check_values(cfg: Config, defaulted: list[str] = ()) -> list[str]:
     if dec.batch_tokens < m.max_len:
         check(f"decode.batch_tokens: {dec.batch_tokens} cannot hold one source of model.max_len={m.max_len} tokens",
               "model.max_len")
-    at_least("decode.beam_size", dec.beam_size, 1, " (1 = greedy)")
+    if at_least("decode.beam_size", dec.beam_size, 1, " (1 = greedy)") and dec.beam_size > tok.vocab_size - 3:
+        check(f"decode.beam_size: {dec.beam_size} is more than the {tok.vocab_size - 3} hypotheses beam search can "
+              f"keep with tokenizer.vocab_size={tok.vocab_size} (all tokens but PAD, BOS and EOS)", "tokenizer.vocab_size")
     at_least("decode.length_penalty", dec.length_penalty, 0)
     return p

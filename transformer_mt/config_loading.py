@@ -109,6 +109,11 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
         if not sep or not key.strip():
             problems.append(f"--set {item!r}: expected KEY=VALUE, e.g. train.lr=3e-4")
             continue
+        try:  # argv bytes that are not UTF-8 arrive as lone surrogates (os.fsdecode)
+            item.encode("utf-8")
+        except UnicodeEncodeError:
+            problems.append(f"--set {item!r}: not valid UTF-8 (the bytes shown as \\udcXX)")
+            continue
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError:

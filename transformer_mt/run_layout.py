@@ -40,6 +40,19 @@ class RunDir:
                          CORPUS_OLD, TOKEN_CACHE, CHECKPOINTS, TENSORBOARD, VALIDATION, EVALUATION, SUMMARY,
                          TRAIN_LOG, ".summary.json.tmp"})  # the last: older tmt's fixed temp name
 
+    def keeps(self, path: Path) -> bool:
+        """Whether `path` is, or lies in, what tmt keeps of the run (the directory itself, its
+        checkpoints, tokenizers, config, caches, logs, validation hypotheses, the final test's
+        scores): never a place for another output. `tmt evaluate`'s hypotheses in `evaluation/` are
+        outputs, not kept."""
+        try:
+            parts = path.resolve().relative_to(self.root.resolve()).parts
+        except ValueError:  # outside the run directory
+            return False
+        if parts[:1] == (self.EVALUATION,):
+            return path.resolve() in (self.evaluation.resolve(), self.test_scores.resolve())
+        return not parts or parts[0] in self.ENTRIES
+
     @property
     def marker(self) -> Path:
         return self.root / self.MARKER

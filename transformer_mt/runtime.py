@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import os
 import platform
 from dataclasses import dataclass
 from typing import Literal
@@ -54,6 +55,15 @@ class Precision:
         if self.dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device_type, dtype=self.dtype, cache_enabled=cache_enabled)
+
+
+def machine_memory_bytes() -> int:
+    """The machine's physical memory in bytes, where a model is built before it moves to its
+    device; a bound no model reaches where the system does not say (Windows)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return 2**62
 
 
 def pick_precision(name: str, device: torch.device) -> Precision:

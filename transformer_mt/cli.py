@@ -74,10 +74,10 @@ def _signals_end_the_exit_at_once(code: int) -> None:
 
 
 def run_train(args: argparse.Namespace) -> None:
+    from transformer_mt.batch_budget import check_model_fits
     from transformer_mt.config_loading import load_config
     from transformer_mt.distributed import Distributed
     from transformer_mt.init_from import check_parent
-    from transformer_mt.batch_budget import check_model_fits
     from transformer_mt.runtime import machine_memory_bytes, pick_device, pick_precision
     from transformer_mt.run_dir import prepare_run_dir
     from transformer_mt.training import train

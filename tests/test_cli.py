@@ -1,10 +1,12 @@
 """End to end through the real `tmt` entry point, in subprocesses, in a temp directory."""
 
 import argparse
+import os
 import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -189,6 +191,37 @@ def test_a_signal_while_python_exits_ends_it_with_tmts_exit_code_and_no_tracebac
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60,
                             env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": PYTHONPATH})
     assert (result.returncode, result.stdout, result.stderr) == (130, "translated\n", "")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_a_signal_while_translating_says_so_and_leaves_the_output_alone(command, sig, trained: Path, tmp_path: Path):
+    """Ctrl-C or SIGTERM (a job scheduler's stop) while `tmt translate` or `tmt evaluate` reads its
+    input: one line, exit 128 + signal, no traceback, the --output file as it was."""
+    fifo, output = tmp_path / "in.en", tmp_path / "out.it"
+    os.mkfifo(fifo)
+    output.write_text("the user's earlier translations\n", encoding="utf-8")
+    inputs = ["--input", str(fifo)] if command == "translate" else ["--src", str(fifo), "--ref", str(VALID_IT)]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "transformer_mt", command, "--run", "runs/demo", *inputs, "--output", str(output)],
+        cwd=trained, stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": PYTHONPATH})
+    deadline = time.monotonic() + 120
+    while True:  # opening the fifo's writing end succeeds once tmt has opened it to read: tmt waits there
+        try:
+            writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+            time.sleep(0.05)
+    try:
+        process.send_signal(sig)
+        assert process.wait(timeout=60) == 128 + sig  # 130 for Ctrl-C, 143 for SIGTERM
+    finally:
+        os.close(writer)
+    by = " by SIGTERM" if sig == signal.SIGTERM else ""
+    assert process.stderr.read() == f"tmt: interrupted{by}\n"
+    assert output.read_text("utf-8") == "the user's earlier translations\n"
 
 
 def test_show_attention_draws_a_png_of_one_sentence(trained: Path):

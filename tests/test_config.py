@@ -285,6 +285,20 @@ def test_a_set_value_whose_bytes_are_not_utf8_is_named_not_an_internal_error(tmp
     str(caught.value).encode("utf-8")  # the message itself can be printed
 
 
+def test_setting_a_whole_section_merges_a_mapping_and_refuses_anything_else(tmp_path: Path):
+    """`--set model=null` used to drop every model key of the config for the defaults, silently."""
+    config = tmp_path / "c.yaml"
+    config.write_text("name: x\ndata:\n  path: corpus\nmodel:\n  d_model: 128\n  d_ff: 256\n", encoding="utf-8")
+    cfg = load_config(config, ["model={d_model: 64, n_heads: 4}"])
+    assert (cfg.model.d_model, cfg.model.n_heads, cfg.model.d_ff) == (64, 4, 256)  # the config's d_ff kept
+    for value in ("null", "3", "[1, 2]"):
+        with pytest.raises(ConfigError) as caught:
+            load_config(config, [f"model={value}"])
+        assert caught.value.problems == [f"--set model={value}: model is a section; set its keys, "
+                                         "e.g. --set model.d_model=..."]
+    assert load_config(config, ["train={lr: 0.5}"]).train.lr == 0.5  # a section the config does not have
+
+
 def test_a_beam_wider_than_the_vocabulary_allows_is_refused_before_training():
     raw = {"tokenizer": {"vocab_size": 100}, "decode": {"beam_size": 98}}
     with pytest.raises(ConfigError) as caught:

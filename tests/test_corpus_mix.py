@@ -184,10 +184,10 @@ def test_a_hub_entrys_error_names_the_entrys_own_keys(corpora, tmp_path: Path, m
 def test_a_weight_that_gives_a_corpus_no_pair_is_refused_naming_it(corpora, tmp_path: Path):
     """round(weight x pairs) = 0 would leave the corpus out of every epoch without a word."""
     cfg = mixed_config(corpora, weights=(1.0, 0.05))  # 8 pairs x 0.05 = 0.4: none an epoch
-    with pytest.raises(DataError) as caught:
+    with pytest.raises(ConfigError) as caught:  # a value of the config: exit 2, as any other
         prepare_data(cfg, tmp_path / "run")
-    assert str(caught.value) == (f"data.corpora[1].weight: 0.05 gives the 8 training pairs of {corpora[1]} none per "
-                                 "epoch (round(0.05 x 8) = 0); raise it to at least 0.0625")
+    assert caught.value.problems == [f"data.corpora[1].weight: 0.05 gives the 8 training pairs of {corpora[1]} none "
+                                     "per epoch (round(0.05 x 8) = 0); raise it to at least 0.0625"]
     prepare_data(mixed_config(corpora, weights=(1.0, 0.0625)), tmp_path / "run2")  # 8 x 0.0625 = 0.5: one pair
 
 

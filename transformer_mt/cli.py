@@ -20,6 +20,7 @@ from transformer_mt.cli_translate import run_evaluate, run_translate
 from transformer_mt.errors import TmtError, TrainingStopped, UsageError
 from transformer_mt.files import make_parent_dir
 from transformer_mt.run_layout import RunDir
+from transformer_mt.signals import sigterm_interrupts
 
 logger = logging.getLogger("transformer_mt")
 
@@ -30,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         commands = {"train": run_train, "data": run_data, "translate": run_translate, "evaluate": run_evaluate,
                     "export": run_export, "average": run_average, "runs": run_runs}
-        commands[args.command](args)
+        with sigterm_interrupts():  # SIGTERM ends any command as Ctrl-C does: one line, not a silent death
+            commands[args.command](args)
         return 0
     except TmtError as err:
         if args.traceback:
@@ -40,9 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `tmt translate ... | head -1`: the reader left, nothing to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
-    except KeyboardInterrupt:
-        print("tmt: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (`Terminated`)
+        code = getattr(err, "exit_code", 128 + signal.SIGINT)
+        by = "" if code == 128 + signal.SIGINT else f" by {signal.Signals(code - 128).name}"
+        print(f"tmt: interrupted{by}", file=sys.stderr)
+        return code
     except Exception as err:  # an unexpected failure: one line, and the details on request
         if args.traceback:
             raise

@@ -100,6 +100,11 @@ def user_path(text: str) -> Path:
         return Path(text)
 
 
+# The config's sections, each with a key to show in advice (`--set model.d_model=...`).
+_SECTIONS = {f.name: dataclasses.fields(f.default_factory)[0].name for f in dataclasses.fields(Config)
+             if dataclasses.is_dataclass(f.default_factory)}
+
+
 def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
     """Return a copy of `raw` with each `a.b.c=value` set; values are parsed as YAML."""
     raw = _deep_copy(raw)
@@ -120,6 +125,13 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
             value = text
         node = raw
         parts = key.strip().split(".")
+        if parts[0] in _SECTIONS and len(parts) == 1:  # `--set model=...`: a whole section
+            if not isinstance(value, dict):  # null would silently drop the config's keys for the defaults
+                problems.append(f"--set {item}: {parts[0]} is a section; set its keys, e.g. "
+                                f"--set {parts[0]}.{_SECTIONS[parts[0]]}=...")
+                continue
+            if isinstance(raw.get(parts[0]), dict):  # `--set 'model={d_model: 256}'`: those keys, the rest kept
+                value = {**raw[parts[0]], **value}
         for part in parts[:-1]:
             if not isinstance(node.get(part), dict):
                 node[part] = {}

@@ -16,7 +16,7 @@ import numpy as np
 from transformer_mt.config import Config
 from transformer_mt.corpus_mix import corpus_weights, mixture, pairs_per_epoch
 from transformer_mt.data import Corpus
-from transformer_mt.errors import DataError
+from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.token_cache import TokenizedSplit, processes_for, tokenize_split
 from transformer_mt.tokenization import TokenizerPair
 
@@ -105,7 +105,7 @@ def tokenize_training_split(cfg: Config, corpus: Corpus, tokenizers: TokenizerPa
     if cfg.data.corpora:
         _refuse_unused_corpora(plan, [label for label, _ in parts])
     if not sum(plan.pairs_per_epoch()):
-        raise DataError("data.corpora: the weights give an epoch no training pairs; raise them")
+        raise ConfigError(["data.corpora: the weights give an epoch no training pairs; raise them"])
     return TokenizedSplit(_concatenated([piece.dataset for block in blocks for piece in block]), cfg.model.max_len,
                           epoch_rows=plan, n_pairs=plan.n_pairs)
 
@@ -117,9 +117,9 @@ def _refuse_unused_corpora(plan: EpochRows, labels: list[str]) -> None:
         if wanted:
             continue
         digits = 2 - math.floor(math.log10(0.5 / n))  # three significant ones, rounded up: enough for one pair
-        raise DataError(f"data.corpora[{c}].weight: {weight:g} gives the {n:,} training pairs of {label} none per "
-                        f"epoch (round({weight:g} x {n:,}) = 0); raise it to at least "
-                        f"{math.ceil(0.5 / n * 10 ** digits) / 10 ** digits:g}")
+        raise ConfigError([f"data.corpora[{c}].weight: {weight:g} gives the {n:,} training pairs of {label} none "
+                           f"per epoch (round({weight:g} x {n:,}) = 0); raise it to at least "
+                           f"{math.ceil(0.5 / n * 10 ** digits) / 10 ** digits:g}"])
 
 
 def _concatenated(parts: list):

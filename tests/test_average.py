@@ -50,6 +50,13 @@ def test_average_of_the_last_checkpoints_is_their_mean_and_translates(tiny_corpu
 
     code, _, err = run_cli(["average", "--run", str(run), "--last", "5"], monkeypatch, capsys, tmp_path)
     assert code == 2 and "3 step checkpoint(s) on disk, fewer than --last 5" in err
+    # No run there, a file, no checkpoint: said as translate, evaluate and export say it (exit 1).
+    (tmp_path / "empty" / "checkpoints").mkdir(parents=True)
+    for where, said in (("nothere", "nothere: no such run directory"),
+                        (str(run / "summary.json"), "not a run directory (a file)"),
+                        ("empty", "empty: no checkpoint found in")):
+        code, _, err = run_cli(["average", "--run", where], monkeypatch, capsys, tmp_path)
+        assert code == 1 and said in err, err
 
 
 def test_a_run_resumed_with_its_depths_written_another_way_still_averages(tiny_corpus: Path, tmp_path: Path):
@@ -102,6 +109,12 @@ def test_average_never_writes_over_a_checkpoint_or_a_users_file(tiny_corpus: Pat
         assert code == 0, err
     (average,) = (run / "checkpoints").glob("average_steps_*.pt")
     assert "averaged_from" in load_checkpoint(average)
+    # Nor an average of other steps (the final test's, say) under its name: the name would lie,
+    # and the run's test_scores.json would point at other weights.
+    before = average.read_bytes()
+    code, _, err = run_cli(["average", "--run", str(run), "--last", "1", "--output", str(average)],
+                           monkeypatch, capsys, tmp_path)
+    assert code == 2 and "already exists" in err and average.read_bytes() == before, err
 
     code, _, err = run_cli(["average", "--run", str(run), "--last", "2", "--output", "notes.txt/a.pt"],
                            monkeypatch, capsys, tmp_path)

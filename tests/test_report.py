@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from tests.conftest import DEMO_CONFIG, TINY_PAIRS, run_cli, tiny_config, write_corpus
 from transformer_mt.config_loading import save_config
-from transformer_mt.report import estimated_time, format_duration, percentile
+from transformer_mt.report import CorpusShare, estimated_time, format_duration, percentile
 from transformer_mt.tokenization import SPECIAL_TOKENS
 from transformer_mt.run_dir import prepare_run_dir
 from transformer_mt.preparation import prepare_data
@@ -71,7 +71,7 @@ def test_report_counts_pairs_filters_lengths_unknowns_and_steps_by_hand(counted)
     lengths = {key: (*stats.percentiles.values(), stats.max) for key, stats in report.lengths.items()}
     assert lengths == {("train", "src"): (2, 3, 3, 3), ("train", "tgt"): (1, 3, 3, 3),
                        ("valid", "src"): (2, 4, 4, 4), ("valid", "tgt"): (2, 4, 4, 4)}
-    assert report.valid_truncated == 1  # "b c d a": 4 tokens > 3
+    assert report.valid_truncated == {"src": 1, "tgt": 1}  # "b c d a" and "y z w x": 4 tokens > 3
     # Valid has 8 tokens a side; one <unk> each (q, ω).
     assert report.unk_rate == {"src": 1 / 8, "tgt": 1 / 8}
     # Training words after the data.* filters: a b c d / x y z w. Valid src words a b e q b c d a:
@@ -101,8 +101,16 @@ def test_report_renders_a_table_with_every_number(counted):
     text = report.render()
     for expected in ("train 6   valid 3   test 1", "too_many_tokens 1", "12.50%", "75.0%", "87.5%",
                      "16 target tokens (18 source), 3 batches of at most 8 padded tokens", "6 steps = 2.0 epochs",
-                     "1 valid pair, truncated"):
+                     "1 validation source, cut when translated; 1 reference, cut in the validation loss only"):
         assert expected in text, expected
+    # A long reference alone is no source cut when translated (the line used to count pairs as
+    # such), and the line stays under the lengths when the corpora's table comes first.
+    corpora = (CorpusShare("a", 4, 9, 1.0, 0.5, 0.5), CorpusShare("b", 2, 7, 2.0, 0.5, 0.5))
+    only_reference = dataclasses.replace(report, valid_truncated={"src": 0, "tgt": 2},
+                                         corpora=corpora).render().splitlines()
+    line = next(i for i, text in enumerate(only_reference) if text.startswith("  longer than max_len"))
+    assert only_reference[line].split(None, 3)[-1] == "2 references, cut in the validation loss only"
+    assert only_reference[line - 1].strip().startswith(f"valid {report.languages['tgt']}")  # the lengths' last row
     train_en = next(line for line in text.splitlines() if line.strip().startswith("train en"))
     assert train_en.split()[2:] == ["2", "3", "3", "3"]
 
@@ -187,7 +195,14 @@ def test_tmt_data_reuses_a_runs_tokenizer_without_touching_the_run(counted, tmp_
                               "--set", "tokenizer.vocab_size=300"], monkeypatch, capsys, tmp_path)
     assert code == 0, err
     assert "trained for this report" in err and "12.50%" not in out
+    assert f"tmt: --run-dir {run_dir} not used: its settings differ (tokenizer.vocab_size)" in err  # said why
     assert snapshot(run_dir) == before
+    # A --run-dir that is not there (a typo) or is a file is an error, not a silent fresh report.
+    (tmp_path / "a-file").write_text("mine", encoding="utf-8")
+    for where, said in (("runs/typo", "no such run directory"), ("a-file", "not a run directory (a file)")):
+        code, out, err = run_cli(["data", "--config", str(config_file), "--run-dir", where], monkeypatch, capsys,
+                                 tmp_path)
+        assert (code, out, err) == (1, "", f"tmt: error: --run-dir {where}: {said}\n")
 
 
 def test_tmt_data_with_a_bad_config_exits_2_naming_the_key(tmp_path: Path, monkeypatch, capsys):

@@ -1,9 +1,16 @@
 """`summary.json` (provenance, progress, metrics) and `tmt runs`."""
 
+import dataclasses
 import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
-from tests.conftest import REPO, TINY_PAIRS, run_cli, tiny_config
+from tests.conftest import PYTHONPATH, REPO, TINY_PAIRS, run_cli, tiny_config
+from transformer_mt.config_loading import save_config
 from transformer_mt.run_dir import prepare_run_dir
 from transformer_mt.training import train
 
@@ -52,6 +59,29 @@ def test_runs_lists_each_run_and_notices_a_dead_one(tiny_corpus: Path, tmp_path:
     for wrong, problem in [("nothing", "no such folder"), ("runs/tiny/summary.json", "not a folder")]:
         code, out, err = run_cli(["runs", "--dir", str(tmp_path / wrong)], monkeypatch, capsys, tmp_path)
         assert code == 2 and out == "" and err.strip() == f"tmt: error: --dir {tmp_path / wrong}: {problem}"
+
+
+def test_runs_lists_a_run_that_has_not_reached_training(tmp_path: Path, monkeypatch, capsys):
+    """No summary.json before the first step: such a run used to be missing from the table."""
+    config = tmp_path / "bad.yaml"
+    save_config(dataclasses.replace(tiny_config(tmp_path / "no-corpus"), name="bad"), config)
+    started = subprocess.run([sys.executable, "-m", "transformer_mt", "train", "--config", str(config)], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=300,
+                             env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": PYTHONPATH})
+    assert started.returncode == 1 and "no-corpus" in started.stderr  # no data there: stopped while preparing it
+    preparing = tmp_path / "runs" / "busy"  # as a start still tokenizing looks: this process holds its lock
+    preparing.mkdir()
+    shutil.copyfile(tmp_path / "runs" / "bad" / "config.yaml", preparing / "config.yaml")
+    (preparing / ".tmt-run").touch()
+    (preparing / ".tmt-lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    (tmp_path / "runs" / "notes").mkdir()  # a folder of the user's: no row
+
+    code, out, err = run_cli(["runs"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    rows = {line.split("  ")[0]: line.split() for line in out.splitlines()[1:]}
+    assert set(rows) == {"bad", "busy"}, out
+    assert rows["bad"][1:5] == ["stopped", "before", "training", "0/6"], out
+    assert rows["busy"][1:4] == ["preparing", "data", "0/6"], out
 
 
 def test_runs_lists_every_run_even_beside_a_summary_of_the_wrong_shape(tmp_path: Path, monkeypatch, capsys):

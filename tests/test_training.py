@@ -21,7 +21,7 @@ from transformer_mt.batching import Batch, TokenBatchSampler
 from transformer_mt.checkpoint import load_checkpoint, save_atomic
 from transformer_mt.config import TrainConfig
 from transformer_mt.distributed import Distributed
-from transformer_mt.errors import CheckpointError, DataError, TrainingStopped, UsageError
+from transformer_mt.errors import CheckpointError, ConfigError, DataError, TrainingStopped, UsageError
 from transformer_mt.files import temp_file_target
 from transformer_mt.loss import label_smoothed_loss
 from transformer_mt.run_dir import MARKER, check_saved_config, prepare_run_dir
@@ -285,6 +285,17 @@ def stop_at_first_validation(cfg, run_dir: Path, monkeypatch) -> None:
             train(cfg, run_dir, progress=False)
 
 
+def test_a_signal_on_a_save_step_writes_that_checkpoint_once(tiny_corpus: Path, tmp_path: Path, monkeypatch):
+    """Step 3 validates and saves; SIGTERM during its validation then stops without saving it again."""
+    saved = []
+    save = Trainer.save
+    monkeypatch.setattr(Trainer, "save", lambda self, is_best: saved.append(self.state.step) or save(self, is_best=is_best))
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 6, "eval_every_steps": 3, "save_every_steps": 3})
+    stop_at_first_validation(cfg, tmp_path / "run", monkeypatch)
+    assert saved == [3]
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "step_00000003.pt")["train_state"]["step"] == 3
+
+
 def test_a_linear_schedule_resumes_exactly_and_a_changed_schedule_applies_from_the_next_update(
         tiny_corpus: Path, tmp_path: Path, monkeypatch):
     linear = {"lr": 1e-3, "warmup_steps": 2, "lr_schedule": "linear", "min_lr": 1e-4}
@@ -347,7 +358,7 @@ def test_overwrite_deletes_only_what_tmt_wrote(tiny_corpus: Path, tmp_path: Path
     with pytest.raises(UsageError, match="already holds a trained run"):
         prepare_run_dir(run, resume=False, overwrite=False)
     (run / "notes.txt").write_text("mine", encoding="utf-8")
-    with pytest.raises(UsageError, match="files tmt did not write \\(notes.txt\\)"):
+    with pytest.raises(UsageError, match="files that are not part of a tmt run \\(notes.txt\\)"):
         prepare_run_dir(run, resume=False, overwrite=True)
     assert (run / "notes.txt").is_file() and (run / "checkpoints").is_dir()
     (run / "notes.txt").unlink()
@@ -385,7 +396,7 @@ def test_a_start_killed_while_writing_a_text_file_can_be_retried(tmp_path: Path)
     assert sorted(p.name for p in run.iterdir()) == [RunDir.LOCK, MARKER]  # the lock file: tmt's own
     (run / ".notes.txt.abcd1234.tmp").write_text("not tmt's", encoding="utf-8")  # a temp file of another name
     (run / ".config.yaml.bak.tmp").write_text("not tmt's", encoding="utf-8")  # not the form of tmt's temp files
-    with pytest.raises(UsageError, match="files tmt did not write") as refused:
+    with pytest.raises(UsageError, match="files that are not part of a tmt run") as refused:
         prepare_run_dir(run, resume=False, overwrite=True)
     assert ".config.yaml.bak.tmp" in str(refused.value) and ".notes.txt.abcd1234.tmp" in str(refused.value)
 
@@ -585,6 +596,22 @@ def test_a_finished_run_resumed_with_another_average_or_bleu_tokenizer_is_tested
     rescored = json.loads((run / "evaluation" / "test_scores.json").read_text())
     assert "|tok:char|" in rescored["bleu_signature"] and rescored["checkpoint"] == averaged["checkpoint"]
     assert json.loads((run / "summary.json").read_text())["test"] == rescored
+
+
+def test_a_run_resumed_with_train_max_steps_below_its_step_is_refused_and_left_as_it_was(tiny_corpus: Path,
+                                                                                           tmp_path: Path):
+    """It used to be tested again and recorded as finished at "4/2" steps, its config rewritten."""
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    train(tiny_config(tiny_corpus, train={"max_steps": 4, "save_every_steps": 2}), run, progress=False)
+    before = {name: (run / name).read_bytes() for name in ("summary.json", "config.yaml", "evaluation/test_scores.json")}
+    with pytest.raises(ConfigError) as refused:
+        train(tiny_config(tiny_corpus, train={"max_steps": 2, "save_every_steps": 2}), run, resume=True,
+              progress=False)
+    assert refused.value.problems == ["train.max_steps: 2 is below the run's step 4; a run cannot be shortened "
+                                      "(its checkpoints are there for tmt average and evaluate)"]
+    assert {name: (run / name).read_bytes() for name in before} == before
+    train(tiny_config(tiny_corpus, train={"max_steps": 4, "save_every_steps": 2}), run, resume=True, progress=False)
 
 
 def test_a_summary_that_cannot_be_written_does_not_hide_the_error_that_stopped_the_run(tiny_corpus: Path,

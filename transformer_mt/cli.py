@@ -17,7 +17,7 @@ from pathlib import Path
 from transformer_mt.cli_logging import setup_logging
 from transformer_mt.cli_parser import build_parser
 from transformer_mt.cli_translate import run_evaluate, run_translate
-from transformer_mt.errors import TmtError, TrainingStopped, UsageError
+from transformer_mt.errors import CheckpointError, TmtError, TrainingStopped, UsageError
 from transformer_mt.files import make_parent_dir
 from transformer_mt.run_layout import RunDir
 from transformer_mt.signals import sigterm_interrupts
@@ -175,13 +175,19 @@ def run_data(args: argparse.Namespace) -> None:
     from transformer_mt.config_loading import load_config
     from transformer_mt.init_from import check_parent
     from transformer_mt.preparation import preview_report
+    from transformer_mt.run_dir import data_settings_problem
 
     setup_logging(logging.WARNING)
     cfg = load_config(args.config, args.overrides)
     run_dir = args.run_dir or Path("runs") / cfg.name
+    if args.run_dir is not None and not args.run_dir.is_dir():  # a typo must not pass for "not reused"
+        problem = "not a run directory (a file)" if args.run_dir.exists() else "no such run directory"
+        raise TmtError(f"--run-dir {args.run_dir}: {problem}")
     if cfg.train.init_from:
         check_parent(cfg)  # a config `tmt train` would refuse gets no report
     report, notes, reuse = preview_report(cfg, run_dir, progress=not args.quiet)
+    if args.run_dir is not None and not reuse:
+        notes.append(f"--run-dir {args.run_dir} not used: {data_settings_problem(cfg, args.run_dir)}")
     for note in notes:
         print(f"tmt: {note}", file=sys.stderr)
     print(report.render())
@@ -216,24 +222,27 @@ def run_runs(args: argparse.Namespace) -> None:
 
 def run_average(args: argparse.Namespace) -> None:
     from transformer_mt.checkpoint import CheckpointDir, average_checkpoints, is_average_checkpoint, save_atomic
+    from transformer_mt.run_files import find_checkpoint
     from transformer_mt.run_lock import lock_if_inside
 
     setup_logging(logging.INFO)
     checkpoints = CheckpointDir(RunDir(args.run).checkpoints, keep_last=1)
-    if not checkpoints.directory.is_dir():
-        raise UsageError(f"--run {args.run}: no checkpoints folder there; is it a tmt run directory?")
     steps = checkpoints.steps()
+    if not steps:  # as translate, evaluate and export say it: a missing run is no bad argument (exit 1)
+        find_checkpoint(args.run)  # no such run directory, a file, or no checkpoint at all
+        raise CheckpointError(f"{args.run}: no step checkpoint in {checkpoints.directory} to average")
     if len(steps) < args.last:
         raise UsageError(f"{args.run}: {len(steps)} step checkpoint(s) on disk, fewer than --last {args.last} "
                          "(train.keep_last sets how many a run keeps)")
     steps = steps[-args.last:]
-    output = args.output or checkpoints.directory / f"average_steps_{steps[0]:08d}-{steps[-1]:08d}.pt"
-    # Re-running an average may replace its earlier output, and only that: a file of the name
-    # tmt gives averages that holds a checkpoint tmt average wrote, never a user's file so named.
-    if output.is_dir() or (output.exists() and not (output.name.startswith("average_steps_")
-                                                    and is_average_checkpoint(output))):
-        raise UsageError(f"--output {output} already exists; tmt average replaces only an average it wrote "
-                         "earlier (average_steps_*.pt): choose a new file name")
+    named = f"average_steps_{steps[0]:08d}-{steps[-1]:08d}.pt"
+    output = args.output or checkpoints.directory / named
+    # Re-running an average may replace its earlier output, and only that: an average tmt wrote of
+    # the same steps (so named), never a user's file so named, nor an average of other steps, such
+    # as the one behind the run's evaluation/test_scores.json.
+    if output.is_dir() or (output.exists() and not (output.name == named and is_average_checkpoint(output))):
+        raise UsageError(f"--output {output} already exists; tmt average replaces only its own average of the "
+                         f"same steps ({named}): choose a new file name")
     make_parent_dir(output, "--output" if args.output else None)
     with lock_if_inside(args.run, output, "tmt average"):  # never beside the run's trainer
         save_atomic(average_checkpoints([checkpoints.step_path(step) for step in steps]), output)

@@ -60,8 +60,9 @@ class DataReport:
       `model.max_len - 1` BPE tokens on a side, as `preparation.prepare_data` drops them).
     - `lengths[(split, side)]`: BPE tokens per sentence of the training pairs that are trained on
       and of the validation pairs, untruncated.
-    - `valid_truncated`: validation pairs with a side longer than `model.max_len - 1` tokens
-      (evaluation sets are never filtered; such sentences are cut when translated).
+    - `valid_truncated[side]`: validation sentences of that side longer than `model.max_len - 1`
+      tokens (evaluation sets are never filtered): a source is cut when translated, a reference
+      only in the validation loss (BLEU scores it whole).
     - `unk_rate[side]`: share of the validation side's BPE tokens that are `<unk>` (characters
       the tokenizer never saw in training).
     - `word_coverage[side]`: share of the validation side's running words (whitespace-separated,
@@ -87,7 +88,7 @@ class DataReport:
     carved: tuple[str, ...]
     removed: dict[str, int]
     lengths: dict[tuple[str, str], LengthStats]
-    valid_truncated: int
+    valid_truncated: dict[str, int]
     unk_rate: dict[str, float]
     word_coverage: dict[str, float]
     src_tokens_per_epoch: int
@@ -155,10 +156,12 @@ class DataReport:
             blocks.insert(1, [["corpora", "pairs", "target tokens", "weight", "share of an epoch: pairs", "tokens"]]
                           + [[f"  {c.path}", f"{c.pairs:,}", f"{c.tgt_tokens:,}", f"{c.weight:g}",
                               f"{100 * c.share:.1f}%", f"{100 * c.tgt_share:.1f}%"] for c in self.corpora])
-        if self.valid_truncated:
-            blocks.insert(3, [["  longer than max_len", f"{self.valid_truncated:,} valid pair"
-                                                         f"{'s' if self.valid_truncated != 1 else ''}, truncated "
-                                                         "when translated"]])
+        cut = [f"{n:,} {what}{'s' if n != 1 else ''}, {where}" for n, what, where in (
+            (self.valid_truncated["src"], "validation source", "cut when translated"),
+            (self.valid_truncated["tgt"], "reference", "cut in the validation loss only")) if n]
+        if cut:  # under the lengths table
+            lengths = next(i for i, block in enumerate(blocks) if block[0][0] == "BPE tokens per sentence")
+            blocks.insert(lengths + 1, [["  longer than max_len", "; ".join(cut)]])
         label_width = max(len(row[0]) for block in blocks for row in block)
         lines = []
         for block in blocks:
@@ -199,7 +202,8 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: 
         carved=corpus.carved,
         removed={**corpus.removed, "too_many_tokens": len(corpus.train) - len(train_src)},
         lengths={key: length_stats(values) for key, values in lengths.items()},
-        valid_truncated=sum(len(s) > keep or len(t) > keep for s, t in zip(valid_src_ids, valid_tgt_ids)),
+        valid_truncated={side: sum(len(ids) > keep for ids in side_ids)
+                         for side, side_ids in (("src", valid_src_ids), ("tgt", valid_tgt_ids))},
         unk_rate={"src": unk_rate(valid_src_ids), "tgt": unk_rate(valid_tgt_ids)},
         word_coverage={side: word_coverage(corpus.valid[side][:], iter_text_batches(corpus.train, side))
                        for side in SIDES},

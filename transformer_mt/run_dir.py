@@ -78,7 +78,9 @@ def _check_claimable(run_dir: Path, *, resume: bool, overwrite: bool) -> list[st
     # What tmt writes there, and the temp files a write killed midway leaves (`files.temp_file_target`).
     foreign = [name for name in entries if name not in RunDir.ENTRIES and temp_file_target(name) not in RunDir.ENTRIES]
     if foreign:
-        raise UsageError(f"{run_dir} holds files tmt did not write ({_names(foreign)}); pick another --run-dir")
+        # An export or an average written into the run is the user's to keep: never deleted, named
+        raise UsageError(f"{run_dir} holds files that are not part of a tmt run ({_names(foreign)}), which "
+                         "tmt never deletes: move them out of it, or pick another --run-dir")
     marked = MARKER in entries
     if entries and not marked and not has_checkpoints:
         raise UsageError(f"{run_dir} holds {_names(entries)}, which tmt did not write there (no {MARKER} marker); "
@@ -163,11 +165,19 @@ def resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:
 def same_data_settings(cfg: Config, run_dir: Path) -> bool:
     """True when `run_dir` holds a run made with the seed, data and tokenizer settings of `cfg`
     (`tmt data` then reports on that run's tokenizers and carved split)."""
+    return data_settings_problem(cfg, run_dir) is None
+
+
+def data_settings_problem(cfg: Config, run_dir: Path) -> str | None:
+    """Why `run_dir`'s tokenizers and split cannot stand for `cfg`'s, or None when they can."""
     if not RunDir(run_dir).config.is_file() or not TokenizerPair.exists_in(run_dir):
-        return False
+        return "it holds no run's config.yaml and tokenizers"
     try:
         saved = config_to_dict(load_config(RunDir(run_dir).config))
     except TmtError:
-        return False  # an unreadable config: train fresh tokenizers rather than guess
+        return "its config.yaml cannot be read"  # train fresh tokenizers rather than guess
     current = config_to_dict(cfg)
-    return all(saved[key] == current[key] for key in ("seed", "data", "tokenizer"))
+    differ = ["seed"] if saved["seed"] != current["seed"] else []
+    differ += [f"{section}.{key}" for section in ("data", "tokenizer") for key in current[section]
+               if saved[section].get(key) != current[section][key]]
+    return f"its settings differ ({', '.join(differ)})" if differ else None

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from transformer_mt.config import Config
+from transformer_mt.config_loading import read_saved_config
 from transformer_mt.files import write_text_atomic
 from transformer_mt.run_files import run_folders
 from transformer_mt.run_layout import RunDir
@@ -69,8 +70,10 @@ def read_summaries(runs_dir: Path) -> list[dict]:
     (`runs/<name>`), runs grouped one folder deeper (`runs/<group>/<name>`), or `runs_dir` itself
     when it is a run. Each row's `run` is its folder relative to `runs_dir`, or its name."""
     rows = []
-    for path in (RunDir(folder).summary for folder in run_folders(runs_dir)):
+    for folder in run_folders(runs_dir):
+        path = RunDir(folder).summary
         if not path.is_file():
+            rows.extend(_before_training(folder, runs_dir))
             continue
         try:
             summary = json.loads(path.read_text(encoding="utf-8"))
@@ -78,14 +81,41 @@ def read_summaries(runs_dir: Path) -> list[dict]:
             summary = {"status": "unreadable summary.json"}
         if not isinstance(summary, dict):  # valid JSON, but not what tmt writes
             summary = {"status": "unreadable summary.json"}
-        summary["run_dir"] = str(path.parent)
-        summary["run"] = (path.parent.relative_to(runs_dir).as_posix() if path.parent != runs_dir
-                          else path.parent.resolve().name)  # `--dir .` inside a run: its folder's name
-        summary["mtime"] = path.stat().st_mtime
+        summary.update(_row_names(folder, runs_dir), mtime=path.stat().st_mtime)
         if summary.get("status") == "running" and not _writer_alive(summary):
             summary["status"] = "died (process gone)"
         rows.append(summary)
     return sorted(rows, key=lambda row: row["mtime"], reverse=True)
+
+
+def _row_names(folder: Path, runs_dir: Path) -> dict:
+    """A row's `run_dir`, and its `run`: the folder relative to `runs_dir`, or its own name."""
+    return {"run_dir": str(folder), "run": folder.relative_to(runs_dir).as_posix() if folder != runs_dir
+            else folder.resolve().name}  # `--dir .` inside a run: its folder's name
+
+
+def _before_training(folder: Path, runs_dir: Path) -> list[dict]:
+    """The row of a run that has no summary.json yet, as one gets at its first training step: its
+    data being prepared, or its start stopped before (a data error, Ctrl-C; train.log says which).
+    Only a folder tmt claimed for a run (its marker) with its config.yaml counts; none otherwise."""
+    layout = RunDir(folder)
+    if not (layout.marker.is_file() and layout.config.is_file()):
+        return []
+    saved = read_saved_config(layout.config) or {}
+    train = saved.get("train") if isinstance(saved.get("train"), dict) else {}
+    try:
+        owner = json.loads(layout.lock.read_text(encoding="utf-8"))  # who took the run, for as long as it lives
+    except (OSError, UnicodeDecodeError, ValueError):
+        owner = None
+    if not isinstance(owner, dict) or owner.get("host") != socket.gethostname() or not owner.get("pid"):
+        status = "no summary yet"  # started on another machine, or no owner recorded: we cannot tell
+    elif _writer_alive({"provenance": {"host": owner["host"]}, "pid": owner["pid"]}):
+        status = "preparing data"
+    else:
+        status = "stopped before training"
+    log = layout.train_log if layout.train_log.is_file() else layout.config
+    return [{**_row_names(folder, runs_dir), "status": status, "step": 0, "max_steps": train.get("max_steps", "?"),
+             "mtime": log.stat().st_mtime}]
 
 
 def runs_table(rows: list[dict]) -> str:

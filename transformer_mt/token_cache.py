@@ -10,6 +10,7 @@ removes the split's old one. Restarts and resumes reuse it, so training never to
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -328,8 +329,33 @@ def _encode_shard(split: datasets.Dataset, encode, cache_file: Path, desc: str |
                                   "tgt_ids": datasets.Sequence(datasets.Value("int32")),
                                   "src_len": datasets.Value("int32"), "tgt_len": datasets.Value("int32")})
     # A batched map may return fewer rows than it gets, because it replaces every input column.
-    return split.map(encode, batched=True, batch_size=ENCODE_BATCH_ROWS, remove_columns=split.column_names,
-                     features=features, cache_file_name=str(cache_file), load_from_cache_file=False, desc=desc)
+    with _bars_cleared_when_done():
+        return split.map(encode, batched=True, batch_size=ENCODE_BATCH_ROWS, remove_columns=split.column_names,
+                         features=features, cache_file_name=str(cache_file), load_from_cache_file=False, desc=desc)
+
+
+@contextlib.contextmanager
+def _bars_cleared_when_done():
+    """While inside, `datasets.map` draws its bar as tmt's own are drawn: gone from the terminal once
+    its work is done (datasets leaves it, one "tokenize ...: 100%" line per split and segmentation).
+    map makes its bar from `datasets.arrow_dataset.hf_tqdm`; a datasets without that name keeps its own."""
+    from datasets import arrow_dataset
+
+    original = getattr(arrow_dataset, "hf_tqdm", None)
+    if original is None:
+        yield
+        return
+
+    class ClearedBar(original):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("leave", False)
+            super().__init__(*args, **kwargs)
+
+    arrow_dataset.hf_tqdm = ClearedBar
+    try:
+        yield
+    finally:
+        arrow_dataset.hf_tqdm = original
 
 
 def _encode_rows(rows: dict, *, tokenizers: TokenizerPair, keep: int, drop_long: bool,

@@ -107,6 +107,7 @@ class Trainer:
                         "between saves is saved as a step checkpoint too, and counts toward train.keep_last "
                         "and train.average_last", t.eval_every_steps, t.save_every_steps)
         self.interval_log = IntervalLog(t, self.data_report)
+        self.saved_step: int | None = None  # the step of the newest checkpoint this process wrote
 
     def resume(self) -> None:
         self.checkpoint.resume()
@@ -114,6 +115,7 @@ class Trainer:
     def save(self, *, is_best: bool) -> None:
         self.status.tick()
         self.checkpoint.save(is_best=is_best)
+        self.saved_step = self.state.step
         self.write_summary("running")
 
     def write_summary(self, status: str) -> None:
@@ -225,7 +227,8 @@ class Trainer:
     def _stop_on_signal(self, signal_number: int) -> None:
         name = signal.Signals(signal_number).name
         logger.warning("received %s: saving a checkpoint, then stopping", name)
-        self.save(is_best=False)
+        if self.saved_step != self.state.step:  # not saved already, the step being a save step
+            self.save(is_best=False)
         self.dist.barrier()  # no rank leaves while rank 0 still writes: torchrun would kill it mid-write
         raise TrainingStopped(f"stopped by {name} at step {self.state.step}; checkpoint saved", signal_number)
 
@@ -295,6 +298,9 @@ def _train(cfg: Config, run_dir: Path, *, resume: bool, progress: bool, config_d
     state, trained_out = trainer.state, False
     if resume:
         trainer.resume()
+        if state.step > cfg.train.max_steps:  # before the run's config and summary are rewritten
+            raise ConfigError([f"train.max_steps: {cfg.train.max_steps} is below the run's step {state.step}; a run "
+                               "cannot be shortened (its checkpoints are there for tmt average and evaluate)"])
         if dist.is_main:
             save_config(cfg, RunDir(run_dir).config)  # training-only settings may have changed
         trained_out = _trained_out(state, cfg)

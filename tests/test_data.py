@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import socket
 from pathlib import Path
 
@@ -419,6 +420,25 @@ def test_carved_splits_are_deterministic_disjoint_and_saved(data_dir, tmp_path):
     assert saved == json.loads((second_dir / "splits.json").read_text())
 
 
+def test_carving_from_a_corpus_that_repeats_pairs_warns_that_they_leak_into_the_carved_splits(data_dir, run_dir,
+                                                                                                tmp_path, caplog):
+    """The same 10 pairs three times over: every carved pair is still in train (BLEU reads high)."""
+    write_text_split(data_dir, "train", numbered_pairs(10) * 3)
+    with caplog.at_level(logging.WARNING, logger="transformer_mt"):
+        corpus = load_corpus(make_cfg(data_dir, valid_size=3, test_size=2), seed=1, run_dir=run_dir)
+    warned = sorted(r.getMessage() for r in caplog.records if "carved from train also occur" in r.getMessage())
+    distinct = {split: len(set(pairs_of(getattr(corpus, split)))) for split in ("test", "valid")}
+    assert [line.split(" pairs carved")[0] for line in warned] == [f"{n} of the {n} distinct {split}"
+                                                                   for split, n in distinct.items()]
+    caplog.clear()
+    unique = tmp_path / "unique"
+    unique.mkdir()
+    write_text_split(unique, "train", numbered_pairs(30))
+    with caplog.at_level(logging.WARNING, logger="transformer_mt"):
+        load_corpus(make_cfg(unique, valid_size=3, test_size=2), seed=1, run_dir=tmp_path / "run2")
+    assert not [r for r in caplog.records if "carved from train also occur" in r.getMessage()]
+
+
 def test_second_call_reuses_splits_json_even_with_another_seed(data_dir, run_dir, tmp_path):
     write_text_split(data_dir, "train", numbered_pairs(30))
     cfg = make_cfg(data_dir, valid_size=4, test_size=4)
@@ -612,6 +632,22 @@ def test_hub_format_carves_valid_and_test_when_dataset_has_only_train(hub_folder
     assert (len(corpus.train), len(corpus.valid), len(corpus.test)) == (6, 2, 2)
     assert ("sentence 0", "frase 0") in pairs_of(corpus.train) + pairs_of(corpus.valid) + pairs_of(corpus.test)
     assert (run_dir / "splits.json").is_file()
+
+
+def test_hub_loading_draws_no_bars_into_a_log_and_a_folder_it_cannot_read_is_a_data_error(hub_folder, tmp_path,
+                                                                                            run_dir, capfd):
+    """stderr is not a terminal here (a log file, CI): datasets' "Generating train split" bars went
+    into it. A folder of .tsv files given as a hub dataset was an internal DatasetGenerationCastError
+    (datasets takes each file's first pair for a header)."""
+    load_corpus(make_cfg(format="hub", path=str(hub_folder)), seed=1, run_dir=run_dir)
+    assert "Generating" not in capfd.readouterr().err
+    folder = tmp_path / "tsv"
+    folder.mkdir()
+    for split, pairs in (("train", [("a", "b"), ("c", "d")]), ("valid", [("e", "f")]), ("test", [("g", "h")])):
+        write_lines(folder / f"{split}.tsv", [f"{src}\t{tgt}" for src, tgt in pairs])
+    with pytest.raises(DataError, match=r"datasets could not build a dataset from it \(All the data files must have "
+                                        r"the same columns.*data.format: text, tsv or jsonl"):
+        load_corpus(make_cfg(format="hub", path=str(folder)), seed=1, run_dir=tmp_path / "run2")
 
 
 def test_hub_language_missing_from_translation_column_names_key_and_available_languages(hub_folder, run_dir):

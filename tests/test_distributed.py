@@ -3,6 +3,7 @@ rank-0-only writes, and a world-size change refused."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -100,6 +101,21 @@ def test_a_rank_that_does_not_find_rank_0s_data_says_the_run_dir_must_be_shared(
     assert files_of(run_dir) == before
 
 
+def test_an_error_under_torchrun_is_said_once_and_the_other_rank_says_it_stopped_because_of_it(tmp_path):
+    """A bad data path (found by rank 0, which prepares the data): the other rank's failed collective
+    used to be reported first, as an internal error; a config error used to come once per rank."""
+    config = write_config(tmp_path, "ddp.yaml")
+    result = torchrun(config, tmp_path / "run", "--set", "data.path=/nonexistent")
+    tmt_lines = [line for line in result.stderr.splitlines() if line.startswith("tmt")]
+    assert result.returncode != 0 and "internal error" not in result.stderr, result.stderr[-3000:]
+    assert sorted(tmt_lines) == ["tmt (rank 1): error: another process of this torchrun job stopped (its own line, "
+                                 "or torchrun's report, says why), so this one stops too",
+                                 "tmt: error: data.path: '/nonexistent' is not a directory (data.format: text)"]
+    result = torchrun(config, tmp_path / "run", "--set", "model.n_heads=3")
+    assert [line for line in result.stderr.splitlines() if line.startswith("tmt")] == [
+        "tmt: error: invalid configuration: model.n_heads: 3 does not divide model.d_model=16"], result.stderr[-3000:]
+
+
 def test_interleave_undoes_a_strided_split():
     items = list(range(7))
     assert interleave([items[r::3] for r in range(3)]) == items
@@ -132,6 +148,7 @@ def test_a_ddp_step_equals_one_process_on_the_union_of_the_ranks_batches(tmp_pat
     run = tmp_path / "run"
     result = torchrun(config, run)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((run / "summary.json").read_text())["provenance"]["processes"] == 2  # what --resume needs
     ddp_losses = read_scalars(run, "train/loss")
     assert sorted(ddp_losses) == [1, 2, 3]
 
@@ -209,8 +226,11 @@ def test_resuming_with_another_number_of_processes_is_refused(tmp_path: Path, mo
     # A second rank's view of the same run (no process group is needed to reach the check).
     trainer = Trainer(cfg, run, progress=False)
     monkeypatch.setattr(trainer.checkpoint, "dist", Distributed(rank=0, local_rank=0, world_size=2))
+    before = {name: tensor.clone() for name, tensor in trainer.model.state_dict().items()}
     with pytest.raises(UsageError, match=r"written by a run of 1 process\(es\); resume it with the same number"):
         trainer.resume()
+    # Refused before anything was loaded (the batches' "cut differently" line came first before).
+    assert all(torch.equal(tensor, before[name]) for name, tensor in trainer.model.state_dict().items())
 
 
 def test_torchrun_environment_is_read_and_checked(monkeypatch):

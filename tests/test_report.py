@@ -89,10 +89,12 @@ def test_steps_count_accumulated_batches_and_processes(counted):
     cfg, run_dir = counted
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, accum_steps=2))
     *_, report = prepare_data(cfg, run_dir, world_size=2)
-    # 3 batches per epoch (as above), 2 accumulated x 2 processes = 4 batches per update.
-    assert (report.batches_per_epoch, report.steps_per_epoch) == (3, 0.75)
-    assert report.epochs_to_max_steps == 8.0  # 6 steps x 4 batches / 3
-    assert "3 batches of at most 8 padded tokens = 0.8 steps of 4 batches" in report.render()
+    # 3 batches per epoch (as above), the last group of 2 filled up with a batch again, as the
+    # training sampler does under torchrun (it used to be counted as 3); 2 accumulated x 2
+    # processes = 4 batches per update.
+    assert (report.batches_per_epoch, report.steps_per_epoch) == (4, 1.0)
+    assert report.epochs_to_max_steps == 6.0  # 6 steps x 4 batches / 4
+    assert "4 batches of at most 8 padded tokens = 1.0 steps of 4 batches" in report.render()
 
 
 def test_report_renders_a_table_with_every_number(counted):

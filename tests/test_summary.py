@@ -32,7 +32,7 @@ def test_summary_records_provenance_metrics_and_throughput(tiny_corpus: Path, tm
     assert provenance["data"]["path"] == str(tiny_corpus) and provenance["split_seed"] == 3
     assert set(provenance["tokenizers_sha256"]) == {"tokenizer.json"}
     assert len(provenance["tokenizers_sha256"]["tokenizer.json"]) == 64
-    assert provenance["versions"]["torch"] and provenance["device"].startswith("cpu")
+    assert provenance["versions"]["torch"] and provenance["device"].startswith("cpu") and provenance["processes"] == 1
     assert provenance["config_git_commit"] is None or len(provenance["config_git_commit"]) >= 40
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from transformer_mt.cli_logging import setup_logging
 from transformer_mt.cli_parser import build_parser
 from transformer_mt.cli_translate import run_evaluate, run_translate
-from transformer_mt.errors import CheckpointError, TmtError, TrainingStopped, UsageError
+from transformer_mt.errors import CheckpointError, ConfigError, TmtError, TrainingStopped, UsageError
 from transformer_mt.files import make_parent_dir
 from transformer_mt.run_layout import RunDir
 from transformer_mt.signals import sigterm_interrupts
@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     except TmtError as err:
         if args.traceback:
             raise
-        print(f"tmt: error: {err}", file=sys.stderr)
+        # Under torchrun every process meets a config error or a stop alike: rank 0 alone says it.
+        _say(f"tmt: error: {err}", every_rank=not isinstance(err, (ConfigError, TrainingStopped)))
         return err.exit_code
     except BrokenPipeError:  # e.g. `tmt translate ... | head -1`: the reader left, nothing to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
@@ -45,15 +46,50 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (`Terminated`)
         code = getattr(err, "exit_code", 128 + signal.SIGINT)
         by = "" if code == 128 + signal.SIGINT else f" by {signal.Signals(code - 128).name}"
-        print(f"tmt: interrupted{by}", file=sys.stderr)
+        _say(f"tmt: interrupted{by}", every_rank=False)
         return code
     except Exception as err:  # an unexpected failure: one line, and the details on request
         if args.traceback:
             raise
         logger.debug("unexpected error", exc_info=True)
-        print(f"tmt: internal error: {type(err).__name__}: {err} (rerun as `tmt --traceback COMMAND ...` for details)",
-              file=sys.stderr)
+        if _torchrun_rank() is not None and _peer_stopped(err):  # not this process's failure: another's
+            _say("tmt: error: another process of this torchrun job stopped (its own line, or torchrun's report, "
+                 "says why), so this one stops too", every_rank=True)
+            return 1
+        _say(f"tmt: internal error: {type(err).__name__}: {err} (rerun as `tmt --traceback COMMAND ...` for details)",
+             every_rank=True)
         return 1
+
+
+def _torchrun_rank() -> int | None:
+    """This process's rank when torchrun started several, else None."""
+    try:
+        return int(os.environ["RANK"]) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+    except (KeyError, ValueError):
+        return None
+
+
+def _say(line: str, every_rank: bool) -> None:
+    """`line` on stderr in one write (torchrun's processes share it: lines never interleave). Under
+    torchrun a line every process would say alike is rank 0's alone, and another rank's is named."""
+    rank = _torchrun_rank()
+    if rank:
+        if not every_rank:
+            return
+        line = line.replace("tmt:", f"tmt (rank {rank}):", 1)
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def _peer_stopped(err: Exception) -> bool:
+    """A collective operation that failed because another process of the job ended (gloo and NCCL
+    say so in their own words)."""
+    import torch.distributed
+
+    text = str(err)
+    return (isinstance(err, getattr(torch.distributed, "DistError", ())) or
+            any(sign in text for sign in ("Connection closed by peer", "Connection reset by peer",
+                                          "remote worker crashing", "NCCL communicator was aborted")))
 
 
 def run() -> None:

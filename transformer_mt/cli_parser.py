@@ -168,9 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     lists.add_argument("--top-p", type=_probability, metavar="P",
                        help="with --sample: draw from the most probable tokens that together reach probability P "
                             "(nucleus sampling; default 1: all)")
-    lists.add_argument("--seed", type=int, metavar="N",
-                       help="with --sample: the random seed (default 0); the same input, options and seed give "
-                            "the same samples on the same device")
+    lists.add_argument("--seed", type=_seed, metavar="N",
+                       help="with --sample: the random seed (default 0); the same input (lines and their order), "
+                            "options and seed give the same samples on the same device")
 
     evaluate = _add_command(commands, "evaluate", "translate a test set and score it with sacreBLEU", EVALUATE_EXAMPLES)
     _add_model_arguments(evaluate)
@@ -248,6 +248,7 @@ _non_negative_int = _number(int, lambda v: v >= 0, "at least 0")
 _positive_float = _number(float, lambda v: 0 < v < math.inf, "a finite number above 0")
 _probability = _number(float, lambda v: 0 < v <= 1, "above 0 and at most 1")
 _non_negative_float = _number(float, lambda v: 0 <= v < math.inf, "a finite number of at least 0")
+_seed = _number(int, lambda v: -2 ** 63 <= v < 2 ** 63, "a whole number that fits in 64 bits (torch's seeds)")
 
 
 def _path_or_dash(text: str) -> Path | str:

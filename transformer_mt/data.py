@@ -27,7 +27,7 @@ from transformer_mt.data_sources import SPLITS, SplitSource
 from transformer_mt.errors import DataError, missing_from_rank0
 from transformer_mt.files import removed_on_failure
 from transformer_mt.run_layout import RunDir
-from transformer_mt.split_carving import carving_plan
+from transformer_mt.split_carving import carving_plan, warn_of_repeated_pairs
 
 if TYPE_CHECKING:
     import datasets
@@ -249,6 +249,8 @@ def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key
                            for label, own, end in zip(opened.labels, part_verdicts, ends)]
     for split in verdicts:
         (build / f"raw-{split}.arrow").unlink()
+    if plan:
+        warn_of_repeated_pairs(build / "train.arrow", {split: build / f"{split}.arrow" for split in plan})
     manifest = {"format": CORPUS_FORMAT, "key": key, "rows": rows, "removed": removed, "digests": digests,
                 "train_parts": train_parts,
                 "carved": list(plan), "splits_digest": _file_digest(RunDir(run_dir).splits) if plan else None}

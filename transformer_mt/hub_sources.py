@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -107,6 +108,10 @@ def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
         raise DataError(f"data.hub_config: with data.revision: {PARQUET_CONVERSION}, name the configuration to "
                         "read (its folder on that branch, e.g. iwslt2017-en-it; 'default' for a dataset with "
                         "only one)")
+    was_enabled = datasets.is_progress_bar_enabled()
+    if not sys.stderr.isatty():
+        datasets.disable_progress_bars()  # a log file or CI: no "Generating train split" bars in it
+    cannot_build = getattr(datasets.exceptions, "DatasetGenerationError", ())
     try:
         if cfg.revision == PARQUET_CONVERSION:
             # The hub's Parquet conversion of a dataset keeps each configuration in a folder of
@@ -114,6 +119,11 @@ def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
             # `datasets` sees one `default` configuration: the wanted one is a folder to read.
             return datasets.load_dataset(cfg.path, data_dir=cfg.hub_config, revision=cfg.revision)
         return datasets.load_dataset(cfg.path, cfg.hub_config, revision=cfg.revision)
+    except cannot_build as err:  # e.g. a local folder of .tsv files, whose first lines it takes for headers
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        detail = lines[1] if len(lines) > 1 else (lines[0] if lines else type(err).__name__)
+        raise DataError(f"data.path={cfg.path!r}: datasets could not build a dataset from it ({detail[:300]}); "
+                        "local files of sentence pairs load with data.format: text, tsv or jsonl (README, Data)") from None
     except RuntimeError as err:
         if LOADING_SCRIPT_REFUSED not in str(err):
             raise  # not a known data problem: reported as an internal error
@@ -127,6 +137,9 @@ def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
         raise DataError(f"cannot load hub dataset data.path={cfg.path!r}, data.hub_config={cfg.hub_config!r}"
                         f"{f', data.revision={cfg.revision!r}' if cfg.revision else ''}: "
                         f"{type(err).__name__}: {str(err).rstrip('.')}.{offline}") from None
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()
 
 
 def _loading_script_advice(cfg: DataConfig, script: str) -> str:

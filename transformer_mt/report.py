@@ -194,8 +194,9 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: 
     lengths = {("train", "src"): train_src, ("train", "tgt"): train_tgt,
                ("valid", "src"): np.array([len(seq) for seq in valid_src_ids], dtype=np.int64),
                ("valid", "tgt"): np.array([len(seq) for seq in valid_tgt_ids], dtype=np.int64)}
+    # Cut as training cuts it: under torchrun an incomplete last group of batches is filled up.
     sampler = TokenBatchSampler(train.lengths(), cfg.train.batch_tokens, cfg.seed, pad_to_multiple=pad_to_multiple,
-                                max_length=cfg.model.max_len, epoch_rows=train.epoch_rows)
+                                max_length=cfg.model.max_len, epoch_rows=train.epoch_rows, world_size=world_size)
     epoch_tgt_tokens = int(train.tgt_len[first_epoch].sum()) + len(first_epoch)
     return DataReport(
         pairs={"train": len(train_src), "valid": len(corpus.valid), "test": len(corpus.test)},

@@ -56,7 +56,8 @@ class RunStatus:
             "train_seconds": round(s.train_seconds, 1),
             "tgt_tokens_per_s": round(s.tgt_tokens_seen / s.train_seconds, 1) if s.train_seconds else None,
             "skipped_nonfinite": s.skipped_nonfinite, "skipped_oom": s.skipped_oom, "init_from": s.parent,
-            "parameters": self.n_parameters, "data": self.data_report.to_dict(), "provenance": self.provenance,
+            "parameters": self.n_parameters, "data": self.data_report.to_dict(),
+            "provenance": {**self.provenance, "processes": self.dist.world_size},  # what --resume must start again
             "cuda_graphs": self.engine_report()})
 
     def _write(self, content: dict) -> None:

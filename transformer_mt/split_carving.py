@@ -75,3 +75,29 @@ def _load_split_plan(path: Path, n_rows: int, needed: list[str]) -> dict[str, np
     if len(np.unique(np.concatenate(list(plan.values())))) != sum(map(len, plan.values())):
         raise DataError(f"{path}: the carved splits overlap; delete it to re-split")
     return plan
+
+
+def warn_of_repeated_pairs(train_path: Path, carved_paths: dict[str, Path]) -> None:
+    """Warn when pairs carved into a split also occur in what train kept: a corpus that repeats
+    pairs leaks them into the carved valid and test sets, and their BLEU then reads high. The
+    paths are the corpus cache's Arrow streams (`src`, `tgt`), train read a batch at a time."""
+    import pyarrow as pa
+
+    def batches(path: Path):
+        with pa.OSFile(str(path)) as source:
+            yield from pa.ipc.open_stream(source)
+
+    carved = {split: {pair for batch in batches(path) for pair in zip(*batch.to_pydict().values())}
+              for split, path in carved_paths.items()}
+    repeated = {split: set() for split in carved}
+    for batch in batches(train_path):
+        for pair in zip(*batch.to_pydict().values()):
+            for split, pairs in carved.items():
+                if pair in pairs:
+                    repeated[split].add(pair)
+    for split, pairs in repeated.items():
+        if pairs:
+            logger.warning("%d of the %d distinct %s pairs carved from train also occur in train (the corpus repeats "
+                           "pairs): %s BLEU will read high; deduplicate the corpus, or give it %s files", len(pairs),
+                           len(carved[split]), split, split, split)
+

@@ -123,13 +123,14 @@ class RunCheckpoint:
         check_tokenizers(ckpt, self.tokenizer_fingerprint, path, self.run_dir)
         # Keys added to tmt since the checkpoint was written count as their defaults, not as changes.
         changes = resume_config_changes(with_defaults(ckpt["config"]), config_to_dict(self.cfg), path)
+        own_rng = self._own_rng_state(ckpt["rng"], path)  # another world size: refused before anything is loaded
         self.model.load_state_dict(ckpt["model"])
         self.state.load_state_dict(ckpt["train_state"])
         self.update.load_state_dict(ckpt)  # after the counters: it sets the next update's learning rate
         self.sampler.load_state_dict(ckpt["sampler"])
         self.sampler_state = self.sampler.state_dict()
         self._resume_ema(ckpt.get("ema"), path)
-        load_rng_state({k: _to_cpu(v) for k, v in self._own_rng_state(ckpt["rng"], path).items()})
+        load_rng_state({k: _to_cpu(v) for k, v in own_rng.items()})
         logger.info("resuming from %s: step %d, epoch %d, batch %d of that epoch", path, self.state.step,
                     self.sampler.epoch + 1, ckpt["sampler"]["position"])
         logger.info("settings changed since that checkpoint: %s", "; ".join(changes) if changes else "none")

@@ -6,6 +6,7 @@ the loop."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -64,9 +65,13 @@ class TrainStep:
         self.ddp_model: torch.nn.parallel.DistributedDataParallel | None = None
         if dist.enabled:
             # No buffer broadcast before every forward: the only buffer, the sinusoidal position
-            # table, is the same constant on every rank.
-            self.ddp_model = torch.nn.parallel.DistributedDataParallel(
-                StepLoss(model), device_ids=[device] if device.type == "cuda" else None, broadcast_buffers=False)
+            # table, is the same constant on every rank. (torch 2.13 renamed the argument, and
+            # warns at the old name; the new one still syncs buffers once at start, harmlessly.)
+            ddp = torch.nn.parallel.DistributedDataParallel
+            no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters
+                       else "broadcast_buffers")
+            self.ddp_model = ddp(StepLoss(model), device_ids=[device] if device.type == "cuda" else None,
+                                 **{no_sync: False})
         self.step_model = plain_step_model = self.ddp_model or StepLoss(model)
         # The GPU engine (`cuda_graph_step`): each batch shape's whole update replayed as a CUDA graph, on
         # batches of fixed row counts; its AdamW is capturable and reads the rate from a device tensor.

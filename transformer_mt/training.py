@@ -253,10 +253,12 @@ class Trainer:
         logger.warning("step %d: non-finite loss or gradient, update skipped (%d in a row, %d in all)",
                        step, in_a_row, self.state.skipped_nonfinite)
         if in_a_row >= limit:
+            again = ("resume from the last checkpoint with --resume" if self.checkpoint.checkpoints.latest() is not None
+                     else "start again with --overwrite (no checkpoint was written yet)")
             raise TrainingError(
                 f"stopping at step {step}: {in_a_row} updates in a row had a non-finite loss or gradient "
                 f"(train.max_nonfinite_steps={limit}); try a lower train.lr, more train.warmup_steps or "
-                f"train.precision fp32/bf16, then resume from the last checkpoint with --resume")
+                f"train.precision fp32/bf16, then {again}")
 
 
 class _NoWriter:

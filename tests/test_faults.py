@@ -364,7 +364,16 @@ def test_scoring_a_file_named_test_keeps_the_final_tests_hypotheses(tiny_run: Pa
                             "--beam", str(json.loads((evaluation / "test_scores.json").read_text())["beam_size"]),
                             "--quiet"], monkeypatch, capsys, tmp_path)
     assert code == 0, err
-    assert reported.read_bytes() == kept and (evaluation / f"file-test.{reported.name[len('test.'):]}").is_file()
+    assert reported.read_bytes() == kept
+    (scored,) = evaluation.glob(f"file-test-*.{reported.name[len('test.'):]}")
+    # Another folder's file of the same name gets a file of its own, as the same file again replaces its own.
+    (tmp_path / "other").mkdir()
+    for folder in ("other", "."):
+        (tmp_path / folder / "test").write_text("Good morning.\n", encoding="utf-8")
+        code, _, err = run_cli(["evaluate", "--run", str(tiny_run), "--src", f"{folder}/test", "--ref", "test.ref",
+                                "--quiet"], monkeypatch, capsys, tmp_path)
+        assert code == 0, err
+    assert len({path.name.split(".")[0] for path in evaluation.glob("file-test-*")}) == 2 and scored.is_file()
 
 
 @pytest.mark.parametrize("text", ["", "\n\n  \n"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import logging
 import os
 import sys
@@ -173,7 +174,10 @@ def run_evaluate(args: argparse.Namespace) -> None:
         if not any(src.strip() for src, _ in pairs):  # no lines, or only empty ones: BLEU 0 of nothing
             raise UsageError(f"{args.src}: no sentences to evaluate (the file is empty or every line is blank)")
         sources, references = [src for src, _ in pairs], [ref for _, ref in pairs]
-        name = f"file-{args.src.name}"  # never a split's name: the final test's hypotheses are test.*
+        # Never a split's name (the final test's hypotheses are test.*), and never another folder's
+        # file of the same name: the digest of where it is tells them apart.
+        where = hashlib.blake2b(str(args.src.resolve()).encode("utf-8", "surrogateescape"), digest_size=4).hexdigest()
+        name = f"file-{args.src.name}-{where}"
     else:
         # The split as the run read it (its corpus_cache/), even if the data files moved or changed since
         corpus = load_run_corpus(translator.cfg.data, translator.cfg.seed, translator.run_dir)

@@ -27,8 +27,9 @@ from transformer_mt.preparation import prepare_data
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", type=Path, required=True)
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--config", type=Path, required=True, help="the tmt config whose data and batches to measure")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, as tmt train --set does (repeatable)")
     parser.add_argument("--batches", type=int, default=300, help="batches timed per path (default 300)")
     parser.add_argument("--pad-to-multiple", type=int, default=8, help="as on a GPU (default 8)")
     args = parser.parse_args()

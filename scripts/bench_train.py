@@ -30,6 +30,7 @@ The last line of output is one JSON object.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import math
@@ -271,6 +272,8 @@ def timed(device: torch.device, steps: list[Callable[[], int]]) -> tuple[float, 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if importlib.util.find_spec("transformers") is None:  # the baseline, before minutes of setup
+        raise SystemExit("bench_train: the HF Marian baseline needs transformers: pip install -e '.[bench]'")
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
     preset = PRESETS[args.preset]

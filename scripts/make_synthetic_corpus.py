@@ -27,7 +27,7 @@ EVAL_PAIRS = 1_000
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, required=True, help="training pairs to write")
-    parser.add_argument("--out", type=Path, required=True, help="directory to write into (created)")
+    parser.add_argument("--out", type=Path, required=True, help="directory to write into (created; files already there are never replaced)")
     parser.add_argument("--vocab", type=int, default=30_000, help="distinct words per language (default 30,000)")
     parser.add_argument("--src-lang", default="en")
     parser.add_argument("--tgt-lang", default="it")
@@ -81,6 +81,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.pairs < 1:
         sys.exit("make_synthetic_corpus: --pairs must be at least 1")
+    taken = [f"{split}.{lang}" for split in ("train", "valid", "test") for lang in (args.src_lang, args.tgt_lang)
+             if (args.out / f"{split}.{lang}").exists()]
+    if taken:  # a corpus of the user's, say: never written over
+        sys.exit(f"make_synthetic_corpus: {args.out} already holds {', '.join(taken)}; choose another --out")
     args.out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(args.seed)
     words = make_words(args.vocab, rng), make_words(args.vocab, rng)

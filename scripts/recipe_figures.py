@@ -35,7 +35,10 @@ LOG_LINE = re.compile(r"^.*step (\d+)/\d+ .*?, (\d+) source and (\d+) target tok
 
 
 def figures(run: Path, label: str, stage_seconds: float | None, resumed: bool) -> dict:
-    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    try:
+        summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"recipe_figures: {run / 'summary.json'}: cannot read it ({err})") from None
     rates, mfus, captures = [], [], []
     for line in (run / "train.log").read_text(encoding="utf-8").splitlines():
         if match := LOG_LINE.match(line):
@@ -58,7 +61,9 @@ def figures(run: Path, label: str, stage_seconds: float | None, resumed: bool) -
         "tgt_tokens_per_update": round(tokens_per_update, 1) if tokens_per_update else None,
         "tgt_tokens_per_s_median": rate, "mfu_median": round(statistics.median(mfus), 4) if mfus else None,
         "capture_seconds_logged": round(sum(captures), 2), "cuda_graphs": summary.get("cuda_graphs"),
-        "best_valid_bleu": summary["best_bleu"], "best_step": summary["best_step"],
+        # A run that never validated keeps its -1 markers: null here, as `tmt runs` shows "-"
+        "best_valid_bleu": summary["best_bleu"] if summary["best_bleu"] >= 0 else None,
+        "best_step": summary["best_step"] if summary["best_bleu"] >= 0 else None,
         "test_bleu": test.get("bleu"), "test_chrf": test.get("chrf"), "test_beam": test.get("beam_size"),
         "test_seconds": test.get("seconds"), "test_ema_bleu": (test.get("ema") or {}).get("bleu"),
         # What the test scores are of: the checkpoint, how many step checkpoints it averages (10 for the

@@ -500,3 +500,28 @@ def test_runbook_scout_runs_each_recipe_under_its_own_name_into_one_log(tmp_path
     env.pop("SCOUT")
     unset = subprocess.run(["bash", script, "scout"], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert unset.returncode == 1 and "scout needs SCOUT=" in unset.stdout + unset.stderr
+
+
+def test_the_figure_of_a_run_without_a_summary_or_a_validation_is_said_not_a_traceback(tmp_path: Path):
+    figure = [sys.executable, str(SCRIPTS / "recipe_figures.py")]
+    missing = subprocess.run([*figure, str(tmp_path / "nothing")], capture_output=True, text=True)
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    assert missing.stderr.startswith(f"recipe_figures: {tmp_path / 'nothing' / 'summary.json'}: cannot read it")
+    run = tmp_path / "run"  # stopped before its first validation: tmt's -1 markers are no BLEU
+    run.mkdir()
+    summary = {"status": "interrupted", "step": 5, "max_steps": 10, "best_bleu": -1.0, "best_step": -1, "test": None,
+               "tgt_tokens_seen": 100, "train_seconds": 3.0, "provenance": {}}
+    (run / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    (run / "train.log").write_text("", encoding="utf-8")
+    line = json.loads(subprocess.run([*figure, str(run)], capture_output=True, text=True, check=True).stdout)
+    assert (line["best_valid_bleu"], line["best_step"]) == (None, None)
+
+
+def test_the_synthetic_corpus_script_never_writes_over_a_users_corpus(tmp_path: Path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "train.en").write_text("my precious line\n", encoding="utf-8")
+    result = subprocess.run([sys.executable, str(SCRIPTS / "make_synthetic_corpus.py"), "--pairs", "5",
+                             "--out", str(tmp_path / "mine")], capture_output=True, text=True)
+    assert result.returncode == 1 and "already holds train.en; choose another --out" in result.stderr
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["train.en"]
+    assert (tmp_path / "mine" / "train.en").read_text(encoding="utf-8") == "my precious line\n"

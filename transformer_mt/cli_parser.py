@@ -36,7 +36,7 @@ TRAIN_EXAMPLES = """examples:
 DATA_EXAMPLES = """examples:
   tmt data --config configs/demo.yaml                   # the report tmt train logs before its first step
   tmt data --config configs/demo.yaml --set tokenizer.vocab_size=2000 --set model.max_len=32
-  tmt data --config configs/en-it.yaml --set train.batch_tokens=8192   # steps per epoch at another budget
+  tmt data --config configs/demo.yaml --set train.batch_tokens=4096   # steps per epoch at another budget
 
 Nothing is written: tokenizers are trained in a temporary folder, or reused from the run
 directory (--run-dir, default runs/<name>) when its data and tokenizer settings are the same.
@@ -50,7 +50,7 @@ TRANSLATE_EXAMPLES = """examples:
   tmt translate --run runs/demo --show-attention attention.png "Where is the station?"
   tmt translate --run runs/demo                          # at a terminal: type a sentence, get its translation
   tmt translate --run runs/demo --beam 5 --n-best 3 --scores "Where is the station?"
-  tmt translate --run runs/demo --beam 5 --n-best 5 --format jsonl \
+  tmt translate --run runs/demo --beam 5 --n-best 5 --format jsonl \\
       --input transformer_mt/corpora/demo_en_it/test.en > test.nbest.jsonl
   tmt translate --run runs/demo --sample --top-p 0.9 --seed 1 --n-best 2 "Where is the station?"
 """

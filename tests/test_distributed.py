@@ -101,9 +101,9 @@ def test_a_rank_that_does_not_find_rank_0s_data_says_the_run_dir_must_be_shared(
     assert files_of(run_dir) == before
 
 
-def test_an_error_under_torchrun_is_said_once_and_the_other_rank_says_it_stopped_because_of_it(tmp_path):
+def test_an_error_under_torchrun_is_said_by_the_rank_that_met_it_and_another_says_why_it_stopped(tmp_path):
     """A bad data path (found by rank 0, which prepares the data): the other rank's failed collective
-    used to be reported first, as an internal error; a config error used to come once per rank."""
+    used to be reported first, as an internal error; the ranks' lines ran together."""
     config = write_config(tmp_path, "ddp.yaml")
     result = torchrun(config, tmp_path / "run", "--set", "data.path=/nonexistent")
     tmt_lines = [line for line in result.stderr.splitlines() if line.startswith("tmt")]
@@ -111,9 +111,21 @@ def test_an_error_under_torchrun_is_said_once_and_the_other_rank_says_it_stopped
     assert sorted(tmt_lines) == ["tmt (rank 1): error: another process of this torchrun job stopped (its own line, "
                                  "or torchrun's report, says why), so this one stops too",
                                  "tmt: error: data.path: '/nonexistent' is not a directory (data.format: text)"]
+    # Each rank's own error is kept (one machine may lack the memory another has), another rank's named.
     result = torchrun(config, tmp_path / "run", "--set", "model.n_heads=3")
-    assert [line for line in result.stderr.splitlines() if line.startswith("tmt")] == [
-        "tmt: error: invalid configuration: model.n_heads: 3 does not divide model.d_model=16"], result.stderr[-3000:]
+    problem = "error: invalid configuration: model.n_heads: 3 does not divide model.d_model=16"
+    assert sorted(line for line in result.stderr.splitlines() if line.startswith("tmt")) == [
+        f"tmt (rank 1): {problem}", f"tmt: {problem}"], result.stderr[-3000:]
+
+
+def test_rank_variables_left_by_a_launcher_do_not_silence_another_command(tmp_path):
+    """Only `tmt train` runs distributed: RANK/WORLD_SIZE in the environment (a pod of a job, a
+    subprocess of a torchrun job) silenced other commands' errors and interruptions."""
+    result = subprocess.run([sys.executable, "-m", "transformer_mt", "data", "--config", str(tmp_path / "missing.yaml")],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": PYTHONPATH, "RANK": "1", "WORLD_SIZE": "2"})
+    assert (result.returncode, result.stderr) == (
+        2, f"tmt: error: invalid configuration: {tmp_path / 'missing.yaml'}: config file not found\n")
 
 
 def test_interleave_undoes_a_strided_split():

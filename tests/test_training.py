@@ -296,6 +296,33 @@ def test_a_signal_on_a_save_step_writes_that_checkpoint_once(tiny_corpus: Path, 
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "step_00000003.pt")["train_state"]["step"] == 3
 
 
+def test_a_signal_after_a_skipped_batch_saves_the_position_past_it(tiny_corpus: Path, tmp_path: Path, monkeypatch):
+    """Saved at step 3, then a batch skipped (out of memory) with SIGTERM on the way: the step is
+    still 3 but the data position moved on, so the stop saves step 3 again with that position."""
+    from transformer_mt.train_step import TrainStep
+
+    saved, run_or_skip = [], TrainStep.run_or_skip
+    save = Trainer.save
+    monkeypatch.setattr(Trainer, "save", lambda self, is_best: saved.append(self.checkpoint.sampler_state["position"])
+                        or save(self, is_best=is_best))
+
+    def skipped_after_the_save(self, *args, **kwargs):
+        if saved and not getattr(self, "skipped", False):
+            self.skipped = True
+            os.kill(os.getpid(), signal.SIGTERM)
+            return None  # as an out-of-memory batch is skipped
+        return run_or_skip(self, *args, **kwargs)
+
+    monkeypatch.setattr(TrainStep, "run_or_skip", skipped_after_the_save)
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    with pytest.raises(TrainingStopped):
+        train(tiny_config(tiny_corpus, train={"max_steps": 6, "eval_every_steps": 3, "save_every_steps": 3}), run,
+              progress=False)
+    assert len(saved) == 2 and saved[1] == saved[0] + 1  # the skipped batch is behind the resume point
+    assert load_checkpoint(run / "checkpoints" / "step_00000003.pt")["sampler"]["position"] == saved[1]
+
+
 def test_a_linear_schedule_resumes_exactly_and_a_changed_schedule_applies_from_the_next_update(
         tiny_corpus: Path, tmp_path: Path, monkeypatch):
     linear = {"lr": 1e-3, "warmup_steps": 2, "lr_schedule": "linear", "min_lr": 1e-4}

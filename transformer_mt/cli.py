@@ -17,7 +17,7 @@ from pathlib import Path
 from transformer_mt.cli_logging import setup_logging
 from transformer_mt.cli_parser import build_parser
 from transformer_mt.cli_translate import run_evaluate, run_translate
-from transformer_mt.errors import CheckpointError, ConfigError, TmtError, TrainingStopped, UsageError
+from transformer_mt.errors import CheckpointError, TmtError, TrainingStopped, UsageError
 from transformer_mt.files import make_parent_dir
 from transformer_mt.run_layout import RunDir
 from transformer_mt.signals import sigterm_interrupts
@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     except TmtError as err:
         if args.traceback:
             raise
-        # Under torchrun every process meets a config error or a stop alike: rank 0 alone says it.
-        _say(f"tmt: error: {err}", every_rank=not isinstance(err, (ConfigError, TrainingStopped)))
+        # Under torchrun every process is stopped alike (a signal reaches them all): rank 0 alone says it.
+        _say(f"tmt: error: {err}", args, every_rank=not isinstance(err, TrainingStopped))
         return err.exit_code
     except BrokenPipeError:  # e.g. `tmt translate ... | head -1`: the reader left, nothing to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
@@ -46,33 +46,36 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (`Terminated`)
         code = getattr(err, "exit_code", 128 + signal.SIGINT)
         by = "" if code == 128 + signal.SIGINT else f" by {signal.Signals(code - 128).name}"
-        _say(f"tmt: interrupted{by}", every_rank=False)
+        _say(f"tmt: interrupted{by}", args, every_rank=False)
         return code
     except Exception as err:  # an unexpected failure: one line, and the details on request
         if args.traceback:
             raise
         logger.debug("unexpected error", exc_info=True)
-        if _torchrun_rank() is not None and _peer_stopped(err):  # not this process's failure: another's
+        if _torchrun_rank(args) is not None and _peer_stopped(err):  # not this process's failure: another's
             _say("tmt: error: another process of this torchrun job stopped (its own line, or torchrun's report, "
-                 "says why), so this one stops too", every_rank=True)
+                 "says why), so this one stops too", args, every_rank=True)
             return 1
         _say(f"tmt: internal error: {type(err).__name__}: {err} (rerun as `tmt --traceback COMMAND ...` for details)",
-             every_rank=True)
+             args, every_rank=True)
         return 1
 
 
-def _torchrun_rank() -> int | None:
-    """This process's rank when torchrun started several, else None."""
+def _torchrun_rank(args: argparse.Namespace) -> int | None:
+    """This process's rank when torchrun started several to train, else None (no other command runs
+    distributed, whatever RANK and WORLD_SIZE a launcher left in the environment)."""
     try:
-        return int(os.environ["RANK"]) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+        distributed = args.command == "train" and int(os.environ.get("WORLD_SIZE", "1")) > 1
+        return int(os.environ["RANK"]) if distributed else None
     except (KeyError, ValueError):
         return None
 
 
-def _say(line: str, every_rank: bool) -> None:
+def _say(line: str, args: argparse.Namespace, every_rank: bool) -> None:
     """`line` on stderr in one write (torchrun's processes share it: lines never interleave). Under
-    torchrun a line every process would say alike is rank 0's alone, and another rank's is named."""
-    rank = _torchrun_rank()
+    torchrun a line every process says alike (a stop) is rank 0's alone, and another rank's line
+    is named: an error that only some ranks meet (this machine's memory, say) is never lost."""
+    rank = _torchrun_rank(args)
     if rank:
         if not every_rank:
             return
@@ -82,14 +85,11 @@ def _say(line: str, every_rank: bool) -> None:
 
 
 def _peer_stopped(err: Exception) -> bool:
-    """A collective operation that failed because another process of the job ended (gloo and NCCL
-    say so in their own words)."""
-    import torch.distributed
-
+    """A collective operation that failed because another process of the job ended, as gloo and
+    NCCL say it (not any distributed error: this rank's own failure must be shown as it is)."""
     text = str(err)
-    return (isinstance(err, getattr(torch.distributed, "DistError", ())) or
-            any(sign in text for sign in ("Connection closed by peer", "Connection reset by peer",
-                                          "remote worker crashing", "NCCL communicator was aborted")))
+    return any(sign in text for sign in ("Connection closed by peer", "Connection reset by peer",
+                                         "remote worker crashing", "NCCL communicator was aborted"))
 
 
 def run() -> None:

@@ -120,10 +120,14 @@ def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
             return datasets.load_dataset(cfg.path, data_dir=cfg.hub_config, revision=cfg.revision)
         return datasets.load_dataset(cfg.path, cfg.hub_config, revision=cfg.revision)
     except cannot_build as err:  # e.g. a local folder of .tsv files, whose first lines it takes for headers
+        # datasets wraps whatever went wrong (a full disk, a bad file) in this one error: name its cause
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        detail = lines[1] if len(lines) > 1 else (lines[0] if lines else type(err).__name__)
-        raise DataError(f"data.path={cfg.path!r}: datasets could not build a dataset from it ({detail[:300]}); "
-                        "local files of sentence pairs load with data.format: text, tsv or jsonl (README, Data)") from None
+        detail = lines[1] if len(lines) > 1 else (f"{type(err.__cause__).__name__}: {err.__cause__}"
+                                                  if err.__cause__ is not None else (lines[0] if lines else ""))
+        advice = ("; local files of sentence pairs load with data.format: text, tsv or jsonl (README, Data)"
+                  if Path(cfg.path).is_dir() else "")
+        raise DataError(f"data.path={cfg.path!r}: datasets could not build a dataset from it "
+                        f"({detail[:300]}){advice}") from err
     except RuntimeError as err:
         if LOADING_SCRIPT_REFUSED not in str(err):
             raise  # not a known data problem: reported as an internal error

@@ -31,6 +31,7 @@ from transformer_mt.model import Transformer
 from transformer_mt.optional_outputs import OptionalWriter, quiet_tensorboard_thread
 from transformer_mt.preparation import batch_padding, prepare_data, tokenizer_file
 from transformer_mt.run_dir import check_saved_config
+from transformer_mt.run_files import checkpoint_steps
 from transformer_mt.run_layout import RunDir
 from transformer_mt.run_status import RunStatus
 from transformer_mt.runtime import (Precision, pick_attention, pick_device, pick_precision, seed_everything,
@@ -107,7 +108,9 @@ class Trainer:
                         "between saves is saved as a step checkpoint too, and counts toward train.keep_last "
                         "and train.average_last", t.eval_every_steps, t.save_every_steps)
         self.interval_log = IntervalLog(t, self.data_report)
-        self.saved_step: int | None = None  # the step of the newest checkpoint this process wrote
+        # The step and data position of the newest checkpoint this process wrote (a skipped batch
+        # moves the position on without a step)
+        self.saved_at: tuple[int, dict] | None = None
 
     def resume(self) -> None:
         self.checkpoint.resume()
@@ -115,7 +118,7 @@ class Trainer:
     def save(self, *, is_best: bool) -> None:
         self.status.tick()
         self.checkpoint.save(is_best=is_best)
-        self.saved_step = self.state.step
+        self.saved_at = (self.state.step, self.checkpoint.sampler_state)
         self.write_summary("running")
 
     def write_summary(self, status: str) -> None:
@@ -227,8 +230,9 @@ class Trainer:
     def _stop_on_signal(self, signal_number: int) -> None:
         name = signal.Signals(signal_number).name
         logger.warning("received %s: saving a checkpoint, then stopping", name)
-        if self.saved_step != self.state.step:  # not saved already, the step being a save step
-            self.save(is_best=False)
+        saved_step, saved_position = self.saved_at or (None, None)
+        if saved_step != self.state.step or saved_position is not self.checkpoint.sampler_state:
+            self.save(is_best=False)  # not saved already by this step being a save step
         self.dist.barrier()  # no rank leaves while rank 0 still writes: torchrun would kill it mid-write
         raise TrainingStopped(f"stopped by {name} at step {self.state.step}; checkpoint saved", signal_number)
 
@@ -291,6 +295,7 @@ def _train(cfg: Config, run_dir: Path, *, resume: bool, progress: bool, config_d
                               "resumed; restore them or start a new run")
     if resume:
         check_saved_config(cfg, run_dir)  # before the data is prepared: refusing then costs nothing, changes nothing
+        _check_not_shortened(cfg, run_dir)  # so
     parent = None
     if cfg.train.init_from and resume:
         logger.info("train.init_from is ignored: the run resumes from its own checkpoint")
@@ -300,9 +305,6 @@ def _train(cfg: Config, run_dir: Path, *, resume: bool, progress: bool, config_d
     state, trained_out = trainer.state, False
     if resume:
         trainer.resume()
-        if state.step > cfg.train.max_steps:  # before the run's config and summary are rewritten
-            raise ConfigError([f"train.max_steps: {cfg.train.max_steps} is below the run's step {state.step}; a run "
-                               "cannot be shortened (its checkpoints are there for tmt average and evaluate)"])
         if dist.is_main:
             save_config(cfg, RunDir(run_dir).config)  # training-only settings may have changed
         trained_out = _trained_out(state, cfg)
@@ -325,6 +327,15 @@ def _train(cfg: Config, run_dir: Path, *, resume: bool, progress: bool, config_d
         raise
     trainer.write_summary("stopped early" if state.stopped_early else "finished")
     return state
+
+
+def _check_not_shortened(cfg: Config, run_dir: Path) -> None:
+    """Refuse a `train.max_steps` below the step of the run's newest checkpoint (by its file name):
+    the run was recorded as finished at "30/20" before."""
+    steps = checkpoint_steps(RunDir(run_dir).checkpoints)
+    if steps and steps[-1] > cfg.train.max_steps:
+        raise ConfigError([f"train.max_steps: {cfg.train.max_steps} is below the run's step {steps[-1]}; a run "
+                           "cannot be shortened (its checkpoints are there for tmt average and evaluate)"])
 
 
 def _trained_out(state: TrainState, cfg: Config) -> bool:

@@ -115,6 +115,13 @@ def test_average_never_writes_over_a_checkpoint_or_a_users_file(tiny_corpus: Pat
     code, _, err = run_cli(["average", "--run", str(run), "--last", "1", "--output", str(average)],
                            monkeypatch, capsys, tmp_path)
     assert code == 2 and "already exists" in err and average.read_bytes() == before, err
+    # Nor another run's average of the same name, through --output into that run's checkpoints/.
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    code, _, err = run_cli(["average", "--run", str(other), "--last", "2", "--output", str(average)],
+                           monkeypatch, capsys, tmp_path)
+    assert code == 2 and f"that is {run}'s checkpoints folder, not {other}'s" in err, err
+    assert average.read_bytes() == before
 
     code, _, err = run_cli(["average", "--run", str(run), "--last", "2", "--output", "notes.txt/a.pt"],
                            monkeypatch, capsys, tmp_path)

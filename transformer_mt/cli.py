@@ -273,6 +273,11 @@ def run_average(args: argparse.Namespace) -> None:
     steps = steps[-args.last:]
     named = f"average_steps_{steps[0]:08d}-{steps[-1]:08d}.pt"
     output = args.output or checkpoints.directory / named
+    another = output.parent.parent  # a run whose checkpoints/ the output would land in
+    if (output.parent.resolve() != checkpoints.directory.resolve() and RunDir(another).marker.is_file()
+            and RunDir(another).keeps(output)):  # its test_scores.json may name an average there
+        raise UsageError(f"--output {output}: that is {another}'s checkpoints folder, not {args.run}'s; "
+                         "choose a file outside it")
     # Re-running an average may replace its earlier output, and only that: an average tmt wrote of
     # the same steps (so named), never a user's file so named, nor an average of other steps, such
     # as the one behind the run's evaluation/test_scores.json.

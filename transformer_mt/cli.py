@@ -212,12 +212,12 @@ def run_data(args: argparse.Namespace) -> None:
     from transformer_mt.init_from import check_parent
     from transformer_mt.preparation import preview_report
     from transformer_mt.run_dir import data_settings_problem
+    from transformer_mt.run_files import run_dir_problem
 
     setup_logging(logging.WARNING)
     cfg = load_config(args.config, args.overrides)
     run_dir = args.run_dir or Path("runs") / cfg.name
-    if args.run_dir is not None and not args.run_dir.is_dir():  # a typo must not pass for "not reused"
-        problem = "not a run directory (a file)" if args.run_dir.exists() else "no such run directory"
+    if args.run_dir is not None and (problem := run_dir_problem(args.run_dir)):  # a typo is no "not reused"
         raise TmtError(f"--run-dir {args.run_dir}: {problem}")
     if cfg.train.init_from:
         check_parent(cfg)  # a config `tmt train` would refuse gets no report

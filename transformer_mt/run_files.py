@@ -37,11 +37,17 @@ def run_folders(folder: Path) -> list[Path]:
     return [folder, *children, *sorted(p for child in children for p in child.iterdir() if p.is_dir())]
 
 
+def run_dir_problem(run_dir: Path) -> str | None:
+    """Why `run_dir` cannot be a run directory (missing, or a file), or None."""
+    if run_dir.is_dir():
+        return None
+    return "not a run directory (a file)" if run_dir.exists() else "no such run directory"
+
+
 def find_checkpoint(run_dir: Path) -> Path:
     """`best.pt` if the run has one, else its newest step checkpoint."""
-    if not run_dir.is_dir():
-        raise CheckpointError(f"{run_dir}: no such run directory" if not run_dir.exists()
-                              else f"{run_dir}: not a run directory (a file)")
+    if problem := run_dir_problem(run_dir):
+        raise CheckpointError(f"{run_dir}: {problem}")
     directory = RunDir(run_dir).checkpoints
     if (directory / BEST_NAME).is_file():
         return directory / BEST_NAME

@@ -100,4 +100,3 @@ def warn_of_repeated_pairs(train_path: Path, carved_paths: dict[str, Path]) -> N
             logger.warning("%d of the %d distinct %s pairs carved from train also occur in train (the corpus repeats "
                            "pairs): %s BLEU will read high; deduplicate the corpus, or give it %s files", len(pairs),
                            len(carved[split]), split, split, split)
-

@@ -107,12 +107,8 @@ def _before_training(folder: Path, runs_dir: Path) -> list[dict]:
         owner = json.loads(layout.lock.read_text(encoding="utf-8"))  # who took the run, for as long as it lives
     except (OSError, UnicodeDecodeError, ValueError):
         owner = None
-    if not isinstance(owner, dict) or owner.get("host") != socket.gethostname() or not owner.get("pid"):
-        status = "no summary yet"  # started on another machine, or no owner recorded: we cannot tell
-    elif _writer_alive({"provenance": {"host": owner["host"]}, "pid": owner["pid"]}):
-        status = "preparing data"
-    else:
-        status = "stopped before training"
+    alive = _alive_here(owner.get("host"), owner.get("pid")) if isinstance(owner, dict) else None
+    status = {None: "no summary yet", True: "preparing data", False: "stopped before training"}[alive]
     log = layout.train_log if layout.train_log.is_file() else layout.config
     return [{**_row_names(folder, runs_dir), "status": status, "step": 0, "max_steps": train.get("max_steps", "?"),
              "mtime": log.stat().st_mtime}]
@@ -137,14 +133,23 @@ def runs_table(rows: list[dict]) -> str:
 def _writer_alive(summary: dict) -> bool:
     """False when the summary was written on this host by a process that no longer exists."""
     provenance = summary.get("provenance")
-    if not isinstance(provenance, dict) or provenance.get("host") != socket.gethostname() or not summary.get("pid"):
-        return True  # another machine's run: we cannot tell
+    host = provenance.get("host") if isinstance(provenance, dict) else None
+    return _alive_here(host, summary.get("pid")) is not False
+
+
+def _alive_here(host: object, pid: object) -> bool | None:
+    """Whether process `pid` of `host` still runs; None when this machine cannot tell (another
+    host's process, no pid recorded, or a pid that is not one)."""
+    if host != socket.gethostname() or not pid:
+        return None
     try:
-        os.kill(int(summary["pid"]), 0)
+        os.kill(int(pid), 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, ValueError, TypeError, OverflowError):  # someone else's process; a pid not tmt's
+    except PermissionError:  # someone else's process: it runs
         return True
+    except (ValueError, TypeError, OverflowError):  # a pid not tmt's
+        return None
     return True
 
 

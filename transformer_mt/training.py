@@ -295,7 +295,7 @@ def _train(cfg: Config, run_dir: Path, *, resume: bool, progress: bool, config_d
                               "resumed; restore them or start a new run")
     if resume:
         check_saved_config(cfg, run_dir)  # before the data is prepared: refusing then costs nothing, changes nothing
-        _check_not_shortened(cfg, run_dir)  # so
+        _check_not_shortened(cfg, run_dir)  # likewise, from the checkpoints' file names
     parent = None
     if cfg.train.init_from and resume:
         logger.info("train.init_from is ignored: the run resumes from its own checkpoint")

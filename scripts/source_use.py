@@ -37,8 +37,8 @@ def mean_nll(model: torch.nn.Module, src: list[list[int]], tgt: list[list[int]])
         for start in range(0, len(src), BATCH_SENTENCES):
             batch = make_batch(src[start:start + BATCH_SENTENCES], tgt[start:start + BATCH_SENTENCES],
                                PAD_ID, BOS_ID, EOS_ID)
-            logits = model(batch.src_ids, batch.tgt_in_ids).float()
-            total += F.cross_entropy(logits.flatten(0, 1), batch.tgt_out_ids.flatten(), ignore_index=PAD_ID,
+            logits = model(batch.src_ids, batch.tgt_in_ids).float()  # (N, V) at the real target tokens
+            total += F.cross_entropy(logits, batch.tgt_out_ids[batch.tgt_in_ids != PAD_ID], ignore_index=PAD_ID,
                                      reduction="sum").item()
             tokens += batch.n_tgt_tokens
     return total / tokens

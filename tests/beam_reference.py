@@ -1,13 +1,14 @@
-"""The beam search tmt used before it was tensorised (commit 0359b14), kept as the reference that
-`decoding.beam_search` must reproduce: a Python loop over finished hypotheses and active sentences,
-rows leaving the batch (and the cache) as their sentences finish."""
+"""A beam search written plainly, the reference that `decoding.beam_search` must reproduce: a Python
+loop over finished hypotheses and active sentences, no cache, rows leaving the batch as their
+sentences finish."""
 
 from __future__ import annotations
 
 import torch
 
-from transformer_mt.decoding import Hypothesis, _forbid_special, length_penalty, max_target_lengths
-from transformer_mt.model import Transformer
+from transformer_mt.decoding import max_target_lengths
+from transformer_mt.model import Packing, Transformer
+from transformer_mt.search import Hypothesis, length_penalty
 
 
 @torch.inference_mode()
@@ -21,7 +22,7 @@ def reference_beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: 
     has K finished hypotheses, or `n_best` that no live beam can still beat (log-probs only
     fall, so a live beam's best reachable score is its log-prob over the penalty at its length
     cap), or reaches its length cap. Beam size 1 gives exactly greedy decoding's output.
-    Finished sentences leave the batch, and their rows leave the cache.
+    Finished sentences leave the batch.
     """
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
@@ -29,9 +30,9 @@ def reference_beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: 
     B = src_ids.shape[0]
     src_mask = src_ids != pad_id  # (B, S)
     limits = max_target_lengths(src_mask, max_len_a, max_len_b, model.cfg.max_len).tolist()
-    memory = model.encode(src_ids, src_mask).repeat_interleave(K, dim=0)  # (B·K, S, D)
     src_mask = src_mask.repeat_interleave(K, dim=0)  # (B·K, S)
-    cache = model.new_cache(max(limits))
+    memory = model.encode(src_ids.repeat_interleave(K, dim=0), Packing.dense(src_mask))  # (B·K·S, D)
+    memory = memory.view(B * K, src_ids.shape[1], -1)  # (B·K, S, D)
 
     active = list(range(B))  # sentences still searching, in the order of the rows below
     finished: list[list[Hypothesis]] = [[] for _ in range(B)]
@@ -41,8 +42,12 @@ def reference_beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: 
     step = 0
     while active:
         N = len(active)
-        logits = model.decode(tokens[:, -1:], memory, src_mask, cache)[:, -1, :].float()  # (N·K, V)
-        log_probs = torch.log_softmax(_forbid_special(logits, pad_id, bos_id), dim=-1)
+        # No cache: the decoder reads the whole prefix at every step.
+        tgt = Packing.dense(torch.ones_like(tokens, dtype=torch.bool))
+        states = model.decode(tokens, tgt, memory.flatten(0, 1), Packing.dense(src_mask))  # (N·K·(t+1), D)
+        logits = model.logits(states.view(N * K, tokens.shape[1], -1)[:, -1])  # (N·K, V)
+        logits[:, [pad_id, bos_id]] = torch.finfo(logits.dtype).min  # never padding or a second BOS
+        log_probs = torch.log_softmax(logits, dim=-1)
         V = log_probs.shape[-1]
         candidates = (scores[:, None] + log_probs).view(N, K * V)  # (N, K·V)
         cand_scores, cand_flat = candidates.topk(2 * K, dim=1)  # (N, 2K), best first
@@ -73,12 +78,7 @@ def reference_beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: 
         rows = beam_rows[keep].flatten()  # (N'·K,)
         tokens = torch.cat([tokens.index_select(0, rows), next_tokens[keep].reshape(-1, 1)], dim=1)
         scores = live_scores[keep].flatten()
-        # Beams move only within their sentence, and a sentence's beams share the same memory
-        # and cross-attention K/V: those need gathering only when sentences leave the batch.
-        pruned = len(still) < N
-        cache.reorder(rows, cross=pruned)
-        if pruned:
-            memory, src_mask = memory.index_select(0, rows), src_mask.index_select(0, rows)
+        memory, src_mask = memory.index_select(0, rows), src_mask.index_select(0, rows)
         active = [active[row] for row in still]
         step += 1
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:n_best] for hyps in finished]

@@ -63,7 +63,7 @@ def test_with_compile_the_engine_is_given_the_compiled_module_and_the_plain_one(
     assert step.graphs is not None and step.graphs.compiled
     assert wrapped == [(step.graphs.uncaptured_loss, MAX_GRAPHS)]  # the plain StepLoss, for shapes past max_graphs
     assert step.graphs.step_loss is step.step_model is not step.graphs.uncaptured_loss
-    assert not step.real_positions_only  # the padded path, as on the GPU
+    assert not step.pack  # every position: fixed shapes, as on the GPU
     assert step.engine_report()["compile_seconds"] == 0.0  # nothing captured on a CPU
 
 
@@ -126,7 +126,7 @@ def test_the_update_inside_the_engine_is_the_plain_clip_and_adamw_update():
 
 def test_the_engine_run_eagerly_trains_like_the_plain_step(engine_on_the_cpu, tiny_corpus: Path, tmp_path: Path):
     # Clipping active, a warmup rate, accumulation; the same padded batches (filler rows included)
-    # through both, the plain step on the padded path (the CPU's fast path sums in another order).
+    # through both, the plain step at every position too (packed rows sum in another order).
     settings = {"clip_grad_norm": 0.5, "warmup_steps": 3, "lr": 3e-3, "weight_decay": 0.01}
     engine = make_trainer(tiny_corpus, tmp_path / "engine", **settings)
     assert engine.train_step.graphs is not None and not engine.train_step.graphs.capture
@@ -134,7 +134,7 @@ def test_the_engine_run_eagerly_trains_like_the_plain_step(engine_on_the_cpu, ti
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(train_step_module, "graphs_apply", lambda *args, **kwargs: False)
         plain = make_trainer(tiny_corpus, tmp_path / "plain", **settings)
-    plain.train_step.real_positions_only = False
+    plain.train_step.pack = False
     updates = [[[0, 1, 2]], [[3, 4, 5, 6, 7]], [[8, 9, 10]], [[0, 11], [5, 6]], [[1, 2, 3, 4]]]
     norms = []
     for step, indices in enumerate(updates, 1):

@@ -48,8 +48,8 @@ def make_run(run_dir: Path, norm: str, share: bool, **model) -> tuple[Transforme
     src_ids, tgt_in_ids, tgt_out_ids = encode_pairs(tokenizers)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     for _ in range(20):
-        logits = model(src_ids, tgt_in_ids)  # (B, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1), tgt_out_ids.flatten(), ignore_index=PAD_ID)
+        logits = model(src_ids, tgt_in_ids, pack=False)  # (B·T, V)
+        loss = F.cross_entropy(logits, tgt_out_ids.flatten(), ignore_index=PAD_ID)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -107,7 +107,7 @@ def test_a_deep_encoder_shallow_decoder_model_exports_with_each_sides_depth(ct2,
     expected = greedy_decode(model, src_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=0, max_len_b=MAX_TOKENS)
     assert ct2_greedy(ct2, tmp_path / "ct2", tokenizers) == expected
     with torch.no_grad():
-        logits = model(src_ids, tgt_in_ids)  # (B, T, V)
+        logits = model(src_ids, tgt_in_ids, pack=False).view(*tgt_in_ids.shape, -1)  # (B, T, V)
     logits[..., [PAD_ID, BOS_ID]] = torch.finfo(logits.dtype).min
     log_probs = torch.log_softmax(logits, dim=-1).gather(2, tgt_out_ids[..., None])[..., 0]  # (B, T)
     targets = [e.tokens for e in tokenizers.tgt.encode_batch(TARGETS, add_special_tokens=False)]
@@ -124,7 +124,7 @@ def test_ctranslate2_scores_equal_tmt_log_probs(ct2, tmp_path: Path, norm: str, 
 
     src_ids, tgt_in_ids, tgt_out_ids = encode_pairs(tokenizers)
     with torch.no_grad():
-        logits = model(src_ids, tgt_in_ids)  # (B, T, V)
+        logits = model(src_ids, tgt_in_ids, pack=False).view(*tgt_in_ids.shape, -1)  # (B, T, V)
     # tmt's search never emits padding or BOS; the export forbids them in the same way.
     logits[..., [PAD_ID, BOS_ID]] = torch.finfo(logits.dtype).min
     log_probs = torch.log_softmax(logits, dim=-1).gather(2, tgt_out_ids[..., None])[..., 0]  # (B, T)

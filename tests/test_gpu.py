@@ -22,6 +22,7 @@ from tests.test_training_speed import make_trainer  # dropout 0, no clipping, fp
 from transformer_mt import train_step as train_step_module
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.decoding import beam_search, greedy_decode
+from transformer_mt.graph_decoding import StepGraphs
 from transformer_mt.run_dir import prepare_run_dir
 from transformer_mt.training import Trainer, train
 
@@ -43,7 +44,7 @@ def test_a_step_on_the_device_makes_the_update_of_a_cpu_step(tiny_corpus: Path, 
     batch = device.train_step.batches.load(indices)
     if DEVICE == "cuda":  # the GPU's own path, not the CPU's
         assert batch.src_ids.shape[1] % 8 == 0 and batch.tgt_in_ids.shape[1] % 8 == 0
-        assert not device.train_step.real_positions_only and device.train_step.optimizer.defaults["fused"]
+        assert device.train_step.pack == (device.train_step.graphs is None) and device.train_step.optimizer.defaults["fused"]
     on_device = device.train_step.run(batch)
     assert on_device.loss.item() == pytest.approx(on_cpu.loss.item(), rel=1e-5)
     assert on_device.grad_norm.item() == pytest.approx(on_cpu.grad_norm.item(), rel=1e-4)
@@ -314,18 +315,15 @@ def test_a_replayed_step_draws_new_dropout_masks(tiny_corpus: Path, tmp_path: Pa
 
 
 def test_greedy_decoding_replayed_from_a_cuda_graph_gives_the_eager_output():
-    from transformer_mt.graph_decoding import static_greedy_decode
-
     settings = {"bos_id": BOS, "eos_id": EOS, "max_len_a": 1.5, "max_len_b": 5}
     for seed in range(3):
         model, src = random_model(seed).to(DEVICE), random_sources(seed).to(DEVICE)
         expected = greedy_decode(model, src, **settings)
-        assert static_greedy_decode(model, src, capture=DEVICE == "cuda", **settings) == expected
+        assert greedy_decode(model, src, graphs=StepGraphs(), capture=DEVICE == "cuda", **settings) == expected
 
 
 def test_beam_search_replayed_from_a_cuda_graph_gives_the_eager_output():
     from tests.test_decoding import assert_same_hypotheses
-    from transformer_mt.graph_decoding import static_beam_search
 
     for seed in range(3):
         model, src = random_model(seed).to(DEVICE), random_sources(seed, batch=5, max_len=20).to(DEVICE)
@@ -333,11 +331,12 @@ def test_beam_search_replayed_from_a_cuda_graph_gives_the_eager_output():
             settings = {"bos_id": BOS, "eos_id": EOS, "beam_size": beam, "max_len_a": 1.5, "max_len_b": 5,
                         "alpha": alpha, "n_best": n_best}
             expected = beam_search(model, src, **settings)
-            assert_same_hypotheses(static_beam_search(model, src, capture=DEVICE == "cuda", **settings), expected)
+            assert_same_hypotheses(beam_search(model, src, graphs=StepGraphs(), capture=DEVICE == "cuda", **settings),
+                                   expected)
     if DEVICE == "cuda":  # captured under bf16 autocast, as `translate_ids` runs it there
         settings = {"bos_id": BOS, "eos_id": EOS, "beam_size": 4, "max_len_a": 1.5, "max_len_b": 5, "n_best": 2}
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            mixed = static_beam_search(model, src, capture=True, **settings)
+            mixed = beam_search(model, src, capture=True, **settings)
             eager = beam_search(model, src, **settings)
         assert all(len(hyps) == 2 for hyps in mixed)
         # Other attention kernels (masked over the whole cache) round bf16 otherwise: close
@@ -347,7 +346,6 @@ def test_beam_search_replayed_from_a_cuda_graph_gives_the_eager_output():
 
 def test_batches_of_one_padded_shape_replay_one_captured_step_on_the_device():
     from tests.test_decoding import assert_same_hypotheses
-    from transformer_mt.graph_decoding import StepGraphs, static_beam_search, static_greedy_decode
 
     model = random_model(5).to(DEVICE)
     batches = [random_sources(seed, batch=batch, max_len=8, min_len=3).to(DEVICE)
@@ -355,9 +353,9 @@ def test_batches_of_one_padded_shape_replay_one_captured_step_on_the_device():
     settings = {"bos_id": BOS, "eos_id": EOS, "max_len_a": 1.5, "max_len_b": 5}
     greedy_graphs, beam_graphs, captured = StepGraphs(), StepGraphs(), []
     for src in batches:
-        got = static_greedy_decode(model, src, capture=DEVICE == "cuda", graphs=greedy_graphs, **settings)
+        got = greedy_decode(model, src, capture=DEVICE == "cuda", graphs=greedy_graphs, **settings)
         assert got == greedy_decode(model, src, **settings)
-        hyps = static_beam_search(model, src, beam_size=3, n_best=2, capture=DEVICE == "cuda", graphs=beam_graphs,
+        hyps = beam_search(model, src, beam_size=3, n_best=2, capture=DEVICE == "cuda", graphs=beam_graphs,
                                   **settings)
         assert_same_hypotheses(hyps, beam_search(model, src, beam_size=3, n_best=2, **settings))
         captured.append(next(iter(beam_graphs.captured.values()))[1])  # the step: a graph's replay on CUDA

@@ -8,11 +8,8 @@ from transformer_mt.architectures import TranslationModel, build_model
 from transformer_mt.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
 from transformer_mt.config import ModelConfig
 from transformer_mt.decoding import greedy_decode
-from transformer_mt import dropout as dropout_module
-from transformer_mt.cpu_fast_path import dropout, real_positions_states
-from transformer_mt.dropout import attention_with_dropout, dropped_positions
 from transformer_mt.errors import CheckpointError
-from transformer_mt.model import Transformer
+from transformer_mt.model import Packing, Transformer
 
 PAD, BOS, EOS, V = 0, 2, 3, 30
 
@@ -24,24 +21,29 @@ def tiny_model(**overrides) -> Transformer:
     return Transformer(cfg, V, V, PAD).eval()
 
 
+def padded_logits(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+    """Teacher-forced logits at every target position, (B, T, V)."""
+    return model(src, tgt, pack=False).view(*tgt.shape, -1)
+
+
 @pytest.mark.parametrize("norm", ["pre", "post"])
 def test_padding_does_not_change_real_positions(norm):
     model = tiny_model(norm=norm)
     src = torch.tensor([[5, 6, 7, EOS]])
     tgt = torch.tensor([[BOS, 8, 9]])
-    alone = model(src, tgt)  # (1, 3, V)
+    alone = model(src, tgt)  # (3, V)
     # The same pair inside a batch, padded on both sides by a longer neighbour.
     src_batch = torch.tensor([[5, 6, 7, EOS, PAD, PAD], [4, 5, 6, 7, 8, EOS]])
     tgt_batch = torch.tensor([[BOS, 8, 9, PAD, PAD], [BOS, 4, 4, 4, 4]])
-    batched = model(src_batch, tgt_batch)  # (2, 5, V)
-    torch.testing.assert_close(batched[0, :3], alone[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(padded_logits(model, src_batch, tgt_batch)[0, :3], alone, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model(src_batch, tgt_batch)[:3], alone, atol=1e-5, rtol=1e-5)  # packed: its rows first
 
 
 def test_decoder_is_causal():
     model = tiny_model()
     src = torch.tensor([[5, 6, 7, EOS]])
-    before = model(src, torch.tensor([[BOS, 8, 9, 10]]))
-    after = model(src, torch.tensor([[BOS, 8, 20, 21]]))  # change positions 2 and 3 only
+    before = padded_logits(model, src, torch.tensor([[BOS, 8, 9, 10]]))
+    after = padded_logits(model, src, torch.tensor([[BOS, 8, 20, 21]]))  # change positions 2 and 3 only
     torch.testing.assert_close(before[0, :2], after[0, :2])
     assert not torch.allclose(before[0, 2], after[0, 2])
 
@@ -63,7 +65,7 @@ def test_build_model_makes_the_configured_transformer_for_the_vocabularies():
     assert isinstance(model, Transformer) and model.cfg is cfg and model.pad_id == PAD
     assert model.src_embed.weight.shape == (30, 16) and model.output_proj.weight.shape == (40, 16)  # (V, D)
     interface = [name for name in vars(TranslationModel) if not name.startswith("_")]
-    assert {"encode", "decode", "new_cache", "num_parameters", "train_flops"} <= set(interface)
+    assert {"forward", "new_cache", "decode_step", "num_parameters", "train_flops"} <= set(interface)
     assert all(callable(getattr(model, name)) for name in interface if name not in ("cfg", "pad_id"))
     # The output projection's FLOPs count the target vocabulary: 6·D·ΔV·T = 6·16·10·2 more for V = 40 than 30.
     assert model.train_flops([3], [2]) - build_model(cfg, 30, 30, PAD).train_flops([3], [2]) == 6 * 16 * 10 * 2
@@ -85,8 +87,8 @@ def test_encoder_and_decoder_depths_are_set_separately_and_n_layers_sets_both():
     one_one = tiny_model(n_layers=1).num_parameters()
     assert deep_shallow.num_parameters() - one_one == 2224
     assert tiny_model(encoder_layers=1, decoder_layers=2).num_parameters() - one_one == 3344
-    assert deep_shallow.new_cache(8).layers.__len__() == 1  # one cache per decoder layer
     src, tgt = torch.tensor([[5, 6, EOS]]), torch.tensor([[BOS, 8, 9]])
+    assert deep_shallow.new_cache(src, 8).self_kv.shape[0] == 1  # keys and values of each decoder layer
     assert deep_shallow.cross_attention(src, tgt, layer=-1).shape == (1, 2, 3, 3)  # (B, H, T, S) of its one layer
 
 
@@ -118,14 +120,15 @@ def test_greedy_decoding_stops_at_eos_and_respects_the_length_cap():
 def test_attention_weights_are_the_ones_the_layer_attends_with():
     model = tiny_model()
     attention = model.decoder_layers[0].cross_attn
-    query, memory = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
-    mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
-    weights = attention.attention_weights(query, memory, mask)  # (B, H, Tq, Tk)
+    src = Packing.of(torch.tensor([[True] * 5, [True, True, True, False, False]]))
+    tgt = Packing.of(torch.ones(2, 3, dtype=torch.bool))
+    query, memory = torch.randn(6, 16), torch.randn(8, 16)  # rows
+    weights = attention.attention_weights(query, memory, tgt, src)  # (B, H, Tq, Tk)
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 2, 3))
     assert (weights[1, :, :, 3:] == 0).all()  # padding gets no attention
-    _, v = attention.project_kv(memory)  # (B, H, Tk, Dh)
-    mixed = (weights @ v).transpose(1, 2).reshape(2, 3, 16)
-    torch.testing.assert_close(attention.out_proj(mixed), attention(query, memory, mask), atol=1e-5, rtol=1e-5)
+    _, v = attention.keys_values(memory, src)  # (B, H, Tk, Dh)
+    mixed = (weights @ v).transpose(1, 2).reshape(6, 16)
+    torch.testing.assert_close(attention.out_proj(mixed), attention(query, memory, tgt, src), atol=1e-5, rtol=1e-5)
 
 
 def test_cross_attention_map_has_one_row_per_target_position():
@@ -171,10 +174,11 @@ def test_fused_projections_compute_what_separate_ones_do():
     old = separate_projections(model.state_dict())
     x, memory = torch.randn(2, 5, 16), torch.randn(2, 7, 16)
     mask = torch.tensor([[True] * 7, [True] * 4 + [False] * 3])
+    tgt, src = Packing.dense(torch.ones(2, 5, dtype=torch.bool)), Packing.dense(mask)
     layer = model.decoder_layers[1]
-    torch.testing.assert_close(layer.self_attn(x, None, causal=True),
+    torch.testing.assert_close(layer.self_attn(x.flatten(0, 1), tgt, causal=True).view(2, 5, 16),
                                unfused_attention(old, "decoder_layers.1.self_attn.", x, x, None, True))
-    torch.testing.assert_close(layer.cross_attn(x, memory, mask),
+    torch.testing.assert_close(layer.cross_attn(x.flatten(0, 1), memory.flatten(0, 1), tgt, src).view(2, 5, 16),
                                unfused_attention(old, "decoder_layers.1.cross_attn.", x, memory, mask, False))
     ffn = model.encoder_layers[0].ffn
     torch.testing.assert_close(ffn(x), F.linear(F.relu(F.linear(x, old["encoder_layers.0.ffn.linear1.weight"],
@@ -282,10 +286,14 @@ def test_under_bf16_autocast_training_logits_take_its_dtype_and_decoding_logits_
     fp32 rate under bf16 autocast it would dominate a GPU step. Decoding ranks tokens: fp32."""
     model = tiny_model()
     src, tgt = torch.tensor([[5, 6, 7, EOS]]), torch.tensor([[BOS, 8, 9]])
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
         training_logits = model(src, tgt)
-        mask = src != PAD
-        decoding_logits = model.decode(tgt, model.encode(src, mask), mask)
+        cache = model.new_cache(src, 3)
+        decoding_logits = []
+        for t in range(3):
+            decoding_logits.append(model.decode_step(tgt[:, t], cache))
+            cache.position += 1
+        decoding_logits = torch.cat(decoding_logits)  # (3, V)
     assert training_logits.dtype == torch.bfloat16 and decoding_logits.dtype == torch.float32
     assert (decoding_logits != decoding_logits.bfloat16().float()).float().mean() > 0.5  # fp32, not bf16 cast
     torch.testing.assert_close(training_logits.float(), decoding_logits, atol=0.1, rtol=0.02)
@@ -308,7 +316,7 @@ def test_attention_and_activation_dropout_default_to_model_dropout(attention, ac
     assert model.embed_dropout.p == 0.3
 
 
-# --- training fast paths: real positions only, and dropout drawn by its gaps ---------------------
+# --- one forward: packed rows, padded positions, and incremental steps ------------------------------
 
 def padded_pairs() -> tuple[torch.Tensor, torch.Tensor]:
     """Three pairs padded to different source and target lengths (pads at the end)."""
@@ -320,125 +328,62 @@ def padded_pairs() -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("overrides", [{"norm": "pre"}, {"norm": "post"},
                                        {"share_embeddings": False, "tie_output": False},
                                        {"encoder_layers": 3, "decoder_layers": 1}])
-def test_real_states_give_the_padded_logits_at_real_positions(overrides):
+def test_packed_rows_give_the_padded_logits_at_real_positions(overrides):
     model = tiny_model(**overrides)
     src, tgt = padded_pairs()
     real = tgt != PAD
-    states = real_positions_states(model, src, tgt)  # (N, D)
-    assert states.shape == (int(real.sum()), 16)
-    torch.testing.assert_close(model.output_proj(states), model(src, tgt)[real], atol=1e-5, rtol=1e-5)
+    packed = model(src, tgt)  # (N, V)
+    assert packed.shape == (int(real.sum()), V)
+    torch.testing.assert_close(packed, padded_logits(model, src, tgt)[real], atol=1e-5, rtol=1e-5)
 
 
-def test_real_states_loss_has_the_gradients_of_the_padded_loss():
+def test_the_packed_loss_has_the_gradients_of_the_padded_loss():
     model = tiny_model(dropout=0.0).train()
     src, tgt = padded_pairs()
     real = tgt != PAD
     labels = torch.where(real, (tgt * 7 + 3) % (V - 4) + 4, PAD)  # some real token at each real position
-    padded_loss = F.cross_entropy(model(src, tgt).flatten(0, 1), labels.flatten(), ignore_index=PAD,
-                                  label_smoothing=0.1, reduction="sum")  # the plain path: pads ignored
+    padded_loss = F.cross_entropy(model(src, tgt, pack=False), labels.flatten(), ignore_index=PAD,
+                                  label_smoothing=0.1, reduction="sum")  # pads ignored by the loss
     padded_loss.backward()
     padded_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad()
-    packed_loss = F.cross_entropy(model.output_proj(real_positions_states(model, src, tgt)), labels[real],
-                                  label_smoothing=0.1, reduction="sum")
+    packed_loss = F.cross_entropy(model(src, tgt), labels[real], label_smoothing=0.1, reduction="sum")
     packed_loss.backward()
     torch.testing.assert_close(packed_loss, padded_loss, atol=1e-5, rtol=1e-5)
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, padded_grads[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_dropout_is_the_identity_at_p_0_and_in_eval():
-    x = torch.randn(50, 7)
-    assert dropout(x, 0.0, training=True) is x
-    assert dropout(x, 0.3, training=False) is x
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@torch.no_grad()
+def test_incremental_steps_on_the_static_cache_give_the_teacher_forced_logits(norm):
+    model = tiny_model(norm=norm)
+    src, tgt = padded_pairs()
+    cache = model.new_cache(src, capacity=8)
+    steps = []
+    for t in range(tgt.shape[1]):
+        steps.append(model.decode_step(tgt[:, t], cache))  # (B, V)
+        cache.position += 1
+    steps = torch.stack(steps, dim=1)  # (B, T, V)
+    real = tgt != PAD
+    torch.testing.assert_close(steps[real], model(src, tgt), atol=1e-5, rtol=1e-5)
 
 
-def test_dropout_is_determined_by_the_seed():
-    x = torch.randn(300, 11)
-    torch.manual_seed(3)
-    a = dropout(x, 0.1, training=True)
-    torch.manual_seed(3)
-    b = dropout(x, 0.1, training=True)
-    torch.manual_seed(4)
-    c = dropout(x, 0.1, training=True)
-    assert torch.equal(a, b) and not torch.equal(a, c)
-
-
-@pytest.mark.parametrize("p", [0.1, 0.3, 0.7])
-def test_dropout_zeroes_each_element_independently_with_probability_p(p):
-    torch.manual_seed(0)
-    n = 200_000
-    x = torch.rand(n) + 1.0  # never 0, so a 0 in the output is a drop
-    out = dropout(x.view(400, 500), p, training=True).flatten()
-    dropped = out == 0
-    sigma = (p * (1 - p) / n) ** 0.5
-    assert abs(dropped.float().mean().item() - p) < 5 * sigma  # the rate
-    torch.testing.assert_close(out[~dropped], x[~dropped] / (1 - p))  # kept elements scaled by 1/(1-p)
-    for part in dropped.view(10, -1).float().mean(1):  # the same rate at the start, middle and end
-        assert abs(part.item() - p) < 5 * sigma * 10 ** 0.5
-    # Independent: neighbours are both dropped with probability p², not more or less.
-    both = (dropped[1:] & dropped[:-1]).float().mean().item()
-    assert abs(both - p * p) < 5 * (p * p * (1 - p * p) / n) ** 0.5
-
-
-@pytest.mark.parametrize("chunk", [None, 1])  # 1: a gap per draw, the loop that continues past a short draw
-def test_dropout_positions_have_the_bernoulli_distribution_at_every_position(chunk):
-    # Many draws of a short sequence: each position, including the first and last, is dropped
-    # with probability p, and the number dropped is Binomial(n, p).
-    torch.manual_seed(1)
-    n, p, draws = 6, 0.3, 4_000
-    counts = torch.zeros(n)
-    per_draw = torch.zeros(n + 1)
-    for _ in range(draws):
-        positions = dropped_positions(n, p, chunk)
-        assert positions.dtype == torch.long and torch.all(positions[1:] > positions[:-1])
-        assert positions.numel() == 0 or 0 <= positions.min() and positions.max() < n
-        counts[positions] += 1
-        per_draw[positions.numel()] += 1
-    sigma = (p * (1 - p) / draws) ** 0.5
-    assert torch.all((counts / draws - p).abs() < 5 * sigma)
-    binomial = torch.tensor([math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(n + 1)])
-    assert torch.all((per_draw / draws - binomial).abs() < 5 * (binomial * (1 - binomial) / draws) ** 0.5 + 1e-3)
-    assert dropped_positions(0, p).numel() == 0
-
-
-def test_dropout_gradient_is_the_kept_mask_scaled():
-    torch.manual_seed(2)
-    x = (torch.rand(64, 33) + 1.0).requires_grad_()
-    out = dropout(x, 0.2, training=True)
-    out.sum().backward()
-    torch.testing.assert_close(x.grad, (out != 0).float() / 0.8)
-
-
-def attention_inputs():
-    torch.manual_seed(5)
-    q, k, v = (torch.randn(2, 2, 4, 8, requires_grad=True) for _ in range(3))  # (B, H, T, Dh)
-    key_mask = torch.tensor([[True, True, True, False], [True, True, True, True]])  # (B, Tk)
-    return q, k, v, key_mask
-
-
-@pytest.mark.parametrize("masking", ["keys", "causal"])
-def test_attention_with_dropout_is_sdpa_when_nothing_is_dropped(masking, monkeypatch):
-    q, k, v, key_mask = attention_inputs()
-    key_mask, causal = (key_mask, False) if masking == "keys" else (None, True)
-    monkeypatch.setattr(dropout_module, "dropped_positions", lambda n, p: torch.empty(0, dtype=torch.long))
-    ours = attention_with_dropout(q, k, v, key_mask, causal, 0.2)
-    mask = None if key_mask is None else key_mask[:, None, None, :]
-    sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
-    torch.testing.assert_close(ours, sdpa / 0.8)  # every probability kept, scaled by 1/(1-p)
-    grads = torch.autograd.grad(ours.sum(), (q, k, v))
-    for ours_grad, sdpa_grad in zip(grads, torch.autograd.grad((sdpa / 0.8).sum(), (q, k, v))):
-        torch.testing.assert_close(ours_grad, sdpa_grad)
-
-
-def test_attention_with_dropout_drops_the_drawn_attention_probabilities():
-    q, k, v, key_mask = attention_inputs()
-    torch.manual_seed(9)
-    ours = attention_with_dropout(q, k, v, key_mask, False, 0.3)
-    torch.manual_seed(9)
-    dropped = dropped_positions(2 * 2 * 4 * 4, 0.3)  # the same draw: (B·H·Tq·Tk) probabilities
-    assert 0 < dropped.numel() < 32
-    scores = (q @ k.transpose(-2, -1) / 8**0.5).masked_fill(~key_mask[:, None, None, :], float("-inf"))
-    keep = torch.ones(2 * 2 * 4 * 4).index_fill_(0, dropped, 0.0).view(2, 2, 4, 4)
-    reference = (scores.softmax(-1) * keep / 0.7) @ v
-    torch.testing.assert_close(ours, reference)
+@torch.no_grad()
+def test_the_cache_follows_reordered_and_selected_rows():
+    model = tiny_model()
+    src, tgt = padded_pairs()
+    cache = model.new_cache(src, capacity=6, rows_per_sentence=2)  # rows 2b, 2b + 1: sentence b
+    tokens = tgt.repeat_interleave(2, dim=0)  # (6, T)
+    tokens[3] = torch.tensor([BOS, 20, 21, 22, 23])  # sentence 1's second beam reads other tokens
+    for t in range(2):
+        model.decode_step(tokens[:, t], cache)
+        cache.position += 1
+    cache.reorder(torch.tensor([0, 1, 2, 2, 4, 5]))  # its second beam continues the first
+    kept = cache.select(torch.tensor([3]))  # that beam alone
+    expected = model.new_cache(src[1:2], capacity=6)
+    for t in range(2):
+        model.decode_step(tgt[1:2, t], expected)
+        expected.position += 1
+    torch.testing.assert_close(model.decode_step(tgt[1:2, 2], kept), model.decode_step(tgt[1:2, 2], expected),
+                               atol=1e-5, rtol=1e-5)

@@ -232,7 +232,7 @@ def test_the_first_update_uses_the_first_warmup_rate_and_loss_is_per_target_toke
     assert trainer.train_step.optimizer.param_groups[0]["lr"] == pytest.approx(2.5e-4)  # 1e-3 · 1/4
     batch = trainer.train_data.batch([0, 1, 2])
     with torch.no_grad():
-        summed = label_smoothed_loss(trainer.model(batch.src_ids, batch.tgt_in_ids), batch.tgt_out_ids, 0, 0.1)
+        summed = label_smoothed_loss(trainer.model(batch.src_ids, batch.tgt_in_ids, pack=False), batch.tgt_out_ids, 0, 0.1)
     loss = trainer.train_step.run(batch).loss
     assert loss.item() == pytest.approx(summed.item() / batch.n_tgt_tokens, rel=1e-6)
     assert trainer.train_step.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4)  # 1e-3 · 2/4

@@ -1,4 +1,4 @@
-"""The fast training paths compute what the plain ones do: accumulation, padding, bucketing, FLOPs."""
+"""Training's speed paths compute what the plain ones do: packing, accumulation, padding, bucketing, FLOPs."""
 
 import dataclasses
 import json
@@ -27,8 +27,6 @@ from transformer_mt.runtime import Precision
 from transformer_mt.model import Transformer
 from transformer_mt.throughput import peak_flops_of, peak_flops_per_s
 from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt import cpu_fast_path
-from transformer_mt.cpu_fast_path import projected_label_smoothed_loss
 from transformer_mt.loss import label_smoothed_loss
 from transformer_mt.run_dir import prepare_run_dir
 from transformer_mt.training import Trainer
@@ -55,64 +53,19 @@ def test_two_accumulated_half_batches_make_the_same_update_as_one_batch(tiny_cor
         assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-7), name
 
 
-def test_a_step_on_real_positions_only_makes_the_update_of_a_padded_step(tiny_corpus: Path, tmp_path: Path):
-    real_only = make_trainer(tiny_corpus, tmp_path / "real")
+def test_a_packed_step_makes_the_update_of_a_padded_step(tiny_corpus: Path, tmp_path: Path):
+    packed = make_trainer(tiny_corpus, tmp_path / "packed")
     padded = make_trainer(tiny_corpus, tmp_path / "padded")
-    assert real_only.train_step.real_positions_only  # the CPU default
-    padded.train_step.real_positions_only = False  # the plain path: (B, T, V) logits, pads ignored by the loss
-    batch = real_only.train_step.batches.load(list(range(8)))
+    assert packed.train_step.pack  # the eager default on every device
+    padded.train_step.pack = False  # every position, as the captured and the compiled step compute
+    batch = packed.train_step.batches.load(list(range(8)))
     assert batch.n_tgt_tokens < batch.tgt_out_ids.numel()  # there is padding to skip
     one = padded.train_step.run(batch)
-    two = real_only.train_step.run(batch)
+    two = packed.train_step.run(batch)
     assert two.loss.item() == pytest.approx(one.loss.item(), rel=1e-5)
     assert two.grad_norm.item() == pytest.approx(one.grad_norm.item(), rel=1e-4)
-    for (name, a), b in zip(padded.model.named_parameters(), real_only.model.parameters()):
+    for (name, a), b in zip(padded.model.named_parameters(), packed.model.parameters()):
         assert torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-7), name
-
-
-@pytest.mark.parametrize("epsilon", [0.0, 0.1])
-def test_label_smoothed_loss_fused_with_the_projection_is_cross_entropy_of_the_logits(epsilon, monkeypatch):
-    monkeypatch.setattr(cpu_fast_path._ProjectedLabelSmoothedNLL, "BLOCK_ROWS", 2)  # blocks of 2 rows, the last of 1
-    torch.manual_seed(0)
-    states = torch.randn(7, 4, requires_grad=True)  # (N, D)
-    weight = torch.randn(11, 4, requires_grad=True)  # (V, D)
-    targets = torch.randint(1, 11, (7,))
-    targets[[2, 5]] = PAD_ID  # pad rows are ignored
-    plain = torch.nn.functional.cross_entropy(states @ weight.t(), targets, ignore_index=PAD_ID,
-                                              label_smoothing=epsilon, reduction="sum")
-    plain_grads = torch.autograd.grad(plain * 0.7, (states, weight))  # a scaled loss, as train_step divides it
-    fused = projected_label_smoothed_loss(states, weight, targets, PAD_ID, epsilon)
-    fused_grads = torch.autograd.grad(fused * 0.7, (states, weight))
-    torch.testing.assert_close(fused, plain)
-    for ours, theirs in zip(fused_grads, plain_grads):
-        torch.testing.assert_close(ours, theirs)
-    assert torch.all(fused_grads[0][[2, 5]] == 0)
-    with torch.no_grad():  # validation: no gradient work, the same loss
-        torch.testing.assert_close(projected_label_smoothed_loss(states, weight, targets, PAD_ID, epsilon), plain.detach())
-
-
-def test_the_fused_loss_with_bf16_products_is_the_loss_of_bf16_logits(monkeypatch):
-    # Under bf16 autocast the model's own projection would multiply in bf16 and the loss take
-    # the logits to fp32: the fused loss must compute that, not an fp32 projection.
-    monkeypatch.setattr(cpu_fast_path._ProjectedLabelSmoothedNLL, "BLOCK_ROWS", 3)
-    torch.manual_seed(0)
-    states = torch.randn(8, 16, requires_grad=True)  # (N, D)
-    weight = torch.randn(40, 16, requires_grad=True)  # (V, D)
-    targets = torch.randint(1, 40, (8,))
-    targets[4] = PAD_ID
-    logits = (states.bfloat16() @ weight.bfloat16().t()).float()  # the plain path under autocast
-    plain = torch.nn.functional.cross_entropy(logits, targets, ignore_index=PAD_ID, label_smoothing=0.1,
-                                              reduction="sum")
-    plain_grads = torch.autograd.grad(plain, (states, weight))
-    fused = projected_label_smoothed_loss(states, weight, targets, PAD_ID, 0.1, product_dtype=torch.bfloat16)
-    fused_grads = torch.autograd.grad(fused, (states, weight))
-    torch.testing.assert_close(fused, plain)
-    # The gradients' products are bf16 in both; the plain weight gradient is one bf16 product over
-    # all rows (rounded once to bf16), the fused one sums fp32 block results: bf16 tolerance.
-    for ours, theirs in zip(fused_grads, plain_grads):
-        torch.testing.assert_close(ours, theirs, rtol=2e-2, atol=2e-2)
-    fp32 = projected_label_smoothed_loss(states, weight, targets, PAD_ID, 0.1)  # the fp32 products differ
-    assert not torch.allclose(fp32, fused, rtol=1e-5, atol=0)
 
 
 def pairs_of(trainer: Trainer) -> tuple[list[list[int]], list[list[int]]]:
@@ -123,7 +76,7 @@ def pairs_of(trainer: Trainer) -> tuple[list[list[int]], list[list[int]]]:
 def loss_per_token(model, batches) -> float:
     total, tokens = 0.0, 0
     for batch in batches:
-        total += label_smoothed_loss(model(batch.src_ids, batch.tgt_in_ids), batch.tgt_out_ids, PAD_ID, 0.1).item()
+        total += label_smoothed_loss(model(batch.src_ids, batch.tgt_in_ids, pack=False), batch.tgt_out_ids, PAD_ID, 0.1).item()
         tokens += batch.n_tgt_tokens
     return total / tokens
 
@@ -256,7 +209,7 @@ def test_the_compiled_step_inside_the_gpu_engine_trains_like_the_plain_step(tiny
         patch.setattr(train_step_module, "graphs_apply", lambda *args, **kwargs: True)
         compiled = make_trainer(tiny_corpus, tmp_path / "compiled", compile=True, **settings)
     plain = make_trainer(tiny_corpus, tmp_path / "plain", **settings)
-    plain.train_step.real_positions_only = False
+    plain.train_step.pack = False
     graphs = compiled.train_step.graphs
     assert graphs is not None and graphs.compiled and not graphs.capture
     for trainer in (compiled, plain):

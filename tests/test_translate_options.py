@@ -17,8 +17,9 @@ import torch
 from tests.conftest import PYTHONPATH
 from tests.test_terminal import tmt, workdir  # noqa: F401  (workdir: the tiny run's fixture)
 from transformer_mt.config import ModelConfig
-from transformer_mt.decoding import Sampling, greedy_decode, length_penalty, sample_decode
+from transformer_mt.decoding import greedy_decode, sample_decode
 from transformer_mt.model import Transformer
+from transformer_mt.search import Sampling, length_penalty
 
 BOS, EOS, PAD, V = 1, 2, 0, 24
 
@@ -65,7 +66,7 @@ def test_a_samples_score_is_its_log_probability_under_the_model_over_the_length_
             targets = hyp.ids if len(hyp.ids) == cap else hyp.ids + [EOS]  # a sample cut at the cap has no EOS
             tgt_in = torch.tensor([[BOS] + targets[:-1]])  # (1, T)
             with torch.no_grad():
-                logits = model(src_ids, tgt_in)[0].float()  # (T, V)
+                logits = model(src_ids, tgt_in).float()  # (T, V)
             logits[:, [PAD, BOS]] = torch.finfo(logits.dtype).min  # never generated
             log_prob = torch.log_softmax(logits, -1)[range(len(targets)), targets].sum().item()
             assert hyp.log_prob == pytest.approx(log_prob, abs=1e-4)

@@ -16,24 +16,19 @@ from transformer_mt.model import Transformer
 
 
 class TranslationModel(Protocol):
-    """What tmt needs of a model besides being an `nn.Module` with `forward(src_ids, tgt_in_ids) -> logits`."""
+    """What tmt needs of a model besides being an `nn.Module`."""
 
     cfg: ModelConfig
     pad_id: int
 
-    def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
-        """src_ids (B, S) long, src_mask (B, S) bool -> memory (B, S, D)."""
+    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, pack: bool = True) -> torch.Tensor:
+        """Teacher-forced logits (Nt, V) at the target rows (`pack`: real tokens only)."""
 
-    def decode(self, tgt_ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
-               cache: KVCache | None = None, fp32_logits: bool = True) -> torch.Tensor:
-        """tgt_ids (B, T) long -> logits (B, T, V); with a cache, only the new positions."""
+    def new_cache(self, src_ids: torch.Tensor, capacity: int, rows_per_sentence: int = 1) -> KVCache:
+        """Encode src_ids (B, S) into a static cache for decoding up to `capacity` positions."""
 
-    def decode_best(self, tgt_ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
-                    cache: KVCache | None = None, forbidden_ids: tuple[int, ...] = ()) -> torch.Tensor:
-        """(B,) long: each row's most probable next token after `decode`, none of `forbidden_ids`."""
-
-    def new_cache(self, capacity: int) -> KVCache:
-        """An empty cache for incremental decoding of up to `capacity` target positions."""
+    def decode_step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Input tokens (R,) at `cache.position` -> fp32 logits (R, V) of the next token."""
 
     def num_parameters(self) -> int:
         """Trainable parameters, tied ones once."""

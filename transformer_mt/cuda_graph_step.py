@@ -171,8 +171,7 @@ class GraphedStep:
         step_loss = self.step_loss if step_loss is None else step_loss
         # Autocast's cache of cast weights would be captured once and then hold stale casts.
         with self.precision.autocast(cache_enabled=False), self.attention.enabled():
-            loss = step_loss(src_ids, tgt_in_ids, tgt_out_ids, False, self.label_smoothing,
-                             self.precision.dtype) / denominator
+            loss = step_loss(src_ids, tgt_in_ids, tgt_out_ids, self.label_smoothing, False) / denominator
         torch._foreach_add_(self.grads, torch.autograd.grad(loss, self.params))
         self.loss_sum += loss.detach()
         if last:

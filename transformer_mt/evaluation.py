@@ -12,11 +12,11 @@ from tqdm import tqdm
 
 from transformer_mt.batching import pad_sequences, sorted_batches
 from transformer_mt.config import DecodeConfig
-from transformer_mt.cpu_decoding import decoding_model
-from transformer_mt.decoding import Hypothesis, Sampling, beam_search, greedy_decode, sample_decode
-from transformer_mt.graph_decoding import StepGraphs, static_beam_search, static_greedy_decode
+from transformer_mt.decoding import beam_search, greedy_decode, sample_decode
+from transformer_mt.graph_decoding import StepGraphs
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision, pick_attention
+from transformer_mt.search import Hypothesis, Sampling
 
 T = TypeVar("T")  # what a batch's decoding gives per sentence: token ids, or a list of hypotheses
 
@@ -129,14 +129,13 @@ def _translate_batches(model: Transformer, src_seqs: list[list[int]], decode_cfg
     results: list = [None] * len(sources)
     was_training = model.training
     model.eval()
-    decoder = decoding_model(model, quantize)  # on a CPU, a faster copy (int8 if asked), made once per call
     try:
         # leave=False: the bar goes once done, so nothing of it is left beside the next log line.
         for chunk in tqdm(batches, desc="translate", unit="batch", disable=not (progress and sys.stderr.isatty()),
                           file=sys.stderr, leave=False):
             src_ids = pad_sequences([sources[i] for i in chunk], model.pad_id).to(device)
             with precision.autocast(), attention.enabled():
-                outputs = decode(decoder, src_ids)
+                outputs = decode(model, src_ids)
             for i, output in zip(chunk, outputs):
                 results[i] = output
     finally:
@@ -146,23 +145,24 @@ def _translate_batches(model: Transformer, src_seqs: list[list[int]], decode_cfg
 
 def _decode_batch(model: Transformer, src_ids: torch.Tensor, decode_cfg: DecodeConfig, beam_size: int,
                   bos_id: int, eos_id: int, graphs: StepGraphs) -> list[list[int]]:
-    if beam_size == 1 and decode_cfg.cuda_graphs and src_ids.device.type == "cuda":
-        return static_greedy_decode(model, src_ids, bos_id=bos_id, eos_id=eos_id, max_len_a=decode_cfg.max_len_a,
-                                    max_len_b=decode_cfg.max_len_b, capture=True, graphs=graphs)
     if beam_size == 1:
-        return greedy_decode(model, src_ids, bos_id=bos_id, eos_id=eos_id,
-                             max_len_a=decode_cfg.max_len_a, max_len_b=decode_cfg.max_len_b)
+        return greedy_decode(model, src_ids, bos_id=bos_id, eos_id=eos_id, max_len_a=decode_cfg.max_len_a,
+                             max_len_b=decode_cfg.max_len_b, **_captured(decode_cfg, src_ids, graphs))
     return [hyps[0].ids for hyps in _beam_search(model, src_ids, decode_cfg, beam_size, bos_id, eos_id, graphs)]
 
 
 def _beam_search(model: Transformer, src_ids: torch.Tensor, decode_cfg: DecodeConfig, beam_size: int, bos_id: int,
                  eos_id: int, graphs: StepGraphs, n_best: int = 1) -> list[list[Hypothesis]]:
-    """Beam search, its fixed-shape steps replayed from a CUDA graph on CUDA with `decode.cuda_graphs`."""
-    settings = dict(bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, max_len_a=decode_cfg.max_len_a,
-                    max_len_b=decode_cfg.max_len_b, alpha=decode_cfg.length_penalty, n_best=n_best)
+    return beam_search(model, src_ids, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size,
+                       max_len_a=decode_cfg.max_len_a, max_len_b=decode_cfg.max_len_b,
+                       alpha=decode_cfg.length_penalty, n_best=n_best, **_captured(decode_cfg, src_ids, graphs))
+
+
+def _captured(decode_cfg: DecodeConfig, src_ids: torch.Tensor, graphs: StepGraphs) -> dict:
+    """On CUDA with `decode.cuda_graphs`, fixed-shape steps replayed from a CUDA graph; else eager."""
     if decode_cfg.cuda_graphs and src_ids.device.type == "cuda":
-        return static_beam_search(model, src_ids, capture=True, graphs=graphs, **settings)
-    return beam_search(model, src_ids, **settings)
+        return {"graphs": graphs, "capture": True}
+    return {}
 
 
 def cross_attention_map(model: Transformer, src_ids: list[int], hyp_ids: list[int], *, bos_id: int, eos_id: int,

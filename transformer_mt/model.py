@@ -1,16 +1,21 @@
 """The encoder-decoder Transformer (Vaswani et al. 2017), written for clarity.
 
-Masks are boolean and mean **True = may attend / real token**, the convention of
-`F.scaled_dot_product_attention`. The model knows nothing of tokenizers or data: vocabulary
-sizes and `pad_id` come in as arguments. Shapes: B batch, S source length, T target length,
-D d_model, H heads, Dh head dim, V vocabulary. Device-specific speed paths that reuse these
-parameters live beside the model, in `cpu_fast_path.py`.
+One forward pass serves training, validation and translation. Position-wise layers (projections,
+FFN, LayerNorm, dropout) run on the rows of a `Packing`: the real tokens of a batch, (N, D); only
+attention sees the batch as sentences, through `attend`. Translation runs the same layers one
+position at a time on a static key/value cache (`kv_cache.KVCache`), so a step can be captured
+as a CUDA graph.
+
+Masks are boolean and mean **True = may attend / real token**. The model knows nothing of
+tokenizers or data: vocabulary sizes and `pad_id` come in as arguments. Shapes: B batch, S source
+length, T target length, L either, N rows (tokens), D d_model, H heads, Dh head dim, V vocabulary.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -31,43 +36,67 @@ def sinusoidal_positions(length: int, d_model: int) -> torch.Tensor:
     return table
 
 
-class UninitializedLinear(nn.Linear):
-    """An `nn.Linear` whose constructor draws nothing: `Transformer._init_weights` draws it, so
-    building a model consumes the random stream once. (`nn.utils.skip_init` does the same through
-    the meta device, whose first use imports sympy: half a second of every `tmt translate`.)"""
+@dataclass(frozen=True)
+class Packing:
+    """Which positions of a right-padded (B, L) batch are the model's rows, in row-major order.
 
-    def reset_parameters(self) -> None:
-        pass
-
-
-def linear(in_features: int, out_features: int, blocks: int = 1) -> nn.Linear:
-    """An `nn.Linear` left uninitialised (`Transformer._init_weights` draws it); `blocks` > 1
-    marks a fused layer, several projections of one input stacked along the output rows."""
-    layer = UninitializedLinear(in_features, out_features)
-    layer.blocks = blocks
-    return layer
-
-
-def init_linear(layer: nn.Linear) -> None:
-    """Xavier-uniform weight, drawn per block so that a fused layer starts like separate ones
-    (the bound depends on the fan-in plus fan-out of one projection); zero bias.
-
-    Each block is drawn as its (in, out) transpose and copied in: the same numbers for a seed
-    as tmt 0.1, whose weights were stored (in, out), so seeded runs train as they did.
+    `Packing.of` keeps the real tokens only (N = their count), so no layer computes on padding;
+    `Packing.dense` keeps every position (N = B·L), whose shapes depend on B and L alone (a CUDA
+    graph or a compiled step needs that). Rows compute the same values either way.
     """
-    with torch.no_grad():
-        for block in layer.weight.chunk(layer.blocks, dim=0):  # (out / blocks, in) each
-            block.copy_(nn.init.xavier_uniform_(block.new_empty(block.shape[1], block.shape[0])).t())  # (in, out / blocks)
-        nn.init.zeros_(layer.bias)
+
+    mask: torch.Tensor  # (B, L) bool, True = real token
+    index: torch.Tensor | None  # (N,) long: b·L + l of each row; None: every position is a row
+
+    @classmethod
+    def of(cls, mask: torch.Tensor) -> Packing:
+        """The real tokens of mask (B, L) as rows."""
+        return cls(mask, mask.flatten().nonzero().squeeze(1))
+
+    @classmethod
+    def dense(cls, mask: torch.Tensor) -> Packing:
+        """Every position of mask (B, L) as a row."""
+        return cls(mask, None)
+
+    @property
+    def length(self) -> int:
+        return self.mask.shape[1]
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, L, ...) -> its rows (N, ...)."""
+        flat = x.flatten(0, 1)
+        return flat if self.index is None else flat.index_select(0, self.index)
+
+    def pad(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows (N, C) -> (B, L, C), zeros at the positions that are not rows."""
+        B, L = self.mask.shape
+        if self.index is None:
+            return rows.view(B, L, -1)
+        return rows.new_zeros(B * L, rows.shape[-1]).index_copy(0, self.index, rows).view(B, L, -1)
+
+    def positions(self) -> torch.Tensor:
+        """(N,) long: each row's position in its sentence."""
+        B, L = self.mask.shape
+        if self.index is None:
+            return torch.arange(L, device=self.mask.device).repeat(B)
+        return self.index % L
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, causal: bool,
+           dropout: float) -> torch.Tensor:
+    """softmax(q·kᵀ/√Dh)·v: q (B, H, Tq, Dh) over k, v (B, H, Tk, Dh) -> (B, Tq, H·Dh).
+
+    key_mask (B or 1, Tk) bool or None; `causal` lets query i see keys 0..i (Tq == Tk). SDPA picks
+    its kernel (flash, memory-efficient, math) within `runtime.AttentionKernels`.
+    """
+    B, H, Tq, Dh = q.shape
+    attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Tk)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, dropout_p=dropout)
+    return out.transpose(1, 2).reshape(B, Tq, H * Dh)  # (B, Tq, D)
 
 
 class MultiHeadAttention(nn.Module):
-    """Scaled dot-product attention over H heads, computed by `F.scaled_dot_product_attention`.
-
-    Subclasses project queries, keys and values, then register `out_proj` (D, D) last.
-    """
-
-    out_proj: nn.Linear
+    """Scaled dot-product attention over H heads (§3.2.2); subclasses project its inputs."""
 
     def __init__(self, n_heads: int, dropout: float):
         super().__init__()
@@ -82,15 +111,8 @@ class MultiHeadAttention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
                causal: bool = False) -> torch.Tensor:
-        """q (B, H, Tq, Dh) over k, v (B, H, Tk, Dh); key_mask (B, Tk) bool or None -> (B, Tq, D).
-
-        `causal=True` lets query i see keys 0..i only; it assumes Tq == Tk.
-        """
-        B, H, Tq, Dh = q.shape
-        attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Tk)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
-                                             dropout_p=self.dropout if self.training else 0.0)  # (B, H, Tq, Dh)
-        return self.out_proj(out.transpose(1, 2).reshape(B, Tq, H * Dh))  # (B, Tq, D)
+        """`attend` with this layer's dropout while training -> (B, Tq, D)."""
+        return attend(q, k, v, key_mask, causal, self.dropout if self.training else 0.0)
 
 
 class SelfAttention(MultiHeadAttention):
@@ -101,13 +123,20 @@ class SelfAttention(MultiHeadAttention):
         self.qkv_proj = linear(d_model, 3 * d_model, blocks=3)  # rows: q, k, v
         self.out_proj = linear(d_model, d_model)
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """x (B, L, D) -> queries, keys and values, each (B, H, L, Dh)."""
-        return self.split_heads(self.qkv_proj(x), 3)
+    def forward(self, x: torch.Tensor, packing: Packing, causal: bool = False,
+                cache: LayerCache | None = None) -> torch.Tensor:
+        """Rows x (N, D) attend over their sentences -> (N, D).
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None, causal: bool = False) -> torch.Tensor:
-        """x (B, L, D) attends over itself; key_mask (B, L) bool or None -> (B, L, D)."""
-        return self.attend(*self.project(x), key_mask, causal)
+        With a cache, each sentence has one new position: its key and value are written into the
+        cache and it attends over every position written so far.
+        """
+        q, k, v = self.split_heads(packing.pad(self.qkv_proj(x)), 3)  # (B, H, L, Dh) each
+        # Target padding sits at the end: under the causal mask no real query sees a pad.
+        key_mask = None if causal else packing.mask
+        if cache is not None:
+            k, v, key_mask = cache.write_self(k, v)  # (B, H, C, Dh), (B, H, C, Dh), (1, C)
+            causal = False
+        return self.out_proj(packing.rows(self.attend(q, k, v, key_mask, causal)))
 
 
 class CrossAttention(MultiHeadAttention):
@@ -119,31 +148,31 @@ class CrossAttention(MultiHeadAttention):
         self.kv_proj = linear(d_model, 2 * d_model, blocks=2)  # rows: k, v
         self.out_proj = linear(d_model, d_model)
 
-    def project_kv(self, key_value: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """key_value (B, Tk, D) -> keys and values, each (B, H, Tk, Dh)."""
-        return self.split_heads(self.kv_proj(key_value), 2)
+    def keys_values(self, memory: torch.Tensor, src: Packing) -> tuple[torch.Tensor, torch.Tensor]:
+        """Memory rows (Ns, D) -> keys and values (B, H, S, Dh) each."""
+        k, v = self.split_heads(src.pad(self.kv_proj(memory)), 2)
+        return k, v
 
-    def forward(self, query: torch.Tensor, key_value: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
-        """query (B, Tq, D) attends over key_value (B, Tk, D) -> (B, Tq, D)."""
-        (q,) = self.split_heads(self.q_proj(query))
-        return self.attend(q, *self.project_kv(key_value), key_mask)
+    def forward(self, y: torch.Tensor, memory: torch.Tensor | None, tgt: Packing, src: Packing,
+                cache: LayerCache | None = None) -> torch.Tensor:
+        """Target rows y (Nt, D) attend over memory rows (Ns, D), or the cache's keys and values -> (Nt, D)."""
+        (q,) = self.split_heads(tgt.pad(self.q_proj(y)))  # (B, H, T, Dh)
+        k, v = self.keys_values(memory, src) if cache is None else (cache.cross_k, cache.cross_v)
+        return self.out_proj(tgt.rows(self.attend(q, k, v, src.mask)))
 
-    def attention_weights(self, query: torch.Tensor, key_value: torch.Tensor,
-                          key_mask: torch.Tensor | None) -> torch.Tensor:
-        """The probabilities `forward` attends with, (B, H, Tq, Tk), for inspection and plots.
-
-        SDPA never materialises them, so this recomputes softmax(q·kᵀ/√Dh) from the same projections.
-        """
-        (q,) = self.split_heads(self.q_proj(query))  # (B, H, Tq, Dh)
-        k, _ = self.project_kv(key_value)  # (B, H, Tk, Dh)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
-        if key_mask is not None:
-            scores = scores.masked_fill(~key_mask[:, None, None, :], float("-inf"))
+    def attention_weights(self, y: torch.Tensor, memory: torch.Tensor, tgt: Packing, src: Packing,
+                          cache: LayerCache | None = None) -> torch.Tensor:
+        """The probabilities `forward` attends with, (B, H, T, S), for inspection and plots
+        (SDPA never materialises them)."""
+        (q,) = self.split_heads(tgt.pad(self.q_proj(y)))  # (B, H, T, Dh)
+        k, _ = self.keys_values(memory, src)  # (B, H, S, Dh)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, S)
+        scores = scores.masked_fill(~src.mask[:, None, None, :], float("-inf"))
         return scores.float().softmax(dim=-1)
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward network: Linear -> ReLU -> dropout -> Linear."""
+    """Position-wise feed-forward network (§3.3): Linear -> ReLU -> dropout -> Linear."""
 
     def __init__(self, d_model: int, d_ff: int, dropout: float):
         super().__init__()
@@ -155,18 +184,8 @@ class FeedForward(nn.Module):
         return self.linear2(self.dropout(F.relu(self.linear1(x))))
 
 
-def attention_dropout(cfg: ModelConfig) -> float:
-    """Dropout on attention probabilities: `model.attention_dropout`, else `model.dropout`."""
-    return cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout
-
-
-def activation_dropout(cfg: ModelConfig) -> float:
-    """Dropout on the FFN's hidden activations: `model.activation_dropout`, else `model.dropout`."""
-    return cfg.dropout if cfg.activation_dropout is None else cfg.activation_dropout
-
-
 class Residual(nn.Module):
-    """A sublayer wrapped with dropout, the residual sum and LayerNorm (pre- or post-norm)."""
+    """A sublayer wrapped with dropout, the residual sum and LayerNorm (pre- or post-norm, §5.4)."""
 
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
@@ -180,8 +199,18 @@ class Residual(nn.Module):
         return self.norm(x + self.dropout(sublayer(x)))
 
 
+def attention_dropout(cfg: ModelConfig) -> float:
+    """Dropout on attention probabilities: `model.attention_dropout`, else `model.dropout`."""
+    return cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout
+
+
+def activation_dropout(cfg: ModelConfig) -> float:
+    """Dropout on the FFN's hidden activations: `model.activation_dropout`, else `model.dropout`."""
+    return cfg.dropout if cfg.activation_dropout is None else cfg.activation_dropout
+
+
 class EncoderLayer(nn.Module):
-    """Self-attention over the source, then the feed-forward network."""
+    """Self-attention over the source, then the feed-forward network (§3.1)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -191,14 +220,14 @@ class EncoderLayer(nn.Module):
         self.attn_block = Residual(cfg.d_model, cfg.dropout, pre)
         self.ffn_block = Residual(cfg.d_model, cfg.dropout, pre)
 
-    def forward(self, x: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
-        """x (B, S, D) -> (B, S, D)."""
-        x = self.attn_block(x, lambda h: self.self_attn(h, src_mask))
+    def forward(self, x: torch.Tensor, src: Packing) -> torch.Tensor:
+        """Source rows x (Ns, D) -> (Ns, D)."""
+        x = self.attn_block(x, lambda h: self.self_attn(h, src))
         return self.ffn_block(x, self.ffn)
 
 
 class DecoderLayer(nn.Module):
-    """Causal self-attention, cross-attention to the encoder memory, then the FFN."""
+    """Causal self-attention, cross-attention to the encoder memory, then the FFN (§3.1)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -210,35 +239,20 @@ class DecoderLayer(nn.Module):
         self.cross_block = Residual(cfg.d_model, cfg.dropout, pre)
         self.ffn_block = Residual(cfg.d_model, cfg.dropout, pre)
 
-    def forward(self, y: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
+    def forward(self, y: torch.Tensor, memory: torch.Tensor | None, tgt: Packing, src: Packing,
                 cache: LayerCache | None = None) -> torch.Tensor:
-        """y (B, T, D) -> (B, T, D). With a cache, y holds only the positions not yet cached."""
-        y = self.self_block(y, lambda h: self._self_attention(h, cache))
-        y = self.cross_block(y, lambda h: self._cross_attention(h, memory, src_mask, cache))
+        """Target rows y (Nt, D) -> (Nt, D); with a cache, one new position per sentence."""
+        y = self.self_block(y, lambda h: self.self_attn(h, tgt, causal=True, cache=cache))
+        y = self.cross_block(y, lambda h: self.cross_attn(h, memory, tgt, src, cache))
         return self.ffn_block(y, self.ffn)
 
-    def _self_attention(self, h: torch.Tensor, cache: LayerCache | None) -> torch.Tensor:
-        # Target padding sits at the end, so with a causal mask a real position never sees a
-        # pad; pad positions compute garbage that the loss ignores. That lets SDPA use its
-        # `is_causal` fast path with no explicit target mask.
-        if cache is None:
-            return self.self_attn(h, None, causal=True)
-        cached = cache.length
-        if cached and h.shape[1] != 1:
-            raise ValueError("with a non-empty cache, decode one position at a time")
-        q, k, v = self.self_attn.project(h)  # (B, H, n, Dh) each
-        k, v = cache.append_self(k, v)  # (B, H, cached + n, Dh) each
-        # The first call may feed a whole prefix (causal); later a single query sees every key.
-        return self.self_attn.attend(q, k, v, None, causal=cached == 0 and h.shape[1] > 1)
 
-    def _cross_attention(self, h: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
-                         cache: LayerCache | None) -> torch.Tensor:
-        if cache is None:
-            return self.cross_attn(h, memory, src_mask)
-        if cache.cross_k is None:
-            cache.cross_k, cache.cross_v = self.cross_attn.project_kv(memory)
-        (q,) = self.cross_attn.split_heads(self.cross_attn.q_proj(h))  # (B, H, n, Dh)
-        return self.cross_attn.attend(q, cache.cross_k, cache.cross_v, src_mask)
+def linear(in_features: int, out_features: int, blocks: int = 1) -> nn.Linear:
+    """An `nn.Linear`; `blocks` > 1 marks a fused layer, several projections of one input stacked
+    along the output rows, which `Transformer` initialises block by block."""
+    layer = nn.Linear(in_features, out_features)
+    layer.blocks = blocks
+    return layer
 
 
 class Transformer(nn.Module):
@@ -261,17 +275,20 @@ class Transformer(nn.Module):
         # Pre-norm stacks end with a LayerNorm, otherwise the last residual sum is unnormalised.
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
-        self.output_proj = UninitializedLinear(cfg.d_model, tgt_vocab_size, bias=False)  # (V, D)
+        self.output_proj = nn.Linear(cfg.d_model, tgt_vocab_size, bias=False)  # (V, D)
         self._init_weights()
         if cfg.tie_output:
             self.output_proj.weight = self.tgt_embed.weight
 
     def _init_weights(self) -> None:
-        for module in self.modules():  # Xavier-uniform matrices, zero biases
-            if isinstance(module, nn.Linear) and module is not self.output_proj:
-                init_linear(module)
-        nn.init.xavier_uniform_(self.output_proj.weight)  # replaced by the embedding when tied
-        # With embeddings scaled by sqrt(D), N(0, D^-1/2) keeps embedding outputs at unit scale.
+        # Xavier-uniform matrices, per block of a fused projection (each starts like a separate
+        # layer); zero biases; embeddings N(0, D^-1/2), which the sqrt(D) scale brings to unit size.
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                for block in module.weight.data.chunk(getattr(module, "blocks", 1), dim=0):
+                    nn.init.xavier_uniform_(block)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
         for embed in dict.fromkeys([self.src_embed, self.tgt_embed]):  # once each, in a fixed order
             nn.init.normal_(embed.weight, mean=0.0, std=self.cfg.d_model ** -0.5)
             with torch.no_grad():
@@ -282,65 +299,68 @@ class Transformer(nn.Module):
         if length > self.positions.shape[0]:
             raise ValueError(f"sequence of {length} tokens exceeds model.max_len={self.positions.shape[0]}")
 
-    def embed(self, embedding: nn.Embedding, ids: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """ids (B, L) -> (B, L, D): scaled token embedding plus the encodings of positions offset.., then dropout."""
-        L = ids.shape[1]
-        self.check_length(offset + L)
-        x = embedding(ids) * self.embed_scale + self.positions[offset:offset + L].to(embedding.weight.dtype)
+    def embed(self, embedding: nn.Embedding, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Token ids (N,) at positions (N,) -> scaled embeddings plus position encodings, then dropout (N, D)."""
+        x = embedding(ids) * self.embed_scale + self.positions.index_select(0, positions).to(embedding.weight.dtype)
         return self.embed_dropout(x)
 
-    def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
-        """src_ids (B, S) long, src_mask (B, S) bool -> memory (B, S, D)."""
-        x = self.embed(self.src_embed, src_ids)
+    def encode(self, src_ids: torch.Tensor, src: Packing) -> torch.Tensor:
+        """src_ids (B, S) long -> memory rows (Ns, D) of the packing `src`."""
+        self.check_length(src.length)
+        x = self.embed(self.src_embed, src.rows(src_ids), src.positions())
         for layer in self.encoder_layers:
-            x = layer(x, src_mask)
+            x = layer(x, src)
         return self.encoder_norm(x)
 
-    def decode(self, tgt_ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
-               cache: KVCache | None = None, fp32_logits: bool = True) -> torch.Tensor:
-        """tgt_ids (B, T) long, memory (B, S, D), src_mask (B, S) bool -> logits (B, T, V), fp32
-        unless `fp32_logits=False` lets autocast compute them in its dtype (training: the loss
-        takes them to fp32 itself, and an fp32 projection under bf16 would be the step's slowest
-        matrix product, at the fp32 rate).
+    def decode(self, tgt_ids: torch.Tensor, tgt: Packing, memory: torch.Tensor, src: Packing) -> torch.Tensor:
+        """Teacher forcing: tgt_ids (B, T) long (BOS first) over memory rows (Ns, D) -> final states (Nt, D)."""
+        self.check_length(tgt.length)
+        y = self.embed(self.tgt_embed, tgt.rows(tgt_ids), tgt.positions())
+        for layer in self.decoder_layers:
+            y = layer(y, memory, tgt, src)
+        return self.decoder_norm(y)
 
-        Without a cache, tgt_ids is the whole prefix starting with BOS. With a cache, it holds
-        only the new positions (one per step after the first call), and the cache is updated.
+    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, pack: bool = True) -> torch.Tensor:
+        """Teacher-forced logits of the target rows: src_ids (B, S), tgt_in_ids (B, T) -> (Nt, V).
+
+        `pack=True`: the rows are the real target tokens (`tgt_in_ids != pad_id`, row-major);
+        False: every position (Nt = B·T), for fixed shapes. The logits take autocast's dtype
+        (a loss computes in fp32 itself), except under fp16, whose range the projection's
+        weight gradient would overflow at GradScaler's loss scales.
         """
-        offset = 0 if cache is None else cache.length
-        y = self.embed(self.tgt_embed, tgt_ids, offset)
-        for i, layer in enumerate(self.decoder_layers):
-            y = layer(y, memory, src_mask, None if cache is None else cache.layers[i])
-        y = self.decoder_norm(y)
-        if not fp32_logits:
-            return self.output_proj(y)
-        # Decoding ranks tokens by these logits: fp32 even under bf16/fp16 autocast, whose 8 or 11
-        # mantissa bits would tie or swap close candidates. A step projects only (B, T) rows.
-        with torch.autocast(device_type=y.device.type, enabled=False):
-            return self.output_proj(y.float())
-
-    def decode_best(self, tgt_ids: torch.Tensor, memory: torch.Tensor, src_mask: torch.Tensor,
-                    cache: KVCache | None = None, forbidden_ids: tuple[int, ...] = ()) -> torch.Tensor:
-        """Greedy decoding's step: `decode`, then each row's most probable next token that is not one
-        of `forbidden_ids`, the first among ties -> (B,) long. A decoding copy may find it without
-        computing every logit (`cpu_decoding.ArgmaxScreen`)."""
-        logits = self.decode(tgt_ids, memory, src_mask, cache)[:, -1, :]  # (B, V)
-        for token in forbidden_ids:  # column by column: no index tensor to copy to the device
-            logits[:, token] = torch.finfo(logits.dtype).min
-        return logits.max(dim=-1).indices
-
-    def new_cache(self, capacity: int) -> KVCache:
-        """An empty cache for incremental decoding of up to `capacity` target positions."""
-        return KVCache(len(self.decoder_layers), capacity)
-
-    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced logits (B, T, V) for src_ids (B, S) and tgt_in_ids (B, T): bf16 under bf16
-        autocast (for a loss, which computes in fp32 itself), else fp32."""
-        src_mask = src_ids != self.pad_id  # (B, S) True = real token
-        # bf16 logits are fine for a loss that takes them to fp32 itself; fp16's narrow range
-        # would overflow the projection's weight gradient at loss scales GradScaler uses.
+        packed = Packing.of if pack else Packing.dense
+        src, tgt = packed(src_ids != self.pad_id), packed(tgt_in_ids != self.pad_id)
+        states = self.decode(tgt_in_ids, tgt, self.encode(src_ids, src), src)  # (Nt, D)
         device_type = src_ids.device.type
-        fp16 = torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.float16
-        return self.decode(tgt_in_ids, self.encode(src_ids, src_mask), src_mask, fp32_logits=fp16)
+        if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.float16:
+            return self.logits(states)
+        return self.output_proj(states)
+
+    def logits(self, states: torch.Tensor) -> torch.Tensor:
+        """Decoder states (N, D) -> fp32 logits (N, V), even under autocast: decoding ranks tokens
+        by them, and bf16's 8 mantissa bits would tie or swap close candidates."""
+        with torch.autocast(device_type=states.device.type, enabled=False):
+            return self.output_proj(states.float())
+
+    def new_cache(self, src_ids: torch.Tensor, capacity: int, rows_per_sentence: int = 1) -> KVCache:
+        """Encode src_ids (B, S) (every position, no host sync) into a cache for decoding up to
+        `capacity` target positions, with `rows_per_sentence` neighbouring rows per sentence
+        (beams or samples), R = B·rows_per_sentence."""
+        self.check_length(capacity)
+        src = Packing.dense(src_ids != self.pad_id)
+        memory = self.encode(src_ids, src)  # (B·S, D)
+        cross = [layer.cross_attn.keys_values(memory, src) for layer in self.decoder_layers]  # (B, H, S, Dh) each
+        return KVCache.start(cross, src.mask, capacity, rows_per_sentence)
+
+    def decode_step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One incremental decoding step: the input tokens (R,) long at position `cache.position`
+        -> fp32 logits (R, V) of the next token. Writes that position's keys and values."""
+        position = cache.position.expand(tokens.shape[0])  # (R,)
+        y = self.embed(self.tgt_embed, tokens, position)  # (R, D)
+        tgt, src = Packing.dense(cache.new_positions), Packing.dense(cache.src_mask)  # one position per row
+        for i, layer in enumerate(self.decoder_layers):
+            y = layer(y, None, tgt, src, cache.layer(i))
+        return self.logits(self.decoder_norm(y))
 
     @torch.no_grad()
     def cross_attention(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, layer: int = -1) -> torch.Tensor:
@@ -351,9 +371,9 @@ class Transformer(nn.Module):
         captured = []
         attention = self.decoder_layers[layer].cross_attn
         hook = attention.register_forward_hook(
-            lambda module, args, output: captured.append(module.attention_weights(*args[:3])))
+            lambda module, args, output: captured.append(module.attention_weights(*args)))
         try:
-            self(src_ids, tgt_in_ids)
+            self(src_ids, tgt_in_ids, pack=False)
         finally:
             hook.remove()
         return captured[0]
@@ -366,22 +386,18 @@ class Transformer(nn.Module):
         """Model FLOPs of one training step (forward + backward) over real tokens, padding excluded.
 
         `src_lengths` / `tgt_lengths`: tokens per sentence including EOS (source) and BOS/EOS
-        (target), one entry per sentence. With D = d_model, F = d_ff, Le and Ld the encoder's and
-        the decoder's layers, V = target vocabulary, S and T a sentence's source and target
-        lengths, and the usual "6 × parameters × tokens" for a matmul's forward (2) and backward
-        (4) multiply-adds:
+        (target). With D = d_model, F = d_ff, Le and Ld the encoder's and the decoder's layers,
+        V = target vocabulary, S and T a sentence's lengths, and 6 FLOPs per parameter per token
+        for a matmul's forward and backward:
 
-        - encoder layers, per source token: 6 · Le · (4D² + 2DF)  (q, k, v, out projections; FFN)
-        - decoder layers, per target token: 6 · Ld · (4D² + 2D² + 2DF)  (self-attention q, k, v, out;
-          cross-attention q and out; FFN)
-        - cross-attention keys and values, per source token: 6 · Ld · 2D²  (each decoder layer
-          projects the memory)
+        - encoder layers, per source token: 6 · Le · (4D² + 2DF)
+        - decoder layers, per target token: 6 · Ld · (6D² + 2DF)  (self q, k, v, out; cross q, out; FFN)
+        - cross-attention keys and values, per source token: 6 · Ld · 2D²
         - output projection, per target token: 6 · D · V
         - attention scores and weighted sums, per sentence: 12 · D · (Le·S² + Ld·(T² + T·S))
-          (QKᵀ and AV, 2 FLOPs per multiply-add each, ×3 for the backward; the causal decoder is
-          counted as the full T² square, as PaLM's MFU does)
+          (the causal square counted whole, as PaLM's MFU does)
 
-        Embedding lookups, LayerNorms, softmax and the loss are left out (they are not matmuls).
+        Embeddings, LayerNorms, softmax and the loss are left out (not matmuls).
         """
         D, F, V = self.cfg.d_model, self.cfg.d_ff, self.output_proj.weight.shape[0]
         Le, Ld = len(self.encoder_layers), len(self.decoder_layers)

@@ -93,11 +93,9 @@ class TrainStep:
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
         self.batches = BatchSource(cfg, train_data, device=device, dist=dist, pad_to_multiple=pad_to_multiple,
                                    fixed_rows=graphed)
-        # On a CPU every layer runs at the real tokens only (`cpu_fast_path`) and the loss projects
-        # them to the vocabulary block by block: the same loss and gradients without the padding's
-        # share of the work (docs/benchmarks.md, "Training"). Elsewhere the padded path stays: the
-        # real rows' count is a host sync per step, and under compile one more dynamic shape.
-        self.real_positions_only = device.type == "cpu" and not t.compile
+        # The layers compute at the real tokens only, except where shapes must stay fixed: a captured
+        # or compiled step computes at every position of the padded batch.
+        self.pack = not (graphed or t.compile)
         self.graphs: GraphedStep | None = None
         if graphed:
             self.graphs = GraphedStep(self.step_model, list(model.parameters()), self.optimizer, precision=precision,
@@ -194,8 +192,7 @@ class TrainStep:
         for i, batch in enumerate(batches):
             with self._gradient_sync(last=i == len(batches) - 1), self.attention.enabled():
                 with self.precision.autocast():  # the model's; the loss computes in fp32 outside it
-                    loss = step_loss(self.step_model, batch, self.real_positions_only, self.cfg.train.label_smoothing,
-                                     self.precision.dtype)
+                    loss = step_loss(self.step_model, batch, self.cfg.train.label_smoothing, self.pack)
                 loss = loss / n_tgt_tokens  # normalise per target token of the whole update, not per sentence
                 self.scaler.scale(loss * world if world > 1 else loss).backward()  # frees this batch's activations
             total += loss.detach()

@@ -77,8 +77,8 @@ class Evaluator:
         for indices in batches[self.dist.rank::self.dist.world_size]:  # each rank its share
             batch = self.valid_data.batch(indices, self.pad_to_multiple).to(self.device)
             with self.precision.autocast(), self.attention.enabled():
-                logits = self.model(batch.src_ids, batch.tgt_in_ids)
-            total += label_smoothed_loss(logits, batch.tgt_out_ids, PAD_ID, 0.0)
+                logits = self.model(batch.src_ids, batch.tgt_in_ids)  # (Nt, V) at the real target tokens
+            total += label_smoothed_loss(logits, batch.tgt_out_ids[batch.tgt_in_ids != PAD_ID], PAD_ID, 0.0)
             tokens += batch.n_tgt_tokens
         loss_sum, tokens = self.dist.sum_(torch.stack([total, total.new_tensor(tokens)])).tolist()
         return loss_sum / tokens

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_mt.config import TrainConfig
+from transformer_mt.config import Config, ModelConfig, Problems, TokenizerConfig, TrainConfig
 from transformer_mt.config_loading import config_from_dict, load_config
 from transformer_mt.errors import ConfigError
 
@@ -308,3 +308,20 @@ def test_a_beam_wider_than_the_vocabulary_allows_is_refused_before_training():
     with pytest.raises(ConfigError) as caught:
         config_from_dict({**raw, "decode": {"beam_size": 97}})
     assert not [problem for problem in caught.value.problems if problem.startswith("decode.")]
+
+
+def test_decode_engine_defaults_to_auto_and_names_its_choices():
+    assert config_from_dict({"data": {"path": "x"}}).decode.engine == "auto"
+    assert config_from_dict({"data": {"path": "x"}, "decode": {"engine": "ctranslate2"}}).decode.engine == "ctranslate2"
+    assert problems_of({"data": {"path": "x"}, "decode": {"engine": "ct2"}}) == [
+        "decode.engine: 'ct2' (str) is not one of auto, torch, ctranslate2"]
+
+
+def test_a_section_validates_its_own_fields_against_the_rest_of_the_config():
+    problems = Problems()
+    ModelConfig(d_model=512, n_heads=6).validate(problems, Config(tokenizer=TokenizerConfig(joint=False)))
+    assert problems.found == ["model.n_heads: 6 does not divide model.d_model=512",
+                              "model.share_embeddings: true needs tokenizer.joint: true (one vocabulary for both sides)"]
+    problems = Problems(defaulted=["tokenizer.joint"])  # its value was unusable: no judgement on its default
+    ModelConfig().validate(problems, Config(tokenizer=TokenizerConfig(joint=False)))
+    assert problems.found == []

@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from transformer_mt.config import Config, ModelConfig, Problems, TokenizerConfig, TrainConfig
+from transformer_mt.config import Config, ModelConfig, TokenizerConfig, TrainConfig
 from transformer_mt.config_loading import config_from_dict, load_config
-from transformer_mt.errors import ConfigError
+from transformer_mt.errors import ConfigError, Problems
 
 
 def problems_of(raw: dict) -> list[str]:
@@ -205,12 +205,12 @@ def test_demo_config_is_valid():
 
 def test_readme_configuration_reference_matches_the_dataclasses():
     from tests.conftest import REPO
-    from transformer_mt.config import reference_markdown
+    from transformer_mt.config_reference import reference_markdown
 
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     start = readme.index("<!-- config-reference:start")
     body = readme[readme.index("\n", start) + 1: readme.index("<!-- config-reference:end -->")]
-    assert body == reference_markdown(), "README is stale: paste config.reference_markdown() between the markers"
+    assert body == reference_markdown(), "README is stale: paste config_reference.reference_markdown() between the markers"
 
 
 def test_attention_and_activation_dropout_are_checked_like_dropout():

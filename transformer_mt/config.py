@@ -1,48 +1,17 @@
 """The configuration's schema: one frozen dataclass per section, each field with its default and
-docstring (the README's reference is generated from them), and each section's `validate()`.
+docstring (the README's reference: `config_reference.py`), and each section's `validate()`.
 
 Reading a YAML file into a checked `Config` is `config_loading.py`'s job.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
-import sys
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal
+from typing import Any, Literal
 
-
-class Problems:
-    """The problems found in a config, each "dotted.key: what is wrong", in `found`.
-
-    A key in `defaulted` had an unusable value, replaced by its default; a check that reads it (or
-    a key under it, or anything when "" is there) is not reported: it would judge a value nobody wrote.
-    """
-
-    def __init__(self, defaulted: Iterable[str] = ()):
-        self.found: list[str] = []
-        self.defaulted: list[str] = list(defaulted)
-
-    def add(self, problem: str, *also_reads: str) -> None:
-        """Report `problem` unless its key, or a key in `also_reads`, was defaulted."""
-        keys = [problem.split(":")[0], *also_reads]
-        if not any(key == bad or key.startswith(f"{bad}.") or not bad for key in keys for bad in self.defaulted):
-            self.found.append(problem)
-
-    def at_least(self, key: str, value: float | None, floor: float, note: str = "") -> bool:
-        """Report `key` when `value` is below `floor` (None, an unset optional key, passes); True if it passes."""
-        if value is None or value >= floor:
-            return True
-        self.add(f"{key}: must be at least {floor}{note}, got {value}")
-        return False
-
-    def fraction(self, key: str, value: float | None, note: str = "") -> None:
-        """Report `key` unless `value` is in [0, 1) or None (unset)."""
-        if value is not None and not 0 <= value < 1:
-            self.add(f"{key}: must be in [0, 1){note}, got {value}")
+from transformer_mt.errors import Problems
 
 
 @dataclass(frozen=True)
@@ -511,33 +480,3 @@ def comparable_depths(config: dict) -> dict:
     for key in ("encoder_layers", "decoder_layers"):
         model[key] = n_layers if model.get(key) is None else model[key]
     return {**config, "model": model}
-
-
-def reference_markdown() -> str:
-    """A Markdown table per config section: key, default and the field's docstring.
-
-    Read from this module's source, so the README's configuration reference cannot drift
-    from the dataclasses (a test compares them).
-    """
-    tree = ast.parse(inspect.getsource(sys.modules[__name__]))
-    docs: dict[str, dict[str, str]] = {}
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef):
-            docs[node.name] = {}
-            body = node.body
-            for item, following in zip(body, body[1:] + [None]):
-                if isinstance(item, ast.AnnAssign) and isinstance(following, ast.Expr) \
-                        and isinstance(following.value, ast.Constant):
-                    docs[node.name][item.target.id] = " ".join(following.value.value.split())
-    root = Config()
-    lines = ["| key | default | meaning |", "| --- | --- | --- |"]
-    for f in dataclasses.fields(Config):
-        value = getattr(root, f.name)
-        if not dataclasses.is_dataclass(value):
-            lines.append(f"| `{f.name}` | `{value!r}` | {docs['Config'].get(f.name, '')} |")
-            continue
-        for sub in dataclasses.fields(value):
-            default = config_to_dict(root)[f.name][sub.name]
-            meaning = docs[type(value).__name__].get(sub.name, "").replace("|", "\\|")
-            lines.append(f"| `{f.name}.{sub.name}` | `{default!r}` | {meaning} |")
-    return "\n".join(lines) + "\n"

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 import yaml
 
-from transformer_mt.config import Config, Problems, config_to_dict
-from transformer_mt.errors import ConfigError
+from transformer_mt.config import Config, config_to_dict
+from transformer_mt.errors import ConfigError, Problems
 from transformer_mt.files import write_text_atomic
 
 

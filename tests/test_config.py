@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from transformer_mt.config import TrainConfig
+from transformer_mt.config import Config, ModelConfig, TokenizerConfig, TrainConfig
 from transformer_mt.config_loading import config_from_dict, load_config
-from transformer_mt.errors import ConfigError
+from transformer_mt.errors import ConfigError, Problems
 
 
 def problems_of(raw: dict) -> list[str]:
@@ -205,12 +205,12 @@ def test_demo_config_is_valid():
 
 def test_readme_configuration_reference_matches_the_dataclasses():
     from tests.conftest import REPO
-    from transformer_mt.config import reference_markdown
+    from transformer_mt.config_reference import reference_markdown
 
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     start = readme.index("<!-- config-reference:start")
     body = readme[readme.index("\n", start) + 1: readme.index("<!-- config-reference:end -->")]
-    assert body == reference_markdown(), "README is stale: paste config.reference_markdown() between the markers"
+    assert body == reference_markdown(), "README is stale: paste config_reference.reference_markdown() between the markers"
 
 
 def test_attention_and_activation_dropout_are_checked_like_dropout():
@@ -308,3 +308,20 @@ def test_a_beam_wider_than_the_vocabulary_allows_is_refused_before_training():
     with pytest.raises(ConfigError) as caught:
         config_from_dict({**raw, "decode": {"beam_size": 97}})
     assert not [problem for problem in caught.value.problems if problem.startswith("decode.")]
+
+
+def test_decode_engine_defaults_to_auto_and_names_its_choices():
+    assert config_from_dict({"data": {"path": "x"}}).decode.engine == "auto"
+    assert config_from_dict({"data": {"path": "x"}, "decode": {"engine": "ctranslate2"}}).decode.engine == "ctranslate2"
+    assert problems_of({"data": {"path": "x"}, "decode": {"engine": "ct2"}}) == [
+        "decode.engine: 'ct2' (str) is not one of auto, torch, ctranslate2"]
+
+
+def test_a_section_validates_its_own_fields_against_the_rest_of_the_config():
+    problems = Problems()
+    ModelConfig(d_model=512, n_heads=6).validate(problems, Config(tokenizer=TokenizerConfig(joint=False)))
+    assert problems.found == ["model.n_heads: 6 does not divide model.d_model=512",
+                              "model.share_embeddings: true needs tokenizer.joint: true (one vocabulary for both sides)"]
+    problems = Problems(defaulted=["tokenizer.joint"])  # its value was unusable: no judgement on its default
+    ModelConfig().validate(problems, Config(tokenizer=TokenizerConfig(joint=False)))
+    assert problems.found == []

@@ -96,7 +96,7 @@ def test_the_reader_widens_bf16_fp16_and_fp64_and_follows_views_of_a_storage(tmp
 
 
 @pytest.mark.parametrize("state", [
-    {"model": {"w": torch.ones(2)}, "config": {}, "model_args": {}, "format_version": 1},  # migrate's job
+    {"model": {"w": torch.ones(2)}, "config": {}, "model_args": {}, "format_version": 1},  # torch's loader refuses it
     {"model": {"w": torch.ones(2, dtype=torch.long)}, "config": {}, "model_args": {}, "format_version": 2},
     {"model": {"w": torch.ones(2)}, "config": {}, "format_version": 2},  # no model_args
 ])

@@ -485,29 +485,6 @@ def test_a_checkpoint_skipped_on_resume_is_set_aside_and_never_outranks_the_new_
     assert os.path.samefile(checkpoints / "best.pt", checkpoints / "step_00000007.pt")  # the new run's best
 
 
-def test_a_checkpoint_from_before_the_sampler_recorded_its_cut_resumes_with_the_cut_it_had(tiny_corpus: Path,
-                                                                                            tmp_path: Path):
-    run = tmp_path / "run"
-    prepare_run_dir(run, resume=False, overwrite=False)
-    cfg = tiny_config(tiny_corpus, train={"max_steps": 1, "save_every_steps": 1, "test_at_end": False})
-    train(cfg, run, progress=False)
-    path = run / "checkpoints" / "step_00000001.pt"
-    ckpt = load_checkpoint(path)
-    epoch, position = ckpt["sampler"]["epoch"], ckpt["sampler"]["position"]
-    assert 0 < position < len(Trainer(cfg, run, progress=False).sampler.epoch_batches(epoch))  # mid-epoch
-    ckpt["sampler"] = {"epoch": ckpt["sampler"]["epoch"], "position": position}  # as tmt wrote it before,
-    ckpt["format_version"] = 1  # in format 1 (migrate converts it; the weights' names are today's)
-    for key in ("best_step", "evals_since_best", "skipped_oom", "train_seconds", "last_valid"):
-        del ckpt["train_state"][key]  # counters added later
-    torch.save(ckpt, path)
-
-    trainer = Trainer(tiny_config(tiny_corpus, train={"max_steps": 4, "batch_tokens": 128}), run, progress=False)
-    trainer.resume()  # the old cut (batch_tokens 64, unpadded) is recognised as another one
-    assert trainer.sampler.earlier_parts == [({"batch_tokens": 64, "world_size": 1, "pad_to_multiple": 1}, position)]
-    assert trainer.sampler.epoch_batches(epoch)  # the rest of the epoch, cut at 128 tokens
-    assert (trainer.state.best_step, trainer.state.evals_since_best, trainer.state.last_valid) == (-1, 0, None)
-
-
 def test_tensorboard_has_scalars_examples_attention_images_and_hparams(tiny_corpus: Path, tmp_path: Path):
     run = tmp_path / "run"
     prepare_run_dir(run, resume=False, overwrite=False)

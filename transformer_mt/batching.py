@@ -275,8 +275,8 @@ class TokenBatchSampler:
         """Continue where `state` left off; with a changed cut, the rest of its epoch is cut anew."""
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
-        self.earlier_parts = [(dict(cut), int(handed_out)) for cut, handed_out in state.get("earlier_parts", [])]
-        saved_cut = state.get("cut", self.cut)  # no cut recorded: the same (`Trainer` fills in old checkpoints)
+        self.earlier_parts = [(dict(cut), int(handed_out)) for cut, handed_out in state["earlier_parts"]]
+        saved_cut = state["cut"]
         if saved_cut != self.cut and self.position:
             self.earlier_parts.append((dict(saved_cut), self.position))
             self.position = 0

@@ -4,7 +4,7 @@ A checkpoint is one dict of tensors and plain containers (loadable with `weights
 with fixed keys: model, optimizer, scheduler, scaler, train_state, sampler, rng, config,
 model_args, tokenizers (a fingerprint; absent from older checkpoints), format_version, and
 `ema` when the run keeps an EMA of its weights (`ema.WeightEMA.state_dict`). Every
-reader goes through `load_checkpoint`, which brings an older format up to date (`migrate`).
+reader goes through `load_checkpoint`, which refuses any format but `FORMAT_VERSION`.
 """
 
 from __future__ import annotations
@@ -97,10 +97,10 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
                               f"checkpoint ({detail})") from None
     if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
         raise CheckpointError(f"{path}: not a tmt checkpoint (missing keys)")
-    try:
-        return migrate(state)
-    except CheckpointError as err:
-        raise CheckpointError(f"{path}: {err}") from None
+    if state["format_version"] != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format version {state['format_version']!r} is not supported "
+                              f"by this tmt (expects {FORMAT_VERSION})")
+    return state
 
 
 # torch.save writes a zip archive (PyTorch >= 1.6), or in its legacy format a pickle stream that
@@ -114,61 +114,6 @@ def _is_torch_save_file(path: Path) -> bool:
         return True
     with open(path, "rb") as handle:
         return _LEGACY_TORCH_MAGIC in handle.read(32)  # after the PROTO (and, from protocol 4, FRAME) opcode
-
-
-def migrate(state: dict) -> dict:
-    """`state`, a loaded checkpoint of any supported format version, in today's format (in place).
-
-    Version 1 stored every `nn.Linear` matrix (in, out) as `<layer>.kernel`; version 2 stores it
-    as `nn.Linear` does, `<layer>.weight` (out, in). Adam's moments are elementwise, so
-    transposing them like the weights resumes training exactly; optimizer state is indexed by
-    parameter position, which the rename leaves unchanged (`weight` takes `kernel`'s place).
-    """
-    version = state["format_version"]
-    if version == FORMAT_VERSION:
-        return state
-    if version != 1:
-        raise CheckpointError(f"checkpoint format version {version} is not supported by this tmt "
-                              f"(expects {FORMAT_VERSION})")
-    if any(key.endswith(".self_attn.q_proj.weight") for key in state["model"]):
-        raise CheckpointError("written by an older tmt, before its q/k/v projections were fused; "
-                              "that format is not supported")
-    optimizer = state.get("optimizer")
-    if optimizer:
-        # Parameter i of the optimizer is the i-th distinct tensor of the model's state dict
-        # (tied weights, saved as one shared storage, count once), as `model.parameters()` orders them.
-        names, seen = [], set()
-        for key, tensor in state["model"].items():
-            if tensor.data_ptr() not in seen:
-                seen.add(tensor.data_ptr())
-                names.append(key)
-        for index, per_param in optimizer["state"].items():
-            if names[index].endswith(".kernel"):
-                for field, tensor in per_param.items():
-                    if tensor.dim() == 2:  # moments; the 0-dim step count stays
-                        per_param[field] = tensor.t().contiguous()
-    state["model"] = {(key[: -len("kernel")] + "weight" if key.endswith(".kernel") else key):
-                      (tensor.t().contiguous() if key.endswith(".kernel") else tensor)
-                      for key, tensor in state["model"].items()}
-    if "train_state" in state:  # a step checkpoint (an average holds weights only)
-        _complete_training_state(state)
-    state["format_version"] = FORMAT_VERSION
-    return state
-
-
-def _complete_training_state(state: dict) -> None:
-    """Fill in what early version-1 checkpoints lack. Counters added later start from their
-    defaults. A sampler state without its `cut` was cut with the unpadded lengths, the run's
-    `train.batch_tokens`, and as many processes as the checkpoint holds RNG states for."""
-    defaults = {"best_step": -1, "evals_since_best": 0, "stopped_early": False, "skipped_nonfinite": 0,
-                "skipped_oom": 0, "train_seconds": 0.0, "last_valid": None}
-    state["train_state"] = {**defaults, **state["train_state"]}
-    sampler = state.get("sampler")
-    if sampler is not None and "cut" not in sampler:
-        rng = state.get("rng", {})
-        world_size = len(rng["ranks"]) if "ranks" in rng else 1
-        sampler["cut"] = {"batch_tokens": state["config"]["train"]["batch_tokens"], "world_size": world_size,
-                          "pad_to_multiple": 1}
 
 
 class CheckpointDir:

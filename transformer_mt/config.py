@@ -1,20 +1,17 @@
 """The configuration's schema: one frozen dataclass per section, each field with its default and
-its docstring (the README's configuration reference is generated from them: `reference_markdown`),
-and a config as the plain dict that YAML files and checkpoints hold (`config_to_dict`).
+docstring (the README's reference: `config_reference.py`), and each section's `validate()`.
 
-Reading a YAML file into a checked `Config` is `config_loading.py`'s job; the range and
-cross-field checks are `config_checks.py`'s.
+Reading a YAML file into a checked `Config` is `config_loading.py`'s job.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
-import sys
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from transformer_mt.errors import Problems
 
 
 @dataclass(frozen=True)
@@ -31,6 +28,15 @@ class CorpusEntry:
     """As `data.hub_config`; unset: `data.hub_config`."""
     revision: str | None = None
     """As `data.revision`; unset: `data.revision`."""
+
+    def validate(self, p: Problems, key: str) -> None:
+        """Check this entry, `key` being `data.corpora[i]`."""
+        if not self.path:
+            p.add(f"{key}.path: missing; each corpus needs a path (a hub dataset or a local directory)")
+        elif "\0" in self.path:
+            p.add(f"{key}.path: {self.path!r} must name a hub dataset or a local directory")
+        if self.weight <= 0:
+            p.add(f"{key}.weight: must be positive, got {self.weight}")
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,26 @@ class DataConfig:
     (independently: two epochs need not cover the corpus). A weight giving a corpus no pair is refused.
     Validation and test come from the first corpus (its own splits, else carved from its train)."""
 
+    def validate(self, p: Problems, cfg: Config) -> None:
+        if self.corpora:
+            if self.path:
+                p.add("data.corpora: given together with data.path; list every corpus under data.corpora (the first "
+                      "gives validation and test), or use data.path alone (on the command line: --set data.path=null)",
+                      "data.path")
+            for i, entry in enumerate(self.corpora):
+                entry.validate(p, f"data.corpora[{i}]")
+        elif not self.path or "\0" in self.path:
+            p.add(f"data.path: {self.path!r} must name a hub dataset or a local directory (or list corpora in "
+                  "data.corpora)", "data.corpora")
+        for key, lang in (("data.src_lang", self.src_lang), ("data.tgt_lang", self.tgt_lang)):
+            if not lang or any(c in lang for c in "/\\\0") or lang.strip() != lang:  # part of each file name
+                p.add(f"{key}: {lang!r} must be a language code such as 'en' (it names the data files)")
+        if self.src_lang == self.tgt_lang:
+            p.add(f"data.tgt_lang: must differ from data.src_lang ({self.src_lang!r})", "data.src_lang")
+        for key in ("valid_size", "test_size", "max_words", "max_length_ratio"):
+            p.at_least(f"data.{key}", getattr(self, key), 1)
+        p.at_least("data.num_proc", self.num_proc, 1, " (or unset for automatic)")
+
 
 @dataclass(frozen=True)
 class TokenizerConfig:
@@ -90,25 +116,32 @@ class TokenizerConfig:
     """A merge must occur at least this often in the training split."""
     max_train_pairs: int | None = None
     """Train the BPE on at most this many training pairs, a seeded random sample; unset: all.
-    Counting words is most of the tokenizer's training time (10 M pairs: 7.5 min on 2 cores)."""
+    Counting words is most of the tokenizer's training time."""
     bpe_dropout: float = 0.0
     """BPE-dropout (Provilkov et al. 2020) on the training pairs: each merge is skipped with this
     probability, so words are split into varied, smaller pieces (0.1 is the paper's; 0: off).
     Validation, test and translation always use plain BPE, and the saved tokenizers never drop.
     The training split is encoded `bpe_dropout_variants` times ahead into the token cache;
     epoch e trains on number 1 + (e mod that number); a resume reads the same cached ones.
-    Use it with `model.norm: pre`: Multi30k's post-norm recipe (lr 0.005) stalls under it, as a
-    target-side language model, with clipping too; pre-norm learns (docs/results.md)."""
+    Use it with `model.norm: pre`: a post-norm model at a high rate can stall under it (docs/results.md)."""
     bpe_dropout_variants: int = 8
     """Segmentations of the training split cached for `bpe_dropout`, cycled by epoch; each costs
     one more encoding of the training split and its token ids on disk."""
     bpe_dropout_start_epoch: int = 0
     """The first epoch trained on `bpe_dropout` segmentations, counted from 0 (`summary.json`'s and
     the resume log's epochs count from 1); the epochs before it train on plain BPE (epoch e >= it
-    on number 1 + (e mod `bpe_dropout_variants`)). A post-norm model at a high rate can fail to
-    learn to read its source under dropout from the first update
-    (configs/multi30k-en-de.yaml, docs/results.md); starting after the warm-up avoided it there
-    (warmup_steps / the steps per epoch `tmt data` reports), but trailed plain BPE."""
+    on number 1 + (e mod `bpe_dropout_variants`)). Starting after the warm-up (warmup_steps / the
+    steps per epoch `tmt data` reports) can help a post-norm model learn (docs/results.md)."""
+
+    def validate(self, p: Problems, cfg: Config) -> None:
+        n_special = 4  # PAD, UNK, BOS, EOS
+        if self.vocab_size <= n_special:
+            p.add(f"tokenizer.vocab_size: {self.vocab_size} leaves no room beyond the {n_special} special tokens")
+        p.at_least("tokenizer.min_frequency", self.min_frequency, 1)
+        p.fraction("tokenizer.bpe_dropout", self.bpe_dropout, " (0 = off)")
+        p.at_least("tokenizer.bpe_dropout_variants", self.bpe_dropout_variants, 1)
+        p.at_least("tokenizer.bpe_dropout_start_epoch", self.bpe_dropout_start_epoch, 0)
+        p.at_least("tokenizer.max_train_pairs", self.max_train_pairs, 1, " (or unset for all pairs)")
 
 
 @dataclass(frozen=True)
@@ -123,10 +156,8 @@ class ModelConfig:
     """Layers in the encoder and in the decoder, unless the two keys below say otherwise."""
     encoder_layers: int | None = None
     """Encoder layers; unset: `n_layers`. A deep encoder with a shallow decoder decodes faster at
-    about the same BLEU (Kasai et al. 2021: 12 and 1 against 6 and 6). A deeper post-norm stack at a
-    high peak rate without clipping may never learn to read its source (Multi30k's recipe with 6 or
-    8 encoder layers: docs/results.md); pre-norm (`norm: pre`) trains deep stacks more stably (Xiong
-    et al. 2020)."""
+    about the same BLEU (Kasai et al. 2021); pre-norm (`norm: pre`) trains deep stacks more stably
+    (Xiong et al. 2020, docs/results.md)."""
     decoder_layers: int | None = None
     """Decoder layers; unset: `n_layers`."""
     d_ff: int = 2048
@@ -149,8 +180,7 @@ class ModelConfig:
     tie_output: bool = True
     """Tie the output projection to the target embedding (Press & Wolf 2017)."""
 
-    # Unset depths stay None in the config (and in saved configs and checkpoints), so a run
-    # written before these keys existed reads the same, and `n_layers` alone means what it did.
+    # Unset depths stay None in saved configs: `n_layers` alone sets both.
     @property
     def n_encoder_layers(self) -> int:
         """The encoder's depth: `encoder_layers`, else `n_layers`."""
@@ -160,6 +190,23 @@ class ModelConfig:
     def n_decoder_layers(self) -> int:
         """The decoder's depth: `decoder_layers`, else `n_layers`."""
         return self.n_layers if self.decoder_layers is None else self.decoder_layers
+
+    def validate(self, p: Problems, cfg: Config) -> None:
+        sizes = ["d_model", "n_heads", "d_ff"]
+        if self.encoder_layers is None or self.decoder_layers is None:  # else n_layers sets nothing
+            sizes.append("n_layers")
+        for key in sizes:
+            p.at_least(f"model.{key}", getattr(self, key), 1)
+        for key in ("encoder_layers", "decoder_layers"):
+            p.at_least(f"model.{key}", getattr(self, key), 1, " (or unset for model.n_layers)")
+        if self.n_heads >= 1 and self.d_model % self.n_heads:
+            p.add(f"model.n_heads: {self.n_heads} does not divide model.d_model={self.d_model}", "model.d_model")
+        p.at_least("model.max_len", self.max_len, 2, " (a token and end-of-sentence)")
+        for key in ("dropout", "attention_dropout", "activation_dropout"):
+            p.fraction(f"model.{key}", getattr(self, key))
+        if self.share_embeddings and not cfg.tokenizer.joint:
+            p.add("model.share_embeddings: true needs tokenizer.joint: true (one vocabulary for both sides)",
+                  "tokenizer.joint")
 
 
 @dataclass(frozen=True)
@@ -215,13 +262,13 @@ class TrainConfig:
     """Clip the global gradient norm to this value; 0 disables clipping."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """`auto`: bf16 on GPUs that support it, else fp16 with a grad scaler on CUDA, fp32 elsewhere.
-    `bf16` also runs on a CPU; with AVX512-BF16 it trained 1.6-1.9x faster (docs/benchmarks.md)."""
+    `bf16` also runs on a CPU, faster where it has AVX512-BF16 (docs/benchmarks.md)."""
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     """`auto` picks cuda, then mps, then cpu."""
     attention_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = "auto"
     """Attention kernel of training steps and the validation loss: `auto` on CUDA tries the
-    memory-efficient kernel, then flash, then math, never cuDNN's (it plans every new shape anew:
-    slower, docs/benchmarks.md); elsewhere PyTorch chooses. A named kernel is tried first, math
+    memory-efficient kernel, then flash, then math, never cuDNN's (it plans every new shape anew,
+    docs/benchmarks.md); elsewhere PyTorch chooses. A named kernel is tried first, math
     after it (flash takes no padding mask: masked attention then runs on math). A kernel the device
     cannot run falls back to `auto` with a warning."""
     log_every_steps: int = 100
@@ -279,6 +326,44 @@ class TrainConfig:
     records the parent (`init_from`). Ignored when the run resumes from its own checkpoint. Relative
     to the config file, or to the current directory when set with `--set`; unset (null): a fresh model."""
 
+    def validate(self, p: Problems, cfg: Config) -> None:
+        for key in ("max_steps", "eval_every_steps", "save_every_steps", "log_every_steps", "keep_last",
+                    "max_nonfinite_steps", "accum_steps", "pad_to_multiple"):
+            p.at_least(f"train.{key}", getattr(self, key), 1)
+        max_len = cfg.model.max_len
+        if self.batch_tokens != "auto" and self.batch_tokens < max_len:
+            p.add(f"train.batch_tokens: {self.batch_tokens} cannot hold one sequence of model.max_len={max_len} "
+                  "tokens", "model.max_len")
+        if self.lr <= 0:
+            p.add(f"train.lr: must be positive, got {self.lr}")
+        if p.at_least("train.min_lr", self.min_lr, 0) and self.lr > 0 and self.min_lr > self.lr:
+            p.add(f"train.min_lr: {self.min_lr} is above the peak train.lr={self.lr}; the decay goes down to it",
+                  "train.lr")
+        if p.at_least("train.warmup_steps", self.warmup_steps, 0) and self.lr_schedule in ("linear", "cosine") \
+                and self.max_steps >= 1 and self.warmup_steps >= self.max_steps:
+            p.add(f"train.warmup_steps: {self.warmup_steps} is not below train.max_steps={self.max_steps}, so "
+                  f"train.lr_schedule={self.lr_schedule} would never decay (from the end of warmup to train.min_lr "
+                  "at max_steps); lower it", "train.max_steps", "train.lr_schedule")
+        p.fraction("train.label_smoothing", self.label_smoothing)
+        p.at_least("train.weight_decay", self.weight_decay, 0)
+        if not all(0 <= b < 1 for b in self.betas):
+            p.add(f"train.betas: each must be in [0, 1), got {list(self.betas)}")
+        p.at_least("train.clip_grad_norm", self.clip_grad_norm, 0, " (0 disables)")
+        layers = cfg.model.n_decoder_layers
+        if layers >= 1 and not -layers <= self.attention_layer < layers:
+            p.add(f"train.attention_layer: {self.attention_layer} is not a decoder layer (0..{layers - 1}, "
+                  "or negative to count from the last)", "model.n_layers", "model.decoder_layers")
+        if p.at_least("train.average_last", self.average_last, 0, " (0 = use best.pt)") \
+                and self.average_last > self.keep_last:
+            p.add(f"train.average_last: {self.average_last} is more than the train.keep_last={self.keep_last} "
+                  "step checkpoints a run keeps", "train.keep_last")
+        p.fraction("train.ema_decay", self.ema_decay, " (0 = no EMA; 0.999 or 0.9999 are usual)")
+        if self.init_from and "\0" in self.init_from:
+            p.add(f"train.init_from: {self.init_from!r} must be the path of a run directory or a checkpoint")
+        p.at_least("train.patience", self.patience, 0, " (0 = no early stopping)")
+        p.at_least("train.eval_max_sentences", self.eval_max_sentences, 0, " (0 = all)")
+        p.at_least("train.n_examples", self.n_examples, 0)
+
 
 BLEU_TOKENIZERS: tuple[str, ...] = typing.get_args(typing.get_type_hints(TrainConfig)["bleu_tokenize"])
 
@@ -305,15 +390,30 @@ class DecodeConfig:
     attention_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = "auto"
     """Attention kernel of decoding (validation BLEU, the final test, `tmt translate` and `tmt
     evaluate`): `auto` on CUDA tries flash, then memory-efficient, then math, never cuDNN's (it
-    plans each new shape, and each decoding step is one: 3-7x slower on an H100); elsewhere
-    PyTorch chooses. Otherwise as `train.attention_backend`."""
+    plans each new shape, and each decoding step is one); elsewhere PyTorch chooses. Otherwise as `train.attention_backend`."""
     quantize: Literal["none", "int8"] = "none"
     """`int8`: `tmt translate` and `tmt evaluate` on a CPU decode with int8 weights (per output
     row) and int8 activations (per call) in every linear layer, the vocabulary projection too:
-    greedy decoding 1.4x faster than fp32's in docs/benchmarks.md's bench (whose fp32 greedy step,
-    with a projection of 2^20+ weights, already takes most tokens from int8 logits where that
-    provably gives fp32's choice), translations close to fp32's but not identical.
+    faster (docs/benchmarks.md), translations close to fp32's but not identical.
     Validation during training, the final test and GPUs decode as `none` does."""
+    engine: Literal["auto", "torch", "ctranslate2"] = "auto"
+    """Inference engine for translate/evaluate: auto = CTranslate2 on a CPU when installed, else torch."""
+
+    def validate(self, p: Problems, cfg: Config) -> None:
+        p.at_least("decode.max_len_a", self.max_len_a, 0)
+        p.at_least("decode.max_len_b", self.max_len_b, 0)
+        if self.max_len_a == 0 and self.max_len_b == 0:
+            p.add("decode.max_len_b: 0 with decode.max_len_a 0 leaves no room for a translation (a·S + b must be ≥ 1)",
+                  "decode.max_len_a")
+        max_len, vocab_size = cfg.model.max_len, cfg.tokenizer.vocab_size
+        if self.batch_tokens < max_len:
+            p.add(f"decode.batch_tokens: {self.batch_tokens} cannot hold one source of model.max_len={max_len} tokens",
+                  "model.max_len")
+        if p.at_least("decode.beam_size", self.beam_size, 1, " (1 = greedy)") and self.beam_size > vocab_size - 3:
+            p.add(f"decode.beam_size: {self.beam_size} is more than the {vocab_size - 3} hypotheses beam search can "
+                  f"keep with tokenizer.vocab_size={vocab_size} (all tokens but PAD, BOS and EOS)",
+                  "tokenizer.vocab_size")
+        p.at_least("decode.length_penalty", self.length_penalty, 0)
 
 
 @dataclass(frozen=True)
@@ -330,6 +430,15 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
+    def validate(self, p: Problems) -> None:
+        """Add every range and cross-field problem of this config to `p`, section by section."""
+        if not 0 <= self.seed < 2**32:
+            p.add(f"seed: must be in [0, 2**32), got {self.seed}")
+        if (not self.name or "/" in self.name or "\0" in self.name or self.name in (".", "..")
+                or len(self.name.encode("utf-8")) > 255):
+            p.add(f"name: {self.name!r} must be a directory name: not empty, without '/', at most 255 bytes")
+        for section in (self.data, self.tokenizer, self.model, self.train, self.decode):
+            section.validate(p, self)
 
 
 def config_to_dict(cfg: Config) -> dict:
@@ -348,9 +457,8 @@ def config_to_dict(cfg: Config) -> dict:
 
 
 def with_defaults(saved: dict) -> dict:
-    """A config dict saved by an older tmt (a checkpoint's, a run's `config.yaml`) with each key
-    added since at its default, which is what that run ran with: compared with today's
-    `config_to_dict`, only the settings that really changed differ."""
+    """A saved config dict (a checkpoint's, a run's `config.yaml`) with each key it lacks at its
+    default, so that a comparison with `config_to_dict` names only settings that differ."""
     defaults = config_to_dict(Config())
     filled = {**defaults, **saved}
     for section, values in defaults.items():
@@ -372,33 +480,3 @@ def comparable_depths(config: dict) -> dict:
     for key in ("encoder_layers", "decoder_layers"):
         model[key] = n_layers if model.get(key) is None else model[key]
     return {**config, "model": model}
-
-
-def reference_markdown() -> str:
-    """A Markdown table per config section: key, default and the field's docstring.
-
-    Read from this module's source, so the README's configuration reference cannot drift
-    from the dataclasses (a test compares them).
-    """
-    tree = ast.parse(inspect.getsource(sys.modules[__name__]))
-    docs: dict[str, dict[str, str]] = {}
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef):
-            docs[node.name] = {}
-            body = node.body
-            for item, following in zip(body, body[1:] + [None]):
-                if isinstance(item, ast.AnnAssign) and isinstance(following, ast.Expr) \
-                        and isinstance(following.value, ast.Constant):
-                    docs[node.name][item.target.id] = " ".join(following.value.value.split())
-    root = Config()
-    lines = ["| key | default | meaning |", "| --- | --- | --- |"]
-    for f in dataclasses.fields(Config):
-        value = getattr(root, f.name)
-        if not dataclasses.is_dataclass(value):
-            lines.append(f"| `{f.name}` | `{value!r}` | {docs['Config'].get(f.name, '')} |")
-            continue
-        for sub in dataclasses.fields(value):
-            default = config_to_dict(root)[f.name][sub.name]
-            meaning = docs[type(value).__name__].get(sub.name, "").replace("|", "\\|")
-            lines.append(f"| `{f.name}.{sub.name}` | `{default!r}` | {meaning} |")
-    return "\n".join(lines) + "\n"

@@ -1,6 +1,6 @@
 """Reading a config: YAML loaded, `--set a.b=value` overrides applied (values parsed as YAML), every
-key and type checked against the schema (`config.py`) and every value by `config_checks.py`, one
-`ConfigError` listing every problem; and the run directory's `config.yaml` written and read back.
+key and type checked against the schema and every value by its section's `validate()` (`config.py`),
+one `ConfigError` listing every problem; and the run directory's `config.yaml` written and read back.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from transformer_mt.config import Config, config_to_dict
-from transformer_mt.config_checks import check_values
-from transformer_mt.errors import ConfigError
+from transformer_mt.errors import ConfigError, Problems
 from transformer_mt.files import write_text_atomic
 
 
@@ -144,12 +143,11 @@ def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
 
 def config_from_dict(raw: dict) -> Config:
     """Build and validate a `Config`; raise one `ConfigError` listing every problem."""
-    problems: list[str] = []
-    defaulted: list[str] = []
-    cfg = _build(Config, raw, "", problems, defaulted)
-    problems.extend(check_values(cfg, defaulted))
-    if problems:
-        raise ConfigError(problems)
+    problems = Problems()
+    cfg = _build(Config, raw, "", problems)
+    cfg.validate(problems)
+    if problems.found:
+        raise ConfigError(problems.found)
     return cfg
 
 
@@ -191,15 +189,15 @@ def _resolved(path: str, data_format: str, base_dir: Path) -> str:
     return str(data_path)
 
 
-def _build(cls: type, raw: Any, prefix: str, problems: list[str], defaulted: list[str]) -> Any:
-    """Instantiate dataclass `cls` from `raw`, appending problems instead of raising, and to
-    `defaulted` the keys (or sections) whose value was unusable and so kept its default."""
+def _build(cls: type, raw: Any, prefix: str, problems: Problems) -> Any:
+    """Instantiate dataclass `cls` from `raw`, adding to `problems` instead of raising, and to
+    `problems.defaulted` the keys (or sections) whose value was unusable and so kept its default."""
     label = prefix.rstrip(".") or "config"
     if raw is None and prefix:  # `train:` with every key commented out: all defaults
         raw = {}
     if not isinstance(raw, dict):
-        problems.append(f"{label}: expected a mapping, got {_show(raw)}")
-        defaulted.append(prefix.rstrip(".") or "")  # "" (the whole config) covers every key
+        problems.found.append(f"{label}: expected a mapping, got {_show(raw)}")
+        problems.defaulted.append(prefix.rstrip(".") or "")  # "" (the whole config) covers every key
         return cls()
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
@@ -208,30 +206,30 @@ def _build(cls: type, raw: Any, prefix: str, problems: list[str], defaulted: lis
         if key not in names:
             close = difflib.get_close_matches(str(key), names, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else f" (valid keys: {', '.join(names)})"
-            problems.append(f"{prefix}{key}: unknown key{hint}")
+            problems.found.append(f"{prefix}{key}: unknown key{hint}")
     values = {}
     for name in names:
         if name not in raw:
             continue
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
-            values[name] = _build(hint, raw[name], f"{prefix}{name}.", problems, defaulted)
+            values[name] = _build(hint, raw[name], f"{prefix}{name}.", problems)
         elif _entry_type(hint) is not None:  # a list of entries, each a mapping of its own keys
             entries = () if raw[name] is None else raw[name]  # `corpora:` with every entry commented out
             if not isinstance(entries, (list, tuple)):
-                problems.append(f"{prefix}{name}: expected a list of mappings, got {_show(entries)}")
-                defaulted.append(f"{prefix}{name}")
+                problems.found.append(f"{prefix}{name}: expected a list of mappings, got {_show(entries)}")
+                problems.defaulted.append(f"{prefix}{name}")
                 continue
             values[name] = tuple(_build(_entry_type(hint), entry if entry is not None else {},
-                                        f"{prefix}{name}[{i}].", problems, defaulted)
+                                        f"{prefix}{name}[{i}].", problems)
                                  for i, entry in enumerate(entries))
         elif raw[name] is None and defaults[name] == "":  # `path:` or `--set data.path=null`: unset, as the default
             values[name] = ""
         else:
             value, problem = _coerce(raw[name], hint)
             if problem:
-                problems.append(f"{prefix}{name}: {problem}")
-                defaulted.append(f"{prefix}{name}")
+                problems.found.append(f"{prefix}{name}: {problem}")
+                problems.defaulted.append(f"{prefix}{name}")
             else:
                 values[name] = value
     return cls(**values)

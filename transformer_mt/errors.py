@@ -1,4 +1,5 @@
-"""User-facing errors: each carries the exit code the CLI returns for it.
+"""User-facing errors: each carries the exit code the CLI returns for it; and `Problems`, a config's
+problems collected for one `ConfigError`.
 
 Library code raises these with a message that names the key, file or line at fault;
 `cli.py` prints the message (no traceback) and exits with `exit_code`.
@@ -26,6 +27,33 @@ class ConfigError(UsageError):
             super().__init__(f"invalid configuration: {self.problems[0]}")
         else:
             super().__init__("invalid configuration:\n" + "\n".join(f"  {p}" for p in self.problems))
+
+
+class Problems:
+    """The problems found in a config, each "dotted.key: what is wrong", in `found`; a check reading
+    a key in `defaulted` (unusable, so replaced by its default; "": every key) reports nothing."""
+
+    def __init__(self, defaulted: list[str] | tuple[str, ...] = ()):
+        self.found: list[str] = []
+        self.defaulted: list[str] = list(defaulted)
+
+    def add(self, problem: str, *also_reads: str) -> None:
+        """Report `problem` unless its key, or a key in `also_reads`, was defaulted."""
+        keys = [problem.split(":")[0], *also_reads]
+        if not any(key == bad or key.startswith(f"{bad}.") or not bad for key in keys for bad in self.defaulted):
+            self.found.append(problem)
+
+    def at_least(self, key: str, value: float | None, floor: float, note: str = "") -> bool:
+        """Report `key` when `value` is below `floor` (None, an unset optional key, passes); True if it passes."""
+        if value is None or value >= floor:
+            return True
+        self.add(f"{key}: must be at least {floor}{note}, got {value}")
+        return False
+
+    def fraction(self, key: str, value: float | None, note: str = "") -> None:
+        """Report `key` unless `value` is in [0, 1) or None (unset)."""
+        if value is not None and not 0 <= value < 1:
+            self.add(f"{key}: must be in [0, 1){note}, got {value}")
 
 
 class DataError(TmtError):

@@ -38,7 +38,7 @@ class RunDir:
     # Everything tmt writes at the top of a run directory; nothing else is ever deleted there.
     ENTRIES = frozenset({MARKER, LOCK, CONFIG, JOINT_FILE, SRC_FILE, TGT_FILE, SPLITS, CORPUS_CACHE, CORPUS_BUILD,
                          CORPUS_OLD, TOKEN_CACHE, CHECKPOINTS, TENSORBOARD, VALIDATION, EVALUATION, SUMMARY,
-                         TRAIN_LOG, ".summary.json.tmp"})  # the last: older tmt's fixed temp name
+                         TRAIN_LOG})
 
     def keeps(self, path: Path) -> bool:
         """Whether `path` is, or lies in, what tmt keeps of the run (the directory itself, its

@@ -151,11 +151,11 @@ def test_the_attention_of_a_translation_that_fills_max_len_keeps_every_piece(tmp
     from transformer_mt import translator as translator_module
 
     make_run(tmp_path / "run", "pre", True)
-    translator = translator_module.Translator.from_run(tmp_path / "run", device="cpu")
-    max_len = translator.model.cfg.max_len
+    translator = translator_module.Translator.from_run(tmp_path / "run", device="cpu", engine="torch")
+    max_len = translator.max_len
     piece_id = translator.tokenizers.encode_tgt(["ciao"])[0][0]
     capped = [piece_id] * max_len  # no EOS: the search stopped at the model's last position
-    monkeypatch.setattr(translator_module, "translate_ids", lambda *args, **kwargs: [capped])
+    monkeypatch.setattr(translator.engine, "translate", lambda *args, **kwargs: [capped])
 
     attention = translator.attention("Thank you.")
     assert attention.translation == translator.tokenizers.decode_tgt([capped])[0]  # what `translate` prints
@@ -292,24 +292,21 @@ def test_the_kv_cache_written_in_one_copy_or_two_and_reordered_keeps_the_rows_as
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("drop_finished", [0.0, 0.25, 0.5])
 def test_greedy_drops_finished_sentences_from_the_batch_with_the_same_output(seed, drop_finished, monkeypatch):
-    from transformer_mt.cpu_decoding import decoding_model
-
     model, src = random_model(seed), random_sources(seed, batch=8)
     args = dict(bos_id=BOS, eos_id=EOS, max_len_a=1.5, max_len_b=4)
-    for m in (model, decoding_model(model)):  # the model's own step, and the CPU decoding step
-        rows, step = [], m.decode_best
+    rows, step = [], model.decode_best
 
-        def counted(tgt_ids, *more, step=step, rows=rows):  # the rows each step decodes
-            rows.append(tgt_ids.shape[0])
-            return step(tgt_ids, *more)
+    def counted(tgt_ids, *more):  # the rows each step decodes
+        rows.append(tgt_ids.shape[0])
+        return step(tgt_ids, *more)
 
-        with monkeypatch.context() as patch:
-            patch.setattr(m, "decode_best", counted)
-            dropping = greedy_decode(m, src, drop_finished=drop_finished, **args)
-            kept = len(rows)
-            assert greedy_decode(m, src, drop_finished=None, **args) == dropping
-        assert dropping == greedy_decode(model, src, use_cache=False, **args)
-        assert rows[kept - 1] < 8 and rows[kept:] == [8] * (len(rows) - kept)  # dropped rows, or kept them all
+    with monkeypatch.context() as patch:
+        patch.setattr(model, "decode_best", counted)
+        dropping = greedy_decode(model, src, drop_finished=drop_finished, **args)
+        kept = len(rows)
+        assert greedy_decode(model, src, drop_finished=None, **args) == dropping
+    assert dropping == greedy_decode(model, src, use_cache=False, **args)
+    assert rows[kept - 1] < 8 and rows[kept:] == [8] * (len(rows) - kept)  # dropped rows, or kept them all
 
 
 @pytest.mark.parametrize("vocab, k", [(40, 8), (8000, 8), (8003, 12), (2048, 1), (4100, 16)])

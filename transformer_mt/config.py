@@ -308,12 +308,11 @@ class DecodeConfig:
     plans each new shape, and each decoding step is one: 3-7x slower on an H100); elsewhere
     PyTorch chooses. Otherwise as `train.attention_backend`."""
     quantize: Literal["none", "int8"] = "none"
-    """`int8`: `tmt translate` and `tmt evaluate` on a CPU decode with int8 weights (per output
-    row) and int8 activations (per call) in every linear layer, the vocabulary projection too:
-    greedy decoding 1.4x faster than fp32's in docs/benchmarks.md's bench (whose fp32 greedy step,
-    with a projection of 2^20+ weights, already takes most tokens from int8 logits where that
-    provably gives fp32's choice), translations close to fp32's but not identical.
+    """`int8`: `tmt translate` and `tmt evaluate` on a CPU decode with CTranslate2's int8 weights
+    (the `ctranslate2` engine): faster, translations close to fp32's but not identical.
     Validation during training, the final test and GPUs decode as `none` does."""
+    engine: Literal["auto", "torch", "ctranslate2"] = "auto"
+    """`tmt translate`/`evaluate`'s engine: `auto` is CTranslate2 on a CPU when installed, else torch."""
 
 
 @dataclass(frozen=True)

@@ -64,17 +64,16 @@ class Translator:
         from transformer_mt.run_loading import load_run
 
         run = load_run(run_dir, checkpoint, tokenizers)
-        cfg = run.cfg
-        setting = engine or cfg.decode.engine
+        setting = engine or run.cfg.decode.engine
         if pick_engine(setting, device) == "ctranslate2":
             try:
-                return cls._on_ctranslate2(convert(run_dir, run), tokenizers, cfg, run_dir, checkpoint, device)
+                return cls._on_ctranslate2(convert(run_dir, run), tokenizers, run.cfg, run_dir, checkpoint, device)
             except OSError as err:  # a run directory this user cannot write, say
                 problem = f"cannot cache a CTranslate2 conversion in {run_dir} ({err.strerror or err})"
                 if setting == "ctranslate2":
                     raise TmtError(f"{problem}; translate with --engine torch") from None
                 logger.warning("%s; translating with torch", problem)
-        return cls._on_torch(run, cfg, run_dir, device)
+        return cls._on_torch(run, run_dir, device)
 
     @classmethod
     def _on_ctranslate2(cls, conversion: Conversion, tokenizers: TokenizerPair, cfg: Config, run_dir: Path,
@@ -85,16 +84,16 @@ class Translator:
         return cls(CT2Engine(conversion.path, where, cfg.model.max_len), tokenizers, cfg, run_dir, checkpoint)
 
     @classmethod
-    def _on_torch(cls, run: LoadedRun, cfg: Config, run_dir: Path, device: str) -> Translator:
+    def _on_torch(cls, run: LoadedRun, run_dir: Path, device: str) -> Translator:
         from transformer_mt.runtime import pick_device, warn_attention_fallbacks
         from transformer_mt.torch_engine import TorchEngine
 
         torch_device = pick_device(device)
         logger.info("loaded %s (step %d%s) on %s", run.checkpoint, run.step, ", EMA weights" if run.which == "ema"
                     else "", torch_device)
-        warn_attention_fallbacks(torch_device, {"decode.attention_backend": cfg.decode.attention_backend})
-        engine = TorchEngine(run.model.to(torch_device), torch_device, _precision_for(cfg, torch_device))
-        return cls(engine, run.tokenizers, cfg, run_dir, run.checkpoint)
+        warn_attention_fallbacks(torch_device, {"decode.attention_backend": run.cfg.decode.attention_backend})
+        engine = TorchEngine(run.model.to(torch_device), torch_device, _precision_for(run.cfg, torch_device))
+        return cls(engine, run.tokenizers, run.cfg, run_dir, run.checkpoint)
 
     @property
     def device(self) -> str:

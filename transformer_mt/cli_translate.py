@@ -165,6 +165,8 @@ def run_evaluate(args: argparse.Namespace) -> None:
     if args.output == STDIO:
         raise UsageError("--output -: evaluate prints its scores on stdout; give a file for the hypotheses")
     _check_output(args.output, inputs={"--src": args.src, "--ref": args.ref})
+    if args.tokenize and (problem := bleu_tokenizer_problem(args.tokenize)):  # before the run is loaded (converted)
+        raise UsageError(f"--tokenize: {problem}")
     translator = _load_translator(args)
     _check_not_kept(args.output, "--output", translator.run_dir)
     tokenize = args.tokenize or translator.cfg.train.bleu_tokenize

@@ -40,9 +40,8 @@ class Conversion:
     info: dict  # config, model_args, step, which ("ema" or "model"), checkpoint (its file name)
 
 
-def find_conversion(run_dir: Path, checkpoint: Path, fingerprint: str) -> Conversion | None:
-    """The cached conversion of `checkpoint` with the run's tokenizers (`fingerprint`), or None."""
-    path = _conversion_dir(run_dir, checkpoint, fingerprint)
+def find_conversion(path: Path) -> Conversion | None:
+    """The conversion cached at `path` (`conversion_dir`), or None."""
     try:
         info = json.loads((path / RUN_INFO).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):  # not converted yet (a half-written one has another name)
@@ -50,12 +49,11 @@ def find_conversion(run_dir: Path, checkpoint: Path, fingerprint: str) -> Conver
     return Conversion(path, info)
 
 
-def convert(run_dir: Path, run: LoadedRun) -> Conversion:
-    """Convert `run`'s checkpoint (loaded with torch) into the run's cache and return it. The
-    folder is written beside and renamed into place; a writer that finishes first wins."""
+def convert(run_dir: Path, run: LoadedRun, path: Path) -> Conversion:
+    """Convert `run`'s checkpoint (loaded with torch) into the run's cache at `path` and return
+    it. The folder is written beside and renamed into place; a writer that finishes first wins."""
     from transformer_mt.ct2_conversion import ctranslate2_spec, save_model_dir
 
-    path = _conversion_dir(run_dir, run.checkpoint, run.tokenizers.fingerprint())
     info = {"config": run.config, "model_args": run.model_args, "step": run.step, "which": run.which,
             "checkpoint": run.checkpoint.name}
     spec = ctranslate2_spec(run.model, run.tokenizers, run_dir)
@@ -71,7 +69,7 @@ def convert(run_dir: Path, run: LoadedRun) -> Conversion:
     return Conversion(path, info)
 
 
-def _conversion_dir(run_dir: Path, checkpoint: Path, fingerprint: str) -> Path:
+def conversion_dir(run_dir: Path, checkpoint: Path, fingerprint: str) -> Path:
     """`<run>/ctranslate2/<checkpoint digest>-<tokenizers digest>`: new weights or new tokenizer
     files give a new folder, never a stale conversion."""
     return RunDir(run_dir).ctranslate2 / f"{_checkpoint_digest(run_dir, checkpoint)}-{fingerprint[:8]}"

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 
 from transformer_mt.config import Config
 from transformer_mt.config_loading import config_from_dict
-from transformer_mt.ct2_engine import CT2Engine, Conversion, convert, find_conversion
+from transformer_mt.ct2_engine import CT2Engine, Conversion, conversion_dir, convert, find_conversion
 from transformer_mt.engine import Engine, ctranslate2_device, has_ctranslate2, pick_engine
-from transformer_mt.errors import ConfigError, TmtError, UsageError
+from transformer_mt.errors import CheckpointError, ConfigError, TmtError, UsageError
 from transformer_mt.run_files import find_checkpoint, latest_run  # noqa: F401  (latest_run: callers import it here)
 from transformer_mt.tokenization import EOS, TokenizerPair
 
@@ -50,11 +50,27 @@ class Translator:
         """Load a run directory (its checkpoint as `load_run` chooses it) on `engine` (auto, torch or
         ctranslate2; None: the run's `decode.engine`). On CTranslate2 a conversion cached for this
         checkpoint loads without torch; the first use converts it."""
-        if checkpoint is None:
-            checkpoint = find_checkpoint(run_dir)
+        if checkpoint is not None:
+            return cls._from_checkpoint(run_dir, checkpoint, device, engine)
+        for _ in range(2):  # a trainer may delete the newest step checkpoint (keep_last) while it is read
+            chosen = find_checkpoint(run_dir)
+            try:
+                return cls._from_checkpoint(run_dir, chosen, device, engine)
+            except CheckpointError:
+                if chosen.exists():
+                    raise
+        return cls._from_checkpoint(run_dir, find_checkpoint(run_dir), device, engine)
+
+    @classmethod
+    def _from_checkpoint(cls, run_dir: Path, checkpoint: Path, device: str, engine: str | None) -> Translator:
         tokenizers = TokenizerPair.load(run_dir)
-        if engine != "torch" and has_ctranslate2() and checkpoint.is_file():
-            conversion = find_conversion(run_dir, checkpoint, tokenizers.fingerprint())
+        cache = None  # where this checkpoint's conversion is (or goes), found before torch loads it
+        if engine != "torch" and has_ctranslate2():
+            try:
+                cache = conversion_dir(run_dir, checkpoint, tokenizers.fingerprint())
+            except OSError:  # a checkpoint missing or unreadable: torch's loader says so
+                pass
+            conversion = find_conversion(cache) if cache is not None else None
             try:  # the checkpoint's config, valid when it was converted
                 cfg = config_from_dict(conversion.info["config"]) if conversion is not None else None
             except ConfigError:  # else torch's loader says what is wrong with it
@@ -67,7 +83,9 @@ class Translator:
         setting = engine or run.cfg.decode.engine
         if pick_engine(setting, device) == "ctranslate2":
             try:
-                return cls._on_ctranslate2(convert(run_dir, run), tokenizers, run.cfg, run_dir, checkpoint, device)
+                cache = cache or conversion_dir(run_dir, checkpoint, tokenizers.fingerprint())
+                return cls._on_ctranslate2(convert(run_dir, run, cache), tokenizers, run.cfg, run_dir, checkpoint,
+                                           device)
             except OSError as err:  # a run directory this user cannot write, say
                 problem = f"cannot cache a CTranslate2 conversion in {run_dir} ({err.strerror or err})"
                 if setting == "ctranslate2":

@@ -13,10 +13,14 @@ tmt and Marian run attention on the kernels of `--attention-backend` (tmt's
 suppressed), so all do the same work; the script checks the counts. Speed is generated target
 tokens per second. Engines that decode the same batches are timed interleaved, batch by batch
 in rotating order, so a change in the machine's load during the run hits them alike; CPU
-time (process time, all threads) is reported beside wall time. On a CPU, greedy decoding is also
-timed with int8 weights: tmt's `decode.quantize: int8` against CTranslate2's `compute_type="int8"`
-(`--no-int8` leaves them out), and at batch size 1 in fp32 with tmt's numpy engine too, what `tmt
-translate` runs for up to 32 sentences (`--engine auto`), one sentence at a time.
+time (process time, all threads) is reported beside wall time.
+
+"tmt translate" is what `tmt translate` runs once the run is loaded: `Translator.translate` on
+text (tokenization, its engine, detokenization; on a CPU the CTranslate2 engine, from the run's
+cached conversion), against raw CTranslate2 on token strings: `tmt_vs_ct2` and
+`tmt_beam4_vs_ct2`. "tmt torch" is tmt's own model and search (`decoding`), the torch engine.
+On a CPU, greedy decoding is also timed with int8 weights: `tmt translate --quantize int8`
+against CTranslate2's `compute_type="int8"` (`--no-int8` leaves them out).
 
     python scripts/bench_decode.py                                   # demo corpus, cpu-small, 1 thread
     python scripts/bench_decode.py --data /work/shared/data/multi30k_en_de
@@ -47,25 +51,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from transformer_mt.architectures import build_model
 from transformer_mt.batching import pad_sequences
 from transformer_mt.checkpoint import FORMAT_VERSION, save_atomic
 from transformer_mt.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, config_to_dict
-from transformer_mt.cpu_decoding import decoding_model
 from transformer_mt.data_sources import read_aligned_files
 from transformer_mt.decoding import beam_search, greedy_decode
 from transformer_mt.evaluation import translate_ids
+from transformer_mt import ct2_conversion
 from transformer_mt.export import export_ctranslate2
 from transformer_mt.graph_decoding import StepGraphs, static_beam_search, static_greedy_decode
 from transformer_mt.model import Transformer
-from transformer_mt.numpy_decoder import NumpyTransformer, greedy_search
-from transformer_mt.numpy_translator import EngineUnavailable, NumpyTranslator
 from transformer_mt.run_layout import RunDir
 from transformer_mt.runtime import AttentionKernels, pick_attention, pick_device, pick_precision, warn_attention_fallbacks
 from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
+from transformer_mt.translator import Translator
 
 DEMO_CORPUS = Path(__file__).resolve().parents[1] / "transformer_mt" / "corpora" / "demo_en_it"
 PRESETS = {
@@ -180,15 +182,16 @@ def build_run(run_dir: Path, args: argparse.Namespace) -> tuple[Transformer, Tok
 
 
 def source_batches(sources: list[str], tokenizers: TokenizerPair, n: int, batch_size: int,
-                   max_len: int) -> list[tuple[list[list[int]], list[list[str]]]]:
+                   max_len: int) -> list[tuple[list[list[int]], list[list[str]], list[str]]]:
     """The first `n` sources (cycled if fewer), sorted by length and cut into batches of
-    (ids + EOS for tmt, token strings for CTranslate2, which appends EOS itself)."""
+    (ids + EOS for tmt torch, token strings for CTranslate2, which appends EOS itself, the text
+    for tmt translate)."""
     chosen = [sources[i % len(sources)] for i in range(n)]
     encodings = tokenizers.src.encode_batch(chosen, add_special_tokens=False)
     keep = max_len - 1
-    pairs = sorted(((e.ids[:keep] + [EOS_ID], e.tokens[:keep]) for e in encodings), key=lambda p: len(p[0]))
-    return [([ids for ids, _ in pairs[i:i + batch_size]], [toks for _, toks in pairs[i:i + batch_size]])
-            for i in range(0, len(pairs), batch_size)]
+    rows = sorted(((e.ids[:keep] + [EOS_ID], e.tokens[:keep], text) for e, text in zip(encodings, chosen)),
+                  key=lambda row: len(row[0]))
+    return [tuple(list(column) for column in zip(*rows[i:i + batch_size])) for i in range(0, len(rows), batch_size)]
 
 
 def spread_subset(batches: list, n_sentences: int) -> list:
@@ -198,6 +201,20 @@ def spread_subset(batches: list, n_sentences: int) -> list:
     full = [batch for batch in batches if len(batch[0]) == batch_size] or batches  # skip a short last batch
     k = max(1, min(len(full), round(n_sentences / batch_size)))
     return [full[round(i * (len(full) - 1) / (k - 1))] for i in range(k)] if k > 1 else full[:1]
+
+
+def forbid_eos_in_conversions() -> Callable[[], None]:
+    """Make EOS impossible in every CTranslate2 conversion made until the returned function is
+    called (`export`'s and `tmt translate`'s cache alike), as `EosSuppression` does for torch."""
+    build = ct2_conversion.build_ctranslate2_spec
+
+    def without_eos(model):
+        spec = build(model)
+        spec.decoder.projection.bias[EOS_ID] = -1e4
+        return spec
+
+    ct2_conversion.build_ctranslate2_spec = without_eos
+    return lambda: setattr(ct2_conversion, "build_ctranslate2_spec", build)
 
 
 class EosSuppression:
@@ -227,7 +244,7 @@ def tmt_engine(model: Transformer, device: torch.device, precision, attention: A
                beam: int, use_cache: bool) -> Callable:
     graphs = StepGraphs()  # on CUDA, batches of one padded shape replay one capture, as in `translate_ids`
 
-    def run(ids: list[list[int]], tokens: list[list[str]]) -> list[int]:
+    def run(ids: list[list[int]], tokens: list[list[str]], texts: list[str]) -> list[int]:
         src_ids = pad_sequences(ids, PAD_ID).to(device)  # (B, S)
         with precision.autocast(), attention.enabled():
             if beam == 1 and use_cache and device.type == "cuda":  # what `translate_ids` runs there
@@ -245,24 +262,27 @@ def tmt_engine(model: Transformer, device: torch.device, precision, attention: A
     return run
 
 
-def numpy_engine(model: NumpyTransformer, n_tokens: int) -> Callable:
-    """Greedy decoding as `numpy_decoder.greedy_search` runs it, one sentence at a time, with EOS
-    made impossible."""
-    def run(ids: list[list[int]], tokens: list[list[str]]) -> list[int]:
-        lengths = []
-        for src in ids:
-            state, token = model.start(model.encode(src), 1, n_tokens), BOS_ID
-            for _ in range(n_tokens):
-                logits = model.step(state, np.array([token]))
-                logits[:, EOS_ID] = -np.inf
-                token = int(logits[0].argmax())
-            lengths.append(state.length)
-        return lengths
+def translate_engine(translator: Translator, *, beam: int) -> Callable:
+    """`Translator.translate` on the batch's text; the generated lengths are the engine's own."""
+    lengths: list[int] = []
+    decode = translator.engine.translate
+
+    def counted(*args):
+        out = decode(*args)
+        lengths.extend(len(ids) for ids in out)
+        return out
+
+    translator.engine.translate = counted
+
+    def run(ids: list[list[int]], tokens: list[list[str]], texts: list[str]) -> list[int]:
+        lengths.clear()
+        translator.translate(texts, beam_size=beam)
+        return list(lengths)
     return run
 
 
 def ct2_engine(translator, n_tokens: int, *, beam: int) -> Callable:
-    def run(ids: list[list[int]], tokens: list[list[str]]) -> list[int]:
+    def run(ids: list[list[int]], tokens: list[list[str]], texts: list[str]) -> list[int]:
         results = translator.translate_batch(tokens, beam_size=beam, max_decoding_length=n_tokens,
                                              min_decoding_length=n_tokens)  # no EOS before the cap
         return [len(r.hypotheses[0]) for r in results]
@@ -287,7 +307,7 @@ def build_marian(cfg: ModelConfig, vocab_size: int):
 def hf_engine(marian, device: torch.device, precision, attention: AttentionKernels, n_tokens: int, *,
               beam: int) -> Callable:
     """`MarianMTModel.generate` with exactly `n_tokens` new tokens (min = max: EOS is held back until then)."""
-    def run(ids: list[list[int]], tokens: list[list[str]]) -> list[int]:
+    def run(ids: list[list[int]], tokens: list[list[str]], texts: list[str]) -> list[int]:
         src_ids = pad_sequences(ids, PAD_ID).to(device)  # (B, S), the same ids as tmt's, EOS included
         with torch.inference_mode(), precision.autocast(), attention.enabled():
             out = marian.generate(input_ids=src_ids, attention_mask=(src_ids != PAD_ID).long(), num_beams=beam,
@@ -301,16 +321,16 @@ def time_engines(runs: list[tuple[str, Callable]], batches: list, batch_size: in
     """Time engines on the same batches, interleaved: each batch is decoded by every engine in
     turn, the order rotating from batch to batch."""
     for _, run in runs:
-        for ids, tokens in batches[:warmup]:
-            run(ids, tokens)
+        for batch in batches[:warmup]:
+            run(*batch)
     wall = dict.fromkeys((name for name, _ in runs), 0.0)
     cpu = dict(wall)
     lengths: dict[str, list[int]] = {name: [] for name, _ in runs}
-    for i, (ids, tokens) in enumerate(batches):
+    for i, batch in enumerate(batches):
         for name, run in runs[i % len(runs):] + runs[:i % len(runs)]:
             _sync(device)
             started, cpu_started = time.perf_counter(), time.process_time()
-            lengths[name] += run(ids, tokens)
+            lengths[name] += run(*batch)
             _sync(device)
             wall[name] += time.perf_counter() - started
             cpu[name] += time.process_time() - cpu_started
@@ -326,8 +346,8 @@ def print_profile(run: Callable, batches: list) -> None:
     machine read the shares, not the absolute times)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for ids, tokens in batches:
-            run(ids, tokens)
+        for batch in batches:
+            run(*batch)
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
 
 
@@ -351,39 +371,29 @@ def same_greedy_output(expected: list[list[int]], translator, tokenizers: Tokeni
     return sum(a == b for a, b in zip(expected, got))
 
 
-def same_numpy_output(expected: list[list[int]], model: NumpyTransformer, batch: tuple, n_tokens: int) -> int:
-    """Sentences of `batch` where the numpy engine's natural greedy output is torch's `expected`."""
-    decode = DecodeConfig(beam_size=1, max_len_a=0, max_len_b=n_tokens)
-    return sum(greedy_search(model, src, decode, bos_id=BOS_ID, eos_id=EOS_ID) == want
-               for src, want in zip(batch[0], expected))
-
-
-def output_checks(decoder: Transformer, translator, numpy_decoder: NumpyTransformer | None, tokenizers: TokenizerPair,
-                  sources: list[str], device: torch.device, precision, n_tokens: int) -> dict[str, str | None]:
-    """Natural greedy outputs (EOS when the model picks it) of 32 sentences against torch's: of
-    CTranslate2 and of the numpy engine, each "agreeing/compared" (None: not run)."""
-    checks = {"same_greedy_output": None, "same_numpy_output": None}
-    if translator is None and numpy_decoder is None:
+def output_checks(decoder: Transformer, translator, tokenizers: TokenizerPair, sources: list[str],
+                  device: torch.device, precision, n_tokens: int) -> dict[str, str | None]:
+    """Natural greedy outputs (EOS when the model picks it) of 32 sentences: CTranslate2's against
+    tmt torch's, "agreeing/compared" (None: not run)."""
+    checks = {"same_greedy_output": None}
+    if translator is None:
         return checks
     batch = source_batches(sources, tokenizers, 32, 32, decoder.cfg.max_len)[0]
     expected = greedy_outputs(decoder, batch, device, precision, n_tokens)
-    if translator is not None:
-        agree = same_greedy_output(expected, translator, tokenizers, batch, n_tokens)
-        checks["same_greedy_output"] = f"{agree}/{len(expected)}"
-        print(f"# same greedy output as ct2 (natural EOS, no suppression): {checks['same_greedy_output']} sentences")
-    if numpy_decoder is not None:
-        checks["same_numpy_output"] = f"{same_numpy_output(expected, numpy_decoder, batch, n_tokens)}/{len(expected)}"
-        print(f"# same greedy output from the numpy engine: {checks['same_numpy_output']} sentences")
+    agree = same_greedy_output(expected, translator, tokenizers, batch, n_tokens)
+    checks["same_greedy_output"] = f"{agree}/{len(expected)}"
+    print(f"# same greedy output as ct2 (natural EOS, no suppression): {checks['same_greedy_output']} sentences")
     return checks
 
 
-def numpy_model(run_dir: Path) -> NumpyTransformer | None:
-    """The numpy engine's model of the run, as `tmt translate` loads it, or None with a note."""
-    try:
-        return NumpyTranslator.from_run(run_dir).model
-    except EngineUnavailable as err:
-        print(f"# numpy engine: left out ({err}); its figures are null")
-        return None
+def tmt_translator(run_dir: Path, args: argparse.Namespace, device: torch.device, n_tokens: int) -> Translator:
+    """The run as `tmt translate --device <device>` loads it (CTranslate2 on a CPU, from the run's
+    cache, on `--threads` threads), decoding exactly `n_tokens` tokens in one batch of each batch."""
+    translator = Translator.from_run(run_dir, device=device.type)
+    if translator.engine.name == "ctranslate2":
+        translator.engine.threads = args.threads
+    translator.set_decoding(max_len_a=0, max_len_b=n_tokens, batch_tokens=1 << 20)
+    return translator
 
 
 # --- main --------------------------------------------------------------------------------------
@@ -424,22 +434,28 @@ def main(argv: list[str] | None = None) -> None:
         setup_started = time.perf_counter()
         model, tokenizers = build_run(run_dir, args)
         model.to(device)
-        decoder = decoding_model(model)  # what tmt decodes with (`evaluation.translate_ids`)
+        decoder = model  # tmt torch: what the torch engine decodes with (`evaluation.translate_ids`)
         int8 = args.int8 and device.type == "cpu"  # decode.quantize applies to CPUs only
-        decoder_int8 = decoding_model(model, "int8") if int8 else None  # `--quantize int8`
-        translator = translator_int8 = None
+        translator = translator_int8 = natural = tmt = tmt_int8 = None
         if ct2 is not None:
-            export_ctranslate2(run_dir, Path(tmp) / "ct2")
+            export_ctranslate2(run_dir, Path(tmp) / "ct2-natural")  # for the output check
+            natural = ct2.Translator(str(Path(tmp) / "ct2-natural"), device=device.type, intra_threads=args.threads,
+                                     inter_threads=1, compute_type=CT2_COMPUTE_TYPE[args.precision])
+            allow_eos = forbid_eos_in_conversions()
+            try:
+                export_ctranslate2(run_dir, Path(tmp) / "ct2")
+                tmt = tmt_translator(run_dir, args, device, n_tokens)  # converts into the run's cache
+            finally:
+                allow_eos()
             translator = ct2.Translator(str(Path(tmp) / "ct2"), device=device.type, intra_threads=args.threads,
                                         inter_threads=1, compute_type=CT2_COMPUTE_TYPE[args.precision])
-            if int8:
+            if int8 and tmt.engine.name == "ctranslate2":
                 translator_int8 = ct2.Translator(str(Path(tmp) / "ct2"), device=device.type,
                                                  intra_threads=args.threads, inter_threads=1, compute_type="int8")
+                tmt_int8 = tmt_translator(run_dir, args, device, n_tokens)
+                tmt_int8.set_decoding(quantize="int8")
         vocab_size = tokenizers.src.get_vocab_size()
         marian = build_marian(model.cfg, vocab_size).to(device) if with_hf else None
-        # `tmt translate`'s engine for a few sentences: fp32, on a CPU, one sentence at a time.
-        numpy_decoder = (numpy_model(run_dir) if device.type == "cpu" and args.precision == "fp32" and 1 in batch_sizes
-                         else None)
         _, _, sources = read_corpus(args.data, args.src_lang)
         setup_s = time.perf_counter() - setup_started
         print(f"# {args.preset}: d_model={model.cfg.d_model} "
@@ -449,7 +465,7 @@ def main(argv: list[str] | None = None) -> None:
               + (f" (Marian {marian.num_parameters() / 1e6:.1f}M)" if marian is not None else "")
               + f"; {len(sources)} test sources; attention {attention.names or 'PyTorch chooses'}; setup {setup_s:.1f}s")
 
-        checks = output_checks(decoder, translator, numpy_decoder, tokenizers, sources, device, precision, n_tokens)
+        checks = output_checks(decoder, natural, tokenizers, sources, device, precision, n_tokens)
 
         test_figure = None
         if args.test_beam:
@@ -457,7 +473,8 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(test_figure), flush=True)
 
         timings: list[Timing] = []
-        hooks = [EosSuppression(m) for m in (decoder, decoder_int8) if m is not None]
+        hooks = [EosSuppression(m) for m in [decoder] + ([tmt.engine.model] if tmt and tmt.engine.name == "torch"
+                                                           else [])]
         try:
             for batch_size in batch_sizes:
                 n = args.n_batch1 if batch_size == 1 else args.n_sentences
@@ -465,31 +482,32 @@ def main(argv: list[str] | None = None) -> None:
                 uncached = spread_subset(batches, args.n_uncached)
                 # Each group decodes the same batches, interleaved; the slow uncached reference
                 # runs alone on its subset.
-                def tmt(beam: int, use_cache: bool = True) -> Callable:
+                def torch_engine(beam: int, use_cache: bool = True) -> Callable:
                     return tmt_engine(decoder, device, precision, attention, n_tokens, beam=beam, use_cache=use_cache)
-                greedy = [("tmt greedy, cached", tmt(1))]
-                beams = [(f"tmt beam {BEAM}", tmt(BEAM))]
+                greedy = [("tmt torch greedy, cached", torch_engine(1))]
+                beams = [(f"tmt torch beam {BEAM}", torch_engine(BEAM))]
+                if tmt is not None:
+                    greedy.append(("tmt translate greedy", translate_engine(tmt, beam=1)))
+                    beams.append((f"tmt translate beam {BEAM}", translate_engine(tmt, beam=BEAM)))
                 if translator is not None:
                     greedy.append(("ct2 greedy", ct2_engine(translator, n_tokens, beam=1)))
                     beams.append((f"ct2 beam {BEAM}", ct2_engine(translator, n_tokens, beam=BEAM)))
-                if decoder_int8 is not None:
-                    greedy.append(("tmt greedy, int8", tmt_engine(decoder_int8, device, precision, attention, n_tokens,
-                                                                  beam=1, use_cache=True)))
+                if tmt_int8 is not None:
+                    greedy.append(("tmt translate greedy, int8", translate_engine(tmt_int8, beam=1)))
                 if translator_int8 is not None:
                     greedy.append(("ct2 greedy, int8", ct2_engine(translator_int8, n_tokens, beam=1)))
-                if numpy_decoder is not None and batch_size == 1:
-                    greedy.append(("tmt greedy, numpy", numpy_engine(numpy_decoder, n_tokens)))
                 if marian is not None:
                     greedy.append(("hf_marian greedy", hf_engine(marian, device, precision, attention, n_tokens, beam=1)))
                     beams.append((f"hf_marian beam {BEAM}", hf_engine(marian, device, precision, attention, n_tokens,
                                                                      beam=BEAM)))
-                groups = [(greedy, batches), ([("tmt greedy, uncached", tmt(1, use_cache=False))], uncached),
+                groups = [(greedy, batches), ([("tmt torch greedy, uncached", torch_engine(1, use_cache=False))],
+                                              uncached),
                           (beams, batches)]
                 for runs, engine_batches in groups:
                     for timing in time_engines(runs, engine_batches, batch_size, n_tokens, args.warmup_batches,
                                                device):
                         timings.append(timing)
-                        print(f"{timing.engine:<22} batch {batch_size:>3}  {timing.sentences:>5} sentences  "
+                        print(f"{timing.engine:<26} batch {batch_size:>3}  {timing.sentences:>5} sentences  "
                               f"{timing.tokens:>7} tokens  {timing.seconds:8.2f} s  {timing.tokens_per_s:10.1f} tokens/s"
                               f"  (CPU {timing.cpu_seconds:8.2f} s  {timing.tokens_per_cpu_s:10.1f} tokens/CPU-s)",
                               flush=True)
@@ -541,14 +559,16 @@ def summary(args, device, precision, attention, vocab_size, model, timings, batc
         rate = {t.engine: t.tokens_per_s for t in timings if t.batch_size == batch_size}
         cpu_rate = {t.engine: t.tokens_per_cpu_s for t in timings if t.batch_size == batch_size}
         sentences = {t.engine: t.sentences for t in timings if t.batch_size == batch_size}
-        greedy, beam = rate["tmt greedy, cached"], rate[f"tmt beam {BEAM}"]
+        greedy, beam = rate["tmt torch greedy, cached"], rate[f"tmt torch beam {BEAM}"]
+        translate, translate_beam = rate.get("tmt translate greedy"), rate.get(f"tmt translate beam {BEAM}")
         ct2, ct2_beam = rate.get("ct2 greedy"), rate.get(f"ct2 beam {BEAM}")
         hf, hf_beam = rate.get("hf_marian greedy"), rate.get(f"hf_marian beam {BEAM}")
-        int8, ct2_int8 = rate.get("tmt greedy, int8"), rate.get("ct2 greedy, int8")
-        numpy = rate.get("tmt greedy, numpy")
+        int8, ct2_int8 = rate.get("tmt translate greedy, int8"), rate.get("ct2 greedy, int8")
         by_batch[str(batch_size)] = {
+            "translate_tokens_per_s": translate and round(translate, 1),
+            "translate_beam4_tokens_per_s": translate_beam and round(translate_beam, 1),
             "cached_tokens_per_s": round(greedy, 1),
-            "uncached_tokens_per_s": round(rate["tmt greedy, uncached"], 1),
+            "uncached_tokens_per_s": round(rate["tmt torch greedy, uncached"], 1),
             "beam4_tokens_per_s": round(beam, 1),
             "ct2_tokens_per_s": ct2 and round(ct2, 1),
             "ct2_beam4_tokens_per_s": ct2_beam and round(ct2_beam, 1),
@@ -556,17 +576,18 @@ def summary(args, device, precision, attention, vocab_size, model, timings, batc
             "hf_marian_beam4_tokens_per_s": hf_beam and round(hf_beam, 1),
             "int8_tokens_per_s": int8 and round(int8, 1),
             "ct2_int8_tokens_per_s": ct2_int8 and round(ct2_int8, 1),
-            "numpy_tokens_per_s": numpy and round(numpy, 1),
-            "cache_speedup": round(greedy / rate["tmt greedy, uncached"], 2),
-            "tmt_vs_ct2": _ratio(greedy, ct2),
-            "tmt_beam4_vs_ct2": _ratio(beam, ct2_beam),
-            "tmt_vs_ct2_cpu_time": _ratio(cpu_rate["tmt greedy, cached"], cpu_rate.get("ct2 greedy")),
-            "tmt_beam4_vs_ct2_cpu_time": _ratio(cpu_rate[f"tmt beam {BEAM}"], cpu_rate.get(f"ct2 beam {BEAM}")),
+            "cache_speedup": round(greedy / rate["tmt torch greedy, uncached"], 2),
+            "tmt_vs_ct2": _ratio(translate, ct2),
+            "tmt_beam4_vs_ct2": _ratio(translate_beam, ct2_beam),
+            "tmt_vs_ct2_cpu_time": _ratio(cpu_rate.get("tmt translate greedy"), cpu_rate.get("ct2 greedy")),
+            "tmt_beam4_vs_ct2_cpu_time": _ratio(cpu_rate.get(f"tmt translate beam {BEAM}"),
+                                                cpu_rate.get(f"ct2 beam {BEAM}")),
+            "torch_vs_ct2": _ratio(greedy, ct2),
+            "torch_beam4_vs_ct2": _ratio(beam, ct2_beam),
             "tmt_int8_vs_ct2_int8": _ratio(int8, ct2_int8),
-            "tmt_int8_vs_tmt_fp32": _ratio(int8, greedy),
-            "tmt_int8_vs_ct2_int8_cpu_time": _ratio(cpu_rate.get("tmt greedy, int8"), cpu_rate.get("ct2 greedy, int8")),
-            "tmt_numpy_vs_ct2": _ratio(numpy, ct2),
-            "tmt_numpy_vs_ct2_cpu_time": _ratio(cpu_rate.get("tmt greedy, numpy"), cpu_rate.get("ct2 greedy")),
+            "tmt_int8_vs_tmt_fp32": _ratio(int8, translate),
+            "tmt_int8_vs_ct2_int8_cpu_time": _ratio(cpu_rate.get("tmt translate greedy, int8"),
+                                                    cpu_rate.get("ct2 greedy, int8")),
             "tmt_vs_hf_marian_greedy": _ratio(greedy, hf),
             "tmt_vs_hf_marian_beam4": _ratio(beam, hf_beam),
             "sentences": sentences,

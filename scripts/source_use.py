@@ -45,8 +45,8 @@ def mean_nll(model: torch.nn.Module, src: list[list[int]], tgt: list[list[int]])
 
 
 def source_use(checkpoint: Path, src_lines: list[str], tgt_lines: list[str], weights: str = "translation") -> dict:
-    translator = Translator.from_run(checkpoint.parent.parent, checkpoint, device="cpu")
-    model = translator.model.eval()
+    translator = Translator.from_run(checkpoint.parent.parent, checkpoint, device="cpu", engine="torch")
+    model = translator.engine.model.eval()
     if weights == "trained":
         model.load_state_dict(load_checkpoint(checkpoint)["model"])
     keep = model.positions.shape[0] - 1  # room for EOS / BOS

@@ -181,11 +181,12 @@ def cudnn_run(tmp_path_factory) -> Path:
 def test_tmt_translate_with_cudnn_asked_on_a_cpu_warns_once_and_translates_as_auto(cudnn_run: Path, monkeypatch,
                                                                                      capsys):
     lines = [src for src, _ in TINY_PAIRS]
-    code, out, err = run_cli(["translate", "--run", str(cudnn_run), "--device", "cpu", "--beam", "2", *lines],
+    code, out, err = run_cli(["translate", "--run", str(cudnn_run), "--device", "cpu", "--engine", "torch", "--beam", "2",
+                              *lines],
                              monkeypatch, capsys, cudnn_run.parent)
     assert code == 0, err
     warnings = [line for line in err.splitlines() if "attention_backend" in line]
     assert len(warnings) == 1 and "decode.attention_backend: cudnn is a CUDA kernel; on cpu" in warnings[0]
-    translator = Translator.from_run(cudnn_run, device="cpu")
+    translator = Translator.from_run(cudnn_run, device="cpu", engine="torch")
     translator.set_decoding(attention_backend="auto")
     assert out.splitlines() == translator.translate(lines, beam_size=2)

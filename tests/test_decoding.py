@@ -168,11 +168,11 @@ def test_the_attention_of_a_translation_that_fills_max_len_keeps_every_piece(tmp
     from transformer_mt import translator as translator_module
 
     make_run(tmp_path / "run", "pre", True)
-    translator = translator_module.Translator.from_run(tmp_path / "run", device="cpu")
-    max_len = translator.model.cfg.max_len
+    translator = translator_module.Translator.from_run(tmp_path / "run", device="cpu", engine="torch")
+    max_len = translator.max_len
     piece_id = translator.tokenizers.encode_tgt(["ciao"])[0][0]
     capped = [piece_id] * max_len  # no EOS: the search stopped at the model's last position
-    monkeypatch.setattr(translator_module, "translate_ids", lambda *args, **kwargs: [capped])
+    monkeypatch.setattr(translator.engine, "translate", lambda *args, **kwargs: [capped])
 
     attention = translator.attention("Thank you.")
     assert attention.translation == translator.tokenizers.decode_tgt([capped])[0]  # what `translate` prints

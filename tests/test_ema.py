@@ -104,9 +104,9 @@ def test_validation_scores_the_ema_and_translate_uses_it(tiny_corpus: Path, tmp_
     trainer.evaluator.model.load_state_dict(ckpt["model"])  # the trained weights score otherwise
     assert trainer.evaluator.validation_loss() != pytest.approx(summary["last_valid"]["loss"], abs=1e-4)
 
-    translator = Translator.from_run(run, device="cpu")  # best.pt: its EMA weights
+    translator = Translator.from_run(run, device="cpu", engine="torch")  # best.pt: its EMA weights
     best = load_checkpoint(run / "checkpoints" / "best.pt")
-    for name, tensor in translator.model.state_dict().items():
+    for name, tensor in translator.engine.model.state_dict().items():
         assert torch.equal(tensor, best["ema"]["model"][name]), name
 
 

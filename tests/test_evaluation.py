@@ -112,16 +112,16 @@ def test_evaluate_without_corpus_cache_or_data_names_the_runs_config_and_src_ref
 
 def test_a_length_penalty_option_reaches_beam_search_and_names_evaluates_output(tiny_run: Path, monkeypatch,
                                                                                 capsys):
-    import transformer_mt.translator as translator_module
+    from transformer_mt.ct2_engine import CT2Engine
+    from transformer_mt.torch_engine import TorchEngine
 
-    seen = []  # (beam size, length penalty) of each call into decoding
-    real_translate_ids = translator_module.translate_ids
+    seen = []  # (beam size, length penalty) of each call into decoding, on either engine
+    for engine in (CT2Engine, TorchEngine):
+        def recording(self, src_ids, decode_cfg, beam_size, progress, real=engine.translate):
+            seen.append((beam_size, decode_cfg.length_penalty))
+            return real(self, src_ids, decode_cfg, beam_size, progress)
 
-    def recording(model, src_ids, decode_cfg, **kwargs):
-        seen.append((kwargs["beam_size"], decode_cfg.length_penalty))
-        return real_translate_ids(model, src_ids, decode_cfg, **kwargs)
-
-    monkeypatch.setattr(translator_module, "translate_ids", recording)
+        monkeypatch.setattr(engine, "translate", recording)
     code, _, err = run_cli(["evaluate", "--run", str(tiny_run), "--quiet", "--beam", "3", "--length-penalty", "1.5"],
                            monkeypatch, capsys, tiny_run.parent)
     assert code == 0, err

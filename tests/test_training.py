@@ -160,8 +160,8 @@ def test_a_deep_encoder_shallow_decoder_model_trains_resumes_exactly_and_transla
     events = EventAccumulator(str(straight / "tensorboard"), size_guidance={"images": 0})
     events.Reload()
     assert set(events.Tags()["images"]) == {"valid/attention_layer_1"}
-    translator = Translator.from_run(straight, device="cpu")
-    assert (len(translator.model.encoder_layers), len(translator.model.decoder_layers)) == (2, 1)
+    translator = Translator.from_run(straight, device="cpu", engine="torch")
+    assert (len(translator.engine.model.encoder_layers), len(translator.engine.model.decoder_layers)) == (2, 1)
     assert len(translator.translate([TINY_PAIRS[0][0]])) == 1
 
 

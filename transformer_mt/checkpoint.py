@@ -18,8 +18,6 @@ from pathlib import Path
 
 import torch
 
-from transformer_mt.checkpoint_reader import (  # noqa: F401  (defined there, torch-free; imported from here too)
-    FORMAT_VERSION, REQUIRED_KEYS, check_tokenizers, check_vocabulary, translation_weights)
 from transformer_mt.config import comparable_depths, with_defaults
 from transformer_mt.errors import CheckpointError
 from transformer_mt.files import describe_os_error, write_atomic
@@ -27,6 +25,34 @@ from transformer_mt.run_files import BEST_NAME, checkpoint_steps, step_file_name
 
 logger = logging.getLogger(__name__)
 
+# 2: `nn.Linear` weights (out, in) named `weight`. 1: the same matrices stored (in, out) as `kernel`.
+FORMAT_VERSION = 2
+REQUIRED_KEYS = ("model", "config", "model_args", "format_version")
+
+
+def translation_weights(state: dict) -> tuple[dict, str]:
+    """The weights to translate with from a loaded checkpoint, and which they are: its EMA's
+    (`"ema"`, `train.ema_decay`) when it has them, else its trained weights (`"model"`)."""
+    ema = state.get("ema")
+    if ema:
+        return ema["model"], "ema"
+    return state["model"], "model"
+
+
+def check_tokenizers(state: dict, fingerprint: str, path: Path, run_dir: Path) -> None:
+    """Refuse a checkpoint trained with other tokenizers than the run's (`TokenizerPair.fingerprint`),
+    say one copied from another run: its ids would mean other pieces, and its translations be
+    garbage. Checkpoints from before the fingerprint was saved pass."""
+    saved = state.get("tokenizers")
+    if saved is not None and saved != fingerprint:
+        raise CheckpointError(f"{path} was trained with other tokenizers than those of {run_dir} (a checkpoint of "
+                              "another run?); use it with its own run directory")
+
+
+def check_vocabulary(model_args: dict, src_size: int, tgt_size: int, run_dir: Path) -> None:
+    """Refuse tokenizers whose vocabulary sizes (`src_size`, `tgt_size`) are not the checkpoint's."""
+    if src_size != model_args["src_vocab_size"] or tgt_size != model_args["tgt_vocab_size"]:
+        raise CheckpointError(f"{run_dir}: the tokenizer files do not match the checkpoint's vocabulary sizes")
 
 
 def save_atomic(state: dict, path: Path) -> None:

@@ -63,7 +63,6 @@ EVALUATE_EXAMPLES = """examples:
 
 
 EXPORT_EXAMPLES = """examples:
-  pip install ctranslate2
   tmt export --format ctranslate2 --run runs/demo --output demo-ct2
   tmt export --format ctranslate2 --run runs/demo --output demo-ct2-int8 --quantization int8
 """
@@ -142,12 +141,6 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--interactive", action="store_true",
                            help="translate each line as it is typed (the default when stdin is a terminal and "
                                 "no sentence, --input or --output is given)")
-    translate.add_argument("--engine", choices=["auto", "torch", "numpy"], default="auto",
-                           help="auto (default): up to 32 sentences given as arguments, greedy or beam search, plain text "
-                                "output, --device cpu or auto, are translated in numpy on the CPU without loading "
-                                "torch (a second less; even beside a GPU, a handful of sentences are done before "
-                                "CUDA would have started); everything else with torch. The same translations either "
-                                "way. torch or numpy: always that engine (numpy refuses what it cannot do)")
     lists = translate.add_argument_group("n-best lists, scores and sampling (README: \"n-best lists and scores\")")
     lists.add_argument("--n-best", type=_positive_int, default=1, metavar="K",
                        help="the K best translations of each sentence (K at most the beam size), best first; "
@@ -209,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """--run / --checkpoint, --beam, --length-penalty, --quantize and --device, shared by translate and evaluate."""
+    """--run / --checkpoint, --beam, --length-penalty, --quantize, --engine and --device, shared by translate and
+    evaluate."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--run", type=Path, help="run directory (default: the most recently updated run under ./runs)")
     source.add_argument("--checkpoint", type=Path, help="a checkpoint file inside a run's checkpoints/ folder")
@@ -219,8 +213,12 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         help="beam search's length penalty α (default: the run's decode.length_penalty; "
                              "0 = none, higher favours longer translations)")
     parser.add_argument("--quantize", choices=["none", "int8"],
-                        help="int8: decode with int8 weights on a CPU, faster, translations close to fp32 but "
-                             "not identical (default: the run's decode.quantize, none)")
+                        help="int8: decode with CTranslate2's int8 weights on a CPU, faster, translations close to "
+                             "fp32 but not identical (default: the run's decode.quantize, none)")
+    parser.add_argument("--engine", choices=["auto", "torch", "ctranslate2"],
+                        help="decoding engine (default: the run's decode.engine, auto): auto is CTranslate2 on a "
+                             "CPU (the run converted once, cached in <run>/ctranslate2/; greedy output identical "
+                             "to torch's), torch on a GPU; --show-attention always draws from torch")
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
                         help="where to translate (default auto: CUDA, else MPS, else the CPU; another GPU: "
                              "CUDA_VISIBLE_DEVICES=N)")
@@ -288,25 +286,3 @@ def check_translate_options(args: argparse.Namespace) -> None:
         if given:
             raise UsageError(f"--interactive reads sentences as they are typed and answers on stdout; "
                              f"leave out {', '.join(given)}")
-
-
-# `--engine auto` gives torch more sentences than this: numpy decodes one sentence at a time,
-# about 4x torch's per-sentence time in batches (docs/benchmarks.md), so past a few dozen
-# sentences torch's 1.5 s of start-up is paid back.
-NUMPY_AUTO_MAX_SENTENCES = 32
-
-
-def numpy_engine_refusal(args: argparse.Namespace) -> str | None:
-    """Why `tmt translate` with these options needs the torch engine (`--engine`), or None when
-    the numpy engine (`numpy_translator`) translates them as torch would."""
-    if args.engine == "torch":
-        return "--engine torch"
-    if not args.text:
-        return "it translates sentences given as arguments only"
-    if args.engine == "auto" and len(args.text) > NUMPY_AUTO_MAX_SENTENCES:
-        return f"more than {NUMPY_AUTO_MAX_SENTENCES} sentences go to torch's batches"
-    options = [(args.interactive, "--interactive"), (args.device not in ("auto", "cpu"), f"--device {args.device}"),
-               (args.quantize not in (None, "none"), f"--quantize {args.quantize}"), (args.sample, "--sample"),
-               (args.show_attention is not None, "--show-attention"), (args.n_best > 1, "--n-best"),
-               (args.scores, "--scores"), (args.format != "text", f"--format {args.format}")]
-    return next((f"{option} needs torch" for given, option in options if given), None)

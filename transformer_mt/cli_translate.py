@@ -1,5 +1,5 @@
-"""`tmt translate` and `tmt evaluate`: the run's translator loaded (torch, or numpy where it serves),
-sentences from arguments, a file, stdin or a prompt, their translations, scores and attention drawn
+"""`tmt translate` and `tmt evaluate`: the run's translator loaded on its engine (CTranslate2 on a
+CPU, torch-free once converted; torch elsewhere), sentences from arguments, a file, stdin or a prompt, their translations, scores and attention drawn
 to the files the user names (never over an input)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from transformer_mt.cli_logging import setup_logging
-from transformer_mt.cli_parser import STDIO, check_translate_options, numpy_engine_refusal
+from transformer_mt.cli_parser import STDIO, check_translate_options
 from transformer_mt.errors import DataError, TmtError, UsageError
 from transformer_mt.files import check_parent_dir, lines_to_text, make_parent_dir, write_text_atomic
 from transformer_mt.run_layout import RunDir
@@ -69,16 +69,19 @@ def _translate_lines(translator, lines: list[str], args: argparse.Namespace, pro
     jsonl or --sample, the lists README's "n-best lists and scores" describes (sentences
     numbered from `first_number`)."""
     if args.n_best == 1 and not args.scores and args.format == "text" and not args.sample:
-        return translator.translate(lines, beam_size=args.beam, progress=progress)  # no torch import for numpy's
-    from transformer_mt.decoding import Sampling
+        return translator.translate(lines, beam_size=args.beam, progress=progress)
     from transformer_mt.translator import format_translations
 
     beam = args.beam or translator.cfg.decode.beam_size
     if not args.sample and args.n_best > beam:  # the run's beam size, when --beam was left out
         raise UsageError(f"--n-best {args.n_best}: beam search keeps only the run's decode.beam_size={beam} "
                          f"translations; add --beam {args.n_best} or more")
-    sampling = Sampling(temperature=args.temperature or 1.0, top_k=args.top_k or 0,
-                        top_p=args.top_p or 1.0, seed=args.seed or 0) if args.sample else None
+    sampling = None
+    if args.sample:
+        from transformer_mt.decoding import Sampling
+
+        sampling = Sampling(temperature=args.temperature or 1.0, top_k=args.top_k or 0, top_p=args.top_p or 1.0,
+                            seed=args.seed or 0)
     results = translator.translate_n_best(lines, n_best=args.n_best, beam_size=1 if args.sample else beam,
                                           sampling=sampling, progress=progress)
     return format_translations(lines, results, jsonl=args.format == "jsonl", numbered=args.n_best > 1,
@@ -135,7 +138,7 @@ def _draw_attention(translator, line: str, args: argparse.Namespace) -> str:
     """Draw `line`'s cross-attention to --show-attention and return its translation."""
     from transformer_mt.plotting import save_attention
 
-    n_layers = translator.model.cfg.n_decoder_layers
+    n_layers = translator.cfg.model.n_decoder_layers
     asked = -1 if args.attention_layer is None else args.attention_layer  # the last by default
     if not -n_layers <= asked < n_layers:
         raise UsageError(f"--attention-layer {asked}: the model has {n_layers} decoder layers "
@@ -162,6 +165,8 @@ def run_evaluate(args: argparse.Namespace) -> None:
     if args.output == STDIO:
         raise UsageError("--output -: evaluate prints its scores on stdout; give a file for the hypotheses")
     _check_output(args.output, inputs={"--src": args.src, "--ref": args.ref})
+    if args.tokenize and (problem := bleu_tokenizer_problem(args.tokenize)):  # before the run is loaded (converted)
+        raise UsageError(f"--tokenize: {problem}")
     translator = _load_translator(args)
     _check_not_kept(args.output, "--output", translator.run_dir)
     tokenize = args.tokenize or translator.cfg.train.bleu_tokenize
@@ -239,20 +244,16 @@ def _check_beam(beam: int | None, translator) -> None:
 
 
 def _open_translator(args: argparse.Namespace, run_dir: Path, checkpoint: Path | None):
-    """`translate`'s numpy engine where `cli_parser.numpy_engine_refusal` and the run allow it, which
-    imports no torch (README: "Translating"); else (and for `evaluate`) the torch `Translator`."""
-    refusal = numpy_engine_refusal(args) if args.command == "translate" else args.command
-    if refusal is None:
-        from transformer_mt.numpy_translator import EngineUnavailable, NumpyTranslator
-        try:
-            return NumpyTranslator.from_run(run_dir, checkpoint)
-        except EngineUnavailable as err:
-            refusal = str(err)
-    if args.command == "translate" and args.engine == "numpy":
-        raise UsageError(f"--engine numpy: {refusal}; leave out --engine to translate with torch")
+    """The run's `Translator` on --engine (else the run's decode.engine); --show-attention draws
+    from the torch engine's model, which auto then picks."""
     from transformer_mt.translator import Translator
 
-    return Translator.from_run(run_dir, checkpoint=checkpoint, device=args.device)
+    engine = args.engine
+    if getattr(args, "show_attention", None):
+        if engine == "ctranslate2":
+            raise UsageError("--show-attention draws from the torch engine's model; leave out --engine ctranslate2")
+        engine = "torch"
+    return Translator.from_run(run_dir, checkpoint=checkpoint, device=args.device, engine=engine)
 
 
 def _shown(path: Path) -> str:

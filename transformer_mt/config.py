@@ -392,9 +392,8 @@ class DecodeConfig:
     evaluate`): `auto` on CUDA tries flash, then memory-efficient, then math, never cuDNN's (it
     plans each new shape, and each decoding step is one); elsewhere PyTorch chooses. Otherwise as `train.attention_backend`."""
     quantize: Literal["none", "int8"] = "none"
-    """`int8`: `tmt translate` and `tmt evaluate` on a CPU decode with int8 weights (per output
-    row) and int8 activations (per call) in every linear layer, the vocabulary projection too:
-    faster (docs/benchmarks.md), translations close to fp32's but not identical.
+    """`int8`: `tmt translate` and `tmt evaluate` on a CPU decode with CTranslate2's int8 weights
+    (the `ctranslate2` engine): faster, translations close to fp32's but not identical.
     Validation during training, the final test and GPUs decode as `none` does."""
     engine: Literal["auto", "torch", "ctranslate2"] = "auto"
     """Inference engine for translate/evaluate: auto = CTranslate2 on a CPU when installed, else torch."""

@@ -65,15 +65,13 @@ def score(hypotheses: list[str], references: list[str], tokenize: str = "13a") -
 
 def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: DecodeConfig, *,
                   bos_id: int, eos_id: int, device: torch.device, precision: Precision,
-                  beam_size: int | None = None, quantize: str = "none", progress: bool = False) -> list[list[int]]:
+                  beam_size: int | None = None, progress: bool = False) -> list[list[int]]:
     """Translate source id lists (no special tokens) in length-sorted, token-budget batches.
 
     Greedy when the beam size (`beam_size`, else `decode_cfg.beam_size`) is 1, else beam
     search, on the attention kernels of `decode_cfg.attention_backend` (one this device cannot
-    run falls back quietly: whoever loads the run warns once). `quantize="int8"` decodes with
-    int8 weights on a CPU (`cpu_decoding.decoding_model`; elsewhere it changes nothing). Sources
-    longer than the model allows are truncated; results come back in input order. `progress`
-    shows a bar on stderr.
+    run falls back quietly: whoever loads the run warns once). Sources longer than the model
+    allows are truncated; results come back in input order. `progress` shows a bar on stderr.
     """
     beam_size = decode_cfg.beam_size if beam_size is None else beam_size
     graphs = StepGraphs()  # batches of one padded shape replay one capture
@@ -83,13 +81,13 @@ def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: Dec
 
     # Beam search decodes K rows per sentence, so each sentence costs K times its length.
     return _translate_batches(model, src_seqs, decode_cfg, decode, rows_per_sentence=beam_size, eos_id=eos_id,
-                              device=device, precision=precision, quantize=quantize, progress=progress)
+                              device=device, precision=precision, progress=progress)
 
 
 def translate_hypotheses(model: Transformer, src_seqs: list[list[int]], decode_cfg: DecodeConfig, *,
                          bos_id: int, eos_id: int, device: torch.device, precision: Precision,
                          beam_size: int | None = None, n_best: int = 1, sampling: Sampling | None = None,
-                         quantize: str = "none", progress: bool = False) -> list[list[Hypothesis]]:
+                         progress: bool = False) -> list[list[Hypothesis]]:
     """As `translate_ids`, but each source gets a list of hypotheses with their log-probabilities
     and length-normalised scores (α = `decode_cfg.length_penalty`): the `n_best` best of beam
     search, best first (beam 1 is greedy decoding, scored), or with `sampling`, `n_best` samples
@@ -112,13 +110,12 @@ def translate_hypotheses(model: Transformer, src_seqs: list[list[int]], decode_c
             return _beam_search(decoder, src_ids, decode_cfg, beam_size, bos_id, eos_id, graphs, n_best)
         rows_per_sentence = beam_size
     return _translate_batches(model, src_seqs, decode_cfg, decode, rows_per_sentence=rows_per_sentence,
-                              eos_id=eos_id, device=device, precision=precision, quantize=quantize, progress=progress)
+                              eos_id=eos_id, device=device, precision=precision, progress=progress)
 
 
 def _translate_batches(model: Transformer, src_seqs: list[list[int]], decode_cfg: DecodeConfig,
                        decode: Callable[[Transformer, torch.Tensor], list[T]], *, rows_per_sentence: int,
-                       eos_id: int, device: torch.device, precision: Precision, quantize: str,
-                       progress: bool) -> list[T]:
+                       eos_id: int, device: torch.device, precision: Precision, progress: bool) -> list[T]:
     """Run `decode(model, src_ids (B, S))` over length-sorted batches of at most
     `decode_cfg.batch_tokens` tokens, each sentence counted `rows_per_sentence` times; its
     results come back in input order."""

@@ -1,41 +1,21 @@
 """Export a trained run to other inference engines: CTranslate2 (`tmt export --format ctranslate2`).
 
-The exported model is the same network with the same weights: CTranslate2's greedy search
-gives tmt's greedy output token for token (tests/test_export.py checks it).
+The exported model is the same network with the same weights (`ct2_conversion`): CTranslate2's
+greedy search gives tmt's greedy output token for token (tests/test_export.py checks it).
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import shutil
 from pathlib import Path
 
-import numpy as np
-import torch
-from torch import nn
-
+from transformer_mt.ct2_conversion import ctranslate2_spec, save_model_dir
 from transformer_mt.errors import TmtError, UsageError
-from transformer_mt.files import check_parent_dir, make_parent_dir, make_temp_dir_beside
-from transformer_mt.model import DecoderLayer, EncoderLayer, SelfAttention, Transformer, sinusoidal_positions
+from transformer_mt.files import check_parent_dir, make_parent_dir
 from transformer_mt.run_lock import lock_if_inside
-from transformer_mt.tokenization import BOS, BOS_ID, EOS, PAD_ID, UNK
-from transformer_mt.translator import Translator
+from transformer_mt.run_loading import load_run
 
 logger = logging.getLogger(__name__)
-
-# CTranslate2 names its padding token `<blank>` (OpenNMT's); its other special tokens are
-# tmt's own strings. fairseq's converter renames `<pad>` the same way.
-CT2_PAD = "<blank>"
-# Rows of the exported position table. tmt cuts sources to model.max_len - 1 tokens and caps
-# outputs at max_len; CTranslate2 does neither by default (inputs are cut at max_input_length
-# = 1024 tokens, the EOS it appends included; outputs at max_decoding_length = 256) and fails a
-# whole batch on a position past the table. The sinusoids extend to any length, so the table
-# covers those defaults; its first max_len rows are the trained model's own.
-CT2_POSITIONS = 1024
-# Added to the logits of tokens tmt never generates (padding, a second BOS), as tmt's search
-# does with `finfo.min`. -1e4 is far below any real logit and still finite in fp16.
-_FORBIDDEN_LOGIT_BIAS = -1e4
 
 
 def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None = None,
@@ -57,7 +37,7 @@ def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None 
     `max_decoding_length`).
     """
     try:
-        import ctranslate2  # noqa: F401  (an optional dependency)
+        import ctranslate2  # noqa: F401  (a dependency, but a platform may lack its wheel)
         from ctranslate2.specs import model_spec
     except ImportError:
         raise TmtError("exporting to CTranslate2 needs the ctranslate2 package: pip install ctranslate2") from None
@@ -71,139 +51,12 @@ def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None 
     if Path.cwd().is_relative_to(target):  # replacing it would pull the folder from under the shell
         raise UsageError(f"--output {output_dir} is the current directory; choose a new directory")
 
-    translator = Translator.from_run(run_dir, checkpoint, device="cpu")
-    spec = build_ctranslate2_spec(translator.model)
-    spec.register_source_vocabulary(ctranslate2_vocabulary(translator.tokenizers.src))
-    spec.register_target_vocabulary(ctranslate2_vocabulary(translator.tokenizers.tgt))
-    for tokenizer_file in sorted(run_dir.glob("tokenizer*.json")):
-        spec.register_file(str(tokenizer_file))  # so the directory alone can translate text
-    spec.validate()
-    spec.optimize(quantization=quantization)  # aliases tied/shared weights, then quantizes
-
-    # Write beside the target and rename, so a failed export leaves no half-written model. The
-    # temp folder is a new one of our own (never a fixed name, which could be a user's folder),
-    # so removing it on failure removes only what this export wrote.
+    run = load_run(run_dir, checkpoint)
+    spec = ctranslate2_spec(run.model, run.tokenizers, run_dir, quantization)
     with lock_if_inside(run_dir, output_dir, "tmt export"):  # never beside the run's trainer
         make_parent_dir(output_dir, "--output")
         try:
-            tmp = make_temp_dir_beside(target)
+            save_model_dir(spec, target)
         except OSError as err:
             raise TmtError(f"{output_dir}: could not write the CTranslate2 model ({err.strerror or err})") from None
-        try:
-            spec.save(str(tmp))
-            if target.exists():
-                target.rmdir()  # empty, checked above
-            tmp.rename(target)
-        except BaseException as err:  # Ctrl-C and CTranslate2's own errors too: its random name is never reused
-            shutil.rmtree(tmp, ignore_errors=True)
-            if isinstance(err, OSError):
-                raise TmtError(f"{output_dir}: could not write the CTranslate2 model "
-                               f"({err.strerror or err})") from None
-            raise
     logger.info("exported %s to %s (CTranslate2, %s)", run_dir, output_dir, quantization or "float32")
-
-
-def ctranslate2_vocabulary(tokenizer) -> list[str]:
-    """The tokenizer's tokens in id order, so CTranslate2 token i is tmt id i; `<pad>` becomes `<blank>`."""
-    vocab = tokenizer.get_vocab(with_added_tokens=True)  # token -> id
-    tokens = sorted(vocab, key=vocab.__getitem__)
-    if [vocab[t] for t in tokens] != list(range(len(tokens))):
-        raise TmtError("the tokenizer's ids are not contiguous from 0; cannot write a CTranslate2 vocabulary")
-    if CT2_PAD in vocab:
-        raise TmtError(f"the tokenizer has a token {CT2_PAD!r}, which CTranslate2 reserves for padding")
-    tokens[PAD_ID] = CT2_PAD
-    return tokens
-
-
-def build_ctranslate2_spec(model: Transformer):
-    """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights (fp32 numpy arrays).
-
-    Mapping: tmt's fused projections are CTranslate2's (self-attention: one QKV matrix;
-    cross-attention: Q, then one KV matrix), in `nn.Linear`'s (out, in) layout, which is
-    CTranslate2's; each tmt `Residual` LayerNorm is the sublayer's `layer_norm`, which
-    CTranslate2 applies before (pre-norm) or after the residual sum (post-norm), as tmt does.
-    Positions are tmt's own sinusoidal table (CTranslate2's built-in one concatenates sin and cos
-    and starts at position 1), embeddings are scaled by sqrt(D), and the output projection gets
-    a bias that forbids padding and BOS, which tmt's search never emits.
-    """
-    from ctranslate2.specs import common_spec, transformer_spec
-
-    cfg = model.cfg
-    spec = transformer_spec.TransformerSpec.from_config(
-        (len(model.encoder_layers), len(model.decoder_layers)), cfg.n_heads, pre_norm=cfg.norm == "pre",
-        activation=common_spec.Activation.RELU)
-    spec.config.layer_norm_epsilon = model.decoder_layers[0].ffn_block.norm.eps  # nn.LayerNorm's 1e-5
-    spec.config.add_source_eos = True  # tmt appends EOS to every source
-    spec.config.decoder_start_token = BOS
-    spec.config.bos_token, spec.config.eos_token, spec.config.unk_token = BOS, EOS, UNK
-
-    # (P, D): row i is position i, as in `Transformer.embed`; P >= max_len (see CT2_POSITIONS)
-    positions = _array(sinusoidal_positions(max(cfg.max_len, CT2_POSITIONS), cfg.d_model))
-    embed_scale = math.sqrt(cfg.d_model)
-    if not math.isclose(model.embed_scale, embed_scale):
-        raise TmtError(f"unexpected embedding scale {model.embed_scale}; the exporter assumes sqrt(d_model)")
-
-    encoder = spec.encoder
-    encoder.embeddings[0].weight = _array(model.src_embed.weight)
-    encoder.scale_embeddings = True  # CTranslate2 multiplies by sqrt(D)
-    encoder.position_encodings.encodings = positions
-    for layer_spec, layer in zip(encoder.layer, model.encoder_layers):
-        _set_encoder_layer(layer_spec, layer)
-    if cfg.norm == "pre":
-        _set_layer_norm(encoder.layer_norm, model.encoder_norm)
-
-    decoder = spec.decoder
-    decoder.embeddings.weight = _array(model.tgt_embed.weight)
-    decoder.scale_embeddings = True
-    decoder.position_encodings.encodings = positions
-    for layer_spec, layer in zip(decoder.layer, model.decoder_layers):
-        _set_decoder_layer(layer_spec, layer)
-    if cfg.norm == "pre":
-        _set_layer_norm(decoder.layer_norm, model.decoder_norm)
-    decoder.projection.weight = _array(model.output_proj.weight)  # (V, D), tied weights alias on save
-    bias = np.zeros(model.output_proj.weight.shape[0], dtype=np.float32)
-    bias[[PAD_ID, BOS_ID]] = _FORBIDDEN_LOGIT_BIAS
-    decoder.projection.bias = bias
-    return spec
-
-
-def _set_encoder_layer(spec, layer: EncoderLayer) -> None:
-    _set_self_attention(spec.self_attention, layer.self_attn)
-    _set_layer_norm(spec.self_attention.layer_norm, layer.attn_block.norm)
-    _set_ffn(spec.ffn, layer)
-
-
-def _set_decoder_layer(spec, layer: DecoderLayer) -> None:
-    _set_self_attention(spec.self_attention, layer.self_attn)
-    _set_layer_norm(spec.self_attention.layer_norm, layer.self_block.norm)
-    attention = layer.cross_attn
-    _set_linear(spec.attention.linear[0], attention.q_proj)
-    _set_linear(spec.attention.linear[1], attention.kv_proj)  # (2D, D): k rows, then v rows
-    _set_linear(spec.attention.linear[2], attention.out_proj)
-    _set_layer_norm(spec.attention.layer_norm, layer.cross_block.norm)
-    _set_ffn(spec.ffn, layer)
-
-
-def _set_self_attention(spec, attention: SelfAttention) -> None:
-    _set_linear(spec.linear[0], attention.qkv_proj)  # (3D, D): q rows, k rows, then v rows
-    _set_linear(spec.linear[1], attention.out_proj)
-
-
-def _set_ffn(spec, layer: EncoderLayer | DecoderLayer) -> None:
-    _set_linear(spec.linear_0, layer.ffn.linear1)
-    _set_linear(spec.linear_1, layer.ffn.linear2)
-    _set_layer_norm(spec.layer_norm, layer.ffn_block.norm)
-
-
-def _set_linear(spec, linear: nn.Linear) -> None:
-    spec.weight = _array(linear.weight)  # (out, in): CTranslate2 computes x @ W^T, as nn.Linear does
-    spec.bias = _array(linear.bias)
-
-
-def _set_layer_norm(spec, norm: nn.LayerNorm) -> None:
-    spec.gamma = _array(norm.weight)
-    spec.beta = _array(norm.bias)
-
-
-def _array(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.detach().to("cpu", torch.float32).numpy().copy()

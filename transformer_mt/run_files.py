@@ -1,6 +1,6 @@
 """Finding runs and their checkpoint files on disk: which folders may be runs, the step files'
-names, and the checkpoint `tmt translate` uses. Torch-free, so that translating with the numpy
-engine (`numpy_translator`) finds its checkpoint without importing torch."""
+names, and the checkpoint `tmt translate` uses. Torch-free, so that translating with the
+CTranslate2 engine (`ct2_engine`) finds its checkpoint without importing torch."""
 
 from __future__ import annotations
 

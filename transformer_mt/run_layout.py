@@ -33,11 +33,12 @@ class RunDir:
     TENSORBOARD = "tensorboard"
     VALIDATION = "validation"  # the hypotheses of every validation
     EVALUATION = "evaluation"  # the final test's hypotheses and scores, `tmt evaluate`'s outputs
+    CTRANSLATE2 = "ctranslate2"  # checkpoints converted for the CTranslate2 engine (`ct2_engine`)
     SUMMARY = "summary.json"
     TRAIN_LOG = "train.log"
     # Everything tmt writes at the top of a run directory; nothing else is ever deleted there.
     ENTRIES = frozenset({MARKER, LOCK, CONFIG, JOINT_FILE, SRC_FILE, TGT_FILE, SPLITS, CORPUS_CACHE, CORPUS_BUILD,
-                         CORPUS_OLD, TOKEN_CACHE, CHECKPOINTS, TENSORBOARD, VALIDATION, EVALUATION, SUMMARY,
+                         CORPUS_OLD, TOKEN_CACHE, CHECKPOINTS, TENSORBOARD, VALIDATION, EVALUATION, CTRANSLATE2, SUMMARY,
                          TRAIN_LOG})
 
     def keeps(self, path: Path) -> bool:
@@ -56,6 +57,10 @@ class RunDir:
     @property
     def marker(self) -> Path:
         return self.root / self.MARKER
+
+    @property
+    def ctranslate2(self) -> Path:
+        return self.root / self.CTRANSLATE2
 
     @property
     def lock(self) -> Path:

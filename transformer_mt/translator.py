@@ -1,4 +1,11 @@
-"""`Translator.from_run(path).translate(lines)`: translation with a trained run (greedy or beam search)."""
+"""`Translator.from_run(path).translate(lines)`: translation with a trained run (greedy, beam search
+or sampling) on the engine `decode.engine` picks (`engine.pick_engine`): CTranslate2 on a CPU, from
+a conversion cached in the run (`ct2_engine`), else tmt's torch model (`torch_engine`).
+
+Greedy output is the same on both engines. Beam search on CTranslate2 ranks its beams with its own
+length penalty (log-prob / length^α), so a beam's best may differ from torch's on close calls;
+scores are tmt's on both (log-prob, EOS included, over ((5 + length) / 6)^α).
+"""
 
 from __future__ import annotations
 
@@ -7,63 +14,114 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from transformer_mt.checkpoint import check_tokenizers, check_vocabulary, load_checkpoint, translation_weights
 from transformer_mt.config import Config
 from transformer_mt.config_loading import config_from_dict
-from transformer_mt.errors import CheckpointError, ConfigError, UsageError
-from transformer_mt.decoding import Sampling
-from transformer_mt.evaluation import cross_attention_labels, cross_attention_map, translate_hypotheses, translate_ids
-from transformer_mt.architectures import build_model
-from transformer_mt.model import Transformer
+from transformer_mt.ct2_engine import CT2Engine, Conversion, conversion_dir, convert, find_conversion
+from transformer_mt.engine import Engine, ctranslate2_device, has_ctranslate2, pick_engine
+from transformer_mt.errors import CheckpointError, ConfigError, TmtError, UsageError
 from transformer_mt.run_files import find_checkpoint, latest_run  # noqa: F401  (latest_run: callers import it here)
-from transformer_mt.runtime import Precision, pick_device, pick_precision, warn_attention_fallbacks
-from transformer_mt.tokenization import BOS_ID, EOS, EOS_ID, TokenizerPair
+from transformer_mt.tokenization import EOS, TokenizerPair
+
+if TYPE_CHECKING:
+    import torch
+
+    from transformer_mt.decoding import Sampling
+    from transformer_mt.run_loading import LoadedRun
 
 logger = logging.getLogger(__name__)
 
 
 class Translator:
-    """A trained model with its tokenizers, ready to translate raw sentences."""
+    """A trained run's tokenizers and config with a decoding engine, ready to translate raw sentences."""
 
-    def __init__(self, model: Transformer, tokenizers: TokenizerPair, cfg: Config, device: torch.device,
-                 precision: Precision, run_dir: Path, checkpoint: Path):
-        self.model = model.eval()
+    def __init__(self, engine: Engine, tokenizers: TokenizerPair, cfg: Config, run_dir: Path, checkpoint: Path):
+        self.engine = engine
         self.tokenizers = tokenizers
         self.cfg = cfg  # the run's config: decoding settings, and data for `tmt evaluate --split`
-        self.device = device
-        self.precision = precision
         self.run_dir = run_dir
         self.checkpoint = checkpoint  # the weights' file, which names `tmt evaluate`'s output
+        self._warn_quantize_ignored()
 
     @classmethod
-    def from_run(cls, run_dir: Path, checkpoint: Path | None = None, device: str = "auto") -> Translator:
-        """Load a run directory: `best.pt` (else the newest step checkpoint) or `checkpoint`; its
-        EMA weights when it has them (`train.ema_decay`), else its trained weights."""
-        if checkpoint is None:
-            checkpoint = find_checkpoint(run_dir)
-        state = load_checkpoint(checkpoint)
-        try:
-            cfg: Config = config_from_dict(state["config"])
-        except ConfigError as err:
-            raise CheckpointError(f"{checkpoint}: the config stored in the checkpoint is invalid ({err})") from None
+    def from_run(cls, run_dir: Path, checkpoint: Path | None = None, device: str = "auto",
+                 engine: str | None = None) -> Translator:
+        """Load a run directory (its checkpoint as `load_run` chooses it) on `engine` (auto, torch or
+        ctranslate2; None: the run's `decode.engine`). On CTranslate2 a conversion cached for this
+        checkpoint loads without torch; the first use converts it."""
+        if checkpoint is not None:
+            return cls._from_checkpoint(run_dir, checkpoint, device, engine)
+        for _ in range(2):  # a trainer may delete the newest step checkpoint (keep_last) while it is read
+            chosen = find_checkpoint(run_dir)
+            try:
+                return cls._from_checkpoint(run_dir, chosen, device, engine)
+            except CheckpointError:
+                if chosen.exists():
+                    raise
+        return cls._from_checkpoint(run_dir, find_checkpoint(run_dir), device, engine)
+
+    @classmethod
+    def _from_checkpoint(cls, run_dir: Path, checkpoint: Path, device: str, engine: str | None) -> Translator:
         tokenizers = TokenizerPair.load(run_dir)
-        check_tokenizers(state, tokenizers.fingerprint(), checkpoint, run_dir)
-        args = state["model_args"]
-        check_vocabulary(args, tokenizers.src.get_vocab_size(), tokenizers.tgt.get_vocab_size(), run_dir)
-        model = build_model(cfg.model, args["src_vocab_size"], args["tgt_vocab_size"], args["pad_id"])
-        weights, which = translation_weights(state)
-        model.load_state_dict(weights)
+        cache = None  # where this checkpoint's conversion is (or goes), found before torch loads it
+        if engine != "torch" and has_ctranslate2():
+            try:
+                cache = conversion_dir(run_dir, checkpoint, tokenizers.fingerprint())
+            except OSError:  # a checkpoint missing or unreadable: torch's loader says so
+                pass
+            conversion = find_conversion(cache) if cache is not None else None
+            try:  # the checkpoint's config, valid when it was converted
+                cfg = config_from_dict(conversion.info["config"]) if conversion is not None else None
+            except ConfigError:  # else torch's loader says what is wrong with it
+                cfg = None
+            if cfg is not None and pick_engine(engine or cfg.decode.engine, device) == "ctranslate2":
+                return cls._on_ctranslate2(conversion, tokenizers, cfg, run_dir, checkpoint, device)
+        from transformer_mt.run_loading import load_run
+
+        run = load_run(run_dir, checkpoint, tokenizers)
+        setting = engine or run.cfg.decode.engine
+        if pick_engine(setting, device) == "ctranslate2":
+            try:
+                cache = cache or conversion_dir(run_dir, checkpoint, tokenizers.fingerprint())
+                return cls._on_ctranslate2(convert(run_dir, run, cache), tokenizers, run.cfg, run_dir, checkpoint,
+                                           device)
+            except OSError as err:  # a run directory this user cannot write, say
+                problem = f"cannot cache a CTranslate2 conversion in {run_dir} ({err.strerror or err})"
+                if setting == "ctranslate2":
+                    raise TmtError(f"{problem}; translate with --engine torch") from None
+                logger.warning("%s; translating with torch", problem)
+        return cls._on_torch(run, run_dir, device)
+
+    @classmethod
+    def _on_ctranslate2(cls, conversion: Conversion, tokenizers: TokenizerPair, cfg: Config, run_dir: Path,
+                        checkpoint: Path, device: str) -> Translator:
+        where = ctranslate2_device(device)
+        logger.info("loaded %s (step %d%s) on CTranslate2 (%s)", checkpoint, conversion.info["step"],
+                    ", EMA weights" if conversion.info["which"] == "ema" else "", where)
+        return cls(CT2Engine(conversion.path, where, cfg.model.max_len), tokenizers, cfg, run_dir, checkpoint)
+
+    @classmethod
+    def _on_torch(cls, run: LoadedRun, run_dir: Path, device: str) -> Translator:
+        from transformer_mt.runtime import pick_device, warn_attention_fallbacks
+        from transformer_mt.torch_engine import TorchEngine
+
         torch_device = pick_device(device)
-        logger.info("loaded %s (step %d%s) on %s", checkpoint, state.get("train_state", {}).get("step", -1),
-                    ", EMA weights" if which == "ema" else "", torch_device)
-        warn_attention_fallbacks(torch_device, {"decode.attention_backend": cfg.decode.attention_backend})
-        translator = cls(model.to(torch_device), tokenizers, cfg, torch_device, _precision_for(cfg, torch_device),
-                         run_dir, checkpoint)
-        translator._warn_quantize_ignored()
-        return translator
+        logger.info("loaded %s (step %d%s) on %s", run.checkpoint, run.step, ", EMA weights" if run.which == "ema"
+                    else "", torch_device)
+        warn_attention_fallbacks(torch_device, {"decode.attention_backend": run.cfg.decode.attention_backend})
+        engine = TorchEngine(run.model.to(torch_device), torch_device, _precision_for(run.cfg, torch_device))
+        return cls(engine, run.tokenizers, run.cfg, run_dir, run.checkpoint)
+
+    @property
+    def device(self) -> str:
+        """Where the engine decodes: "cpu", "cuda" or "mps"."""
+        return self.engine.device
+
+    @property
+    def max_len(self) -> int:
+        """The model's positions: sources are cut to max_len - 1 tokens and EOS."""
+        return self.cfg.model.max_len
 
     def set_decoding(self, **settings) -> None:
         """Decode with other `decode.*` settings than the run's, e.g. `length_penalty=1.0`."""
@@ -74,12 +132,17 @@ class Translator:
     @property
     def quantized(self) -> str | None:
         """The weights' quantisation translations are made with (`decode.quantize` on a CPU), or None."""
-        return self.cfg.decode.quantize if self.cfg.decode.quantize != "none" and self.device.type == "cpu" else None
+        return self.cfg.decode.quantize if self.cfg.decode.quantize != "none" and self.device == "cpu" else None
 
     def _warn_quantize_ignored(self) -> None:
-        if self.cfg.decode.quantize != "none" and self.device.type != "cpu":
+        if self.cfg.decode.quantize != "none" and self.device != "cpu":
             logger.warning("decode.quantize: %s applies to CPU decoding only; decoding on %s unquantised",
-                           self.cfg.decode.quantize, self.device.type)
+                           self.cfg.decode.quantize, self.device)
+
+    def _check_quantize(self) -> None:
+        if self.quantized and self.engine.name == "torch":
+            raise UsageError(f"decode.quantize: {self.quantized} decodes on the ctranslate2 engine (pip install "
+                             "ctranslate2); the torch engine decodes in fp32: leave out --engine torch or --quantize")
 
     def translate(self, lines: list[str], beam_size: int | None = None, progress: bool = False) -> list[str]:
         """Translate each line (beam size: `beam_size`, else the run's `decode.beam_size`).
@@ -87,11 +150,9 @@ class Translator:
         An empty line gives an empty line; a line longer than the model allows is truncated
         with a warning.
         """
+        self._check_quantize()
         texts = [line.strip() for line in lines]
-        src_ids = self._encode_src(texts)
-        hyp_ids = translate_ids(self.model, src_ids, self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID,
-                                device=self.device, precision=self.precision, beam_size=beam_size,
-                                quantize=self.cfg.decode.quantize, progress=progress)
+        hyp_ids = self.engine.translate(self._encode_src(texts), self.cfg.decode, self._beam(beam_size), progress)
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         return [hyp if text else "" for text, hyp in zip(texts, hypotheses)]
 
@@ -101,11 +162,10 @@ class Translator:
         first (beam 1 is greedy decoding; the first is what `translate` gives), or with
         `sampling`, samples in the order drawn. An empty line gets one empty translation, scored 0.
         """
+        self._check_quantize()
         texts = [line.strip() for line in lines]
-        hypotheses = translate_hypotheses(self.model, self._encode_src(texts), self.cfg.decode, bos_id=BOS_ID,
-                                          eos_id=EOS_ID, device=self.device, precision=self.precision,
-                                          beam_size=beam_size, n_best=n_best, sampling=sampling,
-                                          quantize=self.cfg.decode.quantize, progress=progress)
+        hypotheses = self.engine.hypotheses(self._encode_src(texts), self.cfg.decode, self._beam(beam_size), n_best,
+                                            sampling, progress)
         results = []
         for text, hyps in zip(texts, hypotheses):
             if not text:
@@ -117,27 +177,30 @@ class Translator:
         return results
 
     def attention(self, line: str, layer: int = -1, beam_size: int | None = None) -> AttentionMap:
-        """Translate one line and return where decoder layer `layer` (-1: the last) looked.
+        """Translate one line and return where decoder layer `layer` (-1: the last) looked (the
+        torch engine's model).
 
         A line longer than the model allows is truncated with a warning, as in `translate`.
         """
-        src_ids = self._encode_src([line.strip()])[0][: self.model.cfg.max_len - 1]  # as translate_ids cuts it
-        hyp_ids = translate_ids(self.model, [src_ids], self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID,
-                                device=self.device, precision=self.precision, beam_size=beam_size,
-                                quantize=self.cfg.decode.quantize)[0]
-        weights = cross_attention_map(self.model, src_ids, hyp_ids, bos_id=BOS_ID, eos_id=EOS_ID,
-                                      device=self.device, layer=layer)
+        from transformer_mt.evaluation import cross_attention_labels
+
+        self._check_quantize()
+        src_ids = self._encode_src([line.strip()])[0][: self.max_len - 1]  # as the engines cut it
+        hyp_ids = self.engine.translate([src_ids], self.cfg.decode, self._beam(beam_size), False)[0]
+        weights = self.engine.cross_attention(src_ids, hyp_ids, layer)
         src_pieces, tgt_pieces = cross_attention_labels(
-            self.tokenizers.src_pieces(src_ids), self.tokenizers.tgt_pieces(hyp_ids), EOS, self.model.cfg.max_len)
+            self.tokenizers.src_pieces(src_ids), self.tokenizers.tgt_pieces(hyp_ids), EOS, self.max_len)
         return AttentionMap(weights, src_pieces, tgt_pieces, self.tokenizers.decode_tgt([hyp_ids])[0])
+
+    def _beam(self, beam_size: int | None) -> int:
+        return self.cfg.decode.beam_size if beam_size is None else beam_size
 
     def _encode_src(self, texts: list[str]) -> list[list[int]]:
         """Source ids of `texts`, warning about those longer than model.max_len (decoding truncates them)."""
         src_ids = self.tokenizers.encode_src(texts)
-        too_long = sum(len(ids) >= self.model.cfg.max_len for ids in src_ids)
+        too_long = sum(len(ids) >= self.max_len for ids in src_ids)
         if too_long:
-            logger.warning("%d input(s) longer than model.max_len=%d tokens were truncated",
-                           too_long, self.model.cfg.max_len)
+            logger.warning("%d input(s) longer than model.max_len=%d tokens were truncated", too_long, self.max_len)
         return src_ids
 
 
@@ -180,8 +243,10 @@ def format_translations(lines: list[str], results: list[list[Translation]], *, j
     return outputs
 
 
-def _precision_for(cfg: Config, device: torch.device) -> Precision:
+def _precision_for(cfg: Config, device: torch.device):
     """The run's training precision (as validation used it) where this device allows it, else auto."""
+    from transformer_mt.runtime import pick_precision
+
     try:
         return pick_precision(cfg.train.precision, device)
     except UsageError:  # e.g. an fp16 run translated on a CPU

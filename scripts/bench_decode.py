@@ -39,7 +39,6 @@ the figures at the largest batch size, with every batch size under `by_batch_siz
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib
 import json
 import platform
@@ -62,7 +61,7 @@ from transformer_mt.decoding import beam_search, greedy_decode
 from transformer_mt.evaluation import translate_ids
 from transformer_mt import ct2_conversion
 from transformer_mt.export import export_ctranslate2
-from transformer_mt.graph_decoding import StepGraphs, static_beam_search, static_greedy_decode
+from transformer_mt.graph_decoding import StepGraphs
 from transformer_mt.model import Transformer
 from transformer_mt.run_layout import RunDir
 from transformer_mt.runtime import AttentionKernels, pick_attention, pick_device, pick_precision, warn_attention_fallbacks
@@ -218,24 +217,30 @@ def forbid_eos_in_conversions() -> Callable[[], None]:
 
 
 class EosSuppression:
-    """Make EOS impossible, so every sentence runs to the length cap: in the logits (beam search,
-    sampling) and among greedy decoding's forbidden tokens (`decode_best`, which may not compute
-    every logit). `remove()` undoes both."""
+    """Make EOS impossible, so every sentence runs to the length cap: its logit at the minimum in
+    every step's logits. `remove()` undoes it."""
 
     def __init__(self, model: Transformer):
         def hook(module, inputs, logits):
             logits[..., EOS_ID] = torch.finfo(logits.dtype).min
             return logits
 
-        def decode_best(tgt_ids, memory, src_mask, cache=None, forbidden_ids=(), step=model.decode_best):
-            return step(tgt_ids, memory, src_mask, cache, (*forbidden_ids, EOS_ID))
-
-        self.model, self.handle = model, model.output_proj.register_forward_hook(hook)
-        model.decode_best = decode_best
+        self.handle = model.output_proj.register_forward_hook(hook)
 
     def remove(self) -> None:
         self.handle.remove()
-        del self.model.decode_best  # the class's method again
+
+
+def uncached_greedy(model: Transformer, src_ids: torch.Tensor, n_tokens: int) -> list[list[int]]:
+    """Greedy decoding without a cache: the whole prefix through the teacher-forced forward at every
+    step (the reference the cache is measured against)."""
+    tokens = torch.full((src_ids.shape[0], 1), BOS_ID, dtype=torch.long, device=src_ids.device)
+    with torch.inference_mode():
+        for _ in range(n_tokens):
+            logits = model(src_ids, tokens, pack=False).view(*tokens.shape, -1)[:, -1].float()  # (B, V)
+            logits[:, [PAD_ID, BOS_ID]] = torch.finfo(logits.dtype).min
+            tokens = torch.cat([tokens, logits.argmax(dim=-1, keepdim=True)], dim=1)
+    return tokens[:, 1:].tolist()
 
 
 # --- engines: each decodes one batch and returns the generated lengths ------------------------
@@ -247,17 +252,15 @@ def tmt_engine(model: Transformer, device: torch.device, precision, attention: A
     def run(ids: list[list[int]], tokens: list[list[str]], texts: list[str]) -> list[int]:
         src_ids = pad_sequences(ids, PAD_ID).to(device)  # (B, S)
         with precision.autocast(), attention.enabled():
-            if beam == 1 and use_cache and device.type == "cuda":  # what `translate_ids` runs there
-                out = static_greedy_decode(model, src_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=0,
-                                           max_len_b=n_tokens, capture=True, graphs=graphs)
+            captured = {"capture": True, "graphs": graphs} if device.type == "cuda" else {}  # as `translate_ids`
+            if not use_cache:
+                out = uncached_greedy(model, src_ids, n_tokens)
             elif beam == 1:
                 out = greedy_decode(model, src_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=0, max_len_b=n_tokens,
-                                    use_cache=use_cache)
-            else:  # on CUDA, replayed from a CUDA graph, as `translate_ids` runs it there
-                search = (functools.partial(static_beam_search, capture=True, graphs=graphs) if device.type == "cuda"
-                          else beam_search)
-                out = [hyps[0].ids for hyps in search(model, src_ids, bos_id=BOS_ID, eos_id=EOS_ID, beam_size=beam,
-                                                      max_len_a=0, max_len_b=n_tokens)]
+                                    **captured)
+            else:
+                out = [hyps[0].ids for hyps in beam_search(model, src_ids, bos_id=BOS_ID, eos_id=EOS_ID, beam_size=beam,
+                                                           max_len_a=0, max_len_b=n_tokens, **captured)]
         return [len(ids) for ids in out]
     return run
 

@@ -8,7 +8,7 @@ import torch
 
 from transformer_mt.decoding import max_target_lengths
 from transformer_mt.model import Packing, Transformer
-from transformer_mt.search import Hypothesis, length_penalty
+from transformer_mt.hypotheses import Hypothesis, length_penalty
 
 
 @torch.inference_mode()

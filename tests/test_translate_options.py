@@ -19,7 +19,7 @@ from tests.test_terminal import tmt, workdir  # noqa: F401  (workdir: the tiny r
 from transformer_mt.config import ModelConfig
 from transformer_mt.decoding import greedy_decode, sample_decode
 from transformer_mt.model import Transformer
-from transformer_mt.search import Sampling, length_penalty
+from transformer_mt.hypotheses import Sampling, length_penalty
 
 BOS, EOS, PAD, V = 1, 2, 0, 24
 

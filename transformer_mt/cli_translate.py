@@ -78,7 +78,7 @@ def _translate_lines(translator, lines: list[str], args: argparse.Namespace, pro
                          f"translations; add --beam {args.n_best} or more")
     sampling = None
     if args.sample:
-        from transformer_mt.decoding import Sampling
+        from transformer_mt.hypotheses import Sampling
 
         sampling = Sampling(temperature=args.temperature or 1.0, top_k=args.top_k or 0, top_p=args.top_p or 1.0,
                             seed=args.seed or 0)

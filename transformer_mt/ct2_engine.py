@@ -23,7 +23,7 @@ from transformer_mt.run_layout import RunDir
 
 if TYPE_CHECKING:
     from transformer_mt.config import DecodeConfig
-    from transformer_mt.decoding import Sampling
+    from transformer_mt.hypotheses import Sampling
     from transformer_mt.run_loading import LoadedRun
 
 logger = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class CT2Engine:
 
     def hypotheses(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, n_best: int,
                    sampling: Sampling | None, progress: bool) -> list[list[Scored]]:
-        from transformer_mt.decoding import length_penalty
+        from transformer_mt.hypotheses import length_penalty
 
         found, sources, caps = self._search(src_ids, decode, beam_size, n_best, sampling, progress)
         # CTranslate2 ranks beams with its own length penalty, and samples scores at the sampling

@@ -16,7 +16,8 @@ from transformer_mt.batching import round_up
 from transformer_mt.graph_decoding import StepGraphs, prepared
 from transformer_mt.kv_cache import KVCache
 from transformer_mt.model import Transformer
-from transformer_mt.search import BeamState, Hypothesis, SampleState, Sampling
+from transformer_mt.hypotheses import Hypothesis, Sampling
+from transformer_mt.search import BeamState, SampleState
 
 State = BeamState | SampleState
 CHECK_EVERY = 8  # fixed-shape steps between the host's checks whether every sentence is done

@@ -11,7 +11,7 @@ from transformer_mt.errors import UsageError
 
 if TYPE_CHECKING:
     from transformer_mt.config import DecodeConfig
-    from transformer_mt.decoding import Sampling
+    from transformer_mt.hypotheses import Sampling
 
 ENGINES = ("auto", "torch", "ctranslate2")
 

@@ -16,7 +16,7 @@ from transformer_mt.decoding import beam_search, greedy_decode, sample_decode
 from transformer_mt.graph_decoding import StepGraphs
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import Precision, pick_attention
-from transformer_mt.search import Hypothesis, Sampling
+from transformer_mt.hypotheses import Hypothesis, Sampling
 
 T = TypeVar("T")  # what a batch's decoding gives per sentence: token ids, or a list of hypotheses
 

@@ -12,28 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-def length_penalty(length: int, alpha: float) -> float:
-    """GNMT length penalty ((5 + length) / 6)^α (Wu et al. 2016, §7); α = 0 turns it off."""
-    return ((5.0 + length) / 6.0) ** alpha
-
-
-@dataclass(frozen=True)
-class Hypothesis:
-    """A finished translation: token ids (no BOS/EOS), summed log-probability (EOS included), and
-    the score it is ranked by, log-probability / length penalty."""
-
-    ids: list[int]
-    log_prob: float
-    score: float
-
-
-def strip_generated(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
-    """Generated ids up to (not including) the first EOS or padding."""
-    for i, token in enumerate(ids):
-        if token in (eos_id, pad_id):
-            return ids[:i]
-    return ids
+from transformer_mt.hypotheses import Hypothesis, Sampling, length_penalty, strip_generated
 
 
 @dataclass
@@ -156,38 +135,6 @@ def stable_descending_order(scores: torch.Tensor) -> torch.Tensor:
     ahead = (scores[:, None, :] > scores[:, :, None]) | ((scores[:, None, :] == scores[:, :, None]) & earlier)
     rank = ahead.sum(dim=2)  # (B, P): how many go before each; a permutation of 0..P-1
     return torch.empty_like(rank).scatter_(1, rank, torch.arange(P, device=scores.device).expand_as(rank))
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Draw each next token instead of taking the best: from the model's distribution at
-    `temperature`, cut to the `top_k` most probable tokens (0: no cut) and then to the smallest
-    set whose probability reaches `top_p` (nucleus sampling, Holtzman et al. 2020; 1: no cut).
-    Draws come from a generator seeded with `seed`: the same sources, settings and seed give the
-    same samples on the same device."""
-
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self):
-        if not self.temperature > 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"need temperature > 0, top_k >= 0 and 0 < top_p <= 1, got {self}")
-
-    def probabilities(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits (N, V) float -> the distribution to draw from (N, V), zero outside the cuts."""
-        logits = logits / self.temperature
-        if self.top_k and self.top_k < logits.shape[-1]:
-            kth_best = logits.topk(self.top_k, dim=-1).values[:, -1:]  # (N, 1)
-            logits = logits.masked_fill(logits < kth_best, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)  # (N, V)
-        if self.top_p < 1:
-            sorted_probs, order = probs.sort(dim=-1, descending=True)  # (N, V) each
-            # Drop a token once the more probable ones before it reach top_p; the best always stays.
-            drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= self.top_p  # (N, V)
-            probs = probs.scatter(1, order, sorted_probs.masked_fill(drop, 0.0))
-        return probs
 
 
 @dataclass

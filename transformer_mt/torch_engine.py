@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from transformer_mt.config import DecodeConfig
-from transformer_mt.decoding import Sampling
+from transformer_mt.hypotheses import Sampling
 from transformer_mt.engine import Scored
 from transformer_mt.evaluation import cross_attention_map, translate_hypotheses, translate_ids
 from transformer_mt.model import Transformer

@@ -27,7 +27,7 @@ from transformer_mt.tokenization import EOS, TokenizerPair
 if TYPE_CHECKING:
     import torch
 
-    from transformer_mt.decoding import Sampling
+    from transformer_mt.hypotheses import Sampling
     from transformer_mt.run_loading import LoadedRun
 
 logger = logging.getLogger(__name__)

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
-from transformer_mt import token_cache
-from transformer_mt.batch_budget import resolve_batch_tokens
-from transformer_mt.batching import TokenBatchSampler
-from transformer_mt.config_loading import load_config
-from transformer_mt.preparation import prepare_data
+from transformer_mt.config.loading import load_config
+from transformer_mt.data import token_cache
+from transformer_mt.data.batching import TokenBatchSampler
+from transformer_mt.train.batch_budget import resolve_batch_tokens
+from transformer_mt.train.preparation import prepare_data
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ time (process time, all threads) is reported beside wall time.
 "tmt translate" is what `tmt translate` runs once the run is loaded: `Translator.translate` on
 text (tokenization, its engine, detokenization; on a CPU the CTranslate2 engine, from the run's
 cached conversion), against raw CTranslate2 on token strings: `tmt_vs_ct2` and
-`tmt_beam4_vs_ct2`. "tmt torch" is tmt's own model and search (`decoding`), the torch engine.
+`tmt_beam4_vs_ct2`. "tmt torch" is tmt's own model and search (`decode.generator`), the torch engine.
 On a CPU, greedy decoding is also timed with int8 weights: `tmt translate --quantize int8`
 against CTranslate2's `compute_type="int8"` (`--no-int8` leaves them out).
 
@@ -52,21 +52,27 @@ from pathlib import Path
 
 import torch
 
-from transformer_mt.architectures import build_model
-from transformer_mt.batching import pad_sequences
-from transformer_mt.checkpoint import FORMAT_VERSION, save_atomic
-from transformer_mt.config import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, config_to_dict
-from transformer_mt.data_sources import read_aligned_files
-from transformer_mt.decoding import beam_search, greedy_decode
-from transformer_mt.evaluation import translate_ids
-from transformer_mt import ct2_conversion
-from transformer_mt.export import export_ctranslate2
-from transformer_mt.graph_decoding import StepGraphs
-from transformer_mt.model import Transformer
-from transformer_mt.run_layout import RunDir
-from transformer_mt.runtime import AttentionKernels, pick_attention, pick_device, pick_precision, warn_attention_fallbacks
-from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
-from transformer_mt.translator import Translator
+from transformer_mt.config.schema import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, config_to_dict
+from transformer_mt.core.run_layout import RunDir
+from transformer_mt.core.runtime import (
+    AttentionKernels,
+    pick_attention,
+    pick_device,
+    pick_precision,
+    warn_attention_fallbacks,
+)
+from transformer_mt.data.batching import pad_sequences
+from transformer_mt.data.sources import read_aligned_files
+from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
+from transformer_mt.decode import ct2_conversion
+from transformer_mt.decode.evaluation import translate_ids
+from transformer_mt.decode.export import export_ctranslate2
+from transformer_mt.decode.generator import beam_search, greedy_decode
+from transformer_mt.decode.graphs import StepGraphs
+from transformer_mt.decode.translator import Translator
+from transformer_mt.model.architectures import build_model
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.runs.checkpoint import FORMAT_VERSION, save_atomic
 
 DEMO_CORPUS = Path(__file__).resolve().parents[1] / "transformer_mt" / "corpora" / "demo_en_it"
 PRESETS = {

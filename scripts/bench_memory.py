@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from transformer_mt.run_layout import RunDir
+from transformer_mt.core.run_layout import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_EVERY_S = 0.2

@@ -3,7 +3,7 @@
 One process, the same training sentences for all three engines, each timed after warm-up:
 
 - **tmt** as configured: a `Trainer` built from the preset (token-budget, length-bucketed
-  batches from its own sampler, its own `train_step`: autocast, GradScaler, fused AdamW; on a
+  batches from its own sampler, its own `train.step`: autocast, GradScaler, fused AdamW; on a
   CPU every layer runs at the real tokens only, and dropout draws only its dropped positions).
 - **tutorial**: the approach of the common from-scratch tutorials, written here so nothing else
   depends on it: every pair padded to a fixed length (default 350), fp32, a fixed number of
@@ -50,11 +50,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from transformer_mt.batching import Batch
-from transformer_mt.config import Config, DataConfig, ModelConfig, TokenizerConfig, TrainConfig
-from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.throughput import peak_flops_per_s
-from transformer_mt.training import Trainer
+from transformer_mt.config.schema import Config, DataConfig, ModelConfig, TokenizerConfig, TrainConfig
+from transformer_mt.data.batching import Batch
+from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.train.throughput import peak_flops_per_s
+from transformer_mt.train.trainer import Trainer
 
 DEMO_CORPUS = Path(__file__).resolve().parents[1] / "transformer_mt" / "corpora" / "demo_en_it"
 PRESETS = {

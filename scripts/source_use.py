@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from transformer_mt.batching import make_batch
-from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.errors import TmtError
-from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.translator import Translator
+from transformer_mt.core.errors import TmtError
+from transformer_mt.data.batching import make_batch
+from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.decode.translator import Translator
+from transformer_mt.runs.checkpoint import load_checkpoint
 
 BATCH_SENTENCES = 64
 

@@ -1,4 +1,4 @@
-"""A beam search written plainly, the reference that `decoding.beam_search` must reproduce: a Python
+"""A beam search written plainly, the reference that `decode.generator.beam_search` must reproduce: a Python
 loop over finished hypotheses and active sentences, no cache, rows leaving the batch as their
 sentences finish."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from transformer_mt.decoding import max_target_lengths
-from transformer_mt.model import Packing, Transformer
-from transformer_mt.hypotheses import Hypothesis, length_penalty
+from transformer_mt.decode.generator import max_target_lengths
+from transformer_mt.decode.hypotheses import Hypothesis, length_penalty
+from transformer_mt.model.transformer import Packing, Transformer
 
 
 @torch.inference_mode()

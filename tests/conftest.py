@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_mt import cli
-from transformer_mt.config import Config
-from transformer_mt.config_loading import config_from_dict
+from transformer_mt.cli import main as cli
+from transformer_mt.config.loading import config_from_dict
+from transformer_mt.config.schema import Config
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CONFIG = REPO / "configs" / "demo.yaml"

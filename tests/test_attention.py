@@ -13,15 +13,15 @@ from torch.nn.attention import SDPBackend
 from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
 from tests.test_decoding import BOS, EOS, random_model, random_sources
 from tests.test_training_speed import make_trainer  # dropout 0 (attention runs in SDPA), no clipping, fp32
-from transformer_mt import runtime
-from transformer_mt.config import DecodeConfig, TrainConfig
-from transformer_mt.config_loading import config_from_dict
-from transformer_mt.errors import ConfigError
-from transformer_mt.evaluation import translate_ids
-from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.runtime import AttentionKernels, attention_fallback, pick_attention, pick_precision
-from transformer_mt.training import train
-from transformer_mt.translator import Translator
+from transformer_mt.config.loading import config_from_dict
+from transformer_mt.config.schema import DecodeConfig, TrainConfig
+from transformer_mt.core import runtime
+from transformer_mt.core.errors import ConfigError
+from transformer_mt.core.runtime import AttentionKernels, attention_fallback, pick_attention, pick_precision
+from transformer_mt.decode.evaluation import translate_ids
+from transformer_mt.decode.translator import Translator
+from transformer_mt.runs.run_dir import prepare_run_dir
+from transformer_mt.train.trainer import train
 
 CHOICES = typing.get_args(typing.get_type_hints(TrainConfig)["attention_backend"])
 CPU = torch.device("cpu")

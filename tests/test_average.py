@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from tests.conftest import run_cli, tiny_config
-from transformer_mt.checkpoint import average_checkpoints, load_checkpoint
-from transformer_mt.errors import CheckpointError
-from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.training import train
+from transformer_mt.core.errors import CheckpointError
+from transformer_mt.runs.checkpoint import average_checkpoints, load_checkpoint
+from transformer_mt.runs.run_dir import prepare_run_dir
+from transformer_mt.train.trainer import train
 
 
 def test_average_of_the_last_checkpoints_is_their_mean_and_translates(tiny_corpus: Path, tmp_path: Path,

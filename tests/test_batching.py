@@ -4,8 +4,16 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_mt.batching import (TokenBatchSampler, make_batch, make_batch_from_flat, pad_rows, padded_length,
-                                     sorted_batches, static_rows, token_budget_batches)
+from transformer_mt.data.batching import (
+    TokenBatchSampler,
+    make_batch,
+    make_batch_from_flat,
+    pad_rows,
+    padded_length,
+    sorted_batches,
+    static_rows,
+    token_budget_batches,
+)
 
 
 def as_lists(batches) -> list[list[int]]:
@@ -160,7 +168,7 @@ def test_breaking_length_ties_by_target_length_keeps_every_example_and_pads_targ
 
 def test_filler_rows_up_to_a_static_shape_change_neither_the_loss_nor_the_gradients():
     from tests.test_decoding import random_model
-    from transformer_mt.loss import label_smoothed_loss
+    from transformer_mt.train.loss import label_smoothed_loss
 
     model = random_model(0).train()  # dropout 0.0 in random_model: the two passes see the same network
     gen = torch.Generator().manual_seed(3)

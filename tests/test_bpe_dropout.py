@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from tests.conftest import TINY_PAIRS, tiny_config, write_corpus
-from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.config_loading import config_from_dict
-from transformer_mt.errors import ConfigError
-from transformer_mt.preparation import prepare_data
-from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.tokenization import TokenizerPair
-from transformer_mt.training import Trainer, train
+from transformer_mt.config.loading import config_from_dict
+from transformer_mt.core.errors import ConfigError
+from transformer_mt.data.tokenization import TokenizerPair
+from transformer_mt.runs.checkpoint import load_checkpoint
+from transformer_mt.runs.run_dir import prepare_run_dir
+from transformer_mt.train.preparation import prepare_data
+from transformer_mt.train.trainer import Trainer, train
 
 # Ten copies of the tiny corpus: a few hundred merges per segmentation, so that at 0.1 two
 # segmentations (or one and plain BPE) are the same with a probability of about 0.9^300.
@@ -151,8 +151,8 @@ def test_tmt_data_draws_only_the_segmentation_its_report_describes(corpus: Path,
                                                                    capsys):
     """The report describes the first epoch: `tmt data` encodes its segmentation, not all K."""
     from tests.conftest import run_cli
-    from transformer_mt import training_split
-    from transformer_mt.config_loading import save_config
+    from transformer_mt.config.loading import save_config
+    from transformer_mt.data import training_split
 
     config = tmp_path / "dropout.yaml"
     save_config(dropout_config(corpus), config)
@@ -171,8 +171,8 @@ def test_tmt_data_on_a_dropout_run_reports_the_segmentation_the_run_trains_on(co
     """Dropout encoding is not seeded: `tmt data --run-dir` must read the run's cached first
     segmentation, not draw a new one, or its lengths and batches differ from the run's own report."""
     from tests.conftest import run_cli
-    from transformer_mt.config_loading import save_config
-    from transformer_mt.run_layout import RunDir
+    from transformer_mt.config.loading import save_config
+    from transformer_mt.core.run_layout import RunDir
 
     cfg, run = dropout_config(corpus), tmp_path / "run"
     *_, report = prepare_data(cfg, run)

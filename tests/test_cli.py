@@ -184,7 +184,7 @@ def test_a_signal_while_python_exits_ends_it_with_tmts_exit_code_and_no_tracebac
     """After tmt's last line (say, a second Ctrl-C after a stopped run) Python runs its exit handlers
     (torch's among them); a signal then must not print a KeyboardInterrupt traceback under that line,
     nor lose what tmt wrote to stdout."""
-    script = (f"import atexit, os, time; from transformer_mt import cli\n"
+    script = (f"import atexit, os, time; from transformer_mt.cli import main as cli\n"
               f"cli.main = lambda: print('translated') or 130\n"
               f"atexit.register(lambda: os.kill(os.getpid(), {int(sig)}) or time.sleep(30))\n"
               f"cli.run()\n")
@@ -264,7 +264,7 @@ def test_show_attention_writes_to_output_warns_on_truncation_and_refuses_an_empt
 
 
 def test_every_command_help_has_examples():
-    from transformer_mt.cli import build_parser
+    from transformer_mt.cli.parser import build_parser
 
     parser = build_parser()
     assert "tmt train --config configs/demo.yaml" in parser.format_help()

@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from transformer_mt.config import Config, ModelConfig, TokenizerConfig, TrainConfig
-from transformer_mt.config_loading import config_from_dict, load_config
-from transformer_mt.errors import ConfigError, Problems
+from transformer_mt.config.loading import config_from_dict, load_config
+from transformer_mt.config.schema import Config, ModelConfig, TokenizerConfig, TrainConfig
+from transformer_mt.core.errors import ConfigError, Problems
 
 
 def problems_of(raw: dict) -> list[str]:
@@ -71,8 +71,8 @@ def test_encoder_and_decoder_depths_default_to_n_layers_and_bad_ones_are_named()
 
 def test_a_resume_compares_depths_as_the_layers_they_give():
     """`n_layers: 4` and `encoder_layers: 4, decoder_layers: 4` are one model; n_layers is then unused."""
-    from transformer_mt.config import config_to_dict
-    from transformer_mt.run_dir import resume_config_changes
+    from transformer_mt.config.schema import config_to_dict
+    from transformer_mt.runs.run_dir import resume_config_changes
 
     saved = config_to_dict(config_from_dict({"data": {"path": "x"}, "model": {"n_layers": 4}}))
     same = {"data": {"path": "x"}, "model": {"n_layers": 0, "encoder_layers": 4, "decoder_layers": 4}}
@@ -205,7 +205,7 @@ def test_demo_config_is_valid():
 
 def test_readme_configuration_reference_matches_the_dataclasses():
     from tests.conftest import REPO
-    from transformer_mt.config_reference import reference_markdown
+    from transformer_mt.config.reference import reference_markdown
 
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     start = readme.index("<!-- config-reference:start")

@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
-from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.config import config_to_dict
-from transformer_mt.config_loading import config_from_dict, load_config, save_config
-from transformer_mt.corpus_mix import mixture
-from transformer_mt.data import load_corpus
-from transformer_mt.errors import ConfigError, DataError
-from transformer_mt.preparation import prepare_data
-from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.training import Trainer, train
+from transformer_mt.config.loading import config_from_dict, load_config, save_config
+from transformer_mt.config.schema import config_to_dict
+from transformer_mt.core.errors import ConfigError, DataError
+from transformer_mt.data.corpus import load_corpus
+from transformer_mt.data.mix import mixture
+from transformer_mt.runs.checkpoint import load_checkpoint
+from transformer_mt.runs.run_dir import prepare_run_dir
+from transformer_mt.train.preparation import prepare_data
+from transformer_mt.train.trainer import Trainer, train
 
 OTHER_PAIRS = [(f"Number {i} is here.", f"Il numero {i} è qui.") for i in range(8)]
 
@@ -168,8 +168,8 @@ def test_a_corpus_that_cannot_be_read_is_named_by_its_entry(corpora, tmp_path: P
 
 def test_a_hub_entrys_error_names_the_entrys_own_keys(corpora, tmp_path: Path, monkeypatch):
     """The entry's format, hub_config and revision stand for data.*'s: the message names the entry's keys."""
-    from transformer_mt import hub_sources
-    from transformer_mt.hub_sources import PARQUET_CONVERSION
+    from transformer_mt.data import hub as hub_sources
+    from transformer_mt.data.hub import PARQUET_CONVERSION
 
     monkeypatch.setattr(hub_sources, "_check_hub_reachable", lambda cfg: None)  # refused before any download
     cfg = tiny_config("", data={"path": "", "format": "text", "corpora": [
@@ -255,7 +255,7 @@ def test_an_entry_carries_its_own_source_keys_a_hub_dataset_beside_local_files(c
 def test_summary_provenance_names_every_corpus_and_its_weight(corpora, tmp_path: Path):
     import torch
 
-    from transformer_mt.summary import provenance
+    from transformer_mt.runs.summary import provenance
 
     data = provenance(mixed_config(corpora), tmp_path, torch.device("cpu"), None)["data"]
     assert [(entry["path"], entry["weight"]) for entry in data["corpora"]] == [(str(corpora[0]), 1.0),

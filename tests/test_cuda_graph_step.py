@@ -1,4 +1,4 @@
-"""The GPU engine (`cuda_graph_step`): where it runs, and on the CPU that its functions, run eagerly
+"""The GPU engine (`train.cuda_graphs`): where it runs, and on the CPU that its functions, run eagerly
 (`capture=False`), make the plain step's updates: clipping and AdamW inside the update, the
 device-held learning rate, the device-side skip of a non-finite update, exact resume, out of
 memory. That replaying them as CUDA graphs changes nothing is tested on a GPU, in tests/test_gpu.py."""
@@ -11,17 +11,17 @@ import torch
 
 from tests.conftest import tiny_config
 from tests.test_training_speed import make_trainer
-from transformer_mt import train_step as train_step_module
-from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.config import ModelConfig
-from transformer_mt.cuda_graph_step import MAX_GRAPHS, GraphedStep, compiled_for_graphs, graphs_apply
-from transformer_mt.errors import TrainingError
-from transformer_mt.loss import StepLoss
-from transformer_mt.model import Transformer
-from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.runtime import AttentionKernels, Precision
-from transformer_mt.schedule import lr_at
-from transformer_mt.training import train
+from transformer_mt.config.schema import ModelConfig
+from transformer_mt.core.errors import TrainingError
+from transformer_mt.core.runtime import AttentionKernels, Precision
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.runs.checkpoint import load_checkpoint
+from transformer_mt.runs.run_dir import prepare_run_dir
+from transformer_mt.train import step as train_step_module
+from transformer_mt.train.cuda_graphs import MAX_GRAPHS, GraphedStep, compiled_for_graphs, graphs_apply
+from transformer_mt.train.loss import StepLoss
+from transformer_mt.train.schedule import lr_at
+from transformer_mt.train.trainer import train
 
 CUDA = torch.device("cuda")
 
@@ -243,7 +243,7 @@ def test_capture_time_goes_to_the_log_and_summary_apart_from_the_rates(engine_on
     cfg = tiny_config(tiny_corpus, train={"max_steps": 2, "log_every_steps": 1, "eval_every_steps": 2,
                                           "save_every_steps": 2, "test_at_end": False})
     prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
-    with caplog.at_level("INFO", logger="transformer_mt.training"):
+    with caplog.at_level("INFO", logger="transformer_mt.train.trainer"):
         train(cfg, tmp_path / "run", progress=False)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
     assert "1.5s capturing CUDA graphs, not counted in these rates" in lines[0]

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from transformer_mt import data_sources, hub_sources
-from transformer_mt.config import DataConfig
-from transformer_mt.data import Corpus, count_words, load_corpus
-from transformer_mt.errors import DataError
+from transformer_mt.config.schema import DataConfig
+from transformer_mt.core.errors import DataError
+from transformer_mt.data import hub as hub_sources
+from transformer_mt.data import sources as data_sources
+from transformer_mt.data.corpus import Corpus, count_words, load_corpus
 
 
 def make_cfg(path: Path | str = "", **overrides) -> DataConfig:
@@ -67,7 +68,7 @@ def test_a_run_whose_data_changed_since_it_was_read_is_warned_but_a_touched_file
     for split, n in (("train", 6), ("valid", 2), ("test", 2)):
         write_text_split(data_dir, split, numbered_pairs(n))
     load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)
-    with caplog.at_level("WARNING", logger="transformer_mt.data"):
+    with caplog.at_level("WARNING", logger="transformer_mt.data.corpus"):
         for name in ("train.en", "train.it"):  # same bytes, a newer modification time: read again, unchanged
             os.utime(data_dir / name, ns=(1, 1))
         load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)
@@ -80,7 +81,7 @@ def test_a_run_whose_data_changed_since_it_was_read_is_warned_but_a_touched_file
 
 @pytest.mark.parametrize("manifest", ['{"format": 2}', '{"key": "k", "removed": {}, "digests": {"train": "x"}}'])
 def test_a_damaged_corpus_manifest_is_read_again_not_an_internal_error(manifest, data_dir, run_dir):
-    from transformer_mt.data import load_run_corpus
+    from transformer_mt.data.corpus import load_run_corpus
 
     for split, n in (("train", 6), ("valid", 2), ("test", 2)):
         write_text_split(data_dir, split, numbered_pairs(n))
@@ -229,7 +230,7 @@ def test_a_tsv_header_row_is_read_as_a_pair_with_a_warning(first, warned, data_d
     write_lines(data_dir / "train.tsv", [first, "hello\tciao"])
     write_lines(data_dir / "valid.tsv", ["good\tbuono"])
     write_lines(data_dir / "test.tsv", ["x\ty"])
-    with caplog.at_level("WARNING", logger="transformer_mt.data_sources"):
+    with caplog.at_level("WARNING", logger="transformer_mt.data.sources"):
         corpus = load_corpus(make_cfg(data_dir, format="tsv"), seed=1, run_dir=run_dir)
     assert pairs_of(corpus.train)[0] == tuple(first.split("\t"))  # kept: tmt never drops a line on a guess
     assert ("train.tsv:1 looks like a header row" in caplog.text) == warned, caplog.text
@@ -339,7 +340,7 @@ def test_invalid_utf8_error_names_file_and_line(data_dir, run_dir):
 
 
 def test_utf8_error_in_a_later_read_chunk_names_the_right_line(data_dir, run_dir, monkeypatch):
-    from transformer_mt import data_sources
+    from transformer_mt.data import sources as data_sources
 
     monkeypatch.setattr(data_sources, "READ_CHUNK_BYTES", 16)  # many chunks of a few lines each
     write_lines(data_dir / "train.en", [f"line {i}" for i in range(40)])
@@ -352,7 +353,7 @@ def test_utf8_error_in_a_later_read_chunk_names_the_right_line(data_dir, run_dir
 
 
 def test_streaming_in_small_chunks_reads_the_same_pairs(data_dir, tmp_path, monkeypatch):
-    from transformer_mt import data_sources
+    from transformer_mt.data import sources as data_sources
 
     rows = [(f"\ufeffword {i}" if i == 0 else f" word {i}\r", f"parola {i} ") for i in range(57)]
     write_text_split(data_dir, "train", rows)
@@ -373,7 +374,7 @@ def test_the_corpus_files_are_reused_until_a_source_file_changes(data_dir, run_d
     write_text_split(data_dir, "test", numbered_pairs(3))
     first = load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)
     manifest = (run_dir / "corpus_cache" / "corpus.json").read_bytes()
-    with caplog.at_level("INFO", logger="transformer_mt.data"):
+    with caplog.at_level("INFO", logger="transformer_mt.data.corpus"):
         again = load_corpus(make_cfg(data_dir), seed=1, run_dir=run_dir)
     assert "reusing the corpus" in caplog.text
     assert pairs_of(again.train) == pairs_of(first.train) and again.digests == first.digests
@@ -780,8 +781,8 @@ def test_a_parquet_conversion_reads_the_folder_of_the_hub_config(tmp_path, run_d
 def test_iter_text_streams_every_row_or_only_the_given_ones(data_dir, run_dir, monkeypatch):
     import numpy as np
 
-    from transformer_mt import data_sources
-    from transformer_mt.data import iter_text, sample_rows
+    from transformer_mt.data import sources as data_sources
+    from transformer_mt.data.corpus import iter_text, sample_rows
 
     monkeypatch.setattr(data_sources, "CHUNK_ROWS", 4)  # several record batches
     rows = numbered_pairs(19)

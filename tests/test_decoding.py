@@ -3,12 +3,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import transformer_mt.decoding as decoding
+import transformer_mt.decode.generator as decoding
 from tests.beam_reference import reference_beam_search
-from transformer_mt.config import ModelConfig
-from transformer_mt.decoding import beam_search, greedy_decode
-from transformer_mt.graph_decoding import StepGraphs
-from transformer_mt.model import Transformer
+from transformer_mt.config.schema import ModelConfig
+from transformer_mt.decode.generator import beam_search, greedy_decode
+from transformer_mt.decode.graphs import StepGraphs
+from transformer_mt.model.transformer import Transformer
 
 PAD, BOS, EOS, V = 0, 2, 3, 40
 
@@ -165,7 +165,7 @@ def test_wider_beams_find_at_least_as_likely_single_best_without_length_penalty(
 
 def test_the_attention_of_a_translation_that_fills_max_len_keeps_every_piece(tmp_path, monkeypatch):
     from tests.test_export import make_run
-    from transformer_mt import translator as translator_module
+    from transformer_mt.decode import translator as translator_module
 
     make_run(tmp_path / "run", "pre", True)
     translator = translator_module.Translator.from_run(tmp_path / "run", device="cpu", engine="torch")
@@ -232,7 +232,7 @@ def test_beam_search_drops_done_sentences_and_the_fixed_shape_steps_keep_every_r
 @given(rows=st.lists(st.lists(st.sampled_from([float("-inf"), -3.0, -1.5, -1.0, 0.0, 2.0]), min_size=1, max_size=9),
                      min_size=1, max_size=4).filter(lambda rows: len({len(r) for r in rows}) == 1))
 def test_stable_descending_order_sorts_as_python_sorted_does(rows):
-    from transformer_mt.search import stable_descending_order
+    from transformer_mt.decode.search import stable_descending_order
 
     order = stable_descending_order(torch.tensor(rows, dtype=torch.float64)).tolist()
     assert order == [sorted(range(len(row)), key=lambda i: row[i], reverse=True) for row in rows]

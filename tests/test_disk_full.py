@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from tests.conftest import PYTHONPATH, run_cli, tiny_config
-from transformer_mt import summary
-from transformer_mt.checkpoint import load_checkpoint, save_atomic
-from transformer_mt.config_loading import save_config
-from transformer_mt.errors import CheckpointError
+from transformer_mt.config.loading import save_config
+from transformer_mt.core.errors import CheckpointError
+from transformer_mt.runs import summary
+from transformer_mt.runs.checkpoint import load_checkpoint, save_atomic
 
 
 def can_mount_a_small_filesystem() -> bool:
@@ -72,7 +72,7 @@ def test_a_failed_write_outside_the_checkpoints_is_one_line_naming_the_file(numb
     def fail(*args, **kwargs):
         raise OSError(number, os.strerror(number))
 
-    monkeypatch.setattr("transformer_mt.files.os.fsync", fail)  # every atomic write: config.yaml first
+    monkeypatch.setattr("transformer_mt.core.files.os.fsync", fail)  # every atomic write: config.yaml first
     code, _, err = run_cli(["train", "--config", str(tmp_path / "tiny.yaml"), "--run-dir", str(tmp_path / "run"),
                             "--no-progress"], monkeypatch, capsys, tmp_path)
     assert code == 1
@@ -100,19 +100,19 @@ def test_tensorboard_and_summary_failures_warn_once_and_training_goes_on(tiny_co
 
 
 def test_a_log_file_on_a_full_disk_warns_once_instead_of_a_traceback_per_line(capsys):
-    from transformer_mt.optional_outputs import OptionalFileHandler
+    from transformer_mt.train.optional_outputs import OptionalFileHandler
 
     logger = logging.getLogger("test_disk_full.log")
     console = logging.StreamHandler(sys.stderr)
     handler = OptionalFileHandler("/dev/full", encoding="utf-8")  # every flush: ENOSPC
     logger.addHandler(handler)
-    logging.getLogger("transformer_mt.optional_outputs").addHandler(console)
+    logging.getLogger("transformer_mt.train.optional_outputs").addHandler(console)
     try:
         for step in range(3):
             logger.warning("step %d", step)
     finally:
         logger.removeHandler(handler)
-        logging.getLogger("transformer_mt.optional_outputs").removeHandler(console)
+        logging.getLogger("transformer_mt.train.optional_outputs").removeHandler(console)
         handler.close()
     err = capsys.readouterr().err
     assert "Logging error" not in err and "Traceback" not in err, err

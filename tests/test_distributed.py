@@ -16,14 +16,14 @@ import torch
 
 from tests.conftest import PYTHONPATH, TINY_PAIRS, tiny_config, write_corpus
 from tests.test_training import read_scalars
-from transformer_mt.batching import TokenBatchSampler
-from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.config_loading import save_config
-from transformer_mt.distributed import Distributed, interleave
-from transformer_mt.errors import DataError, UsageError
-from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.preparation import prepare_data
-from transformer_mt.training import Trainer, train
+from transformer_mt.config.loading import save_config
+from transformer_mt.core.distributed import Distributed, interleave
+from transformer_mt.core.errors import DataError, UsageError
+from transformer_mt.data.batching import TokenBatchSampler
+from transformer_mt.runs.checkpoint import load_checkpoint
+from transformer_mt.runs.run_dir import prepare_run_dir
+from transformer_mt.train.preparation import prepare_data
+from transformer_mt.train.trainer import Trainer, train
 
 # 24 pairs make several 64-token batches, so a step of 2 ranks takes two different batches.
 PAIRS = TINY_PAIRS + [(f"{s} {s}", f"{t} {t}") for s, t in TINY_PAIRS]

@@ -9,14 +9,14 @@ from torch import nn
 
 from tests.conftest import tiny_config
 from tests.test_training import stop_at_first_validation
-from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.config_loading import config_from_dict
-from transformer_mt.ema import WeightEMA
-from transformer_mt.errors import ConfigError
-from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.train_step import StepResult, TrainStep
-from transformer_mt.training import Trainer, train
-from transformer_mt.translator import Translator
+from transformer_mt.config.loading import config_from_dict
+from transformer_mt.core.errors import ConfigError
+from transformer_mt.decode.translator import Translator
+from transformer_mt.runs.checkpoint import load_checkpoint
+from transformer_mt.runs.run_dir import prepare_run_dir
+from transformer_mt.train.ema import WeightEMA
+from transformer_mt.train.step import StepResult, TrainStep
+from transformer_mt.train.trainer import Trainer, train
 
 
 def test_ema_decay_must_lie_in_zero_to_one():

@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from tests.conftest import PYTHONPATH, TINY_PAIRS, run_cli, tiny_config, write_corpus
-from transformer_mt import ct2_conversion
-from transformer_mt.checkpoint import load_checkpoint, save_atomic
-from transformer_mt.decoding import Sampling
-from transformer_mt.errors import CheckpointError
-from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.training import train
-from transformer_mt.translator import Translator
+from transformer_mt.core.errors import CheckpointError
+from transformer_mt.decode import ct2_conversion
+from transformer_mt.decode.generator import Sampling
+from transformer_mt.decode.translator import Translator
+from transformer_mt.runs.checkpoint import load_checkpoint, save_atomic
+from transformer_mt.runs.run_dir import prepare_run_dir
+from transformer_mt.train.trainer import train
 
 pytest.importorskip("ctranslate2")
 
@@ -168,7 +168,7 @@ def test_a_half_written_or_incomplete_conversion_is_never_used(pre_norm_run: Pat
 
 def tmt_translate_in_python(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     """`tmt translate ARGS` in a fresh interpreter that fails unless torch stayed unimported."""
-    code = ("import sys; from transformer_mt.cli import main; rc = main(['translate', *sys.argv[1:]]); "
+    code = ("import sys; from transformer_mt.cli.main import main; rc = main(['translate', *sys.argv[1:]]); "
             "assert 'torch' not in sys.modules, 'torch was imported'; sys.exit(rc)")
     return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"})
@@ -242,7 +242,7 @@ def test_quantize_int8_decodes_on_ctranslate2_and_names_evaluates_output(pre_nor
 def test_quantize_on_a_gpu_warns_that_it_decodes_unquantised(pre_norm_run: Path, caplog):
     translator = Translator.from_run(pre_norm_run, device="cpu", engine="torch")
     translator.engine.device = "cuda"  # only its name is read: no GPU needed
-    with caplog.at_level(logging.WARNING, logger="transformer_mt.translator"):
+    with caplog.at_level(logging.WARNING, logger="transformer_mt.decode.translator"):
         translator.set_decoding(quantize="int8")
     assert "decode.quantize: int8 applies to CPU decoding only; decoding on cuda unquantised" in caplog.text
     assert translator.quantized is None

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
-from transformer_mt.evaluation import cross_attention_labels, score
-from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.training import train
+from transformer_mt.decode.evaluation import cross_attention_labels, score
+from transformer_mt.runs.run_dir import prepare_run_dir
+from transformer_mt.train.trainer import train
 
 # Lowercased, tokenized text as in Multi30k's tok/ files: every line ends in " ." (sacreBLEU
 # warns about that from 100 such lines on, unless told the text is tokenized on purpose).
@@ -112,8 +112,8 @@ def test_evaluate_without_corpus_cache_or_data_names_the_runs_config_and_src_ref
 
 def test_a_length_penalty_option_reaches_beam_search_and_names_evaluates_output(tiny_run: Path, monkeypatch,
                                                                                 capsys):
-    from transformer_mt.ct2_engine import CT2Engine
-    from transformer_mt.torch_engine import TorchEngine
+    from transformer_mt.decode.ct2_engine import CT2Engine
+    from transformer_mt.decode.torch_engine import TorchEngine
 
     seen = []  # (beam size, length penalty) of each call into decoding, on either engine
     for engine in (CT2Engine, TorchEngine):

@@ -8,14 +8,14 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from tests.conftest import TINY_PAIRS, tiny_config
-from transformer_mt.batching import pad_sequences
-from transformer_mt.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
-from transformer_mt.config import config_to_dict
-from transformer_mt.decoding import greedy_decode
-from transformer_mt.errors import TmtError, UsageError
-from transformer_mt.export import export_ctranslate2
-from transformer_mt.model import Transformer
-from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
+from transformer_mt.config.schema import config_to_dict
+from transformer_mt.core.errors import TmtError, UsageError
+from transformer_mt.data.batching import pad_sequences
+from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
+from transformer_mt.decode.export import export_ctranslate2
+from transformer_mt.decode.generator import greedy_decode
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.runs.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
 
 SOURCES = [src for src, _ in TINY_PAIRS]
 TARGETS = [tgt for _, tgt in TINY_PAIRS]

@@ -20,16 +20,16 @@ import torch
 
 from tests.conftest import DEMO_CONFIG, PYTHONPATH, TINY_PAIRS, run_cli, tiny_config, write_corpus
 from tests.test_training import read_scalars
-from transformer_mt import train_step as train_step_module
-from transformer_mt import training
-from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.config_loading import load_config, save_config
-from transformer_mt.errors import CheckpointError, Terminated, TrainingError, TrainingStopped
-from transformer_mt.files import write_text_atomic
-from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.run_layout import RunDir
-from transformer_mt.tokenization import TokenizerPair
-from transformer_mt.training import Trainer, train
+from transformer_mt.config.loading import load_config, save_config
+from transformer_mt.core.errors import CheckpointError, Terminated, TrainingError, TrainingStopped
+from transformer_mt.core.files import write_text_atomic
+from transformer_mt.core.run_layout import RunDir
+from transformer_mt.data.tokenization import TokenizerPair
+from transformer_mt.runs.checkpoint import load_checkpoint
+from transformer_mt.runs.run_dir import prepare_run_dir
+from transformer_mt.train import step as train_step_module
+from transformer_mt.train import trainer as training
+from transformer_mt.train.trainer import Trainer, train
 
 # Small enough to be quick, long enough for three checkpoints and several epochs of 12 pairs.
 KILL_RUN = {"max_steps": 9, "eval_every_steps": 3, "save_every_steps": 3, "keep_last": 5}
@@ -326,9 +326,9 @@ def test_a_model_too_big_for_the_machine_is_one_config_error_before_the_run_exis
 
 
 def test_a_model_that_fits_passes_the_memory_check():
-    from transformer_mt.batch_budget import check_model_fits, parameter_count
-    from transformer_mt.config import ModelConfig
-    from transformer_mt.errors import ConfigError
+    from transformer_mt.config.schema import ModelConfig
+    from transformer_mt.core.errors import ConfigError
+    from transformer_mt.train.batch_budget import check_model_fits, parameter_count
 
     model = ModelConfig(d_model=64, d_ff=128, n_heads=2, n_layers=2)
     need = 4 * parameter_count(model, 1000)
@@ -651,10 +651,11 @@ from pathlib import Path
 import torch
 torch.set_num_threads(1)
 logging.basicConfig(level=logging.INFO)
-from transformer_mt import checkpoint, training
-from transformer_mt import train_step as train_step_module
-from transformer_mt import run_dir as run_dir_module
-from transformer_mt.config_loading import load_config
+from transformer_mt.runs import checkpoint
+from transformer_mt.train import trainer as training
+from transformer_mt.train import step as train_step_module
+from transformer_mt.runs import run_dir as run_dir_module
+from transformer_mt.config.loading import load_config
 
 config, run_dir, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 point, _, n = mode.partition("@")
@@ -759,7 +760,7 @@ def progress_of(checkpoint: dict) -> dict:
 
 
 def test_resume_may_change_how_many_processes_tokenize():
-    from transformer_mt.run_dir import resume_config_changes
+    from transformer_mt.runs.run_dir import resume_config_changes
 
     changes = resume_config_changes({"data": {"path": "d", "num_proc": 2}}, {"data": {"path": "d", "num_proc": 4}},
                                      Path("step_00000010.pt"))
@@ -768,14 +769,14 @@ def test_resume_may_change_how_many_processes_tokenize():
 
 def test_rng_states_of_devices_that_cannot_be_restored_are_named(monkeypatch, caplog):
     """A run saved with 2 visible GPUs, resumed with 1: its CUDA RNG states cannot be put back."""
-    from transformer_mt import runtime
+    from transformer_mt.core import runtime
 
     restored = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", restored.append)
     cpu_state = torch.get_rng_state()
-    with caplog.at_level("WARNING", logger="transformer_mt.runtime"):
+    with caplog.at_level("WARNING", logger="transformer_mt.core.runtime"):
         runtime.load_rng_state({"cpu": cpu_state, "cuda": [torch.zeros(16, dtype=torch.uint8)] * 2})
     assert restored == [] and "2 CUDA devices, and 1 are visible" in caplog.text
     assert torch.equal(torch.get_rng_state(), cpu_state)

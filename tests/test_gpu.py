@@ -19,12 +19,12 @@ from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
 from tests.test_decoding import BOS, EOS, random_model, random_sources
 from tests.test_training import read_scalars
 from tests.test_training_speed import make_trainer  # dropout 0, no clipping, fp32
-from transformer_mt import train_step as train_step_module
-from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.decoding import beam_search, greedy_decode
-from transformer_mt.graph_decoding import StepGraphs
-from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.training import Trainer, train
+from transformer_mt.decode.generator import beam_search, greedy_decode
+from transformer_mt.decode.graphs import StepGraphs
+from transformer_mt.runs.checkpoint import load_checkpoint
+from transformer_mt.runs.run_dir import prepare_run_dir
+from transformer_mt.train import step as train_step_module
+from transformer_mt.train.trainer import Trainer, train
 
 DEVICE = os.environ.get("TMT_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else None)
 pytestmark = pytest.mark.skipif(DEVICE is None, reason="no CUDA GPU (TMT_TEST_DEVICE=cpu runs these on the CPU)")

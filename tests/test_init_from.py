@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from tests.conftest import run_cli, tiny_config, write_corpus
-from transformer_mt.checkpoint import load_checkpoint
-from transformer_mt.config_loading import load_config, save_config
-from transformer_mt.errors import ConfigError, UsageError
-from transformer_mt.init_from import load_parent
-from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.schedule import lr_at
-from transformer_mt.tokenization import TokenizerPair
-from transformer_mt.training import Trainer, train
+from transformer_mt.config.loading import load_config, save_config
+from transformer_mt.core.errors import ConfigError, UsageError
+from transformer_mt.data.tokenization import TokenizerPair
+from transformer_mt.runs.checkpoint import load_checkpoint
+from transformer_mt.runs.init_from import load_parent
+from transformer_mt.runs.run_dir import prepare_run_dir
+from transformer_mt.train.schedule import lr_at
+from transformer_mt.train.trainer import Trainer, train
 
 # Another domain: sentences the parent never saw, whose own BPE would be another vocabulary.
 CHILD_PAIRS = [
@@ -113,7 +113,7 @@ def test_a_child_may_fine_tune_with_other_dropout_rates(parent: Path, tmp_path: 
 def test_a_child_of_another_language_pair_is_warned_that_it_keeps_the_parents_tokenizers(parent: Path,
                                                                                        tmp_path: Path, caplog):
     """A reversed direction (or a new language) may start from a parent; its tokenizers come along."""
-    with caplog.at_level("WARNING", logger="transformer_mt.init_from"):
+    with caplog.at_level("WARNING", logger="transformer_mt.runs.init_from"):
         load_parent(child_config(tmp_path, parent))
         assert not caplog.records  # the parent's pair: nothing to say
         load_parent(child_config(tmp_path, parent, data={"src_lang": "it", "tgt_lang": "en"}))

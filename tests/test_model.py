@@ -4,12 +4,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer_mt.architectures import TranslationModel, build_model
-from transformer_mt.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
-from transformer_mt.config import ModelConfig
-from transformer_mt.decoding import greedy_decode
-from transformer_mt.errors import CheckpointError
-from transformer_mt.model import Packing, Transformer
+from transformer_mt.config.schema import ModelConfig
+from transformer_mt.core.errors import CheckpointError
+from transformer_mt.decode.generator import greedy_decode
+from transformer_mt.model.architectures import TranslationModel, build_model
+from transformer_mt.model.transformer import Packing, Transformer
+from transformer_mt.runs.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
 
 PAD, BOS, EOS, V = 0, 2, 3, 30
 

@@ -22,11 +22,11 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tests.conftest import DEMO_CONFIG  # noqa: E402
-from transformer_mt import cli  # noqa: E402
-from transformer_mt.config import Config  # noqa: E402
-from transformer_mt.config_loading import load_config
-from transformer_mt.errors import DataError, TmtError  # noqa: E402
-from transformer_mt.train_state import TrainState  # noqa: E402
+from transformer_mt.cli import main as cli  # noqa: E402
+from transformer_mt.config.loading import load_config
+from transformer_mt.config.schema import Config  # noqa: E402
+from transformer_mt.core.errors import DataError, TmtError  # noqa: E402
+from transformer_mt.train.state import TrainState  # noqa: E402
 
 SECTIONS = {field.name: field.type for field in dataclasses.fields(Config)}
 FIELDS = {name: [f.name for f in dataclasses.fields(cls)] for name, cls in
@@ -142,8 +142,8 @@ def test_any_command_line_ends_in_a_result_or_one_error_line(argv, raw, stdin):
         Path("config.yaml").write_text(dump(raw), encoding="utf-8")
         Path("good.yaml").write_text(DEMO_CONFIG.read_text(encoding="utf-8").replace(
             "path: ", "path: " + str(DEMO_CONFIG.parent) + "/", 1), encoding="utf-8")
-        monkeypatch.setattr("transformer_mt.training.train", _stop_before_training)
-        monkeypatch.setattr("transformer_mt.preparation.prepare_data", _stop_before_reading_data)
+        monkeypatch.setattr("transformer_mt.train.trainer.train", _stop_before_training)
+        monkeypatch.setattr("transformer_mt.train.preparation.prepare_data", _stop_before_reading_data)
         monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
         err, out = io.StringIO(), io.StringIO()
         try:

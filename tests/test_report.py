@@ -11,12 +11,12 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from tests.conftest import DEMO_CONFIG, TINY_PAIRS, run_cli, tiny_config, write_corpus
-from transformer_mt.config_loading import save_config
-from transformer_mt.report import CorpusShare, estimated_time, format_duration, percentile
-from transformer_mt.tokenization import SPECIAL_TOKENS
-from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.preparation import prepare_data
-from transformer_mt.training import Trainer, train
+from transformer_mt.config.loading import save_config
+from transformer_mt.data.report import CorpusShare, estimated_time, format_duration, percentile
+from transformer_mt.data.tokenization import SPECIAL_TOKENS
+from transformer_mt.runs.run_dir import prepare_run_dir
+from transformer_mt.train.preparation import prepare_data
+from transformer_mt.train.trainer import Trainer, train
 
 # One token per whitespace word (a word-level tokenizer saved as the run's tokenizer.json), so
 # every length below is a word count. `e` and `v` are in the vocabulary but only in a pair that

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PYTHONPATH, TINY_PAIRS, tiny_config, write_corpus
-from transformer_mt.config_loading import save_config
-from transformer_mt.errors import UsageError
-from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.run_lock import RunLock
+from transformer_mt.config.loading import save_config
+from transformer_mt.core.errors import UsageError
+from transformer_mt.runs.lock import RunLock
+from transformer_mt.runs.run_dir import prepare_run_dir
 
 ENV = {**os.environ, "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"}
 

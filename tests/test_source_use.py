@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 
 from tests.conftest import TINY_PAIRS, tiny_config
-from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.training import train
+from transformer_mt.runs.run_dir import prepare_run_dir
+from transformer_mt.train.trainer import train
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "source_use.py"
 

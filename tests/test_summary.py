@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 from tests.conftest import PYTHONPATH, REPO, TINY_PAIRS, run_cli, tiny_config
-from transformer_mt.config_loading import save_config
-from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.training import train
+from transformer_mt.config.loading import save_config
+from transformer_mt.runs.run_dir import prepare_run_dir
+from transformer_mt.train.trainer import train
 
 
 def test_summary_records_provenance_metrics_and_throughput(tiny_corpus: Path, tmp_path: Path):
@@ -114,7 +114,7 @@ def test_the_config_folders_git_commit_is_recorded_with_dirty_marked(tmp_path: P
 
     import pytest
 
-    from transformer_mt.summary import git_commit
+    from transformer_mt.runs.summary import git_commit
 
     if shutil.which("git") is None:
         pytest.skip("no git on this machine")
@@ -139,7 +139,7 @@ def test_the_config_folders_git_commit_is_recorded_with_dirty_marked(tmp_path: P
 def test_translate_without_run_finds_the_newest_run_also_in_a_group(tmp_path: Path):
     import os
 
-    from transformer_mt.translator import latest_run
+    from transformer_mt.decode.translator import latest_run
 
     for run, mtime in (("runs/plain", 100), ("runs/ablation/lr1", 300), ("runs/ablation/lr2", 200)):
         checkpoint = tmp_path / run / "checkpoints" / "best.pt"

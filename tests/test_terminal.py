@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DEMO_CONFIG, PYTHONPATH, TINY_PAIRS, run_cli, tiny_config, write_corpus
-from transformer_mt.cli_parser import build_parser
-from transformer_mt.config_loading import load_config, save_config
+from transformer_mt.cli.parser import build_parser
+from transformer_mt.config.loading import load_config, save_config
 
 TIMESTAMP = re.compile(r"\d\d:\d\d:\d\d (INFO|WARNING|ERROR) ")
 BAR = re.compile(r"\d+/\d+ \[|[?\d.]+(it|step|batch|line)/s\]|\|[ #▏▎▍▌▋▊▉█]*\|")
@@ -135,7 +135,7 @@ def tmt(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.Completed
 
 def test_every_step_line_of_the_log_file_says_how_far_and_how_long_is_left(workdir: Path):
     log = (workdir / "runs" / "tiny" / "train.log").read_text("utf-8")
-    steps = re.findall(r"INFO transformer_mt.training: step (\d+)/4 \((\d+)%, ([\d.]+s|\d+m \d\ds) left\): loss", log)
+    steps = re.findall(r"INFO transformer_mt.train.trainer: step (\d+)/4 \((\d+)%, ([\d.]+s|\d+m \d\ds) left\): loss", log)
     # log_every_steps 1: steps 1 to 4, each with its share of train.max_steps=4 (25% a step)
     assert [(int(step), int(percent)) for step, percent, _ in steps] == [(1, 25), (2, 50), (3, 75), (4, 100)], log
     assert steps[-1][2] == "0s"

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from tests.conftest import TINY_PAIRS
-from transformer_mt.config import TokenizerConfig
-from transformer_mt.errors import DataError
-from transformer_mt.token_cache import MIN_ROWS_PER_PROCESS, _encode_rows, processes_for, tokenize_split
-from transformer_mt.tokenization import train_tokenizers
+from transformer_mt.config.schema import TokenizerConfig
+from transformer_mt.core.errors import DataError
+from transformer_mt.data.token_cache import MIN_ROWS_PER_PROCESS, _encode_rows, processes_for, tokenize_split
+from transformer_mt.data.tokenization import train_tokenizers
 
 
 def dataset_of(pairs):
@@ -108,10 +108,10 @@ def test_a_damaged_cache_entry_is_rebuilt(damage: str, tmp_path: Path):
 def test_padded_batches_keep_to_the_token_budget_and_the_models_positions(tmp_path: Path):
     """With pad_to_multiple (CUDA, compile), the sampler cuts by padded lengths, so a batch's
     padded slots stay within train.batch_tokens; and no batch is wider than model.max_len."""
-    from transformer_mt.batching import TokenBatchSampler
-    from transformer_mt.config import ModelConfig
-    from transformer_mt.model import Transformer
-    from transformer_mt.tokenization import PAD_ID
+    from transformer_mt.config.schema import ModelConfig
+    from transformer_mt.data.batching import TokenBatchSampler
+    from transformer_mt.data.tokenization import PAD_ID
+    from transformer_mt.model.transformer import Transformer
 
     pairs = TINY_PAIRS * 4
     pair = tokenizers()
@@ -151,9 +151,9 @@ def test_small_splits_take_one_process():
 
 
 def test_batches_from_the_in_memory_ids_equal_those_from_the_arrow_rows(tmp_path: Path, monkeypatch):
-    from transformer_mt import token_cache
-
     import numpy as np
+
+    from transformer_mt.data import token_cache
 
     split, digest, pair = dataset_of(TINY_PAIRS), digest_of(TINY_PAIRS), tokenizers()
     in_memory = tokenize_split(split, digest, pair, 64, tmp_path / "a", "train", drop_long=True)

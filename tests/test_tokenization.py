@@ -2,9 +2,9 @@ import json
 import pickle
 from pathlib import Path
 
-from transformer_mt.config import TokenizerConfig
-from transformer_mt import tokenization
-from transformer_mt.tokenization import BOS, EOS, PAD, UNK, TokenizerPair, train_tokenizers
+from transformer_mt.config.schema import TokenizerConfig
+from transformer_mt.data import tokenization
+from transformer_mt.data.tokenization import BOS, EOS, PAD, UNK, TokenizerPair, train_tokenizers
 
 SRC = ["Where is the coffee?", "The city is beautiful, isn't it?", "I have 3 brothers."] * 5
 TGT = ["Dov'è il caffè?", "La città è bella, vero?", "Ho 3 fratelli. Perché più così?"] * 5
@@ -69,8 +69,8 @@ def test_progress_bars_stay_off_when_stderr_is_not_a_terminal(capsys):
 
 def test_max_train_pairs_trains_the_tokenizers_on_the_seeded_sample(tiny_corpus, tmp_path):
     from tests.conftest import tiny_config
-    from transformer_mt.data import load_corpus, sample_rows
-    from transformer_mt.preparation import prepare_data
+    from transformer_mt.data.corpus import load_corpus, sample_rows
+    from transformer_mt.train.preparation import prepare_data
 
     cfg = tiny_config(tiny_corpus, tokenizer={"max_train_pairs": 4})
     run = tmp_path / "run"
@@ -100,7 +100,7 @@ def test_lines_with_an_overlong_word_are_left_out_of_bpe_training(caplog):
     long_word = "ab" * (tokenization.MAX_WORD_CHARS // 2 + 1)  # one "word" just over the limit
     just_fits = "Ciao " + "c" * tokenization.MAX_WORD_CHARS  # a word at the limit: trained on
     without = train_tokenizers(cfg, SRC, TGT + [just_fits])  # the same lines, less the long one
-    with caplog.at_level("WARNING", logger="transformer_mt.tokenization"):
+    with caplog.at_level("WARNING", logger="transformer_mt.data.tokenization"):
         with_long = train_tokenizers(cfg, SRC + [long_word], TGT + [just_fits])
     assert "left 1 training line(s) with a run of over 1000 non-space characters" in caplog.text
     assert with_long.src.get_vocab() == without.src.get_vocab()  # nothing learnt from the left-out line

@@ -15,20 +15,20 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.conftest import REPO, TINY_PAIRS, run_cli, tiny_config, write_corpus
-from transformer_mt import summary as summary_module
-from transformer_mt import throughput
-from transformer_mt.batching import Batch, TokenBatchSampler
-from transformer_mt.checkpoint import load_checkpoint, save_atomic
-from transformer_mt.config import TrainConfig
-from transformer_mt.distributed import Distributed
-from transformer_mt.errors import CheckpointError, ConfigError, DataError, TrainingStopped, UsageError
-from transformer_mt.files import temp_file_target
-from transformer_mt.loss import label_smoothed_loss
-from transformer_mt.run_dir import MARKER, check_saved_config, prepare_run_dir
-from transformer_mt.run_layout import RunDir
-from transformer_mt.schedule import lr_at
-from transformer_mt.training import Trainer, train
-from transformer_mt.translator import Translator
+from transformer_mt.config.schema import TrainConfig
+from transformer_mt.core.distributed import Distributed
+from transformer_mt.core.errors import CheckpointError, ConfigError, DataError, TrainingStopped, UsageError
+from transformer_mt.core.files import temp_file_target
+from transformer_mt.core.run_layout import RunDir
+from transformer_mt.data.batching import Batch, TokenBatchSampler
+from transformer_mt.decode.translator import Translator
+from transformer_mt.runs import summary as summary_module
+from transformer_mt.runs.checkpoint import load_checkpoint, save_atomic
+from transformer_mt.runs.run_dir import MARKER, check_saved_config, prepare_run_dir
+from transformer_mt.train import throughput
+from transformer_mt.train.loss import label_smoothed_loss
+from transformer_mt.train.schedule import lr_at
+from transformer_mt.train.trainer import Trainer, train
 
 
 def test_label_smoothed_loss_matches_a_hand_computation():
@@ -299,7 +299,7 @@ def test_a_signal_on_a_save_step_writes_that_checkpoint_once(tiny_corpus: Path, 
 def test_a_signal_after_a_skipped_batch_saves_the_position_past_it(tiny_corpus: Path, tmp_path: Path, monkeypatch):
     """Saved at step 3, then a batch skipped (out of memory) with SIGTERM on the way: the step is
     still 3 but the data position moved on, so the stop saves step 3 again with that position."""
-    from transformer_mt.train_step import TrainStep
+    from transformer_mt.train.step import TrainStep
 
     saved, run_or_skip = [], TrainStep.run_or_skip
     save = Trainer.save
@@ -407,7 +407,7 @@ KILLED_WRITING_THE_SUMMARY = """
 import os, signal, sys
 from pathlib import Path
 os.replace = lambda source, target: os.kill(os.getpid(), signal.SIGKILL)
-from transformer_mt.summary import write_summary
+from transformer_mt.runs.summary import write_summary
 write_summary(Path(sys.argv[1]), {"status": "running"})
 """
 
@@ -642,7 +642,7 @@ def test_training_ends_by_scoring_the_test_split_with_beam_search(average_last, 
     prepare_run_dir(run, resume=False, overwrite=False)
     cfg = tiny_config(tiny_corpus, train={"max_steps": 4, "save_every_steps": 2, "average_last": average_last,
                                           "keep_last": max(3, average_last)}, decode={"beam_size": 3})
-    with caplog.at_level("WARNING", logger="transformer_mt.validation"):
+    with caplog.at_level("WARNING", logger="transformer_mt.train.validation"):
         train(cfg, run, progress=False)
     report = json.loads((run / "evaluation" / "test_scores.json").read_text())
     # Saves at steps 2 and 4; the first validation, at step 3, is a new best and so a step checkpoint too.

@@ -16,20 +16,20 @@ import torch
 import yaml
 
 from tests.conftest import TINY_PAIRS, run_cli, tiny_config
-from transformer_mt import throughput
-from transformer_mt.batching import Batch, make_batch, sorted_batches
-from transformer_mt.distributed import Distributed
-from transformer_mt.batch_budget import activation_bytes_per_token, device_batch_tokens, resolve_batch_tokens
-from transformer_mt.config import ModelConfig, TrainConfig
-from transformer_mt.config_loading import config_from_dict, save_config
-from transformer_mt.errors import ConfigError
-from transformer_mt.runtime import Precision
-from transformer_mt.model import Transformer
-from transformer_mt.throughput import peak_flops_of, peak_flops_per_s
-from transformer_mt.tokenization import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.loss import label_smoothed_loss
-from transformer_mt.run_dir import prepare_run_dir
-from transformer_mt.training import Trainer
+from transformer_mt.config.loading import config_from_dict, save_config
+from transformer_mt.config.schema import ModelConfig, TrainConfig
+from transformer_mt.core.distributed import Distributed
+from transformer_mt.core.errors import ConfigError
+from transformer_mt.core.runtime import Precision
+from transformer_mt.data.batching import Batch, make_batch, sorted_batches
+from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.runs.run_dir import prepare_run_dir
+from transformer_mt.train import throughput
+from transformer_mt.train.batch_budget import activation_bytes_per_token, device_batch_tokens, resolve_batch_tokens
+from transformer_mt.train.loss import label_smoothed_loss
+from transformer_mt.train.throughput import peak_flops_of, peak_flops_per_s
+from transformer_mt.train.trainer import Trainer
 
 
 def make_trainer(tiny_corpus: Path, run: Path, **train) -> Trainer:
@@ -99,13 +99,13 @@ def test_a_bf16_step_on_the_cpu_follows_the_fp32_step(tiny_corpus: Path, tmp_pat
 
 def test_training_in_bf16_on_a_cpu_without_bf16_instructions_is_warned_about(tiny_corpus: Path, tmp_path: Path,
                                                                             monkeypatch, caplog):
-    from transformer_mt import runtime
+    from transformer_mt.core import runtime
 
     assert runtime.pick_precision("auto", torch.device("cpu")).name == "fp32"  # bf16 is never chosen for you
     for emulated in (True, False):
         caplog.clear()
         monkeypatch.setattr(runtime, "cpu_bf16_emulated", lambda: emulated)
-        with caplog.at_level("WARNING", logger="transformer_mt.runtime"):
+        with caplog.at_level("WARNING", logger="transformer_mt.core.runtime"):
             make_trainer(tiny_corpus, tmp_path / f"run{emulated}", precision="bf16")
         assert ("emulated and may well be slower than fp32" in caplog.text) == emulated
 
@@ -200,7 +200,7 @@ def test_the_compiled_step_inside_the_gpu_engine_trains_like_the_plain_step(tiny
     # statistics, softmax, the loss, bias gradients), a few ulps per op that compound through the
     # layers and backward; AdamW at eps 1e-4, as in tests/test_gpu.py, so that a gradient that is 0
     # up to rounding (the key bias) does not turn rounding into a step of ±lr.
-    from transformer_mt import train_step as train_step_module
+    from transformer_mt.train import step as train_step_module
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()  # reset() keeps them: other tests' compiles would count
@@ -322,7 +322,7 @@ def test_a_pair_longer_than_the_longest_batch_length_is_left_out_not_cut_naming_
                                                                                       tmp_path: Path, caplog):
     # model.max_len is the longest padded length a batch (and a captured shape) has; a training
     # pair past it is never cut to fit (it would teach the model to stop mid-sentence).
-    with caplog.at_level("INFO", logger="transformer_mt.token_cache"):
+    with caplog.at_level("INFO", logger="transformer_mt.data.token_cache"):
         cfg = tiny_config(tiny_corpus, model={"max_len": 6}, train={"batch_tokens": 64})
         prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
         trainer = Trainer(cfg, tmp_path / "run", progress=False)

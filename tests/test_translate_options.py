@@ -16,10 +16,10 @@ import torch
 
 from tests.conftest import PYTHONPATH
 from tests.test_terminal import tmt, workdir  # noqa: F401  (workdir: the tiny run's fixture)
-from transformer_mt.config import ModelConfig
-from transformer_mt.decoding import greedy_decode, sample_decode
-from transformer_mt.model import Transformer
-from transformer_mt.hypotheses import Sampling, length_penalty
+from transformer_mt.config.schema import ModelConfig
+from transformer_mt.decode.generator import greedy_decode, sample_decode
+from transformer_mt.decode.hypotheses import Sampling, length_penalty
+from transformer_mt.model.transformer import Transformer
 
 BOS, EOS, PAD, V = 1, 2, 0, 24
 
@@ -208,7 +208,7 @@ def test_translating_imports_nothing_that_only_training_or_scoring_needs(workdir
     # Start-up time of `tmt translate` (issue 24): the meta device's sympy, sacreBLEU, datasets,
     # TensorBoard and matplotlib cost seconds together and a translation uses none of them.
     heavy = ["sympy", "sacrebleu", "datasets", "torch.utils.tensorboard", "matplotlib"]
-    code = ("import sys; from transformer_mt import cli; "
+    code = ("import sys; from transformer_mt.cli import main as cli; "
             "code = cli.main(['translate', '--run', 'runs/tiny', 'Good morning.']); "
             f"print(code, [m for m in {heavy!r} if m in sys.modules])")
     result = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True,

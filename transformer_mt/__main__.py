@@ -1,3 +1,3 @@
-from transformer_mt.cli import run
+from transformer_mt.cli.main import run
 
 run()

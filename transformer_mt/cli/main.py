@@ -1,0 +1,113 @@
+"""The `tmt` command: parses argv (`cli.parser`), runs the subcommand (one module each), and turns
+every error into one line and an exit code; the command line is the only place that prints.
+
+Exit codes: 0 success, 2 bad config or arguments, 1 any other failure, 130 interrupted (143 by SIGTERM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+
+from transformer_mt.cli.average import run_average
+from transformer_mt.cli.data import run_data
+from transformer_mt.cli.export import run_export
+from transformer_mt.cli.parser import build_parser
+from transformer_mt.cli.runs import run_runs
+from transformer_mt.cli.train import run_train
+from transformer_mt.cli.translate import run_evaluate, run_translate
+from transformer_mt.core.errors import TmtError, TrainingStopped
+from transformer_mt.core.signals import sigterm_interrupts
+
+logger = logging.getLogger("transformer_mt")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits with 2 on bad arguments
+    try:
+        commands = {"train": run_train, "data": run_data, "translate": run_translate, "evaluate": run_evaluate,
+                    "export": run_export, "average": run_average, "runs": run_runs}
+        with sigterm_interrupts():  # SIGTERM ends any command as Ctrl-C does: one line, not a silent death
+            commands[args.command](args)
+        return 0
+    except TmtError as err:
+        if args.traceback:
+            raise
+        # Under torchrun every process is stopped alike (a signal reaches them all): rank 0 alone says it.
+        _say(f"tmt: error: {err}", args, every_rank=not isinstance(err, TrainingStopped))
+        return err.exit_code
+    except BrokenPipeError:  # e.g. `tmt translate ... | head -1`: the reader left, nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 0
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (`Terminated`)
+        code = getattr(err, "exit_code", 128 + signal.SIGINT)
+        by = "" if code == 128 + signal.SIGINT else f" by {signal.Signals(code - 128).name}"
+        _say(f"tmt: interrupted{by}", args, every_rank=False)
+        return code
+    except Exception as err:  # an unexpected failure: one line, and the details on request
+        if args.traceback:
+            raise
+        logger.debug("unexpected error", exc_info=True)
+        if _torchrun_rank(args) is not None and _peer_stopped(err):  # not this process's failure: another's
+            _say("tmt: error: another process of this torchrun job stopped (its own line, or torchrun's report, "
+                 "says why), so this one stops too", args, every_rank=True)
+            return 1
+        _say(f"tmt: internal error: {type(err).__name__}: {err} (rerun as `tmt --traceback COMMAND ...` for details)",
+             args, every_rank=True)
+        return 1
+
+
+def _torchrun_rank(args: argparse.Namespace) -> int | None:
+    """This process's rank when torchrun started several to train, else None (no other command runs
+    distributed, whatever RANK and WORLD_SIZE a launcher left in the environment)."""
+    try:
+        distributed = args.command == "train" and int(os.environ.get("WORLD_SIZE", "1")) > 1
+        return int(os.environ["RANK"]) if distributed else None
+    except (KeyError, ValueError):
+        return None
+
+
+def _say(line: str, args: argparse.Namespace, every_rank: bool) -> None:
+    """`line` on stderr in one write (torchrun's processes share it: lines never interleave). Under
+    torchrun a line every process says alike (a stop) is rank 0's alone, and another rank's line
+    is named: an error that only some ranks meet (this machine's memory, say) is never lost."""
+    rank = _torchrun_rank(args)
+    if rank:
+        if not every_rank:
+            return
+        line = line.replace("tmt:", f"tmt (rank {rank}):", 1)
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def _peer_stopped(err: Exception) -> bool:
+    """A collective operation that failed because another process of the job ended, as gloo and
+    NCCL say it (not any distributed error: this rank's own failure must be shown as it is)."""
+    text = str(err)
+    return any(sign in text for sign in ("Connection closed by peer", "Connection reset by peer",
+                                         "remote worker crashing", "NCCL communicator was aborted"))
+
+
+def run() -> None:
+    """The `tmt` command (`python -m transformer_mt` too): `main`, then an exit that a late signal
+    cannot turn into a traceback."""
+    code = main()
+    _signals_end_the_exit_at_once(code)
+    sys.exit(code)
+
+
+def _signals_end_the_exit_at_once(code: int) -> None:
+    """tmt has said all it will: a Ctrl-C or SIGTERM from here on (a second Ctrl-C after a stopped
+    run, say) ends the process with `code` at once. Left to Python, it would raise KeyboardInterrupt
+    inside an exit handler (torch's, `datasets`') and print a traceback under tmt's last line."""
+    for stream in (sys.stdout, sys.stderr):  # what os._exit would otherwise drop
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that left, a closed stream: nothing more to say
+            pass
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signal_number, frame: os._exit(code))

@@ -1,0 +1,288 @@
+"""The command line's grammar: `tmt`'s subcommands, their options, help texts and examples.
+It only describes; `cli` parses argv with it, runs the command and prints."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import math
+import re
+from pathlib import Path
+
+from transformer_mt import __version__
+from transformer_mt.config.schema import BLEU_TOKENIZERS
+from transformer_mt.core.errors import UsageError
+
+STDIO = "-"  # `tmt translate --input -` / `--output -`: stdin / stdout, as in most command-line tools
+
+MAIN_EXAMPLES = """a first run (CPU, a few minutes):
+  tmt data --config configs/demo.yaml                   # look at the data first: pairs, lengths, steps per epoch
+  tmt train --config configs/demo.yaml                  # train on the bundled English-Italian corpus
+  tensorboard --logdir runs                             # curves, example translations, attention
+  tmt translate "Where is the station?"                 # translate with the newest run
+  tmt evaluate --run runs/demo --beam 5                 # BLEU and chrF on the test split
+  tmt runs                                              # every run: status, steps, BLEU
+
+`tmt COMMAND --help` shows each command's options and examples.
+"""
+
+TRAIN_EXAMPLES = """examples:
+  tmt train --config configs/demo.yaml
+  tmt train --config configs/demo.yaml --set train.max_steps=2000 --set model.dropout=0.2
+  tmt train --config configs/demo.yaml --resume        # continue from the newest checkpoint
+  tensorboard --logdir runs                            # watch the curves
+"""
+
+DATA_EXAMPLES = """examples:
+  tmt data --config configs/demo.yaml                   # the report tmt train logs before its first step
+  tmt data --config configs/demo.yaml --set tokenizer.vocab_size=2000 --set model.max_len=32
+  tmt data --config configs/demo.yaml --set train.batch_tokens=4096   # steps per epoch at another budget
+
+Nothing is written: tokenizers are trained in a temporary folder, or reused from the run
+directory (--run-dir, default runs/<name>) when its data and tokenizer settings are the same.
+"""
+
+TRANSLATE_EXAMPLES = """examples:
+  tmt translate "Where is the station?"                 # newest run under ./runs
+  tmt translate --run runs/demo "Good morning." "Thank you!"
+  tmt translate --run runs/demo --beam 5 --input test.en --output test.it
+  tmt translate --checkpoint runs/demo/checkpoints/step_00001200.pt < input.en > output.it
+  tmt translate --run runs/demo --show-attention attention.png "Where is the station?"
+  tmt translate --run runs/demo                          # at a terminal: type a sentence, get its translation
+  tmt translate --run runs/demo --beam 5 --n-best 3 --scores "Where is the station?"
+  tmt translate --run runs/demo --beam 5 --n-best 5 --format jsonl \\
+      --input transformer_mt/corpora/demo_en_it/test.en > test.nbest.jsonl
+  tmt translate --run runs/demo --sample --top-p 0.9 --seed 1 --n-best 2 "Where is the station?"
+"""
+
+EVALUATE_EXAMPLES = """examples:
+  tmt evaluate --run runs/demo                          # the run's test split, greedy
+  tmt evaluate --run runs/demo --split valid --beam 5
+  tmt evaluate --run runs/m30k --src test.en --ref test.de --tokenize none   # pre-tokenized text
+"""
+
+
+EXPORT_EXAMPLES = """examples:
+  tmt export --format ctranslate2 --run runs/demo --output demo-ct2
+  tmt export --format ctranslate2 --run runs/demo --output demo-ct2-int8 --quantization int8
+"""
+
+
+RUNS_EXAMPLES = """examples:
+  tmt runs                                              # the runs under ./runs, newest first
+  tmt runs --dir /data/experiments
+  cat runs/demo/summary.json                            # one run's provenance, metrics and throughput
+"""
+
+AVERAGE_EXAMPLES = """examples:
+  tmt average --run runs/m30k                           # the last 5 step checkpoints
+  tmt average --run runs/demo --last 2                  # the demo keeps 2 (train.keep_last)
+  tmt evaluate --checkpoint runs/demo/checkpoints/average_steps_00000900-00001200.pt --beam 5
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose "invalid choice" error also says which choice was probably meant
+    (`tmt trian` -> did you mean 'train'?), as config keys do."""
+
+    def error(self, message: str):
+        match = re.match(r"argument .*: invalid choice: '(.*)' \(choose from (.*)\)$", message)
+        if match:
+            choices = re.findall(r"'([^']*)'", match.group(2))
+            close = difflib.get_close_matches(match.group(1), choices, n=1)
+            if close:
+                message += f" (did you mean {close[0]!r}?)"
+        super().error(message)
+
+
+def _add_command(commands, name: str, summary: str, epilog: str) -> argparse.ArgumentParser:
+    """A subcommand whose `--help` opens with `summary` (as `tmt --help` lists it) and ends with `epilog`."""
+    return commands.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".",
+                               epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tmt", description="Train Transformer translation models and translate with them.",
+                     epilog=MAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"tmt {__version__}")
+    parser.add_argument("--traceback", action="store_true", help="show the full Python traceback on errors")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    train = _add_command(commands, "train", "train a model from a YAML config", TRAIN_EXAMPLES)
+    train.add_argument("--config", required=True, type=Path, help="YAML config file")
+    train.add_argument("--run-dir", type=Path, help="where the run is written (default: runs/<name from config>)")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config value, e.g. --set train.lr=3e-4 (repeatable)")
+    train.add_argument("--resume", action="store_true", help="continue from the run's newest checkpoint")
+    train.add_argument("--overwrite", action="store_true", help="delete an existing run in --run-dir and start over")
+    train.add_argument("--quiet", "--no-progress", dest="no_progress", action="store_true",
+                       help="no progress bars (the log lines stay)")
+
+    data = _add_command(commands, "data", "report on the data before training: pairs, filters, lengths, "
+                                             "unknown tokens, steps per epoch", DATA_EXAMPLES)
+    data.add_argument("--config", required=True, type=Path, help="YAML config file")
+    data.add_argument("--run-dir", type=Path, help="a run whose tokenizers and data split to reuse, read only "
+                                                   "(default: runs/<name from config>, if it exists)")
+    data.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config value, e.g. --set model.max_len=64 (repeatable)")
+    data.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bars")
+
+    translate = _add_command(commands, "translate", "translate sentences with a trained run", TRANSLATE_EXAMPLES)
+    translate.add_argument("text", nargs="*", help="sentences to translate (default: one per line from stdin)")
+    _add_model_arguments(translate)
+    translate.add_argument("--input", type=_path_or_dash, help="translate this file, one sentence per line (- = stdin)")
+    translate.add_argument("--output", type=_path_or_dash,
+                           help="write translations here instead of stdout (- = stdout)")
+    translate.add_argument("--show-attention", type=Path, metavar="FILE.png",
+                           help="draw the cross-attention of the (single) sentence's translation to FILE.png "
+                                "(or .jpg, .pdf, .svg, ...: the format the suffix names)")
+    translate.add_argument("--attention-layer", type=int, metavar="N",
+                           help="decoder layer to draw for --show-attention: 0 is the first, -1 (default) the last")
+    translate.add_argument("--interactive", action="store_true",
+                           help="translate each line as it is typed (the default when stdin is a terminal and "
+                                "no sentence, --input or --output is given)")
+    lists = translate.add_argument_group("n-best lists, scores and sampling (README: \"n-best lists and scores\")")
+    lists.add_argument("--n-best", type=_positive_int, default=1, metavar="K",
+                       help="the K best translations of each sentence (K at most the beam size), best first; "
+                            "text output: one line each, '<sentence number from 0><TAB>[<score><TAB>]<translation>'")
+    lists.add_argument("--scores", action="store_true",
+                       help="put each translation's score before it and a TAB: its log-probability over the GNMT "
+                            "length penalty ((5 + length) / 6)^alpha, as beam search ranks them")
+    lists.add_argument("--format", choices=["text", "jsonl"], default="text",
+                       help="text (default), or jsonl: one JSON object per sentence with source, hypotheses, "
+                            "scores and tokens (BPE pieces)")
+    lists.add_argument("--sample", action="store_true",
+                       help="draw translations from the model instead of searching (back-translation); "
+                            "--n-best K draws K per sentence")
+    lists.add_argument("--temperature", type=_positive_float, metavar="T",
+                       help="with --sample: divide the logits by T (default 1; below 1 sharper, above flatter)")
+    lists.add_argument("--top-k", type=_non_negative_int, metavar="K",
+                       help="with --sample: draw from the K most probable tokens only (default 0: all)")
+    lists.add_argument("--top-p", type=_probability, metavar="P",
+                       help="with --sample: draw from the most probable tokens that together reach probability P "
+                            "(nucleus sampling; default 1: all)")
+    lists.add_argument("--seed", type=_seed, metavar="N",
+                       help="with --sample: the random seed (default 0); the same input (lines and their order), "
+                            "options and seed give the same samples on the same device")
+
+    evaluate = _add_command(commands, "evaluate", "translate a test set and score it with sacreBLEU", EVALUATE_EXAMPLES)
+    _add_model_arguments(evaluate)
+    evaluate.add_argument("--split", choices=["valid", "test"], default="test",
+                          help="which split of the run's own data to score (default: test)")
+    evaluate.add_argument("--src", type=Path, help="source file to translate instead of a split (needs --ref)")
+    evaluate.add_argument("--ref", type=Path, help="reference translations of --src, line by line")
+    evaluate.add_argument("--tokenize", choices=BLEU_TOKENIZERS, help="sacreBLEU tokenizer for BLEU (default: the run's train.bleu_tokenize, "
+                                             "normally 13a; 'none' for pre-tokenized text)")
+    evaluate.add_argument("--output", type=_path_or_dash,
+                          help="where to write the hypotheses "
+                               "(default: <run>/evaluation/<name>.<checkpoint>.beam<K>[.lp<ALPHA>][.int8].txt)")
+
+    export = _add_command(commands, "export", "export a trained run to another inference engine", EXPORT_EXAMPLES)
+    export.add_argument("--format", choices=["ctranslate2"], required=True,
+                        help="the engine to export to: ctranslate2 (a CTranslate2 model directory)")
+    export.add_argument("--run", type=Path, required=True, help="run directory")
+    export.add_argument("--output", type=Path, required=True, help="new model directory to write")
+    export.add_argument("--checkpoint", type=Path, help="default: best.pt, else the newest step checkpoint")
+    export.add_argument("--quantization", help="CTranslate2 weight type: int8, int8_float16, float16, ... "
+                                               "(default: float32)")
+
+    runs = _add_command(commands, "runs", "list training runs: status, steps, best BLEU, last update", RUNS_EXAMPLES)
+    runs.add_argument("--dir", type=Path,
+                      help="folder holding run directories, also grouped one folder deeper (runs/<group>/<name>), "
+                           "or one run directory (default: runs)")
+
+    average = _add_command(commands, "average", "average the weights of a run's last step checkpoints", AVERAGE_EXAMPLES)
+    average.add_argument("--run", type=Path, required=True, help="run directory")
+    average.add_argument("--last", type=_positive_int, default=5, metavar="N",
+                         help="how many of the newest step checkpoints to average (default 5)")
+    average.add_argument("--output", type=Path,
+                         help="default: <run>/checkpoints/average_steps_<first>-<last>.pt (keep it in "
+                              "<run>/checkpoints/ so that --checkpoint finds the run's tokenizers)")
+    return parser
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """--run / --checkpoint, --beam, --length-penalty, --quantize, --engine and --device, shared by translate and
+    evaluate."""
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--run", type=Path, help="run directory (default: the most recently updated run under ./runs)")
+    source.add_argument("--checkpoint", type=Path, help="a checkpoint file inside a run's checkpoints/ folder")
+    parser.add_argument("--beam", type=_positive_int, metavar="K",
+                        help="beam size (default: the run's decode.beam_size; 1 = greedy)")
+    parser.add_argument("--length-penalty", type=_non_negative_float, metavar="ALPHA",
+                        help="beam search's length penalty α (default: the run's decode.length_penalty; "
+                             "0 = none, higher favours longer translations)")
+    parser.add_argument("--quantize", choices=["none", "int8"],
+                        help="int8: decode with CTranslate2's int8 weights on a CPU, faster, translations close to "
+                             "fp32 but not identical (default: the run's decode.quantize, none)")
+    parser.add_argument("--engine", choices=["auto", "torch", "ctranslate2"],
+                        help="decoding engine (default: the run's decode.engine, auto): auto is CTranslate2 on a "
+                             "CPU (the run converted once, cached in <run>/ctranslate2/; greedy output identical "
+                             "to torch's), torch on a GPU; --show-attention always draws from torch")
+    parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
+                        help="where to translate (default auto: CUDA, else MPS, else the CPU; another GPU: "
+                             "CUDA_VISIBLE_DEVICES=N)")
+    parser.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bar")
+
+
+def _number(convert: type, accept, requirement: str):
+    """An argparse type: `convert` (int or float) the text, then refuse a value `accept` rejects
+    with "must be `requirement`". Comparisons are False for nan, so nan is refused too."""
+    what = "a whole number" if convert is int else "a number"
+
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
+        return value
+    return parse
+
+
+_positive_int = _number(int, lambda v: v >= 1, "at least 1")
+_non_negative_int = _number(int, lambda v: v >= 0, "at least 0")
+_positive_float = _number(float, lambda v: 0 < v < math.inf, "a finite number above 0")
+_probability = _number(float, lambda v: 0 < v <= 1, "above 0 and at most 1")
+_non_negative_float = _number(float, lambda v: 0 <= v < math.inf, "a finite number of at least 0")
+_seed = _number(int, lambda v: -2 ** 63 <= v < 2 ** 63, "a whole number that fits in 64 bits (torch's seeds)")
+
+
+def _path_or_dash(text: str) -> Path | str:
+    """A path, or `STDIO` for exactly "-" (so that `./-` still names a file called -)."""
+    return STDIO if text == STDIO else Path(text)
+
+
+def check_translate_options(args: argparse.Namespace) -> None:
+    """Refuse `tmt translate` options that cannot go together, naming them, before a model loads."""
+    if not args.sample:
+        given = [name for name, value in (("--temperature", args.temperature), ("--top-k", args.top_k),
+                                          ("--top-p", args.top_p), ("--seed", args.seed)) if value is not None]
+        if given:
+            raise UsageError(f"{given[0]} is a sampling option: add --sample")
+        if args.beam is not None and args.n_best > args.beam:
+            raise UsageError(f"--n-best {args.n_best}: beam search keeps only --beam {args.beam} translations; "
+                             f"use --beam {args.n_best} or more")
+    elif args.beam is not None and args.beam > 1:
+        raise UsageError(f"--sample draws each token and keeps no beams: leave out --beam {args.beam} "
+                         "(--n-best K draws K translations)")
+    if args.attention_layer is not None and not args.show_attention:
+        raise UsageError("--attention-layer picks the layer --show-attention draws: add --show-attention FILE.png")
+    if args.show_attention:
+        from transformer_mt.decode.plotting import image_formats  # matplotlib: only when a picture is asked for
+
+        formats = image_formats()
+        if args.show_attention.suffix[1:].lower() not in formats:
+            raise UsageError(f"--show-attention {args.show_attention}: name a picture file ending in "
+                             f"{', '.join('.' + name for name in formats)}")
+    if args.show_attention and (args.n_best > 1 or args.scores or args.format != "text" or args.sample):
+        raise UsageError("--show-attention draws the best translation of one sentence; leave out --n-best, "
+                         "--scores, --format and --sample")
+    if args.interactive:
+        given = [name for name, value in (("sentences as arguments", args.text), ("--input", args.input),
+                                          ("--output", args.output), ("--show-attention", args.show_attention))
+                 if value]
+        if given:
+            raise UsageError(f"--interactive reads sentences as they are typed and answers on stdout; "
+                             f"leave out {', '.join(given)}")

@@ -1,0 +1,109 @@
+"""`tmt train`: load the config, prepare the run directory (rank 0 under torchrun), train, and say
+how to continue after a stop."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+from transformer_mt.cli.log_setup import setup_logging
+from transformer_mt.core.errors import TmtError, TrainingStopped
+from transformer_mt.core.run_layout import RunDir
+
+logger = logging.getLogger("transformer_mt")
+
+
+def run_train(args: argparse.Namespace) -> None:
+    from transformer_mt.config.loading import load_config
+    from transformer_mt.core.distributed import Distributed
+    from transformer_mt.core.runtime import machine_memory_bytes, pick_device, pick_precision
+    from transformer_mt.runs.init_from import check_parent
+    from transformer_mt.runs.run_dir import prepare_run_dir
+    from transformer_mt.train.batch_budget import check_model_fits
+    from transformer_mt.train.trainer import train
+
+    cfg = load_config(args.config, args.overrides)
+    run_dir = args.run_dir or Path("runs") / cfg.name
+    device = pick_device(cfg.train.device)
+    pick_precision(cfg.train.precision, device)  # refuse, say, fp16 on a CPU before the run directory exists
+    # A typo such as model.d_model=5120000: one line now, not torch's failed allocation after the data is read
+    check_model_fits(cfg.model, cfg.tokenizer.vocab_size, machine_memory_bytes())
+    if cfg.train.init_from and not args.resume:
+        check_parent(cfg)  # so is a parent that cannot be started from: nothing created, nothing emptied
+    dist = Distributed.from_environment()  # a world of one unless started by torchrun
+    dist.start(device)
+    lock = None  # rank 0's on the run directory, held while it trains
+    try:
+        if dist.is_main:  # rank 0 prepares the directory; the others wait for it
+            lock = prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite,
+                                   init_from=cfg.train.init_from)
+        dist.barrier()
+        log_file = setup_logging(logging.INFO if dist.is_main else logging.WARNING,
+                                  RunDir(run_dir).train_log if dist.is_main else None)
+        try:
+            try:
+                state = train(cfg, run_dir, resume=args.resume, progress=not args.no_progress,
+                              config_dir=args.config.resolve().parent, dist=dist)
+            except TrainingStopped as err:
+                again = "the same torchrun command with --resume" if dist.enabled else _resume_command(args)
+                raise TrainingStopped(f"{err}; continue with: {again}", err.exit_code - 128) from None
+            except KeyboardInterrupt as err:  # a second Ctrl-C, or a signal outside the training loop
+                signal_number = getattr(err, "exit_code", 128 + signal.SIGINT) - 128
+                raise TrainingStopped(f"interrupted by {signal.Signals(signal_number).name}; continue with: "
+                                      f"{_continue_command(args, run_dir, dist.enabled)}",
+                                      signal_number) from None
+        except BaseException as err:
+            if log_file is not None:  # a run read under nohup or in CI ends with why it stopped
+                log_file.handle(_error_record(err))
+            raise
+        finally:
+            if log_file is not None:
+                logging.getLogger().removeHandler(log_file)
+                log_file.close()
+    finally:
+        dist.stop()
+        if lock is not None:
+            lock.release()
+    if not dist.is_main:
+        return
+    best = f", best validation BLEU {state.best_bleu:.2f}" if state.best_bleu >= 0 else ""
+    print(f"tmt: finished at step {state.step}{best}; run directory {run_dir}", file=sys.stderr)
+
+
+def _error_record(err: BaseException) -> logging.LogRecord:
+    """A log record of the error that stops `tmt train`, for train.log: the line stderr shows
+    (`main` prints it), and for an unexpected error its traceback as well."""
+    if isinstance(err, TmtError):
+        message, exc_info = f"tmt: error: {err}", None
+    elif isinstance(err, KeyboardInterrupt):
+        message, exc_info = "tmt: interrupted", None
+    else:
+        message, exc_info = f"tmt: internal error: {type(err).__name__}: {err}", (type(err), err, err.__traceback__)
+    return logging.LogRecord(logger.name, logging.ERROR, __file__, 0, message, None, exc_info)
+
+
+def _resume_command(args: argparse.Namespace, resume: bool = True) -> str:
+    """The `tmt train` command that continues an interrupted run: the same config, run directory
+    and `--set` overrides (without them a resume would see a different config), plus --resume;
+    without it (`resume=False`), the command that starts the run again."""
+    words = ["tmt", "train", "--config", str(args.config)]
+    if args.run_dir:
+        words += ["--run-dir", str(args.run_dir)]
+    for override in args.overrides:
+        words += ["--set", override]
+    return shlex.join(words + ["--resume"] if resume else words)
+
+
+def _continue_command(args: argparse.Namespace, run_dir: Path, torchrun: bool) -> str:
+    """How to go on after an interruption: resume from the run's newest checkpoint, or, before the
+    first one, start again (a start that stopped early reuses its run directory)."""
+    from transformer_mt.runs.checkpoint import CheckpointDir
+
+    resume = CheckpointDir(RunDir(run_dir).checkpoints, keep_last=1).latest() is not None
+    if torchrun:
+        return "the same torchrun command" + (" with --resume" if resume else " (without --resume)")
+    return _resume_command(args, resume=resume)

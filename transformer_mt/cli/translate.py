@@ -1,0 +1,309 @@
+"""`tmt translate` and `tmt evaluate`: the run's translator loaded on its engine (CTranslate2 on a
+CPU, torch-free once converted; torch elsewhere), sentences from arguments, a file, stdin or a prompt, their translations, scores and attention drawn
+to the files the user names (never over an input)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+from transformer_mt.cli.log_setup import setup_logging
+from transformer_mt.cli.parser import STDIO, check_translate_options
+from transformer_mt.core.errors import DataError, TmtError, UsageError
+from transformer_mt.core.files import check_parent_dir, lines_to_text, make_parent_dir, write_text_atomic
+from transformer_mt.core.run_layout import RunDir
+from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
+
+
+def run_translate(args: argparse.Namespace) -> None:
+    from transformer_mt.data.sources import read_lines, read_stream_lines
+
+    setup_logging(logging.WARNING)
+    if args.text and args.input:
+        raise UsageError("give sentences as arguments or --input FILE, not both")
+    check_translate_options(args)
+    # Typing at a terminal with nothing else to read or write: translate each line as it comes.
+    interactive = args.interactive or (not args.text and args.input is None and args.output is None
+                                       and args.show_attention is None and sys.stdin.isatty())
+    if args.input == STDIO:
+        args.input = None  # `--input -`: stdin, as without --input
+    if args.output == STDIO:
+        args.output = None  # `--output -`: stdout, as without --output
+    if interactive:
+        _translate_interactively(_load_translator(args), args)
+        return
+    if args.input:
+        lines = read_lines(args.input)
+    else:
+        lines = _argument_lines(args.text) if args.text else read_stream_lines(sys.stdin.buffer, "stdin")
+        if not lines:
+            raise UsageError("nothing to translate: give sentences as arguments, --input FILE, "
+                             "or one per line on stdin")
+    if args.show_attention:
+        _check_attention_arguments(args, lines)
+    _check_output(args.output, inputs={"--input": args.input})
+    _check_output(args.show_attention, "--show-attention", inputs={"--input": args.input})
+    translator = _load_translator(args)
+    _check_not_kept(args.output, "--output", translator.run_dir)
+    _check_not_kept(args.show_attention, "--show-attention", translator.run_dir)
+    if args.show_attention:
+        outputs = [_draw_attention(translator, lines[0], args)]
+    else:
+        outputs = _translate_lines(translator, lines, args, progress=bool(args.input) and not args.quiet)
+    if args.output:
+        _write_lines(args.output, outputs)
+    else:
+        for output in outputs:
+            print(output)
+        sys.stdout.flush()  # a closed pipe fails here, inside main's error handling, not at exit
+
+
+def _translate_lines(translator, lines: list[str], args: argparse.Namespace, progress: bool,
+                     first_number: int = 0) -> list[str]:
+    """The output lines for `lines`: one translation each, or with --n-best, --scores, --format
+    jsonl or --sample, the lists README's "n-best lists and scores" describes (sentences
+    numbered from `first_number`)."""
+    if args.n_best == 1 and not args.scores and args.format == "text" and not args.sample:
+        return translator.translate(lines, beam_size=args.beam, progress=progress)
+    from transformer_mt.decode.translator import format_translations
+
+    beam = args.beam or translator.cfg.decode.beam_size
+    if not args.sample and args.n_best > beam:  # the run's beam size, when --beam was left out
+        raise UsageError(f"--n-best {args.n_best}: beam search keeps only the run's decode.beam_size={beam} "
+                         f"translations; add --beam {args.n_best} or more")
+    sampling = None
+    if args.sample:
+        from transformer_mt.decode.hypotheses import Sampling
+
+        sampling = Sampling(temperature=args.temperature or 1.0, top_k=args.top_k or 0, top_p=args.top_p or 1.0,
+                            seed=args.seed or 0)
+    results = translator.translate_n_best(lines, n_best=args.n_best, beam_size=1 if args.sample else beam,
+                                          sampling=sampling, progress=progress)
+    return format_translations(lines, results, jsonl=args.format == "jsonl", numbered=args.n_best > 1,
+                               scores=args.scores, first_number=first_number)
+
+
+def _translate_interactively(translator, args: argparse.Namespace) -> None:
+    """A prompt; each line is translated as soon as it is entered (the model loaded once), its
+    output on stdout at once. Ctrl-D (end of input) ends it."""
+    data = translator.cfg.data
+    at_terminal = sys.stdin.isatty()
+    if at_terminal:
+        print(f"tmt: translating {data.src_lang}->{data.tgt_lang} with {_shown(translator.checkpoint)}, a line at a "
+              "time; Ctrl-D to quit", file=sys.stderr)
+    number = 0
+    while (line := _prompt(f"{data.src_lang}> " if at_terminal else "", number + 1)) is not None:
+        for output in _translate_lines(translator, [line], args, progress=False, first_number=number):
+            print(output)
+        sys.stdout.flush()
+        number += 1
+
+
+def _prompt(prompt: str, number: int) -> str | None:
+    """The next line from stdin, after `prompt` on the terminal; None at the end of input."""
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        with contextlib.suppress(ImportError):  # no readline on Windows
+            import readline  # noqa: F401  (input() then offers line editing and history)
+        try:
+            return input(prompt)
+        except (EOFError, KeyboardInterrupt) as end:
+            print(file=sys.stderr)  # the shell's prompt (or "tmt: interrupted") then starts on a line of its own
+            if isinstance(end, KeyboardInterrupt):
+                raise
+            return None
+    if prompt:  # stdout is a file or a pipe: keep it for translations
+        print(prompt, end="", file=sys.stderr, flush=True)
+    from transformer_mt.data.sources import decode_line
+
+    raw = sys.stdin.buffer.readline()
+    return decode_line(raw, "stdin", number) if raw else None
+
+
+def _check_attention_arguments(args: argparse.Namespace, lines: list[str]) -> None:
+    """--show-attention needs exactly one non-empty sentence, and a file of its own."""
+    if len(lines) != 1:
+        raise UsageError(f"--show-attention draws one sentence; got {len(lines)}")
+    if not lines[0].strip():
+        raise UsageError("--show-attention: the sentence is empty; there is no attention to draw")
+    if args.output and args.output.resolve() == args.show_attention.resolve():
+        raise UsageError(f"--output and --show-attention are the same file ({args.output}); give two names")
+
+
+def _draw_attention(translator, line: str, args: argparse.Namespace) -> str:
+    """Draw `line`'s cross-attention to --show-attention and return its translation."""
+    from transformer_mt.decode.plotting import save_attention
+
+    n_layers = translator.cfg.model.n_decoder_layers
+    asked = -1 if args.attention_layer is None else args.attention_layer  # the last by default
+    if not -n_layers <= asked < n_layers:
+        raise UsageError(f"--attention-layer {asked}: the model has {n_layers} decoder layers "
+                         f"(0..{n_layers - 1}, or -1 for the last)")
+    attention = translator.attention(line, layer=asked, beam_size=args.beam)
+    layer = asked % n_layers
+    try:
+        save_attention(args.show_attention, attention.weights, attention.src_pieces, attention.tgt_pieces,
+                           f"cross-attention, decoder layer {layer + 1} of {n_layers}, mean over heads")
+    except OSError as err:
+        raise TmtError(f"cannot write {args.show_attention} ({err.strerror or err})") from None
+    print(f"attention drawn to {args.show_attention}", file=sys.stderr)
+    return attention.translation
+
+
+def run_evaluate(args: argparse.Namespace) -> None:
+    from transformer_mt.data.corpus import load_run_corpus
+    from transformer_mt.data.sources import read_aligned_files
+    from transformer_mt.decode.evaluation import bleu_tokenizer_problem, score
+
+    setup_logging(logging.WARNING)
+    if bool(args.src) != bool(args.ref):
+        raise UsageError("--src and --ref go together")
+    if args.output == STDIO:
+        raise UsageError("--output -: evaluate prints its scores on stdout; give a file for the hypotheses")
+    _check_output(args.output, inputs={"--src": args.src, "--ref": args.ref})
+    if args.tokenize and (problem := bleu_tokenizer_problem(args.tokenize)):  # before the run is loaded (converted)
+        raise UsageError(f"--tokenize: {problem}")
+    translator = _load_translator(args)
+    _check_not_kept(args.output, "--output", translator.run_dir)
+    tokenize = args.tokenize or translator.cfg.train.bleu_tokenize
+    problem = bleu_tokenizer_problem(tokenize)  # before translating
+    if problem:
+        where = "--tokenize" if args.tokenize else "the run's train.bleu_tokenize (choose another with --tokenize)"
+        raise UsageError(f"{where}: {problem}")
+    if args.src:
+        pairs = read_aligned_files(args.src, args.ref)
+        if not any(src.strip() for src, _ in pairs):  # no lines, or only empty ones: BLEU 0 of nothing
+            raise UsageError(f"{args.src}: no sentences to evaluate (the file is empty or every line is blank)")
+        sources, references = [src for src, _ in pairs], [ref for _, ref in pairs]
+        # Never a split's name (the final test's hypotheses are test.*), and never another folder's
+        # file of the same name: the digest of where it is tells them apart.
+        where = hashlib.blake2b(str(args.src.resolve()).encode("utf-8", "surrogateescape"), digest_size=4).hexdigest()
+        name = f"file-{args.src.name}-{where}"
+    else:
+        # The split as the run read it (its corpus_cache/), even if the data files moved or changed since
+        corpus = load_run_corpus(translator.cfg.data, translator.cfg.seed, translator.run_dir)
+        split = getattr(corpus, args.split)
+        sources, references, name = split["src"], split["tgt"], args.split
+    beam = args.beam or translator.cfg.decode.beam_size
+    hypotheses = translator.translate(sources, beam_size=beam, progress=not args.quiet)
+    scores = score(hypotheses, references, tokenize=tokenize)
+    # Named after the checkpoint (and a --length-penalty, with a beam), like the final
+    # test's file: scoring another checkpoint or setting never overwrites the hypotheses behind
+    # the run's own evaluation/test_scores.json.
+    alpha = translator.cfg.decode.length_penalty
+    settings = f"beam{beam}" + (f".lp{alpha:g}" if args.length_penalty is not None and beam > 1 else "") + \
+        (f".{translator.quantized}" if translator.quantized else "")  # never replacing the fp32 hypotheses
+    output = args.output or RunDir(translator.run_dir).evaluation / f"{name}.{translator.checkpoint.stem}.{settings}.txt"
+    _write_lines(output, hypotheses)
+    print(f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}")
+    print(f"chrF = {scores.chrf:.2f}  {scores.chrf_signature}")
+    penalty = f", length penalty {alpha:g}" if beam > 1 else ""  # greedy decoding has none
+    penalty += f", {translator.quantized} weights" if translator.quantized else ""
+    print(f"{len(hypotheses)} sentences, beam {beam}{penalty}; hypotheses in {_shown(output)}", file=sys.stderr)
+
+
+
+def _load_translator(args: argparse.Namespace):
+    from transformer_mt.runs.run_files import latest_run
+
+    if args.checkpoint:
+        if args.checkpoint.resolve().parent.name != RunDir.CHECKPOINTS:
+            raise UsageError(f"--checkpoint {args.checkpoint}: give a checkpoint inside a run's checkpoints/ "
+                             "folder (the run's tokenizers and config are found from there)")
+        run_dir = args.checkpoint.resolve().parent.parent  # <run>/checkpoints/<file>.pt
+        translator = _open_translator(args, run_dir, args.checkpoint)
+    elif args.run:
+        translator = _open_translator(args, args.run, None)
+    else:  # say which run answers: the newest run may be of another language pair than the user thinks
+        run_dir = latest_run(Path("runs"))
+        translator = _open_translator(args, run_dir, None)
+        data = translator.cfg.data
+        print(f"tmt: using {_shown(run_dir)} ({data.src_lang}->{data.tgt_lang}, {translator.checkpoint.name}), "
+              "the most recently updated run under runs/; choose another with --run DIR (`tmt runs` lists them)",
+              file=sys.stderr)
+    chosen = {"length_penalty": args.length_penalty, "quantize": args.quantize}
+    translator.set_decoding(**{key: value for key, value in chosen.items() if value is not None})
+    _check_beam(args.beam, translator)
+    return translator
+
+
+def _check_beam(beam: int | None, translator) -> None:
+    """Refuse a beam wider than the target vocabulary's tokens a hypothesis can continue with (all
+    but PAD, BOS and EOS): the first step could not fill it, and a huge one runs out of memory."""
+    size = beam or translator.cfg.decode.beam_size
+    vocabulary = translator.tokenizers.tgt.get_vocab_size()
+    most = vocabulary - len((PAD_ID, BOS_ID, EOS_ID))
+    if size > most:
+        where = f"--beam {size}" if beam else f"the run's decode.beam_size={size} (choose another with --beam)"
+        raise UsageError(f"{where}: beam search keeps at most {most} hypotheses with this run's target vocabulary "
+                         f"of {vocabulary} tokens (all but PAD, BOS and EOS)")
+
+
+def _open_translator(args: argparse.Namespace, run_dir: Path, checkpoint: Path | None):
+    """The run's `Translator` on --engine (else the run's decode.engine); --show-attention draws
+    from the torch engine's model, which auto then picks."""
+    from transformer_mt.decode.translator import Translator
+
+    engine = args.engine
+    if getattr(args, "show_attention", None):
+        if engine == "ctranslate2":
+            raise UsageError("--show-attention draws from the torch engine's model; leave out --engine ctranslate2")
+        engine = "torch"
+    return Translator.from_run(run_dir, checkpoint=checkpoint, device=args.device, engine=engine)
+
+
+def _shown(path: Path) -> str:
+    """`path` as messages show it: relative to the working folder when it lies under it (as the
+    paths users type), else absolute; the same file reads the same however it was reached."""
+    absolute = Path(os.path.abspath(path))
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)
+
+
+def _check_output(path: Path | None, option: str = "--output", inputs: dict[str, Path | None] | None = None) -> None:
+    """Refuse, before translating rather than after, an output that cannot be a file or that is
+    one of the command's `inputs` (option -> path): writing it would destroy what was read, or
+    that lies under a file (`in.txt/out.txt`). Creates nothing: the writer makes the folder."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise UsageError(f"{option} {path} is a directory; give a file name")
+    for name, source in (inputs or {}).items():
+        if source is not None and path.exists() and source.exists() and os.path.samefile(path, source):
+            raise UsageError(f"{option} {path} is the {name} file; writing it would destroy the input")
+    check_parent_dir(path, option)
+
+
+def _check_not_kept(path: Path | None, option: str, run_dir: Path) -> None:
+    """Refuse an output that would replace a file the run keeps (`RunDir.keeps`): a checkpoint,
+    its tokenizers or config written over would leave the run unusable."""
+    if path is not None and RunDir(run_dir).keeps(path):
+        raise UsageError(f"{option} {path} is part of the run {run_dir} (its checkpoints, tokenizers, config, caches "
+                         "or records); writing it would break the run: give a file outside them")
+
+
+def _write_lines(path: Path, lines: list[str]) -> None:
+    """Write one line each, atomically: a failure never leaves a half-written file."""
+    make_parent_dir(path)
+    try:
+        write_text_atomic(path, lines_to_text(lines))
+    except OSError as err:
+        raise TmtError(f"cannot write {path} ({err.strerror or err})") from None
+
+
+def _argument_lines(texts: list[str]) -> list[str]:
+    """Sentences given as arguments. Python passes on bytes that are not UTF-8 as lone surrogates
+    (`os.fsdecode`), which no tokenizer takes: name the argument instead."""
+    for number, text in enumerate(texts, start=1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise DataError(f"sentence argument {number}: not valid UTF-8 (after {text[:err.start]!r}); "
+                            "check the terminal's encoding, or pass the text with --input FILE") from None
+    return texts

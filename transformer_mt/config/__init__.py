@@ -1,0 +1,1 @@
+"""The YAML configuration: one typed section per concern, its checks, loading and `--set` overrides."""

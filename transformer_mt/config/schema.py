@@ -1,0 +1,481 @@
+"""The configuration's schema: one frozen dataclass per section, each field with its default and
+docstring (the README's reference: `config.reference.py`), and each section's `validate()`.
+
+Reading a YAML file into a checked `Config` is `config.loading.py`'s job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from transformer_mt.core.errors import Problems
+
+
+@dataclass(frozen=True)
+class CorpusEntry:
+    """One corpus of `data.corpora`: where it is, and how often an epoch draws its pairs."""
+
+    path: str = ""
+    """Hub dataset name or local directory, as `data.path`."""
+    weight: float = 1.0
+    """Pairs of this corpus per epoch, per pair (see `data.corpora`); must be positive."""
+    format: Literal["hub", "text", "tsv", "jsonl"] | None = None
+    """As `data.format`; unset: `data.format`."""
+    hub_config: str | None = None
+    """As `data.hub_config`; unset: `data.hub_config`."""
+    revision: str | None = None
+    """As `data.revision`; unset: `data.revision`."""
+
+    def validate(self, p: Problems, key: str) -> None:
+        """Check this entry, `key` being `data.corpora[i]`."""
+        if not self.path:
+            p.add(f"{key}.path: missing; each corpus needs a path (a hub dataset or a local directory)")
+        elif "\0" in self.path:
+            p.add(f"{key}.path: {self.path!r} must name a hub dataset or a local directory")
+        if self.weight <= 0:
+            p.add(f"{key}.weight: must be positive, got {self.weight}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the parallel corpus comes from and how it is filtered."""
+
+    format: Literal["hub", "text", "tsv", "jsonl"] = "text"
+    """`hub`: a HuggingFace Hub dataset with a `translation` column or a text column per language;
+    `text`: aligned files `{split}.{lang}[.gz]`; `tsv`: `{split}.tsv` (source, a tab, target);
+    `jsonl`: `{split}.jsonl`."""
+    path: str = ""
+    """Hub dataset name (e.g. `Helsinki-NLP/opus_books`) or a local directory; a relative
+    directory is resolved against the config file's directory, or, given with `--set`, against
+    the current directory."""
+    hub_config: str | None = None
+    """Hub dataset configuration name, e.g. `en-it`."""
+    revision: str | None = None
+    """Hub dataset revision (branch, tag or commit) to pin the data; `refs/convert/parquet` reads
+    the hub's Parquet conversion of a dataset (`hub_config` then names its folder there)."""
+    src_lang: str = "en"
+    """Source language code, as in file suffixes, JSON keys and hub dataset columns."""
+    tgt_lang: str = "it"
+    """Target language code."""
+    valid_size: int = 1000
+    """Pairs carved from train (seeded) when the dataset has no validation split."""
+    test_size: int = 1000
+    """Pairs carved from train (seeded) when the dataset has no test split."""
+    max_words: int = 128
+    """Training pairs with more words on either side are dropped (words: whitespace-separated; in
+    Chinese and Japanese, each character; Thai and other unspaced scripts need segmenting first)."""
+    max_length_ratio: float = 3.0
+    """Training pairs whose longer side has more than this many times the words (as counted for
+    `max_words`) of the shorter side are dropped (likely misaligned)."""
+    num_proc: int | None = None
+    """Processes that tokenize a large split (100,000 pairs or more) into the token cache;
+    unset: the machine's cores, at most 8. Smaller splits take one process."""
+    corpora: tuple[CorpusEntry, ...] = ()
+    """Several corpora trained on together, instead of `path`: a list of `{path: ..., weight: 2.0}`,
+    each entry with its own `path` (required), `weight` (default 1) and optionally `format`,
+    `hub_config`, `revision` (default: the `data.*` keys); languages and filters are `data.*`'s.
+    Corpus c of n_c training pairs gives each epoch m = round(weight × n_c) pairs: each pair
+    m // n_c times, plus m mod n_c distinct pairs drawn afresh each epoch (seeded by `seed` and the
+    epoch): weight 2 shows each pair twice an epoch, 0.5 a random half of them, drawn anew each epoch
+    (independently: two epochs need not cover the corpus). A weight giving a corpus no pair is refused.
+    Validation and test come from the first corpus (its own splits, else carved from its train)."""
+
+    def validate(self, p: Problems, cfg: Config) -> None:
+        if self.corpora:
+            if self.path:
+                p.add("data.corpora: given together with data.path; list every corpus under data.corpora (the first "
+                      "gives validation and test), or use data.path alone (on the command line: --set data.path=null)",
+                      "data.path")
+            for i, entry in enumerate(self.corpora):
+                entry.validate(p, f"data.corpora[{i}]")
+        elif not self.path or "\0" in self.path:
+            p.add(f"data.path: {self.path!r} must name a hub dataset or a local directory (or list corpora in "
+                  "data.corpora)", "data.corpora")
+        for key, lang in (("data.src_lang", self.src_lang), ("data.tgt_lang", self.tgt_lang)):
+            if not lang or any(c in lang for c in "/\\\0") or lang.strip() != lang:  # part of each file name
+                p.add(f"{key}: {lang!r} must be a language code such as 'en' (it names the data files)")
+        if self.src_lang == self.tgt_lang:
+            p.add(f"data.tgt_lang: must differ from data.src_lang ({self.src_lang!r})", "data.src_lang")
+        for key in ("valid_size", "test_size", "max_words", "max_length_ratio"):
+            p.at_least(f"data.{key}", getattr(self, key), 1)
+        p.at_least("data.num_proc", self.num_proc, 1, " (or unset for automatic)")
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """BPE tokenizers trained on the training split (HuggingFace `tokenizers`)."""
+
+    vocab_size: int = 8000
+    """Vocabulary size per tokenizer, special tokens included."""
+    joint: bool = True
+    """One tokenizer for both languages (needed for `model.share_embeddings`), else one each."""
+    min_frequency: int = 2
+    """A merge must occur at least this often in the training split."""
+    max_train_pairs: int | None = None
+    """Train the BPE on at most this many training pairs, a seeded random sample; unset: all.
+    Counting words is most of the tokenizer's training time."""
+    bpe_dropout: float = 0.0
+    """BPE-dropout (Provilkov et al. 2020) on the training pairs: each merge is skipped with this
+    probability, so words are split into varied, smaller pieces (0.1 is the paper's; 0: off).
+    Validation, test and translation always use plain BPE, and the saved tokenizers never drop.
+    The training split is encoded `bpe_dropout_variants` times ahead into the token cache;
+    epoch e trains on number 1 + (e mod that number); a resume reads the same cached ones.
+    Use it with `model.norm: pre`: a post-norm model at a high rate can stall under it (docs/results.md)."""
+    bpe_dropout_variants: int = 8
+    """Segmentations of the training split cached for `bpe_dropout`, cycled by epoch; each costs
+    one more encoding of the training split and its token ids on disk."""
+    bpe_dropout_start_epoch: int = 0
+    """The first epoch trained on `bpe_dropout` segmentations, counted from 0 (`summary.json`'s and
+    the resume log's epochs count from 1); the epochs before it train on plain BPE (epoch e >= it
+    on number 1 + (e mod `bpe_dropout_variants`)). Starting after the warm-up (warmup_steps / the
+    steps per epoch `tmt data` reports) can help a post-norm model learn (docs/results.md)."""
+
+    def validate(self, p: Problems, cfg: Config) -> None:
+        n_special = 4  # PAD, UNK, BOS, EOS
+        if self.vocab_size <= n_special:
+            p.add(f"tokenizer.vocab_size: {self.vocab_size} leaves no room beyond the {n_special} special tokens")
+        p.at_least("tokenizer.min_frequency", self.min_frequency, 1)
+        p.fraction("tokenizer.bpe_dropout", self.bpe_dropout, " (0 = off)")
+        p.at_least("tokenizer.bpe_dropout_variants", self.bpe_dropout_variants, 1)
+        p.at_least("tokenizer.bpe_dropout_start_epoch", self.bpe_dropout_start_epoch, 0)
+        p.at_least("tokenizer.max_train_pairs", self.max_train_pairs, 1, " (or unset for all pairs)")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Encoder-decoder Transformer dimensions (defaults: Vaswani et al. 2017, base)."""
+
+    d_model: int = 512
+    """Width of embeddings and every sublayer output."""
+    n_heads: int = 8
+    """Attention heads; must divide `d_model`."""
+    n_layers: int = 6
+    """Layers in the encoder and in the decoder, unless the two keys below say otherwise."""
+    encoder_layers: int | None = None
+    """Encoder layers; unset: `n_layers`. A deep encoder with a shallow decoder decodes faster at
+    about the same BLEU (Kasai et al. 2021); pre-norm (`norm: pre`) trains deep stacks more stably
+    (Xiong et al. 2020, docs/results.md)."""
+    decoder_layers: int | None = None
+    """Decoder layers; unset: `n_layers`."""
+    d_ff: int = 2048
+    """Inner width of the position-wise feed-forward network."""
+    dropout: float = 0.1
+    """Dropout on embeddings and on every sublayer output before the residual sum; also on
+    attention weights and FFN activations unless the two keys below say otherwise."""
+    attention_dropout: float | None = None
+    """Dropout on attention probabilities; unset: `dropout`. fairseq's Transformer recipes use 0."""
+    activation_dropout: float | None = None
+    """Dropout on the FFN's hidden activations (after ReLU); unset: `dropout`. fairseq's recipes use 0."""
+    norm: Literal["pre", "post"] = "pre"
+    """`pre`: LayerNorm before each sublayer (stable without long warmup); `post`: the
+    original paper's LayerNorm after the residual sum."""
+    max_len: int = 256
+    """Longest sequence in tokens: longer training pairs are dropped, longer inputs to
+    translate are truncated."""
+    share_embeddings: bool = True
+    """Share source and target embeddings (requires `tokenizer.joint`)."""
+    tie_output: bool = True
+    """Tie the output projection to the target embedding (Press & Wolf 2017)."""
+
+    # Unset depths stay None in saved configs: `n_layers` alone sets both.
+    @property
+    def n_encoder_layers(self) -> int:
+        """The encoder's depth: `encoder_layers`, else `n_layers`."""
+        return self.n_layers if self.encoder_layers is None else self.encoder_layers
+
+    @property
+    def n_decoder_layers(self) -> int:
+        """The decoder's depth: `decoder_layers`, else `n_layers`."""
+        return self.n_layers if self.decoder_layers is None else self.decoder_layers
+
+    def validate(self, p: Problems, cfg: Config) -> None:
+        sizes = ["d_model", "n_heads", "d_ff"]
+        if self.encoder_layers is None or self.decoder_layers is None:  # else n_layers sets nothing
+            sizes.append("n_layers")
+        for key in sizes:
+            p.at_least(f"model.{key}", getattr(self, key), 1)
+        for key in ("encoder_layers", "decoder_layers"):
+            p.at_least(f"model.{key}", getattr(self, key), 1, " (or unset for model.n_layers)")
+        if self.n_heads >= 1 and self.d_model % self.n_heads:
+            p.add(f"model.n_heads: {self.n_heads} does not divide model.d_model={self.d_model}", "model.d_model")
+        p.at_least("model.max_len", self.max_len, 2, " (a token and end-of-sentence)")
+        for key in ("dropout", "attention_dropout", "activation_dropout"):
+            p.fraction(f"model.{key}", getattr(self, key))
+        if self.share_embeddings and not cfg.tokenizer.joint:
+            p.add("model.share_embeddings: true needs tokenizer.joint: true (one vocabulary for both sides)",
+                  "tokenizer.joint")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation, validation and checkpointing."""
+
+    max_steps: int = 100_000
+    """Optimizer updates to run."""
+    batch_tokens: int | Literal["auto"] = "auto"
+    """Token budget per batch: batch size × padded length (the longer of source and target).
+    `auto`: on a CUDA GPU, sized for its memory and the model (`batch_budget`: the largest power
+    of two whose activations fill at most half the memory, at most 65,536), said in the log; 4,096
+    on a CPU or MPS. Set a number to keep a recipe's tokens per update on every device."""
+    accum_steps: int = 1
+    """Batches accumulated into one optimizer update (gradient accumulation). The loss is
+    normalised by the target tokens of all of them, so the update equals one batch of
+    accum_steps × batch_tokens; a step still means one update."""
+    pad_to_multiple: int = 8
+    """Batch lengths are padded up to a multiple of this on CUDA, where tensor cores want multiples
+    of 8, and with `compile`, where it bounds the distinct shapes; elsewhere padding only costs
+    time, so it is not applied. 1 disables. Never past `model.max_len`; `batch_tokens` counts the
+    padded lengths. The loss ignores the padding."""
+    compile: bool = False
+    """Run the model through `torch.compile` for training steps (checkpoints still hold the plain
+    module's weights). The first steps of each new batch shape are slow while it compiles; with
+    `cuda_graphs` each shape compiles once, before its capture, and the graphs replay its kernels."""
+    cuda_graphs: bool = True
+    """On one CUDA GPU, capture each batch shape's whole update (forward, backward, clipping and
+    the AdamW step) once as a CUDA graph and replay it: an update is then a few kernel launches
+    instead of hundreds. Batches get a fixed row
+    count per padded length (filler rows, no loss) so shapes repeat. Not with torchrun or fp16;
+    `false` runs every step eagerly."""
+    lr: float = 7e-4
+    """Peak learning rate, reached at the end of warmup."""
+    warmup_steps: int = 4000
+    """Steps of linear warmup to `lr`, then the decay `lr_schedule` names (`linear` and `cosine`:
+    fewer than `max_steps`, or they would never decay)."""
+    lr_schedule: Literal["inverse_sqrt", "linear", "cosine"] = "inverse_sqrt"
+    """Decay after warmup: `inverse_sqrt` ∝ 1/sqrt(step) (Vaswani et al. 2017 §5.3), never below
+    `min_lr`; `linear` and `cosine` (half a period, Loshchilov & Hutter 2017) from `lr` down to
+    `min_lr` at `max_steps`, the last update's rate. The rate of update N depends only on N and
+    these keys, so resuming is exact; changed on resume (schedule, `lr`, `min_lr`, `max_steps`),
+    the new curve sets the rate from the next update on."""
+    min_lr: float = 0.0
+    """The floor of the decay: where `linear` and `cosine` end, below which `inverse_sqrt` never goes."""
+    label_smoothing: float = 0.1
+    """Label-smoothing ε (Vaswani et al. 2017 §5.4)."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.98)
+    """AdamW β1, β2 (Vaswani et al. 2017 §5.3)."""
+    clip_grad_norm: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    """`auto`: bf16 on GPUs that support it, else fp16 with a grad scaler on CUDA, fp32 elsewhere.
+    `bf16` also runs on a CPU, faster where it has AVX512-BF16 (docs/benchmarks.md)."""
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    """`auto` picks cuda, then mps, then cpu."""
+    attention_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = "auto"
+    """Attention kernel of training steps and the validation loss: `auto` on CUDA tries the
+    memory-efficient kernel, then flash, then math, never cuDNN's (it plans every new shape anew,
+    docs/benchmarks.md); elsewhere PyTorch chooses. A named kernel is tried first, math
+    after it (flash takes no padding mask: masked attention then runs on math). A kernel the device
+    cannot run falls back to `auto` with a warning."""
+    log_every_steps: int = 100
+    """Steps between training-loss log lines and TensorBoard points."""
+    eval_every_steps: int = 1000
+    """Steps between validations (loss, perplexity, greedy BLEU and chrF); the last step is always validated too."""
+    eval_max_sentences: int = 500
+    """Validation sentences decoded for BLEU (a fixed seeded subset); 0 decodes all."""
+    n_examples: int = 3
+    """Example translations logged at each validation."""
+    save_every_steps: int = 1000
+    """Steps between checkpoints (one is also written at the end and at each new best validation
+    BLEU, which `best.pt` then links to)."""
+    keep_last: int = 3
+    """Step checkpoints kept on disk, the newest by step (new bests between saves count too, see
+    `save_every_steps`); `best.pt` is kept in addition."""
+    bleu_tokenize: Literal["13a", "none", "intl", "zh", "char", "ja-mecab", "ko-mecab", "spm", "flores101",
+                           "flores200"] = "13a"
+    """sacreBLEU tokenizer for validation BLEU, `tmt evaluate` and the final test score: `13a`
+    (sacreBLEU's default) for raw text, `none` for pre-tokenized text such as Multi30k's `tok/`."""
+    patience: int = 0
+    """Stop early when validation BLEU has not improved for this many validations in a row;
+    0 trains to `max_steps`."""
+    test_at_end: bool = True
+    """After the last step, translate the test split with `decode.beam_size` beams using `best.pt`
+    (or the average below) and write BLEU/chrF with their sacreBLEU signatures to
+    `evaluation/test_scores.json`."""
+    average_last: int = 0
+    """For that final test, average the newest this-many step checkpoints instead of using
+    `best.pt` (0: best.pt); see also `tmt average`. To average evenly spaced checkpoints, make
+    `eval_every_steps` a multiple of `save_every_steps` (a new best between saves adds one)."""
+    attention_layer: int = 0
+    """Decoder layer (0 = first, -1 = last) whose cross-attention over one validation sentence
+    is drawn in TensorBoard at each validation, next to the last layer's."""
+    max_nonfinite_steps: int = 25
+    """A batch whose loss or gradient is NaN/inf is skipped (no update, not counted as a step);
+    this many in a row stop the run. With fp16, gradient-scaler overflows count too."""
+    ema_decay: float = 0.0
+    """Keep an exponential moving average (EMA) of the weights, in fp32 beside the model, updated
+    after every update (skipped batches leave it alone) with decay min(ema_decay, (1 + n) / (10 + n))
+    at its n-th update: the warm-up of TensorFlow's and timm's EMA, so early averages are not stuck
+    near the random initial weights. 0 turns it off; 0.9999 is usual for long runs, and with a few
+    thousand updates a smaller one such as 0.999 (the warm-up alone averages about the last 10% of
+    updates). When on, validation (and so `best.pt`) scores the EMA weights, checkpoints hold them
+    beside the trained ones (resumed exactly), and `tmt translate`, `evaluate` and `export` use
+    them; `average_last` still averages the trained weights, and the final test then scores the
+    EMA too (`test.ema` in `summary.json`). Turned on at a resume, the EMA starts there."""
+    init_from: str | None = None
+    """Start a new run from another run's weights (fine-tuning, domain adaptation): a run directory
+    (its `best.pt`, else its newest step checkpoint) or a checkpoint file in a run's `checkpoints/`.
+    The weights are those `tmt translate` uses (the EMA's, when the parent has one); the tokenizers
+    are copied from the parent, whose `model.*` and `tokenizer.*` settings this config must repeat
+    (except the dropout rates, the BPE-dropout keys and `max_len`, which do not change what the
+    weights mean); the optimizer, step count, schedule and data order start afresh. `summary.json`
+    records the parent (`init_from`). Ignored when the run resumes from its own checkpoint. Relative
+    to the config file, or to the current directory when set with `--set`; unset (null): a fresh model."""
+
+    def validate(self, p: Problems, cfg: Config) -> None:
+        for key in ("max_steps", "eval_every_steps", "save_every_steps", "log_every_steps", "keep_last",
+                    "max_nonfinite_steps", "accum_steps", "pad_to_multiple"):
+            p.at_least(f"train.{key}", getattr(self, key), 1)
+        max_len = cfg.model.max_len
+        if self.batch_tokens != "auto" and self.batch_tokens < max_len:
+            p.add(f"train.batch_tokens: {self.batch_tokens} cannot hold one sequence of model.max_len={max_len} "
+                  "tokens", "model.max_len")
+        if self.lr <= 0:
+            p.add(f"train.lr: must be positive, got {self.lr}")
+        if p.at_least("train.min_lr", self.min_lr, 0) and self.lr > 0 and self.min_lr > self.lr:
+            p.add(f"train.min_lr: {self.min_lr} is above the peak train.lr={self.lr}; the decay goes down to it",
+                  "train.lr")
+        if p.at_least("train.warmup_steps", self.warmup_steps, 0) and self.lr_schedule in ("linear", "cosine") \
+                and self.max_steps >= 1 and self.warmup_steps >= self.max_steps:
+            p.add(f"train.warmup_steps: {self.warmup_steps} is not below train.max_steps={self.max_steps}, so "
+                  f"train.lr_schedule={self.lr_schedule} would never decay (from the end of warmup to train.min_lr "
+                  "at max_steps); lower it", "train.max_steps", "train.lr_schedule")
+        p.fraction("train.label_smoothing", self.label_smoothing)
+        p.at_least("train.weight_decay", self.weight_decay, 0)
+        if not all(0 <= b < 1 for b in self.betas):
+            p.add(f"train.betas: each must be in [0, 1), got {list(self.betas)}")
+        p.at_least("train.clip_grad_norm", self.clip_grad_norm, 0, " (0 disables)")
+        layers = cfg.model.n_decoder_layers
+        if layers >= 1 and not -layers <= self.attention_layer < layers:
+            p.add(f"train.attention_layer: {self.attention_layer} is not a decoder layer (0..{layers - 1}, "
+                  "or negative to count from the last)", "model.n_layers", "model.decoder_layers")
+        if p.at_least("train.average_last", self.average_last, 0, " (0 = use best.pt)") \
+                and self.average_last > self.keep_last:
+            p.add(f"train.average_last: {self.average_last} is more than the train.keep_last={self.keep_last} "
+                  "step checkpoints a run keeps", "train.keep_last")
+        p.fraction("train.ema_decay", self.ema_decay, " (0 = no EMA; 0.999 or 0.9999 are usual)")
+        if self.init_from and "\0" in self.init_from:
+            p.add(f"train.init_from: {self.init_from!r} must be the path of a run directory or a checkpoint")
+        p.at_least("train.patience", self.patience, 0, " (0 = no early stopping)")
+        p.at_least("train.eval_max_sentences", self.eval_max_sentences, 0, " (0 = all)")
+        p.at_least("train.n_examples", self.n_examples, 0)
+
+
+BLEU_TOKENIZERS: tuple[str, ...] = typing.get_args(typing.get_type_hints(TrainConfig)["bleu_tokenize"])
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Decoding for validation, `tmt translate` and `tmt evaluate`."""
+
+    max_len_a: float = 1.5
+    """Generated length is capped at `max_len_a * source_length + max_len_b` tokens."""
+    max_len_b: int = 10
+    """See `max_len_a`."""
+    batch_tokens: int = 4096
+    """Token budget per decoding batch: sentences × longest source (× beam size), sorted by length."""
+    beam_size: int = 1
+    """Beams per sentence for `tmt translate` and `tmt evaluate`; 1 is greedy decoding.
+    Validation during training always decodes greedily."""
+    length_penalty: float = 0.6
+    """GNMT length-penalty α for beam search: hypotheses are ranked by
+    log-prob / ((5 + length) / 6)^α; 0 ranks by raw log-prob (favours short outputs)."""
+    cuda_graphs: bool = True
+    """Greedy and beam search on a CUDA GPU run fixed-shape decoder steps replayed as a CUDA
+    graph (the same output; a step is then one launch instead of hundreds). `false`: eager steps."""
+    attention_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = "auto"
+    """Attention kernel of decoding (validation BLEU, the final test, `tmt translate` and `tmt
+    evaluate`): `auto` on CUDA tries flash, then memory-efficient, then math, never cuDNN's (it
+    plans each new shape, and each decoding step is one); elsewhere PyTorch chooses. Otherwise as `train.attention_backend`."""
+    quantize: Literal["none", "int8"] = "none"
+    """`int8`: `tmt translate` and `tmt evaluate` on a CPU decode with CTranslate2's int8 weights
+    (the `ctranslate2` engine): faster, translations close to fp32's but not identical.
+    Validation during training, the final test and GPUs decode as `none` does."""
+    engine: Literal["auto", "torch", "ctranslate2"] = "auto"
+    """Inference engine for translate/evaluate: auto = CTranslate2 on a CPU when installed, else torch."""
+
+    def validate(self, p: Problems, cfg: Config) -> None:
+        p.at_least("decode.max_len_a", self.max_len_a, 0)
+        p.at_least("decode.max_len_b", self.max_len_b, 0)
+        if self.max_len_a == 0 and self.max_len_b == 0:
+            p.add("decode.max_len_b: 0 with decode.max_len_a 0 leaves no room for a translation (a·S + b must be ≥ 1)",
+                  "decode.max_len_a")
+        max_len, vocab_size = cfg.model.max_len, cfg.tokenizer.vocab_size
+        if self.batch_tokens < max_len:
+            p.add(f"decode.batch_tokens: {self.batch_tokens} cannot hold one source of model.max_len={max_len} tokens",
+                  "model.max_len")
+        if p.at_least("decode.beam_size", self.beam_size, 1, " (1 = greedy)") and self.beam_size > vocab_size - 3:
+            p.add(f"decode.beam_size: {self.beam_size} is more than the {vocab_size - 3} hypotheses beam search can "
+                  f"keep with tokenizer.vocab_size={vocab_size} (all tokens but PAD, BOS and EOS)",
+                  "tokenizer.vocab_size")
+        p.at_least("decode.length_penalty", self.length_penalty, 0)
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole training run."""
+
+    name: str = "run"
+    """Run name; the run directory defaults to `runs/<name>`."""
+    seed: int = 1
+    """Seeds data splits, batching order, initialisation and dropout."""
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+    def validate(self, p: Problems) -> None:
+        """Add every range and cross-field problem of this config to `p`, section by section."""
+        if not 0 <= self.seed < 2**32:
+            p.add(f"seed: must be in [0, 2**32), got {self.seed}")
+        if (not self.name or "/" in self.name or "\0" in self.name or self.name in (".", "..")
+                or len(self.name.encode("utf-8")) > 255):
+            p.add(f"name: {self.name!r} must be a directory name: not empty, without '/', at most 255 bytes")
+        for section in (self.data, self.tokenizer, self.model, self.train, self.decode):
+            section.validate(p, self)
+
+
+def config_to_dict(cfg: Config) -> dict:
+    """Plain nested dict of the config (tuples as lists), ready for YAML or a checkpoint."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        return value
+
+    return {
+        f.name: ({k: plain(v) for k, v in dataclasses.asdict(getattr(cfg, f.name)).items()}
+                 if dataclasses.is_dataclass(getattr(cfg, f.name)) else getattr(cfg, f.name))
+        for f in dataclasses.fields(cfg)
+    }
+
+
+def with_defaults(saved: dict) -> dict:
+    """A saved config dict (a checkpoint's, a run's `config.yaml`) with each key it lacks at its
+    default, so that a comparison with `config_to_dict` names only settings that differ."""
+    defaults = config_to_dict(Config())
+    filled = {**defaults, **saved}
+    for section, values in defaults.items():
+        if isinstance(values, dict) and isinstance(filled[section], dict):
+            filled[section] = {**values, **filled[section]}
+    return filled
+
+
+def comparable_depths(config: dict) -> dict:
+    """A config dict (`config_to_dict`'s form) as two runs' settings are compared (resume,
+    `train.init_from`): the model's `encoder_layers` and `decoder_layers` as the depths they give,
+    and `n_layers` left out, so that `n_layers: 4` and `encoder_layers: 4, decoder_layers: 4`
+    compare equal and a differing depth is named by the side it changes."""
+    model = config.get("model")
+    if not isinstance(model, dict) or "n_layers" not in model:
+        return config
+    model = dict(model)
+    n_layers = model.pop("n_layers")
+    for key in ("encoder_layers", "decoder_layers"):
+        model[key] = n_layers if model.get(key) is None else model[key]
+    return {**config, "model": model}

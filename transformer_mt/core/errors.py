@@ -1,0 +1,90 @@
+"""User-facing errors: each carries the exit code the CLI returns for it; and `Problems`, a config's
+problems collected for one `ConfigError`.
+
+Library code raises these with a message that names the key, file or line at fault;
+`cli/main.py` prints the message (no traceback) and exits with `exit_code`.
+"""
+
+
+class TmtError(Exception):
+    """A failure the user can act on (missing file, bad data, no checkpoint); exit code 1."""
+
+    exit_code = 1
+
+
+class UsageError(TmtError):
+    """Bad command-line arguments or a run directory used the wrong way; exit code 2."""
+
+    exit_code = 2
+
+
+class ConfigError(UsageError):
+    """One or more problems in the configuration, each prefixed by its dotted key; exit code 2."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        if len(self.problems) == 1:  # one line, as any other error
+            super().__init__(f"invalid configuration: {self.problems[0]}")
+        else:
+            super().__init__("invalid configuration:\n" + "\n".join(f"  {p}" for p in self.problems))
+
+
+class Problems:
+    """The problems found in a config, each "dotted.key: what is wrong", in `found`; a check reading
+    a key in `defaulted` (unusable, so replaced by its default; "": every key) reports nothing."""
+
+    def __init__(self, defaulted: list[str] | tuple[str, ...] = ()):
+        self.found: list[str] = []
+        self.defaulted: list[str] = list(defaulted)
+
+    def add(self, problem: str, *also_reads: str) -> None:
+        """Report `problem` unless its key, or a key in `also_reads`, was defaulted."""
+        keys = [problem.split(":")[0], *also_reads]
+        if not any(key == bad or key.startswith(f"{bad}.") or not bad for key in keys for bad in self.defaulted):
+            self.found.append(problem)
+
+    def at_least(self, key: str, value: float | None, floor: float, note: str = "") -> bool:
+        """Report `key` when `value` is below `floor` (None, an unset optional key, passes); True if it passes."""
+        if value is None or value >= floor:
+            return True
+        self.add(f"{key}: must be at least {floor}{note}, got {value}")
+        return False
+
+    def fraction(self, key: str, value: float | None, note: str = "") -> None:
+        """Report `key` unless `value` is in [0, 1) or None (unset)."""
+        if value is not None and not 0 <= value < 1:
+            self.add(f"{key}: must be in [0, 1){note}, got {value}")
+
+
+class DataError(TmtError):
+    """The corpus cannot be read or is unusable (missing file, misaligned lines, no pairs left)."""
+
+
+class CheckpointError(TmtError):
+    """A checkpoint or run directory is missing, corrupt or incompatible."""
+
+
+class TrainingError(TmtError):
+    """Training cannot go on: non-finite losses in a row, or out of memory again; exit code 1."""
+
+
+class TrainingStopped(TmtError):
+    """Training stopped on SIGINT/SIGTERM after saving a checkpoint; exit code 128 + signal (130 for Ctrl-C)."""
+
+    def __init__(self, message: str, signal_number: int):
+        super().__init__(message)
+        self.exit_code = 128 + signal_number
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside the training loop (data preparation, the final test), raised where the
+    program is, as Ctrl-C raises KeyboardInterrupt; exit code 143. Inside the loop SIGTERM
+    finishes the step and saves instead (`TrainingStopped`)."""
+
+    exit_code = 128 + 15
+
+
+def missing_from_rank0(path: object) -> DataError:
+    """The error of a torchrun rank that does not find what rank 0 prepared for it (`path`)."""
+    return DataError(f"{path} is missing: rank 0 prepares the run's data there and the other processes read it; "
+                     "on several machines, --run-dir must be on a filesystem they all share")

@@ -1,0 +1,172 @@
+"""Writing a run's files atomically (text: config, summary, hypotheses, scores; checkpoints through
+`checkpoint.save_atomic`); the folders that outputs go in, and the temp folders that outputs
+written as a whole directory go through.
+
+A reader, or a run killed mid-write, sees either the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO, TypeVar
+
+from transformer_mt.core.errors import TmtError, UsageError
+
+T = TypeVar("T")
+
+# `.<name>.<8 hex digits>.tmp`: the temp file `write_atomic` writes `name` through.
+_TEMP_FILE = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8}\.tmp")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` (UTF-8) to `path` atomically (`write_atomic`)."""
+    write_atomic(path, lambda handle: handle.write(text.encode("utf-8")))
+
+
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Call `write` on a temp file beside `path`, fsync it, then rename it over `path`.
+
+    The temp file, `.<name>.<8 hex digits>.tmp`, is new and uniquely named, so two processes
+    writing the same file do not interleave and it is never someone else's (a user's file that
+    happens to be called `.<name>.tmp`); it has the usual permissions (0666 less the umask, like
+    `open`; `tempfile.mkstemp` would make it private). On any failure, Ctrl-C included, it is
+    removed and the error propagates, `path` untouched.
+    """
+    fd, tmp = _create_beside(path, lambda tmp: os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.filename is None:  # a write or fsync names no file: name it
+            err.filename = str(path)
+        raise
+
+
+# Write failures the user can act on (free space, a quota, permissions, a failing disk): named
+# with the file, never a traceback (`cli.main`).
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO})
+
+
+def describe_os_error(err: OSError, path: Path | str | None = None) -> str:
+    """`err` as one line naming its file (`path`, else the error's own): `runs/x/summary.json: No
+    space left on device (0 bytes free there)`; free space is added for ENOSPC and EDQUOT."""
+    path = path if path is not None else err.filename
+    number = os_errno(err)
+    reason = err.strerror if err.errno is not None and err.strerror else (os.strerror(number) if number else str(err))
+    if number in (errno.ENOSPC, errno.EDQUOT) and path is not None:
+        free = _free_bytes(Path(path))
+        if free is not None:
+            reason += f"; {free:,} bytes free there"
+    return f"{path}: {reason}" if path is not None else reason
+
+
+@contextlib.contextmanager
+def removed_on_failure(folder: Path, what: str) -> Iterator[None]:
+    """While inside, `folder` (a temp folder, renamed into place once complete) is written: on any
+    failure, Ctrl-C included, it is removed, and an OSError the user can act on (`WRITE_ERRNOS`:
+    a full disk, say) becomes a `TmtError` naming `what`, the file and the reason."""
+    try:
+        yield
+    except BaseException as err:
+        shutil.rmtree(folder, ignore_errors=True)
+        if isinstance(err, OSError) and os_errno(err) in WRITE_ERRNOS:
+            raise TmtError(f"cannot write {what}: {describe_os_error(err, err.filename or folder)}") from None
+        raise
+
+
+@contextlib.contextmanager
+def os_errors_named() -> Iterator[None]:
+    """While inside, an OSError the user can act on (`WRITE_ERRNOS`: a full disk, a quota, a
+    read-only filesystem, permissions, a failing disk) becomes a `TmtError` naming its file and
+    the reason (`describe_os_error`): one line from the CLI, no traceback."""
+    try:
+        yield
+    except OSError as err:
+        if os_errno(err) in WRITE_ERRNOS:
+            raise TmtError(describe_os_error(err)) from None
+        raise
+
+
+def os_errno(err: OSError) -> int | None:
+    """`err`'s errno; pyarrow's OSErrors carry none, and say `[errno 28]` in their text instead."""
+    if err.errno is not None:
+        return err.errno
+    match = re.search(r"\[errno (\d+)\]", str(err))
+    return int(match[1]) if match else None
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Bytes free to this user on the filesystem of `path` (or of its nearest existing folder)."""
+    for folder in (path, *path.parents):
+        try:
+            return shutil.disk_usage(folder).free
+        except OSError:
+            continue
+    return None
+
+
+def check_parent_dir(path: Path, option: str | None = None) -> None:
+    """Refuse, without creating anything, an output `path` under a file: a `UsageError` naming
+    `option` (the command-line option that gave `path`, if any), `path` and the file in the way,
+    `--output in.txt/sub: in.txt is not a directory`. For checks before the work, which must not
+    leave folders behind when the work then fails."""
+    for folder in reversed(path.parents):  # outermost first
+        if os.path.lexists(folder) and not folder.is_dir():
+            raise UsageError(f"{f'{option} {path}' if option else path}: {folder} is not a directory")
+
+
+def make_parent_dir(path: Path, option: str | None = None) -> None:
+    """Create the folder that the output `path` goes in, and its parents; or raise the error of
+    `check_parent_dir` when a file is in the way, else a `TmtError` naming the folder."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        check_parent_dir(path, option)  # mkdir names no file when one is in the way: find it
+        raise TmtError(f"{f'{option} {path}' if option else path}: cannot create the folder {path.parent} "
+                       f"({err.strerror or err})") from None
+
+
+def make_temp_dir_beside(path: Path) -> Path:
+    """Create and return a new empty folder `.<name>.<8 hex digits>.tmp` beside `path`, to be
+    renamed onto `path` once written.
+
+    The name is unique and the folder new, so it is never someone else's folder: removing it
+    on failure removes only what the caller wrote. It has the usual permissions (0777 less the
+    umask, like `mkdir`; `tempfile.mkdtemp` would make it private, and so the renamed output).
+    Raises `OSError` when the folder beside `path` cannot hold it.
+    """
+    return _create_beside(path, Path.mkdir)[1]
+
+
+def _create_beside(path: Path, create: Callable[[Path], T]) -> tuple[T, Path]:
+    """`create(tmp)` for a new name `.<name>.<8 hex digits>.tmp` beside `path`, drawing another
+    while `create` finds the name taken (FileExistsError): its result, and the name."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            return create(tmp), tmp
+        except FileExistsError:  # another writer's, or anyone's, file or folder: draw another name
+            continue
+
+
+def temp_file_target(name: str) -> str | None:
+    """The name of the file that `name` was a temp file for, when `name` is a temp file that
+    `write_atomic` left behind (its process was killed mid-write); else None."""
+    match = _TEMP_FILE.fullmatch(name)
+    return match["name"] if match else None
+
+
+def lines_to_text(lines: list[str]) -> str:
+    """One line each, newline-terminated (the format of every hypotheses file)."""
+    return "".join(line + "\n" for line in lines)

@@ -1,0 +1,64 @@
+"""Stopping a training run cleanly: Ctrl-C or SIGTERM ask for a checkpoint, then a stop."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+
+from transformer_mt.core.errors import Terminated
+
+
+class StopRequest:
+    """Turns the first SIGINT/SIGTERM into a request to stop after the current step.
+
+    The loop then saves a checkpoint and stops; a second signal interrupts at once, unsaved.
+    Under torchrun a second signal is expected (Ctrl-C reaches every process, then torchrun
+    sends SIGTERM while it waits for them), so it is ignored: torchrun's own SIGKILL after
+    its grace period is the hard stop there.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, second_signal_interrupts: bool = True):
+        self.signal_number: int | None = None
+        self.second_signal_interrupts = second_signal_interrupts
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signal_number: int, frame) -> None:
+        if self.signal_number is not None:
+            if self.second_signal_interrupts:
+                raise KeyboardInterrupt  # asked twice: stop now, without a checkpoint
+            return
+        self.signal_number = signal_number  # no logging here: a handler may interrupt a log write
+
+
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """While inside, SIGTERM raises `Terminated` where the program is, as SIGINT raises
+    KeyboardInterrupt, instead of killing the process on the spot: the CLI then says how to go
+    on, and, once the trainer exists, the run's summary says it was interrupted. The training
+    loop's `StopRequest` overrides this for its steps."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def handle(signal_number: int, frame) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,308 @@
+"""Parallel text from local files (text, tsv, jsonl, maybe gzipped), and what every source yields.
+
+Each split is read as a stream of chunks of stripped (source, target) strings (`SplitSource`),
+so a corpus of any size passes through in bounded memory. Errors name the file and line.
+A Hub dataset is read by `data.hub`, into the same `SplitSource`s (rows via `pair_from_record`).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import logging
+import re
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from itertools import chain, islice
+from pathlib import Path
+from typing import Any
+
+from transformer_mt.config.schema import DataConfig
+from transformer_mt.core.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+SPLITS = ("train", "valid", "test")
+LOCAL_SPLIT_NAMES = {"train": ("train",), "valid": ("valid", "dev", "validation"), "test": ("test",)}
+"""The names a split's local files may start with (`dev.en`, `validation.tsv`, ...). A directory
+holding files under two names of one split is refused: tmt does not guess which to validate on."""
+CHUNK_ROWS = 50_000  # rows per chunk; read when a stream starts, so tests can shrink it
+READ_CHUNK_BYTES = 4 << 20
+
+Pair = tuple[str, str]
+PairChunk = tuple[list[str], list[str]]
+"""Stripped source and target strings of consecutive rows (equally long lists)."""
+
+
+@dataclass(frozen=True)
+class SplitSource:
+    """One split's origin: how to stream it, and a key that changes whenever its content may have."""
+
+    description: str
+    """The files, or the Hub dataset and split, for log lines."""
+    key: str
+    """Paths, sizes and modification times of the files, or the Hub dataset's own fingerprint."""
+    chunks: Callable[[], Iterator[PairChunk]]
+    """A fresh stream of the split's rows, `CHUNK_ROWS` at a time (the last chunk may be shorter)."""
+
+
+def local_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
+    """The sources of train, valid and test in the directory `data.path` (None: no such split;
+    train always exists). Reads nothing but file metadata: which files exist, and are unambiguous.
+    """
+    directory = Path(cfg.path)
+    if not directory.is_dir():
+        raise DataError(f"data.path: {cfg.path!r} is not a directory (data.format: {cfg.format})")
+    sources = {split: _local_split(cfg, directory, split) for split in SPLITS}
+    if sources["train"] is None:
+        expected = [f"{directory / name} (or {directory / name}.gz)" for name in _local_file_names(cfg, "train")]
+        raise DataError(f"no training data: expected {' and '.join(expected)} (data.format: {cfg.format})")
+    return sources
+
+
+def _local_split(cfg: DataConfig, directory: Path, split: str) -> SplitSource | None:
+    """The files of `split` in `directory`, under any of its `LOCAL_SPLIT_NAMES`; None when there are none."""
+    found: dict[str, list[Path | None]] = {}  # name -> each of its files (None: missing), for the names in use
+    for name in LOCAL_SPLIT_NAMES[split]:
+        files = [_find_file(directory / file_name) for file_name in _local_file_names(cfg, name)]
+        if any(f is not None for f in files):
+            found[name] = files
+    if not found:
+        return None
+    if len(found) > 1:
+        in_use = ", ".join(str(f) for files in found.values() for f in files if f is not None)
+        raise DataError(f"ambiguous {split} split: {directory} has files named {_one_of(found, 'and')} "
+                        f"({in_use}); tmt reads the {split} split from {_one_of(LOCAL_SPLIT_NAMES[split], 'or')} "
+                        "and does not guess which: remove or rename all but one")
+    [(name, files)] = found.items()
+    missing = [directory / file_name for file_name, f in zip(_local_file_names(cfg, name), files) if f is None]
+    if missing:
+        raise DataError(f"{split} split: {missing[0]} (or {missing[0]}.gz) not found, "
+                        f"but {next(f for f in files if f is not None)} exists")
+    present = [f for f in files if f is not None]
+    return SplitSource(", ".join(map(str, present)), _files_key(present), _local_chunks(cfg, present))
+
+
+def _one_of(names: Iterable[str], conjunction: str) -> str:
+    """`valid.*, dev.* or validation.*`."""
+    patterns = [f"{name}.*" for name in names]
+    return f"{', '.join(patterns[:-1])} {conjunction} {patterns[-1]}"
+
+
+def _local_file_names(cfg: DataConfig, name: str) -> list[str]:
+    """The files (before an optional `.gz`) of a split named `name` (`train`, `dev`, ...) in `cfg.format`."""
+    if cfg.format == "text":
+        return [f"{name}.{cfg.src_lang}", f"{name}.{cfg.tgt_lang}"]
+    return [f"{name}.{cfg.format}"]
+
+
+def _find_file(path: Path) -> Path | None:
+    """Return `path` or `path.gz`, whichever exists; None if neither; error if both."""
+    gz_path = path.with_name(path.name + ".gz")
+    for candidate in (path, gz_path):
+        if candidate.is_dir():
+            raise DataError(f"{candidate} is a directory, not a data file")
+    if path.is_file() and gz_path.is_file():
+        raise DataError(f"both {path} and {gz_path} exist; remove one so it is clear which to read")
+    return path if path.is_file() else gz_path if gz_path.is_file() else None
+
+
+def _files_key(files: list[Path]) -> str:
+    """Resolved path, size and modification time (ns) of each file: cheap, and changes when a file does."""
+    parts = []
+    for path in files:
+        stat = path.stat()
+        parts.append(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}")
+    return hashlib.blake2b("\n".join(parts).encode("utf-8"), digest_size=16).hexdigest()
+
+
+def _local_chunks(cfg: DataConfig, files: list[Path]) -> Callable[[], Iterator[PairChunk]]:
+    if cfg.format == "text":
+        return lambda: iter_aligned_files(files[0], files[1], CHUNK_ROWS)
+    if cfg.format == "tsv":
+        return lambda: _iter_tsv(files[0], cfg.src_lang, cfg.tgt_lang)
+    return lambda: _iter_jsonl(files[0], cfg.src_lang, cfg.tgt_lang)
+
+
+def iter_lines(path: Path) -> Iterator[list[str]]:
+    """Lines of a UTF-8 file, maybe gzipped, in chunks of a few MB: split on "\\n" only, without
+    their "\\n" or "\\r\\n"; a byte-order mark at the start is dropped. An encoding error is
+    reported with its line number; a file with "\\r" line breaks (old Mac) is refused."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    lines_before = 0  # "\n"s in the chunks yielded so far, for error messages
+    partial: list[bytes] = []  # the start of a line that goes on in the next block: holds no "\n"
+    try:
+        with opener(path, "rb") as f:
+            # Fixed-size blocks, not readlines(): a file with "\r" line breaks is one huge "line",
+            # and is refused after its first block instead of after reading it all.
+            while block := f.read(READ_CHUNK_BYTES):
+                if lines_before == 0 and not partial:  # the first block
+                    refuse_cr_line_breaks(path, block)
+                cut = block.rfind(b"\n") + 1
+                if cut == 0:
+                    partial.append(block)
+                    continue
+                data = b"".join([*partial, block[:cut]])
+                partial = [block[cut:]] if cut < len(block) else []
+                yield _decode_lines(path, data, lines_before)
+                lines_before += data.count(b"\n")
+            if partial:  # the last line has no "\n"
+                yield _decode_lines(path, b"".join(partial), lines_before)
+    except (OSError, EOFError, zlib.error) as err:  # unreadable, not gzip, a truncated or damaged .gz
+        raise DataError(f"{path}: cannot read ({err})") from None
+
+
+def refuse_cr_line_breaks(source: Path | str, first_block: bytes) -> None:
+    """Refuse text whose lines end in "\\r" alone (old Mac line breaks), judged on its first
+    block (a file's first read, stdin's first line): no "\\n" in it, and a "\\r" before its end.
+    Read on "\\n", such text would be one giant line, blamed later on a filter or translated as
+    one sentence. A "\\r" in text of "\\n" lines stays text. `source` names the file, or "stdin".
+    """
+    if b"\n" not in first_block and b"\r" in first_block[:-1]:
+        raise DataError(f"{source}: its lines end in a carriage return (\\r) alone, which tmt does not read as a "
+                        "line break (it splits on \\n or \\r\\n); convert them first, e.g. with tr '\\r' '\\n'")
+
+
+def _decode_lines(path: Path, data: bytes, lines_before: int) -> list[str]:
+    """The lines of `data` (whole lines of `path` after its first `lines_before`), without "\\r\\n" or "\\n"."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        lineno = lines_before + data.count(b"\n", 0, err.start) + 1
+        raise DataError(f"{path}:{lineno}: not valid UTF-8 ({err.reason})") from None
+    if lines_before == 0:
+        text = text.removeprefix("\ufeff")  # a byte-order mark is not text
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the newline that ends the last line starts no new one
+    return [line.removesuffix("\r") for line in lines]
+
+
+def read_stream_lines(stream: Iterable[bytes], name: str) -> list[str]:
+    """Every line of a binary stream (stdin), as `read_lines` reads a file: UTF-8, without the line
+    break and a first line's byte-order mark; `\r` alone as a line break is refused."""
+    lines = []
+    for number, raw in enumerate(stream, start=1):
+        if number == 1:
+            refuse_cr_line_breaks(name, raw)
+        lines.append(decode_line(raw, name, number))
+    return lines
+
+
+def decode_line(raw: bytes, name: str, number: int) -> str:
+    """Line `number` (from 1) of `name` as text, without its line break (and, for the first, a byte-order mark)."""
+    try:
+        line = raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{name} line {number}: not valid UTF-8 ({err.reason} at byte {err.start})") from None
+    return line.removeprefix("\ufeff") if number == 1 else line  # a byte-order mark is not text
+
+
+def read_lines(path: Path) -> list[str]:
+    """All lines of a (small) UTF-8 file, as `iter_lines` reads them."""
+    return [line for chunk in iter_lines(path) for line in chunk]
+
+
+def iter_aligned_files(src_path: Path, tgt_path: Path, chunk_rows: int = CHUNK_ROWS) -> Iterator[PairChunk]:
+    """Pair line i of `src_path` with line i of `tgt_path` (both stripped), `chunk_rows` at a time."""
+    src_lines = chain.from_iterable(iter_lines(src_path))
+    tgt_lines = chain.from_iterable(iter_lines(tgt_path))
+    rows = 0
+    while True:
+        src, tgt = list(islice(src_lines, chunk_rows)), list(islice(tgt_lines, chunk_rows))
+        if len(src) != len(tgt):
+            n_src = rows + len(src) + sum(1 for _ in src_lines)
+            n_tgt = rows + len(tgt) + sum(1 for _ in tgt_lines)
+            raise DataError(f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; "
+                            "aligned files need one line per sentence pair")
+        if not src:
+            return
+        rows += len(src)
+        yield [line.strip() for line in src], [line.strip() for line in tgt]
+
+
+def read_aligned_files(src_path: Path, tgt_path: Path) -> list[Pair]:
+    """All pairs of two (small) aligned files, e.g. a test set given on the command line."""
+    return [pair for src, tgt in iter_aligned_files(src_path, tgt_path) for pair in zip(src, tgt)]
+
+
+def _rechunk(pairs: Iterator[Pair], chunk_rows: int) -> Iterator[PairChunk]:
+    while chunk := list(islice(pairs, chunk_rows)):
+        yield [s for s, _ in chunk], [t for _, t in chunk]
+
+
+def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of every line of `path`, numbered from 1."""
+    return enumerate(chain.from_iterable(iter_lines(path)), start=1)
+
+
+def _iter_tsv(path: Path, src_lang: str, tgt_lang: str) -> Iterator[PairChunk]:
+    """`source<TAB>target` lines, verbatim (no quoting, no NA values)."""
+    def pairs() -> Iterator[Pair]:
+        for lineno, line in _numbered_lines(path):
+            if not line.strip():
+                yield "", ""  # a blank line is an empty pair: the `empty` filter drops it
+                continue
+            fields = line.split("\t")
+            if len(fields) != 2:
+                raise DataError(f"{path}:{lineno}: expected source<TAB>target (one tab), found {len(fields) - 1} tabs")
+            pair = fields[0].strip(), fields[1].strip()
+            if lineno == 1 and _looks_like_a_header(pair, src_lang, tgt_lang):
+                logger.warning("%s:1 looks like a header row (%s<TAB>%s); tmt reads every line as a sentence "
+                               "pair, so remove it if it is one", path, *pair)
+            yield pair
+    return _rechunk(pairs(), CHUNK_ROWS)
+
+
+def _looks_like_a_header(pair: Pair, src_lang: str, tgt_lang: str) -> bool:
+    """Whether a TSV file's first pair reads as column names: the language codes, or source/target."""
+    names = tuple(field.lower() for field in pair)
+    return names in ((src_lang.lower(), tgt_lang.lower()), ("source", "target"), ("src", "tgt"))
+
+
+def _iter_jsonl(path: Path, src_lang: str, tgt_lang: str) -> Iterator[PairChunk]:
+    """`{"translation": {src: .., tgt: ..}}` or `{src: .., tgt: ..}` lines; blank lines are skipped."""
+    def pairs() -> Iterator[Pair]:
+        for lineno, line in _numbered_lines(path):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+            if isinstance(record, dict) and isinstance(record.get("translation"), dict):
+                record = record["translation"]
+            yield pair_from_record(record, src_lang, tgt_lang, where=f"{path}:{lineno}")
+    return _rechunk(pairs(), CHUNK_ROWS)
+
+
+# Line breaks inside a record's text (JSONL, hub rows): a sentence must stay on one line, or
+# translations and hypotheses files would no longer line up with their sources.
+LINE_BREAKS = re.compile(r"\s*[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]+\s*")
+
+
+def pair_from_record(record: Any, src_lang: str, tgt_lang: str, where: str) -> Pair:
+    """Take the source and target strings from a {lang: text} mapping, each stripped and with
+    any line break inside it replaced by a space.
+
+    A null text becomes "" so that the `empty` filter drops and counts it.
+    """
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object with keys {src_lang!r} and {tgt_lang!r}")
+    for key, lang in (("data.src_lang", src_lang), ("data.tgt_lang", tgt_lang)):
+        if lang not in record:
+            raise DataError(f"{where}: missing key {lang!r} ({key}); keys found: {', '.join(map(str, record))}")
+        if not isinstance(record[lang], (str, type(None))):
+            raise DataError(f"{where}: {lang!r} must be a string, got {type(record[lang]).__name__}")
+    return _one_line(record[src_lang], src_lang, where), _one_line(record[tgt_lang], tgt_lang, where)
+
+
+def _one_line(text: str | None, lang: str, where: str) -> str:
+    text = LINE_BREAKS.sub(" ", text or "").strip()
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:  # JSON's "\ud83d" escape: half of an emoji, cut off
+        raise DataError(f"{where}: {lang!r} is not valid Unicode ({err.reason} at character {err.start})") from None
+    return text

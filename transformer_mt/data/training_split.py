@@ -1,0 +1,128 @@
+"""The training split as the sampler draws it: one table of token ids holding every corpus's pairs
+(`data.corpora`) in plain BPE and, with `tokenizer.bpe_dropout`, in K cached BPE-dropout
+segmentations; and `EpochRows`, the rows each epoch trains on (by corpus weight and variant).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from transformer_mt.config.schema import Config
+from transformer_mt.core.errors import ConfigError, DataError
+from transformer_mt.data.corpus import Corpus
+from transformer_mt.data.mix import corpus_weights, mixture, pairs_per_epoch
+from transformer_mt.data.token_cache import TokenizedSplit, processes_for, tokenize_split
+from transformer_mt.data.tokenization import TokenizerPair
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EpochRows:
+    """The rows of the training table that epoch e trains on: a pure function of the seed and e,
+    so a resume that knows the epoch knows its rows.
+
+    The table holds `variants + 1` blocks of `n_pairs` rows each: block 0 the pairs in plain BPE,
+    block v (1..K) their v-th BPE-dropout segmentation, in the same order. Within a block, corpus
+    c's pairs come after those of corpora 0..c-1 (`counts`). Epoch e draws the pairs
+    `data.mix.mixture` picks by `weights`, from block 1 + e mod K (block 0 without dropout, or
+    before `start_epoch`).
+    """
+
+    counts: tuple[int, ...]  # training pairs of each corpus
+    weights: tuple[float, ...]
+    seed: int
+    variants: int = 0  # K: BPE-dropout segmentations cycled by epoch; 0: plain BPE only
+    start_epoch: int = 0  # the first epoch on a dropout segmentation; earlier ones on plain BPE
+
+    @property
+    def n_pairs(self) -> int:
+        return sum(self.counts)
+
+    def variant(self, epoch: int) -> int:
+        """The block epoch `epoch` trains on: 0 (plain BPE), or a BPE-dropout variant 1..K."""
+        return 1 + epoch % self.variants if self.variants and epoch >= self.start_epoch else 0
+
+    def pairs(self, epoch: int) -> np.ndarray:
+        """(examples,) int64: the pair numbers (rows of block 0) of epoch `epoch`."""
+        return mixture(self.counts, self.weights, self.seed, epoch)
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        return self.pairs(epoch) + self.variant(epoch) * self.n_pairs
+
+    def pairs_per_epoch(self) -> list[int]:
+        """Examples each corpus gives every epoch (the same number every epoch)."""
+        return pairs_per_epoch(self.counts, self.weights)
+
+
+def tokenize_training_split(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, cache: Path, *,
+                            progress: bool = False, prepared: bool = False) -> TokenizedSplit:
+    """The training pairs as token ids, each corpus and each BPE-dropout variant a token-cache
+    entry of its own (`token_cache.tokenize_split`), in one table with its `EpochRows`.
+
+    One corpus of weight 1 without dropout is the plain split, every pair once per epoch.
+    """
+    parts = corpus.train_parts or (("", len(corpus.train)),)
+    variants = cfg.tokenizer.bpe_dropout_variants if cfg.tokenizer.bpe_dropout else 0
+    blocks: list[list[TokenizedSplit]] = [[] for _ in range(variants + 1)]  # [variant][corpus]
+    start = 0
+    started = time.perf_counter()
+    for c, (label, n_rows) in enumerate(parts):
+        split, digest, name = corpus.train, corpus.digests["train"], "train"
+        if len(parts) > 1:  # each corpus's rows of train: their own entries, so each keeps its pair count
+            if not n_rows:
+                raise DataError(f"data.corpora[{c}] ({label}): no training pair is left after the filters "
+                                "(data.max_words, data.max_length_ratio)")
+            split, digest, name = (corpus.train.select(range(start, start + n_rows)),
+                                   f"{digest}:{start}:{start + n_rows}", f"train.c{c}")
+        for v in range(variants + 1):
+            try:
+                blocks[v].append(tokenize_split(
+                    split, digest, tokenizers, cfg.model.max_len, cache, name if v == 0 else f"{name}.v{v}",
+                    drop_long=True, num_proc=processes_for(len(split), cfg.data.num_proc), progress=progress,
+                    prepared=prepared, bpe_dropout=cfg.tokenizer.bpe_dropout if v else 0.0, variant=v))
+            except DataError as err:  # e.g. none of this corpus's pairs fits in model.max_len: say which corpus
+                if len(parts) == 1:
+                    raise
+                raise DataError(f"data.corpora[{c}] ({label}): {err}") from None
+        start += n_rows
+    weights = corpus_weights(cfg.data)
+    if variants == 0 and weights == (1.0,):
+        return blocks[0][0]
+    if variants:
+        start_epoch = cfg.tokenizer.bpe_dropout_start_epoch
+        logger.info("BPE-dropout %.2f: %d segmentations of the training split in the token cache, epoch e%s trains on "
+                    "number 1 + e mod %d (%.1fs to read or encode them all)", cfg.tokenizer.bpe_dropout, variants,
+                    f" >= {start_epoch}" if start_epoch else "", variants, time.perf_counter() - started)
+    plan = EpochRows(tuple(len(piece) for piece in blocks[0]), weights, cfg.seed, variants,
+                     cfg.tokenizer.bpe_dropout_start_epoch)
+    if cfg.data.corpora:
+        _refuse_unused_corpora(plan, [label for label, _ in parts])
+    if not sum(plan.pairs_per_epoch()):
+        raise ConfigError(["data.corpora: the weights give an epoch no training pairs; raise them"])
+    return TokenizedSplit(_concatenated([piece.dataset for block in blocks for piece in block]), cfg.model.max_len,
+                          epoch_rows=plan, n_pairs=plan.n_pairs)
+
+
+def _refuse_unused_corpora(plan: EpochRows, labels: list[str]) -> None:
+    """A corpus whose weight is too small for round(weight x pairs) to reach 1 is an error naming its
+    entry, never a corpus silently unused (one with no pairs left is refused as it is tokenized)."""
+    for c, (label, n, weight, wanted) in enumerate(zip(labels, plan.counts, plan.weights, plan.pairs_per_epoch())):
+        if wanted:
+            continue
+        digits = 2 - math.floor(math.log10(0.5 / n))  # three significant ones, rounded up: enough for one pair
+        raise ConfigError([f"data.corpora[{c}].weight: {weight:g} gives the {n:,} training pairs of {label} none "
+                           f"per epoch (round({weight:g} x {n:,}) = 0); raise it to at least "
+                           f"{math.ceil(0.5 / n * 10 ** digits) / 10 ** digits:g}"])
+
+
+def _concatenated(parts: list):
+    import datasets
+
+    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)

@@ -1,0 +1,175 @@
+"""A trained tmt model as a CTranslate2 model: the same network with the same weights, so that
+CTranslate2's greedy search gives tmt's greedy output token for token (tests/test_export.py,
+tests/test_engines.py). `tmt export` and the CTranslate2 engine's cache (`ct2_engine`) write it."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from transformer_mt.core.errors import TmtError
+from transformer_mt.core.files import make_temp_dir_beside
+from transformer_mt.data.tokenization import BOS, BOS_ID, EOS, PAD_ID, UNK, TokenizerPair
+from transformer_mt.model.transformer import (
+    DecoderLayer,
+    EncoderLayer,
+    SelfAttention,
+    Transformer,
+    sinusoidal_positions,
+)
+
+# CTranslate2 names its padding token `<blank>` (OpenNMT's); its other special tokens are
+# tmt's own strings. fairseq's converter renames `<pad>` the same way.
+CT2_PAD = "<blank>"
+# Rows of the exported position table. tmt cuts sources to model.max_len - 1 tokens and caps
+# outputs at max_len; CTranslate2 does neither by default (inputs are cut at max_input_length
+# = 1024 tokens, the EOS it appends included; outputs at max_decoding_length = 256) and fails a
+# whole batch on a position past the table. The sinusoids extend to any length, so the table
+# covers those defaults; its first max_len rows are the trained model's own.
+CT2_POSITIONS = 1024
+# Added to the logits of tokens tmt never generates (padding, a second BOS), as tmt's search
+# does with `finfo.min`. -1e4 is far below any real logit and still finite in fp16.
+_FORBIDDEN_LOGIT_BIAS = -1e4
+
+
+def ctranslate2_spec(model: Transformer, tokenizers: TokenizerPair, run_dir: Path, quantization: str | None = None):
+    """The run's model as a CTranslate2 spec, ready to save: weights (`build_ctranslate2_spec`),
+    both vocabularies, the run's tokenizer files, tied weights aliased and `quantization` applied."""
+    spec = build_ctranslate2_spec(model)
+    spec.register_source_vocabulary(ctranslate2_vocabulary(tokenizers.src))
+    spec.register_target_vocabulary(ctranslate2_vocabulary(tokenizers.tgt))
+    for tokenizer_file in sorted(run_dir.glob("tokenizer*.json")):
+        spec.register_file(str(tokenizer_file))  # so the directory alone can translate text
+    spec.validate()
+    spec.optimize(quantization=quantization)  # aliases tied/shared weights, then quantizes
+    return spec
+
+
+def save_model_dir(spec, target: Path, files: dict[str, str] | None = None) -> None:
+    """Save `spec` and `files` (name -> text) to a new folder beside `target`, then rename it onto
+    `target` (absent, or an empty folder): `target` is never half-written. The temp folder is a
+    new one of our own (never a fixed name, which could be a user's folder), so removing it on
+    failure removes only what this call wrote. Raises `OSError` when it cannot, `target` included
+    when another writer filled it meanwhile."""
+    tmp = make_temp_dir_beside(target)
+    try:
+        spec.save(str(tmp))
+        for name, text in (files or {}).items():
+            (tmp / name).write_text(text, encoding="utf-8")
+        if target.is_dir() and not any(target.iterdir()):
+            target.rmdir()
+        tmp.rename(target)
+    except BaseException:  # Ctrl-C and CTranslate2's own errors too: its random name is never reused
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def ctranslate2_vocabulary(tokenizer) -> list[str]:
+    """The tokenizer's tokens in id order, so CTranslate2 token i is tmt id i; `<pad>` becomes `<blank>`."""
+    vocab = tokenizer.get_vocab(with_added_tokens=True)  # token -> id
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    if [vocab[t] for t in tokens] != list(range(len(tokens))):
+        raise TmtError("the tokenizer's ids are not contiguous from 0; cannot write a CTranslate2 vocabulary")
+    if CT2_PAD in vocab:
+        raise TmtError(f"the tokenizer has a token {CT2_PAD!r}, which CTranslate2 reserves for padding")
+    tokens[PAD_ID] = CT2_PAD
+    return tokens
+
+
+def build_ctranslate2_spec(model: Transformer):
+    """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights (fp32 numpy arrays).
+
+    Mapping: tmt's fused projections are CTranslate2's (self-attention: one QKV matrix;
+    cross-attention: Q, then one KV matrix), in `nn.Linear`'s (out, in) layout, which is
+    CTranslate2's; each tmt `Residual` LayerNorm is the sublayer's `layer_norm`, which
+    CTranslate2 applies before (pre-norm) or after the residual sum (post-norm), as tmt does.
+    Positions are tmt's own sinusoidal table (CTranslate2's built-in one concatenates sin and cos
+    and starts at position 1), embeddings are scaled by sqrt(D), and the output projection gets
+    a bias that forbids padding and BOS, which tmt's search never emits.
+    """
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    cfg = model.cfg
+    spec = transformer_spec.TransformerSpec.from_config(
+        (len(model.encoder_layers), len(model.decoder_layers)), cfg.n_heads, pre_norm=cfg.norm == "pre",
+        activation=common_spec.Activation.RELU)
+    spec.config.layer_norm_epsilon = model.decoder_layers[0].ffn_block.norm.eps  # nn.LayerNorm's 1e-5
+    spec.config.add_source_eos = True  # tmt appends EOS to every source
+    spec.config.decoder_start_token = BOS
+    spec.config.bos_token, spec.config.eos_token, spec.config.unk_token = BOS, EOS, UNK
+
+    # (P, D): row i is position i, as in `Transformer.embed`; P >= max_len (see CT2_POSITIONS)
+    positions = _array(sinusoidal_positions(max(cfg.max_len, CT2_POSITIONS), cfg.d_model))
+    embed_scale = math.sqrt(cfg.d_model)
+    if not math.isclose(model.embed_scale, embed_scale):
+        raise TmtError(f"unexpected embedding scale {model.embed_scale}; the exporter assumes sqrt(d_model)")
+
+    encoder = spec.encoder
+    encoder.embeddings[0].weight = _array(model.src_embed.weight)
+    encoder.scale_embeddings = True  # CTranslate2 multiplies by sqrt(D)
+    encoder.position_encodings.encodings = positions
+    for layer_spec, layer in zip(encoder.layer, model.encoder_layers):
+        _set_encoder_layer(layer_spec, layer)
+    if cfg.norm == "pre":
+        _set_layer_norm(encoder.layer_norm, model.encoder_norm)
+
+    decoder = spec.decoder
+    decoder.embeddings.weight = _array(model.tgt_embed.weight)
+    decoder.scale_embeddings = True
+    decoder.position_encodings.encodings = positions
+    for layer_spec, layer in zip(decoder.layer, model.decoder_layers):
+        _set_decoder_layer(layer_spec, layer)
+    if cfg.norm == "pre":
+        _set_layer_norm(decoder.layer_norm, model.decoder_norm)
+    decoder.projection.weight = _array(model.output_proj.weight)  # (V, D), tied weights alias on save
+    bias = np.zeros(model.output_proj.weight.shape[0], dtype=np.float32)
+    bias[[PAD_ID, BOS_ID]] = _FORBIDDEN_LOGIT_BIAS
+    decoder.projection.bias = bias
+    return spec
+
+
+def _set_encoder_layer(spec, layer: EncoderLayer) -> None:
+    _set_self_attention(spec.self_attention, layer.self_attn)
+    _set_layer_norm(spec.self_attention.layer_norm, layer.attn_block.norm)
+    _set_ffn(spec.ffn, layer)
+
+
+def _set_decoder_layer(spec, layer: DecoderLayer) -> None:
+    _set_self_attention(spec.self_attention, layer.self_attn)
+    _set_layer_norm(spec.self_attention.layer_norm, layer.self_block.norm)
+    attention = layer.cross_attn
+    _set_linear(spec.attention.linear[0], attention.q_proj)
+    _set_linear(spec.attention.linear[1], attention.kv_proj)  # (2D, D): k rows, then v rows
+    _set_linear(spec.attention.linear[2], attention.out_proj)
+    _set_layer_norm(spec.attention.layer_norm, layer.cross_block.norm)
+    _set_ffn(spec.ffn, layer)
+
+
+def _set_self_attention(spec, attention: SelfAttention) -> None:
+    _set_linear(spec.linear[0], attention.qkv_proj)  # (3D, D): q rows, k rows, then v rows
+    _set_linear(spec.linear[1], attention.out_proj)
+
+
+def _set_ffn(spec, layer: EncoderLayer | DecoderLayer) -> None:
+    _set_linear(spec.linear_0, layer.ffn.linear1)
+    _set_linear(spec.linear_1, layer.ffn.linear2)
+    _set_layer_norm(spec.layer_norm, layer.ffn_block.norm)
+
+
+def _set_linear(spec, linear: nn.Linear) -> None:
+    spec.weight = _array(linear.weight)  # (out, in): CTranslate2 computes x @ W^T, as nn.Linear does
+    spec.bias = _array(linear.bias)
+
+
+def _set_layer_norm(spec, norm: nn.LayerNorm) -> None:
+    spec.gamma = _array(norm.weight)
+    spec.beta = _array(norm.bias)
+
+
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().to("cpu", torch.float32).numpy().copy()

@@ -1,0 +1,204 @@
+"""`CT2Engine`: a run decoded by CTranslate2, from a conversion of its checkpoint cached in the run
+directory (`<run>/ctranslate2/<digest>/`, made on first use by `ct2_conversion`). Torch-free
+once the conversion is there; greedy output is tmt's, token for token."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from transformer_mt.core.errors import UsageError
+from transformer_mt.core.files import write_text_atomic
+from transformer_mt.core.run_layout import RunDir
+from transformer_mt.decode.engine import Scored
+
+if TYPE_CHECKING:
+    from transformer_mt.config.schema import DecodeConfig
+    from transformer_mt.decode.hypotheses import Sampling
+    from transformer_mt.runs.loading import LoadedRun
+
+logger = logging.getLogger(__name__)
+
+DIGESTS = "digests.json"  # checkpoint name -> its (size, mtime_ns, inode) and content digest
+RUN_INFO = "tmt.json"  # in each conversion, written last: the checkpoint's config and provenance
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """A complete CTranslate2 conversion of one checkpoint, and what `Translator` needs of it."""
+
+    path: Path
+    info: dict  # config, model_args, step, which ("ema" or "model"), checkpoint (its file name)
+
+
+def find_conversion(path: Path) -> Conversion | None:
+    """The conversion cached at `path` (`conversion_dir`), or None."""
+    try:
+        info = json.loads((path / RUN_INFO).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):  # not converted yet (a half-written one has another name)
+        return None
+    return Conversion(path, info)
+
+
+def convert(run_dir: Path, run: LoadedRun, path: Path) -> Conversion:
+    """Convert `run`'s checkpoint (loaded with torch) into the run's cache at `path` and return
+    it. The folder is written beside and renamed into place; a writer that finishes first wins."""
+    from transformer_mt.decode.ct2_conversion import ctranslate2_spec, save_model_dir
+
+    info = {"config": run.config, "model_args": run.model_args, "step": run.step, "which": run.which,
+            "checkpoint": run.checkpoint.name}
+    spec = ctranslate2_spec(run.model, run.tokenizers, run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not (path / RUN_INFO).is_file():  # not tmt's: conversions are complete or absent
+        shutil.rmtree(path)
+    try:
+        save_model_dir(spec, path, {RUN_INFO: json.dumps(info)})
+    except OSError:
+        if not (path / RUN_INFO).is_file():  # else another process converted it first
+            raise
+    logger.info("converted %s for CTranslate2 into %s", run.checkpoint, path)
+    return Conversion(path, info)
+
+
+def conversion_dir(run_dir: Path, checkpoint: Path, fingerprint: str) -> Path:
+    """`<run>/ctranslate2/<checkpoint digest>-<tokenizers digest>`: new weights or new tokenizer
+    files give a new folder, never a stale conversion."""
+    return RunDir(run_dir).ctranslate2 / f"{_checkpoint_digest(run_dir, checkpoint)}-{fingerprint[:8]}"
+
+
+def _checkpoint_digest(run_dir: Path, checkpoint: Path) -> str:
+    """The digest of `checkpoint`'s bytes, remembered with its (size, mtime_ns, inode): a file
+    that kept all three is not read again (checkpoints are replaced by rename, a new inode)."""
+    stat = checkpoint.stat()
+    stamp = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+    digests_file = RunDir(run_dir).ctranslate2 / DIGESTS
+    try:
+        digests = json.loads(digests_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        digests = {}
+    known = digests.get(checkpoint.name) if isinstance(digests, dict) else None
+    if isinstance(known, dict) and known.get("stamp") == stamp:
+        return known["digest"]
+    digest = hashlib.blake2b(digest_size=16)
+    with open(checkpoint, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    digests = {**(digests if isinstance(digests, dict) else {}),
+               checkpoint.name: {"stamp": stamp, "digest": digest.hexdigest()}}
+    try:
+        digests_file.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(digests_file, json.dumps(digests, indent=1))
+    except OSError:  # a read-only run: the digest is computed again next time
+        pass
+    return digest.hexdigest()
+
+
+class CT2Engine:
+    """The `Engine` of a CTranslate2 model folder. CTranslate2 takes token strings: token i of its
+    vocabularies is tmt's id i (`ct2_conversion.ctranslate2_vocabulary`)."""
+
+    name = "ctranslate2"
+
+    def __init__(self, model_dir: Path, device: str, max_len: int, threads: int = 0):
+        self.model_dir = model_dir
+        self.device = device
+        self.max_len = max_len
+        self.threads = threads  # CTranslate2's intra_threads (0: its default, capped at this process's cores)
+        shared = model_dir / "shared_vocabulary.json"
+        self.src_tokens = _read_vocabulary(shared if shared.exists() else model_dir / "source_vocabulary.json")
+        self.tgt_tokens = _read_vocabulary(shared if shared.exists() else model_dir / "target_vocabulary.json")
+        self.tgt_ids = {token: i for i, token in enumerate(self.tgt_tokens)}
+        self._translators: dict[str, object] = {}  # compute type -> ctranslate2.Translator
+
+    def translate(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int,
+                  progress: bool) -> list[list[int]]:
+        return [hyps[0] for hyps in self._search(src_ids, decode, beam_size, 1, None, progress)[0]]
+
+    def hypotheses(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, n_best: int,
+                   sampling: Sampling | None, progress: bool) -> list[list[Scored]]:
+        from transformer_mt.decode.hypotheses import length_penalty
+
+        found, sources, caps = self._search(src_ids, decode, beam_size, n_best, sampling, progress)
+        # CTranslate2 ranks beams with its own length penalty, and samples scores at the sampling
+        # temperature: each translation is scored again here, as tmt scores it.
+        flat = [(i, ids) for i, hyps in enumerate(found) for ids in hyps]
+        scored = self._translator(decode).score_batch(
+            [sources[i] for i, _ in flat], [[self.tgt_tokens[t] for t in ids] for _, ids in flat],
+            max_batch_size=decode.batch_tokens, batch_type="tokens", max_input_length=0)  # sources cut above
+        results: list[list[Scored]] = [[] for _ in found]
+        for (i, ids), result in zip(flat, scored):
+            ended = len(ids) < caps[i]  # else cut at the cap, with no EOS
+            log_probs = result.log_probs if ended else result.log_probs[:-1]  # the last is EOS's
+            length = len(ids) + ended
+            results[i].append(Scored(ids, sum(log_probs) / length_penalty(length, decode.length_penalty)))
+        return results
+
+    def cross_attention(self, src_ids: list[int], hyp_ids: list[int], layer: int):
+        raise UsageError("--show-attention draws from the torch engine's model; use --engine torch")
+
+    def _search(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, n_best: int,
+                sampling: Sampling | None, progress: bool) -> tuple[list[list[list[int]]], list[list[str]], list[int]]:
+        """Each source's `n_best` translations as ids, with the sources as tokens and their length
+        caps. CTranslate2 caps a whole call at one length: sources are grouped by their cap
+        a·S + b (S with EOS, as `decode.generator.max_target_lengths` computes it in fp32)."""
+        import ctranslate2
+        from tqdm import tqdm
+
+        keep = self.max_len - 1  # room for the EOS CTranslate2 appends
+        sources = [[self.src_tokens[i] for i in ids[:keep]] for ids in src_ids]
+        lengths = np.array([len(s) + 1 for s in sources], dtype=np.float32)
+        limits = np.floor(np.float32(decode.max_len_a) * lengths + np.float32(decode.max_len_b))
+        caps = [int(cap) for cap in np.clip(limits, 1, self.max_len)]
+        groups: dict[int, list[int]] = {}
+        for i, cap in enumerate(caps):
+            groups.setdefault(cap, []).append(i)
+        rows = n_best if sampling is not None else beam_size  # decoded rows per sentence
+        options = dict(beam_size=beam_size, num_hypotheses=n_best, length_penalty=decode.length_penalty,
+                       min_decoding_length=0, max_input_length=self.max_len, batch_type="tokens",
+                       max_batch_size=max(1, decode.batch_tokens // rows))
+        translator = self._translator(decode)
+        if sampling is not None:
+            # Each worker thread seeds its generator when it starts: a new translator's draw from `seed`.
+            ctranslate2.set_random_seed(sampling.seed)
+            translator = self._load(self._compute_type(decode))
+            options.update(beam_size=1, sampling_topk=sampling.top_k, sampling_topp=sampling.top_p,
+                           sampling_temperature=sampling.temperature)
+        found: list[list[list[int]]] = [[] for _ in sources]
+        for cap, members in tqdm(sorted(groups.items()), desc="translate", unit="length",
+                                 disable=not (progress and sys.stderr.isatty()), file=sys.stderr, leave=False):
+            results = translator.translate_batch([sources[i] for i in members], max_decoding_length=cap, **options)
+            for i, result in zip(members, results):
+                found[i] = [[self.tgt_ids[token] for token in tokens] for tokens in result.hypotheses]
+        return found, sources, caps
+
+    def _translator(self, decode: DecodeConfig):
+        """The CTranslate2 translator for `decode.quantize`, loaded once."""
+        compute_type = self._compute_type(decode)
+        if compute_type not in self._translators:
+            self._translators[compute_type] = self._load(compute_type)
+        return self._translators[compute_type]
+
+    def _compute_type(self, decode: DecodeConfig) -> str:
+        return "int8" if decode.quantize == "int8" and self.device == "cpu" else "default"  # int8 weights on a CPU
+
+    def _load(self, compute_type: str):
+        import ctranslate2
+
+        # CTranslate2's default of 4 threads on fewer cores has OpenMP threads spin against each other.
+        threads = self.threads or min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                      else os.cpu_count() or 1)
+        return ctranslate2.Translator(str(self.model_dir), device=self.device, compute_type=compute_type,
+                                      intra_threads=threads)
+
+
+def _read_vocabulary(path: Path) -> list[str]:
+    return json.loads(path.read_text(encoding="utf-8"))

@@ -1,0 +1,188 @@
+"""The search algorithms, one step at a time on tensors: beam search (greedy decoding is beam
+search with one beam) and sampling. `decode.generator.py` is the driver that encodes, caches, batches and
+captures them; a step here reads nothing back to the host, so it can be replayed from a CUDA graph.
+
+Rows: sentence b's K rows (beams or samples) are rows b·K .. b·K + K - 1. C: the cap on generated
+tokens of the batch; `tokens` holds BOS and then each row's generated ids, pad beyond.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from transformer_mt.decode.hypotheses import Hypothesis, Sampling, length_penalty, strip_generated
+
+
+@dataclass
+class BeamState:
+    """A beam search over B sentences × K beams in tensors of fixed size: the live beams, each
+    sentence's M best finished hypotheses, and which sentences are done."""
+
+    tokens: torch.Tensor  # (B·K, C + 1) long
+    scores: torch.Tensor  # (B·K,) fp32: each live beam's summed log-probability
+    position: torch.Tensor  # (1,) long: tokens generated so far (shared with the KV cache)
+    limits: torch.Tensor  # (B,) long: each sentence's cap on generated tokens
+    done: torch.Tensor  # (B,) bool: the sentence sets nothing more aside
+    count: torch.Tensor  # (B,) long: hypotheses set aside so far (may pass K)
+    best_tokens: torch.Tensor  # (B, M, C) long: the M best finished, with their EOS; pad beyond
+    best_log_probs: torch.Tensor  # (B, M) fp32
+    best_scores: torch.Tensor  # (B, M) fp64: log-prob / length penalty, best first; -inf = empty slot
+    penalties: torch.Tensor  # (C + 1,) fp64: length_penalty(n, α) for n = 0..C generated tokens
+    eos_id: int
+    pad_id: int
+
+    @classmethod
+    def start(cls, limits: torch.Tensor, beam_size: int, n_best: int, capacity: int, position: torch.Tensor, *,
+              bos_id: int, eos_id: int, pad_id: int, alpha: float) -> BeamState:
+        """One live beam per sentence (score 0), the other K - 1 at -inf so that the K beams do not
+        all pick the same first token. limits (B,) long."""
+        if not 1 <= n_best <= beam_size:
+            raise ValueError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
+        B, K, device = limits.shape[0], beam_size, limits.device
+        # Scores in fp64, as Python's floats (MPS has no fp64).
+        fp64 = torch.float32 if device.type == "mps" else torch.float64
+        tokens = torch.full((B * K, capacity + 1), pad_id, dtype=torch.long, device=device)
+        tokens[:, 0] = bos_id
+        scores = torch.full((B, K), float("-inf"), device=device)
+        scores[:, 0] = 0.0
+        penalties = torch.tensor([length_penalty(n, alpha) for n in range(capacity + 1)], dtype=fp64, device=device)
+        return cls(tokens, scores.flatten(), position, limits, torch.zeros(B, dtype=torch.bool, device=device),
+                   torch.zeros(B, dtype=torch.long, device=device),
+                   torch.full((B, n_best, capacity), pad_id, dtype=torch.long, device=device),
+                   torch.zeros(B, n_best, device=device),
+                   torch.full((B, n_best), float("-inf"), dtype=fp64, device=device), penalties, eos_id, pad_id)
+
+    @property
+    def rows_per_sentence(self) -> int:
+        return self.tokens.shape[0] // self.done.shape[0]
+
+    def advance(self, logits: torch.Tensor) -> torch.Tensor:
+        """One step on the live beams' next-token logits (B·K, V) fp32; returns the rows (B·K,)
+        the new beams continue, for the KV cache to follow (beams move only within a sentence).
+
+        Each sentence's 2K best continuations are ranked by summed log-prob; those among the top K
+        that end in EOS (all top K at the length cap) are set aside, scored log-prob / length
+        penalty, into the M best finished; the K best that do not end become the live beams. A
+        sentence is done once it has K finished hypotheses, or M that no live beam can still beat
+        (log-probs only fall, so a live beam's best reachable score is its log-prob over the
+        penalty at its cap), or reaches its cap; a done sentence sets nothing more aside.
+        """
+        log_probs = torch.log_softmax(logits, dim=-1)
+        BK, V = log_probs.shape
+        B, M, C = self.best_tokens.shape
+        K = BK // B
+        W = min(2 * K, V)  # a sentence's 2K best continuations are among each beam's 2K best tokens
+        row_scores, row_tokens = log_probs.topk(W, dim=1)  # (B·K, W) each
+        candidates = (self.scores[:, None] + row_scores).view(B, K * W)
+        cand_scores, cand_flat = candidates.topk(2 * K, dim=1)  # (B, 2K), best first
+        cand_beam, cand_token = cand_flat // W, row_tokens.view(B, K * W).gather(1, cand_flat)  # (B, 2K) each
+        first_row = torch.arange(0, BK, K, device=log_probs.device)[:, None]  # (B, 1)
+
+        # Set aside the top K candidates that end, into the M best finished.
+        at_cap = self.position + 1 >= self.limits  # (B,)
+        top_scores = cand_scores[:, :K]
+        ends = (((cand_token[:, :K] == self.eos_id) | at_cap[:, None]) & (top_scores > float("-inf"))
+                & ~self.done[:, None])
+        penalty_now = self.penalties.index_select(0, self.position + 1)  # (1,): every candidate has position + 1 tokens
+        new_scores = (top_scores.to(self.best_scores.dtype) / penalty_now).masked_fill(~ends, float("-inf"))
+        new_tokens = self.tokens.index_select(0, (first_row + cand_beam[:, :K]).flatten())[:, 1:].view(B, K, C)
+        new_tokens.index_copy_(2, self.position, cand_token[:, :K, None])  # the EOS, or the last token at the cap
+        pool_scores = torch.cat([self.best_scores, new_scores], dim=1)  # (B, M + K)
+        keep = stable_descending_order(pool_scores)[:, :M]  # (B, M)
+        self.best_scores.copy_(pool_scores.gather(1, keep))
+        self.best_log_probs.copy_(torch.cat([self.best_log_probs, top_scores], dim=1).gather(1, keep))
+        self.best_tokens.copy_(torch.cat([self.best_tokens, new_tokens], dim=1).gather(
+            1, keep[:, :, None].expand(B, M, C)))
+        self.count += ends.sum(dim=1)
+
+        # The K best candidates that did not end become the live beams.
+        live_scores, pick = cand_scores.masked_fill(cand_token == self.eos_id, float("-inf")).topk(K, dim=1)
+        rows = (first_row + cand_beam.gather(1, pick)).flatten()  # (B·K,)
+        beaten = (live_scores[:, 0].to(self.best_scores.dtype) / self.penalties.index_select(0, self.limits)
+                  <= self.best_scores[:, -1])
+        self.done |= at_cap | (self.count >= K) | ((self.count >= M) & beaten)
+        self.tokens.copy_(self.tokens.index_select(0, rows))
+        self.tokens.index_copy_(1, self.position + 1, cand_token.gather(1, pick).view(BK, 1))
+        self.scores.copy_(live_scores.flatten())
+        self.position += 1
+        return rows
+
+    def select(self, sentences: torch.Tensor) -> BeamState:
+        """The state of the sentences `sentences` (B',) long alone, in that order."""
+        K = self.rows_per_sentence
+        rows = (sentences[:, None] * K + torch.arange(K, device=sentences.device)).flatten()  # (B'·K,)
+        return BeamState(self.tokens[rows], self.scores[rows], self.position, self.limits[sentences],
+                         self.done[sentences], self.count[sentences], self.best_tokens[sentences],
+                         self.best_log_probs[sentences], self.best_scores[sentences], self.penalties, self.eos_id,
+                         self.pad_id)
+
+    def results(self) -> list[list[Hypothesis]]:
+        """Each sentence's finished hypotheses, best first (one copy to the host)."""
+        tokens, log_probs, scores = self.best_tokens.tolist(), self.best_log_probs.tolist(), self.best_scores.tolist()
+        return [[Hypothesis(strip_generated(ids, self.eos_id, self.pad_id), log_prob, score)
+                 for ids, log_prob, score in zip(*sentence) if score > float("-inf")]
+                for sentence in zip(tokens, log_probs, scores)]
+
+
+def stable_descending_order(scores: torch.Tensor) -> torch.Tensor:
+    """The indices that sort each row of scores (B, P) best first, the earlier of equal scores first
+    (as Python's `sorted`) -> (B, P) long. Counted by comparing all pairs of the few hypotheses:
+    no `torch.sort`, whose stable CUDA kernels may not be captured in a graph."""
+    P = scores.shape[1]
+    earlier = torch.ones(P, P, dtype=torch.bool, device=scores.device).tril(-1)  # [i, j]: j comes before i
+    ahead = (scores[:, None, :] > scores[:, :, None]) | ((scores[:, None, :] == scores[:, :, None]) & earlier)
+    rank = ahead.sum(dim=2)  # (B, P): how many go before each; a permutation of 0..P-1
+    return torch.empty_like(rank).scatter_(1, rank, torch.arange(P, device=scores.device).expand_as(rank))
+
+
+@dataclass
+class SampleState:
+    """N independent samples drawn a token at a time (one row each)."""
+
+    tokens: torch.Tensor  # (N, C + 1) long
+    position: torch.Tensor  # (1,) long (shared with the KV cache)
+    limits: torch.Tensor  # (N,) long
+    done: torch.Tensor  # (N,) bool: EOS drawn or the cap reached
+    log_probs: torch.Tensor  # (N,) fp32: log-probability under the model (temperature 1, no cuts), EOS included
+    lengths: torch.Tensor  # (N,) long: tokens drawn, EOS included
+    sampling: Sampling
+    generator: torch.Generator
+    alpha: float
+    eos_id: int
+    pad_id: int
+
+    rows_per_sentence = 1
+
+    @classmethod
+    def start(cls, limits: torch.Tensor, capacity: int, position: torch.Tensor, sampling: Sampling,
+              generator: torch.Generator, *, bos_id: int, eos_id: int, pad_id: int, alpha: float) -> SampleState:
+        N, device = limits.shape[0], limits.device
+        tokens = torch.full((N, capacity + 1), pad_id, dtype=torch.long, device=device)
+        tokens[:, 0] = bos_id
+        return cls(tokens, position, limits, torch.zeros(N, dtype=torch.bool, device=device),
+                   torch.zeros(N, device=device), torch.zeros(N, dtype=torch.long, device=device), sampling,
+                   generator, alpha, eos_id, pad_id)
+
+    def advance(self, logits: torch.Tensor) -> None:
+        """Draw each row's next token from logits (N, V) fp32."""
+        next_ids = torch.multinomial(self.sampling.probabilities(logits), 1, generator=self.generator).squeeze(1)
+        token_log_probs = torch.log_softmax(logits, dim=-1).gather(1, next_ids[:, None]).squeeze(1)  # (N,)
+        self.log_probs += token_log_probs.masked_fill(self.done, 0.0)
+        self.lengths += (~self.done).long()
+        self.tokens.index_copy_(1, self.position + 1, next_ids.masked_fill(self.done, self.pad_id)[:, None])
+        self.position += 1
+        self.done |= (next_ids == self.eos_id) | (self.position >= self.limits)
+        return None
+
+    def select(self, rows: torch.Tensor) -> SampleState:
+        return SampleState(self.tokens[rows], self.position, self.limits[rows], self.done[rows], self.log_probs[rows],
+                           self.lengths[rows], self.sampling, self.generator, self.alpha, self.eos_id, self.pad_id)
+
+    def results(self) -> list[list[Hypothesis]]:
+        """Each row's sample, scored as beam search scores its hypotheses."""
+        return [[Hypothesis(strip_generated(ids, self.eos_id, self.pad_id), log_prob,
+                            log_prob / length_penalty(length, self.alpha))]
+                for ids, log_prob, length in zip(self.tokens[:, 1:].tolist(), self.log_probs.tolist(),
+                                                 self.lengths.tolist())]

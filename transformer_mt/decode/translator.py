@@ -1,0 +1,253 @@
+"""`Translator.from_run(path).translate(lines)`: translation with a trained run (greedy, beam search
+or sampling) on the engine `decode.engine` picks (`engine.pick_engine`): CTranslate2 on a CPU, from
+a conversion cached in the run (`ct2_engine`), else tmt's torch model (`torch_engine`).
+
+Greedy output is the same on both engines. Beam search on CTranslate2 ranks its beams with its own
+length penalty (log-prob / length^α), so a beam's best may differ from torch's on close calls;
+scores are tmt's on both (log-prob, EOS included, over ((5 + length) / 6)^α).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from transformer_mt.config.loading import config_from_dict
+from transformer_mt.config.schema import Config
+from transformer_mt.core.errors import CheckpointError, ConfigError, TmtError, UsageError
+from transformer_mt.data.tokenization import EOS, TokenizerPair
+from transformer_mt.decode.ct2_engine import Conversion, CT2Engine, conversion_dir, convert, find_conversion
+from transformer_mt.decode.engine import Engine, ctranslate2_device, has_ctranslate2, pick_engine
+from transformer_mt.runs.run_files import find_checkpoint, latest_run  # noqa: F401  (latest_run: callers import it here)
+
+if TYPE_CHECKING:
+    import torch
+
+    from transformer_mt.decode.hypotheses import Sampling
+    from transformer_mt.runs.loading import LoadedRun
+
+logger = logging.getLogger(__name__)
+
+
+class Translator:
+    """A trained run's tokenizers and config with a decoding engine, ready to translate raw sentences."""
+
+    def __init__(self, engine: Engine, tokenizers: TokenizerPair, cfg: Config, run_dir: Path, checkpoint: Path):
+        self.engine = engine
+        self.tokenizers = tokenizers
+        self.cfg = cfg  # the run's config: decoding settings, and data for `tmt evaluate --split`
+        self.run_dir = run_dir
+        self.checkpoint = checkpoint  # the weights' file, which names `tmt evaluate`'s output
+        self._warn_quantize_ignored()
+
+    @classmethod
+    def from_run(cls, run_dir: Path, checkpoint: Path | None = None, device: str = "auto",
+                 engine: str | None = None) -> Translator:
+        """Load a run directory (its checkpoint as `load_run` chooses it) on `engine` (auto, torch or
+        ctranslate2; None: the run's `decode.engine`). On CTranslate2 a conversion cached for this
+        checkpoint loads without torch; the first use converts it."""
+        if checkpoint is not None:
+            return cls._from_checkpoint(run_dir, checkpoint, device, engine)
+        for _ in range(2):  # a trainer may delete the newest step checkpoint (keep_last) while it is read
+            chosen = find_checkpoint(run_dir)
+            try:
+                return cls._from_checkpoint(run_dir, chosen, device, engine)
+            except CheckpointError:
+                if chosen.exists():
+                    raise
+        return cls._from_checkpoint(run_dir, find_checkpoint(run_dir), device, engine)
+
+    @classmethod
+    def _from_checkpoint(cls, run_dir: Path, checkpoint: Path, device: str, engine: str | None) -> Translator:
+        tokenizers = TokenizerPair.load(run_dir)
+        cache = None  # where this checkpoint's conversion is (or goes), found before torch loads it
+        if engine != "torch" and has_ctranslate2():
+            try:
+                cache = conversion_dir(run_dir, checkpoint, tokenizers.fingerprint())
+            except OSError:  # a checkpoint missing or unreadable: torch's loader says so
+                pass
+            conversion = find_conversion(cache) if cache is not None else None
+            try:  # the checkpoint's config, valid when it was converted
+                cfg = config_from_dict(conversion.info["config"]) if conversion is not None else None
+            except ConfigError:  # else torch's loader says what is wrong with it
+                cfg = None
+            if cfg is not None and pick_engine(engine or cfg.decode.engine, device) == "ctranslate2":
+                return cls._on_ctranslate2(conversion, tokenizers, cfg, run_dir, checkpoint, device)
+        from transformer_mt.runs.loading import load_run
+
+        run = load_run(run_dir, checkpoint, tokenizers)
+        setting = engine or run.cfg.decode.engine
+        if pick_engine(setting, device) == "ctranslate2":
+            try:
+                cache = cache or conversion_dir(run_dir, checkpoint, tokenizers.fingerprint())
+                return cls._on_ctranslate2(convert(run_dir, run, cache), tokenizers, run.cfg, run_dir, checkpoint,
+                                           device)
+            except OSError as err:  # a run directory this user cannot write, say
+                problem = f"cannot cache a CTranslate2 conversion in {run_dir} ({err.strerror or err})"
+                if setting == "ctranslate2":
+                    raise TmtError(f"{problem}; translate with --engine torch") from None
+                logger.warning("%s; translating with torch", problem)
+        return cls._on_torch(run, run_dir, device)
+
+    @classmethod
+    def _on_ctranslate2(cls, conversion: Conversion, tokenizers: TokenizerPair, cfg: Config, run_dir: Path,
+                        checkpoint: Path, device: str) -> Translator:
+        where = ctranslate2_device(device)
+        logger.info("loaded %s (step %d%s) on CTranslate2 (%s)", checkpoint, conversion.info["step"],
+                    ", EMA weights" if conversion.info["which"] == "ema" else "", where)
+        return cls(CT2Engine(conversion.path, where, cfg.model.max_len), tokenizers, cfg, run_dir, checkpoint)
+
+    @classmethod
+    def _on_torch(cls, run: LoadedRun, run_dir: Path, device: str) -> Translator:
+        from transformer_mt.core.runtime import pick_device, warn_attention_fallbacks
+        from transformer_mt.decode.torch_engine import TorchEngine
+
+        torch_device = pick_device(device)
+        logger.info("loaded %s (step %d%s) on %s", run.checkpoint, run.step, ", EMA weights" if run.which == "ema"
+                    else "", torch_device)
+        warn_attention_fallbacks(torch_device, {"decode.attention_backend": run.cfg.decode.attention_backend})
+        engine = TorchEngine(run.model.to(torch_device), torch_device, _precision_for(run.cfg, torch_device))
+        return cls(engine, run.tokenizers, run.cfg, run_dir, run.checkpoint)
+
+    @property
+    def device(self) -> str:
+        """Where the engine decodes: "cpu", "cuda" or "mps"."""
+        return self.engine.device
+
+    @property
+    def max_len(self) -> int:
+        """The model's positions: sources are cut to max_len - 1 tokens and EOS."""
+        return self.cfg.model.max_len
+
+    def set_decoding(self, **settings) -> None:
+        """Decode with other `decode.*` settings than the run's, e.g. `length_penalty=1.0`."""
+        self.cfg = dataclasses.replace(self.cfg, decode=dataclasses.replace(self.cfg.decode, **settings))
+        if "quantize" in settings:
+            self._warn_quantize_ignored()
+
+    @property
+    def quantized(self) -> str | None:
+        """The weights' quantisation translations are made with (`decode.quantize` on a CPU), or None."""
+        return self.cfg.decode.quantize if self.cfg.decode.quantize != "none" and self.device == "cpu" else None
+
+    def _warn_quantize_ignored(self) -> None:
+        if self.cfg.decode.quantize != "none" and self.device != "cpu":
+            logger.warning("decode.quantize: %s applies to CPU decoding only; decoding on %s unquantised",
+                           self.cfg.decode.quantize, self.device)
+
+    def _check_quantize(self) -> None:
+        if self.quantized and self.engine.name == "torch":
+            raise UsageError(f"decode.quantize: {self.quantized} decodes on the ctranslate2 engine (pip install "
+                             "ctranslate2); the torch engine decodes in fp32: leave out --engine torch or --quantize")
+
+    def translate(self, lines: list[str], beam_size: int | None = None, progress: bool = False) -> list[str]:
+        """Translate each line (beam size: `beam_size`, else the run's `decode.beam_size`).
+
+        An empty line gives an empty line; a line longer than the model allows is truncated
+        with a warning.
+        """
+        self._check_quantize()
+        texts = [line.strip() for line in lines]
+        hyp_ids = self.engine.translate(self._encode_src(texts), self.cfg.decode, self._beam(beam_size), progress)
+        hypotheses = self.tokenizers.decode_tgt(hyp_ids)
+        return [hyp if text else "" for text, hyp in zip(texts, hypotheses)]
+
+    def translate_n_best(self, lines: list[str], n_best: int = 1, beam_size: int | None = None,
+                         sampling: Sampling | None = None, progress: bool = False) -> list[list[Translation]]:
+        """Each line's `n_best` translations with their scores: the best of beam search, best
+        first (beam 1 is greedy decoding; the first is what `translate` gives), or with
+        `sampling`, samples in the order drawn. An empty line gets one empty translation, scored 0.
+        """
+        self._check_quantize()
+        texts = [line.strip() for line in lines]
+        hypotheses = self.engine.hypotheses(self._encode_src(texts), self.cfg.decode, self._beam(beam_size), n_best,
+                                            sampling, progress)
+        results = []
+        for text, hyps in zip(texts, hypotheses):
+            if not text:
+                results.append([Translation("", 0.0, [])])
+                continue
+            decoded = self.tokenizers.decode_tgt([hyp.ids for hyp in hyps])
+            results.append([Translation(translation, hyp.score, self.tokenizers.tgt_pieces(hyp.ids))
+                            for translation, hyp in zip(decoded, hyps)])
+        return results
+
+    def attention(self, line: str, layer: int = -1, beam_size: int | None = None) -> AttentionMap:
+        """Translate one line and return where decoder layer `layer` (-1: the last) looked (the
+        torch engine's model).
+
+        A line longer than the model allows is truncated with a warning, as in `translate`.
+        """
+        from transformer_mt.decode.evaluation import cross_attention_labels
+
+        self._check_quantize()
+        src_ids = self._encode_src([line.strip()])[0][: self.max_len - 1]  # as the engines cut it
+        hyp_ids = self.engine.translate([src_ids], self.cfg.decode, self._beam(beam_size), False)[0]
+        weights = self.engine.cross_attention(src_ids, hyp_ids, layer)
+        src_pieces, tgt_pieces = cross_attention_labels(
+            self.tokenizers.src_pieces(src_ids), self.tokenizers.tgt_pieces(hyp_ids), EOS, self.max_len)
+        return AttentionMap(weights, src_pieces, tgt_pieces, self.tokenizers.decode_tgt([hyp_ids])[0])
+
+    def _beam(self, beam_size: int | None) -> int:
+        return self.cfg.decode.beam_size if beam_size is None else beam_size
+
+    def _encode_src(self, texts: list[str]) -> list[list[int]]:
+        """Source ids of `texts`, warning about those longer than model.max_len (decoding truncates them)."""
+        src_ids = self.tokenizers.encode_src(texts)
+        too_long = sum(len(ids) >= self.max_len for ids in src_ids)
+        if too_long:
+            logger.warning("%d input(s) longer than model.max_len=%d tokens were truncated", too_long, self.max_len)
+        return src_ids
+
+
+@dataclass(frozen=True)
+class Translation:
+    """One translation of a sentence, with what rescoring needs."""
+
+    text: str
+    score: float  # log-probability (EOS included) / GNMT length penalty ((5 + length) / 6)^α
+    tokens: list[str]  # the target BPE pieces the model produced, without BOS and EOS
+
+
+@dataclass(frozen=True)
+class AttentionMap:
+    """Cross-attention of one translated sentence, ready to plot."""
+
+    weights: torch.Tensor  # (T, S): row t is where the decoder looked while producing target piece t
+    src_pieces: list[str]
+    tgt_pieces: list[str]
+    translation: str
+
+
+def format_translations(lines: list[str], results: list[list[Translation]], *, jsonl: bool, numbered: bool,
+                        scores: bool, first_number: int = 0) -> list[str]:
+    """The output lines of `translate --n-best/--scores/--format` (README: "n-best lists and scores").
+
+    jsonl: one JSON object per source line (source, hypotheses, scores, tokens). Text: one line
+    per translation, TAB-separated: `[<sentence number>]` (from `first_number`, when `numbered`),
+    `[<score>]` (4 decimals, with `scores`), then the translation.
+    """
+    if jsonl:
+        return [json.dumps({"source": line, "hypotheses": [t.text for t in translations],
+                            "scores": [t.score for t in translations], "tokens": [t.tokens for t in translations]},
+                           ensure_ascii=False) for line, translations in zip(lines, results)]
+    outputs = []
+    for number, translations in enumerate(results, start=first_number):
+        for translation in translations:
+            fields = ([str(number)] if numbered else []) + ([f"{translation.score:.4f}"] if scores else [])
+            outputs.append("\t".join(fields + [translation.text]))
+    return outputs
+
+
+def _precision_for(cfg: Config, device: torch.device):
+    """The run's training precision (as validation used it) where this device allows it, else auto."""
+    from transformer_mt.core.runtime import pick_precision
+
+    try:
+        return pick_precision(cfg.train.precision, device)
+    except UsageError:  # e.g. an fp16 run translated on a CPU
+        return pick_precision("auto", device)

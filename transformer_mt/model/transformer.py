@@ -1,0 +1,412 @@
+"""The encoder-decoder Transformer (Vaswani et al. 2017), written for clarity.
+
+One forward pass serves training, validation and translation. Position-wise layers (projections,
+FFN, LayerNorm, dropout) run on the rows of a `Packing`: the real tokens of a batch, (N, D); only
+attention sees the batch as sentences, through `attend`. Translation runs the same layers one
+position at a time on a static key/value cache (`kv_cache.KVCache`), so a step can be captured
+as a CUDA graph.
+
+Masks are boolean and mean **True = may attend / real token**. The model knows nothing of
+tokenizers or data: vocabulary sizes and `pad_id` come in as arguments. Shapes: B batch, S source
+length, T target length, L either, N rows (tokens), D d_model, H heads, Dh head dim, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_mt.config.schema import ModelConfig
+from transformer_mt.model.kv_cache import KVCache, LayerCache
+
+
+def sinusoidal_positions(length: int, d_model: int) -> torch.Tensor:
+    """Fixed sinusoidal position encodings (Vaswani et al. §3.5), shape (length, D), fp32."""
+    position = torch.arange(length, dtype=torch.float32).unsqueeze(1)  # (L, 1)
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(length, d_model)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq[: d_model // 2])
+    return table
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Which positions of a right-padded (B, L) batch are the model's rows, in row-major order.
+
+    `Packing.of` keeps the real tokens only (N = their count), so no layer computes on padding;
+    `Packing.dense` keeps every position (N = B·L), whose shapes depend on B and L alone (a CUDA
+    graph or a compiled step needs that). Rows compute the same values either way.
+    """
+
+    mask: torch.Tensor  # (B, L) bool, True = real token
+    index: torch.Tensor | None  # (N,) long: b·L + l of each row; None: every position is a row
+
+    @classmethod
+    def of(cls, mask: torch.Tensor) -> Packing:
+        """The real tokens of mask (B, L) as rows."""
+        return cls(mask, mask.flatten().nonzero().squeeze(1))
+
+    @classmethod
+    def dense(cls, mask: torch.Tensor) -> Packing:
+        """Every position of mask (B, L) as a row."""
+        return cls(mask, None)
+
+    @property
+    def length(self) -> int:
+        return self.mask.shape[1]
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, L, ...) -> its rows (N, ...)."""
+        flat = x.flatten(0, 1)
+        return flat if self.index is None else flat.index_select(0, self.index)
+
+    def pad(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows (N, C) -> (B, L, C), zeros at the positions that are not rows."""
+        B, L = self.mask.shape
+        if self.index is None:
+            return rows.view(B, L, -1)
+        return rows.new_zeros(B * L, rows.shape[-1]).index_copy(0, self.index, rows).view(B, L, -1)
+
+    def positions(self) -> torch.Tensor:
+        """(N,) long: each row's position in its sentence."""
+        B, L = self.mask.shape
+        if self.index is None:
+            return torch.arange(L, device=self.mask.device).repeat(B)
+        return self.index % L
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, causal: bool,
+           dropout: float) -> torch.Tensor:
+    """softmax(q·kᵀ/√Dh)·v: q (B, H, Tq, Dh) over k, v (B, H, Tk, Dh) -> (B, Tq, H·Dh).
+
+    key_mask (B or 1, Tk) bool or None; `causal` lets query i see keys 0..i (Tq == Tk). SDPA picks
+    its kernel (flash, memory-efficient, math) within `runtime.AttentionKernels`.
+    """
+    B, H, Tq, Dh = q.shape
+    attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Tk)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, dropout_p=dropout)
+    return out.transpose(1, 2).reshape(B, Tq, H * Dh)  # (B, Tq, D)
+
+
+class MultiHeadAttention(nn.Module):
+    """Scaled dot-product attention over H heads (§3.2.2); subclasses project its inputs."""
+
+    def __init__(self, n_heads: int, dropout: float):
+        super().__init__()
+        self.n_heads = n_heads
+        self.dropout = dropout
+
+    def split_heads(self, x: torch.Tensor, parts: int = 1) -> tuple[torch.Tensor, ...]:
+        """x (B, L, parts·D), e.g. fused projections -> `parts` tensors (B, H, L, Dh)."""
+        B, L, PD = x.shape
+        heads = x.view(B, L, parts, self.n_heads, PD // (parts * self.n_heads))  # (B, L, parts, H, Dh)
+        return tuple(t.transpose(1, 2) for t in heads.unbind(2))  # (B, H, L, Dh) each
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
+               causal: bool = False) -> torch.Tensor:
+        """`attend` with this layer's dropout while training -> (B, Tq, D)."""
+        return attend(q, k, v, key_mask, causal, self.dropout if self.training else 0.0)
+
+
+class SelfAttention(MultiHeadAttention):
+    """Attention of a sequence over itself; one (3D, D) projection gives queries, keys and values."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__(n_heads, dropout)
+        self.qkv_proj = linear(d_model, 3 * d_model, blocks=3)  # rows: q, k, v
+        self.out_proj = linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor, packing: Packing, causal: bool = False,
+                cache: LayerCache | None = None) -> torch.Tensor:
+        """Rows x (N, D) attend over their sentences -> (N, D).
+
+        With a cache, each sentence has one new position: its key and value are written into the
+        cache and it attends over every position written so far.
+        """
+        q, k, v = self.split_heads(packing.pad(self.qkv_proj(x)), 3)  # (B, H, L, Dh) each
+        # Target padding sits at the end: under the causal mask no real query sees a pad.
+        key_mask = None if causal else packing.mask
+        if cache is not None:
+            k, v, key_mask = cache.write_self(k, v)  # (B, H, C, Dh), (B, H, C, Dh), (1, C)
+            causal = False
+        return self.out_proj(packing.rows(self.attend(q, k, v, key_mask, causal)))
+
+
+class CrossAttention(MultiHeadAttention):
+    """Attention of target positions over the encoder memory; one (2D, D) projection gives keys and values."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__(n_heads, dropout)
+        self.q_proj = linear(d_model, d_model)
+        self.kv_proj = linear(d_model, 2 * d_model, blocks=2)  # rows: k, v
+        self.out_proj = linear(d_model, d_model)
+
+    def keys_values(self, memory: torch.Tensor, src: Packing) -> tuple[torch.Tensor, torch.Tensor]:
+        """Memory rows (Ns, D) -> keys and values (B, H, S, Dh) each."""
+        k, v = self.split_heads(src.pad(self.kv_proj(memory)), 2)
+        return k, v
+
+    def forward(self, y: torch.Tensor, memory: torch.Tensor | None, tgt: Packing, src: Packing,
+                cache: LayerCache | None = None) -> torch.Tensor:
+        """Target rows y (Nt, D) attend over memory rows (Ns, D), or the cache's keys and values -> (Nt, D)."""
+        (q,) = self.split_heads(tgt.pad(self.q_proj(y)))  # (B, H, T, Dh)
+        k, v = self.keys_values(memory, src) if cache is None else (cache.cross_k, cache.cross_v)
+        return self.out_proj(tgt.rows(self.attend(q, k, v, src.mask)))
+
+    def attention_weights(self, y: torch.Tensor, memory: torch.Tensor, tgt: Packing, src: Packing,
+                          cache: LayerCache | None = None) -> torch.Tensor:
+        """The probabilities `forward` attends with, (B, H, T, S), for inspection and plots
+        (SDPA never materialises them)."""
+        (q,) = self.split_heads(tgt.pad(self.q_proj(y)))  # (B, H, T, Dh)
+        k, _ = self.keys_values(memory, src)  # (B, H, S, Dh)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, S)
+        scores = scores.masked_fill(~src.mask[:, None, None, :], float("-inf"))
+        return scores.float().softmax(dim=-1)
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network (§3.3): Linear -> ReLU -> dropout -> Linear."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float):
+        super().__init__()
+        self.linear1 = linear(d_model, d_ff)
+        self.linear2 = linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear2(self.dropout(F.relu(self.linear1(x))))
+
+
+class Residual(nn.Module):
+    """A sublayer wrapped with dropout, the residual sum and LayerNorm (pre- or post-norm, §5.4)."""
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.pre_norm = pre_norm
+
+    def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
+        if self.pre_norm:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+def attention_dropout(cfg: ModelConfig) -> float:
+    """Dropout on attention probabilities: `model.attention_dropout`, else `model.dropout`."""
+    return cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout
+
+
+def activation_dropout(cfg: ModelConfig) -> float:
+    """Dropout on the FFN's hidden activations: `model.activation_dropout`, else `model.dropout`."""
+    return cfg.dropout if cfg.activation_dropout is None else cfg.activation_dropout
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention over the source, then the feed-forward network (§3.1)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        pre = cfg.norm == "pre"
+        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, attention_dropout(cfg))
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation_dropout(cfg))
+        self.attn_block = Residual(cfg.d_model, cfg.dropout, pre)
+        self.ffn_block = Residual(cfg.d_model, cfg.dropout, pre)
+
+    def forward(self, x: torch.Tensor, src: Packing) -> torch.Tensor:
+        """Source rows x (Ns, D) -> (Ns, D)."""
+        x = self.attn_block(x, lambda h: self.self_attn(h, src))
+        return self.ffn_block(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention to the encoder memory, then the FFN (§3.1)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        pre = cfg.norm == "pre"
+        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, attention_dropout(cfg))
+        self.cross_attn = CrossAttention(cfg.d_model, cfg.n_heads, attention_dropout(cfg))
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation_dropout(cfg))
+        self.self_block = Residual(cfg.d_model, cfg.dropout, pre)
+        self.cross_block = Residual(cfg.d_model, cfg.dropout, pre)
+        self.ffn_block = Residual(cfg.d_model, cfg.dropout, pre)
+
+    def forward(self, y: torch.Tensor, memory: torch.Tensor | None, tgt: Packing, src: Packing,
+                cache: LayerCache | None = None) -> torch.Tensor:
+        """Target rows y (Nt, D) -> (Nt, D); with a cache, one new position per sentence."""
+        y = self.self_block(y, lambda h: self.self_attn(h, tgt, causal=True, cache=cache))
+        y = self.cross_block(y, lambda h: self.cross_attn(h, memory, tgt, src, cache))
+        return self.ffn_block(y, self.ffn)
+
+
+def linear(in_features: int, out_features: int, blocks: int = 1) -> nn.Linear:
+    """An `nn.Linear`; `blocks` > 1 marks a fused layer, several projections of one input stacked
+    along the output rows, which `Transformer` initialises block by block."""
+    layer = nn.Linear(in_features, out_features)
+    layer.blocks = blocks
+    return layer
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer with scaled embeddings and sinusoidal positions."""
+
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int):
+        super().__init__()
+        if cfg.share_embeddings and src_vocab_size != tgt_vocab_size:
+            raise ValueError("share_embeddings needs equal source and target vocabulary sizes")
+        self.cfg = cfg
+        self.pad_id = pad_id
+        self.src_embed = nn.Embedding(src_vocab_size, cfg.d_model, padding_idx=pad_id)
+        self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(
+            tgt_vocab_size, cfg.d_model, padding_idx=pad_id)
+        self.embed_scale = math.sqrt(cfg.d_model)  # §3.4: embeddings are multiplied by sqrt(D)
+        self.register_buffer("positions", sinusoidal_positions(cfg.max_len, cfg.d_model), persistent=False)
+        self.embed_dropout = nn.Dropout(cfg.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
+        # Pre-norm stacks end with a LayerNorm, otherwise the last residual sum is unnormalised.
+        self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
+        self.output_proj = nn.Linear(cfg.d_model, tgt_vocab_size, bias=False)  # (V, D)
+        self._init_weights()
+        if cfg.tie_output:
+            self.output_proj.weight = self.tgt_embed.weight
+
+    def _init_weights(self) -> None:
+        # Xavier-uniform matrices, per block of a fused projection (each starts like a separate
+        # layer); zero biases; embeddings N(0, D^-1/2), which the sqrt(D) scale brings to unit size.
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                for block in module.weight.data.chunk(getattr(module, "blocks", 1), dim=0):
+                    nn.init.xavier_uniform_(block)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        for embed in dict.fromkeys([self.src_embed, self.tgt_embed]):  # once each, in a fixed order
+            nn.init.normal_(embed.weight, mean=0.0, std=self.cfg.d_model ** -0.5)
+            with torch.no_grad():
+                embed.weight[self.pad_id].zero_()
+
+    def check_length(self, length: int) -> None:
+        """Refuse sequences longer than the position table."""
+        if length > self.positions.shape[0]:
+            raise ValueError(f"sequence of {length} tokens exceeds model.max_len={self.positions.shape[0]}")
+
+    def embed(self, embedding: nn.Embedding, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Token ids (N,) at positions (N,) -> scaled embeddings plus position encodings, then dropout (N, D)."""
+        x = embedding(ids) * self.embed_scale + self.positions.index_select(0, positions).to(embedding.weight.dtype)
+        return self.embed_dropout(x)
+
+    def encode(self, src_ids: torch.Tensor, src: Packing) -> torch.Tensor:
+        """src_ids (B, S) long -> memory rows (Ns, D) of the packing `src`."""
+        self.check_length(src.length)
+        x = self.embed(self.src_embed, src.rows(src_ids), src.positions())
+        for layer in self.encoder_layers:
+            x = layer(x, src)
+        return self.encoder_norm(x)
+
+    def decode(self, tgt_ids: torch.Tensor, tgt: Packing, memory: torch.Tensor, src: Packing) -> torch.Tensor:
+        """Teacher forcing: tgt_ids (B, T) long (BOS first) over memory rows (Ns, D) -> final states (Nt, D)."""
+        self.check_length(tgt.length)
+        y = self.embed(self.tgt_embed, tgt.rows(tgt_ids), tgt.positions())
+        for layer in self.decoder_layers:
+            y = layer(y, memory, tgt, src)
+        return self.decoder_norm(y)
+
+    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, pack: bool = True) -> torch.Tensor:
+        """Teacher-forced logits of the target rows: src_ids (B, S), tgt_in_ids (B, T) -> (Nt, V).
+
+        `pack=True`: the rows are the real target tokens (`tgt_in_ids != pad_id`, row-major);
+        False: every position (Nt = B·T), for fixed shapes. The logits take autocast's dtype
+        (a loss computes in fp32 itself), except under fp16, whose range the projection's
+        weight gradient would overflow at GradScaler's loss scales.
+        """
+        packed = Packing.of if pack else Packing.dense
+        src, tgt = packed(src_ids != self.pad_id), packed(tgt_in_ids != self.pad_id)
+        states = self.decode(tgt_in_ids, tgt, self.encode(src_ids, src), src)  # (Nt, D)
+        device_type = src_ids.device.type
+        if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.float16:
+            return self.logits(states)
+        return self.output_proj(states)
+
+    def logits(self, states: torch.Tensor) -> torch.Tensor:
+        """Decoder states (N, D) -> fp32 logits (N, V), even under autocast: decoding ranks tokens
+        by them, and bf16's 8 mantissa bits would tie or swap close candidates."""
+        with torch.autocast(device_type=states.device.type, enabled=False):
+            return self.output_proj(states.float())
+
+    def new_cache(self, src_ids: torch.Tensor, capacity: int, rows_per_sentence: int = 1) -> KVCache:
+        """Encode src_ids (B, S) (every position, no host sync) into a cache for decoding up to
+        `capacity` target positions, with `rows_per_sentence` neighbouring rows per sentence
+        (beams or samples), R = B·rows_per_sentence."""
+        self.check_length(capacity)
+        src = Packing.dense(src_ids != self.pad_id)
+        memory = self.encode(src_ids, src)  # (B·S, D)
+        cross = [layer.cross_attn.keys_values(memory, src) for layer in self.decoder_layers]  # (B, H, S, Dh) each
+        return KVCache.start(cross, src.mask, capacity, rows_per_sentence)
+
+    def decode_step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """One incremental decoding step: the input tokens (R,) long at position `cache.position`
+        -> fp32 logits (R, V) of the next token. Writes that position's keys and values."""
+        position = cache.position.expand(tokens.shape[0])  # (R,)
+        y = self.embed(self.tgt_embed, tokens, position)  # (R, D)
+        tgt, src = Packing.dense(cache.new_positions), Packing.dense(cache.src_mask)  # one position per row
+        for i, layer in enumerate(self.decoder_layers):
+            y = layer(y, None, tgt, src, cache.layer(i))
+        return self.logits(self.decoder_norm(y))
+
+    @torch.no_grad()
+    def cross_attention(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, layer: int = -1) -> torch.Tensor:
+        """Cross-attention probabilities of decoder layer `layer` under teacher forcing, (B, H, T, S).
+
+        Row t is where the decoder looks when predicting target token t (`tgt_in_ids` shifted).
+        """
+        captured = []
+        attention = self.decoder_layers[layer].cross_attn
+        hook = attention.register_forward_hook(
+            lambda module, args, output: captured.append(module.attention_weights(*args)))
+        try:
+            self(src_ids, tgt_in_ids, pack=False)
+        finally:
+            hook.remove()
+        return captured[0]
+
+    def num_parameters(self) -> int:
+        """Trainable parameters, counting tied weights once."""
+        return sum(p.numel() for p in self.parameters())
+
+    def train_flops(self, src_lengths: Sequence[int] | np.ndarray, tgt_lengths: Sequence[int] | np.ndarray) -> float:
+        """Model FLOPs of one training step (forward + backward) over real tokens, padding excluded.
+
+        `src_lengths` / `tgt_lengths`: tokens per sentence including EOS (source) and BOS/EOS
+        (target). With D = d_model, F = d_ff, Le and Ld the encoder's and the decoder's layers,
+        V = target vocabulary, S and T a sentence's lengths, and 6 FLOPs per parameter per token
+        for a matmul's forward and backward:
+
+        - encoder layers, per source token: 6 · Le · (4D² + 2DF)
+        - decoder layers, per target token: 6 · Ld · (6D² + 2DF)  (self q, k, v, out; cross q, out; FFN)
+        - cross-attention keys and values, per source token: 6 · Ld · 2D²
+        - output projection, per target token: 6 · D · V
+        - attention scores and weighted sums, per sentence: 12 · D · (Le·S² + Ld·(T² + T·S))
+          (the causal square counted whole, as PaLM's MFU does)
+
+        Embeddings, LayerNorms, softmax and the loss are left out (not matmuls).
+        """
+        D, F, V = self.cfg.d_model, self.cfg.d_ff, self.output_proj.weight.shape[0]
+        Le, Ld = len(self.encoder_layers), len(self.decoder_layers)
+        S = np.asarray(src_lengths, dtype=np.float64)
+        T = np.asarray(tgt_lengths, dtype=np.float64)
+        src_tokens, tgt_tokens = S.sum(), T.sum()
+        encoder = 6 * Le * (4 * D * D + 2 * D * F) * src_tokens
+        decoder = 6 * Ld * (6 * D * D + 2 * D * F) * tgt_tokens
+        cross_kv = 6 * Ld * 2 * D * D * src_tokens
+        output = 6 * D * V * tgt_tokens
+        attention = 12 * D * float(Le * (S * S).sum() + Ld * ((T * T).sum() + (T * S).sum()))
+        return float(encoder + decoder + cross_kv + output + attention)

@@ -1,0 +1,269 @@
+"""Checkpoints on disk: atomic save, keep-last-k step files, `best.pt`, find the newest.
+
+A checkpoint is one dict of tensors and plain containers (loadable with `weights_only=True`)
+with fixed keys: model, optimizer, scheduler, scaler, train_state, sampler, rng, config,
+model_args, tokenizers (a fingerprint; absent from older checkpoints), format_version, and
+`ema` when the run keeps an EMA of its weights (`ema.WeightEMA.state_dict`). Every
+reader goes through `load_checkpoint`, which refuses any format but `FORMAT_VERSION`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import zipfile
+from pathlib import Path
+
+import torch
+
+from transformer_mt.config.schema import comparable_depths, with_defaults
+from transformer_mt.core.errors import CheckpointError
+from transformer_mt.core.files import describe_os_error, write_atomic
+from transformer_mt.runs.run_files import BEST_NAME, checkpoint_steps, step_file_name
+
+logger = logging.getLogger(__name__)
+
+# 2: `nn.Linear` weights (out, in) named `weight`. 1: the same matrices stored (in, out) as `kernel`.
+FORMAT_VERSION = 2
+REQUIRED_KEYS = ("model", "config", "model_args", "format_version")
+
+
+def translation_weights(state: dict) -> tuple[dict, str]:
+    """The weights to translate with from a loaded checkpoint, and which they are: its EMA's
+    (`"ema"`, `train.ema_decay`) when it has them, else its trained weights (`"model"`)."""
+    ema = state.get("ema")
+    if ema:
+        return ema["model"], "ema"
+    return state["model"], "model"
+
+
+def check_tokenizers(state: dict, fingerprint: str, path: Path, run_dir: Path) -> None:
+    """Refuse a checkpoint trained with other tokenizers than the run's (`TokenizerPair.fingerprint`),
+    say one copied from another run: its ids would mean other pieces, and its translations be
+    garbage. Checkpoints from before the fingerprint was saved pass."""
+    saved = state.get("tokenizers")
+    if saved is not None and saved != fingerprint:
+        raise CheckpointError(f"{path} was trained with other tokenizers than those of {run_dir} (a checkpoint of "
+                              "another run?); use it with its own run directory")
+
+
+def check_vocabulary(model_args: dict, src_size: int, tgt_size: int, run_dir: Path) -> None:
+    """Refuse tokenizers whose vocabulary sizes (`src_size`, `tgt_size`) are not the checkpoint's."""
+    if src_size != model_args["src_vocab_size"] or tgt_size != model_args["tgt_vocab_size"]:
+        raise CheckpointError(f"{run_dir}: the tokenizer files do not match the checkpoint's vocabulary sizes")
+
+
+def save_atomic(state: dict, path: Path) -> None:
+    """Write `state` to a temp file beside `path`, fsync it, then rename it over `path`.
+
+    A crash at any moment leaves either the old file or the new one, never a torn file. The
+    temp file has a name of its own (`files.write_atomic`): `tmt average --output` writes beside
+    the user's files, and never into one of theirs.
+    """
+    sink: _KeepWriteError | None = None
+
+    def write(handle) -> None:
+        nonlocal sink
+        sink = _KeepWriteError(handle)
+        torch.save(state, sink)
+
+    try:
+        write_atomic(path, write)
+    except (OSError, RuntimeError) as err:
+        err = sink.error if sink is not None and sink.error is not None else err
+        if not isinstance(err, OSError):
+            raise
+        raise CheckpointError(f"could not write checkpoint {describe_os_error(err, path)}; "
+                              "earlier checkpoints are intact") from None
+
+
+class _KeepWriteError:
+    """The file object torch.save writes to, keeping the OSError a write raised: torch's zip
+    writer reports it as `RuntimeError: [enforce fail at inline_container.cc] unexpected pos`,
+    which names neither the file nor the cause (a full disk, say)."""
+
+    def __init__(self, handle):
+        self.handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self.handle.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self.handle, name)
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict:
+    """Load and sanity-check a checkpoint written by `save_atomic`."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    if path.stat().st_size == 0:  # torch would only say EOFError
+        raise CheckpointError(f"{path}: not a readable checkpoint: the file is empty")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as err:  # torch raises many types for truncated or foreign files
+        # torch's weights-only refusal suggests weights_only=False, which would run code from the
+        # file: not advice to pass on. Other errors: their first sentence, which is what they say
+        # (a truncated file: "... failed finding central directory", then torch's own guesses).
+        # The weights-only unpickler also fails on the first bytes of a file torch never wrote.
+        text = str(err).strip()
+        if "Weights only load failed" in text:
+            detail = ("it holds objects other than tensors and plain containers" if _is_torch_save_file(path)
+                      else "it is not a PyTorch file: neither a zip archive nor torch's legacy format")
+        else:
+            detail = (re.split(r"\.\s+(?=[A-Z])", text.splitlines()[0], maxsplit=1)[0][:200] if text
+                      else type(err).__name__)
+        raise CheckpointError(f"{path}: not a readable checkpoint, perhaps truncated, corrupt or not a tmt "
+                              f"checkpoint ({detail})") from None
+    if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
+        raise CheckpointError(f"{path}: not a tmt checkpoint (missing keys)")
+    if state["format_version"] != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format version {state['format_version']!r} is not supported "
+                              f"by this tmt (expects {FORMAT_VERSION})")
+    return state
+
+
+# torch.save writes a zip archive (PyTorch >= 1.6), or in its legacy format a pickle stream that
+# opens with torch.serialization.MAGIC_NUMBER as a LONG1 opcode (0x8a, 10 bytes, little-endian).
+_LEGACY_TORCH_MAGIC = b"\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
+
+
+def _is_torch_save_file(path: Path) -> bool:
+    """True when `path` is in one of torch.save's formats (a zip archive, or the legacy pickle)."""
+    if zipfile.is_zipfile(path):
+        return True
+    with open(path, "rb") as handle:
+        return _LEGACY_TORCH_MAGIC in handle.read(32)  # after the PROTO (and, from protocol 4, FRAME) opcode
+
+
+class CheckpointDir:
+    """The `checkpoints/` folder of a run: `step_00001000.pt` files plus `best.pt`."""
+
+    def __init__(self, directory: Path, keep_last: int):
+        self.directory = directory
+        self.keep_last = keep_last
+
+    def step_path(self, step: int) -> Path:
+        return self.directory / step_file_name(step)
+
+    @property
+    def best_path(self) -> Path:
+        return self.directory / BEST_NAME
+
+    def steps(self) -> list[int]:
+        """Steps of the step checkpoints on disk, ascending."""
+        return checkpoint_steps(self.directory)
+
+    def latest(self) -> Path | None:
+        """The step checkpoint with the highest step, or None."""
+        steps = self.steps()
+        return self.step_path(steps[-1]) if steps else None
+
+    def save(self, state: dict, step: int, *, is_best: bool) -> None:
+        """Write the step checkpoint, make it `best.pt` too when `is_best`, then delete step files
+        beyond `keep_last`."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        save_atomic(state, self.step_path(step))
+        logger.info("saved checkpoint %s", self.step_path(step))
+        if is_best:
+            self.copy_to_best(self.step_path(step))
+            logger.info("new best checkpoint at step %d", step)
+        for old in self.steps()[: -self.keep_last]:
+            self.step_path(old).unlink(missing_ok=True)
+
+    def set_aside(self, path: Path, why: str) -> None:
+        """Rename a checkpoint that training cannot go on from to `<name>.skipped` (`.skipped.1`, ...
+        if taken), out of `steps()`, so that keep-last pruning and averaging no longer count it;
+        nothing is deleted. `why` ends the warning that says so.
+
+        Such a file has a higher step than the one training resumed from: left in place, it
+        would outrank the checkpoints written from then on and get them pruned in its stead.
+        `best.pt`, when it is the same file (a hard link), goes aside with it.
+        """
+        best = self.best_path
+        if path != best and best.is_file() and os.path.samefile(path, best):
+            self.set_aside(best, f"it is {path.name}")
+        aside, n = path.with_name(f"{path.name}.skipped"), 0
+        while aside.exists():
+            n += 1
+            aside = path.with_name(f"{path.name}.skipped.{n}")
+        os.replace(path, aside)
+        logger.warning("moved %s aside to %s: %s", path, aside.name, why)
+
+    def remove_temp_files(self) -> None:
+        """Delete the half-written `.<name>.tmp` files a crash during a save leaves behind."""
+        for tmp in self.directory.glob(".*.tmp"):
+            if tmp.is_file():
+                logger.info("removing %s, left by an interrupted save", tmp)
+                tmp.unlink(missing_ok=True)
+
+    def copy_to_best(self, source: Path) -> None:
+        """Make `best.pt` a copy of `source` (a hard link where possible), atomically."""
+        target = self.best_path
+        if target.is_file() and os.path.samefile(source, target):
+            return  # already linked (renaming a link over itself would leave the temp link behind)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            try:
+                os.link(source, tmp)  # same bytes, no second write
+            except OSError:  # no hard links here: a copy, on disk before it replaces best.pt
+                shutil.copyfile(source, tmp)
+                with open(tmp, "rb") as handle:
+                    os.fsync(handle.fileno())
+            os.replace(tmp, target)
+        except OSError as err:
+            tmp.unlink(missing_ok=True)
+            raise CheckpointError(f"{target}: could not write checkpoint ({err.strerror or err})") from None
+
+
+def average_checkpoints(paths: list[Path]) -> dict:
+    """A checkpoint whose weights are the element-wise mean of `paths`' (the newest gives the rest).
+
+    Averaging the last few checkpoints of a run is a cheap, standard gain in BLEU (Vaswani et al.
+    2017 §6.1 average the last 5 or 20). The result has no optimizer state: it is for
+    translating and evaluating, not for resuming.
+    """
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    newest = load_checkpoint(paths[-1])
+    total = {name: tensor.double() if tensor.is_floating_point() else tensor
+             for name, tensor in newest["model"].items()}
+    for path in paths[:-1]:
+        state = load_checkpoint(path)
+        fingerprints = {state.get("tokenizers"), newest.get("tokenizers")} - {None}  # None: saved before them
+        if state["model_args"] != newest["model_args"] or _model_settings(state) != _model_settings(newest) \
+                or len(fingerprints) > 1:
+            raise CheckpointError(f"{path}: a different model from {paths[-1].name}; only checkpoints of one "
+                                  "run can be averaged")
+        for name, tensor in state["model"].items():
+            if tensor.is_floating_point():
+                total[name] += tensor.double()
+    model = {name: (tensor / len(paths)).to(newest["model"][name].dtype) if tensor.is_floating_point() else tensor
+             for name, tensor in total.items()}
+    return {"model": model, "config": newest["config"], "model_args": newest["model_args"],
+            **({"tokenizers": newest["tokenizers"]} if newest.get("tokenizers") else {}),
+            "format_version": FORMAT_VERSION, "train_state": newest.get("train_state", {}),
+            "averaged_from": [path.name for path in paths]}
+
+
+def _model_settings(state: dict) -> dict:
+    """A checkpoint's model settings as a resume compares them: keys added to tmt since it was saved
+    at their defaults, and depths as the layers they give (`n_layers: 4` = 4 encoder + 4 decoder
+    layers), so that the checkpoints of a run resumed across either change still average."""
+    return comparable_depths(with_defaults(state["config"]))["model"]
+
+
+def is_average_checkpoint(path: Path) -> bool:
+    """True when `path` is a checkpoint that `average_checkpoints` made (it lists `averaged_from`),
+    the only kind of existing file that `tmt average` may replace."""
+    try:
+        return "averaged_from" in load_checkpoint(path)
+    except CheckpointError:  # missing, not a checkpoint, or unreadable: someone else's file
+        return False

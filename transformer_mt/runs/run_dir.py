@@ -1,0 +1,183 @@
+"""A run directory's life cycle: create it without clobbering anything, and check that a resume
+keeps the settings that define the run's weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from transformer_mt.config.loading import load_config, read_saved_config
+from transformer_mt.config.schema import Config, comparable_depths, config_to_dict, with_defaults
+from transformer_mt.core.errors import CheckpointError, ConfigError, TmtError, UsageError
+from transformer_mt.core.files import temp_file_target
+from transformer_mt.core.run_layout import RunDir
+from transformer_mt.data.tokenization import TokenizerPair
+from transformer_mt.runs.checkpoint import CheckpointDir
+from transformer_mt.runs.init_from import parent_paths
+from transformer_mt.runs.lock import RunLock
+
+# Sections that define what a checkpoint's weights mean; they may not change on resume.
+FROZEN_ON_RESUME = ("seed", "data", "tokenizer", "model")
+CHANGEABLE_ON_RESUME = ("data.num_proc",)  # how fast the cache is filled, not what it holds
+
+MARKER = RunDir.MARKER
+
+
+def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, init_from: str | None = None) -> RunLock:
+    """Create (or claim) the run directory, refusing to clobber a run or anything tmt did not
+    write; return its lock (`runs.lock`), held until released or until this process ends.
+
+    A directory another process writes (its lock is held) is refused, naming that process.
+    Without `overwrite`, a non-empty directory is reused only when tmt marked it (`MARKER`) and
+    its earlier start failed, or was killed, before its first checkpoint; a run that finished
+    (test scores, or a summary saying so) is kept even if its checkpoints were removed. With
+    `overwrite`, a directory is emptied only when it is marked or holds checkpoints (a run from
+    before the marker existed).
+
+    `init_from` (`train.init_from` of a new run) must name another run: starting over in the
+    parent's own directory would delete the weights the new run starts from.
+    """
+    if resume and overwrite:
+        raise UsageError("--resume and --overwrite contradict each other; pick one")
+    if init_from and not resume:
+        parent_dir = parent_paths(init_from)[0]  # a bad path: one line, before anything is created
+        if run_dir.is_dir() and os.path.samefile(parent_dir, run_dir):
+            raise UsageError(f"{run_dir} is the run train.init_from starts from; train the new run in another "
+                             "--run-dir")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"{run_dir} exists and is not a directory")
+    RunLock.check_free(run_dir)  # a writer there first: name it rather than what it wrote
+    _check_claimable(run_dir, resume=resume, overwrite=overwrite)  # before creating anything in it
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot create the run directory {run_dir} ({err.strerror or err})") from None
+    lock = RunLock.acquire(run_dir, "tmt train --resume" if resume else "tmt train")
+    try:
+        # Again under the lock: another start may have claimed the directory since the check above.
+        entries = _check_claimable(run_dir, resume=resume, overwrite=overwrite)
+        if not resume:
+            _clear(run_dir, entries)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _check_claimable(run_dir: Path, *, resume: bool, overwrite: bool) -> list[str]:
+    """Refuse a run directory that `prepare_run_dir` may not claim; return its entries (less the lock file)."""
+    checkpoints = CheckpointDir(RunDir(run_dir).checkpoints, 1)
+    has_checkpoints = checkpoints.latest() is not None or checkpoints.best_path.is_file()
+    if resume:
+        if checkpoints.latest() is None:
+            raise CheckpointError(f"{run_dir}: no checkpoint to resume from (start without --resume)")
+        return []
+    entries = sorted(p.name for p in run_dir.iterdir() if p.name != RunDir.LOCK) if run_dir.is_dir() else []
+    # What tmt writes there, and the temp files a write killed midway leaves (`files.temp_file_target`).
+    foreign = [name for name in entries if name not in RunDir.ENTRIES and temp_file_target(name) not in RunDir.ENTRIES]
+    if foreign:
+        # An export or an average written into the run is the user's to keep: never deleted, named
+        raise UsageError(f"{run_dir} holds files that are not part of a tmt run ({_names(foreign)}), which "
+                         "tmt never deletes: move them out of it, or pick another --run-dir")
+    marked = MARKER in entries
+    if entries and not marked and not has_checkpoints:
+        raise UsageError(f"{run_dir} holds {_names(entries)}, which tmt did not write there (no {MARKER} marker); "
+                         "pick another --run-dir or move them away")
+    if has_checkpoints and not overwrite:
+        raise UsageError(f"{run_dir} already holds a trained run: use --resume to continue it, "
+                         "--overwrite to start over, or --run-dir to train elsewhere")
+    results = _finished_run_results(run_dir, entries)
+    if results and not overwrite:
+        raise UsageError(f"{run_dir} holds a finished run ({_names(results)}) without checkpoints: use --overwrite "
+                         "to delete it and start over, or --run-dir to train elsewhere")
+    return entries
+
+
+def _clear(run_dir: Path, entries: list[str]) -> None:
+    """Delete an earlier run (--overwrite) or the leftovers of a start that ended early, keeping
+    the lock file (held by this process), and mark the directory as tmt's."""
+    for name in entries:
+        path = run_dir / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    try:
+        RunDir(run_dir).marker.write_text("a run directory made by tmt train\n", encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"cannot create the run directory {run_dir} ({err.strerror or err})") from None
+
+
+def _finished_run_results(run_dir: Path, entries: list[str]) -> list[str]:
+    """The entries that show a run trained to its end: its test scores, a summary that says so."""
+    found = [RunDir.EVALUATION] if RunDir.EVALUATION in entries else []
+    if RunDir.SUMMARY in entries:
+        try:
+            status = json.loads(RunDir(run_dir).summary.read_text(encoding="utf-8")).get("status")
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            status = None  # unreadable: a write cut short, so not a finished run
+        if status in ("finished", "stopped early"):
+            found.append(RunDir.SUMMARY)
+    return found
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+
+
+def check_saved_config(cfg: Config, run_dir: Path) -> None:
+    """Refuse a resume whose model, vocabulary or data settings differ from the run's `config.yaml`.
+
+    The checkpoint's own config is checked again in `train.state.RunCheckpoint.resume`; this
+    earlier check spares preparing a large corpus for a run that cannot continue. A key added to
+    tmt after the run started counts at its default, as the run ran with it. A missing or
+    unreadable file is left to that later check.
+    """
+    path = RunDir(run_dir).config
+    if (saved := read_saved_config(path)) is not None:
+        resume_config_changes(with_defaults(saved), config_to_dict(cfg), path)
+
+
+def resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:
+    """The settings that differ from the checkpoint's (or `config.yaml`'s), as `key: old -> new` lines.
+
+    Raises `ConfigError` listing them when any defines the model, vocabulary or data
+    (`FROZEN_ON_RESUME`, less `CHANGEABLE_ON_RESUME`); changes to train.* and decode.* are
+    allowed and returned.
+    """
+    saved, current = comparable_depths(saved), comparable_depths(current)  # n_layers: 4 = encoder 4 + decoder 4
+    frozen, allowed = [], []
+    for section in sorted(set(saved) | set(current)):
+        before, after = saved.get(section), current.get(section)
+        if isinstance(before, dict) and isinstance(after, dict):
+            keys = [(f"{section}.{key}", before.get(key), after.get(key)) for key in sorted(set(before) | set(after))]
+        else:
+            keys = [(section, before, after)]
+        for key, old, new in keys:
+            if old != new:
+                frozen_key = section in FROZEN_ON_RESUME and key not in CHANGEABLE_ON_RESUME
+                (frozen if frozen_key else allowed).append(f"{key}: {old!r} -> {new!r}")
+    if frozen:
+        raise ConfigError([f"cannot resume from {path.name}: these settings differ from the run's "
+                           "(only train.*, decode.* and data.num_proc may change)"] + frozen)
+    return allowed
+
+
+def same_data_settings(cfg: Config, run_dir: Path) -> bool:
+    """True when `run_dir` holds a run made with the seed, data and tokenizer settings of `cfg`
+    (`tmt data` then reports on that run's tokenizers and carved split)."""
+    return data_settings_problem(cfg, run_dir) is None
+
+
+def data_settings_problem(cfg: Config, run_dir: Path) -> str | None:
+    """Why `run_dir`'s tokenizers and split cannot stand for `cfg`'s, or None when they can."""
+    if not RunDir(run_dir).config.is_file() or not TokenizerPair.exists_in(run_dir):
+        return "it holds no run's config.yaml and tokenizers"
+    try:
+        saved = config_to_dict(load_config(RunDir(run_dir).config))
+    except TmtError:
+        return "its config.yaml cannot be read"  # train fresh tokenizers rather than guess
+    current = config_to_dict(cfg)
+    differ = ["seed"] if saved["seed"] != current["seed"] else []
+    differ += [f"{section}.{key}" for section in ("data", "tokenizer") for key in current[section]
+               if saved[section].get(key) != current[section][key]]
+    return f"its settings differ ({', '.join(differ)})" if differ else None

@@ -1,0 +1,131 @@
+"""What a training run needs before its first step: the corpus, the tokenizers, the token caches
+and the data report, prepared once in the run directory."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from transformer_mt.config.schema import Config, TrainConfig
+from transformer_mt.core.errors import TmtError, missing_from_rank0
+from transformer_mt.core.run_layout import JOINT_FILE, SRC_FILE, TGT_FILE, RunDir
+from transformer_mt.core.runtime import pick_device
+from transformer_mt.data import corpus as data_module
+from transformer_mt.data.report import DataReport, build_report
+from transformer_mt.data.token_cache import TokenizedSplit, processes_for, tokenize_split
+from transformer_mt.data.tokenization import TokenizerPair, train_tokenizers
+from transformer_mt.data.training_split import tokenize_training_split
+from transformer_mt.runs.init_from import copy_tokenizers
+from transformer_mt.runs.run_dir import same_data_settings
+from transformer_mt.train.batch_budget import resolve_batch_tokens
+
+logger = logging.getLogger(__name__)
+
+
+def batch_padding(train_cfg: TrainConfig, device_type: str) -> int:
+    """The multiple that batch lengths are padded to: `train.pad_to_multiple` on CUDA or under
+    compile, else 1. Tensor cores and compile's bound on distinct shapes are what it is for; on a
+    CPU it only costs time (docs/benchmarks.md, "cpu-small preset, CPU": pad_to_multiple 8 costs on a CPU)."""
+    return train_cfg.pad_to_multiple if device_type == "cuda" or train_cfg.compile else 1
+
+
+def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size: int = 1, pad_to_multiple: int = 1,
+                 prepared: bool = False) -> tuple[TokenizerPair, TokenizedSplit, TokenizedSplit, DataReport | None]:
+    """Load the corpus, train (or reuse, or copy from `train.init_from`) the tokenizers, tokenize the train and valid splits once
+    (cached in the run directory, see `token_cache`), and log the data report (batches counted
+    with lengths padded to `pad_to_multiple`, see `batch_padding`).
+
+    `prepared`: rank 0 of a torchrun run has just done all this in `run_dir`; only read what it
+    wrote (the other ranks), so that every rank trains on the same data and none writes there.
+    The data report is then None: rank 0 made it."""
+    corpus = data_module.load_corpus(cfg.data, cfg.seed, run_dir, prepared=prepared)
+    if TokenizerPair.exists_in(run_dir):
+        tokenizers = TokenizerPair.load(run_dir)
+        logger.info("reusing the tokenizers in %s", run_dir)
+    elif prepared:
+        raise missing_from_rank0(tokenizer_file(cfg, run_dir))
+    elif cfg.train.init_from:  # a new run from another's weights: that run's vocabulary
+        tokenizers = copy_tokenizers(cfg.train.init_from, run_dir)
+        logger.info("copied the tokenizers of %s (train.init_from)", cfg.train.init_from)
+    else:
+        started = time.perf_counter()
+        rows = data_module.sample_rows(len(corpus.train), cfg.tokenizer.max_train_pairs, cfg.seed)
+        if rows is not None:
+            logger.info("training the tokenizers on %d of the %d training pairs (tokenizer.max_train_pairs)",
+                        len(rows), len(corpus.train))
+        tokenizers = train_tokenizers(cfg.tokenizer, data_module.iter_text(corpus.train, "src", rows),
+                                      data_module.iter_text(corpus.train, "tgt", rows), progress,
+                                      n_lines=len(corpus.train) if rows is None else len(rows))
+        tokenizers.save(run_dir)
+        logger.info("trained BPE tokenizers (vocabulary %d%s) in %.1fs", tokenizers.src.get_vocab_size(),
+                    ", joint" if tokenizers.joint else "", time.perf_counter() - started)
+    cache = RunDir(run_dir).token_cache
+    # Every corpus's pairs, and with tokenizer.bpe_dropout their cached dropout segmentations.
+    train = tokenize_training_split(cfg, corpus, tokenizers, cache, progress=progress, prepared=prepared)
+    # Evaluation sets are never filtered; their over-long sentences are truncated instead.
+    valid = tokenize_split(corpus.valid, corpus.digests["valid"], tokenizers, cfg.model.max_len, cache, "valid",
+                           drop_long=False, keep_text=True, num_proc=processes_for(len(corpus.valid), cfg.data.num_proc),
+                           progress=progress, prepared=prepared)
+    if prepared:
+        return tokenizers, train, valid, None  # rank 0 reports the data (a pass over all of train)
+    report = build_report(cfg, corpus, tokenizers, train, world_size, pad_to_multiple)
+    logger.info("data report:\n%s", report.render())
+    return tokenizers, train, valid, report
+
+
+def tokenizer_file(cfg: Config, run_dir: Path) -> Path:
+    """The tokenizer file a run of `cfg` writes first (its joint one, else the source one)."""
+    return RunDir(run_dir).tokenizer_file(cfg.tokenizer.joint)
+
+
+def _copy_first_segmentation(run_dir: Path, scratch: Path) -> None:
+    """Copy the run's cached BPE-dropout segmentation of the first epoch (variant 1 of each corpus)
+    into `scratch`: dropout encoding is not seeded, so drawing it again would report other lengths
+    than the run trains on. A copy, not a link: nothing `tmt data` does may write into the run."""
+    for entry in sorted(RunDir(run_dir).token_cache.glob("train*.v1-*")):
+        if entry.is_dir():
+            shutil.copytree(entry, RunDir(scratch).token_cache / entry.name)
+
+
+def preview_report(cfg: Config, run_dir: Path, progress: bool) -> tuple[DataReport, list[str], bool]:
+    """`tmt data`: the data report of `cfg` prepared in a temporary folder, leaving no file behind
+    -> (report, notes for the user, whether `run_dir`'s tokenizers were used).
+
+    An existing run's tokenizers, carved split (`splits.json`) and first BPE-dropout segmentation
+    are copied there first when the run was made from the same seed, data and tokenizer settings,
+    so the report describes that run.
+    """
+    notes = []
+    reuse = same_data_settings(cfg, run_dir)
+    with tempfile.TemporaryDirectory(prefix="tmt-data-") as scratch:
+        if reuse:
+            for name in (RunDir.SPLITS, JOINT_FILE, SRC_FILE, TGT_FILE):
+                if (run_dir / name).is_file():
+                    shutil.copyfile(run_dir / name, Path(scratch) / name)
+            _copy_first_segmentation(run_dir, Path(scratch))
+        device_type = cfg.train.device if cfg.train.device != "auto" else pick_device().type
+        if cfg.train.batch_tokens == "auto" and device_type == "cuda" and not torch.cuda.is_available():
+            notes.append("train.batch_tokens auto: batches counted at 4,096 tokens here, as on a CPU; on a GPU "
+                         "the budget is sized for its memory")
+        here = torch.device(device_type if device_type != "cuda" or torch.cuda.is_available() else "cpu")
+        cfg, budget_note = resolve_batch_tokens(cfg, here)
+        notes += [budget_note] if budget_note else []
+        # The report describes the first epoch and the first BPE-dropout segmentation: drawing the
+        # other ones here would only cost time.
+        variants = cfg.tokenizer.bpe_dropout_variants
+        report_cfg = dataclasses.replace(cfg, tokenizer=dataclasses.replace(cfg.tokenizer, bpe_dropout_variants=1))
+        try:
+            *_, report = prepare_data(report_cfg, Path(scratch), progress=progress,
+                                      pad_to_multiple=batch_padding(cfg.train, device_type))
+        except TmtError as err:  # name the run's file (a damaged splits.json, say), not its scratch copy
+            err.args = tuple(str(arg).replace(scratch, str(run_dir)) for arg in err.args)
+            raise
+    if report.bpe_dropout is not None:
+        report = dataclasses.replace(report, bpe_dropout=(report.bpe_dropout[0], variants, *report.bpe_dropout[2:]))
+    return report, notes, reuse

@@ -1,0 +1,245 @@
+"""Evaluation inside a training run: validation (loss, greedy BLEU/chrF, examples, attention
+pictures in TensorBoard) and the final test of the best or averaged weights (and of the EMA's,
+to compare them, when the run keeps both)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.tensorboard import SummaryWriter
+
+from transformer_mt.config.schema import Config, config_to_dict
+from transformer_mt.core.distributed import Distributed, interleave
+from transformer_mt.core.files import lines_to_text, write_text_atomic
+from transformer_mt.core.run_layout import RunDir
+from transformer_mt.core.runtime import AttentionKernels, Precision
+from transformer_mt.data import corpus as data_module
+from transformer_mt.data.batching import sorted_batches
+from transformer_mt.data.token_cache import TokenizedSplit
+from transformer_mt.data.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair
+from transformer_mt.decode.evaluation import Scores, cross_attention_labels, cross_attention_map, score, translate_ids
+from transformer_mt.decode.plotting import attention_figure
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.runs.checkpoint import (
+    CheckpointDir,
+    average_checkpoints,
+    load_checkpoint,
+    save_atomic,
+    translation_weights,
+)
+from transformer_mt.train.loss import label_smoothed_loss
+
+logger = logging.getLogger(__name__)
+
+class Evaluator:
+    """Validates the model during training and tests it at the end; writes what it measures to
+    TensorBoard, `validation/` and `evaluation/` (rank 0).
+
+    `model` is the one validated: the trained model, or the EMA of its weights (`ema`,
+    `train.ema_decay`), whose validation BLEU then picks `best.pt`, as Marian's
+    `--exponential-smoothing` validates and saves the smoothed weights."""
+
+    def __init__(self, cfg: Config, run_dir: Path, *, model: Transformer, tokenizers: TokenizerPair,
+                 valid_data: TokenizedSplit, checkpoints: CheckpointDir, device: torch.device, precision: Precision,
+                 attention: AttentionKernels, dist: Distributed, pad_to_multiple: int, progress: bool,
+                 ema: bool = False):
+        self.cfg = cfg
+        self.ema = ema
+        self.run_dir = run_dir
+        self.paths = RunDir(run_dir)
+        self.model = model
+        self.tokenizers = tokenizers
+        self.valid_data = valid_data
+        self.checkpoints = checkpoints
+        self.device = device
+        self.precision = precision
+        self.attention = attention  # training's kernels: the validation loss has training shapes
+        self.dist = dist
+        self.pad_to_multiple = pad_to_multiple
+        self.progress = progress
+        self.valid_subset = self._pick_valid_subset()
+
+    def _pick_valid_subset(self) -> list[int]:
+        n = len(self.valid_data)
+        limit = self.cfg.train.eval_max_sentences
+        if limit == 0 or limit >= n:
+            return list(range(n))
+        gen = torch.Generator().manual_seed(self.cfg.seed)
+        return sorted(torch.randperm(n, generator=gen)[:limit].tolist())
+
+    # --- validation ----------------------------------------------------------------------
+    @torch.no_grad()
+    def validation_loss(self) -> float:
+        """Mean per-token negative log-likelihood (no smoothing) over the whole validation split."""
+        self.model.eval()
+        total, tokens = torch.zeros((), device=self.device), 0
+        batches = sorted_batches(self.valid_data.lengths(self.pad_to_multiple), self.cfg.train.batch_tokens)
+        for indices in batches[self.dist.rank::self.dist.world_size]:  # each rank its share
+            batch = self.valid_data.batch(indices, self.pad_to_multiple).to(self.device)
+            with self.precision.autocast(), self.attention.enabled():
+                logits = self.model(batch.src_ids, batch.tgt_in_ids)  # (Nt, V) at the real target tokens
+            total += label_smoothed_loss(logits, batch.tgt_out_ids[batch.tgt_in_ids != PAD_ID], PAD_ID, 0.0)
+            tokens += batch.n_tgt_tokens
+        loss_sum, tokens = self.dist.sum_(torch.stack([total, total.new_tensor(tokens)])).tolist()
+        return loss_sum / tokens
+
+    def validate(self, writer: SummaryWriter, step: int) -> dict:
+        """Loss, perplexity, greedy BLEU/chrF on the fixed subset; logs examples and attention.
+        Returns the metrics (`TrainState.last_valid`)."""
+        started = time.perf_counter()
+        loss = self.validation_loss()
+        sources = [self.valid_data.src_ids[i] for i in self.valid_subset]
+        mine = sources[self.dist.rank::self.dist.world_size]  # each rank translates its share
+        mine_ids = translate_ids(self.model, mine, self.cfg.decode, bos_id=BOS_ID, eos_id=EOS_ID, device=self.device,
+                                 precision=self.precision, beam_size=1, progress=self.progress) if mine else []
+        hyp_ids = interleave(self.dist.gather(mine_ids))  # every rank scores all: they agree on the best step
+        hypotheses = self.tokenizers.decode_tgt(hyp_ids)
+        references = [self.valid_data.tgt_text[i] for i in self.valid_subset]
+        scores = score(hypotheses, references, tokenize=self.cfg.train.bleu_tokenize)
+        if self.dist.is_main:
+            self._log_attention(writer, step, sources[0], hyp_ids[0])
+            self.paths.validation.mkdir(exist_ok=True)
+            write_text_atomic(self.paths.validation_hypotheses(step), lines_to_text(hypotheses))
+        ppl = math.exp(min(loss, 100.0))
+        writer.add_scalar("valid/loss", loss, step)
+        writer.add_scalar("valid/perplexity", ppl, step)
+        writer.add_scalar("valid/bleu", scores.bleu, step)
+        writer.add_scalar("valid/chrf", scores.chrf, step)
+        self._log_examples(writer, step, hypotheses, references)
+        logger.info("validation at step %d%s: loss %.3f, ppl %.2f, BLEU %.2f, chrF %.2f (%d sentences, %.1fs) [%s]",
+                    step, " (EMA weights)" if self.ema else "", loss, ppl, scores.bleu, scores.chrf, len(hypotheses),
+                    time.perf_counter() - started, scores.bleu_signature)
+        return {"step": step, "loss": round(loss, 4), "perplexity": round(ppl, 2), "bleu": round(scores.bleu, 2),
+                "chrf": round(scores.chrf, 2), **({"weights": "ema"} if self.ema else {})}
+
+    def _log_examples(self, writer: SummaryWriter, step: int, hypotheses: list[str], references: list[str]) -> None:
+        """The first `train.n_examples` translations, in the log and as TensorBoard text."""
+        examples = []
+        for i in range(min(self.cfg.train.n_examples, len(hypotheses))):
+            src = self.valid_data.src_text[self.valid_subset[i]]
+            examples.append(f"source: {src}\nreference: {references[i]}\nhypothesis: {hypotheses[i]}")
+            logger.info("example %d\n  source:     %s\n  reference:  %s\n  hypothesis: %s",
+                        i + 1, src, references[i], hypotheses[i])
+        if examples:
+            writer.add_text("valid/examples", "\n\n".join(f"    {e}".replace("\n", "\n    ") for e in examples), step)
+
+    def _log_attention(self, writer: SummaryWriter, step: int, src_ids: list[int], hyp_ids: list[int]) -> None:
+        """Cross-attention images of the first validation sentence's translation: the last decoder
+        layer and `train.attention_layer`, mean over heads, pieces on the axes."""
+        n_layers = self.cfg.model.n_decoder_layers
+        src_pieces, tgt_pieces = cross_attention_labels(
+            self.tokenizers.src_pieces(src_ids), self.tokenizers.tgt_pieces(hyp_ids), EOS, self.cfg.model.max_len)
+        for layer in sorted({n_layers - 1, self.cfg.train.attention_layer % n_layers}):
+            weights = cross_attention_map(self.model, src_ids, hyp_ids, bos_id=BOS_ID, eos_id=EOS_ID,
+                                          device=self.device, layer=layer)
+            title = f"step {step}, decoder layer {layer + 1} of {n_layers}, mean over heads"
+            writer.add_figure(f"valid/attention_layer_{layer + 1}",
+                              attention_figure(weights, src_pieces, tgt_pieces, title), step)
+
+    def log_hparams(self, writer: SummaryWriter, step: int, best_bleu: float, last_bleu: float) -> None:
+        """The config beside the best and final validation BLEU, for TensorBoard's HParams tab."""
+        hparams = {}
+        for section, values in config_to_dict(self.cfg).items():
+            for key, value in (values.items() if isinstance(values, dict) else [("", values)]):
+                name = f"{section}.{key}" if key else section
+                hparams[name] = value if isinstance(value, (bool, int, float, str)) else str(value)
+        writer.add_hparams(hparams, {"hparam/best_bleu": best_bleu, "hparam/last_bleu": last_bleu},
+                           run_name="hparams", global_step=step)
+
+    # --- the final test ------------------------------------------------------------------
+    def test_weights(self) -> tuple[Path, list[int]]:
+        """The checkpoint the final test uses, and the step checkpoints it averages: the average
+        of the newest `train.average_last` (a file written by `final_test`), else `best.pt`, else
+        the newest step checkpoint, averaging none."""
+        checkpoints, average_last = self.checkpoints, self.cfg.train.average_last
+        if average_last:
+            steps = checkpoints.steps()[-average_last:]
+            return checkpoints.directory / f"average_steps_{steps[0]:08d}-{steps[-1]:08d}.pt", steps
+        return (checkpoints.best_path if checkpoints.best_path.is_file() else checkpoints.latest()), []
+
+    def ema_test_weights(self) -> Path | None:
+        """The checkpoint whose EMA the final test also scores, beside an average of the trained
+        weights (`train.average_last`), so that the two can be compared: `best.pt` (what `tmt
+        translate` uses), else the newest step checkpoint; None without both."""
+        if not (self.cfg.train.ema_decay and self.cfg.train.average_last):
+            return None
+        return self.checkpoints.best_path if self.checkpoints.best_path.is_file() else self.checkpoints.latest()
+
+    def earlier_test_report(self, step: int) -> dict | None:
+        """The final test an earlier start wrote for this very step, `test_weights` file, decoding
+        and BLEU tokenizer, if there is one (one of an earlier, shorter training, of another
+        average or beam, or without the EMA's test that this one adds, does not count)."""
+        try:
+            report = json.loads(self.paths.test_scores.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        cfg = self.cfg
+        same = {"step": step, "checkpoint": self.test_weights()[0].name,
+                "beam_size": cfg.decode.beam_size, "length_penalty": cfg.decode.length_penalty}
+        if not isinstance(report, dict) or any(report.get(k) != v for k, v in same.items()):
+            return None
+        if ("ema" in report) != (self.ema_test_weights() is not None):
+            return None
+        return report if f"|tok:{cfg.train.bleu_tokenize}|" in str(report.get("bleu_signature")) else None
+
+    def final_test(self, step: int) -> dict:
+        """Translate the test split with the best (or averaged) weights; write hypotheses and
+        scores (`evaluation/`), and return the report `summary.json` shows. With an average and
+        an EMA, the report's `ema` is the test of the EMA weights (`ema_test_weights`); None when
+        that checkpoint has none (EMA turned on after it was written)."""
+        cfg = self.cfg
+        path, steps = self.test_weights()
+        if steps:
+            if len(steps) < cfg.train.average_last:  # a run stopped early, or cut short by max_steps
+                logger.warning("train.average_last=%d, but the run has only %d step checkpoint(s): averaging those",
+                               cfg.train.average_last, len(steps))
+            save_atomic(average_checkpoints([self.checkpoints.step_path(s) for s in steps]), path)
+        report = self._test(path, steps, step)
+        if (ema_path := self.ema_test_weights()) is not None:
+            report["ema"] = self._test(ema_path, [], step, only_ema=True)
+        write_text_atomic(self.paths.test_scores, json.dumps(report, indent=2) + "\n")
+        return report
+
+    def _test(self, path: Path, steps: list[int], step: int, only_ema: bool = False) -> dict | None:
+        """Score the test split with the weights of `path` (averaged from `steps`, if any) that
+        `tmt translate` would use (the EMA's when it has one); with `only_ema`, None if it has none."""
+        cfg = self.cfg
+        checkpoint = load_checkpoint(path, map_location=self.device)
+        weights, which = translation_weights(checkpoint)
+        if only_ema and which != "ema":
+            logger.warning("%s holds no EMA of the weights (train.ema_decay was 0 then): no EMA test", path.name)
+            return None
+        self.model.load_state_dict(weights)
+        weights_steps = steps or [checkpoint.get("train_state", {}).get("step")]
+        test = data_module.load_corpus(cfg.data, cfg.seed, self.run_dir).test
+        beam = cfg.decode.beam_size
+        started = time.perf_counter()
+        hyp_ids = translate_ids(self.model, self.tokenizers.encode_src(test["src"]), cfg.decode, bos_id=BOS_ID,
+                                eos_id=EOS_ID, device=self.device, precision=self.precision, beam_size=beam,
+                                progress=self.progress)
+        hypotheses = self.tokenizers.decode_tgt(hyp_ids)
+        scores = score(hypotheses, test["tgt"], tokenize=cfg.train.bleu_tokenize)
+        out_dir = self.paths.evaluation
+        out_dir.mkdir(exist_ok=True)
+        hypotheses_file = f"test.{path.stem}.beam{beam}.txt"
+        write_text_atomic(out_dir / hypotheses_file, lines_to_text(hypotheses))
+        # step: the run's, when it was tested; checkpoint_steps: the steps whose weights were;
+        # weights: the checkpoint's EMA ("ema") or its trained weights ("model").
+        report = {"checkpoint": path.name, "checkpoint_steps": weights_steps, "weights": which,
+                  "hypotheses": hypotheses_file, "step": step, "sentences": len(hypotheses), "beam_size": beam,
+                  "length_penalty": cfg.decode.length_penalty, "bleu": round(scores.bleu, 2),
+                  "chrf": round(scores.chrf, 2), "bleu_signature": scores.bleu_signature,
+                  "chrf_signature": scores.chrf_signature, "seconds": round(time.perf_counter() - started, 1)}
+        _log_test(path, which, beam, len(hypotheses), scores)
+        return report
+
+
+def _log_test(path: Path, which: str, beam: int, n_sentences: int, scores: Scores) -> None:
+    logger.info("test (%s%s, beam %d, %d sentences): BLEU %.2f [%s], chrF %.2f [%s]", path.name,
+                ", EMA weights" if which == "ema" else "", beam, n_sentences, scores.bleu, scores.bleu_signature,
+                scores.chrf, scores.chrf_signature)

@@ -3,8 +3,8 @@
 One process, the same training sentences for all three engines, each timed after warm-up:
 
 - **tmt** as configured: a `Trainer` built from the preset (token-budget, length-bucketed
-  batches from its own sampler, its own `train.step`: autocast, GradScaler, fused AdamW; on a
-  CPU every layer runs at the real tokens only, and dropout draws only its dropped positions).
+  batches from its own sampler, its own `train.step`: autocast, GradScaler, fused AdamW; every
+  layer at the real tokens only, except where a captured or compiled step needs fixed shapes).
 - **tutorial**: the approach of the common from-scratch tutorials, written here so nothing else
   depends on it: every pair padded to a fixed length (default 350), fp32, a fixed number of
   sentences per batch, masks built as dense float tensors, attention as plain matmul/softmax.

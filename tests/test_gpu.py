@@ -175,8 +175,8 @@ def test_decoding_on_cudnn_attention_forced_translates_on_the_device(tmp_path: P
     assert code == 0, err
     assert load_checkpoint(tmp_path / "run" / "checkpoints" / "best.pt")["train_state"]["best_bleu"] > 90
     for beam in ("1", "4"):  # `tmt translate` reads decode.attention_backend from the run's config
-        code, out, err = run_cli(["translate", "--run", "run", "--device", DEVICE, "--beam", beam, "Good morning."],
-                                 monkeypatch, capsys, tmp_path)
+        code, out, err = run_cli(["translate", "--run", "run", "--device", DEVICE, "--engine", "torch", "--beam", beam,
+                                  "Good morning."], monkeypatch, capsys, tmp_path)  # torch's attention kernels
         assert code == 0, err
         # Greedy gives the learnt sentence; beam search ranks close rivals by length penalty, and the
         # tiny model's best beam may be another spelling: a translation, not an error, is the point.

@@ -10,9 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
-from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
-from tests.test_decoding import BOS, EOS, random_model, random_sources
-from tests.test_training_speed import make_trainer  # dropout 0 (attention runs in SDPA), no clipping, fp32
+from tests.helpers import (BOS, EOS, TINY_PAIRS, make_trainer, random_model, random_sources, run_cli, tiny_config,
+                           write_corpus)
 from transformer_mt.config.loading import config_from_dict
 from transformer_mt.config.schema import DecodeConfig, TrainConfig
 from transformer_mt.core import runtime

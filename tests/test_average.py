@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import run_cli, tiny_config
+from tests.helpers import run_cli, tiny_config
 from transformer_mt.core.errors import CheckpointError
 from transformer_mt.runs.checkpoint import average_checkpoints, load_checkpoint
 from transformer_mt.runs.run_dir import prepare_run_dir

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import TINY_PAIRS, tiny_config, write_corpus
+from tests.helpers import TINY_PAIRS, tiny_config, write_corpus
 from transformer_mt.config.loading import config_from_dict
 from transformer_mt.core.errors import ConfigError
 from transformer_mt.data.tokenization import TokenizerPair
@@ -150,7 +150,7 @@ def test_a_bad_bpe_dropout_setting_is_one_clear_line(tokenizer, problem):
 def test_tmt_data_draws_only_the_segmentation_its_report_describes(corpus: Path, tmp_path: Path, monkeypatch,
                                                                    capsys):
     """The report describes the first epoch: `tmt data` encodes its segmentation, not all K."""
-    from tests.conftest import run_cli
+    from tests.helpers import run_cli
     from transformer_mt.config.loading import save_config
     from transformer_mt.data import training_split
 
@@ -170,7 +170,7 @@ def test_tmt_data_on_a_dropout_run_reports_the_segmentation_the_run_trains_on(co
                                                                              monkeypatch, capsys):
     """Dropout encoding is not seeded: `tmt data --run-dir` must read the run's cached first
     segmentation, not draw a new one, or its lengths and batches differ from the run's own report."""
-    from tests.conftest import run_cli
+    from tests.helpers import run_cli
     from transformer_mt.config.loading import save_config
     from transformer_mt.core.run_layout import RunDir
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import DEMO_CONFIG, PYTHONPATH
+from tests.helpers import DEMO_CONFIG, PYTHONPATH
 
 STEPS = 40
 CORPUS = DEMO_CONFIG.parent.parent / "transformer_mt" / "corpora" / "demo_en_it"

@@ -197,14 +197,14 @@ def test_a_config_that_is_no_file_or_contains_itself_is_a_config_error(content, 
 
 
 def test_demo_config_is_valid():
-    from tests.conftest import DEMO_CONFIG
+    from tests.helpers import DEMO_CONFIG
 
     cfg = load_config(DEMO_CONFIG)
     assert Path(cfg.data.path, "train.en").is_file()
 
 
 def test_readme_configuration_reference_matches_the_dataclasses():
-    from tests.conftest import REPO
+    from tests.helpers import REPO
     from transformer_mt.config.reference import reference_markdown
 
     readme = (REPO / "README.md").read_text(encoding="utf-8")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
+from tests.helpers import TINY_PAIRS, run_cli, tiny_config, write_corpus
 from transformer_mt.config.loading import config_from_dict, load_config, save_config
 from transformer_mt.config.schema import config_to_dict
 from transformer_mt.core.errors import ConfigError, DataError

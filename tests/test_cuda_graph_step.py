@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import tiny_config
-from tests.test_training_speed import make_trainer
+from tests.helpers import make_trainer, tiny_config
 from transformer_mt.config.schema import ModelConfig
 from transformer_mt.core.errors import TrainingError
 from transformer_mt.core.runtime import AttentionKernels, Precision

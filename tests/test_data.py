@@ -741,7 +741,7 @@ def test_any_other_runtime_error_of_datasets_is_not_disguised_as_a_data_error(ru
 
 
 def test_tmt_data_on_a_script_dataset_exits_1_with_one_error_line(tmp_path, monkeypatch, capsys):
-    from tests.conftest import DEMO_CONFIG, run_cli
+    from tests.helpers import DEMO_CONFIG, run_cli
 
     datasets = pytest.importorskip("datasets")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))

@@ -5,32 +5,11 @@ from hypothesis import strategies as st
 
 import transformer_mt.decode.generator as decoding
 from tests.beam_reference import reference_beam_search
+from tests.helpers import BOS, EOS, PAD, assert_same_hypotheses, make_run, random_model, random_sources
 from transformer_mt.config.schema import ModelConfig
 from transformer_mt.decode.generator import beam_search, greedy_decode
 from transformer_mt.decode.graphs import StepGraphs
 from transformer_mt.model.transformer import Transformer
-
-PAD, BOS, EOS, V = 0, 2, 3, 40
-
-
-def random_model(seed: int) -> Transformer:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(d_model=16, n_heads=2, n_layers=2, d_ff=32, dropout=0.0, max_len=48)
-    model = Transformer(cfg, V, V, PAD).eval()
-    with torch.no_grad():  # make EOS likely enough that sentences end at different steps
-        model.output_proj.weight.mul_(4.0)
-    return model
-
-
-def random_sources(seed: int, batch: int = 6, max_len: int = 9, min_len: int = 1) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(min_len, max_len, (batch,), generator=gen).tolist()
-    rows = [torch.randint(4, V, (n,), generator=gen).tolist() + [EOS] for n in lengths]
-    src = torch.full((batch, max(map(len, rows))), PAD)
-    for i, row in enumerate(rows):
-        src[i, : len(row)] = torch.tensor(row)
-    return src  # (B, S) with padding
-
 
 def teacher_forced_log_prob(model: Transformer, src: torch.Tensor, ids: list[int], ended: bool) -> float:
     tgt = torch.tensor([[BOS] + ids])
@@ -115,16 +94,6 @@ def test_beam_hypotheses_carry_their_true_log_probability_best_first(seed):
             assert h.log_prob == pytest.approx(teacher_forced_log_prob(model, real, h.ids, ended), abs=1e-4)
 
 
-def assert_same_hypotheses(got, expected):
-    """The same n-best lists, token for token, with the same log-probs and scores up to rounding
-    (the reference drops finished sentences' rows, which changes the batch the products see)."""
-    assert [[h.ids for h in hyps] for hyps in got] == [[h.ids for h in hyps] for hyps in expected]
-    for hyps, reference in zip(got, expected):
-        for h, e in zip(hyps, reference):
-            assert h.log_prob == pytest.approx(e.log_prob, abs=1e-4)
-            assert h.score == pytest.approx(e.score, abs=1e-4)
-
-
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 7), beam=st.integers(1, 6), data=st.data(),
        alpha=st.sampled_from([0.0, 0.6, 1.0]), max_len_a=st.sampled_from([0.0, 0.5, 1.5]),
@@ -164,7 +133,6 @@ def test_wider_beams_find_at_least_as_likely_single_best_without_length_penalty(
 
 
 def test_the_attention_of_a_translation_that_fills_max_len_keeps_every_piece(tmp_path, monkeypatch):
-    from tests.test_export import make_run
     from transformer_mt.decode import translator as translator_module
 
     make_run(tmp_path / "run", "pre", True)

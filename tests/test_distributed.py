@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import PYTHONPATH, TINY_PAIRS, tiny_config, write_corpus
-from tests.test_training import read_scalars
+from tests.helpers import PYTHONPATH, TINY_PAIRS, read_scalars, tiny_config, write_corpus
 from transformer_mt.config.loading import save_config
 from transformer_mt.core.distributed import Distributed, interleave
 from transformer_mt.core.errors import DataError, UsageError

@@ -7,8 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.conftest import tiny_config
-from tests.test_training import stop_at_first_validation
+from tests.helpers import stop_at_first_validation, tiny_config
 from transformer_mt.config.loading import config_from_dict
 from transformer_mt.core.errors import ConfigError
 from transformer_mt.decode.translator import Translator

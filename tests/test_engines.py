@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import PYTHONPATH, TINY_PAIRS, run_cli, tiny_config, write_corpus
+from tests.helpers import PYTHONPATH, TINY_PAIRS, run_cli, tiny_config, write_corpus
 from transformer_mt.core.errors import CheckpointError
 from transformer_mt.decode import ct2_conversion
 from transformer_mt.decode.generator import Sampling

@@ -7,10 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
+from tests.helpers import TINY_PAIRS, run_cli, train_tiny_run, write_corpus
 from transformer_mt.decode.evaluation import cross_attention_labels, score
-from transformer_mt.runs.run_dir import prepare_run_dir
-from transformer_mt.train.trainer import train
 
 # Lowercased, tokenized text as in Multi30k's tok/ files: every line ends in " ." (sacreBLEU
 # warns about that from 100 such lines on, unless told the text is tokenized on purpose).
@@ -49,12 +47,7 @@ def test_attention_labels_match_the_rows_and_columns_of_the_map():
 @pytest.fixture
 def tiny_run(tmp_path: Path) -> Path:
     """A tiny trained run of its own (the tests move or edit its data), over tmp_path/corpus."""
-    corpus = write_corpus(tmp_path / "corpus", {"train": TINY_PAIRS, "valid": TINY_PAIRS[:4], "test": TINY_PAIRS[4:6]})
-    run_dir = tmp_path / "run"
-    prepare_run_dir(run_dir, resume=False, overwrite=False)
-    train(tiny_config(corpus, train={"max_steps": 2, "eval_every_steps": 2, "save_every_steps": 2}), run_dir,
-          progress=False)
-    return run_dir
+    return train_tiny_run(tmp_path, tmp_path / "run", max_steps=2, eval_every_steps=2, save_every_steps=2)
 
 
 def run_files(run_dir: Path) -> dict[str, tuple[bytes, int]]:

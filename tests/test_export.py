@@ -4,71 +4,21 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from tokenizers import Tokenizer
 
-from tests.conftest import TINY_PAIRS, tiny_config
-from transformer_mt.config.schema import config_to_dict
+from tests.helpers import SOURCES, TARGETS, encode_pairs, make_run
 from transformer_mt.core.errors import TmtError, UsageError
-from transformer_mt.data.batching import pad_sequences
-from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
+from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
 from transformer_mt.decode.export import export_ctranslate2
 from transformer_mt.decode.generator import greedy_decode
-from transformer_mt.model.transformer import Transformer
-from transformer_mt.runs.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
+from transformer_mt.runs.checkpoint import load_checkpoint, save_atomic
 
-SOURCES = [src for src, _ in TINY_PAIRS]
-TARGETS = [tgt for _, tgt in TINY_PAIRS]
 MAX_TOKENS = 5  # generation cap, EOS included: short enough that some outputs hit it
 
 
 @pytest.fixture
 def ct2():
     return pytest.importorskip("ctranslate2")
-
-
-def make_run(run_dir: Path, norm: str, share: bool, **model) -> tuple[Transformer, TokenizerPair]:
-    """A run directory (tokenizers + best.pt) holding a briefly trained tiny model.
-
-    20 teacher-forced steps: enough that greedy outputs differ and some end with EOS before
-    the cap, too few to learn every pair, so others run to the cap. Biases and LayerNorm
-    parameters are perturbed first, so a misplaced one would change the outputs.
-    """
-    cfg = tiny_config(run_dir, tokenizer={"joint": share},
-                      model={"norm": norm, "share_embeddings": share, "tie_output": share, "dropout": 0.0, **model})
-    run_dir.mkdir(parents=True)
-    tokenizers = train_tokenizers(cfg.tokenizer, SOURCES, TARGETS)
-    tokenizers.save(run_dir)
-    torch.manual_seed(0)
-    model = Transformer(cfg.model, tokenizers.src.get_vocab_size(), tokenizers.tgt.get_vocab_size(), PAD_ID)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() == 1:
-                param.add_(0.2 * torch.randn_like(param))
-    src_ids, tgt_in_ids, tgt_out_ids = encode_pairs(tokenizers)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(20):
-        logits = model(src_ids, tgt_in_ids, pack=False)  # (B·T, V)
-        loss = F.cross_entropy(logits, tgt_out_ids.flatten(), ignore_index=PAD_ID)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
-    state = {"model": model.state_dict(), "config": config_to_dict(cfg), "format_version": FORMAT_VERSION,
-             "model_args": {"src_vocab_size": tokenizers.src.get_vocab_size(),
-                            "tgt_vocab_size": tokenizers.tgt.get_vocab_size(), "pad_id": PAD_ID}}
-    (run_dir / "checkpoints").mkdir()
-    save_atomic(state, run_dir / "checkpoints" / "best.pt")
-    return model, tokenizers
-
-
-def encode_pairs(tokenizers: TokenizerPair) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Padded (source + EOS, BOS + target, target + EOS) ids of the tiny pairs."""
-    src = tokenizers.encode_src(SOURCES)
-    tgt = tokenizers.encode_tgt(TARGETS)
-    return (pad_sequences([ids + [EOS_ID] for ids in src], PAD_ID),
-            pad_sequences([[BOS_ID] + ids for ids in tgt], PAD_ID),
-            pad_sequences([ids + [EOS_ID] for ids in tgt], PAD_ID))
 
 
 def src_tokens(tokenizers: TokenizerPair) -> list[list[str]]:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import run_cli, tiny_config, write_corpus
+from tests.helpers import run_cli, tiny_config, write_corpus
 from transformer_mt.config.loading import load_config, save_config
 from transformer_mt.core.errors import ConfigError, UsageError
 from transformer_mt.data.tokenization import TokenizerPair

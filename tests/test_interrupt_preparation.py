@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHONPATH, REPO, tiny_config
+from tests.helpers import PYTHONPATH, REPO, tiny_config
 from transformer_mt.config.loading import save_config
 
 PAIRS = 110_000  # two tokenizing processes need 2 × token_cache.MIN_ROWS_PER_PROCESS pairs

@@ -4,21 +4,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers import BOS, EOS, PAD, tiny_model
+from tests.helpers import TINY_V as V
 from transformer_mt.config.schema import ModelConfig
 from transformer_mt.core.errors import CheckpointError
 from transformer_mt.decode.generator import greedy_decode
 from transformer_mt.model.architectures import TranslationModel, build_model
 from transformer_mt.model.transformer import Packing, Transformer
 from transformer_mt.runs.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
-
-PAD, BOS, EOS, V = 0, 2, 3, 30
-
-
-def tiny_model(**overrides) -> Transformer:
-    torch.manual_seed(0)
-    cfg = ModelConfig(**{"d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32, "dropout": 0.1, "max_len": 32,
-                         **overrides})
-    return Transformer(cfg, V, V, PAD).eval()
 
 
 def padded_logits(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 from transformer_mt.config.loading import load_config
 
 RECIPES = sorted(p for p in (REPO / "configs").glob("*.yaml") if p.stem not in {"demo", "en-it"})

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
-from tests.conftest import DEMO_CONFIG, TINY_PAIRS, run_cli, tiny_config, write_corpus
+from tests.helpers import DEMO_CONFIG, TINY_PAIRS, run_cli, tiny_config, write_corpus
 from transformer_mt.config.loading import save_config
 from transformer_mt.data.report import CorpusShare, estimated_time, format_duration, percentile
 from transformer_mt.data.tokenization import SPECIAL_TOKENS

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PYTHONPATH, TINY_PAIRS, tiny_config, write_corpus
+from tests.helpers import PYTHONPATH, TINY_PAIRS, tiny_config, write_corpus
 from transformer_mt.config.loading import save_config
 from transformer_mt.core.errors import UsageError
 from transformer_mt.runs.lock import RunLock

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import TINY_PAIRS, tiny_config
+from tests.helpers import TINY_PAIRS, tiny_config
 from transformer_mt.runs.run_dir import prepare_run_dir
 from transformer_mt.train.trainer import train
 

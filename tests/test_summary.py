@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import PYTHONPATH, REPO, TINY_PAIRS, run_cli, tiny_config
+from tests.helpers import PYTHONPATH, REPO, TINY_PAIRS, run_cli, tiny_config
 from transformer_mt.config.loading import save_config
 from transformer_mt.runs.run_dir import prepare_run_dir
 from transformer_mt.train.trainer import train

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEMO_CONFIG, PYTHONPATH, TINY_PAIRS, run_cli, tiny_config, write_corpus
+from tests.helpers import DEMO_CONFIG, PYTHONPATH, run_cli, tmt
 from transformer_mt.cli.parser import build_parser
-from transformer_mt.config.loading import load_config, save_config
+from transformer_mt.config.loading import load_config
 
 TIMESTAMP = re.compile(r"\d\d:\d\d:\d\d (INFO|WARNING|ERROR) ")
 BAR = re.compile(r"\d+/\d+ \[|[?\d.]+(it|step|batch|line)/s\]|\|[ #▏▎▍▌▋▊▉█]*\|")
@@ -113,25 +113,6 @@ def test_training_in_a_terminal_never_draws_a_bar_and_a_log_line_on_one_line(tmp
 
 
 # --- messages and help: what `tmt` says around its output --------------------------------------
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    """A folder holding a tiny trained run at runs/tiny (trained through `tmt train`) and its config."""
-    workdir = tmp_path_factory.mktemp("terminal")
-    corpus = write_corpus(workdir / "corpus", {"train": TINY_PAIRS, "valid": TINY_PAIRS[:4], "test": TINY_PAIRS[4:6]})
-    save_config(tiny_config(corpus, train={"max_steps": 4, "eval_every_steps": 2, "save_every_steps": 2,
-                                           "log_every_steps": 1}), workdir / "tiny.yaml")
-    result = tmt("train", "--config", "tiny.yaml", cwd=workdir)
-    assert result.returncode == 0, result.stderr
-    return workdir
-
-
-def tmt(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "transformer_mt", *args], cwd=cwd, input=stdin,
-                          capture_output=True, text=True, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-                               "PYTHONPATH": PYTHONPATH})
-
 
 def test_every_step_line_of_the_log_file_says_how_far_and_how_long_is_left(workdir: Path):
     log = (workdir / "runs" / "tiny" / "train.log").read_text("utf-8")

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import TINY_PAIRS
+from tests.helpers import TINY_PAIRS
 from transformer_mt.config.schema import TokenizerConfig
 from transformer_mt.core.errors import DataError
 from transformer_mt.data.token_cache import MIN_ROWS_PER_PROCESS, _encode_rows, processes_for, tokenize_split

@@ -68,7 +68,7 @@ def test_progress_bars_stay_off_when_stderr_is_not_a_terminal(capsys):
 
 
 def test_max_train_pairs_trains_the_tokenizers_on_the_seeded_sample(tiny_corpus, tmp_path):
-    from tests.conftest import tiny_config
+    from tests.helpers import tiny_config
     from transformer_mt.data.corpus import load_corpus, sample_rows
     from transformer_mt.train.preparation import prepare_data
 

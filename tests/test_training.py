@@ -5,7 +5,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import typing
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.conftest import REPO, TINY_PAIRS, run_cli, tiny_config, write_corpus
+from tests.helpers import REPO, TINY_PAIRS, read_scalars, run_cli, stop_at_first_validation, tiny_config, write_corpus
 from transformer_mt.config.schema import TrainConfig
 from transformer_mt.core.distributed import Distributed
 from transformer_mt.core.errors import CheckpointError, ConfigError, DataError, TrainingStopped, UsageError
@@ -84,28 +83,6 @@ def test_a_tiny_model_overfits_a_tiny_corpus(tmp_path: Path):
     prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
     state = train(cfg, tmp_path / "run", progress=False)
     assert state.best_bleu > 90
-
-
-def read_scalars(run_dir: Path, tag: str) -> dict[int, float]:
-    """The run's values of `tag` by step, as TensorBoard shows them after every resume.
-
-    TensorBoard reads a folder's event files in name order, as text. Files are named
-    `...<seconds>.<host>.<pid>.<counter>`: two writers of one test process in the same second
-    (a start and its resume) can sort `.10` before `.8`, and the older file then purges the
-    newer one's steps. A run's own starts are separate processes, seconds apart; here the files
-    are read in the order they were written.
-    """
-    def written(path: Path) -> tuple[int, int]:
-        parts = path.name.split(".")
-        return int(parts[3]), int(parts[-1])
-
-    files = sorted((run_dir / "tensorboard").glob("events.out.tfevents.*"), key=written)
-    with tempfile.TemporaryDirectory() as ordered:
-        for number, path in enumerate(files):
-            shutil.copyfile(path, Path(ordered) / f"events.out.tfevents.{number:06d}")
-        events = EventAccumulator(ordered)
-        events.Reload()
-        return {event.step: event.value for event in events.Scalars(tag)}
 
 
 @pytest.mark.parametrize("accum_steps", [1, 2])
@@ -267,22 +244,6 @@ def test_each_update_and_its_log_line_use_the_schedules_rate(tiny_corpus: Path, 
     train(cfg, tmp_path / "logged", progress=False)
     logged = read_scalars(tmp_path / "logged", "lr")
     assert logged == pytest.approx(expected, rel=1e-6)  # TensorBoard keeps fp32
-
-
-def stop_at_first_validation(cfg, run_dir: Path, monkeypatch) -> None:
-    """Train a new run in `run_dir` until SIGTERM arrives during its first validation: it saves a
-    checkpoint at that step and stops, as under a scheduler's notice."""
-    validate = Trainer.validate
-
-    def signalled(self, writer):
-        os.kill(os.getpid(), signal.SIGTERM)
-        return validate(self, writer)
-
-    prepare_run_dir(run_dir, resume=False, overwrite=False)
-    with monkeypatch.context() as patch:
-        patch.setattr(Trainer, "validate", signalled)
-        with pytest.raises(TrainingStopped):
-            train(cfg, run_dir, progress=False)
 
 
 def test_a_signal_on_a_save_step_writes_that_checkpoint_once(tiny_corpus: Path, tmp_path: Path, monkeypatch):

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import TINY_PAIRS, run_cli, tiny_config
+from tests.helpers import TINY_PAIRS, make_trainer, run_cli, tiny_config
 from transformer_mt.config.loading import config_from_dict, save_config
 from transformer_mt.config.schema import ModelConfig, TrainConfig
 from transformer_mt.core.distributed import Distributed
@@ -30,12 +30,6 @@ from transformer_mt.train.batch_budget import activation_bytes_per_token, device
 from transformer_mt.train.loss import label_smoothed_loss
 from transformer_mt.train.throughput import peak_flops_of, peak_flops_per_s
 from transformer_mt.train.trainer import Trainer
-
-
-def make_trainer(tiny_corpus: Path, run: Path, **train) -> Trainer:
-    cfg = tiny_config(tiny_corpus, model={"dropout": 0.0}, train={"clip_grad_norm": 0.0, **train})
-    prepare_run_dir(run, resume=False, overwrite=False)
-    return Trainer(cfg, run, progress=False)
 
 
 def test_two_accumulated_half_batches_make_the_same_update_as_one_batch(tiny_corpus: Path, tmp_path: Path):

@@ -14,20 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import PYTHONPATH
-from tests.test_terminal import tmt, workdir  # noqa: F401  (workdir: the tiny run's fixture)
-from transformer_mt.config.schema import ModelConfig
+from tests.helpers import PYTHONPATH, tiny_model, tmt
 from transformer_mt.decode.generator import greedy_decode, sample_decode
 from transformer_mt.decode.hypotheses import Sampling, length_penalty
 from transformer_mt.model.transformer import Transformer
 
 BOS, EOS, PAD, V = 1, 2, 0, 24
-
-
-def tiny_model(seed: int = 0) -> Transformer:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(d_model=16, n_heads=2, n_layers=2, d_ff=32, dropout=0.0, max_len=32)
-    return Transformer(cfg, V, V, PAD).eval()
 
 
 def sources() -> torch.Tensor:
@@ -43,14 +35,14 @@ def sample(model: Transformer, sampling: Sampling, n_samples: int = 1) -> list[l
 # --- sampling in decoding.py ------------------------------------------------------------------
 
 def test_sampling_from_the_top_token_only_is_greedy_decoding():
-    model = tiny_model()
+    model = tiny_model(vocab_size=V)
     greedy = greedy_decode(model, sources(), bos_id=BOS, eos_id=EOS, max_len_a=1.5, max_len_b=4)
     for sampling in (Sampling(top_k=1, temperature=5.0), Sampling(top_p=1e-6, seed=3)):
         assert [samples[0].ids for samples in sample(model, sampling)] == greedy, sampling
 
 
 def test_samples_repeat_with_the_seed_and_differ_with_another():
-    model = tiny_model()
+    model = tiny_model(vocab_size=V)
     first = sample(model, Sampling(temperature=2.0, seed=1), n_samples=3)
     assert sample(model, Sampling(temperature=2.0, seed=1), n_samples=3) == first
     assert sample(model, Sampling(temperature=2.0, seed=2), n_samples=3) != first
@@ -58,7 +50,7 @@ def test_samples_repeat_with_the_seed_and_differ_with_another():
 
 
 def test_a_samples_score_is_its_log_probability_under_the_model_over_the_length_penalty():
-    model = tiny_model()
+    model = tiny_model(vocab_size=V)
     for src, samples in zip(sources(), sample(model, Sampling(temperature=3.0, seed=4), n_samples=2)):
         for hyp in samples:
             src_ids = src[src != PAD][None]  # (1, S)

@@ -1,7 +1,7 @@
 """Never lose a run: bad inputs get clear errors, faults are survived, kills are resumed exactly.
 
 The bad-input table runs the real `tmt` entry point in-process (`cli.main`), which is what the
-console script calls; test_cli.py covers the same path in subprocesses.
+console script calls; cli/test_cli.py covers the same path in subprocesses.
 """
 
 from __future__ import annotations

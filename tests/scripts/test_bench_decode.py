@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_decode.py"
+from tests.helpers import REPO
+
+SCRIPT = REPO / "scripts" / "bench_decode.py"
 SMALL = ["--n-sentences", "64", "--n-batch1", "8", "--gen-tokens", "10", "--batch-sizes", "1,32"]
 
 

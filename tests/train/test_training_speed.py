@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers import TINY_PAIRS, make_trainer, run_cli, tiny_config
+from tests.helpers import REPO, TINY_PAIRS, make_trainer, run_cli, tiny_config
 from transformer_mt.config.loading import config_from_dict, save_config
 from transformer_mt.config.schema import ModelConfig, TrainConfig
 from transformer_mt.core.distributed import Distributed
@@ -273,7 +273,7 @@ def test_auto_is_sized_for_the_gpu_and_said_and_a_set_budget_is_kept(tiny_corpus
 
 def test_auto_is_the_default_and_every_recipe_sets_its_budget(tiny_corpus: Path):
     assert TrainConfig().batch_tokens == "auto"
-    for recipe in sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml")):
+    for recipe in sorted((REPO / "configs").glob("*.yaml")):
         # A recipe's tokens per update must not depend on the GPU it runs on.
         raw = yaml.safe_load(recipe.read_text(encoding="utf-8"))
         assert isinstance(raw["train"]["batch_tokens"], int), recipe.name
@@ -330,7 +330,7 @@ def test_a_pair_longer_than_the_longest_batch_length_is_left_out_not_cut_naming_
 
 # --- the GPU runbook (scripts/gpu_session.sh) ------------------------------------------------------
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPTS = REPO / "scripts"
 
 
 def test_a_training_stage_prints_its_figure_as_one_json_line(tiny_corpus: Path, tmp_path: Path, monkeypatch, capsys):

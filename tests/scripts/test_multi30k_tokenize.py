@@ -5,9 +5,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import REPO
+
 pytest.importorskip("sacremoses")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "multi30k_tokenize.py"
+SCRIPT = REPO / "scripts" / "multi30k_tokenize.py"
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import TINY_PAIRS, tiny_config
+from tests.helpers import REPO, TINY_PAIRS, tiny_config
 from transformer_mt.runs.run_dir import prepare_run_dir
 from transformer_mt.train.trainer import train
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "source_use.py"
+SCRIPT = REPO / "scripts" / "source_use.py"
 
 
 def load_script():

@@ -4,7 +4,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import transformer_mt.decode.generator as decoding
-from tests.beam_reference import reference_beam_search
+from tests.decode.beam_reference import reference_beam_search
 from tests.helpers import BOS, EOS, PAD, assert_same_hypotheses, make_run, random_model, random_sources
 from transformer_mt.config.schema import ModelConfig
 from transformer_mt.decode.generator import beam_search, greedy_decode

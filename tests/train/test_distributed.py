@@ -188,7 +188,7 @@ def test_a_ddp_step_equals_one_process_on_the_union_of_the_ranks_batches(tmp_pat
     # Rank 0 alone wrote: one TensorBoard file, one log line per step, one validation file.
     assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 1
     log = (run / "train.log").read_text(encoding="utf-8")
-    assert log.count("training: step 3/3 (100%") == 1
+    assert log.count("transformer_mt.train.trainer: step 3/3 (100%") == 1
     assert [p.name for p in (run / "validation").iterdir()] == ["step_00000003.txt"]
 
 

@@ -110,7 +110,7 @@ setup() {  # on the GPU machine: the carried wheels where `datasets` is missing,
     if ! "$PY" -c 'import datasets' 2>/dev/null && compgen -G ".gpu/wheels/*.whl" > /dev/null; then
         "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
             .gpu/wheels/*.whl || return 1
-        export PYTHONPATH=/tmp/site:$PWD  # the tests' subprocesses keep it (tests/conftest.py PYTHONPATH)
+        export PYTHONPATH=/tmp/site:$PWD  # the tests' subprocesses keep it (tests/helpers.py PYTHONPATH)
     fi
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
     "$PY" - <<'EOF' || { echo "gpu_session: a package tmt needs does not import (above); datasets 5.2.0 needs pyarrow >= 24" >&2; return 1; }

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import PYTHONPATH, run_cli, tiny_config
+from tests.helpers import PYTHONPATH, run_cli, tiny_config
 from transformer_mt.config.loading import save_config
 from transformer_mt.core.errors import CheckpointError
 from transformer_mt.runs import summary

@@ -1,7 +1,7 @@
 """Never lose a run: bad inputs get clear errors, faults are survived, kills are resumed exactly.
 
 The bad-input table runs the real `tmt` entry point in-process (`cli.main`), which is what the
-console script calls; test_cli.py covers the same path in subprocesses.
+console script calls; cli/test_cli.py covers the same path in subprocesses.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pytest
 import sacrebleu
 import torch
 
-from tests.conftest import DEMO_CONFIG, PYTHONPATH, TINY_PAIRS, run_cli, tiny_config, write_corpus
-from tests.test_training import read_scalars
+from tests.helpers import (DEMO_CONFIG, PYTHONPATH, TINY_PAIRS, read_scalars, run_cli, tiny_config, train_tiny_run,
+                           write_corpus)
 from transformer_mt.config.loading import load_config, save_config
 from transformer_mt.core.errors import CheckpointError, Terminated, TrainingError, TrainingStopped
 from transformer_mt.core.files import write_text_atomic
@@ -46,13 +46,7 @@ def snapshot(directory: Path) -> dict[str, bytes]:
 def tiny_run(tmp_path_factory) -> Path:
     """A trained tiny run (config file beside it), shared by the read-only rows below."""
     root = tmp_path_factory.mktemp("faults")
-    corpus = write_corpus(root / "corpus", {"train": TINY_PAIRS, "valid": TINY_PAIRS[:4], "test": TINY_PAIRS[4:6]})
-    cfg = tiny_config(corpus, train={"max_steps": 3, "eval_every_steps": 3, "save_every_steps": 3})
-    save_config(cfg, root / "tiny.yaml")
-    run_dir = root / "runs" / "tiny"
-    prepare_run_dir(run_dir, resume=False, overwrite=False)
-    train(cfg, run_dir, progress=False)
-    return run_dir
+    return train_tiny_run(root, root / "runs" / "tiny", max_steps=3, eval_every_steps=3, save_every_steps=3)
 
 
 def copy_run(run_dir: Path, target: Path) -> Path:

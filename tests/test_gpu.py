@@ -15,10 +15,8 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import TINY_PAIRS, run_cli, tiny_config, write_corpus
-from tests.test_decoding import BOS, EOS, random_model, random_sources
-from tests.test_training import read_scalars
-from tests.test_training_speed import make_trainer  # dropout 0, no clipping, fp32
+from tests.helpers import (BOS, EOS, TINY_PAIRS, assert_same_hypotheses, make_trainer, random_model, random_sources,
+                           read_scalars, run_cli, tiny_config, write_corpus)
 from transformer_mt.decode.generator import beam_search, greedy_decode
 from transformer_mt.decode.graphs import StepGraphs
 from transformer_mt.runs.checkpoint import load_checkpoint
@@ -323,7 +321,6 @@ def test_greedy_decoding_replayed_from_a_cuda_graph_gives_the_eager_output():
 
 
 def test_beam_search_replayed_from_a_cuda_graph_gives_the_eager_output():
-    from tests.test_decoding import assert_same_hypotheses
 
     for seed in range(3):
         model, src = random_model(seed).to(DEVICE), random_sources(seed, batch=5, max_len=20).to(DEVICE)
@@ -345,7 +342,6 @@ def test_beam_search_replayed_from_a_cuda_graph_gives_the_eager_output():
 
 
 def test_batches_of_one_padded_shape_replay_one_captured_step_on_the_device():
-    from tests.test_decoding import assert_same_hypotheses
 
     model = random_model(5).to(DEVICE)
     batches = [random_sources(seed, batch=batch, max_len=8, min_len=3).to(DEVICE)

@@ -21,7 +21,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.conftest import DEMO_CONFIG  # noqa: E402
+from tests.helpers import DEMO_CONFIG  # noqa: E402
 from transformer_mt.cli import main as cli  # noqa: E402
 from transformer_mt.config.loading import load_config
 from transformer_mt.config.schema import Config  # noqa: E402

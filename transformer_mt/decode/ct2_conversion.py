@@ -1,6 +1,6 @@
 """A trained tmt model as a CTranslate2 model: the same network with the same weights, so that
-CTranslate2's greedy search gives tmt's greedy output token for token (tests/test_export.py,
-tests/test_engines.py). `tmt export` and the CTranslate2 engine's cache (`ct2_engine`) write it."""
+CTranslate2's greedy search gives tmt's greedy output token for token (tests/decode/test_export.py,
+tests/decode/test_engines.py). `tmt export` and the CTranslate2 engine's cache (`ct2_engine`) write it."""
 
 from __future__ import annotations
 

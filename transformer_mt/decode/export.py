@@ -1,7 +1,7 @@
 """Export a trained run to other inference engines: CTranslate2 (`tmt export --format ctranslate2`).
 
 The exported model is the same network with the same weights (`ct2_conversion`): CTranslate2's
-greedy search gives tmt's greedy output token for token (tests/test_export.py checks it).
+greedy search gives tmt's greedy output token for token (tests/decode/test_export.py checks it).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ fp16 GradScaler uses): parameters, moments and step counts stay as they were. Th
 reads that one flag after the update, as the eager step does, to count the step or the skip.
 
 With `capture=False` (any device) the same functions run eagerly: that is how the CPU tests
-check them against the plain step (tests/test_cuda_graph_step.py); tests/test_gpu.py checks the
+check them against the plain step (tests/train/test_cuda_graph_step.py); tests/test_gpu.py checks the
 replayed graphs against the eager step.
 """
 

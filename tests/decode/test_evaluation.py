@@ -1,0 +1,138 @@
+"""Scoring: sacreBLEU BLEU/chrF with signatures; tokenized BLEU on tokenized text stays quiet;
+`tmt evaluate --run` scores the run's own split as the run read it."""
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import TINY_PAIRS, run_cli, train_tiny_run, write_corpus
+from transformer_mt.decode.evaluation import cross_attention_labels, score
+
+# Lowercased, tokenized text as in Multi30k's tok/ files: every line ends in " ." (sacreBLEU
+# warns about that from 100 such lines on, unless told the text is tokenized on purpose).
+REFERENCES = [f"ein mann mit {n} hunden steht auf der straße ." for n in range(120)]
+HYPOTHESES = [f"ein mann mit {n} hunden geht auf der straße ." for n in range(120)]
+
+
+def test_tokenized_bleu_does_not_warn_and_scores_like_plain_sacrebleu(caplog, capsys):
+    import sacrebleu
+
+    with caplog.at_level(logging.WARNING):
+        scores = score(HYPOTHESES, REFERENCES, tokenize="none")
+    assert "detokenize" not in caplog.text + "".join(capsys.readouterr())
+    plain = sacrebleu.metrics.BLEU(tokenize="none")
+    assert scores.bleu == plain.corpus_score(HYPOTHESES, [REFERENCES]).score
+    assert scores.bleu_signature == str(plain.get_signature()) and "tok:none" in scores.bleu_signature
+    assert 0 < scores.bleu < 100 and 0 < scores.chrf < 100
+
+
+def test_raw_text_is_scored_with_13a_by_default():
+    scores = score(["Ciao, mondo!"], ["Ciao, mondo!"])
+    assert round(scores.bleu, 6) == 100 and "tok:13a" in scores.bleu_signature
+
+
+def test_attention_labels_match_the_rows_and_columns_of_the_map():
+    eos = "</s>"
+    assert cross_attention_labels(["a", "b"], ["x", "y"], eos, max_len=8) == (["a", "b", eos], ["x", "y", eos])
+    # A hypothesis that filled all max_len positions (no EOS generated): every piece, no EOS row.
+    src, hyp = list("abcdefghij"), list("qrstuvwx")
+    assert cross_attention_labels(src, hyp, eos, max_len=8) == (list("abcdefg") + [eos], hyp)
+    assert cross_attention_labels(src, hyp[:7], eos, max_len=8)[1] == hyp[:7] + [eos]
+
+
+# --- the run's own split: its corpus_cache/, whatever happened to the data files since ---------
+
+@pytest.fixture
+def tiny_run(tmp_path: Path) -> Path:
+    """A tiny trained run of its own (the tests move or edit its data), over tmp_path/corpus."""
+    return train_tiny_run(tmp_path, tmp_path / "run", max_steps=2, eval_every_steps=2, save_every_steps=2)
+
+
+def run_files(run_dir: Path) -> dict[str, tuple[bytes, int]]:
+    """Bytes and modification time of every file of the run but evaluate's own output."""
+    return {str(p.relative_to(run_dir)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(run_dir.rglob("*")) if p.is_file() and p.parent.name != "evaluation"}
+
+
+def evaluate_test_split(run_dir: Path, monkeypatch, capsys) -> tuple[int, str, str, str]:
+    """`tmt evaluate --run RUN`: exit code, stdout (the scores), stderr, and the hypotheses written."""
+    code, out, err = run_cli(["evaluate", "--run", str(run_dir), "--quiet"], monkeypatch, capsys, run_dir.parent)
+    hypotheses = run_dir / "evaluation" / "test.best.beam1.txt"
+    return code, out, err, hypotheses.read_text("utf-8") if code == 0 else ""
+
+
+def test_evaluate_scores_the_runs_copy_of_a_corpus_that_was_moved(tiny_run: Path, monkeypatch, capsys):
+    code, scores, err, hypotheses = evaluate_test_split(tiny_run, monkeypatch, capsys)
+    assert code == 0 and "WARNING" not in err, err  # the data is where the run read it: nothing to say
+    before = run_files(tiny_run)
+    corpus = tiny_run.parent / "corpus"
+    corpus.rename(tiny_run.parent / "moved")
+
+    code, moved_scores, err, moved_hypotheses = evaluate_test_split(tiny_run, monkeypatch, capsys)
+    assert code == 0, err
+    assert (moved_scores, moved_hypotheses) == (scores, hypotheses)
+    assert f"WARNING data.path {str(corpus)!r} of the run's config ({tiny_run / 'config.yaml'})" in err
+    assert f"own copy of its data in {tiny_run / 'corpus_cache'} is scored" in err
+    assert run_files(tiny_run) == before
+
+
+def test_evaluate_scores_the_split_the_run_read_not_the_edited_files(tiny_run: Path, monkeypatch, capsys):
+    code, scores, err, hypotheses = evaluate_test_split(tiny_run, monkeypatch, capsys)
+    assert code == 0, err
+    before = run_files(tiny_run)
+    # Three other test pairs: rebuilding the corpus would score 3 sentences, not the run's 2.
+    write_corpus(tiny_run.parent / "corpus", {"test": TINY_PAIRS[6:9]})
+
+    code, edited_scores, err, edited_hypotheses = evaluate_test_split(tiny_run, monkeypatch, capsys)
+    assert code == 0, err
+    assert (edited_scores, edited_hypotheses) == (scores, hypotheses) and len(hypotheses.splitlines()) == 2
+    assert "WARNING the data files of data.path" in err and "may have changed since the run read them" in err
+    assert "--src FILE --ref FILE" in err
+    assert run_files(tiny_run) == before  # corpus_cache/ neither rebuilt nor touched
+
+
+def test_evaluate_without_corpus_cache_or_data_names_the_runs_config_and_src_ref(tiny_run: Path, monkeypatch,
+                                                                                 capsys):
+    shutil.rmtree(tiny_run / "corpus_cache")
+    shutil.rmtree(tiny_run.parent / "corpus")
+    code, out, err = run_cli(["evaluate", "--run", str(tiny_run), "--quiet"], monkeypatch, capsys, tiny_run.parent)
+    assert code == 1 and out == "", err
+    assert "is not a directory" in err and str(tiny_run / "config.yaml") in err and "--src FILE --ref FILE" in err
+    assert "Traceback" not in err and not (tiny_run / "corpus_cache").exists()
+
+
+def test_a_length_penalty_option_reaches_beam_search_and_names_evaluates_output(tiny_run: Path, monkeypatch,
+                                                                                capsys):
+    from transformer_mt.decode.ct2_engine import CT2Engine
+    from transformer_mt.decode.torch_engine import TorchEngine
+
+    seen = []  # (beam size, length penalty) of each call into decoding, on either engine
+    for engine in (CT2Engine, TorchEngine):
+        def recording(self, src_ids, decode_cfg, beam_size, progress, real=engine.translate):
+            seen.append((beam_size, decode_cfg.length_penalty))
+            return real(self, src_ids, decode_cfg, beam_size, progress)
+
+        monkeypatch.setattr(engine, "translate", recording)
+    code, _, err = run_cli(["evaluate", "--run", str(tiny_run), "--quiet", "--beam", "3", "--length-penalty", "1.5"],
+                           monkeypatch, capsys, tiny_run.parent)
+    assert code == 0, err
+    assert seen == [(3, 1.5)] and "beam 3, length penalty 1.5;" in err
+    assert (tiny_run / "evaluation" / "test.best.beam3.lp1.5.txt").is_file()  # not the run's own beam3 file
+    code, _, err = run_cli(["evaluate", "--run", str(tiny_run), "--quiet", "--length-penalty", "1.5"],
+                           monkeypatch, capsys, tiny_run.parent)  # greedy (the run's beam 1): no penalty to name
+    assert code == 0 and seen[-1] == (1, 1.5) and "beam 1;" in err, err
+    assert not list((tiny_run / "evaluation").glob("*beam1.lp*"))
+    code, _, err = run_cli(["translate", "--run", str(tiny_run), "--engine", "torch", "--beam", "2",
+                            "--length-penalty", "0", "hello"], monkeypatch, capsys, tiny_run.parent)
+    assert code == 0 and seen[-1] == (2, 0.0), err
+    code, _, err = run_cli(["translate", "--run", str(tiny_run), "--engine", "torch", "hello"], monkeypatch, capsys,
+                           tiny_run.parent)
+    assert code == 0 and seen[-1][1] == 0.6, err  # the run's decode.length_penalty
+    for bad in ("-1", "nan", "x"):
+        with pytest.raises(SystemExit) as exit_:  # argparse's usage error
+            run_cli(["translate", "--run", str(tiny_run), "--length-penalty", bad, "hello"], monkeypatch, capsys,
+                    tiny_run.parent)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and "argument --length-penalty:" in err and "Traceback" not in err, err

@@ -1,0 +1,249 @@
+"""What several test files build: tiny configs, corpora, models and runs, and the ways they read a run."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from transformer_mt.cli import main as cli
+from transformer_mt.config.loading import config_from_dict, save_config
+from transformer_mt.config.schema import Config, ModelConfig, config_to_dict
+from transformer_mt.core.errors import TrainingStopped
+from transformer_mt.data.batching import pad_sequences
+from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.runs.checkpoint import FORMAT_VERSION, save_atomic
+from transformer_mt.runs.run_dir import prepare_run_dir
+from transformer_mt.train.trainer import Trainer, train
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_CONFIG = REPO / "configs" / "demo.yaml"
+# For subprocesses: this checkout first (not an installed copy), then the caller's own path
+# (on the GPU machine, the wheels carried for packages its image lacks).
+PYTHONPATH = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+# A tiny parallel corpus the tests can overfit: short, repetitive, with accents and apostrophes.
+TINY_PAIRS = [
+    ("Good morning.", "Buongiorno."),
+    ("Good evening.", "Buonasera."),
+    ("Thank you very much.", "Grazie mille."),
+    ("Where is the station?", "Dov'è la stazione?"),
+    ("The coffee is hot.", "Il caffè è caldo."),
+    ("The city is beautiful.", "La città è bella."),
+    ("I am tired.", "Sono stanco."),
+    ("Why are you here?", "Perché sei qui?"),
+    ("We eat bread.", "Mangiamo il pane."),
+    ("She reads a book.", "Lei legge un libro."),
+    ("He drinks water.", "Lui beve acqua."),
+    ("The man is tall.", "L'uomo è alto."),
+]
+SOURCES = [src for src, _ in TINY_PAIRS]
+TARGETS = [tgt for _, tgt in TINY_PAIRS]
+
+# The special ids of the models built without tokenizers below.
+PAD, BOS, EOS = 0, 2, 3
+TINY_V, RANDOM_V = 30, 40  # tiny_model's and random_model's vocabularies
+
+
+# --- configs, corpora and the CLI --------------------------------------------------------------
+
+def write_corpus(directory: Path, pairs: dict[str, list[tuple[str, str]]], src: str = "en", tgt: str = "it") -> Path:
+    """Write aligned `{split}.{lang}` files for each split and return the directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, split_pairs in pairs.items():
+        (directory / f"{split}.{src}").write_text("".join(s + "\n" for s, _ in split_pairs), encoding="utf-8")
+        (directory / f"{split}.{tgt}").write_text("".join(t + "\n" for _, t in split_pairs), encoding="utf-8")
+    return directory
+
+
+def tiny_config(data_dir: Path, **sections) -> Config:
+    """A tiny seeded model config (d_model=16 unless overridden) over a local corpus."""
+    raw = {
+        "name": "tiny",
+        "seed": 3,
+        "data": {"format": "text", "path": str(data_dir), "valid_size": 2, "test_size": 2},
+        "tokenizer": {"vocab_size": 200, "min_frequency": 1},
+        "model": {"d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32, "dropout": 0.1, "max_len": 64},
+        "train": {"max_steps": 6, "batch_tokens": 64, "lr": 1e-3, "warmup_steps": 2, "log_every_steps": 1,
+                  "eval_every_steps": 3, "save_every_steps": 3, "eval_max_sentences": 0, "precision": "fp32",
+                  "device": "cpu"},
+    }
+    for section, values in sections.items():
+        raw[section] = {**raw.get(section, {}), **values} if isinstance(values, dict) else values
+    return config_from_dict(raw)
+
+
+def run_cli(args: list[str], monkeypatch, capsys, cwd: Path, stdin: bytes | None = None) -> tuple[int, str, str]:
+    """Run `tmt ARGS` in-process (what the console script calls) in `cwd`: (exit code, stdout, stderr)."""
+    monkeypatch.chdir(cwd)
+    if stdin is not None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        code = cli.main(args)
+    finally:  # cli.main logs to this test's captured stderr, which is closed after the test
+        root.handlers = handlers
+        root.setLevel(level)  # not `root.level =`: that keeps the loggers' cached INFO-enabled answers
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def tmt(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m transformer_mt ARGS` in a subprocess with a bare environment, as a user would."""
+    return subprocess.run([sys.executable, "-m", "transformer_mt", *args], cwd=cwd, input=stdin,
+                          capture_output=True, text=True, timeout=300,
+                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+                               "PYTHONPATH": PYTHONPATH})
+
+
+# --- models without tokenizers -----------------------------------------------------------------
+
+def tiny_model(seed: int = 0, vocab_size: int = TINY_V, **overrides) -> Transformer:
+    """A seeded Transformer of d_model 16, 2 heads, 2 layers, in eval mode, over `vocab_size` ids."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(**{"d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32, "dropout": 0.0, "max_len": 32,
+                         **overrides})
+    return Transformer(cfg, vocab_size, vocab_size, PAD).eval()
+
+
+def random_model(seed: int) -> Transformer:
+    """A tiny model whose sentences end at different steps: its output projection is scaled up."""
+    model = tiny_model(seed, RANDOM_V, max_len=48)
+    with torch.no_grad():  # make EOS likely enough that sentences end at different steps
+        model.output_proj.weight.mul_(4.0)
+    return model
+
+
+def random_sources(seed: int, batch: int = 6, max_len: int = 9, min_len: int = 1) -> torch.Tensor:
+    """Random source rows for random_model, each ending in EOS, padded to the longest."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, max_len, (batch,), generator=gen).tolist()
+    rows = [torch.randint(4, RANDOM_V, (n,), generator=gen).tolist() + [EOS] for n in lengths]
+    src = torch.full((batch, max(map(len, rows))), PAD)
+    for i, row in enumerate(rows):
+        src[i, : len(row)] = torch.tensor(row)
+    return src  # (B, S) with padding
+
+
+def assert_same_hypotheses(got, expected):
+    """The same n-best lists, token for token, with the same log-probs and scores up to rounding
+    (the reference drops finished sentences' rows, which changes the batch the products see)."""
+    assert [[h.ids for h in hyps] for hyps in got] == [[h.ids for h in hyps] for hyps in expected]
+    for hyps, reference in zip(got, expected):
+        for h, e in zip(hyps, reference):
+            assert h.log_prob == pytest.approx(e.log_prob, abs=1e-4)
+            assert h.score == pytest.approx(e.score, abs=1e-4)
+
+
+# --- runs ---------------------------------------------------------------------------------------
+
+def make_trainer(tiny_corpus: Path, run: Path, **train) -> Trainer:
+    """A Trainer on a new run over the tiny corpus: dropout 0 (attention runs in SDPA), no clipping, fp32."""
+    cfg = tiny_config(tiny_corpus, model={"dropout": 0.0}, train={"clip_grad_norm": 0.0, **train})
+    prepare_run_dir(run, resume=False, overwrite=False)
+    return Trainer(cfg, run, progress=False)
+
+
+def train_tiny_run(root: Path, run_dir: Path, **train_options) -> Path:
+    """Train a tiny run in `run_dir` over the tiny pairs written to root/corpus; its config saved as root/tiny.yaml."""
+    corpus = write_corpus(root / "corpus", {"train": TINY_PAIRS, "valid": TINY_PAIRS[:4], "test": TINY_PAIRS[4:6]})
+    cfg = tiny_config(corpus, train=train_options)
+    save_config(cfg, root / "tiny.yaml")
+    prepare_run_dir(run_dir, resume=False, overwrite=False)
+    train(cfg, run_dir, progress=False)
+    return run_dir
+
+
+def encode_pairs(tokenizers: TokenizerPair) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Padded (source + EOS, BOS + target, target + EOS) ids of the tiny pairs."""
+    src = tokenizers.encode_src(SOURCES)
+    tgt = tokenizers.encode_tgt(TARGETS)
+    return (pad_sequences([ids + [EOS_ID] for ids in src], PAD_ID),
+            pad_sequences([[BOS_ID] + ids for ids in tgt], PAD_ID),
+            pad_sequences([ids + [EOS_ID] for ids in tgt], PAD_ID))
+
+
+def make_run(run_dir: Path, norm: str, share: bool, **model) -> tuple[Transformer, TokenizerPair]:
+    """A run directory (tokenizers + best.pt) holding a briefly trained tiny model.
+
+    20 teacher-forced steps: enough that greedy outputs differ and some end with EOS before
+    the cap, too few to learn every pair, so others run to the cap. Biases and LayerNorm
+    parameters are perturbed first, so a misplaced one would change the outputs.
+    """
+    cfg = tiny_config(run_dir, tokenizer={"joint": share},
+                      model={"norm": norm, "share_embeddings": share, "tie_output": share, "dropout": 0.0, **model})
+    run_dir.mkdir(parents=True)
+    tokenizers = train_tokenizers(cfg.tokenizer, SOURCES, TARGETS)
+    tokenizers.save(run_dir)
+    torch.manual_seed(0)
+    model = Transformer(cfg.model, tokenizers.src.get_vocab_size(), tokenizers.tgt.get_vocab_size(), PAD_ID)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 1:
+                param.add_(0.2 * torch.randn_like(param))
+    src_ids, tgt_in_ids, tgt_out_ids = encode_pairs(tokenizers)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(20):
+        logits = model(src_ids, tgt_in_ids, pack=False)  # (B·T, V)
+        loss = F.cross_entropy(logits, tgt_out_ids.flatten(), ignore_index=PAD_ID)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    state = {"model": model.state_dict(), "config": config_to_dict(cfg), "format_version": FORMAT_VERSION,
+             "model_args": {"src_vocab_size": tokenizers.src.get_vocab_size(),
+                            "tgt_vocab_size": tokenizers.tgt.get_vocab_size(), "pad_id": PAD_ID}}
+    (run_dir / "checkpoints").mkdir()
+    save_atomic(state, run_dir / "checkpoints" / "best.pt")
+    return model, tokenizers
+
+
+def stop_at_first_validation(cfg, run_dir: Path, monkeypatch) -> None:
+    """Train a new run in `run_dir` until SIGTERM arrives during its first validation: it saves a
+    checkpoint at that step and stops, as under a scheduler's notice."""
+    validate = Trainer.validate
+
+    def signalled(self, writer):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return validate(self, writer)
+
+    prepare_run_dir(run_dir, resume=False, overwrite=False)
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "validate", signalled)
+        with pytest.raises(TrainingStopped):
+            train(cfg, run_dir, progress=False)
+
+
+def read_scalars(run_dir: Path, tag: str) -> dict[int, float]:
+    """The run's values of `tag` by step, as TensorBoard shows them after every resume.
+
+    TensorBoard reads a folder's event files in name order, as text. Files are named
+    `...<seconds>.<host>.<pid>.<counter>`: two writers of one test process in the same second
+    (a start and its resume) can sort `.10` before `.8`, and the older file then purges the
+    newer one's steps. A run's own starts are separate processes, seconds apart; here the files
+    are read in the order they were written.
+    """
+    def written(path: Path) -> tuple[int, int]:
+        parts = path.name.split(".")
+        return int(parts[3]), int(parts[-1])
+
+    files = sorted((run_dir / "tensorboard").glob("events.out.tfevents.*"), key=written)
+    with tempfile.TemporaryDirectory() as ordered:
+        for number, path in enumerate(files):
+            shutil.copyfile(path, Path(ordered) / f"events.out.tfevents.{number:06d}")
+        events = EventAccumulator(ordered)
+        events.Reload()
+        return {event.step: event.value for event in events.Scalars(tag)}

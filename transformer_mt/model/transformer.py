@@ -72,7 +72,7 @@ class Packing:
         B, L = self.mask.shape
         if self.index is None:
             return rows.view(B, L, -1)
-        return rows.new_zeros(B * L, rows.shape[-1]).index_copy(0, self.index, rows).view(B, L, -1)
+        return rows.new_zeros(B * L, rows.shape[-1]).index_copy_(0, self.index, rows).view(B, L, -1)
 
     def positions(self) -> torch.Tensor:
         """(N,) long: each row's position in its sentence."""

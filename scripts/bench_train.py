@@ -20,9 +20,9 @@ rounds of each, and the reported figure is each engine's median round: on a shar
 neighbour's burst then hits one round, not one engine.
 
     python scripts/bench_train.py                                   # demo corpus, cpu-small, 1 thread
-    python scripts/bench_train.py --data /work/shared/data/multi30k_en_de
-    python scripts/bench_train.py --data /work/shared/data/multi30k_en_de --profile 25   # where the time goes
-    python scripts/bench_train.py --device cuda --preset base --data /work/shared/data/multi30k_en_de
+    python scripts/bench_train.py --data path/to/multi30k_en_de
+    python scripts/bench_train.py --data path/to/multi30k_en_de --profile 25   # where the time goes
+    python scripts/bench_train.py --device cuda --preset base --data path/to/multi30k_en_de
 
 The last line of output is one JSON object.
 """

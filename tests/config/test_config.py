@@ -203,16 +203,6 @@ def test_demo_config_is_valid():
     assert Path(cfg.data.path, "train.en").is_file()
 
 
-def test_readme_configuration_reference_matches_the_dataclasses():
-    from tests.helpers import REPO
-    from transformer_mt.config.reference import reference_markdown
-
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    start = readme.index("<!-- config-reference:start")
-    body = readme[readme.index("\n", start) + 1: readme.index("<!-- config-reference:end -->")]
-    assert body == reference_markdown(), "README is stale: paste config_reference.reference_markdown() between the markers"
-
-
 def test_attention_and_activation_dropout_are_checked_like_dropout():
     problems = problems_of({"model": {"attention_dropout": 1.5, "activation_dropout": -0.1}})
     assert "model.attention_dropout: must be in [0, 1), got 1.5" in problems

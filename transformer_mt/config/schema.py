@@ -1,5 +1,5 @@
 """The configuration's schema: one frozen dataclass per section, each field with its default and
-docstring (the README's reference: `config.reference.py`), and each section's `validate()`.
+docstring (the documentation's configuration reference is generated from them), and each section's `validate()`.
 
 Reading a YAML file into a checked `Config` is `config.loading.py`'s job.
 """

@@ -23,7 +23,7 @@ On a CPU, greedy decoding is also timed with int8 weights: `tmt translate --quan
 against CTranslate2's `compute_type="int8"` (`--no-int8` leaves them out).
 
     python scripts/bench_decode.py                                   # demo corpus, cpu-small, 1 thread
-    python scripts/bench_decode.py --data /work/shared/data/multi30k_en_de
+    python scripts/bench_decode.py --data /path/to/multi30k
     python scripts/bench_decode.py --device cuda --preset base --precision bf16 --threads 4
     python scripts/bench_decode.py --device cuda --preset base --precision bf16 \
         --data .gpu/data/multi30k_en_de --test-beam 5       # also: 1,000 test sentences, beam 5
@@ -151,7 +151,7 @@ class Timing:
 # --- setup -------------------------------------------------------------------------------------
 
 def read_corpus(directory: Path, src_lang: str) -> tuple[str, list[tuple[str, str]], list[str]]:
-    """(target language, train pairs, test sources) from a corpus in the shared/data layout."""
+    """(target language, train pairs, test sources) from a corpus folder (train.<lang>, test.<lang>)."""
     langs = sorted({p.name.split(".")[1] for p in directory.glob("train.*")})
     if src_lang not in langs or len(langs) != 2:
         sys.exit(f"{directory}: expected train.{src_lang} and one other train.<lang> file, found {langs}")

@@ -71,7 +71,7 @@ TUTORIAL_ROUNDS = 3
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DEMO_CORPUS,
-                        help="corpus directory in the shared/data layout (default: the demo corpus)")
+                        help="corpus directory: train.<lang>, valid.<lang>, test.<lang> (default: the demo corpus)")
     parser.add_argument("--src-lang", default="en", help="source language suffix (the other is the target)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu-small", help="model dimensions")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")

@@ -1,4 +1,4 @@
-"""Write an N-pair synthetic parallel corpus in the ../shared/data layout, for scale tests.
+"""Write an N-pair synthetic parallel corpus in the layout tmt reads (train.<lang>, valid.<lang>, test.<lang>), for scale tests.
 
     python scripts/make_synthetic_corpus.py --pairs 10000000 --out /tmp/synth-10m
 

@@ -2,7 +2,7 @@
 tokenized BLEU.
 
     pip install sacremoses
-    python scripts/multi30k_tokenize.py --data ../shared/data/multi30k_en_de --out /tmp/m30k-tok
+    python scripts/multi30k_tokenize.py --data /path/to/multi30k --out /tmp/m30k-tok
     tmt evaluate --run runs/multi30k-en-de-cpu --src /tmp/m30k-tok/test2017_flickr.en \
         --ref /tmp/m30k-tok/test2017_flickr.de --tokenize none --beam 5
 
@@ -12,7 +12,7 @@ made `tok/` by lowercasing, normalising punctuation and running the Moses tokeni
 `scripts/task1-tokenize.sh`); this script does the same with sacremoses, the Python port of
 those Moses scripts. Before it writes anything it runs the procedure on the raw files that do
 have a `tok/` copy and prints how many lines differ (1 of the 4,028 lines of test2016 and
-valid, both sides, on the shared copy), so the score of a tokenized extra test set is known to
+valid, both sides, on the distributed files), so the score of a tokenized extra test set is known to
 be comparable with test2016's. Nothing here is used by tmt itself.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, required=True,
-                        help="a Multi30k folder in the shared/data layout: raw files on top, tok/ beside them")
+                        help="a Multi30k folder: raw files on top, tok/ beside them")
     parser.add_argument("--out", type=Path, required=True,
                         help="directory to write the tokenized extra test sets into (created; existing files "
                         "are never overwritten)")

@@ -1,10 +1,10 @@
 """How much a trained model takes from its source: the teacher-forced loss of a parallel text with
 the true sources, and with each sentence given the next sentence's source. A model that translates
 loses several nats per token when its sources are swapped; a decoder that has become a
-target-side language model (a stalled post-norm run, docs/results.md) loses little.
+target-side language model (a stalled post-norm run, docs/results/multi30k-en-de.md) loses little.
 
     python scripts/source_use.py --checkpoint runs/x/checkpoints/step_00004096.pt \
-        --src ../shared/data/multi30k_en_de/tok/valid.en --tgt ../shared/data/multi30k_en_de/tok/valid.de
+        --src /path/to/multi30k/tok/valid.en --tgt /path/to/multi30k/tok/valid.de
 
 Prints one JSON line: the mean negative log-likelihood in nats per target token (plain cross
 entropy, no label smoothing) with the true sources (`true`) and the shifted ones (`shifted`), and

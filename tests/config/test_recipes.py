@@ -1,5 +1,5 @@
 """The published recipes in configs/: each loads, says how to point it at the data, and keeps
-the quality settings docs/results.md reports (shared vocabulary, tied embeddings, beam 5)."""
+the quality settings docs/results/ reports (shared vocabulary, tied embeddings, beam 5)."""
 
 from pathlib import Path
 

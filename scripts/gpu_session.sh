@@ -1,39 +1,41 @@
 #!/usr/bin/env bash
-# The GPU checks and figures of docs/benchmarks.md and docs/results.md, in a few short commands.
+# GPU checks and figures for tmt, in a few short commands: each stage fits a command of at most
+# 10 minutes. What the figures mean, and those measured so far: docs/benchmarks/ (index.md for
+# this script, training.md, decoding.md, memory.md).
 #
-# Issue 23's figures from a bare machine, three commands of at most 10 minutes each (each figure
-# is one JSON line, `grep '^{"figure"' OUT/*.log`; COMMIT=<hash> names the commit in them, as
-# the GPU machine's copy of the tree has no .git):
-#   bash scripts/gpu_session.sh prepare                                 # here: corpora and wheels into .gpu/
-#   COMMIT=abc1234 bash scripts/gpu_session.sh multi30k bench           # 1: the recipe end to end; bench base
-#   COMMIT=abc1234 bash scripts/gpu_session.sh variants                 # 2: what each piece of the engine buys
-#   COMMIT=abc1234 bash scripts/gpu_session.sh check multi30k-seed2     # 3: GPU tests; the recipe's second seed
-# Issue 26's figure (test2016 BLEU, mean of 3 seeds, of the recipe with its quality levers; TAG names
-# the runs apart from the plain recipe's, so a warm machine never resumes one as the other). Stages
-# joined by commas run at the same time (the tiny model leaves most of the GPU and the host's cores
-# idle), so the GPU tests and the three seeds share one command; their times are then not those of
-# a machine alone (the lease of 2026-11-27 ran this, docs/results.md; cosine + EMA scored below plain):
+# Each figure is one JSON line, `{"figure": ..., "commit": ...}`: `grep -h '^{"figure"' OUT/*.log`
+# collects them. COMMIT=<hash> names the version in them where the GPU machine's copy of the tree
+# has no .git. From a bare machine:
+#   DATA=/path/to/corpora bash scripts/gpu_session.sh prepare            # beside the corpora: data and wheels into .gpu/
+#   COMMIT=abc1234 bash scripts/gpu_session.sh check decode              # GPU tests; decoding speed against HF Marian
+#   COMMIT=abc1234 bash scripts/gpu_session.sh multi30k bench            # the recipe end to end; training speed, base model
+#   COMMIT=abc1234 bash scripts/gpu_session.sh variants                  # what each piece of the training engine buys
+#   COMMIT=abc1234 bash scripts/gpu_session.sh check multi30k-seed2      # GPU tests; the recipe's second seed
+# Stages joined by commas run at the same time (the tiny recipe leaves most of the GPU and the
+# host's cores idle), so the GPU tests and three seeds of a recipe variant share one command; their
+# times are then not those of a machine alone. TAG names the runs apart from the plain recipe's, so
+# a warm machine never resumes one as the other:
 #   COMMIT=abc1234 BUDGET=420 TAG=levers SETS="train.lr_schedule=cosine train.ema_decay=0.9999" \
 #       bash scripts/gpu_session.sh check,multi30k,multi30k-seed2,multi30k-seed3 decode   # again to resume
-# and `scout` tries several variants of the recipe at once, one run each (docs/benchmarks.md, "The
-# next lease", has the command).
+# and `scout` trains several variants of the recipe at once, one run each (below).
 # Other stages:
 #   SETS="train.max_steps=10000" bash scripts/gpu_session.sh tatoeba   # again at once to resume
-#   bash scripts/gpu_session.sh decode                                   # decoding speed
+#   bash scripts/gpu_session.sh profile bench-large                      # host time per update; 64k-token batches
 #   bash scripts/gpu_session.sh bench-more suite                         # if time is left
 #
 # Stages:
-#   prepare        copies ../shared/data's Multi30k and Tatoeba (DATA=... for another copy), IWSLT'14's
-#                  evaluation sets as a training corpus (.gpu/data/iwslt14_eval_as_train, for scouting
+#   prepare        copies Multi30k and Tatoeba from DATA (default ../shared/data; it must hold
+#                  multi30k_en_de, tatoeba_anki_en_it and iwslt14_de_en_eval), IWSLT'14's evaluation
+#                  sets as a second training corpus (.gpu/data/iwslt14_eval_as_train, for scouting
 #                  `data.corpora`) and the wheels the GPU image lacks (datasets and what it needs) into
-#                  .gpu/, which git ignores. The GPU machine sees only the repository: carry `.gpu` in the call.
+#                  .gpu/, which git ignores. Copy `.gpu` into the GPU machine's checkout.
 #   bench          scripts/bench_train.py, preset base, on Multi30k and on the demo corpus, at the
 #                  batch size tmt chooses for the device (`train.batch_tokens: auto`): tokens/s, MFU,
 #                  `tmt_vs_hf_marian`, peak memory; figures bench-multi30k, bench-demo.
 #   variants       the same on Multi30k (3 rounds of 30 steps), one piece changed at a time:
 #                  `train.compile=true` (compiled kernels inside the captured step; compile and capture
-#                  seconds in its line), 16,384 tokens (the old default), `train.cuda_graphs=false` (no
-#                  engine), `pad_to_multiple=1`; a variant that no longer fits before BUDGET prints a
+#                  seconds in its line), 16,384 tokens per batch, `train.cuda_graphs=false` (the eager
+#                  step), `pad_to_multiple=1`; a variant that no longer fits before BUDGET prints a
 #                  skipped line, one that runs past it is stopped and prints a timed_out line.
 #   bench-large    the same on Multi30k at 65,536 tokens per batch (what a bigger batch buys in MFU).
 #   profile        cProfile of 1,500 updates of configs/multi30k-en-de.yaml (where the host's time
@@ -47,8 +49,8 @@
 #   suite          the rest of the test suite on the machine's torch (CI runs it too, on CPU).
 #   multi30k       trains configs/multi30k-en-de.yaml into runs/gpu-multi30k-en-de, then prints its
 #                  figure (scripts/recipe_figures.py): ms per update, seconds from the command to the
-#                  test score, test BLEU, and the validation BLEU of the test's checkpoint (and of the
-#                  last step's EMA), beam 5: issue 26's measure.
+#                  test score, test BLEU, and the validation BLEU (beam 5) of the test's checkpoint
+#                  and of the last step's EMA, the measure recipe variants are compared on.
 #   multi30k-seed2 the same with seed 2, in runs/gpu-multi30k-en-de-seed2.
 #   multi30k-seed3 the same with seed 3, in runs/gpu-multi30k-en-de-seed3.
 #   tatoeba        trains configs/tatoeba-en-it.yaml into runs/gpu-tatoeba-en-it.
@@ -59,12 +61,12 @@
 #                        bash scripts/gpu_session.sh scout
 # A training stage stops with SIGTERM (a checkpoint; the stage still exits 0) before BUDGET seconds
 # (default 480, for a 10-minute command) have passed since the command started, and resumes from
-# its newest checkpoint when run again on the same, still warm machine (it is given back after
-# 30 s idle, and runs do not come back: a cold machine starts again at step 0, and says so).
+# its newest checkpoint when run again on the same machine while runs/ is still there (a fresh
+# machine has none: the stage then starts at step 0, and says so).
 # SETS="key=value ..." adds `--set` overrides to the training stages; TAG=x appends -x to their run names. Each stage writes STAGE.log
 # into OUT (default gpu-out/), beside setup.log; after each stage (or group of stages at once) the runs
 # trained so far in the command go into runs.tar.gz (their logs, scores and TensorBoard events; no
-# checkpoints), one file, as the device tool brings back at most 8.
+# checkpoints), one file, for a machine from which only a few files can be copied back.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -86,7 +88,7 @@ prepare() {
         [ -d "$data/$corpus" ] || { echo "gpu_session: no corpus at $data/$corpus (set DATA)" >&2; return 2; }
         rm -rf ".gpu/data/$corpus" && cp -r "$data/$corpus" .gpu/data/
     done
-    # Issue 26's data.corpora scout: IWSLT'14's evaluation sets (TED talks, lowercased and tokenized as
+    # For scouting data.corpora: IWSLT'14's evaluation sets (TED talks, lowercased and tokenized as
     # Multi30k's tok/ files are) as a second en->de training corpus, without the lines holding <unk>.
     local iwslt=$data/iwslt14_de_en_eval extra=.gpu/data/iwslt14_eval_as_train
     [ -d "$iwslt" ] || { echo "gpu_session: no corpus at $iwslt (set DATA)" >&2; return 2; }
@@ -149,8 +151,9 @@ bench() {  # fails if any run fails; each prints its JSON line last
 }
 
 variants() {  # one piece at a time, Multi30k base; later ones are skipped when BUDGET runs short
-    # The compiled step first: the MFU goal rests on it, and it takes longest (each batch shape
-    # compiles before its capture: compile_seconds in its line's cuda_graphs, not in the rates).
+    # The compiled step first: it is the variant expected to raise MFU most, and it takes longest
+    # (each batch shape compiles before its capture: compile_seconds in its line's cuda_graphs, not
+    # in the rates).
     # Each run is stopped at BUDGET, printing a timed_out line, so the command stays within it.
     local rc=0 name args left code
     local variants=("variant-compiled|--set train.compile=true" "variant-16k-tokens|--batch-tokens 16384"
@@ -207,7 +210,7 @@ decode() {  # each run prints JSON lines: the beam-5 test figure, then the summa
     log "decode: base, bf16, Multi30k, decode.attention_backend auto"
     "$PY" scripts/bench_decode.py --device cuda --preset base --precision bf16 --data "$data" \
         --test-beam 5 --test-sentences 1000 || rc=1
-    [ "${CUDNN:-0}" = 1 ] || return $rc  # measured at 5fe0c00 (docs/benchmarks.md); CUDNN=1 runs it again
+    [ "${CUDNN:-0}" = 1 ] || return $rc  # its figures: docs/benchmarks/decoding.md; CUDNN=1 measures it again
     log "decode: the same at batch 32, cuDNN's attention forced (a new execution plan per shape)"
     "$PY" scripts/bench_decode.py --device cuda --preset base --precision bf16 --data "$data" \
         --attention-backend cudnn --batch-sizes 32 --n-sentences 320 --n-uncached 32 --without hf_marian \

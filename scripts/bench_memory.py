@@ -1,4 +1,4 @@
-"""Peak memory of preparing a large corpus and starting to train on it (issue: corpora larger than memory).
+"""Peak memory of preparing a large corpus and starting to train on it (corpora larger than memory).
 
     python scripts/bench_memory.py --pairs 10000000 --work /tmp/tmt-memory
 

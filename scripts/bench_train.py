@@ -13,8 +13,7 @@ One process, the same training sentences for all three engines, each timed after
 
 Speed is real (non-pad) target tokens per second. On CUDA, `peak_memory_mb` is tmt's peak
 allocated memory over its warm-up and rounds (its own weights, gradients and optimizer state, plus
-the largest step's activations; under CUDA graphs their memory pool, taken when a shape is captured,
-which until 2026-11-24 the figure left out), and `peak_memory_mb_per_1k_tgt_tokens` divides it by the mean real
+the largest step's activations; under CUDA graphs their memory pool, taken when a shape is captured), and `peak_memory_mb_per_1k_tgt_tokens` divides it by the mean real
 target tokens per step, in thousands. The engines run interleaved, `--repeats`
 rounds of each, and the reported figure is each engine's median round: on a shared machine a
 neighbour's burst then hits one round, not one engine.
@@ -110,7 +109,7 @@ def target_lang(data: Path, src_lang: str) -> str:
 def build_trainer(args: argparse.Namespace, run_dir: Path) -> Trainer:
     preset = PRESETS[args.preset]
     tgt_lang = target_lang(args.data, args.src_lang)
-    # On a GPU tmt's own choice for the device (`train.batch_tokens: auto`), as the goals ask.
+    # On a GPU tmt's own choice for the device (`train.batch_tokens: auto`), as a user's run would.
     default_tokens = preset["batch_tokens"] if args.device == "cpu" else "auto"
     train = TrainConfig(max_steps=10**9, batch_tokens=args.batch_tokens or default_tokens,
                         device=args.device, log_every_steps=10**9, eval_every_steps=10**9, test_at_end=False)

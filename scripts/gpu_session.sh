@@ -24,7 +24,7 @@
 #   bash scripts/gpu_session.sh bench-more suite                         # if time is left
 #
 # Stages:
-#   prepare        copies Multi30k and Tatoeba from DATA (default ../shared/data; it must hold
+#   prepare        copies Multi30k and Tatoeba from DATA (required; it must hold
 #                  multi30k_en_de, tatoeba_anki_en_it and iwslt14_de_en_eval), IWSLT'14's evaluation
 #                  sets as a second training corpus (.gpu/data/iwslt14_eval_as_train, for scouting
 #                  `data.corpora`) and the wheels the GPU image lacks (datasets and what it needs) into
@@ -82,7 +82,7 @@ log() { echo "== $(date -u +%H:%M:%S) $*"; }
 threads_each() { echo "${OMP_NUM_THREADS:-$(( ($(nproc) + $1 - 1) / $1 ))}"; }  # the host's cores shared by $1 runs, unless OMP_NUM_THREADS says
 
 prepare() {
-    local data=${DATA:-../shared/data}
+    local data=${DATA:?"set DATA to the folder holding multi30k_en_de, tatoeba_anki_en_it and iwslt14_de_en_eval"}
     mkdir -p .gpu/data .gpu/wheels
     for corpus in multi30k_en_de tatoeba_anki_en_it; do
         [ -d "$data/$corpus" ] || { echo "gpu_session: no corpus at $data/$corpus (set DATA)" >&2; return 2; }

@@ -1,6 +1,6 @@
-"""One JSON line of a training run's figures, from its summary.json and train.log: what issue 23
-asks of `configs/multi30k-en-de.yaml` (ms per update, seconds from the command to the test score,
-test BLEU). `scripts/gpu_session.sh` calls it after a training stage.
+"""One JSON line of a training run's figures, from its summary.json and train.log: what the
+results pages report of a recipe such as `configs/multi30k-en-de.yaml` (ms per update, seconds from
+the command to the test score, test BLEU). `scripts/gpu_session.sh` calls it after a training stage.
 
     python scripts/recipe_figures.py RUN_DIR --label multi30k --stage-seconds 118 [--resumed]
 
@@ -12,7 +12,7 @@ test score last; only for a run that finished in one go (null after a resume).
 the EMA's weights, when the run keeps one (`train.ema_decay`), else null: the EMA of `best.pt`,
 which that EMA's validation chose (`test_ema_checkpoint`). With an EMA, `best_valid_bleu` is the
 EMA's greedy validation, not comparable with a run's without one.
-`--score-valid` adds issue 26's measure of a finished run: `valid_bleu`, the validation split
+`--score-valid` adds, for comparing training variants on validation,: `valid_bleu`, the validation split
 translated from the test's checkpoint (the average of the last 10) as `tmt evaluate --split valid`
 does it (the run's beam, 5 for the recipe), and for a run with an EMA `valid_ema_bleu`, the same of
 the last step's checkpoint, its EMA weights (not `best.pt`'s: validation chose that one).

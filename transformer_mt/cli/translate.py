@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import sys
@@ -66,12 +67,10 @@ def run_translate(args: argparse.Namespace) -> None:
 def _translate_lines(translator, lines: list[str], args: argparse.Namespace, progress: bool,
                      first_number: int = 0) -> list[str]:
     """The output lines for `lines`: one translation each, or with --n-best, --scores, --format
-    jsonl or --sample, the lists README's "n-best lists and scores" describes (sentences
-    numbered from `first_number`)."""
+    jsonl or --sample, the lists README's "n-best lists and scores" describes: jsonl, an object per
+    line; text, a line per translation, `[<number from first_number>\t][<score>\t]<translation>`."""
     if args.n_best == 1 and not args.scores and args.format == "text" and not args.sample:
         return translator.translate(lines, beam_size=args.beam, progress=progress)
-    from transformer_mt.decode.translator import format_translations
-
     beam = args.beam or translator.cfg.decode.beam_size
     if not args.sample and args.n_best > beam:  # the run's beam size, when --beam was left out
         raise UsageError(f"--n-best {args.n_best}: beam search keeps only the run's decode.beam_size={beam} "
@@ -84,8 +83,16 @@ def _translate_lines(translator, lines: list[str], args: argparse.Namespace, pro
                             seed=args.seed or 0)
     results = translator.translate_n_best(lines, n_best=args.n_best, beam_size=1 if args.sample else beam,
                                           sampling=sampling, progress=progress)
-    return format_translations(lines, results, jsonl=args.format == "jsonl", numbered=args.n_best > 1,
-                               scores=args.scores, first_number=first_number)
+    if args.format == "jsonl":
+        return [json.dumps({"source": line, "hypotheses": [t.text for t in translations],
+                            "scores": [t.score for t in translations], "tokens": [t.tokens for t in translations]},
+                           ensure_ascii=False) for line, translations in zip(lines, results)]
+    outputs = []
+    for number, translations in enumerate(results, start=first_number):
+        for translation in translations:
+            fields = ([str(number)] if args.n_best > 1 else []) + ([f"{translation.score:.4f}"] if args.scores else [])
+            outputs.append("\t".join(fields + [translation.text]))
+    return outputs
 
 
 def _translate_interactively(translator, args: argparse.Namespace) -> None:
@@ -157,7 +164,7 @@ def _draw_attention(translator, line: str, args: argparse.Namespace) -> str:
 def run_evaluate(args: argparse.Namespace) -> None:
     from transformer_mt.data.corpus import load_run_corpus
     from transformer_mt.data.sources import read_aligned_files
-    from transformer_mt.decode.evaluation import bleu_tokenizer_problem, score
+    from transformer_mt.decode.metrics import bleu_tokenizer_problem, score
 
     setup_logging(logging.WARNING)
     if bool(args.src) != bool(args.ref):

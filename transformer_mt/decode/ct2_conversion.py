@@ -1,9 +1,9 @@
-"""A trained tmt model as a CTranslate2 model: the same network with the same weights, so that
-CTranslate2's greedy search gives tmt's greedy output token for token (tests/decode/test_export.py,
-tests/decode/test_engines.py). `tmt export` and the CTranslate2 engine's cache (`ct2_engine`) write it."""
+"""A trained model as a CTranslate2 model, the same network with the same weights (CTranslate2's
+greedy output is tmt's, token for token): `tmt export`, and the CTranslate2 engine's cache."""
 
 from __future__ import annotations
 
+import logging
 import math
 import shutil
 from pathlib import Path
@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from transformer_mt.core.errors import TmtError
-from transformer_mt.core.files import make_temp_dir_beside
+from transformer_mt.core.errors import TmtError, UsageError
+from transformer_mt.core.files import check_parent_dir, make_parent_dir, make_temp_dir_beside
 from transformer_mt.data.tokenization import BOS, BOS_ID, EOS, PAD_ID, UNK, TokenizerPair
 from transformer_mt.model.transformer import (
     DecoderLayer,
@@ -22,19 +22,48 @@ from transformer_mt.model.transformer import (
     Transformer,
     sinusoidal_positions,
 )
+from transformer_mt.runs.loading import load_run
+from transformer_mt.runs.lock import lock_if_inside
 
-# CTranslate2 names its padding token `<blank>` (OpenNMT's); its other special tokens are
-# tmt's own strings. fairseq's converter renames `<pad>` the same way.
-CT2_PAD = "<blank>"
-# Rows of the exported position table. tmt cuts sources to model.max_len - 1 tokens and caps
-# outputs at max_len; CTranslate2 does neither by default (inputs are cut at max_input_length
-# = 1024 tokens, the EOS it appends included; outputs at max_decoding_length = 256) and fails a
-# whole batch on a position past the table. The sinusoids extend to any length, so the table
-# covers those defaults; its first max_len rows are the trained model's own.
+logger = logging.getLogger(__name__)
+
+CT2_PAD = "<blank>"  # CTranslate2's (OpenNMT's) padding token; its other special tokens are tmt's
+# Rows of the exported position table: CTranslate2's default caps (inputs 1024, outputs 256), past
+# which a position would fail a whole batch; the first max_len rows are the trained model's own.
 CT2_POSITIONS = 1024
-# Added to the logits of tokens tmt never generates (padding, a second BOS), as tmt's search
-# does with `finfo.min`. -1e4 is far below any real logit and still finite in fp16.
-_FORBIDDEN_LOGIT_BIAS = -1e4
+_FORBIDDEN_LOGIT_BIAS = -1e4  # on padding and a second BOS: far below any logit, finite in fp16
+
+
+def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None = None,
+                       quantization: str | None = None) -> None:
+    """Write a CTranslate2 model directory for a run (`checkpoint`, default as `tmt translate`
+    chooses, its EMA weights when it has them): `model.bin`, `config.json`, the vocabularies and
+    tmt's tokenizer files. `quantization`: CTranslate2's weight type (int8, float16, ...); None: fp32.
+    README's "Exporting to CTranslate2" shows its use (tmt's cap a·S + b: `max_decoding_length`)."""
+    try:
+        import ctranslate2  # noqa: F401  (a dependency, but a platform may lack its wheel)
+        from ctranslate2.specs import model_spec
+    except ImportError:
+        raise TmtError("exporting to CTranslate2 needs the ctranslate2 package: pip install ctranslate2") from None
+    if quantization is not None and quantization not in model_spec.ACCEPTED_MODEL_TYPES:
+        raise UsageError(f"--quantization: {quantization!r} is not one of "
+                         f"{', '.join(model_spec.ACCEPTED_MODEL_TYPES)}")
+    check_parent_dir(output_dir, "--output")
+    target = output_dir.resolve()  # `.` or `..` has no name to write a temp folder beside
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise UsageError(f"{output_dir} already exists and is not an empty directory; choose another --output")
+    if Path.cwd().is_relative_to(target):  # replacing it would pull the folder from under the shell
+        raise UsageError(f"--output {output_dir} is the current directory; choose a new directory")
+
+    run = load_run(run_dir, checkpoint)
+    spec = ctranslate2_spec(run.model, run.tokenizers, run_dir, quantization)
+    with lock_if_inside(run_dir, output_dir, "tmt export"):  # never beside the run's trainer
+        make_parent_dir(output_dir, "--output")
+        try:
+            save_model_dir(spec, target)
+        except OSError as err:
+            raise TmtError(f"{output_dir}: could not write the CTranslate2 model ({err.strerror or err})") from None
+    logger.info("exported %s to %s (CTranslate2, %s)", run_dir, output_dir, quantization or "float32")
 
 
 def ctranslate2_spec(model: Transformer, tokenizers: TokenizerPair, run_dir: Path, quantization: str | None = None):
@@ -51,11 +80,8 @@ def ctranslate2_spec(model: Transformer, tokenizers: TokenizerPair, run_dir: Pat
 
 
 def save_model_dir(spec, target: Path, files: dict[str, str] | None = None) -> None:
-    """Save `spec` and `files` (name -> text) to a new folder beside `target`, then rename it onto
-    `target` (absent, or an empty folder): `target` is never half-written. The temp folder is a
-    new one of our own (never a fixed name, which could be a user's folder), so removing it on
-    failure removes only what this call wrote. Raises `OSError` when it cannot, `target` included
-    when another writer filled it meanwhile."""
+    """Save `spec` and `files` (name -> text) to a new folder of our own beside `target`, then rename
+    it onto `target` (absent or empty): never half-written. `OSError` when it cannot."""
     tmp = make_temp_dir_beside(target)
     try:
         spec.save(str(tmp))
@@ -82,16 +108,10 @@ def ctranslate2_vocabulary(tokenizer) -> list[str]:
 
 
 def build_ctranslate2_spec(model: Transformer):
-    """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights (fp32 numpy arrays).
-
-    Mapping: tmt's fused projections are CTranslate2's (self-attention: one QKV matrix;
-    cross-attention: Q, then one KV matrix), in `nn.Linear`'s (out, in) layout, which is
-    CTranslate2's; each tmt `Residual` LayerNorm is the sublayer's `layer_norm`, which
-    CTranslate2 applies before (pre-norm) or after the residual sum (post-norm), as tmt does.
-    Positions are tmt's own sinusoidal table (CTranslate2's built-in one concatenates sin and cos
-    and starts at position 1), embeddings are scaled by sqrt(D), and the output projection gets
-    a bias that forbids padding and BOS, which tmt's search never emits.
-    """
+    """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights (fp32 numpy arrays): fused
+    projections as CTranslate2's, in `nn.Linear`'s layout; each `Residual`'s LayerNorm as the
+    sublayer's; tmt's own position table (CTranslate2's differs); an output bias forbidding
+    padding and BOS, which tmt's search never emits."""
     from ctranslate2.specs import common_spec, transformer_spec
 
     cfg = model.cfg

@@ -1,6 +1,5 @@
-"""`CT2Engine`: a run decoded by CTranslate2, from a conversion of its checkpoint cached in the run
-directory (`<run>/ctranslate2/<digest>/`, made on first use by `ct2_conversion`). Torch-free
-once the conversion is there; greedy output is tmt's, token for token."""
+"""`CT2Engine`: a run decoded by CTranslate2 from a conversion of its checkpoint cached in the run
+(`<run>/ctranslate2/<digest>/`, made on first use); torch-free once the conversion is there."""
 
 from __future__ import annotations
 
@@ -19,11 +18,10 @@ import numpy as np
 from transformer_mt.core.errors import UsageError
 from transformer_mt.core.files import write_text_atomic
 from transformer_mt.core.run_layout import RunDir
-from transformer_mt.decode.engine import Scored
+from transformer_mt.decode.hypotheses import Hypothesis, Sampling, length_penalty
 
 if TYPE_CHECKING:
     from transformer_mt.config.schema import DecodeConfig
-    from transformer_mt.decode.hypotheses import Sampling
     from transformer_mt.runs.loading import LoadedRun
 
 logger = logging.getLogger(__name__)
@@ -124,9 +122,7 @@ class CT2Engine:
         return [hyps[0] for hyps in self._search(src_ids, decode, beam_size, 1, None, progress)[0]]
 
     def hypotheses(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, n_best: int,
-                   sampling: Sampling | None, progress: bool) -> list[list[Scored]]:
-        from transformer_mt.decode.hypotheses import length_penalty
-
+                   sampling: Sampling | None, progress: bool) -> list[list[Hypothesis]]:
         found, sources, caps = self._search(src_ids, decode, beam_size, n_best, sampling, progress)
         # CTranslate2 ranks beams with its own length penalty, and samples scores at the sampling
         # temperature: each translation is scored again here, as tmt scores it.
@@ -134,12 +130,13 @@ class CT2Engine:
         scored = self._translator(decode).score_batch(
             [sources[i] for i, _ in flat], [[self.tgt_tokens[t] for t in ids] for _, ids in flat],
             max_batch_size=decode.batch_tokens, batch_type="tokens", max_input_length=0)  # sources cut above
-        results: list[list[Scored]] = [[] for _ in found]
+        results: list[list[Hypothesis]] = [[] for _ in found]
         for (i, ids), result in zip(flat, scored):
             ended = len(ids) < caps[i]  # else cut at the cap, with no EOS
             log_probs = result.log_probs if ended else result.log_probs[:-1]  # the last is EOS's
             length = len(ids) + ended
-            results[i].append(Scored(ids, sum(log_probs) / length_penalty(length, decode.length_penalty)))
+            log_prob = sum(log_probs)
+            results[i].append(Hypothesis(ids, log_prob, log_prob / length_penalty(length, decode.length_penalty)))
         return results
 
     def cross_attention(self, src_ids: list[int], hyp_ids: list[int], layer: int):
@@ -151,7 +148,6 @@ class CT2Engine:
         caps. CTranslate2 caps a whole call at one length: sources are grouped by their cap
         a·S + b (S with EOS, as `decode.generator.max_target_lengths` computes it in fp32)."""
         import ctranslate2
-        from tqdm import tqdm
 
         keep = self.max_len - 1  # room for the EOS CTranslate2 appends
         sources = [[self.src_tokens[i] for i in ids[:keep]] for ids in src_ids]
@@ -173,8 +169,12 @@ class CT2Engine:
             options.update(beam_size=1, sampling_topk=sampling.top_k, sampling_topp=sampling.top_p,
                            sampling_temperature=sampling.temperature)
         found: list[list[list[int]]] = [[] for _ in sources]
-        for cap, members in tqdm(sorted(groups.items()), desc="translate", unit="length",
-                                 disable=not (progress and sys.stderr.isatty()), file=sys.stderr, leave=False):
+        batches = sorted(groups.items())
+        if progress and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            batches = tqdm(batches, desc="translate", unit="length", file=sys.stderr, leave=False)
+        for cap, members in batches:
             results = translator.translate_batch([sources[i] for i in members], max_decoding_length=cap, **options)
             for i, result in zip(members, results):
                 found[i] = [[self.tgt_ids[token] for token in tokens] for tokens in result.hypotheses]

@@ -1,10 +1,6 @@
-"""The search driver: encode a batch, then run a search step (`search.py`) on the model's
-`decode_step` and its static KV cache until every sentence is done.
-
-Eagerly, sentences that are done leave the batch. With fixed shapes (`graphs`), every row stays
-and the step can be captured once as a CUDA graph and replayed (`decode.graphs.py`). Generated
-length is capped per sentence at `a·S + b` tokens (S = source tokens including EOS), EOS included.
-"""
+"""The search driver: encode a batch, then step a search (`search.py`) on the model's static KV cache
+until every sentence is done: eagerly, done sentences leave the batch; with fixed shapes, the step can
+be captured as a CUDA graph (`graphs.py`)."""
 
 from __future__ import annotations
 
@@ -25,11 +21,8 @@ StartState = Callable[[torch.Tensor, int, torch.Tensor], State]  # (limits, capa
 
 
 def max_target_lengths(src_mask: torch.Tensor, max_len_a: float, max_len_b: int, model_max_len: int) -> torch.Tensor:
-    """Per-sentence cap on generated tokens (EOS included): a·S + b, within the model's positions.
-
-    src_mask (B, S) bool -> (B,) long. The decoder input holds BOS plus all but the last
-    generated token, so at most `model_max_len` tokens can be generated.
-    """
+    """Each sentence's cap on generated tokens, EOS included: a·S + b (S: source tokens with EOS),
+    at most `model_max_len`. src_mask (B, S) bool -> (B,) long."""
     src_lengths = src_mask.sum(dim=1).float()  # (B,)
     limits = (max_len_a * src_lengths + max_len_b).floor().long()
     return limits.clamp(min=1, max=model_max_len)
@@ -49,17 +42,18 @@ def greedy_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos
 def beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_id: int, beam_size: int,
                 max_len_a: float, max_len_b: int, alpha: float = 0.6, n_best: int = 1,
                 graphs: StepGraphs | None = None, capture: bool = False,
-                drop_finished: float = 0.0) -> list[list[Hypothesis]]:
+                drop_finished: float | None = None) -> list[list[Hypothesis]]:
     """Beam search with K = `beam_size` beams per sentence (`BeamState.advance`): src_ids (B, S)
     long -> for each sentence its `n_best` hypotheses, best first. Beam size 1 is greedy decoding.
-    (`search` says what `graphs`, `capture` and `drop_finished` do.)"""
+    (`search` says what `graphs`, `capture` and `drop_finished` do; default 0.25 greedy, else 0.)"""
     def start(limits: torch.Tensor, capacity: int, position: torch.Tensor) -> BeamState:
         return BeamState.start(limits, beam_size, n_best, capacity, position, bos_id=bos_id, eos_id=eos_id,
                                pad_id=model.pad_id, alpha=alpha)
 
     return search(model, src_ids, start, rows_per_sentence=beam_size, bos_id=bos_id, eos_id=eos_id,
                   max_len_a=max_len_a, max_len_b=max_len_b, graphs=graphs, capture=capture,
-                  key=("beam", beam_size, n_best, alpha), drop_finished=drop_finished)
+                  key=("beam", beam_size, n_best, alpha),
+                  drop_finished=(0.25 if beam_size == 1 else 0.0) if drop_finished is None else drop_finished)
 
 
 def sample_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_id: int, max_len_a: float,
@@ -83,9 +77,8 @@ def search(model: Transformer, src_ids: torch.Tensor, start: StartState, *, rows
     """Run the search that `start` begins over src_ids (B, S) -> each sentence's hypotheses.
 
     Eagerly (no `graphs`, no `capture`), done sentences leave the batch once they are at least
-    `drop_finished` of those still decoded (0: as soon as one is done; a step's work grows with its
-    rows, and dropping copies the cache). With `graphs` or `capture`, every step has the same shapes; `capture` replays it from
-    a CUDA graph.
+    `drop_finished` of those still decoded (0: at once). With `graphs` or `capture`, every step has
+    the same shapes; `capture` replays it from a CUDA graph.
     """
     forbidden = (model.pad_id, bos_id)  # never padding or a second BOS
     if graphs is None and not capture:
@@ -97,16 +90,17 @@ def search(model: Transformer, src_ids: torch.Tensor, start: StartState, *, rows
                          capture, key)
 
 
-def _step(model: Transformer, state: State, cache: KVCache, forbidden: tuple[int, ...]) -> None:
-    """One decoding step of every row: the model's logits for the next token, then the search's
-    choice; the cache follows beams that trade places."""
+def _step(model: Transformer, state: State, cache: KVCache, forbidden: tuple[int, ...],
+          written: int | None = None) -> None:
+    """One decoding step of every row: the model's logits, the search's choice, and the cache's first
+    `written` positions (None: all) following beams that trade places."""
     tokens = state.tokens.gather(1, state.position.expand(state.tokens.shape[0])[:, None]).squeeze(1)  # (R,)
     logits = model.decode_step(tokens, cache)  # (R, V) fp32
     for token in forbidden:
         logits[:, token] = torch.finfo(logits.dtype).min
     rows = state.advance(logits)
     if rows is not None and state.rows_per_sentence > 1:
-        cache.reorder(rows)
+        cache.reorder(rows, written)
 
 
 def _eager(model: Transformer, state: State, cache: KVCache, forbidden: tuple[int, ...], max_steps: int,
@@ -114,8 +108,8 @@ def _eager(model: Transformer, state: State, cache: KVCache, forbidden: tuple[in
     K = state.rows_per_sentence
     sentences = torch.arange(state.done.shape[0], device=state.done.device)  # each row block's sentence
     results: list[list[Hypothesis]] = [[] for _ in range(state.done.shape[0])]
-    for _ in range(max_steps):
-        _step(model, state, cache, forbidden)
+    for written in range(1, max_steps + 1):
+        _step(model, state, cache, forbidden, written)
         n_done = int(state.done.sum())  # the step's one copy to the host
         if n_done == state.done.shape[0]:
             break
@@ -124,7 +118,7 @@ def _eager(model: Transformer, state: State, cache: KVCache, forbidden: tuple[in
             for sentence, hyps in zip(sentences[done].tolist(), state.select(done).results()):
                 results[sentence] = hyps
             rows = (keep[:, None] * K + torch.arange(K, device=keep.device)).flatten()  # (B'·K,)
-            state, cache, sentences = state.select(keep), cache.select(rows), sentences[keep]
+            state, cache, sentences = state.select(keep), cache.select(rows, written), sentences[keep]
     for sentence, hyps in zip(sentences.tolist(), state.results()):
         results[sentence] = hyps
     return results
@@ -138,12 +132,11 @@ def _fixed_shapes(model: Transformer, src_ids: torch.Tensor, start: StartState, 
     src_ids, n_real = _padded(model, src_ids, graphs, eos_id)
     limits = max_target_lengths(src_ids != model.pad_id, max_len_a, max_len_b, model.cfg.max_len)  # (B,)
     max_steps = int(limits[:n_real].max())
-    if graphs is not None:  # the cap of the padded width: batches of one bucket share a capacity
+    bucket = max_steps  # with graphs, the cap of the padded width: batches of one bucket share a capacity
+    if graphs is not None:
         full = torch.ones(1, src_ids.shape[1], dtype=torch.bool)
-        max_steps_bucket = int(max_target_lengths(full, max_len_a, max_len_b, model.cfg.max_len)[0])
-        capacity = min(round_up(max_steps_bucket, 8), model.cfg.max_len)
-    else:
-        capacity = min(round_up(max_steps, 8), model.cfg.max_len)
+        bucket = int(max_target_lengths(full, max_len_a, max_len_b, model.cfg.max_len)[0])
+    capacity = min(round_up(bucket, 8), model.cfg.max_len)
     cache = model.new_cache(src_ids, capacity, rows_per_sentence)
     state = start(limits, capacity, cache.position)
     state.done[n_real:] = True  # the bucket's filler sentences

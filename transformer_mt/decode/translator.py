@@ -1,28 +1,23 @@
-"""`Translator.from_run(path).translate(lines)`: translation with a trained run (greedy, beam search
-or sampling) on the engine `decode.engine` picks (`engine.pick_engine`): CTranslate2 on a CPU, from
-a conversion cached in the run (`ct2_engine`), else tmt's torch model (`torch_engine`).
-
-Greedy output is the same on both engines. Beam search on CTranslate2 ranks its beams with its own
-length penalty (log-prob / length^α), so a beam's best may differ from torch's on close calls;
-scores are tmt's on both (log-prob, EOS included, over ((5 + length) / 6)^α).
-"""
+"""`Translator.from_run(path).translate(lines)`: a trained run's translations (greedy, beam search or
+sampling) on the engine `decode.engine` picks: CTranslate2 on a CPU (`ct2_engine`), else torch
+(`torch_engine`). Greedy output is the same on both; so are scores, tmt's (`hypotheses.Hypothesis`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import importlib.util
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from transformer_mt.config.loading import config_from_dict
-from transformer_mt.config.schema import Config
+from transformer_mt.config.schema import Config, DecodeConfig
 from transformer_mt.core.errors import CheckpointError, ConfigError, TmtError, UsageError
 from transformer_mt.data.tokenization import EOS, TokenizerPair
 from transformer_mt.decode.ct2_engine import Conversion, CT2Engine, conversion_dir, convert, find_conversion
-from transformer_mt.decode.engine import Engine, ctranslate2_device, has_ctranslate2, pick_engine
-from transformer_mt.runs.run_files import find_checkpoint, latest_run  # noqa: F401  (latest_run: callers import it here)
+from transformer_mt.decode.hypotheses import Hypothesis
+from transformer_mt.runs.run_files import find_checkpoint
 
 if TYPE_CHECKING:
     import torch
@@ -31,6 +26,54 @@ if TYPE_CHECKING:
     from transformer_mt.runs.loading import LoadedRun
 
 logger = logging.getLogger(__name__)
+
+
+class Engine(Protocol):
+    """Decodes source ids (no special tokens; cut to `model.max_len - 1` and given an EOS inside)
+    in length-sorted batches of `decode.batch_tokens`, results in input order."""
+
+    name: str  # "torch" or "ctranslate2"
+    device: str  # "cpu", "cuda" or "mps"
+
+    def translate(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int,
+                  progress: bool) -> list[list[int]]:
+        """The best translation of each source: greedy when `beam_size` is 1, else beam search."""
+
+    def hypotheses(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, n_best: int,
+                   sampling: Sampling | None, progress: bool) -> list[list[Hypothesis]]:
+        """Each source's `n_best` best translations (beam 1: greedy), best first, or with
+        `sampling`, `n_best` samples in the order drawn."""
+
+    def cross_attention(self, src_ids: list[int], hyp_ids: list[int], layer: int):
+        """Head-averaged cross-attention of decoder `layer` producing `hyp_ids` + EOS: (T + 1, S + 1)."""
+
+
+def has_ctranslate2() -> bool:
+    """Whether the `ctranslate2` package is installed (without importing it)."""
+    return importlib.util.find_spec("ctranslate2") is not None
+
+
+def pick_engine(setting: str, device: str) -> str:
+    """The engine `decode.engine: setting` runs on `--device device`: "torch" or "ctranslate2"
+    (auto: CTranslate2 on a CPU when it is installed, torch with its CUDA graphs on a GPU)."""
+    if setting == "torch":
+        return "torch"
+    if setting == "ctranslate2":
+        if not has_ctranslate2():
+            raise UsageError("decode.engine: ctranslate2 needs the ctranslate2 package (pip install ctranslate2); "
+                             "or translate with --engine torch")
+        if device == "mps":
+            raise UsageError("--device mps: CTranslate2 runs on a CPU or CUDA; use --engine torch on mps")
+        return "ctranslate2"
+    if device not in ("auto", "cpu") or not has_ctranslate2():
+        return "torch"
+    return "torch" if device == "auto" and _cuda_devices() > 0 else "ctranslate2"
+
+
+def _cuda_devices() -> int:
+    import ctranslate2  # asks the CUDA driver without importing torch
+
+    return ctranslate2.get_cuda_device_count()
 
 
 class Translator:
@@ -96,7 +139,7 @@ class Translator:
     @classmethod
     def _on_ctranslate2(cls, conversion: Conversion, tokenizers: TokenizerPair, cfg: Config, run_dir: Path,
                         checkpoint: Path, device: str) -> Translator:
-        where = ctranslate2_device(device)
+        where = "cuda" if device == "cuda" or (device == "auto" and _cuda_devices() > 0) else "cpu"
         logger.info("loaded %s (step %d%s) on CTranslate2 (%s)", checkpoint, conversion.info["step"],
                     ", EMA weights" if conversion.info["which"] == "ema" else "", where)
         return cls(CT2Engine(conversion.path, where, cfg.model.max_len), tokenizers, cfg, run_dir, checkpoint)
@@ -177,12 +220,9 @@ class Translator:
         return results
 
     def attention(self, line: str, layer: int = -1, beam_size: int | None = None) -> AttentionMap:
-        """Translate one line and return where decoder layer `layer` (-1: the last) looked (the
-        torch engine's model).
-
-        A line longer than the model allows is truncated with a warning, as in `translate`.
-        """
-        from transformer_mt.decode.evaluation import cross_attention_labels
+        """Translate one line and return where decoder layer `layer` (-1: the last) of the torch
+        engine's model looked; a line too long is truncated with a warning, as in `translate`."""
+        from transformer_mt.decode.plotting import cross_attention_labels
 
         self._check_quantize()
         src_ids = self._encode_src([line.strip()])[0][: self.max_len - 1]  # as the engines cut it
@@ -221,26 +261,6 @@ class AttentionMap:
     src_pieces: list[str]
     tgt_pieces: list[str]
     translation: str
-
-
-def format_translations(lines: list[str], results: list[list[Translation]], *, jsonl: bool, numbered: bool,
-                        scores: bool, first_number: int = 0) -> list[str]:
-    """The output lines of `translate --n-best/--scores/--format` (README: "n-best lists and scores").
-
-    jsonl: one JSON object per source line (source, hypotheses, scores, tokens). Text: one line
-    per translation, TAB-separated: `[<sentence number>]` (from `first_number`, when `numbered`),
-    `[<score>]` (4 decimals, with `scores`), then the translation.
-    """
-    if jsonl:
-        return [json.dumps({"source": line, "hypotheses": [t.text for t in translations],
-                            "scores": [t.score for t in translations], "tokens": [t.tokens for t in translations]},
-                           ensure_ascii=False) for line, translations in zip(lines, results)]
-    outputs = []
-    for number, translations in enumerate(results, start=first_number):
-        for translation in translations:
-            fields = ([str(number)] if numbered else []) + ([f"{translation.score:.4f}"] if scores else [])
-            outputs.append("\t".join(fields + [translation.text]))
-    return outputs
 
 
 def _precision_for(cfg: Config, device: torch.device):

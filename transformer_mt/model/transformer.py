@@ -1,15 +1,6 @@
-"""The encoder-decoder Transformer (Vaswani et al. 2017), written for clarity.
-
-One forward pass serves training, validation and translation. Position-wise layers (projections,
-FFN, LayerNorm, dropout) run on the rows of a `Packing`: the real tokens of a batch, (N, D); only
-attention sees the batch as sentences, through `attend`. Translation runs the same layers one
-position at a time on a static key/value cache (`kv_cache.KVCache`), so a step can be captured
-as a CUDA graph.
-
-Masks are boolean and mean **True = may attend / real token**. The model knows nothing of
-tokenizers or data: vocabulary sizes and `pad_id` come in as arguments. Shapes: B batch, S source
-length, T target length, L either, N rows (tokens), D d_model, H heads, Dh head dim, V vocabulary.
-"""
+"""The encoder-decoder Transformer (Vaswani et al. 2017): one forward pass for training, validation
+and translation. Masks: True = may attend / real token. Shapes: B batch, S source, T target, L either
+length, N rows (tokens), D d_model, H heads, Dh head dim, V vocabulary."""
 
 from __future__ import annotations
 
@@ -38,12 +29,8 @@ def sinusoidal_positions(length: int, d_model: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Packing:
-    """Which positions of a right-padded (B, L) batch are the model's rows, in row-major order.
-
-    `Packing.of` keeps the real tokens only (N = their count), so no layer computes on padding;
-    `Packing.dense` keeps every position (N = B·L), whose shapes depend on B and L alone (a CUDA
-    graph or a compiled step needs that). Rows compute the same values either way.
-    """
+    """Which positions of a right-padded (B, L) batch are the model's rows, in row-major order:
+    the real tokens (`of`, no compute on padding) or every position (`dense`, fixed shapes)."""
 
     mask: torch.Tensor  # (B, L) bool, True = real token
     index: torch.Tensor | None  # (N,) long: b·L + l of each row; None: every position is a row
@@ -85,10 +72,7 @@ class Packing:
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, causal: bool,
            dropout: float) -> torch.Tensor:
     """softmax(q·kᵀ/√Dh)·v: q (B, H, Tq, Dh) over k, v (B, H, Tk, Dh) -> (B, Tq, H·Dh).
-
-    key_mask (B or 1, Tk) bool or None; `causal` lets query i see keys 0..i (Tq == Tk). SDPA picks
-    its kernel (flash, memory-efficient, math) within `runtime.AttentionKernels`.
-    """
+    key_mask (B or 1, Tk) bool or None; `causal`: query i sees keys 0..i (Tq == Tk)."""
     B, H, Tq, Dh = q.shape
     attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Tk)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, dropout_p=dropout)
@@ -125,11 +109,8 @@ class SelfAttention(MultiHeadAttention):
 
     def forward(self, x: torch.Tensor, packing: Packing, causal: bool = False,
                 cache: LayerCache | None = None) -> torch.Tensor:
-        """Rows x (N, D) attend over their sentences -> (N, D).
-
-        With a cache, each sentence has one new position: its key and value are written into the
-        cache and it attends over every position written so far.
-        """
+        """Rows x (N, D) attend over their sentences -> (N, D); with a cache, one new position per
+        sentence, written into it, attends over every position written so far."""
         q, k, v = self.split_heads(packing.pad(self.qkv_proj(x)), 3)  # (B, H, L, Dh) each
         # Target padding sits at the end: under the causal mask no real query sees a pad.
         key_mask = None if causal else packing.mask
@@ -150,8 +131,7 @@ class CrossAttention(MultiHeadAttention):
 
     def keys_values(self, memory: torch.Tensor, src: Packing) -> tuple[torch.Tensor, torch.Tensor]:
         """Memory rows (Ns, D) -> keys and values (B, H, S, Dh) each."""
-        k, v = self.split_heads(src.pad(self.kv_proj(memory)), 2)
-        return k, v
+        return self.split_heads(src.pad(self.kv_proj(memory)), 2)
 
     def forward(self, y: torch.Tensor, memory: torch.Tensor | None, tgt: Packing, src: Packing,
                 cache: LayerCache | None = None) -> torch.Tensor:
@@ -162,8 +142,7 @@ class CrossAttention(MultiHeadAttention):
 
     def attention_weights(self, y: torch.Tensor, memory: torch.Tensor, tgt: Packing, src: Packing,
                           cache: LayerCache | None = None) -> torch.Tensor:
-        """The probabilities `forward` attends with, (B, H, T, S), for inspection and plots
-        (SDPA never materialises them)."""
+        """The probabilities `forward` attends with, (B, H, T, S), for plots (SDPA never makes them)."""
         (q,) = self.split_heads(tgt.pad(self.q_proj(y)))  # (B, H, T, Dh)
         k, _ = self.keys_values(memory, src)  # (B, H, S, Dh)
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, S)
@@ -281,8 +260,7 @@ class Transformer(nn.Module):
             self.output_proj.weight = self.tgt_embed.weight
 
     def _init_weights(self) -> None:
-        # Xavier-uniform matrices, per block of a fused projection (each starts like a separate
-        # layer); zero biases; embeddings N(0, D^-1/2), which the sqrt(D) scale brings to unit size.
+        # Xavier-uniform per block of a fused projection; zero biases; embeddings N(0, D^-1/2).
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 for block in module.weight.data.chunk(getattr(module, "blocks", 1), dim=0):
@@ -323,10 +301,8 @@ class Transformer(nn.Module):
     def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, pack: bool = True) -> torch.Tensor:
         """Teacher-forced logits of the target rows: src_ids (B, S), tgt_in_ids (B, T) -> (Nt, V).
 
-        `pack=True`: the rows are the real target tokens (`tgt_in_ids != pad_id`, row-major);
-        False: every position (Nt = B·T), for fixed shapes. The logits take autocast's dtype
-        (a loss computes in fp32 itself), except under fp16, whose range the projection's
-        weight gradient would overflow at GradScaler's loss scales.
+        `pack`: the rows are the real target tokens, else every position (Nt = B·T). The logits take
+        autocast's dtype, except fp32 under fp16 (the projection's weight gradient would overflow).
         """
         packed = Packing.of if pack else Packing.dense
         src, tgt = packed(src_ids != self.pad_id), packed(tgt_in_ids != self.pad_id)
@@ -337,15 +313,13 @@ class Transformer(nn.Module):
         return self.output_proj(states)
 
     def logits(self, states: torch.Tensor) -> torch.Tensor:
-        """Decoder states (N, D) -> fp32 logits (N, V), even under autocast: decoding ranks tokens
-        by them, and bf16's 8 mantissa bits would tie or swap close candidates."""
+        """Decoder states (N, D) -> fp32 logits (N, V), even under autocast (bf16 would tie close tokens)."""
         with torch.autocast(device_type=states.device.type, enabled=False):
             return self.output_proj(states.float())
 
     def new_cache(self, src_ids: torch.Tensor, capacity: int, rows_per_sentence: int = 1) -> KVCache:
-        """Encode src_ids (B, S) (every position, no host sync) into a cache for decoding up to
-        `capacity` target positions, with `rows_per_sentence` neighbouring rows per sentence
-        (beams or samples), R = B·rows_per_sentence."""
+        """Encode src_ids (B, S) (no host sync) into a cache for up to `capacity` target positions,
+        with `rows_per_sentence` neighbouring rows per sentence (beams or samples)."""
         self.check_length(capacity)
         src = Packing.dense(src_ids != self.pad_id)
         memory = self.encode(src_ids, src)  # (B·S, D)
@@ -353,21 +327,18 @@ class Transformer(nn.Module):
         return KVCache.start(cross, src.mask, capacity, rows_per_sentence)
 
     def decode_step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """One incremental decoding step: the input tokens (R,) long at position `cache.position`
-        -> fp32 logits (R, V) of the next token. Writes that position's keys and values."""
-        position = cache.position.expand(tokens.shape[0])  # (R,)
-        y = self.embed(self.tgt_embed, tokens, position)  # (R, D)
+        """Input tokens (R,) long at `cache.position` -> fp32 logits (R, V) of the next token;
+        writes that position's keys and values."""
+        y = self.embed(self.tgt_embed, tokens, cache.position.expand(tokens.shape[0]))  # (R, D)
         tgt, src = Packing.dense(cache.new_positions), Packing.dense(cache.src_mask)  # one position per row
-        for i, layer in enumerate(self.decoder_layers):
-            y = layer(y, None, tgt, src, cache.layer(i))
+        for layer, layer_cache in zip(self.decoder_layers, cache.layers()):
+            y = layer(y, None, tgt, src, layer_cache)
         return self.logits(self.decoder_norm(y))
 
     @torch.no_grad()
     def cross_attention(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, layer: int = -1) -> torch.Tensor:
-        """Cross-attention probabilities of decoder layer `layer` under teacher forcing, (B, H, T, S).
-
-        Row t is where the decoder looks when predicting target token t (`tgt_in_ids` shifted).
-        """
+        """Cross-attention probabilities of decoder layer `layer` under teacher forcing, (B, H, T, S):
+        row t is where the decoder looks when predicting target token t."""
         captured = []
         attention = self.decoder_layers[layer].cross_attn
         hook = attention.register_forward_hook(
@@ -383,29 +354,16 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def train_flops(self, src_lengths: Sequence[int] | np.ndarray, tgt_lengths: Sequence[int] | np.ndarray) -> float:
-        """Model FLOPs of one training step (forward + backward) over real tokens, padding excluded.
-
-        `src_lengths` / `tgt_lengths`: tokens per sentence including EOS (source) and BOS/EOS
-        (target). With D = d_model, F = d_ff, Le and Ld the encoder's and the decoder's layers,
-        V = target vocabulary, S and T a sentence's lengths, and 6 FLOPs per parameter per token
-        for a matmul's forward and backward:
-
-        - encoder layers, per source token: 6 · Le · (4D² + 2DF)
-        - decoder layers, per target token: 6 · Ld · (6D² + 2DF)  (self q, k, v, out; cross q, out; FFN)
-        - cross-attention keys and values, per source token: 6 · Ld · 2D²
-        - output projection, per target token: 6 · D · V
-        - attention scores and weighted sums, per sentence: 12 · D · (Le·S² + Ld·(T² + T·S))
-          (the causal square counted whole, as PaLM's MFU does)
-
-        Embeddings, LayerNorms, softmax and the loss are left out (not matmuls).
-        """
+        """Matmul FLOPs of one training step (forward + backward, 6 per parameter and token) over
+        sentences of these lengths (with EOS; BOS/EOS for targets), padding excluded. Attention
+        counts the causal square whole, as PaLM's MFU does; embeddings, norms and softmax are left out."""
         D, F, V = self.cfg.d_model, self.cfg.d_ff, self.output_proj.weight.shape[0]
         Le, Ld = len(self.encoder_layers), len(self.decoder_layers)
         S = np.asarray(src_lengths, dtype=np.float64)
         T = np.asarray(tgt_lengths, dtype=np.float64)
         src_tokens, tgt_tokens = S.sum(), T.sum()
         encoder = 6 * Le * (4 * D * D + 2 * D * F) * src_tokens
-        decoder = 6 * Ld * (6 * D * D + 2 * D * F) * tgt_tokens
+        decoder = 6 * Ld * (6 * D * D + 2 * D * F) * tgt_tokens  # self q, k, v, out; cross q, out; FFN
         cross_kv = 6 * Ld * 2 * D * D * src_tokens
         output = 6 * D * V * tgt_tokens
         attention = 12 * D * float(Le * (S * S).sum() + Ld * ((T * T).sum() + (T * S).sum()))

@@ -67,8 +67,7 @@ from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPa
 from transformer_mt.decode import ct2_conversion
 from transformer_mt.decode.torch_engine import translate_ids
 from transformer_mt.decode.ct2_conversion import export_ctranslate2
-from transformer_mt.decode.generator import beam_search, greedy_decode
-from transformer_mt.decode.graphs import StepGraphs
+from transformer_mt.decode.generator import StepGraphs, beam_search, greedy_decode
 from transformer_mt.decode.translator import Translator
 from transformer_mt.model.architectures import build_model
 from transformer_mt.model.transformer import Transformer

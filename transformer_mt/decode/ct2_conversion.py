@@ -15,13 +15,7 @@ from torch import nn
 from transformer_mt.core.errors import TmtError, UsageError
 from transformer_mt.core.files import check_parent_dir, make_parent_dir, make_temp_dir_beside
 from transformer_mt.data.tokenization import BOS, BOS_ID, EOS, PAD_ID, UNK, TokenizerPair
-from transformer_mt.model.transformer import (
-    DecoderLayer,
-    EncoderLayer,
-    SelfAttention,
-    Transformer,
-    sinusoidal_positions,
-)
+from transformer_mt.model.transformer import Transformer, sinusoidal_positions
 from transformer_mt.runs.loading import load_run
 from transformer_mt.runs.lock import lock_if_inside
 
@@ -125,70 +119,45 @@ def build_ctranslate2_spec(model: Transformer):
 
     # (P, D): row i is position i, as in `Transformer.embed`; P >= max_len (see CT2_POSITIONS)
     positions = _array(sinusoidal_positions(max(cfg.max_len, CT2_POSITIONS), cfg.d_model))
-    embed_scale = math.sqrt(cfg.d_model)
-    if not math.isclose(model.embed_scale, embed_scale):
+    if not math.isclose(model.embed_scale, math.sqrt(cfg.d_model)):
         raise TmtError(f"unexpected embedding scale {model.embed_scale}; the exporter assumes sqrt(d_model)")
 
-    encoder = spec.encoder
-    encoder.embeddings[0].weight = _array(model.src_embed.weight)
-    encoder.scale_embeddings = True  # CTranslate2 multiplies by sqrt(D)
-    encoder.position_encodings.encodings = positions
-    for layer_spec, layer in zip(encoder.layer, model.encoder_layers):
-        _set_encoder_layer(layer_spec, layer)
-    if cfg.norm == "pre":
-        _set_layer_norm(encoder.layer_norm, model.encoder_norm)
-
-    decoder = spec.decoder
-    decoder.embeddings.weight = _array(model.tgt_embed.weight)
-    decoder.scale_embeddings = True
-    decoder.position_encodings.encodings = positions
-    for layer_spec, layer in zip(decoder.layer, model.decoder_layers):
-        _set_decoder_layer(layer_spec, layer)
-    if cfg.norm == "pre":
-        _set_layer_norm(decoder.layer_norm, model.decoder_norm)
-    decoder.projection.weight = _array(model.output_proj.weight)  # (V, D), tied weights alias on save
+    stacks = ((spec.encoder, spec.encoder.embeddings[0], model.src_embed, model.encoder_layers, model.encoder_norm),
+              (spec.decoder, spec.decoder.embeddings, model.tgt_embed, model.decoder_layers, model.decoder_norm))
+    for stack, embeddings, embed, layers, norm in stacks:
+        embeddings.weight = _array(embed.weight)
+        stack.scale_embeddings = True  # CTranslate2 multiplies by sqrt(D)
+        stack.position_encodings.encodings = positions
+        if cfg.norm == "pre":
+            _set(stack.layer_norm, norm)
+        for layer_spec, layer in zip(stack.layer, layers):
+            attention, ffn = layer_spec.self_attention, layer_spec.ffn
+            parts = [(attention.linear[0], layer.self_attn.qkv_proj),  # (3D, D): q rows, k rows, then v rows
+                     (attention.linear[1], layer.self_attn.out_proj),
+                     (attention.layer_norm, (layer.attn_block if stack is spec.encoder else layer.self_block).norm),
+                     (ffn.linear_0, layer.ffn.linear1), (ffn.linear_1, layer.ffn.linear2),
+                     (ffn.layer_norm, layer.ffn_block.norm)]
+            if stack is spec.decoder:
+                cross = layer_spec.attention
+                parts += [(cross.linear[0], layer.cross_attn.q_proj),
+                          (cross.linear[1], layer.cross_attn.kv_proj),  # (2D, D): k rows, then v rows
+                          (cross.linear[2], layer.cross_attn.out_proj), (cross.layer_norm, layer.cross_block.norm)]
+            for part_spec, module in parts:
+                _set(part_spec, module)
+    spec.decoder.projection.weight = _array(model.output_proj.weight)  # (V, D), tied weights alias on save
     bias = np.zeros(model.output_proj.weight.shape[0], dtype=np.float32)
     bias[[PAD_ID, BOS_ID]] = _FORBIDDEN_LOGIT_BIAS
-    decoder.projection.bias = bias
+    spec.decoder.projection.bias = bias
     return spec
 
 
-def _set_encoder_layer(spec, layer: EncoderLayer) -> None:
-    _set_self_attention(spec.self_attention, layer.self_attn)
-    _set_layer_norm(spec.self_attention.layer_norm, layer.attn_block.norm)
-    _set_ffn(spec.ffn, layer)
-
-
-def _set_decoder_layer(spec, layer: DecoderLayer) -> None:
-    _set_self_attention(spec.self_attention, layer.self_attn)
-    _set_layer_norm(spec.self_attention.layer_norm, layer.self_block.norm)
-    attention = layer.cross_attn
-    _set_linear(spec.attention.linear[0], attention.q_proj)
-    _set_linear(spec.attention.linear[1], attention.kv_proj)  # (2D, D): k rows, then v rows
-    _set_linear(spec.attention.linear[2], attention.out_proj)
-    _set_layer_norm(spec.attention.layer_norm, layer.cross_block.norm)
-    _set_ffn(spec.ffn, layer)
-
-
-def _set_self_attention(spec, attention: SelfAttention) -> None:
-    _set_linear(spec.linear[0], attention.qkv_proj)  # (3D, D): q rows, k rows, then v rows
-    _set_linear(spec.linear[1], attention.out_proj)
-
-
-def _set_ffn(spec, layer: EncoderLayer | DecoderLayer) -> None:
-    _set_linear(spec.linear_0, layer.ffn.linear1)
-    _set_linear(spec.linear_1, layer.ffn.linear2)
-    _set_layer_norm(spec.layer_norm, layer.ffn_block.norm)
-
-
-def _set_linear(spec, linear: nn.Linear) -> None:
-    spec.weight = _array(linear.weight)  # (out, in): CTranslate2 computes x @ W^T, as nn.Linear does
-    spec.bias = _array(linear.bias)
-
-
-def _set_layer_norm(spec, norm: nn.LayerNorm) -> None:
-    spec.gamma = _array(norm.weight)
-    spec.beta = _array(norm.bias)
+def _set(spec, module: nn.Linear | nn.LayerNorm) -> None:
+    """A linear layer's weight (out, in; CTranslate2 computes x @ Wᵀ too) and bias, or a LayerNorm's."""
+    weight, bias = _array(module.weight), _array(module.bias)
+    if isinstance(module, nn.LayerNorm):
+        spec.gamma, spec.beta = weight, bias
+    else:
+        spec.weight, spec.bias = weight, bias
 
 
 def _array(tensor: torch.Tensor) -> np.ndarray:

@@ -9,7 +9,6 @@ import logging
 import os
 import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,26 +29,18 @@ DIGESTS = "digests.json"  # checkpoint name -> its (size, mtime_ns, inode) and c
 RUN_INFO = "tmt.json"  # in each conversion, written last: the checkpoint's config and provenance
 
 
-@dataclass(frozen=True)
-class Conversion:
-    """A complete CTranslate2 conversion of one checkpoint, and what `Translator` needs of it."""
-
-    path: Path
-    info: dict  # config, model_args, step, which ("ema" or "model"), checkpoint (its file name)
-
-
-def find_conversion(path: Path) -> Conversion | None:
-    """The conversion cached at `path` (`conversion_dir`), or None."""
+def find_conversion(path: Path) -> dict | None:
+    """The info of the conversion cached at `path` (`conversion_dir`): config, model_args, step,
+    which ("ema" or "model") and checkpoint (its name); None if there is none."""
     try:
-        info = json.loads((path / RUN_INFO).read_text(encoding="utf-8"))
+        return json.loads((path / RUN_INFO).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):  # not converted yet (a half-written one has another name)
         return None
-    return Conversion(path, info)
 
 
-def convert(run_dir: Path, run: LoadedRun, path: Path) -> Conversion:
-    """Convert `run`'s checkpoint (loaded with torch) into the run's cache at `path` and return
-    it. The folder is written beside and renamed into place; a writer that finishes first wins."""
+def convert(run_dir: Path, run: LoadedRun, path: Path) -> dict:
+    """Convert `run`'s checkpoint (loaded with torch) into the run's cache at `path`; its info. The
+    folder is written beside and renamed into place; a writer that finishes first wins."""
     from transformer_mt.decode.ct2_conversion import ctranslate2_spec, save_model_dir
 
     info = {"config": run.config, "model_args": run.model_args, "step": run.step, "which": run.which,
@@ -64,7 +55,7 @@ def convert(run_dir: Path, run: LoadedRun, path: Path) -> Conversion:
         if not (path / RUN_INFO).is_file():  # else another process converted it first
             raise
     logger.info("converted %s for CTranslate2 into %s", run.checkpoint, path)
-    return Conversion(path, info)
+    return info
 
 
 def conversion_dir(run_dir: Path, checkpoint: Path, fingerprint: str) -> Path:
@@ -83,15 +74,15 @@ def _checkpoint_digest(run_dir: Path, checkpoint: Path) -> str:
         digests = json.loads(digests_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         digests = {}
-    known = digests.get(checkpoint.name) if isinstance(digests, dict) else None
+    digests = digests if isinstance(digests, dict) else {}
+    known = digests.get(checkpoint.name)
     if isinstance(known, dict) and known.get("stamp") == stamp:
         return known["digest"]
     digest = hashlib.blake2b(digest_size=16)
     with open(checkpoint, "rb") as handle:
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
-    digests = {**(digests if isinstance(digests, dict) else {}),
-               checkpoint.name: {"stamp": stamp, "digest": digest.hexdigest()}}
+    digests[checkpoint.name] = {"stamp": stamp, "digest": digest.hexdigest()}
     try:
         digests_file.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(digests_file, json.dumps(digests, indent=1))
@@ -106,14 +97,15 @@ class CT2Engine:
 
     name = "ctranslate2"
 
-    def __init__(self, model_dir: Path, device: str, max_len: int, threads: int = 0):
+    def __init__(self, model_dir: Path, device: str, max_len: int):
         self.model_dir = model_dir
         self.device = device
         self.max_len = max_len
-        self.threads = threads  # CTranslate2's intra_threads (0: its default, capped at this process's cores)
+        self.threads = 0  # CTranslate2's intra_threads (0: its default, capped at this process's cores)
         shared = model_dir / "shared_vocabulary.json"
-        self.src_tokens = _read_vocabulary(shared if shared.exists() else model_dir / "source_vocabulary.json")
-        self.tgt_tokens = _read_vocabulary(shared if shared.exists() else model_dir / "target_vocabulary.json")
+        self.src_tokens, self.tgt_tokens = (json.loads(path.read_text(encoding="utf-8")) for path in (
+            (shared, shared) if shared.exists() else (model_dir / "source_vocabulary.json",
+                                                      model_dir / "target_vocabulary.json")))
         self.tgt_ids = {token: i for i, token in enumerate(self.tgt_tokens)}
         self._translators: dict[str, object] = {}  # compute type -> ctranslate2.Translator
 
@@ -147,8 +139,6 @@ class CT2Engine:
         """Each source's `n_best` translations as ids, with the sources as tokens and their length
         caps. CTranslate2 caps a whole call at one length: sources are grouped by their cap
         a·S + b (S with EOS, as `decode.generator.max_target_lengths` computes it in fp32)."""
-        import ctranslate2
-
         keep = self.max_len - 1  # room for the EOS CTranslate2 appends
         sources = [[self.src_tokens[i] for i in ids[:keep]] for ids in src_ids]
         lengths = np.array([len(s) + 1 for s in sources], dtype=np.float32)
@@ -161,11 +151,8 @@ class CT2Engine:
         options = dict(beam_size=beam_size, num_hypotheses=n_best, length_penalty=decode.length_penalty,
                        min_decoding_length=0, max_input_length=self.max_len, batch_type="tokens",
                        max_batch_size=max(1, decode.batch_tokens // rows))
-        translator = self._translator(decode)
+        translator = self._translator(decode, None if sampling is None else sampling.seed)
         if sampling is not None:
-            # Each worker thread seeds its generator when it starts: a new translator's draw from `seed`.
-            ctranslate2.set_random_seed(sampling.seed)
-            translator = self._load(self._compute_type(decode))
             options.update(beam_size=1, sampling_topk=sampling.top_k, sampling_topp=sampling.top_p,
                            sampling_temperature=sampling.temperature)
         found: list[list[list[int]]] = [[] for _ in sources]
@@ -180,25 +167,21 @@ class CT2Engine:
                 found[i] = [[self.tgt_ids[token] for token in tokens] for tokens in result.hypotheses]
         return found, sources, caps
 
-    def _translator(self, decode: DecodeConfig):
-        """The CTranslate2 translator for `decode.quantize`, loaded once."""
-        compute_type = self._compute_type(decode)
-        if compute_type not in self._translators:
-            self._translators[compute_type] = self._load(compute_type)
-        return self._translators[compute_type]
-
-    def _compute_type(self, decode: DecodeConfig) -> str:
-        return "int8" if decode.quantize == "int8" and self.device == "cpu" else "default"  # int8 weights on a CPU
-
-    def _load(self, compute_type: str):
+    def _translator(self, decode: DecodeConfig, seed: int | None = None):
+        """The CTranslate2 translator for `decode.quantize` (int8 weights on a CPU only), loaded once;
+        with a `seed`, a new one drawing from it (each thread seeds its generator as it starts)."""
         import ctranslate2
 
-        # CTranslate2's default of 4 threads on fewer cores has OpenMP threads spin against each other.
-        threads = self.threads or min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                      else os.cpu_count() or 1)
-        return ctranslate2.Translator(str(self.model_dir), device=self.device, compute_type=compute_type,
-                                      intra_threads=threads)
-
-
-def _read_vocabulary(path: Path) -> list[str]:
-    return json.loads(path.read_text(encoding="utf-8"))
+        compute_type = "int8" if decode.quantize == "int8" and self.device == "cpu" else "default"
+        if seed is not None or compute_type not in self._translators:
+            if seed is not None:
+                ctranslate2.set_random_seed(seed)
+            # CTranslate2's default of 4 threads on fewer cores has OpenMP threads spin against each other.
+            threads = self.threads or min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                          else os.cpu_count() or 1)
+            translator = ctranslate2.Translator(str(self.model_dir), device=self.device, compute_type=compute_type,
+                                                intra_threads=threads)
+            if seed is not None:
+                return translator
+            self._translators[compute_type] = translator
+        return self._translators[compute_type]

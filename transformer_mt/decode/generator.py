@@ -1,15 +1,16 @@
 """The search driver: encode a batch, then step a search (`search.py`) on the model's static KV cache
-until every sentence is done: eagerly, done sentences leave the batch; with fixed shapes, the step can
-be captured as a CUDA graph (`graphs.py`)."""
+until every sentence is done: eagerly, done sentences leave the batch; with fixed shapes, the step
+may be captured as a CUDA graph and replayed by later batches of its padded shape."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from dataclasses import fields
 
 import torch
 
 from transformer_mt.data.batching import round_up
-from transformer_mt.decode.graphs import StepGraphs, prepared
 from transformer_mt.decode.hypotheses import Hypothesis, Sampling
 from transformer_mt.decode.search import BeamState, SampleState
 from transformer_mt.model.kv_cache import KVCache
@@ -99,7 +100,7 @@ def _step(model: Transformer, state: State, cache: KVCache, forbidden: tuple[int
     for token in forbidden:
         logits[:, token] = torch.finfo(logits.dtype).min
     rows = state.advance(logits)
-    if rows is not None and state.rows_per_sentence > 1:
+    if state.rows_per_sentence > 1:  # beams trade places
         cache.reorder(rows, written)
 
 
@@ -162,3 +163,64 @@ def _padded(model: Transformer, src_ids: torch.Tensor, graphs: StepGraphs | None
     padded[:B, :S] = src_ids
     padded[B:, 0] = eos_id
     return padded, B
+
+
+class StepGraphs:
+    """The step last captured in one round of decoding (one `translate_hypotheses` call), which later
+    batches of its padded shape (`multiple` sentences and source tokens) replay on their inputs,
+    copied into its tensors. Without capture the same reuse runs eagerly."""
+
+    def __init__(self, multiple: int = 8):
+        self.multiple = multiple
+        self.captured: dict[tuple, tuple[tuple, Callable[[], None]]] = {}  # shape -> (state, step), one at most
+
+
+def prepared(graphs: StepGraphs | None, key: tuple, fresh: tuple, make_step: Callable[..., Callable[[], None]],
+             capture: bool) -> tuple[tuple, Callable[[], None], int]:
+    """(the objects to decode on, their step, the steps already run): `graphs`' step of this key and
+    its objects, loaded with `fresh`'s values; else `fresh` with a new step, captured with `capture`
+    (which runs the first step) and kept in `graphs`."""
+    if graphs is not None and key in graphs.captured:
+        state, step = graphs.captured[key]
+        for into, values in zip(state, fresh):
+            for target, source in zip(_tensors(into), _tensors(values)):
+                if target is not source:
+                    target.copy_(source)
+        return state, step, 0
+    step, done = make_step(*fresh), 0
+    if capture:
+        # Autocast's cache of cast weights must not be filled while a graph is captured.
+        no_cast_cache = (torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False)
+                         if torch.is_autocast_enabled("cuda") else contextlib.nullcontext())
+        with no_cast_cache:
+            step, done = _captured(step, [t for obj in fresh for t in _tensors(obj)]), 1
+    if graphs is not None:
+        graphs.captured = {key: (fresh, step)}
+    return fresh, step, done
+
+
+def _tensors(obj) -> list[torch.Tensor]:
+    """The tensors among a dataclass's fields, lists of tensors flattened."""
+    found = []
+    for field in fields(obj):
+        value = getattr(obj, field.name)
+        found.extend(t for t in (value if isinstance(value, list) else [value]) if isinstance(t, torch.Tensor))
+    return found
+
+
+def _captured(step: Callable[[], None], state: list[torch.Tensor]) -> Callable[[], None]:
+    """Run `step` once on a side stream (warm-up, which a capture may not do), put `state` back,
+    capture the step, then replay the capture for the real first step."""
+    saved = [t.clone() for t in state]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    for tensor, before in zip(state, saved):
+        tensor.copy_(before)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    return graph.replay

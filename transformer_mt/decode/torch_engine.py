@@ -11,8 +11,7 @@ from transformer_mt.config.schema import DecodeConfig
 from transformer_mt.core.runtime import Precision, pick_attention
 from transformer_mt.data.batching import pad_sequences, sorted_batches
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID
-from transformer_mt.decode.generator import beam_search, sample_decode
-from transformer_mt.decode.graphs import StepGraphs
+from transformer_mt.decode.generator import StepGraphs, beam_search, sample_decode
 from transformer_mt.decode.hypotheses import Hypothesis, Sampling
 from transformer_mt.model.transformer import Transformer
 

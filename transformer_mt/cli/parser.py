@@ -270,9 +270,9 @@ def check_translate_options(args: argparse.Namespace) -> None:
     if args.attention_layer is not None and not args.show_attention:
         raise UsageError("--attention-layer picks the layer --show-attention draws: add --show-attention FILE.png")
     if args.show_attention:
-        from transformer_mt.decode.plotting import image_formats  # matplotlib: only when a picture is asked for
+        from matplotlib.figure import Figure  # only when a picture is asked for
 
-        formats = image_formats()
+        formats = sorted(Figure().canvas.get_supported_filetypes())  # png, jpg, pdf, svg, ...
         if args.show_attention.suffix[1:].lower() not in formats:
             raise UsageError(f"--show-attention {args.show_attention}: name a picture file ending in "
                              f"{', '.join('.' + name for name in formats)}")

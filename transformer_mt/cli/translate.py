@@ -1,6 +1,5 @@
-"""`tmt translate` and `tmt evaluate`: the run's translator loaded on its engine (CTranslate2 on a
-CPU, torch-free once converted; torch elsewhere), sentences from arguments, a file, stdin or a prompt, their translations, scores and attention drawn
-to the files the user names (never over an input)."""
+"""`tmt translate` and `tmt evaluate`: sentences from arguments, a file, stdin or a prompt, translated
+by a run, and their translations, scores and attention written where the user says (never over an input)."""
 
 from __future__ import annotations
 
@@ -45,13 +44,19 @@ def run_translate(args: argparse.Namespace) -> None:
         if not lines:
             raise UsageError("nothing to translate: give sentences as arguments, --input FILE, "
                              "or one per line on stdin")
-    if args.show_attention:
-        _check_attention_arguments(args, lines)
-    _check_output(args.output, inputs={"--input": args.input})
-    _check_output(args.show_attention, "--show-attention", inputs={"--input": args.input})
+    if args.show_attention:  # one non-empty sentence, and a file of its own
+        if len(lines) != 1:
+            raise UsageError(f"--show-attention draws one sentence; got {len(lines)}")
+        if not lines[0].strip():
+            raise UsageError("--show-attention: the sentence is empty; there is no attention to draw")
+        if args.output and args.output.resolve() == args.show_attention.resolve():
+            raise UsageError(f"--output and --show-attention are the same file ({args.output}); give two names")
+    outputs = {"--output": args.output, "--show-attention": args.show_attention}
+    for option, path in outputs.items():
+        _check_output(path, option, inputs={"--input": args.input})
     translator = _load_translator(args)
-    _check_not_kept(args.output, "--output", translator.run_dir)
-    _check_not_kept(args.show_attention, "--show-attention", translator.run_dir)
+    for option, path in outputs.items():
+        _check_not_kept(path, option, translator.run_dir)
     if args.show_attention:
         outputs = [_draw_attention(translator, lines[0], args)]
     else:
@@ -131,19 +136,9 @@ def _prompt(prompt: str, number: int) -> str | None:
     return decode_line(raw, "stdin", number) if raw else None
 
 
-def _check_attention_arguments(args: argparse.Namespace, lines: list[str]) -> None:
-    """--show-attention needs exactly one non-empty sentence, and a file of its own."""
-    if len(lines) != 1:
-        raise UsageError(f"--show-attention draws one sentence; got {len(lines)}")
-    if not lines[0].strip():
-        raise UsageError("--show-attention: the sentence is empty; there is no attention to draw")
-    if args.output and args.output.resolve() == args.show_attention.resolve():
-        raise UsageError(f"--output and --show-attention are the same file ({args.output}); give two names")
-
-
 def _draw_attention(translator, line: str, args: argparse.Namespace) -> str:
     """Draw `line`'s cross-attention to --show-attention and return its translation."""
-    from transformer_mt.decode.plotting import save_attention
+    from transformer_mt.decode.plotting import attention_figure
 
     n_layers = translator.cfg.model.n_decoder_layers
     asked = -1 if args.attention_layer is None else args.attention_layer  # the last by default
@@ -152,9 +147,11 @@ def _draw_attention(translator, line: str, args: argparse.Namespace) -> str:
                          f"(0..{n_layers - 1}, or -1 for the last)")
     attention = translator.attention(line, layer=asked, beam_size=args.beam)
     layer = asked % n_layers
+    title = f"cross-attention, decoder layer {layer + 1} of {n_layers}, mean over heads"
     try:
-        save_attention(args.show_attention, attention.weights, attention.src_pieces, attention.tgt_pieces,
-                           f"cross-attention, decoder layer {layer + 1} of {n_layers}, mean over heads")
+        args.show_attention.parent.mkdir(parents=True, exist_ok=True)
+        attention_figure(attention.weights, attention.src_pieces, attention.tgt_pieces, title).savefig(
+            args.show_attention, format=args.show_attention.suffix[1:].lower())
     except OSError as err:
         raise TmtError(f"cannot write {args.show_attention} ({err.strerror or err})") from None
     print(f"attention drawn to {args.show_attention}", file=sys.stderr)
@@ -213,54 +210,42 @@ def run_evaluate(args: argparse.Namespace) -> None:
     print(f"{len(hypotheses)} sentences, beam {beam}{penalty}; hypotheses in {_shown(output)}", file=sys.stderr)
 
 
-
 def _load_translator(args: argparse.Namespace):
+    """The run's (or checkpoint's, or newest run's) `Translator` on --engine, else the run's
+    decode.engine; --show-attention draws from the torch engine's model, which auto then picks."""
+    from transformer_mt.decode.translator import Translator
     from transformer_mt.runs.run_files import latest_run
 
+    run_dir = args.run
     if args.checkpoint:
         if args.checkpoint.resolve().parent.name != RunDir.CHECKPOINTS:
             raise UsageError(f"--checkpoint {args.checkpoint}: give a checkpoint inside a run's checkpoints/ "
                              "folder (the run's tokenizers and config are found from there)")
         run_dir = args.checkpoint.resolve().parent.parent  # <run>/checkpoints/<file>.pt
-        translator = _open_translator(args, run_dir, args.checkpoint)
-    elif args.run:
-        translator = _open_translator(args, args.run, None)
-    else:  # say which run answers: the newest run may be of another language pair than the user thinks
-        run_dir = latest_run(Path("runs"))
-        translator = _open_translator(args, run_dir, None)
+    run_dir = run_dir or latest_run(Path("runs"))
+    engine = args.engine
+    if getattr(args, "show_attention", None):
+        if engine == "ctranslate2":
+            raise UsageError("--show-attention draws from the torch engine's model; leave out --engine ctranslate2")
+        engine = "torch"
+    translator = Translator.from_run(run_dir, checkpoint=args.checkpoint, device=args.device, engine=engine)
+    if not (args.run or args.checkpoint):  # say which run answers: it may be of another language pair
         data = translator.cfg.data
         print(f"tmt: using {_shown(run_dir)} ({data.src_lang}->{data.tgt_lang}, {translator.checkpoint.name}), "
               "the most recently updated run under runs/; choose another with --run DIR (`tmt runs` lists them)",
               file=sys.stderr)
     chosen = {"length_penalty": args.length_penalty, "quantize": args.quantize}
     translator.set_decoding(**{key: value for key, value in chosen.items() if value is not None})
-    _check_beam(args.beam, translator)
-    return translator
-
-
-def _check_beam(beam: int | None, translator) -> None:
-    """Refuse a beam wider than the target vocabulary's tokens a hypothesis can continue with (all
-    but PAD, BOS and EOS): the first step could not fill it, and a huge one runs out of memory."""
-    size = beam or translator.cfg.decode.beam_size
+    # A beam wider than the target tokens a hypothesis can continue with (all but PAD, BOS and EOS)
+    # could not be filled at the first step, and a huge one runs out of memory.
+    size = args.beam or translator.cfg.decode.beam_size
     vocabulary = translator.tokenizers.tgt.get_vocab_size()
     most = vocabulary - len((PAD_ID, BOS_ID, EOS_ID))
     if size > most:
-        where = f"--beam {size}" if beam else f"the run's decode.beam_size={size} (choose another with --beam)"
+        where = f"--beam {size}" if args.beam else f"the run's decode.beam_size={size} (choose another with --beam)"
         raise UsageError(f"{where}: beam search keeps at most {most} hypotheses with this run's target vocabulary "
                          f"of {vocabulary} tokens (all but PAD, BOS and EOS)")
-
-
-def _open_translator(args: argparse.Namespace, run_dir: Path, checkpoint: Path | None):
-    """The run's `Translator` on --engine (else the run's decode.engine); --show-attention draws
-    from the torch engine's model, which auto then picks."""
-    from transformer_mt.decode.translator import Translator
-
-    engine = args.engine
-    if getattr(args, "show_attention", None):
-        if engine == "ctranslate2":
-            raise UsageError("--show-attention draws from the torch engine's model; leave out --engine ctranslate2")
-        engine = "torch"
-    return Translator.from_run(run_dir, checkpoint=checkpoint, device=args.device, engine=engine)
+    return translator
 
 
 def _shown(path: Path) -> str:

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from matplotlib.figure import Figure
 
@@ -50,15 +48,3 @@ def attention_figure(weights: torch.Tensor, src_tokens: list[str], tgt_tokens: l
     axes.set_title(title, fontsize=9)
     figure.colorbar(image, ax=axes, fraction=0.04)
     return figure
-
-
-def image_formats() -> list[str]:
-    """File suffixes (without the dot) that matplotlib writes: png, jpg, pdf, svg, ..."""
-    return sorted(Figure().canvas.get_supported_filetypes())
-
-
-def save_attention(path: Path, weights: torch.Tensor, src_tokens: list[str], tgt_tokens: list[str],
-                   title: str) -> None:
-    """Draw the attention map into `path`, in the format its suffix names (`image_formats`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    attention_figure(weights, src_tokens, tgt_tokens, title).savefig(path, format=path.suffix[1:].lower())

@@ -69,23 +69,13 @@ class Packing:
         return self.index % L
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, causal: bool,
-           dropout: float) -> torch.Tensor:
-    """softmax(q·kᵀ/√Dh)·v: q (B, H, Tq, Dh) over k, v (B, H, Tk, Dh) -> (B, Tq, H·Dh).
-    key_mask (B or 1, Tk) bool or None; `causal`: query i sees keys 0..i (Tq == Tk)."""
-    B, H, Tq, Dh = q.shape
-    attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Tk)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, dropout_p=dropout)
-    return out.transpose(1, 2).reshape(B, Tq, H * Dh)  # (B, Tq, D)
-
-
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention over H heads (§3.2.2); subclasses project its inputs."""
 
-    def __init__(self, n_heads: int, dropout: float):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_heads = n_heads
-        self.dropout = dropout
+        self.n_heads = cfg.n_heads
+        self.dropout = cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout
 
     def split_heads(self, x: torch.Tensor, parts: int = 1) -> tuple[torch.Tensor, ...]:
         """x (B, L, parts·D), e.g. fused projections -> `parts` tensors (B, H, L, Dh)."""
@@ -95,17 +85,22 @@ class MultiHeadAttention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
                causal: bool = False) -> torch.Tensor:
-        """`attend` with this layer's dropout while training -> (B, Tq, D)."""
-        return attend(q, k, v, key_mask, causal, self.dropout if self.training else 0.0)
+        """softmax(q·kᵀ/√Dh)·v: q (B, H, Tq, Dh) over k, v (B, H, Tk, Dh) -> (B, Tq, H·Dh); key_mask
+        (B or 1, Tk) bool or None; `causal`: query i sees keys 0..i. The one attention of the model."""
+        B, H, Tq, Dh = q.shape
+        attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Tk)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
+                                             dropout_p=self.dropout if self.training else 0.0)
+        return out.transpose(1, 2).reshape(B, Tq, H * Dh)
 
 
 class SelfAttention(MultiHeadAttention):
     """Attention of a sequence over itself; one (3D, D) projection gives queries, keys and values."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float):
-        super().__init__(n_heads, dropout)
-        self.qkv_proj = linear(d_model, 3 * d_model, blocks=3)  # rows: q, k, v
-        self.out_proj = linear(d_model, d_model)
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.qkv_proj = linear(cfg.d_model, 3 * cfg.d_model, blocks=3)  # rows: q, k, v
+        self.out_proj = linear(cfg.d_model, cfg.d_model)
 
     def forward(self, x: torch.Tensor, packing: Packing, causal: bool = False,
                 cache: LayerCache | None = None) -> torch.Tensor:
@@ -123,11 +118,11 @@ class SelfAttention(MultiHeadAttention):
 class CrossAttention(MultiHeadAttention):
     """Attention of target positions over the encoder memory; one (2D, D) projection gives keys and values."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float):
-        super().__init__(n_heads, dropout)
-        self.q_proj = linear(d_model, d_model)
-        self.kv_proj = linear(d_model, 2 * d_model, blocks=2)  # rows: k, v
-        self.out_proj = linear(d_model, d_model)
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.q_proj = linear(cfg.d_model, cfg.d_model)
+        self.kv_proj = linear(cfg.d_model, 2 * cfg.d_model, blocks=2)  # rows: k, v
+        self.out_proj = linear(cfg.d_model, cfg.d_model)
 
     def keys_values(self, memory: torch.Tensor, src: Packing) -> tuple[torch.Tensor, torch.Tensor]:
         """Memory rows (Ns, D) -> keys and values (B, H, S, Dh) each."""
@@ -153,11 +148,11 @@ class CrossAttention(MultiHeadAttention):
 class FeedForward(nn.Module):
     """Position-wise feed-forward network (§3.3): Linear -> ReLU -> dropout -> Linear."""
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.linear1 = linear(d_model, d_ff)
-        self.linear2 = linear(d_ff, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.linear1 = linear(cfg.d_model, cfg.d_ff)
+        self.linear2 = linear(cfg.d_ff, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout if cfg.activation_dropout is None else cfg.activation_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear2(self.dropout(F.relu(self.linear1(x))))
@@ -166,11 +161,11 @@ class FeedForward(nn.Module):
 class Residual(nn.Module):
     """A sublayer wrapped with dropout, the residual sum and LayerNorm (pre- or post-norm, §5.4)."""
 
-    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
-        self.pre_norm = pre_norm
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.pre_norm = cfg.norm == "pre"
 
     def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
         if self.pre_norm:
@@ -178,26 +173,13 @@ class Residual(nn.Module):
         return self.norm(x + self.dropout(sublayer(x)))
 
 
-def attention_dropout(cfg: ModelConfig) -> float:
-    """Dropout on attention probabilities: `model.attention_dropout`, else `model.dropout`."""
-    return cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout
-
-
-def activation_dropout(cfg: ModelConfig) -> float:
-    """Dropout on the FFN's hidden activations: `model.activation_dropout`, else `model.dropout`."""
-    return cfg.dropout if cfg.activation_dropout is None else cfg.activation_dropout
-
-
 class EncoderLayer(nn.Module):
     """Self-attention over the source, then the feed-forward network (§3.1)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        pre = cfg.norm == "pre"
-        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, attention_dropout(cfg))
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation_dropout(cfg))
-        self.attn_block = Residual(cfg.d_model, cfg.dropout, pre)
-        self.ffn_block = Residual(cfg.d_model, cfg.dropout, pre)
+        self.self_attn, self.ffn = SelfAttention(cfg), FeedForward(cfg)
+        self.attn_block, self.ffn_block = Residual(cfg), Residual(cfg)
 
     def forward(self, x: torch.Tensor, src: Packing) -> torch.Tensor:
         """Source rows x (Ns, D) -> (Ns, D)."""
@@ -210,13 +192,8 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        pre = cfg.norm == "pre"
-        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, attention_dropout(cfg))
-        self.cross_attn = CrossAttention(cfg.d_model, cfg.n_heads, attention_dropout(cfg))
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation_dropout(cfg))
-        self.self_block = Residual(cfg.d_model, cfg.dropout, pre)
-        self.cross_block = Residual(cfg.d_model, cfg.dropout, pre)
-        self.ffn_block = Residual(cfg.d_model, cfg.dropout, pre)
+        self.self_attn, self.cross_attn, self.ffn = SelfAttention(cfg), CrossAttention(cfg), FeedForward(cfg)
+        self.self_block, self.cross_block, self.ffn_block = Residual(cfg), Residual(cfg), Residual(cfg)
 
     def forward(self, y: torch.Tensor, memory: torch.Tensor | None, tgt: Packing, src: Packing,
                 cache: LayerCache | None = None) -> torch.Tensor:
@@ -359,12 +336,8 @@ class Transformer(nn.Module):
         counts the causal square whole, as PaLM's MFU does; embeddings, norms and softmax are left out."""
         D, F, V = self.cfg.d_model, self.cfg.d_ff, self.output_proj.weight.shape[0]
         Le, Ld = len(self.encoder_layers), len(self.decoder_layers)
-        S = np.asarray(src_lengths, dtype=np.float64)
-        T = np.asarray(tgt_lengths, dtype=np.float64)
-        src_tokens, tgt_tokens = S.sum(), T.sum()
-        encoder = 6 * Le * (4 * D * D + 2 * D * F) * src_tokens
-        decoder = 6 * Ld * (6 * D * D + 2 * D * F) * tgt_tokens  # self q, k, v, out; cross q, out; FFN
-        cross_kv = 6 * Ld * 2 * D * D * src_tokens
-        output = 6 * D * V * tgt_tokens
+        S, T = np.asarray(src_lengths, dtype=np.float64), np.asarray(tgt_lengths, dtype=np.float64)
+        per_src = 6 * Le * (4 * D * D + 2 * D * F) + 6 * Ld * 2 * D * D  # encoder layers, cross-attention k, v
+        per_tgt = 6 * Ld * (6 * D * D + 2 * D * F) + 6 * D * V  # self q, k, v, out; cross q, out; FFN; output
         attention = 12 * D * float(Le * (S * S).sum() + Ld * ((T * T).sum() + (T * S).sum()))
-        return float(encoder + decoder + cross_kv + output + attention)
+        return float(per_src * S.sum() + per_tgt * T.sum() + attention)

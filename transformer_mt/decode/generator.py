@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -78,8 +78,9 @@ def search(model: Transformer, src_ids: torch.Tensor, start: StartState, *, rows
     """Run the search that `start` begins over src_ids (B, S) -> each sentence's hypotheses.
 
     Eagerly (no `graphs`, no `capture`), done sentences leave the batch once they are at least
-    `drop_finished` of those still decoded (0: at once). With `graphs` or `capture`, every step has
-    the same shapes; `capture` replays it from a CUDA graph.
+    `drop_finished` of those still decoded (0: at once). With `graphs` or `capture`, every row runs
+    in steps of one shape (`capture`: replayed from a CUDA graph), and the host checks whether all
+    are done every `CHECK_EVERY` steps.
     """
     forbidden = (model.pad_id, bos_id)  # never padding or a second BOS
     if graphs is None and not capture:
@@ -87,8 +88,31 @@ def search(model: Transformer, src_ids: torch.Tensor, start: StartState, *, rows
         capacity = int(limits.max())
         cache = model.new_cache(src_ids, capacity, rows_per_sentence)
         return _eager(model, start(limits, capacity, cache.position), cache, forbidden, capacity, drop_finished)
-    return _fixed_shapes(model, src_ids, start, rows_per_sentence, forbidden, eos_id, max_len_a, max_len_b, graphs,
-                         capture, key)
+    B, S = src_ids.shape
+    if graphs is not None:  # padded to its bucket, whose batches share a capture; extra sentences are a lone EOS
+        rows, width = round_up(B, graphs.multiple), max(S, min(round_up(S, graphs.multiple), model.cfg.max_len))
+        padded = src_ids.new_full((rows, width), model.pad_id)
+        padded[:B, :S] = src_ids
+        padded[B:, 0] = eos_id
+        src_ids = padded
+    limits = max_target_lengths(src_ids != model.pad_id, max_len_a, max_len_b, model.cfg.max_len)  # (B,)
+    max_steps = bucket = int(limits[:B].max())
+    if graphs is not None:  # the cap of the padded width, so that batches of one bucket share a capacity
+        full = torch.ones(1, src_ids.shape[1], dtype=torch.bool)
+        bucket = int(max_target_lengths(full, max_len_a, max_len_b, model.cfg.max_len)[0])
+    capacity = min(round_up(bucket, 8), model.cfg.max_len)
+    cache = model.new_cache(src_ids, capacity, rows_per_sentence)
+    state = start(limits, capacity, cache.position)
+    state.done[B:] = True  # the bucket's filler sentences
+    (cache, state), step, done = prepared(
+        graphs, (*key, *src_ids.shape, capacity), (cache, state),
+        lambda c, s: lambda: _step(model, s, c, forbidden), capture)
+    while done < max_steps:
+        step()
+        done += 1
+        if done % CHECK_EVERY == 0 and bool(state.done.all()):
+            break
+    return state.results()[:B]
 
 
 def _step(model: Transformer, state: State, cache: KVCache, forbidden: tuple[int, ...],
@@ -125,54 +149,14 @@ def _eager(model: Transformer, state: State, cache: KVCache, forbidden: tuple[in
     return results
 
 
-def _fixed_shapes(model: Transformer, src_ids: torch.Tensor, start: StartState, rows_per_sentence: int,
-                  forbidden: tuple[int, ...], eos_id: int, max_len_a: float, max_len_b: int,
-                  graphs: StepGraphs | None, capture: bool, key: tuple) -> list[list[Hypothesis]]:
-    """The search over all rows to the end, in steps of one shape; the host checks whether every
-    sentence is done every `CHECK_EVERY` steps (a done sentence's rows are computed and ignored)."""
-    src_ids, n_real = _padded(model, src_ids, graphs, eos_id)
-    limits = max_target_lengths(src_ids != model.pad_id, max_len_a, max_len_b, model.cfg.max_len)  # (B,)
-    max_steps = int(limits[:n_real].max())
-    bucket = max_steps  # with graphs, the cap of the padded width: batches of one bucket share a capacity
-    if graphs is not None:
-        full = torch.ones(1, src_ids.shape[1], dtype=torch.bool)
-        bucket = int(max_target_lengths(full, max_len_a, max_len_b, model.cfg.max_len)[0])
-    capacity = min(round_up(bucket, 8), model.cfg.max_len)
-    cache = model.new_cache(src_ids, capacity, rows_per_sentence)
-    state = start(limits, capacity, cache.position)
-    state.done[n_real:] = True  # the bucket's filler sentences
-    (cache, state), step, done = prepared(
-        graphs, (*key, *src_ids.shape, capacity), (cache, state),
-        lambda c, s: lambda: _step(model, s, c, forbidden), capture)
-    while done < max_steps:
-        step()
-        done += 1
-        if done % CHECK_EVERY == 0 and bool(state.done.all()):
-            break
-    return state.results()[:n_real]
-
-
-def _padded(model: Transformer, src_ids: torch.Tensor, graphs: StepGraphs | None, eos_id: int
-            ) -> tuple[torch.Tensor, int]:
-    """src_ids (B, S) padded to its `graphs` bucket (extra sentences are a lone EOS), and B."""
-    B, S = src_ids.shape
-    if graphs is None:
-        return src_ids, B
-    rows, width = round_up(B, graphs.multiple), max(S, min(round_up(S, graphs.multiple), model.cfg.max_len))
-    padded = src_ids.new_full((rows, width), model.pad_id)
-    padded[:B, :S] = src_ids
-    padded[B:, 0] = eos_id
-    return padded, B
-
-
+@dataclass
 class StepGraphs:
     """The step last captured in one round of decoding (one `translate_hypotheses` call), which later
     batches of its padded shape (`multiple` sentences and source tokens) replay on their inputs,
     copied into its tensors. Without capture the same reuse runs eagerly."""
 
-    def __init__(self, multiple: int = 8):
-        self.multiple = multiple
-        self.captured: dict[tuple, tuple[tuple, Callable[[], None]]] = {}  # shape -> (state, step), one at most
+    multiple: int = 8
+    captured: dict[tuple, tuple[tuple, Callable[[], None]]] = field(default_factory=dict)  # key -> (state, step)
 
 
 def prepared(graphs: StepGraphs | None, key: tuple, fresh: tuple, make_step: Callable[..., Callable[[], None]],
@@ -201,11 +185,9 @@ def prepared(graphs: StepGraphs | None, key: tuple, fresh: tuple, make_step: Cal
 
 def _tensors(obj) -> list[torch.Tensor]:
     """The tensors among a dataclass's fields, lists of tensors flattened."""
-    found = []
-    for field in fields(obj):
-        value = getattr(obj, field.name)
-        found.extend(t for t in (value if isinstance(value, list) else [value]) if isinstance(t, torch.Tensor))
-    return found
+    values = [getattr(obj, f.name) for f in fields(obj)]
+    flat = [t for value in values for t in (value if isinstance(value, list) else [value])]
+    return [t for t in flat if isinstance(t, torch.Tensor)]
 
 
 def _captured(step: Callable[[], None], state: list[torch.Tensor]) -> Callable[[], None]:

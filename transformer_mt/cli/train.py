@@ -21,6 +21,7 @@ def run_train(args: argparse.Namespace) -> None:
     from transformer_mt.config.loading import load_config
     from transformer_mt.core.distributed import Distributed
     from transformer_mt.core.runtime import machine_memory_bytes, pick_device, pick_precision
+    from transformer_mt.runs.checkpoint import CheckpointDir
     from transformer_mt.runs.init_from import check_parent
     from transformer_mt.runs.run_dir import prepare_run_dir
     from transformer_mt.train.batch_budget import check_model_fits
@@ -53,9 +54,12 @@ def run_train(args: argparse.Namespace) -> None:
                 raise TrainingStopped(f"{err}; continue with: {again}", err.exit_code - 128) from None
             except KeyboardInterrupt as err:  # a second Ctrl-C, or a signal outside the training loop
                 signal_number = getattr(err, "exit_code", 128 + signal.SIGINT) - 128
-                raise TrainingStopped(f"interrupted by {signal.Signals(signal_number).name}; continue with: "
-                                      f"{_continue_command(args, run_dir, dist.enabled)}",
-                                      signal_number) from None
+                # Resume from the newest checkpoint, or before the first one start again (same directory).
+                resume = CheckpointDir(RunDir(run_dir).checkpoints, keep_last=1).latest() is not None
+                again = (f"the same torchrun command{' with --resume' if resume else ' (without --resume)'}"
+                         if dist.enabled else _resume_command(args, resume=resume))
+                name = signal.Signals(signal_number).name
+                raise TrainingStopped(f"interrupted by {name}; continue with: {again}", signal_number) from None
         except BaseException as err:
             if log_file is not None:  # a run read under nohup or in CI ends with why it stopped
                 log_file.handle(_error_record(err))
@@ -106,8 +110,8 @@ def run_data(args: argparse.Namespace) -> None:
 
 
 def _error_record(err: BaseException) -> logging.LogRecord:
-    """A log record of the error that stops `tmt train`, for train.log: the line stderr shows
-    (`main` prints it), and for an unexpected error its traceback as well."""
+    """The line `main` prints for the error that stops `tmt train` (with the traceback of an
+    unexpected one), as a record for train.log."""
     if isinstance(err, TmtError):
         message, exc_info = f"tmt: error: {err}", None
     elif isinstance(err, KeyboardInterrupt):
@@ -118,9 +122,8 @@ def _error_record(err: BaseException) -> logging.LogRecord:
 
 
 def _resume_command(args: argparse.Namespace, resume: bool = True) -> str:
-    """The `tmt train` command that continues an interrupted run: the same config, run directory
-    and `--set` overrides (without them a resume would see a different config), plus --resume;
-    without it (`resume=False`), the command that starts the run again."""
+    """The `tmt train` command with the same config, run directory and `--set` overrides that resumes
+    the run (or with `resume=False`, starts it again)."""
     words = ["tmt", "train", "--config", str(args.config)]
     if args.run_dir:
         words += ["--run-dir", str(args.run_dir)]
@@ -128,13 +131,3 @@ def _resume_command(args: argparse.Namespace, resume: bool = True) -> str:
         words += ["--set", override]
     return shlex.join(words + ["--resume"] if resume else words)
 
-
-def _continue_command(args: argparse.Namespace, run_dir: Path, torchrun: bool) -> str:
-    """How to go on after an interruption: resume from the run's newest checkpoint, or, before the
-    first one, start again (a start that stopped early reuses its run directory)."""
-    from transformer_mt.runs.checkpoint import CheckpointDir
-
-    resume = CheckpointDir(RunDir(run_dir).checkpoints, keep_last=1).latest() is not None
-    if torchrun:
-        return "the same torchrun command" + (" with --resume" if resume else " (without --resume)")
-    return _resume_command(args, resume=resume)

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from transformer_mt.cli.log_setup import setup_logging
-from transformer_mt.cli.parser import STDIO, check_translate_options
+from transformer_mt.cli.parser import STDIO
 from transformer_mt.core.errors import DataError, TmtError, UsageError
 from transformer_mt.core.files import check_parent_dir, lines_to_text, make_parent_dir, write_text_atomic
 from transformer_mt.core.run_layout import RunDir
@@ -24,9 +24,7 @@ def run_translate(args: argparse.Namespace) -> None:
     from transformer_mt.data.sources import read_lines, read_stream_lines
 
     setup_logging(logging.WARNING)
-    if args.text and args.input:
-        raise UsageError("give sentences as arguments or --input FILE, not both")
-    check_translate_options(args)
+    _check_options(args)
     # Typing at a terminal with nothing else to read or write: translate each line as it comes.
     interactive = args.interactive or (not args.text and args.input is None and args.output is None
                                        and args.show_attention is None and sys.stdin.isatty())
@@ -51,11 +49,11 @@ def run_translate(args: argparse.Namespace) -> None:
             raise UsageError("--show-attention: the sentence is empty; there is no attention to draw")
         if args.output and args.output.resolve() == args.show_attention.resolve():
             raise UsageError(f"--output and --show-attention are the same file ({args.output}); give two names")
-    outputs = {"--output": args.output, "--show-attention": args.show_attention}
-    for option, path in outputs.items():
+    files = {"--output": args.output, "--show-attention": args.show_attention}
+    for option, path in files.items():
         _check_output(path, option, inputs={"--input": args.input})
     translator = _load_translator(args)
-    for option, path in outputs.items():
+    for option, path in files.items():
         _check_not_kept(path, option, translator.run_dir)
     if args.show_attention:
         outputs = [_draw_attention(translator, lines[0], args)]
@@ -67,6 +65,42 @@ def run_translate(args: argparse.Namespace) -> None:
         for output in outputs:
             print(output)
         sys.stdout.flush()  # a closed pipe fails here, inside main's error handling, not at exit
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuse `tmt translate` options that cannot go together, naming them, before a model loads."""
+    if args.text and args.input:
+        raise UsageError("give sentences as arguments or --input FILE, not both")
+    if not args.sample:
+        given = [name for name, value in (("--temperature", args.temperature), ("--top-k", args.top_k),
+                                          ("--top-p", args.top_p), ("--seed", args.seed)) if value is not None]
+        if given:
+            raise UsageError(f"{given[0]} is a sampling option: add --sample")
+        if args.beam is not None and args.n_best > args.beam:
+            raise UsageError(f"--n-best {args.n_best}: beam search keeps only --beam {args.beam} translations; "
+                             f"use --beam {args.n_best} or more")
+    elif args.beam is not None and args.beam > 1:
+        raise UsageError(f"--sample draws each token and keeps no beams: leave out --beam {args.beam} "
+                         "(--n-best K draws K translations)")
+    if args.attention_layer is not None and not args.show_attention:
+        raise UsageError("--attention-layer picks the layer --show-attention draws: add --show-attention FILE.png")
+    if args.show_attention:
+        from matplotlib.figure import Figure  # only when a picture is asked for
+
+        formats = sorted(Figure().canvas.get_supported_filetypes())  # png, jpg, pdf, svg, ...
+        if args.show_attention.suffix[1:].lower() not in formats:
+            raise UsageError(f"--show-attention {args.show_attention}: name a picture file ending in "
+                             f"{', '.join('.' + name for name in formats)}")
+    if args.show_attention and (args.n_best > 1 or args.scores or args.format != "text" or args.sample):
+        raise UsageError("--show-attention draws the best translation of one sentence; leave out --n-best, "
+                         "--scores, --format and --sample")
+    if args.interactive:
+        given = [name for name, value in (("sentences as arguments", args.text), ("--input", args.input),
+                                          ("--output", args.output), ("--show-attention", args.show_attention))
+                 if value]
+        if given:
+            raise UsageError(f"--interactive reads sentences as they are typed and answers on stdout; "
+                             f"leave out {', '.join(given)}")
 
 
 def _translate_lines(translator, lines: list[str], args: argparse.Namespace, progress: bool,
@@ -95,8 +129,8 @@ def _translate_lines(translator, lines: list[str], args: argparse.Namespace, pro
     outputs = []
     for number, translations in enumerate(results, start=first_number):
         for translation in translations:
-            fields = ([str(number)] if args.n_best > 1 else []) + ([f"{translation.score:.4f}"] if args.scores else [])
-            outputs.append("\t".join(fields + [translation.text]))
+            score = [f"{translation.score:.4f}"] if args.scores else []
+            outputs.append("\t".join(([str(number)] if args.n_best > 1 else []) + score + [translation.text]))
     return outputs
 
 

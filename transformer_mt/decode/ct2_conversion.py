@@ -122,9 +122,10 @@ def build_ctranslate2_spec(model: Transformer):
     if not math.isclose(model.embed_scale, math.sqrt(cfg.d_model)):
         raise TmtError(f"unexpected embedding scale {model.embed_scale}; the exporter assumes sqrt(d_model)")
 
-    stacks = ((spec.encoder, spec.encoder.embeddings[0], model.src_embed, model.encoder_layers, model.encoder_norm),
-              (spec.decoder, spec.decoder.embeddings, model.tgt_embed, model.decoder_layers, model.decoder_norm))
-    for stack, embeddings, embed, layers, norm in stacks:
+    encoder, decoder = spec.encoder, spec.decoder
+    for stack, embeddings, embed, layers, norm in (
+            (encoder, encoder.embeddings[0], model.src_embed, model.encoder_layers, model.encoder_norm),
+            (decoder, decoder.embeddings, model.tgt_embed, model.decoder_layers, model.decoder_norm)):
         embeddings.weight = _array(embed.weight)
         stack.scale_embeddings = True  # CTranslate2 multiplies by sqrt(D)
         stack.position_encodings.encodings = positions
@@ -132,22 +133,24 @@ def build_ctranslate2_spec(model: Transformer):
             _set(stack.layer_norm, norm)
         for layer_spec, layer in zip(stack.layer, layers):
             attention, ffn = layer_spec.self_attention, layer_spec.ffn
+            attention_block = layer.attn_block if stack is encoder else layer.self_block
             parts = [(attention.linear[0], layer.self_attn.qkv_proj),  # (3D, D): q rows, k rows, then v rows
                      (attention.linear[1], layer.self_attn.out_proj),
-                     (attention.layer_norm, (layer.attn_block if stack is spec.encoder else layer.self_block).norm),
+                     (attention.layer_norm, attention_block.norm),
                      (ffn.linear_0, layer.ffn.linear1), (ffn.linear_1, layer.ffn.linear2),
                      (ffn.layer_norm, layer.ffn_block.norm)]
-            if stack is spec.decoder:
+            if stack is decoder:
                 cross = layer_spec.attention
                 parts += [(cross.linear[0], layer.cross_attn.q_proj),
                           (cross.linear[1], layer.cross_attn.kv_proj),  # (2D, D): k rows, then v rows
-                          (cross.linear[2], layer.cross_attn.out_proj), (cross.layer_norm, layer.cross_block.norm)]
+                          (cross.linear[2], layer.cross_attn.out_proj),
+                          (cross.layer_norm, layer.cross_block.norm)]
             for part_spec, module in parts:
                 _set(part_spec, module)
-    spec.decoder.projection.weight = _array(model.output_proj.weight)  # (V, D), tied weights alias on save
+    decoder.projection.weight = _array(model.output_proj.weight)  # (V, D), tied weights alias on save
     bias = np.zeros(model.output_proj.weight.shape[0], dtype=np.float32)
     bias[[PAD_ID, BOS_ID]] = _FORBIDDEN_LOGIT_BIAS
-    spec.decoder.projection.bias = bias
+    decoder.projection.bias = bias
     return spec
 
 

@@ -128,7 +128,8 @@ class CT2Engine:
             log_probs = result.log_probs if ended else result.log_probs[:-1]  # the last is EOS's
             length = len(ids) + ended
             log_prob = sum(log_probs)
-            results[i].append(Hypothesis(ids, log_prob, log_prob / length_penalty(length, decode.length_penalty)))
+            penalty = length_penalty(length, decode.length_penalty)
+            results[i].append(Hypothesis(ids, log_prob, log_prob / penalty))
         return results
 
     def cross_attention(self, src_ids: list[int], hyp_ids: list[int], layer: int):
@@ -179,8 +180,8 @@ class CT2Engine:
             # CTranslate2's default of 4 threads on fewer cores has OpenMP threads spin against each other.
             threads = self.threads or min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                                           else os.cpu_count() or 1)
-            translator = ctranslate2.Translator(str(self.model_dir), device=self.device, compute_type=compute_type,
-                                                intra_threads=threads)
+            translator = ctranslate2.Translator(str(self.model_dir), device=self.device,
+                                                compute_type=compute_type, intra_threads=threads)
             if seed is not None:
                 return translator
             self._translators[compute_type] = translator

@@ -89,7 +89,7 @@ def search(model: Transformer, src_ids: torch.Tensor, start: StartState, *, rows
         cache = model.new_cache(src_ids, capacity, rows_per_sentence)
         return _eager(model, start(limits, capacity, cache.position), cache, forbidden, capacity, drop_finished)
     B, S = src_ids.shape
-    if graphs is not None:  # padded to its bucket, whose batches share a capture; extra sentences are a lone EOS
+    if graphs is not None:  # padded to its bucket, which shares a capture; extra sentences are a lone EOS
         rows, width = round_up(B, graphs.multiple), max(S, min(round_up(S, graphs.multiple), model.cfg.max_len))
         padded = src_ids.new_full((rows, width), model.pad_id)
         padded[:B, :S] = src_ids
@@ -156,7 +156,7 @@ class StepGraphs:
     copied into its tensors. Without capture the same reuse runs eagerly."""
 
     multiple: int = 8
-    captured: dict[tuple, tuple[tuple, Callable[[], None]]] = field(default_factory=dict)  # key -> (state, step)
+    captured: dict[tuple, tuple[tuple, Callable[[], None]]] = field(default_factory=dict)  # key: state, step
 
 
 def prepared(graphs: StepGraphs | None, key: tuple, fresh: tuple, make_step: Callable[..., Callable[[], None]],

@@ -1,5 +1,5 @@
 """`TorchEngine`: tmt's own model and search on any torch device, over id lists in length-sorted,
-token-budget batches (`translate_hypotheses`)."""
+token-budget batches."""
 
 from __future__ import annotations
 
@@ -60,26 +60,22 @@ def translate_hypotheses(model: Transformer, src_seqs: list[list[int]], decode_c
                          beam_size: int | None = None, n_best: int = 1, sampling: Sampling | None = None,
                          progress: bool = False) -> list[list[Hypothesis]]:
     """Each source's `n_best` best hypotheses of beam search, best first (beam 1: greedy), or with
-    `sampling`, `n_best` samples in the order drawn from one generator seeded with `sampling.seed`.
-
-    Sources (cut to fit the model, EOS appended) go in length-sorted batches of
-    `decode_cfg.batch_tokens` (each sentence counted once per beam or sample), on the attention
-    kernels of `decode_cfg.attention_backend`; results come back in input order. `progress` shows
-    a bar on stderr.
-    """
+    `sampling`, `n_best` samples drawn from one generator seeded with `sampling.seed`; decoded in
+    length-sorted batches of `decode_cfg.batch_tokens` (counting each beam or sample), in input order."""
     alpha = decode_cfg.length_penalty
     beam_size = decode_cfg.beam_size if beam_size is None else beam_size
     capture = decode_cfg.cuda_graphs and device.type == "cuda"
-    graphs = StepGraphs()  # batches of one padded shape replay one capture
+    graphs = StepGraphs() if capture else None  # batches of one padded shape replay one capture
     generator = None if sampling is None else torch.Generator(device=device).manual_seed(sampling.seed)
+    common = {"bos_id": bos_id, "eos_id": eos_id, "max_len_a": decode_cfg.max_len_a,
+              "max_len_b": decode_cfg.max_len_b}
 
     def decode(src_ids: torch.Tensor) -> list[list[Hypothesis]]:
-        common = dict(bos_id=bos_id, eos_id=eos_id, max_len_a=decode_cfg.max_len_a, max_len_b=decode_cfg.max_len_b)
         if sampling is not None:
             return sample_decode(model, src_ids, sampling=sampling, generator=generator, n_samples=n_best,
                                  alpha=alpha, **common)
-        return beam_search(model, src_ids, beam_size=beam_size, alpha=alpha, n_best=n_best,
-                           graphs=graphs if capture else None, capture=capture, **common)
+        return beam_search(model, src_ids, beam_size=beam_size, alpha=alpha, n_best=n_best, graphs=graphs,
+                           capture=capture, **common)
 
     attention = pick_attention(decode_cfg.attention_backend, device, "decode")
     keep = model.cfg.max_len - 1  # room for the EOS appended to every source

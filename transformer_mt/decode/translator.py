@@ -93,7 +93,7 @@ class Translator:
         """Load a run directory (its checkpoint as `load_run` chooses it) on `engine` (auto, torch or
         ctranslate2; None: the run's `decode.engine`). On CTranslate2 a conversion cached for this
         checkpoint loads without torch; the first use converts it."""
-        for attempt in range(3):  # a trainer may delete the newest step checkpoint (keep_last) while it is read
+        for attempt in range(3):  # a trainer may delete the newest step checkpoint (keep_last) as it is read
             chosen = checkpoint or find_checkpoint(run_dir)
             try:
                 return cls._from_checkpoint(run_dir, chosen, device, engine)

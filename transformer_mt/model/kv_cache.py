@@ -20,7 +20,7 @@ class LayerCache:
     key_mask: torch.Tensor  # (1, C) bool: the positions written so far, this one included
 
     def write_self(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Write the new position's k, v (R, H, 1, Dh); return every key, value (R, H, C, Dh) and the key mask."""
+        """Write the new position's k, v (R, H, 1, Dh); return all keys, values (R, H, C, Dh), the key mask."""
         self.self_k.index_copy_(2, self.position, k)
         self.self_v.index_copy_(2, self.position, v)
         return self.self_k, self.self_v, self.key_mask

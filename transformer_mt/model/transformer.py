@@ -337,7 +337,7 @@ class Transformer(nn.Module):
         D, F, V = self.cfg.d_model, self.cfg.d_ff, self.output_proj.weight.shape[0]
         Le, Ld = len(self.encoder_layers), len(self.decoder_layers)
         S, T = np.asarray(src_lengths, dtype=np.float64), np.asarray(tgt_lengths, dtype=np.float64)
-        per_src = 6 * Le * (4 * D * D + 2 * D * F) + 6 * Ld * 2 * D * D  # encoder layers, cross-attention k, v
+        per_src = 6 * Le * (4 * D * D + 2 * D * F) + 6 * Ld * 2 * D * D  # encoder layers, cross k, v
         per_tgt = 6 * Ld * (6 * D * D + 2 * D * F) + 6 * D * V  # self q, k, v, out; cross q, out; FFN; output
         attention = 12 * D * float(Le * (S * S).sum() + Ld * ((T * T).sum() + (T * S).sum()))
         return float(per_src * S.sum() + per_tgt * T.sum() + attention)

@@ -1,5 +1,5 @@
 """`CT2Engine`: a run decoded by CTranslate2 from a conversion of its checkpoint cached in the run
-(`<run>/ctranslate2/<digest>/`, made on first use); torch-free once the conversion is there."""
+(made on first use); torch-free once the conversion is there."""
 
 from __future__ import annotations
 
@@ -59,17 +59,13 @@ def convert(run_dir: Path, run: LoadedRun, path: Path) -> dict:
 
 
 def conversion_dir(run_dir: Path, checkpoint: Path, fingerprint: str) -> Path:
-    """`<run>/ctranslate2/<checkpoint digest>-<tokenizers digest>`: new weights or new tokenizer
-    files give a new folder, never a stale conversion."""
-    return RunDir(run_dir).ctranslate2 / f"{_checkpoint_digest(run_dir, checkpoint)}-{fingerprint[:8]}"
-
-
-def _checkpoint_digest(run_dir: Path, checkpoint: Path) -> str:
-    """The digest of `checkpoint`'s bytes, remembered with its (size, mtime_ns, inode): a file
-    that kept all three is not read again (checkpoints are replaced by rename, a new inode)."""
+    """`<run>/ctranslate2/<checkpoint digest>-<tokenizers digest>`: new weights or new tokenizer files
+    give a new folder, never a stale conversion. A checkpoint's digest is remembered with its (size,
+    mtime_ns, inode): a file that kept all three is not read again (checkpoints are replaced by rename)."""
     stat = checkpoint.stat()
     stamp = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
-    digests_file = RunDir(run_dir).ctranslate2 / DIGESTS
+    folder = RunDir(run_dir).ctranslate2
+    digests_file = folder / DIGESTS
     try:
         digests = json.loads(digests_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
@@ -77,7 +73,7 @@ def _checkpoint_digest(run_dir: Path, checkpoint: Path) -> str:
     digests = digests if isinstance(digests, dict) else {}
     known = digests.get(checkpoint.name)
     if isinstance(known, dict) and known.get("stamp") == stamp:
-        return known["digest"]
+        return folder / f"{known['digest']}-{fingerprint[:8]}"
     digest = hashlib.blake2b(digest_size=16)
     with open(checkpoint, "rb") as handle:
         while chunk := handle.read(1 << 20):
@@ -88,7 +84,7 @@ def _checkpoint_digest(run_dir: Path, checkpoint: Path) -> str:
         write_text_atomic(digests_file, json.dumps(digests, indent=1))
     except OSError:  # a read-only run: the digest is computed again next time
         pass
-    return digest.hexdigest()
+    return folder / f"{digest.hexdigest()}-{fingerprint[:8]}"
 
 
 class CT2Engine:

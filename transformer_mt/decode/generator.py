@@ -5,6 +5,7 @@ may be captured as a CUDA graph and replayed by later batches of its padded shap
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
@@ -13,8 +14,7 @@ import torch
 from transformer_mt.data.batching import round_up
 from transformer_mt.decode.hypotheses import Hypothesis, Sampling
 from transformer_mt.decode.search import BeamState, SampleState
-from transformer_mt.model.kv_cache import KVCache
-from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer import KVCache, Transformer
 
 State = BeamState | SampleState
 CHECK_EVERY = 8  # fixed-shape steps between the host's checks whether every sentence is done
@@ -47,10 +47,8 @@ def beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_i
     """Beam search with K = `beam_size` beams per sentence (`BeamState.advance`): src_ids (B, S)
     long -> for each sentence its `n_best` hypotheses, best first. Beam size 1 is greedy decoding.
     (`search` says what `graphs`, `capture` and `drop_finished` do; default 0.25 greedy, else 0.)"""
-    def start(limits: torch.Tensor, capacity: int, position: torch.Tensor) -> BeamState:
-        return BeamState.start(limits, beam_size, n_best, capacity, position, bos_id=bos_id, eos_id=eos_id,
-                               pad_id=model.pad_id, alpha=alpha)
-
+    start = functools.partial(BeamState.start, beam_size=beam_size, n_best=n_best, bos_id=bos_id, eos_id=eos_id,
+                              pad_id=model.pad_id, alpha=alpha)
     return search(model, src_ids, start, rows_per_sentence=beam_size, bos_id=bos_id, eos_id=eos_id,
                   max_len_a=max_len_a, max_len_b=max_len_b, graphs=graphs, capture=capture,
                   key=("beam", beam_size, n_best, alpha),
@@ -62,10 +60,8 @@ def sample_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos
                   alpha: float = 0.6) -> list[list[Hypothesis]]:
     """Draw `n_samples` translations per source (`Sampling` says how): src_ids (B, S) long -> for
     each sentence its samples in the order drawn, scored as beam search scores its hypotheses."""
-    def start(limits: torch.Tensor, capacity: int, position: torch.Tensor) -> SampleState:
-        return SampleState.start(limits, capacity, position, sampling, generator, bos_id=bos_id, eos_id=eos_id,
-                                 pad_id=model.pad_id, alpha=alpha)
-
+    start = functools.partial(SampleState.start, sampling=sampling, generator=generator, bos_id=bos_id,
+                              eos_id=eos_id, pad_id=model.pad_id, alpha=alpha)
     rows = search(model, src_ids.repeat_interleave(n_samples, dim=0), start, rows_per_sentence=1, bos_id=bos_id,
                   eos_id=eos_id, max_len_a=max_len_a, max_len_b=max_len_b)  # a sentence's samples are neighbours
     return [[hyps[0] for hyps in rows[i:i + n_samples]] for i in range(0, len(rows), n_samples)]

@@ -3,6 +3,7 @@ of sampling; torch-free, for every engine."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,10 +28,7 @@ class Hypothesis:
 
 def strip_generated(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
     """Generated ids up to (not including) the first EOS or padding."""
-    for i, token in enumerate(ids):
-        if token in (eos_id, pad_id):
-            return ids[:i]
-    return ids
+    return list(itertools.takewhile(lambda token: token not in (eos_id, pad_id), ids))
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ class BeamState:
     pad_id: int
 
     @classmethod
-    def start(cls, limits: torch.Tensor, beam_size: int, n_best: int, capacity: int, position: torch.Tensor, *,
+    def start(cls, limits: torch.Tensor, capacity: int, position: torch.Tensor, *, beam_size: int, n_best: int,
               bos_id: int, eos_id: int, pad_id: int, alpha: float) -> BeamState:
         """One live beam per sentence (score 0), the other K - 1 at -inf (else all K would pick the
         same first token). limits (B,) long."""

@@ -29,23 +29,22 @@ logger = logging.getLogger(__name__)
 
 
 class Engine(Protocol):
-    """Decodes source ids (no special tokens; cut to `model.max_len - 1` and given an EOS inside)
-    in length-sorted batches of `decode.batch_tokens`, results in input order."""
+    """Decodes source ids (no special tokens; cut to `model.max_len - 1` and given an EOS inside) in
+    length-sorted batches of `decode.batch_tokens`, results in input order: each source's best
+    translation (`translate`; beam 1: greedy), its `n_best` best, best first, or with `sampling`
+    `n_best` samples (`hypotheses`); the head-averaged cross-attention (T + 1, S + 1) of decoder
+    `layer` producing `hyp_ids` + EOS."""
 
     name: str  # "torch" or "ctranslate2"
     device: str  # "cpu", "cuda" or "mps"
 
     def translate(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int,
-                  progress: bool) -> list[list[int]]:
-        """The best translation of each source: greedy when `beam_size` is 1, else beam search."""
+                  progress: bool) -> list[list[int]]: ...
 
     def hypotheses(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, n_best: int,
-                   sampling: Sampling | None, progress: bool) -> list[list[Hypothesis]]:
-        """Each source's `n_best` best translations (beam 1: greedy), best first, or with
-        `sampling`, `n_best` samples in the order drawn."""
+                   sampling: Sampling | None, progress: bool) -> list[list[Hypothesis]]: ...
 
-    def cross_attention(self, src_ids: list[int], hyp_ids: list[int], layer: int):
-        """Head-averaged cross-attention of decoder `layer` producing `hyp_ids` + EOS: (T + 1, S + 1)."""
+    def cross_attention(self, src_ids: list[int], hyp_ids: list[int], layer: int): ...
 
 
 def has_ctranslate2() -> bool:
@@ -85,6 +84,7 @@ class Translator:
         self.cfg = cfg  # the run's config: decoding settings, and data for `tmt evaluate --split`
         self.run_dir = run_dir
         self.checkpoint = checkpoint  # the weights' file, which names `tmt evaluate`'s output
+        self.max_len = cfg.model.max_len  # sources are cut to max_len - 1 tokens and EOS
         self._warn_quantize_ignored()
 
     @classmethod
@@ -161,11 +161,6 @@ class Translator:
     def device(self) -> str:
         """Where the engine decodes: "cpu", "cuda" or "mps"."""
         return self.engine.device
-
-    @property
-    def max_len(self) -> int:
-        """The model's positions: sources are cut to max_len - 1 tokens and EOS."""
-        return self.cfg.model.max_len
 
     def set_decoding(self, **settings) -> None:
         """Decode with other `decode.*` settings than the run's, e.g. `length_penalty=1.0`."""

@@ -10,8 +10,7 @@ import numpy as np
 import torch
 
 from transformer_mt.config.schema import ModelConfig
-from transformer_mt.model.kv_cache import KVCache
-from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer import KVCache, Transformer
 
 
 class TranslationModel(Protocol):

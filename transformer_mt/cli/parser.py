@@ -60,12 +60,10 @@ EVALUATE_EXAMPLES = """examples:
   tmt evaluate --run runs/m30k --src test.en --ref test.de --tokenize none   # pre-tokenized text
 """
 
-
 EXPORT_EXAMPLES = """examples:
   tmt export --format ctranslate2 --run runs/demo --output demo-ct2
   tmt export --format ctranslate2 --run runs/demo --output demo-ct2-int8 --quantization int8
 """
-
 
 RUNS_EXAMPLES = """examples:
   tmt runs                                              # the runs under ./runs, newest first

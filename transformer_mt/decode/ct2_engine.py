@@ -98,10 +98,9 @@ class CT2Engine:
         self.device = device
         self.max_len = max_len
         self.threads = 0  # CTranslate2's intra_threads (0: its default, capped at this process's cores)
-        shared = model_dir / "shared_vocabulary.json"
-        self.src_tokens, self.tgt_tokens = (json.loads(path.read_text(encoding="utf-8")) for path in (
-            (shared, shared) if shared.exists() else (model_dir / "source_vocabulary.json",
-                                                      model_dir / "target_vocabulary.json")))
+        sides = ["shared"] * 2 if (model_dir / "shared_vocabulary.json").exists() else ["source", "target"]
+        self.src_tokens, self.tgt_tokens = [json.loads((model_dir / f"{side}_vocabulary.json").read_text("utf-8"))
+                                            for side in sides]
         self.tgt_ids = {token: i for i, token in enumerate(self.tgt_tokens)}
         self._translators: dict[str, object] = {}  # compute type -> ctranslate2.Translator
 

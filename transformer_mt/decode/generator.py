@@ -71,13 +71,10 @@ def sample_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos
 def search(model: Transformer, src_ids: torch.Tensor, start: StartState, *, rows_per_sentence: int, bos_id: int,
            eos_id: int, max_len_a: float, max_len_b: int, graphs: StepGraphs | None = None, capture: bool = False,
            key: tuple = (), drop_finished: float = 0.25) -> list[list[Hypothesis]]:
-    """Run the search that `start` begins over src_ids (B, S) -> each sentence's hypotheses.
-
-    Eagerly (no `graphs`, no `capture`), done sentences leave the batch once they are at least
-    `drop_finished` of those still decoded (0: at once). With `graphs` or `capture`, every row runs
-    in steps of one shape (`capture`: replayed from a CUDA graph), and the host checks whether all
-    are done every `CHECK_EVERY` steps.
-    """
+    """Run the search that `start` begins over src_ids (B, S) -> each sentence's hypotheses. Eagerly
+    (no `graphs`, no `capture`), done sentences leave the batch once they are at least `drop_finished`
+    of those still decoded (0: at once). With `graphs` or `capture`, every row runs in steps of one
+    shape (`capture`: replayed from a CUDA graph); the host checks every `CHECK_EVERY` steps."""
     forbidden = (model.pad_id, bos_id)  # never padding or a second BOS
     if graphs is None and not capture:
         limits = max_target_lengths(src_ids != model.pad_id, max_len_a, max_len_b, model.cfg.max_len)  # (B,)

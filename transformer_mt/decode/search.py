@@ -56,12 +56,10 @@ class BeamState:
 
     def advance(self, logits: torch.Tensor) -> torch.Tensor:
         """One step on the live beams' logits (B·K, V) fp32 -> the rows (B·K,) the new beams continue.
-
         Of each sentence's 2K best continuations by log-prob, the top K that end in EOS (all at the
         cap) go, scored log-prob / length penalty, into the M best finished; the K best that do not
         end live on. A sentence is done with K finished, or M that no live beam can beat (at best its
-        log-prob over the penalty at its cap), or at its cap.
-        """
+        log-prob over the penalty at its cap), or at its cap."""
         log_probs = torch.log_softmax(logits, dim=-1)
         BK, V = log_probs.shape
         B, M, C = self.best_tokens.shape

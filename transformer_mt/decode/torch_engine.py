@@ -23,26 +23,24 @@ class TorchEngine:
 
     def __init__(self, model: Transformer, device: torch.device, precision: Precision):
         self.model = model.eval()
-        self.torch_device = device
         self.device = device.type
+        self.common = {"bos_id": BOS_ID, "eos_id": EOS_ID, "device": device}
         self.precision = precision
 
     def translate(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int,
                   progress: bool) -> list[list[int]]:
-        return translate_ids(self.model, src_ids, decode, bos_id=BOS_ID, eos_id=EOS_ID, device=self.torch_device,
-                             precision=self.precision, beam_size=beam_size, progress=progress)
+        return translate_ids(self.model, src_ids, decode, precision=self.precision, beam_size=beam_size,
+                             progress=progress, **self.common)
 
     def hypotheses(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, n_best: int,
                    sampling: Sampling | None, progress: bool) -> list[list[Hypothesis]]:
-        return translate_hypotheses(self.model, src_ids, decode, bos_id=BOS_ID, eos_id=EOS_ID,
-                                    device=self.torch_device, precision=self.precision, beam_size=beam_size,
-                                    n_best=n_best, sampling=sampling, progress=progress)
+        return translate_hypotheses(self.model, src_ids, decode, precision=self.precision, beam_size=beam_size,
+                                    n_best=n_best, sampling=sampling, progress=progress, **self.common)
 
     def cross_attention(self, src_ids: list[int], hyp_ids: list[int], layer: int) -> torch.Tensor:
         from transformer_mt.decode.plotting import cross_attention_map
 
-        return cross_attention_map(self.model, src_ids, hyp_ids, bos_id=BOS_ID, eos_id=EOS_ID,
-                                   device=self.torch_device, layer=layer)
+        return cross_attention_map(self.model, src_ids, hyp_ids, layer=layer, **self.common)
 
 
 def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: DecodeConfig, *,

@@ -188,10 +188,9 @@ class Translator:
 
     def translate_n_best(self, lines: list[str], n_best: int = 1, beam_size: int | None = None,
                          sampling: Sampling | None = None, progress: bool = False) -> list[list[Translation]]:
-        """Each line's `n_best` translations with their scores: the best of beam search, best
-        first (beam 1 is greedy decoding; the first is what `translate` gives), or with
-        `sampling`, samples in the order drawn. An empty line gets one empty translation, scored 0.
-        """
+        """Each line's `n_best` translations with their scores: the best of beam search, best first
+        (beam 1: greedy; the first is what `translate` gives), or with `sampling`, samples in the order
+        drawn. An empty line gets one empty translation, scored 0."""
         texts, src_ids = self._sources(lines)
         hypotheses = self.engine.hypotheses(src_ids, self.cfg.decode, self._beam(beam_size), n_best, sampling,
                                             progress)

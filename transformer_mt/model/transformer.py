@@ -342,10 +342,8 @@ class Transformer(nn.Module):
 
     def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, pack: bool = True) -> torch.Tensor:
         """Teacher-forced logits of the target rows: src_ids (B, S), tgt_in_ids (B, T) -> (Nt, V).
-
         `pack`: the rows are the real target tokens, else every position (Nt = B·T). The logits take
-        autocast's dtype, except fp32 under fp16 (the projection's weight gradient would overflow).
-        """
+        autocast's dtype, except fp32 under fp16 (the projection's weight gradient would overflow)."""
         packed = Packing.of if pack else Packing.dense
         src, tgt = packed(src_ids != self.pad_id), packed(tgt_in_ids != self.pad_id)
         states = self.decode(tgt_in_ids, tgt, self.encode(src_ids, src), src)  # (Nt, D)

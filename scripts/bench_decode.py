@@ -65,10 +65,9 @@ from transformer_mt.data.batching import pad_sequences
 from transformer_mt.data.sources import read_aligned_files
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
 from transformer_mt.decode import ct2_conversion
-from transformer_mt.decode.evaluation import translate_ids
-from transformer_mt.decode.export import export_ctranslate2
-from transformer_mt.decode.generator import beam_search, greedy_decode
-from transformer_mt.decode.graphs import StepGraphs
+from transformer_mt.decode.torch_engine import translate_ids
+from transformer_mt.decode.ct2_conversion import export_ctranslate2
+from transformer_mt.decode.generator import StepGraphs, beam_search, greedy_decode
 from transformer_mt.decode.translator import Translator
 from transformer_mt.model.architectures import build_model
 from transformer_mt.model.transformer import Transformer
@@ -443,7 +442,7 @@ def main(argv: list[str] | None = None) -> None:
         setup_started = time.perf_counter()
         model, tokenizers = build_run(run_dir, args)
         model.to(device)
-        decoder = model  # tmt torch: what the torch engine decodes with (`evaluation.translate_ids`)
+        decoder = model  # tmt torch: what the torch engine decodes with (`torch_engine.translate_ids`)
         int8 = args.int8 and device.type == "cpu"  # decode.quantize applies to CPUs only
         translator = translator_int8 = natural = tmt = tmt_int8 = None
         if ct2 is not None:

@@ -17,8 +17,7 @@ import yaml
 
 from tests.helpers import (BOS, EOS, TINY_PAIRS, assert_same_hypotheses, make_trainer, random_model, random_sources,
                            read_scalars, run_cli, tiny_config, write_corpus)
-from transformer_mt.decode.generator import beam_search, greedy_decode
-from transformer_mt.decode.graphs import StepGraphs
+from transformer_mt.decode.generator import StepGraphs, beam_search, greedy_decode
 from transformer_mt.runs.checkpoint import load_checkpoint
 from transformer_mt.runs.run_dir import prepare_run_dir
 from transformer_mt.train import step as train_step_module

@@ -17,7 +17,7 @@ from transformer_mt.config.schema import DecodeConfig, TrainConfig
 from transformer_mt.core import runtime
 from transformer_mt.core.errors import ConfigError
 from transformer_mt.core.runtime import AttentionKernels, attention_fallback, pick_attention, pick_precision
-from transformer_mt.decode.evaluation import translate_ids
+from transformer_mt.decode.torch_engine import translate_ids
 from transformer_mt.decode.translator import Translator
 from transformer_mt.runs.run_dir import prepare_run_dir
 from transformer_mt.train.trainer import train

@@ -7,8 +7,7 @@ import transformer_mt.decode.generator as decoding
 from tests.decode.beam_reference import reference_beam_search
 from tests.helpers import BOS, EOS, PAD, assert_same_hypotheses, make_run, random_model, random_sources
 from transformer_mt.config.schema import ModelConfig
-from transformer_mt.decode.generator import beam_search, greedy_decode
-from transformer_mt.decode.graphs import StepGraphs
+from transformer_mt.decode.generator import StepGraphs, beam_search, greedy_decode
 from transformer_mt.model.transformer import Transformer
 
 def teacher_forced_log_prob(model: Transformer, src: torch.Tensor, ids: list[int], ended: bool) -> float:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import TINY_PAIRS, run_cli, train_tiny_run, write_corpus
-from transformer_mt.decode.evaluation import cross_attention_labels, score
+from transformer_mt.decode.metrics import score
+from transformer_mt.decode.plotting import cross_attention_labels
 
 # Lowercased, tokenized text as in Multi30k's tok/ files: every line ends in " ." (sacreBLEU
 # warns about that from 100 such lines on, unless told the text is tokenized on purpose).

@@ -298,8 +298,8 @@ def test_the_cache_follows_reordered_and_selected_rows():
     for t in range(2):
         model.decode_step(tokens[:, t], cache)
         cache.position += 1
-    cache.reorder(torch.tensor([0, 1, 2, 2, 4, 5]))  # its second beam continues the first
-    kept = cache.select(torch.tensor([3]))  # that beam alone
+    cache.reorder(torch.tensor([0, 1, 2, 2, 4, 5]), written=2)  # its second beam continues the first
+    kept = cache.select(torch.tensor([3]), written=2)  # that beam alone
     expected = model.new_cache(src[1:2], capacity=6)
     for t in range(2):
         model.decode_step(tgt[1:2, t], expected)

@@ -1,23 +1,19 @@
-"""The `tmt` command: parses argv (`cli.parser`), runs the subcommand (one module each), and turns
-every error into one line and an exit code; the command line is the only place that prints.
-
-Exit codes: 0 success, 2 bad config or arguments, 1 any other failure, 130 interrupted (143 by SIGTERM).
-"""
+"""The `tmt` command: parses argv (`cli.parser`), runs the subcommand, and turns every error into one
+line and an exit code: 0 success, 2 bad config or arguments, 1 any other failure, 130 interrupted
+(143 by SIGTERM)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
 import sys
 
-from transformer_mt.cli.average import run_average
-from transformer_mt.cli.data import run_data
-from transformer_mt.cli.export import run_export
 from transformer_mt.cli.parser import build_parser
-from transformer_mt.cli.runs import run_runs
-from transformer_mt.cli.train import run_train
+from transformer_mt.cli.runs import run_average, run_export, run_runs
+from transformer_mt.cli.train import run_data, run_train
 from transformer_mt.cli.translate import run_evaluate, run_translate
 from transformer_mt.core.errors import TmtError, TrainingStopped
 from transformer_mt.core.signals import sigterm_interrupts
@@ -26,8 +22,7 @@ logger = logging.getLogger("transformer_mt")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)  # exits with 2 on bad arguments
+    args = build_parser().parse_args(argv)  # exits with 2 on bad arguments
     try:
         commands = {"train": run_train, "data": run_data, "translate": run_translate, "evaluate": run_evaluate,
                     "export": run_export, "average": run_average, "runs": run_runs}
@@ -52,7 +47,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.traceback:
             raise
         logger.debug("unexpected error", exc_info=True)
-        if _torchrun_rank(args) is not None and _peer_stopped(err):  # not this process's failure: another's
+        # A collective operation failed because another process of the job ended, as gloo and NCCL say it
+        # (not any distributed error: this rank's own failure must be shown as it is).
+        signs = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing",
+                 "NCCL communicator was aborted")
+        if _torchrun_rank(args) is not None and any(sign in str(err) for sign in signs):
             _say("tmt: error: another process of this torchrun job stopped (its own line, or torchrun's report, "
                  "says why), so this one stops too", args, every_rank=True)
             return 1
@@ -84,30 +83,13 @@ def _say(line: str, args: argparse.Namespace, every_rank: bool) -> None:
     sys.stderr.flush()
 
 
-def _peer_stopped(err: Exception) -> bool:
-    """A collective operation that failed because another process of the job ended, as gloo and
-    NCCL say it (not any distributed error: this rank's own failure must be shown as it is)."""
-    text = str(err)
-    return any(sign in text for sign in ("Connection closed by peer", "Connection reset by peer",
-                                         "remote worker crashing", "NCCL communicator was aborted"))
-
-
 def run() -> None:
-    """The `tmt` command (`python -m transformer_mt` too): `main`, then an exit that a late signal
-    cannot turn into a traceback."""
+    """The `tmt` command (`python -m transformer_mt` too): `main`, then an exit that a late Ctrl-C or
+    SIGTERM ends at once with main's code, not with a traceback from inside an exit handler."""
     code = main()
-    _signals_end_the_exit_at_once(code)
-    sys.exit(code)
-
-
-def _signals_end_the_exit_at_once(code: int) -> None:
-    """tmt has said all it will: a Ctrl-C or SIGTERM from here on (a second Ctrl-C after a stopped
-    run, say) ends the process with `code` at once. Left to Python, it would raise KeyboardInterrupt
-    inside an exit handler (torch's, `datasets`') and print a traceback under tmt's last line."""
     for stream in (sys.stdout, sys.stderr):  # what os._exit would otherwise drop
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a reader that left, a closed stream
             stream.flush()
-        except (OSError, ValueError):  # a reader that left, a closed stream: nothing more to say
-            pass
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signal_number, frame: os._exit(code))
+    sys.exit(code)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from transformer_mt import __version__
 from transformer_mt.config.schema import BLEU_TOKENIZERS
-from transformer_mt.core.errors import UsageError
 
 STDIO = "-"  # `tmt translate --input -` / `--output -`: stdin / stdout, as in most command-line tools
 
@@ -61,12 +60,10 @@ EVALUATE_EXAMPLES = """examples:
   tmt evaluate --run runs/m30k --src test.en --ref test.de --tokenize none   # pre-tokenized text
 """
 
-
 EXPORT_EXAMPLES = """examples:
   tmt export --format ctranslate2 --run runs/demo --output demo-ct2
   tmt export --format ctranslate2 --run runs/demo --output demo-ct2-int8 --quantization int8
 """
-
 
 RUNS_EXAMPLES = """examples:
   tmt runs                                              # the runs under ./runs, newest first
@@ -252,37 +249,3 @@ _seed = _number(int, lambda v: -2 ** 63 <= v < 2 ** 63, "a whole number that fit
 def _path_or_dash(text: str) -> Path | str:
     """A path, or `STDIO` for exactly "-" (so that `./-` still names a file called -)."""
     return STDIO if text == STDIO else Path(text)
-
-
-def check_translate_options(args: argparse.Namespace) -> None:
-    """Refuse `tmt translate` options that cannot go together, naming them, before a model loads."""
-    if not args.sample:
-        given = [name for name, value in (("--temperature", args.temperature), ("--top-k", args.top_k),
-                                          ("--top-p", args.top_p), ("--seed", args.seed)) if value is not None]
-        if given:
-            raise UsageError(f"{given[0]} is a sampling option: add --sample")
-        if args.beam is not None and args.n_best > args.beam:
-            raise UsageError(f"--n-best {args.n_best}: beam search keeps only --beam {args.beam} translations; "
-                             f"use --beam {args.n_best} or more")
-    elif args.beam is not None and args.beam > 1:
-        raise UsageError(f"--sample draws each token and keeps no beams: leave out --beam {args.beam} "
-                         "(--n-best K draws K translations)")
-    if args.attention_layer is not None and not args.show_attention:
-        raise UsageError("--attention-layer picks the layer --show-attention draws: add --show-attention FILE.png")
-    if args.show_attention:
-        from transformer_mt.decode.plotting import image_formats  # matplotlib: only when a picture is asked for
-
-        formats = image_formats()
-        if args.show_attention.suffix[1:].lower() not in formats:
-            raise UsageError(f"--show-attention {args.show_attention}: name a picture file ending in "
-                             f"{', '.join('.' + name for name in formats)}")
-    if args.show_attention and (args.n_best > 1 or args.scores or args.format != "text" or args.sample):
-        raise UsageError("--show-attention draws the best translation of one sentence; leave out --n-best, "
-                         "--scores, --format and --sample")
-    if args.interactive:
-        given = [name for name, value in (("sentences as arguments", args.text), ("--input", args.input),
-                                          ("--output", args.output), ("--show-attention", args.show_attention))
-                 if value]
-        if given:
-            raise UsageError(f"--interactive reads sentences as they are typed and answers on stdout; "
-                             f"leave out {', '.join(given)}")

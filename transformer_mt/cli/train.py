@@ -1,5 +1,5 @@
 """`tmt train`: load the config, prepare the run directory (rank 0 under torchrun), train, and say
-how to continue after a stop."""
+how to continue after a stop; `tmt data`: the data report of a config, writing nothing."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ def run_train(args: argparse.Namespace) -> None:
     from transformer_mt.config.loading import load_config
     from transformer_mt.core.distributed import Distributed
     from transformer_mt.core.runtime import machine_memory_bytes, pick_device, pick_precision
+    from transformer_mt.runs.checkpoint import CheckpointDir
     from transformer_mt.runs.init_from import check_parent
     from transformer_mt.runs.run_dir import prepare_run_dir
     from transformer_mt.train.batch_budget import check_model_fits
@@ -53,9 +54,12 @@ def run_train(args: argparse.Namespace) -> None:
                 raise TrainingStopped(f"{err}; continue with: {again}", err.exit_code - 128) from None
             except KeyboardInterrupt as err:  # a second Ctrl-C, or a signal outside the training loop
                 signal_number = getattr(err, "exit_code", 128 + signal.SIGINT) - 128
-                raise TrainingStopped(f"interrupted by {signal.Signals(signal_number).name}; continue with: "
-                                      f"{_continue_command(args, run_dir, dist.enabled)}",
-                                      signal_number) from None
+                # Resume from the newest checkpoint, or before the first one start again (same directory).
+                resume = CheckpointDir(RunDir(run_dir).checkpoints, keep_last=1).latest() is not None
+                again = (f"the same torchrun command{' with --resume' if resume else ' (without --resume)'}"
+                         if dist.enabled else _resume_command(args, resume=resume))
+                name = signal.Signals(signal_number).name
+                raise TrainingStopped(f"interrupted by {name}; continue with: {again}", signal_number) from None
         except BaseException as err:
             if log_file is not None:  # a run read under nohup or in CI ends with why it stopped
                 log_file.handle(_error_record(err))
@@ -74,9 +78,40 @@ def run_train(args: argparse.Namespace) -> None:
     print(f"tmt: finished at step {state.step}{best}; run directory {run_dir}", file=sys.stderr)
 
 
+def run_data(args: argparse.Namespace) -> None:
+    """Print the data report of a config without training, leaving no file behind
+    (`preparation.preview_report`: with an existing run's tokenizers when they fit)."""
+    from transformer_mt.config.loading import load_config
+    from transformer_mt.runs.init_from import check_parent
+    from transformer_mt.runs.run_dir import data_settings_problem
+    from transformer_mt.runs.run_files import run_dir_problem
+    from transformer_mt.train.preparation import preview_report
+
+    setup_logging(logging.WARNING)
+    cfg = load_config(args.config, args.overrides)
+    run_dir = args.run_dir or Path("runs") / cfg.name
+    if args.run_dir is not None and (problem := run_dir_problem(args.run_dir)):  # a typo is no "not reused"
+        raise TmtError(f"--run-dir {args.run_dir}: {problem}")
+    if cfg.train.init_from:
+        check_parent(cfg)  # a config `tmt train` would refuse gets no report
+    report, notes, reuse = preview_report(cfg, run_dir, progress=not args.quiet)
+    if args.run_dir is not None and not reuse:
+        notes.append(f"--run-dir {args.run_dir} not used: {data_settings_problem(cfg, args.run_dir)}")
+    for note in notes:
+        print(f"tmt: {note}", file=sys.stderr)
+    print(report.render())
+    if reuse:
+        source = f"the tokenizers of {run_dir}"
+    elif cfg.train.init_from:
+        source = f"the tokenizers of {cfg.train.init_from} (train.init_from)"
+    else:
+        source = "tokenizers trained for this report (not saved)"
+    print(f"tmt: data report of {args.config} with {source}", file=sys.stderr)
+
+
 def _error_record(err: BaseException) -> logging.LogRecord:
-    """A log record of the error that stops `tmt train`, for train.log: the line stderr shows
-    (`main` prints it), and for an unexpected error its traceback as well."""
+    """The line `main` prints for the error that stops `tmt train` (with the traceback of an
+    unexpected one), as a record for train.log."""
     if isinstance(err, TmtError):
         message, exc_info = f"tmt: error: {err}", None
     elif isinstance(err, KeyboardInterrupt):
@@ -87,9 +122,8 @@ def _error_record(err: BaseException) -> logging.LogRecord:
 
 
 def _resume_command(args: argparse.Namespace, resume: bool = True) -> str:
-    """The `tmt train` command that continues an interrupted run: the same config, run directory
-    and `--set` overrides (without them a resume would see a different config), plus --resume;
-    without it (`resume=False`), the command that starts the run again."""
+    """The `tmt train` command with the same config, run directory and `--set` overrides that resumes
+    the run (or with `resume=False`, starts it again)."""
     words = ["tmt", "train", "--config", str(args.config)]
     if args.run_dir:
         words += ["--run-dir", str(args.run_dir)]
@@ -97,13 +131,3 @@ def _resume_command(args: argparse.Namespace, resume: bool = True) -> str:
         words += ["--set", override]
     return shlex.join(words + ["--resume"] if resume else words)
 
-
-def _continue_command(args: argparse.Namespace, run_dir: Path, torchrun: bool) -> str:
-    """How to go on after an interruption: resume from the run's newest checkpoint, or, before the
-    first one, start again (a start that stopped early reuses its run directory)."""
-    from transformer_mt.runs.checkpoint import CheckpointDir
-
-    resume = CheckpointDir(RunDir(run_dir).checkpoints, keep_last=1).latest() is not None
-    if torchrun:
-        return "the same torchrun command" + (" with --resume" if resume else " (without --resume)")
-    return _resume_command(args, resume=resume)

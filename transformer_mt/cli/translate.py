@@ -1,19 +1,19 @@
-"""`tmt translate` and `tmt evaluate`: the run's translator loaded on its engine (CTranslate2 on a
-CPU, torch-free once converted; torch elsewhere), sentences from arguments, a file, stdin or a prompt, their translations, scores and attention drawn
-to the files the user names (never over an input)."""
+"""`tmt translate` and `tmt evaluate`: sentences from arguments, a file, stdin or a prompt, translated
+by a run, and their translations, scores and attention written where the user says (never over an input)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import sys
 from pathlib import Path
 
 from transformer_mt.cli.log_setup import setup_logging
-from transformer_mt.cli.parser import STDIO, check_translate_options
+from transformer_mt.cli.parser import STDIO
 from transformer_mt.core.errors import DataError, TmtError, UsageError
 from transformer_mt.core.files import check_parent_dir, lines_to_text, make_parent_dir, write_text_atomic
 from transformer_mt.core.run_layout import RunDir
@@ -24,9 +24,7 @@ def run_translate(args: argparse.Namespace) -> None:
     from transformer_mt.data.sources import read_lines, read_stream_lines
 
     setup_logging(logging.WARNING)
-    if args.text and args.input:
-        raise UsageError("give sentences as arguments or --input FILE, not both")
-    check_translate_options(args)
+    _check_options(args)
     # Typing at a terminal with nothing else to read or write: translate each line as it comes.
     interactive = args.interactive or (not args.text and args.input is None and args.output is None
                                        and args.show_attention is None and sys.stdin.isatty())
@@ -44,13 +42,19 @@ def run_translate(args: argparse.Namespace) -> None:
         if not lines:
             raise UsageError("nothing to translate: give sentences as arguments, --input FILE, "
                              "or one per line on stdin")
-    if args.show_attention:
-        _check_attention_arguments(args, lines)
-    _check_output(args.output, inputs={"--input": args.input})
-    _check_output(args.show_attention, "--show-attention", inputs={"--input": args.input})
+    if args.show_attention:  # one non-empty sentence, and a file of its own
+        if len(lines) != 1:
+            raise UsageError(f"--show-attention draws one sentence; got {len(lines)}")
+        if not lines[0].strip():
+            raise UsageError("--show-attention: the sentence is empty; there is no attention to draw")
+        if args.output and args.output.resolve() == args.show_attention.resolve():
+            raise UsageError(f"--output and --show-attention are the same file ({args.output}); give two names")
+    files = {"--output": args.output, "--show-attention": args.show_attention}
+    for option, path in files.items():
+        _check_output(path, option, inputs={"--input": args.input})
     translator = _load_translator(args)
-    _check_not_kept(args.output, "--output", translator.run_dir)
-    _check_not_kept(args.show_attention, "--show-attention", translator.run_dir)
+    for option, path in files.items():
+        _check_not_kept(path, option, translator.run_dir)
     if args.show_attention:
         outputs = [_draw_attention(translator, lines[0], args)]
     else:
@@ -63,15 +67,49 @@ def run_translate(args: argparse.Namespace) -> None:
         sys.stdout.flush()  # a closed pipe fails here, inside main's error handling, not at exit
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuse `tmt translate` options that cannot go together, naming them, before a model loads."""
+    if args.text and args.input:
+        raise UsageError("give sentences as arguments or --input FILE, not both")
+    if not args.sample:
+        given = [name for name, value in (("--temperature", args.temperature), ("--top-k", args.top_k),
+                                          ("--top-p", args.top_p), ("--seed", args.seed)) if value is not None]
+        if given:
+            raise UsageError(f"{given[0]} is a sampling option: add --sample")
+        if args.beam is not None and args.n_best > args.beam:
+            raise UsageError(f"--n-best {args.n_best}: beam search keeps only --beam {args.beam} translations; "
+                             f"use --beam {args.n_best} or more")
+    elif args.beam is not None and args.beam > 1:
+        raise UsageError(f"--sample draws each token and keeps no beams: leave out --beam {args.beam} "
+                         "(--n-best K draws K translations)")
+    if args.attention_layer is not None and not args.show_attention:
+        raise UsageError("--attention-layer picks the layer --show-attention draws: add --show-attention FILE.png")
+    if args.show_attention:
+        from matplotlib.figure import Figure  # only when a picture is asked for
+
+        formats = sorted(Figure().canvas.get_supported_filetypes())  # png, jpg, pdf, svg, ...
+        if args.show_attention.suffix[1:].lower() not in formats:
+            raise UsageError(f"--show-attention {args.show_attention}: name a picture file ending in "
+                             f"{', '.join('.' + name for name in formats)}")
+    if args.show_attention and (args.n_best > 1 or args.scores or args.format != "text" or args.sample):
+        raise UsageError("--show-attention draws the best translation of one sentence; leave out --n-best, "
+                         "--scores, --format and --sample")
+    if args.interactive:
+        given = [name for name, value in (("sentences as arguments", args.text), ("--input", args.input),
+                                          ("--output", args.output), ("--show-attention", args.show_attention))
+                 if value]
+        if given:
+            raise UsageError(f"--interactive reads sentences as they are typed and answers on stdout; "
+                             f"leave out {', '.join(given)}")
+
+
 def _translate_lines(translator, lines: list[str], args: argparse.Namespace, progress: bool,
                      first_number: int = 0) -> list[str]:
     """The output lines for `lines`: one translation each, or with --n-best, --scores, --format
-    jsonl or --sample, the lists README's "n-best lists and scores" describes (sentences
-    numbered from `first_number`)."""
+    jsonl or --sample, the lists README's "n-best lists and scores" describes: jsonl, an object per
+    line; text, a line per translation, `[<number from first_number>\t][<score>\t]<translation>`."""
     if args.n_best == 1 and not args.scores and args.format == "text" and not args.sample:
         return translator.translate(lines, beam_size=args.beam, progress=progress)
-    from transformer_mt.decode.translator import format_translations
-
     beam = args.beam or translator.cfg.decode.beam_size
     if not args.sample and args.n_best > beam:  # the run's beam size, when --beam was left out
         raise UsageError(f"--n-best {args.n_best}: beam search keeps only the run's decode.beam_size={beam} "
@@ -84,8 +122,16 @@ def _translate_lines(translator, lines: list[str], args: argparse.Namespace, pro
                             seed=args.seed or 0)
     results = translator.translate_n_best(lines, n_best=args.n_best, beam_size=1 if args.sample else beam,
                                           sampling=sampling, progress=progress)
-    return format_translations(lines, results, jsonl=args.format == "jsonl", numbered=args.n_best > 1,
-                               scores=args.scores, first_number=first_number)
+    if args.format == "jsonl":
+        return [json.dumps({"source": line, "hypotheses": [t.text for t in translations],
+                            "scores": [t.score for t in translations], "tokens": [t.tokens for t in translations]},
+                           ensure_ascii=False) for line, translations in zip(lines, results)]
+    outputs = []
+    for number, translations in enumerate(results, start=first_number):
+        for translation in translations:
+            score = [f"{translation.score:.4f}"] if args.scores else []
+            outputs.append("\t".join(([str(number)] if args.n_best > 1 else []) + score + [translation.text]))
+    return outputs
 
 
 def _translate_interactively(translator, args: argparse.Namespace) -> None:
@@ -124,19 +170,9 @@ def _prompt(prompt: str, number: int) -> str | None:
     return decode_line(raw, "stdin", number) if raw else None
 
 
-def _check_attention_arguments(args: argparse.Namespace, lines: list[str]) -> None:
-    """--show-attention needs exactly one non-empty sentence, and a file of its own."""
-    if len(lines) != 1:
-        raise UsageError(f"--show-attention draws one sentence; got {len(lines)}")
-    if not lines[0].strip():
-        raise UsageError("--show-attention: the sentence is empty; there is no attention to draw")
-    if args.output and args.output.resolve() == args.show_attention.resolve():
-        raise UsageError(f"--output and --show-attention are the same file ({args.output}); give two names")
-
-
 def _draw_attention(translator, line: str, args: argparse.Namespace) -> str:
     """Draw `line`'s cross-attention to --show-attention and return its translation."""
-    from transformer_mt.decode.plotting import save_attention
+    from transformer_mt.decode.plotting import attention_figure
 
     n_layers = translator.cfg.model.n_decoder_layers
     asked = -1 if args.attention_layer is None else args.attention_layer  # the last by default
@@ -145,9 +181,11 @@ def _draw_attention(translator, line: str, args: argparse.Namespace) -> str:
                          f"(0..{n_layers - 1}, or -1 for the last)")
     attention = translator.attention(line, layer=asked, beam_size=args.beam)
     layer = asked % n_layers
+    title = f"cross-attention, decoder layer {layer + 1} of {n_layers}, mean over heads"
     try:
-        save_attention(args.show_attention, attention.weights, attention.src_pieces, attention.tgt_pieces,
-                           f"cross-attention, decoder layer {layer + 1} of {n_layers}, mean over heads")
+        args.show_attention.parent.mkdir(parents=True, exist_ok=True)
+        attention_figure(attention.weights, attention.src_pieces, attention.tgt_pieces, title).savefig(
+            args.show_attention, format=args.show_attention.suffix[1:].lower())
     except OSError as err:
         raise TmtError(f"cannot write {args.show_attention} ({err.strerror or err})") from None
     print(f"attention drawn to {args.show_attention}", file=sys.stderr)
@@ -157,7 +195,7 @@ def _draw_attention(translator, line: str, args: argparse.Namespace) -> str:
 def run_evaluate(args: argparse.Namespace) -> None:
     from transformer_mt.data.corpus import load_run_corpus
     from transformer_mt.data.sources import read_aligned_files
-    from transformer_mt.decode.evaluation import bleu_tokenizer_problem, score
+    from transformer_mt.decode.metrics import bleu_tokenizer_problem, score
 
     setup_logging(logging.WARNING)
     if bool(args.src) != bool(args.ref):
@@ -206,54 +244,42 @@ def run_evaluate(args: argparse.Namespace) -> None:
     print(f"{len(hypotheses)} sentences, beam {beam}{penalty}; hypotheses in {_shown(output)}", file=sys.stderr)
 
 
-
 def _load_translator(args: argparse.Namespace):
+    """The run's (or checkpoint's, or newest run's) `Translator` on --engine, else the run's
+    decode.engine; --show-attention draws from the torch engine's model, which auto then picks."""
+    from transformer_mt.decode.translator import Translator
     from transformer_mt.runs.run_files import latest_run
 
+    run_dir = args.run
     if args.checkpoint:
         if args.checkpoint.resolve().parent.name != RunDir.CHECKPOINTS:
             raise UsageError(f"--checkpoint {args.checkpoint}: give a checkpoint inside a run's checkpoints/ "
                              "folder (the run's tokenizers and config are found from there)")
         run_dir = args.checkpoint.resolve().parent.parent  # <run>/checkpoints/<file>.pt
-        translator = _open_translator(args, run_dir, args.checkpoint)
-    elif args.run:
-        translator = _open_translator(args, args.run, None)
-    else:  # say which run answers: the newest run may be of another language pair than the user thinks
-        run_dir = latest_run(Path("runs"))
-        translator = _open_translator(args, run_dir, None)
+    run_dir = run_dir or latest_run(Path("runs"))
+    engine = args.engine
+    if getattr(args, "show_attention", None):
+        if engine == "ctranslate2":
+            raise UsageError("--show-attention draws from the torch engine's model; leave out --engine ctranslate2")
+        engine = "torch"
+    translator = Translator.from_run(run_dir, checkpoint=args.checkpoint, device=args.device, engine=engine)
+    if not (args.run or args.checkpoint):  # say which run answers: it may be of another language pair
         data = translator.cfg.data
         print(f"tmt: using {_shown(run_dir)} ({data.src_lang}->{data.tgt_lang}, {translator.checkpoint.name}), "
               "the most recently updated run under runs/; choose another with --run DIR (`tmt runs` lists them)",
               file=sys.stderr)
     chosen = {"length_penalty": args.length_penalty, "quantize": args.quantize}
     translator.set_decoding(**{key: value for key, value in chosen.items() if value is not None})
-    _check_beam(args.beam, translator)
-    return translator
-
-
-def _check_beam(beam: int | None, translator) -> None:
-    """Refuse a beam wider than the target vocabulary's tokens a hypothesis can continue with (all
-    but PAD, BOS and EOS): the first step could not fill it, and a huge one runs out of memory."""
-    size = beam or translator.cfg.decode.beam_size
+    # A beam wider than the target tokens a hypothesis can continue with (all but PAD, BOS and EOS)
+    # could not be filled at the first step, and a huge one runs out of memory.
+    size = args.beam or translator.cfg.decode.beam_size
     vocabulary = translator.tokenizers.tgt.get_vocab_size()
     most = vocabulary - len((PAD_ID, BOS_ID, EOS_ID))
     if size > most:
-        where = f"--beam {size}" if beam else f"the run's decode.beam_size={size} (choose another with --beam)"
+        where = f"--beam {size}" if args.beam else f"the run's decode.beam_size={size} (choose another with --beam)"
         raise UsageError(f"{where}: beam search keeps at most {most} hypotheses with this run's target vocabulary "
                          f"of {vocabulary} tokens (all but PAD, BOS and EOS)")
-
-
-def _open_translator(args: argparse.Namespace, run_dir: Path, checkpoint: Path | None):
-    """The run's `Translator` on --engine (else the run's decode.engine); --show-attention draws
-    from the torch engine's model, which auto then picks."""
-    from transformer_mt.decode.translator import Translator
-
-    engine = args.engine
-    if getattr(args, "show_attention", None):
-        if engine == "ctranslate2":
-            raise UsageError("--show-attention draws from the torch engine's model; leave out --engine ctranslate2")
-        engine = "torch"
-    return Translator.from_run(run_dir, checkpoint=checkpoint, device=args.device, engine=engine)
+    return translator
 
 
 def _shown(path: Path) -> str:

@@ -7,6 +7,7 @@ word and punctuation is its own pre-token, so decoding restores the exact spacin
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -14,14 +15,18 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from tqdm import tqdm
 
 from transformer_mt.config.schema import TokenizerConfig
 from transformer_mt.core.errors import CheckpointError
 from transformer_mt.core.files import write_text_atomic
 from transformer_mt.core.run_layout import JOINT_FILE, SRC_FILE, TGT_FILE
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 logger = logging.getLogger(__name__)
 
@@ -201,10 +206,14 @@ def _encode(tokenizer: Tokenizer, lines: list[str], desc: str, progress: bool) -
 
 
 def _bar(total: int, desc: str, progress: bool) -> tqdm:
-    # Not a terminal (a CI log, a file): no bar; the log lines stand in for it.
+    # Not a terminal (a CI log, a file): no bar, nor tqdm imported; the log lines stand in for it.
     # Once done, the bar makes way (leave=False) for the log lines and the next bar.
+    if not (progress and sys.stderr.isatty()):
+        return contextlib.nullcontext(SimpleNamespace(update=lambda n: None))
+    from tqdm import tqdm
+
     return tqdm(total=total, desc=desc, unit="line", unit_scale=total >= 10_000, leave=False, file=sys.stderr,
-                dynamic_ncols=True, disable=not (progress and sys.stderr.isatty()))
+                dynamic_ncols=True)
 
 
 def _counted(lines: Iterator[str], bar: tqdm) -> Iterator[str]:

@@ -1,1 +1,1 @@
-"""Translation with a trained model: the search algorithms, their driver and CUDA-graph replay, inference engines, scoring and export."""
+"""Translation with a trained model: search, its driver and CUDA-graph replay, engines, scoring, export."""

@@ -1,9 +1,9 @@
-"""A trained tmt model as a CTranslate2 model: the same network with the same weights, so that
-CTranslate2's greedy search gives tmt's greedy output token for token (tests/decode/test_export.py,
-tests/decode/test_engines.py). `tmt export` and the CTranslate2 engine's cache (`ct2_engine`) write it."""
+"""A trained model as a CTranslate2 model, the same network with the same weights (CTranslate2's
+greedy output is tmt's, token for token): `tmt export`, and the CTranslate2 engine's cache."""
 
 from __future__ import annotations
 
+import logging
 import math
 import shutil
 from pathlib import Path
@@ -12,29 +12,52 @@ import numpy as np
 import torch
 from torch import nn
 
-from transformer_mt.core.errors import TmtError
-from transformer_mt.core.files import make_temp_dir_beside
+from transformer_mt.core.errors import TmtError, UsageError
+from transformer_mt.core.files import check_parent_dir, make_parent_dir, make_temp_dir_beside
 from transformer_mt.data.tokenization import BOS, BOS_ID, EOS, PAD_ID, UNK, TokenizerPair
-from transformer_mt.model.transformer import (
-    DecoderLayer,
-    EncoderLayer,
-    SelfAttention,
-    Transformer,
-    sinusoidal_positions,
-)
+from transformer_mt.model.transformer import Transformer, sinusoidal_positions
+from transformer_mt.runs.loading import load_run
+from transformer_mt.runs.lock import lock_if_inside
 
-# CTranslate2 names its padding token `<blank>` (OpenNMT's); its other special tokens are
-# tmt's own strings. fairseq's converter renames `<pad>` the same way.
-CT2_PAD = "<blank>"
-# Rows of the exported position table. tmt cuts sources to model.max_len - 1 tokens and caps
-# outputs at max_len; CTranslate2 does neither by default (inputs are cut at max_input_length
-# = 1024 tokens, the EOS it appends included; outputs at max_decoding_length = 256) and fails a
-# whole batch on a position past the table. The sinusoids extend to any length, so the table
-# covers those defaults; its first max_len rows are the trained model's own.
+logger = logging.getLogger(__name__)
+
+CT2_PAD = "<blank>"  # CTranslate2's (OpenNMT's) padding token; its other special tokens are tmt's
+# Rows of the exported position table: CTranslate2's default caps (inputs 1024, outputs 256), past
+# which a position would fail a whole batch; the first max_len rows are the trained model's own.
 CT2_POSITIONS = 1024
-# Added to the logits of tokens tmt never generates (padding, a second BOS), as tmt's search
-# does with `finfo.min`. -1e4 is far below any real logit and still finite in fp16.
-_FORBIDDEN_LOGIT_BIAS = -1e4
+_FORBIDDEN_LOGIT_BIAS = -1e4  # on padding and a second BOS: far below any logit, finite in fp16
+
+
+def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None = None,
+                       quantization: str | None = None) -> None:
+    """Write a CTranslate2 model directory for a run (`checkpoint`, default as `tmt translate`
+    chooses, its EMA weights when it has them): `model.bin`, `config.json`, the vocabularies and
+    tmt's tokenizer files. `quantization`: CTranslate2's weight type (int8, float16, ...); None: fp32.
+    README's "Exporting to CTranslate2" shows its use (tmt's cap a·S + b: `max_decoding_length`)."""
+    try:
+        import ctranslate2  # noqa: F401  (a dependency, but a platform may lack its wheel)
+        from ctranslate2.specs import model_spec
+    except ImportError:
+        raise TmtError("exporting to CTranslate2 needs the ctranslate2 package: pip install ctranslate2") from None
+    if quantization is not None and quantization not in model_spec.ACCEPTED_MODEL_TYPES:
+        raise UsageError(f"--quantization: {quantization!r} is not one of "
+                         f"{', '.join(model_spec.ACCEPTED_MODEL_TYPES)}")
+    check_parent_dir(output_dir, "--output")
+    target = output_dir.resolve()  # `.` or `..` has no name to write a temp folder beside
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise UsageError(f"{output_dir} already exists and is not an empty directory; choose another --output")
+    if Path.cwd().is_relative_to(target):  # replacing it would pull the folder from under the shell
+        raise UsageError(f"--output {output_dir} is the current directory; choose a new directory")
+
+    run = load_run(run_dir, checkpoint)
+    spec = ctranslate2_spec(run.model, run.tokenizers, run_dir, quantization)
+    with lock_if_inside(run_dir, output_dir, "tmt export"):  # never beside the run's trainer
+        make_parent_dir(output_dir, "--output")
+        try:
+            save_model_dir(spec, target)
+        except OSError as err:
+            raise TmtError(f"{output_dir}: could not write the CTranslate2 model ({err.strerror or err})") from None
+    logger.info("exported %s to %s (CTranslate2, %s)", run_dir, output_dir, quantization or "float32")
 
 
 def ctranslate2_spec(model: Transformer, tokenizers: TokenizerPair, run_dir: Path, quantization: str | None = None):
@@ -51,11 +74,8 @@ def ctranslate2_spec(model: Transformer, tokenizers: TokenizerPair, run_dir: Pat
 
 
 def save_model_dir(spec, target: Path, files: dict[str, str] | None = None) -> None:
-    """Save `spec` and `files` (name -> text) to a new folder beside `target`, then rename it onto
-    `target` (absent, or an empty folder): `target` is never half-written. The temp folder is a
-    new one of our own (never a fixed name, which could be a user's folder), so removing it on
-    failure removes only what this call wrote. Raises `OSError` when it cannot, `target` included
-    when another writer filled it meanwhile."""
+    """Save `spec` and `files` (name -> text) to a new folder of our own beside `target`, then rename
+    it onto `target` (absent or empty): never half-written. `OSError` when it cannot."""
     tmp = make_temp_dir_beside(target)
     try:
         spec.save(str(tmp))
@@ -82,16 +102,10 @@ def ctranslate2_vocabulary(tokenizer) -> list[str]:
 
 
 def build_ctranslate2_spec(model: Transformer):
-    """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights (fp32 numpy arrays).
-
-    Mapping: tmt's fused projections are CTranslate2's (self-attention: one QKV matrix;
-    cross-attention: Q, then one KV matrix), in `nn.Linear`'s (out, in) layout, which is
-    CTranslate2's; each tmt `Residual` LayerNorm is the sublayer's `layer_norm`, which
-    CTranslate2 applies before (pre-norm) or after the residual sum (post-norm), as tmt does.
-    Positions are tmt's own sinusoidal table (CTranslate2's built-in one concatenates sin and cos
-    and starts at position 1), embeddings are scaled by sqrt(D), and the output projection gets
-    a bias that forbids padding and BOS, which tmt's search never emits.
-    """
+    """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights (fp32 numpy arrays): fused
+    projections as CTranslate2's, in `nn.Linear`'s layout; each `Residual`'s LayerNorm as the
+    sublayer's; tmt's own position table (CTranslate2's differs); an output bias forbidding
+    padding and BOS, which tmt's search never emits."""
     from ctranslate2.specs import common_spec, transformer_spec
 
     cfg = model.cfg
@@ -105,27 +119,34 @@ def build_ctranslate2_spec(model: Transformer):
 
     # (P, D): row i is position i, as in `Transformer.embed`; P >= max_len (see CT2_POSITIONS)
     positions = _array(sinusoidal_positions(max(cfg.max_len, CT2_POSITIONS), cfg.d_model))
-    embed_scale = math.sqrt(cfg.d_model)
-    if not math.isclose(model.embed_scale, embed_scale):
+    if not math.isclose(model.embed_scale, math.sqrt(cfg.d_model)):
         raise TmtError(f"unexpected embedding scale {model.embed_scale}; the exporter assumes sqrt(d_model)")
 
-    encoder = spec.encoder
-    encoder.embeddings[0].weight = _array(model.src_embed.weight)
-    encoder.scale_embeddings = True  # CTranslate2 multiplies by sqrt(D)
-    encoder.position_encodings.encodings = positions
-    for layer_spec, layer in zip(encoder.layer, model.encoder_layers):
-        _set_encoder_layer(layer_spec, layer)
-    if cfg.norm == "pre":
-        _set_layer_norm(encoder.layer_norm, model.encoder_norm)
-
-    decoder = spec.decoder
-    decoder.embeddings.weight = _array(model.tgt_embed.weight)
-    decoder.scale_embeddings = True
-    decoder.position_encodings.encodings = positions
-    for layer_spec, layer in zip(decoder.layer, model.decoder_layers):
-        _set_decoder_layer(layer_spec, layer)
-    if cfg.norm == "pre":
-        _set_layer_norm(decoder.layer_norm, model.decoder_norm)
+    encoder, decoder = spec.encoder, spec.decoder
+    for stack, embeddings, embed, layers, norm in (
+            (encoder, encoder.embeddings[0], model.src_embed, model.encoder_layers, model.encoder_norm),
+            (decoder, decoder.embeddings, model.tgt_embed, model.decoder_layers, model.decoder_norm)):
+        embeddings.weight = _array(embed.weight)
+        stack.scale_embeddings = True  # CTranslate2 multiplies by sqrt(D)
+        stack.position_encodings.encodings = positions
+        if cfg.norm == "pre":
+            _set(stack.layer_norm, norm)
+        for layer_spec, layer in zip(stack.layer, layers):
+            attention, ffn = layer_spec.self_attention, layer_spec.ffn
+            attention_block = layer.attn_block if stack is encoder else layer.self_block
+            parts = [(attention.linear[0], layer.self_attn.qkv_proj),  # (3D, D): q rows, k rows, then v rows
+                     (attention.linear[1], layer.self_attn.out_proj),
+                     (attention.layer_norm, attention_block.norm),
+                     (ffn.linear_0, layer.ffn.linear1), (ffn.linear_1, layer.ffn.linear2),
+                     (ffn.layer_norm, layer.ffn_block.norm)]
+            if stack is decoder:
+                cross = layer_spec.attention
+                parts += [(cross.linear[0], layer.cross_attn.q_proj),
+                          (cross.linear[1], layer.cross_attn.kv_proj),  # (2D, D): k rows, then v rows
+                          (cross.linear[2], layer.cross_attn.out_proj),
+                          (cross.layer_norm, layer.cross_block.norm)]
+            for part_spec, module in parts:
+                _set(part_spec, module)
     decoder.projection.weight = _array(model.output_proj.weight)  # (V, D), tied weights alias on save
     bias = np.zeros(model.output_proj.weight.shape[0], dtype=np.float32)
     bias[[PAD_ID, BOS_ID]] = _FORBIDDEN_LOGIT_BIAS
@@ -133,42 +154,13 @@ def build_ctranslate2_spec(model: Transformer):
     return spec
 
 
-def _set_encoder_layer(spec, layer: EncoderLayer) -> None:
-    _set_self_attention(spec.self_attention, layer.self_attn)
-    _set_layer_norm(spec.self_attention.layer_norm, layer.attn_block.norm)
-    _set_ffn(spec.ffn, layer)
-
-
-def _set_decoder_layer(spec, layer: DecoderLayer) -> None:
-    _set_self_attention(spec.self_attention, layer.self_attn)
-    _set_layer_norm(spec.self_attention.layer_norm, layer.self_block.norm)
-    attention = layer.cross_attn
-    _set_linear(spec.attention.linear[0], attention.q_proj)
-    _set_linear(spec.attention.linear[1], attention.kv_proj)  # (2D, D): k rows, then v rows
-    _set_linear(spec.attention.linear[2], attention.out_proj)
-    _set_layer_norm(spec.attention.layer_norm, layer.cross_block.norm)
-    _set_ffn(spec.ffn, layer)
-
-
-def _set_self_attention(spec, attention: SelfAttention) -> None:
-    _set_linear(spec.linear[0], attention.qkv_proj)  # (3D, D): q rows, k rows, then v rows
-    _set_linear(spec.linear[1], attention.out_proj)
-
-
-def _set_ffn(spec, layer: EncoderLayer | DecoderLayer) -> None:
-    _set_linear(spec.linear_0, layer.ffn.linear1)
-    _set_linear(spec.linear_1, layer.ffn.linear2)
-    _set_layer_norm(spec.layer_norm, layer.ffn_block.norm)
-
-
-def _set_linear(spec, linear: nn.Linear) -> None:
-    spec.weight = _array(linear.weight)  # (out, in): CTranslate2 computes x @ W^T, as nn.Linear does
-    spec.bias = _array(linear.bias)
-
-
-def _set_layer_norm(spec, norm: nn.LayerNorm) -> None:
-    spec.gamma = _array(norm.weight)
-    spec.beta = _array(norm.bias)
+def _set(spec, module: nn.Linear | nn.LayerNorm) -> None:
+    """A linear layer's weight (out, in; CTranslate2 computes x @ Wᵀ too) and bias, or a LayerNorm's."""
+    weight, bias = _array(module.weight), _array(module.bias)
+    if isinstance(module, nn.LayerNorm):
+        spec.gamma, spec.beta = weight, bias
+    else:
+        spec.weight, spec.bias = weight, bias
 
 
 def _array(tensor: torch.Tensor) -> np.ndarray:

@@ -1,6 +1,5 @@
-"""`CT2Engine`: a run decoded by CTranslate2, from a conversion of its checkpoint cached in the run
-directory (`<run>/ctranslate2/<digest>/`, made on first use by `ct2_conversion`). Torch-free
-once the conversion is there; greedy output is tmt's, token for token."""
+"""`CT2Engine`: a run decoded by CTranslate2 from a conversion of its checkpoint cached in the run
+(made on first use); torch-free once the conversion is there."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import logging
 import os
 import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,11 +17,10 @@ import numpy as np
 from transformer_mt.core.errors import UsageError
 from transformer_mt.core.files import write_text_atomic
 from transformer_mt.core.run_layout import RunDir
-from transformer_mt.decode.engine import Scored
+from transformer_mt.decode.hypotheses import Hypothesis, Sampling, length_penalty
 
 if TYPE_CHECKING:
     from transformer_mt.config.schema import DecodeConfig
-    from transformer_mt.decode.hypotheses import Sampling
     from transformer_mt.runs.loading import LoadedRun
 
 logger = logging.getLogger(__name__)
@@ -32,26 +29,18 @@ DIGESTS = "digests.json"  # checkpoint name -> its (size, mtime_ns, inode) and c
 RUN_INFO = "tmt.json"  # in each conversion, written last: the checkpoint's config and provenance
 
 
-@dataclass(frozen=True)
-class Conversion:
-    """A complete CTranslate2 conversion of one checkpoint, and what `Translator` needs of it."""
-
-    path: Path
-    info: dict  # config, model_args, step, which ("ema" or "model"), checkpoint (its file name)
-
-
-def find_conversion(path: Path) -> Conversion | None:
-    """The conversion cached at `path` (`conversion_dir`), or None."""
+def find_conversion(path: Path) -> dict | None:
+    """The info of the conversion cached at `path` (`conversion_dir`): config, model_args, step,
+    which ("ema" or "model") and checkpoint (its name); None if there is none."""
     try:
-        info = json.loads((path / RUN_INFO).read_text(encoding="utf-8"))
+        return json.loads((path / RUN_INFO).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):  # not converted yet (a half-written one has another name)
         return None
-    return Conversion(path, info)
 
 
-def convert(run_dir: Path, run: LoadedRun, path: Path) -> Conversion:
-    """Convert `run`'s checkpoint (loaded with torch) into the run's cache at `path` and return
-    it. The folder is written beside and renamed into place; a writer that finishes first wins."""
+def convert(run_dir: Path, run: LoadedRun, path: Path) -> dict:
+    """Convert `run`'s checkpoint (loaded with torch) into the run's cache at `path`; its info. The
+    folder is written beside and renamed into place; a writer that finishes first wins."""
     from transformer_mt.decode.ct2_conversion import ctranslate2_spec, save_model_dir
 
     info = {"config": run.config, "model_args": run.model_args, "step": run.step, "which": run.which,
@@ -66,40 +55,36 @@ def convert(run_dir: Path, run: LoadedRun, path: Path) -> Conversion:
         if not (path / RUN_INFO).is_file():  # else another process converted it first
             raise
     logger.info("converted %s for CTranslate2 into %s", run.checkpoint, path)
-    return Conversion(path, info)
+    return info
 
 
 def conversion_dir(run_dir: Path, checkpoint: Path, fingerprint: str) -> Path:
-    """`<run>/ctranslate2/<checkpoint digest>-<tokenizers digest>`: new weights or new tokenizer
-    files give a new folder, never a stale conversion."""
-    return RunDir(run_dir).ctranslate2 / f"{_checkpoint_digest(run_dir, checkpoint)}-{fingerprint[:8]}"
-
-
-def _checkpoint_digest(run_dir: Path, checkpoint: Path) -> str:
-    """The digest of `checkpoint`'s bytes, remembered with its (size, mtime_ns, inode): a file
-    that kept all three is not read again (checkpoints are replaced by rename, a new inode)."""
+    """`<run>/ctranslate2/<checkpoint digest>-<tokenizers digest>`: new weights or new tokenizer files
+    give a new folder, never a stale conversion. A checkpoint's digest is remembered with its (size,
+    mtime_ns, inode): a file that kept all three is not read again (checkpoints are replaced by rename)."""
     stat = checkpoint.stat()
     stamp = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
-    digests_file = RunDir(run_dir).ctranslate2 / DIGESTS
+    folder = RunDir(run_dir).ctranslate2
+    digests_file = folder / DIGESTS
     try:
         digests = json.loads(digests_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         digests = {}
-    known = digests.get(checkpoint.name) if isinstance(digests, dict) else None
+    digests = digests if isinstance(digests, dict) else {}
+    known = digests.get(checkpoint.name)
     if isinstance(known, dict) and known.get("stamp") == stamp:
-        return known["digest"]
+        return folder / f"{known['digest']}-{fingerprint[:8]}"
     digest = hashlib.blake2b(digest_size=16)
     with open(checkpoint, "rb") as handle:
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
-    digests = {**(digests if isinstance(digests, dict) else {}),
-               checkpoint.name: {"stamp": stamp, "digest": digest.hexdigest()}}
+    digests[checkpoint.name] = {"stamp": stamp, "digest": digest.hexdigest()}
     try:
         digests_file.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(digests_file, json.dumps(digests, indent=1))
     except OSError:  # a read-only run: the digest is computed again next time
         pass
-    return digest.hexdigest()
+    return folder / f"{digest.hexdigest()}-{fingerprint[:8]}"
 
 
 class CT2Engine:
@@ -108,14 +93,14 @@ class CT2Engine:
 
     name = "ctranslate2"
 
-    def __init__(self, model_dir: Path, device: str, max_len: int, threads: int = 0):
+    def __init__(self, model_dir: Path, device: str, max_len: int):
         self.model_dir = model_dir
         self.device = device
         self.max_len = max_len
-        self.threads = threads  # CTranslate2's intra_threads (0: its default, capped at this process's cores)
-        shared = model_dir / "shared_vocabulary.json"
-        self.src_tokens = _read_vocabulary(shared if shared.exists() else model_dir / "source_vocabulary.json")
-        self.tgt_tokens = _read_vocabulary(shared if shared.exists() else model_dir / "target_vocabulary.json")
+        self.threads = 0  # CTranslate2's intra_threads (0: its default, capped at this process's cores)
+        sides = ["shared"] * 2 if (model_dir / "shared_vocabulary.json").exists() else ["source", "target"]
+        self.src_tokens, self.tgt_tokens = [json.loads((model_dir / f"{side}_vocabulary.json").read_text("utf-8"))
+                                            for side in sides]
         self.tgt_ids = {token: i for i, token in enumerate(self.tgt_tokens)}
         self._translators: dict[str, object] = {}  # compute type -> ctranslate2.Translator
 
@@ -124,9 +109,7 @@ class CT2Engine:
         return [hyps[0] for hyps in self._search(src_ids, decode, beam_size, 1, None, progress)[0]]
 
     def hypotheses(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, n_best: int,
-                   sampling: Sampling | None, progress: bool) -> list[list[Scored]]:
-        from transformer_mt.decode.hypotheses import length_penalty
-
+                   sampling: Sampling | None, progress: bool) -> list[list[Hypothesis]]:
         found, sources, caps = self._search(src_ids, decode, beam_size, n_best, sampling, progress)
         # CTranslate2 ranks beams with its own length penalty, and samples scores at the sampling
         # temperature: each translation is scored again here, as tmt scores it.
@@ -134,12 +117,14 @@ class CT2Engine:
         scored = self._translator(decode).score_batch(
             [sources[i] for i, _ in flat], [[self.tgt_tokens[t] for t in ids] for _, ids in flat],
             max_batch_size=decode.batch_tokens, batch_type="tokens", max_input_length=0)  # sources cut above
-        results: list[list[Scored]] = [[] for _ in found]
+        results: list[list[Hypothesis]] = [[] for _ in found]
         for (i, ids), result in zip(flat, scored):
             ended = len(ids) < caps[i]  # else cut at the cap, with no EOS
             log_probs = result.log_probs if ended else result.log_probs[:-1]  # the last is EOS's
             length = len(ids) + ended
-            results[i].append(Scored(ids, sum(log_probs) / length_penalty(length, decode.length_penalty)))
+            log_prob = sum(log_probs)
+            penalty = length_penalty(length, decode.length_penalty)
+            results[i].append(Hypothesis(ids, log_prob, log_prob / penalty))
         return results
 
     def cross_attention(self, src_ids: list[int], hyp_ids: list[int], layer: int):
@@ -150,9 +135,6 @@ class CT2Engine:
         """Each source's `n_best` translations as ids, with the sources as tokens and their length
         caps. CTranslate2 caps a whole call at one length: sources are grouped by their cap
         a·S + b (S with EOS, as `decode.generator.max_target_lengths` computes it in fp32)."""
-        import ctranslate2
-        from tqdm import tqdm
-
         keep = self.max_len - 1  # room for the EOS CTranslate2 appends
         sources = [[self.src_tokens[i] for i in ids[:keep]] for ids in src_ids]
         lengths = np.array([len(s) + 1 for s in sources], dtype=np.float32)
@@ -165,40 +147,37 @@ class CT2Engine:
         options = dict(beam_size=beam_size, num_hypotheses=n_best, length_penalty=decode.length_penalty,
                        min_decoding_length=0, max_input_length=self.max_len, batch_type="tokens",
                        max_batch_size=max(1, decode.batch_tokens // rows))
-        translator = self._translator(decode)
+        translator = self._translator(decode, None if sampling is None else sampling.seed)
         if sampling is not None:
-            # Each worker thread seeds its generator when it starts: a new translator's draw from `seed`.
-            ctranslate2.set_random_seed(sampling.seed)
-            translator = self._load(self._compute_type(decode))
             options.update(beam_size=1, sampling_topk=sampling.top_k, sampling_topp=sampling.top_p,
                            sampling_temperature=sampling.temperature)
         found: list[list[list[int]]] = [[] for _ in sources]
-        for cap, members in tqdm(sorted(groups.items()), desc="translate", unit="length",
-                                 disable=not (progress and sys.stderr.isatty()), file=sys.stderr, leave=False):
+        batches = sorted(groups.items())
+        if progress and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            batches = tqdm(batches, desc="translate", unit="length", file=sys.stderr, leave=False)
+        for cap, members in batches:
             results = translator.translate_batch([sources[i] for i in members], max_decoding_length=cap, **options)
             for i, result in zip(members, results):
                 found[i] = [[self.tgt_ids[token] for token in tokens] for tokens in result.hypotheses]
         return found, sources, caps
 
-    def _translator(self, decode: DecodeConfig):
-        """The CTranslate2 translator for `decode.quantize`, loaded once."""
-        compute_type = self._compute_type(decode)
-        if compute_type not in self._translators:
-            self._translators[compute_type] = self._load(compute_type)
-        return self._translators[compute_type]
-
-    def _compute_type(self, decode: DecodeConfig) -> str:
-        return "int8" if decode.quantize == "int8" and self.device == "cpu" else "default"  # int8 weights on a CPU
-
-    def _load(self, compute_type: str):
+    def _translator(self, decode: DecodeConfig, seed: int | None = None):
+        """The CTranslate2 translator for `decode.quantize` (int8 weights on a CPU only), loaded once;
+        with a `seed`, a new one drawing from it (each thread seeds its generator as it starts)."""
         import ctranslate2
 
-        # CTranslate2's default of 4 threads on fewer cores has OpenMP threads spin against each other.
-        threads = self.threads or min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                      else os.cpu_count() or 1)
-        return ctranslate2.Translator(str(self.model_dir), device=self.device, compute_type=compute_type,
-                                      intra_threads=threads)
-
-
-def _read_vocabulary(path: Path) -> list[str]:
-    return json.loads(path.read_text(encoding="utf-8"))
+        compute_type = "int8" if decode.quantize == "int8" and self.device == "cpu" else "default"
+        if seed is not None or compute_type not in self._translators:
+            if seed is not None:
+                ctranslate2.set_random_seed(seed)
+            # CTranslate2's default of 4 threads on fewer cores has OpenMP threads spin against each other.
+            threads = self.threads or min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                                          else os.cpu_count() or 1)
+            translator = ctranslate2.Translator(str(self.model_dir), device=self.device,
+                                                compute_type=compute_type, intra_threads=threads)
+            if seed is not None:
+                return translator
+            self._translators[compute_type] = translator
+        return self._translators[compute_type]

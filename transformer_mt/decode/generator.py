@@ -1,23 +1,20 @@
-"""The search driver: encode a batch, then run a search step (`search.py`) on the model's
-`decode_step` and its static KV cache until every sentence is done.
-
-Eagerly, sentences that are done leave the batch. With fixed shapes (`graphs`), every row stays
-and the step can be captured once as a CUDA graph and replayed (`decode.graphs.py`). Generated
-length is capped per sentence at `a·S + b` tokens (S = source tokens including EOS), EOS included.
-"""
+"""The search driver: encode a batch, then step a search (`search.py`) on the model's static KV cache
+until every sentence is done: eagerly, done sentences leave the batch; with fixed shapes, the step
+may be captured as a CUDA graph and replayed by later batches of its padded shape."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 
 import torch
 
 from transformer_mt.data.batching import round_up
-from transformer_mt.decode.graphs import StepGraphs, prepared
 from transformer_mt.decode.hypotheses import Hypothesis, Sampling
 from transformer_mt.decode.search import BeamState, SampleState
-from transformer_mt.model.kv_cache import KVCache
-from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer import KVCache, Transformer
 
 State = BeamState | SampleState
 CHECK_EVERY = 8  # fixed-shape steps between the host's checks whether every sentence is done
@@ -25,11 +22,8 @@ StartState = Callable[[torch.Tensor, int, torch.Tensor], State]  # (limits, capa
 
 
 def max_target_lengths(src_mask: torch.Tensor, max_len_a: float, max_len_b: int, model_max_len: int) -> torch.Tensor:
-    """Per-sentence cap on generated tokens (EOS included): a·S + b, within the model's positions.
-
-    src_mask (B, S) bool -> (B,) long. The decoder input holds BOS plus all but the last
-    generated token, so at most `model_max_len` tokens can be generated.
-    """
+    """Each sentence's cap on generated tokens, EOS included: a·S + b (S: source tokens with EOS),
+    at most `model_max_len`. src_mask (B, S) bool -> (B,) long."""
     src_lengths = src_mask.sum(dim=1).float()  # (B,)
     limits = (max_len_a * src_lengths + max_len_b).floor().long()
     return limits.clamp(min=1, max=model_max_len)
@@ -49,17 +43,16 @@ def greedy_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos
 def beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_id: int, beam_size: int,
                 max_len_a: float, max_len_b: int, alpha: float = 0.6, n_best: int = 1,
                 graphs: StepGraphs | None = None, capture: bool = False,
-                drop_finished: float = 0.0) -> list[list[Hypothesis]]:
+                drop_finished: float | None = None) -> list[list[Hypothesis]]:
     """Beam search with K = `beam_size` beams per sentence (`BeamState.advance`): src_ids (B, S)
     long -> for each sentence its `n_best` hypotheses, best first. Beam size 1 is greedy decoding.
-    (`search` says what `graphs`, `capture` and `drop_finished` do.)"""
-    def start(limits: torch.Tensor, capacity: int, position: torch.Tensor) -> BeamState:
-        return BeamState.start(limits, beam_size, n_best, capacity, position, bos_id=bos_id, eos_id=eos_id,
-                               pad_id=model.pad_id, alpha=alpha)
-
+    (`search` says what `graphs`, `capture` and `drop_finished` do; default 0.25 greedy, else 0.)"""
+    start = functools.partial(BeamState.start, beam_size=beam_size, n_best=n_best, bos_id=bos_id, eos_id=eos_id,
+                              pad_id=model.pad_id, alpha=alpha)
     return search(model, src_ids, start, rows_per_sentence=beam_size, bos_id=bos_id, eos_id=eos_id,
                   max_len_a=max_len_a, max_len_b=max_len_b, graphs=graphs, capture=capture,
-                  key=("beam", beam_size, n_best, alpha), drop_finished=drop_finished)
+                  key=("beam", beam_size, n_best, alpha),
+                  drop_finished=(0.25 if beam_size == 1 else 0.0) if drop_finished is None else drop_finished)
 
 
 def sample_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_id: int, max_len_a: float,
@@ -67,10 +60,8 @@ def sample_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos
                   alpha: float = 0.6) -> list[list[Hypothesis]]:
     """Draw `n_samples` translations per source (`Sampling` says how): src_ids (B, S) long -> for
     each sentence its samples in the order drawn, scored as beam search scores its hypotheses."""
-    def start(limits: torch.Tensor, capacity: int, position: torch.Tensor) -> SampleState:
-        return SampleState.start(limits, capacity, position, sampling, generator, bos_id=bos_id, eos_id=eos_id,
-                                 pad_id=model.pad_id, alpha=alpha)
-
+    start = functools.partial(SampleState.start, sampling=sampling, generator=generator, bos_id=bos_id,
+                              eos_id=eos_id, pad_id=model.pad_id, alpha=alpha)
     rows = search(model, src_ids.repeat_interleave(n_samples, dim=0), start, rows_per_sentence=1, bos_id=bos_id,
                   eos_id=eos_id, max_len_a=max_len_a, max_len_b=max_len_b)  # a sentence's samples are neighbours
     return [[hyps[0] for hyps in rows[i:i + n_samples]] for i in range(0, len(rows), n_samples)]
@@ -80,73 +71,32 @@ def sample_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos
 def search(model: Transformer, src_ids: torch.Tensor, start: StartState, *, rows_per_sentence: int, bos_id: int,
            eos_id: int, max_len_a: float, max_len_b: int, graphs: StepGraphs | None = None, capture: bool = False,
            key: tuple = (), drop_finished: float = 0.25) -> list[list[Hypothesis]]:
-    """Run the search that `start` begins over src_ids (B, S) -> each sentence's hypotheses.
-
-    Eagerly (no `graphs`, no `capture`), done sentences leave the batch once they are at least
-    `drop_finished` of those still decoded (0: as soon as one is done; a step's work grows with its
-    rows, and dropping copies the cache). With `graphs` or `capture`, every step has the same shapes; `capture` replays it from
-    a CUDA graph.
-    """
+    """Run the search that `start` begins over src_ids (B, S) -> each sentence's hypotheses. Eagerly
+    (no `graphs`, no `capture`), done sentences leave the batch once they are at least `drop_finished`
+    of those still decoded (0: at once). With `graphs` or `capture`, every row runs in steps of one
+    shape (`capture`: replayed from a CUDA graph); the host checks every `CHECK_EVERY` steps."""
     forbidden = (model.pad_id, bos_id)  # never padding or a second BOS
     if graphs is None and not capture:
         limits = max_target_lengths(src_ids != model.pad_id, max_len_a, max_len_b, model.cfg.max_len)  # (B,)
         capacity = int(limits.max())
         cache = model.new_cache(src_ids, capacity, rows_per_sentence)
         return _eager(model, start(limits, capacity, cache.position), cache, forbidden, capacity, drop_finished)
-    return _fixed_shapes(model, src_ids, start, rows_per_sentence, forbidden, eos_id, max_len_a, max_len_b, graphs,
-                         capture, key)
-
-
-def _step(model: Transformer, state: State, cache: KVCache, forbidden: tuple[int, ...]) -> None:
-    """One decoding step of every row: the model's logits for the next token, then the search's
-    choice; the cache follows beams that trade places."""
-    tokens = state.tokens.gather(1, state.position.expand(state.tokens.shape[0])[:, None]).squeeze(1)  # (R,)
-    logits = model.decode_step(tokens, cache)  # (R, V) fp32
-    for token in forbidden:
-        logits[:, token] = torch.finfo(logits.dtype).min
-    rows = state.advance(logits)
-    if rows is not None and state.rows_per_sentence > 1:
-        cache.reorder(rows)
-
-
-def _eager(model: Transformer, state: State, cache: KVCache, forbidden: tuple[int, ...], max_steps: int,
-           drop_finished: float) -> list[list[Hypothesis]]:
-    K = state.rows_per_sentence
-    sentences = torch.arange(state.done.shape[0], device=state.done.device)  # each row block's sentence
-    results: list[list[Hypothesis]] = [[] for _ in range(state.done.shape[0])]
-    for _ in range(max_steps):
-        _step(model, state, cache, forbidden)
-        n_done = int(state.done.sum())  # the step's one copy to the host
-        if n_done == state.done.shape[0]:
-            break
-        if n_done and n_done >= drop_finished * state.done.shape[0]:
-            done, keep = state.done.nonzero().squeeze(1), (~state.done).nonzero().squeeze(1)
-            for sentence, hyps in zip(sentences[done].tolist(), state.select(done).results()):
-                results[sentence] = hyps
-            rows = (keep[:, None] * K + torch.arange(K, device=keep.device)).flatten()  # (B'·K,)
-            state, cache, sentences = state.select(keep), cache.select(rows), sentences[keep]
-    for sentence, hyps in zip(sentences.tolist(), state.results()):
-        results[sentence] = hyps
-    return results
-
-
-def _fixed_shapes(model: Transformer, src_ids: torch.Tensor, start: StartState, rows_per_sentence: int,
-                  forbidden: tuple[int, ...], eos_id: int, max_len_a: float, max_len_b: int,
-                  graphs: StepGraphs | None, capture: bool, key: tuple) -> list[list[Hypothesis]]:
-    """The search over all rows to the end, in steps of one shape; the host checks whether every
-    sentence is done every `CHECK_EVERY` steps (a done sentence's rows are computed and ignored)."""
-    src_ids, n_real = _padded(model, src_ids, graphs, eos_id)
+    B, S = src_ids.shape
+    if graphs is not None:  # padded to its bucket, which shares a capture; extra sentences are a lone EOS
+        rows, width = round_up(B, graphs.multiple), max(S, min(round_up(S, graphs.multiple), model.cfg.max_len))
+        padded = src_ids.new_full((rows, width), model.pad_id)
+        padded[:B, :S] = src_ids
+        padded[B:, 0] = eos_id
+        src_ids = padded
     limits = max_target_lengths(src_ids != model.pad_id, max_len_a, max_len_b, model.cfg.max_len)  # (B,)
-    max_steps = int(limits[:n_real].max())
-    if graphs is not None:  # the cap of the padded width: batches of one bucket share a capacity
+    max_steps = bucket = int(limits[:B].max())
+    if graphs is not None:  # the cap of the padded width, so that batches of one bucket share a capacity
         full = torch.ones(1, src_ids.shape[1], dtype=torch.bool)
-        max_steps_bucket = int(max_target_lengths(full, max_len_a, max_len_b, model.cfg.max_len)[0])
-        capacity = min(round_up(max_steps_bucket, 8), model.cfg.max_len)
-    else:
-        capacity = min(round_up(max_steps, 8), model.cfg.max_len)
+        bucket = int(max_target_lengths(full, max_len_a, max_len_b, model.cfg.max_len)[0])
+    capacity = min(round_up(bucket, 8), model.cfg.max_len)
     cache = model.new_cache(src_ids, capacity, rows_per_sentence)
     state = start(limits, capacity, cache.position)
-    state.done[n_real:] = True  # the bucket's filler sentences
+    state.done[B:] = True  # the bucket's filler sentences
     (cache, state), step, done = prepared(
         graphs, (*key, *src_ids.shape, capacity), (cache, state),
         lambda c, s: lambda: _step(model, s, c, forbidden), capture)
@@ -155,17 +105,97 @@ def _fixed_shapes(model: Transformer, src_ids: torch.Tensor, start: StartState, 
         done += 1
         if done % CHECK_EVERY == 0 and bool(state.done.all()):
             break
-    return state.results()[:n_real]
+    return state.results()[:B]
 
 
-def _padded(model: Transformer, src_ids: torch.Tensor, graphs: StepGraphs | None, eos_id: int
-            ) -> tuple[torch.Tensor, int]:
-    """src_ids (B, S) padded to its `graphs` bucket (extra sentences are a lone EOS), and B."""
-    B, S = src_ids.shape
-    if graphs is None:
-        return src_ids, B
-    rows, width = round_up(B, graphs.multiple), max(S, min(round_up(S, graphs.multiple), model.cfg.max_len))
-    padded = src_ids.new_full((rows, width), model.pad_id)
-    padded[:B, :S] = src_ids
-    padded[B:, 0] = eos_id
-    return padded, B
+def _step(model: Transformer, state: State, cache: KVCache, forbidden: tuple[int, ...],
+          written: int | None = None) -> None:
+    """One decoding step of every row: the model's logits, the search's choice, and the cache's first
+    `written` positions (None: all) following beams that trade places."""
+    tokens = state.tokens.gather(1, state.position.expand(state.tokens.shape[0])[:, None]).squeeze(1)  # (R,)
+    logits = model.decode_step(tokens, cache)  # (R, V) fp32
+    for token in forbidden:
+        logits[:, token] = torch.finfo(logits.dtype).min
+    rows = state.advance(logits)
+    if state.rows_per_sentence > 1:  # beams trade places
+        cache.reorder(rows, written)
+
+
+def _eager(model: Transformer, state: State, cache: KVCache, forbidden: tuple[int, ...], max_steps: int,
+           drop_finished: float) -> list[list[Hypothesis]]:
+    K = state.rows_per_sentence
+    sentences = torch.arange(state.done.shape[0], device=state.done.device)  # each row block's sentence
+    results: list[list[Hypothesis]] = [[] for _ in range(state.done.shape[0])]
+    for written in range(1, max_steps + 1):
+        _step(model, state, cache, forbidden, written)
+        n_done = int(state.done.sum())  # the step's one copy to the host
+        if n_done == state.done.shape[0]:
+            break
+        if n_done and n_done >= drop_finished * state.done.shape[0]:
+            done, keep = state.done.nonzero().squeeze(1), (~state.done).nonzero().squeeze(1)
+            for sentence, hyps in zip(sentences[done].tolist(), state.select(done).results()):
+                results[sentence] = hyps
+            rows = (keep[:, None] * K + torch.arange(K, device=keep.device)).flatten()  # (B'·K,)
+            state, cache, sentences = state.select(keep), cache.select(rows, written), sentences[keep]
+    for sentence, hyps in zip(sentences.tolist(), state.results()):
+        results[sentence] = hyps
+    return results
+
+
+@dataclass
+class StepGraphs:
+    """The step last captured in one round of decoding (one `translate_hypotheses` call), which later
+    batches of its padded shape (`multiple` sentences and source tokens) replay on their inputs,
+    copied into its tensors. Without capture the same reuse runs eagerly."""
+
+    multiple: int = 8
+    captured: dict[tuple, tuple[tuple, Callable[[], None]]] = field(default_factory=dict)  # key: state, step
+
+
+def prepared(graphs: StepGraphs | None, key: tuple, fresh: tuple, make_step: Callable[..., Callable[[], None]],
+             capture: bool) -> tuple[tuple, Callable[[], None], int]:
+    """(the objects to decode on, their step, the steps already run): `graphs`' step of this key and
+    its objects, loaded with `fresh`'s values; else `fresh` with a new step, captured with `capture`
+    (which runs the first step) and kept in `graphs`."""
+    if graphs is not None and key in graphs.captured:
+        state, step = graphs.captured[key]
+        for into, values in zip(state, fresh):
+            for target, source in zip(_tensors(into), _tensors(values)):
+                if target is not source:
+                    target.copy_(source)
+        return state, step, 0
+    step, done = make_step(*fresh), 0
+    if capture:
+        # Autocast's cache of cast weights must not be filled while a graph is captured.
+        no_cast_cache = (torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), cache_enabled=False)
+                         if torch.is_autocast_enabled("cuda") else contextlib.nullcontext())
+        with no_cast_cache:
+            step, done = _captured(step, [t for obj in fresh for t in _tensors(obj)]), 1
+    if graphs is not None:
+        graphs.captured = {key: (fresh, step)}
+    return fresh, step, done
+
+
+def _tensors(obj) -> list[torch.Tensor]:
+    """The tensors among a dataclass's fields, lists of tensors flattened."""
+    values = [getattr(obj, f.name) for f in fields(obj)]
+    flat = [t for value in values for t in (value if isinstance(value, list) else [value])]
+    return [t for t in flat if isinstance(t, torch.Tensor)]
+
+
+def _captured(step: Callable[[], None], state: list[torch.Tensor]) -> Callable[[], None]:
+    """Run `step` once on a side stream (warm-up, which a capture may not do), put `state` back,
+    capture the step, then replay the capture for the real first step."""
+    saved = [t.clone() for t in state]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    for tensor, before in zip(state, saved):
+        tensor.copy_(before)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    return graph.replay

@@ -1,8 +1,9 @@
 """What a search returns and how it ranks: `Hypothesis`, the GNMT length penalty, and the settings
-of sampling. Torch-free, so that every engine (CTranslate2's too) shares them."""
+of sampling; torch-free, for every engine."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,8 +18,8 @@ def length_penalty(length: int, alpha: float) -> float:
 
 @dataclass(frozen=True)
 class Hypothesis:
-    """A finished translation: token ids (no BOS/EOS), summed log-probability (EOS included), and
-    the score it is ranked by, log-probability / length penalty."""
+    """A finished translation: ids (no BOS/EOS), summed log-probability (EOS included), and its score,
+    log-probability / length penalty."""
 
     ids: list[int]
     log_prob: float
@@ -27,19 +28,14 @@ class Hypothesis:
 
 def strip_generated(ids: list[int], eos_id: int, pad_id: int) -> list[int]:
     """Generated ids up to (not including) the first EOS or padding."""
-    for i, token in enumerate(ids):
-        if token in (eos_id, pad_id):
-            return ids[:i]
-    return ids
+    return list(itertools.takewhile(lambda token: token not in (eos_id, pad_id), ids))
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """Draw each next token instead of taking the best: from the model's distribution at
-    `temperature`, cut to the `top_k` most probable tokens (0: no cut) and then to the smallest
-    set whose probability reaches `top_p` (nucleus sampling, Holtzman et al. 2020; 1: no cut).
-    Draws come from a generator seeded with `seed`: the same sources, settings and seed give the
-    same samples on the same device."""
+    """Draw each next token from the model's distribution at `temperature`, cut to the `top_k` most
+    probable tokens (0: no cut), then to the smallest set reaching probability `top_p` (nucleus
+    sampling; 1: no cut), from a generator seeded with `seed` (same seed, same samples)."""
 
     temperature: float = 1.0
     top_k: int = 0

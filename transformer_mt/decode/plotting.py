@@ -1,15 +1,35 @@
-"""Attention pictures: a heat map of cross-attention with the tokens on both axes (matplotlib).
-
-Uses `matplotlib.figure.Figure` directly, not pyplot, so nothing needs a display or a
-global backend, and figures are freed with their last reference.
-"""
+"""Cross-attention maps of the torch model, their token labels, and their pictures (matplotlib's
+`Figure` directly, not pyplot: no display or global backend needed)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from matplotlib.figure import Figure
+
+from transformer_mt.model.transformer import Transformer
+
+
+def cross_attention_map(model: Transformer, src_ids: list[int], hyp_ids: list[int], *, bos_id: int, eos_id: int,
+                        device: torch.device, layer: int = -1) -> torch.Tensor:
+    """Head-averaged cross-attention of decoder `layer` while producing `hyp_ids` + EOS from
+    `src_ids` + EOS (teacher-forced on the hypothesis): (T + 1, S + 1), fp32 on the CPU."""
+    keep = model.cfg.max_len - 1
+    src = torch.tensor([list(src_ids[:keep]) + [eos_id]], device=device)  # (1, S+1)
+    tgt_in = torch.tensor([[bos_id] + list(hyp_ids[:keep])], device=device)  # (1, T+1)
+    was_training = model.training
+    model.eval()
+    try:
+        return model.cross_attention(src, tgt_in, layer)[0].mean(dim=0).cpu()  # (H, T+1, S+1) -> (T+1, S+1)
+    finally:
+        model.train(was_training)
+
+
+def cross_attention_labels(src_pieces: list[str], hyp_pieces: list[str], eos: str, max_len: int
+                           ) -> tuple[list[str], list[str]]:
+    """Axis labels of `cross_attention_map`: the source pieces and EOS, and the pieces each decoder
+    position produced, then EOS; both cut as the map is (a hypothesis filling max_len has no EOS row)."""
+    keep = max_len - 1
+    return src_pieces[:keep] + [eos], (hyp_pieces + [eos])[: min(len(hyp_pieces), keep) + 1]
 
 
 def attention_figure(weights: torch.Tensor, src_tokens: list[str], tgt_tokens: list[str], title: str) -> Figure:
@@ -28,16 +48,3 @@ def attention_figure(weights: torch.Tensor, src_tokens: list[str], tgt_tokens: l
     axes.set_title(title, fontsize=9)
     figure.colorbar(image, ax=axes, fraction=0.04)
     return figure
-
-
-def image_formats() -> list[str]:
-    """File suffixes (without the dot) that matplotlib writes: png, jpg, pdf, svg, ... (jpg and webp
-    through Pillow, a dependency of matplotlib)."""
-    return sorted(Figure().canvas.get_supported_filetypes())
-
-
-def save_attention(path: Path, weights: torch.Tensor, src_tokens: list[str], tgt_tokens: list[str],
-                   title: str) -> None:
-    """Draw the attention map into `path`, in the format its suffix names (`image_formats`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    attention_figure(weights, src_tokens, tgt_tokens, title).savefig(path, format=path.suffix[1:].lower())

@@ -1,10 +1,6 @@
-"""The search algorithms, one step at a time on tensors: beam search (greedy decoding is beam
-search with one beam) and sampling. `decode.generator.py` is the driver that encodes, caches, batches and
-captures them; a step here reads nothing back to the host, so it can be replayed from a CUDA graph.
-
-Rows: sentence b's K rows (beams or samples) are rows b·K .. b·K + K - 1. C: the cap on generated
-tokens of the batch; `tokens` holds BOS and then each row's generated ids, pad beyond.
-"""
+"""The search algorithms, one step on tensors with no host sync (a CUDA graph can replay it): beam
+search (greedy is one beam) and sampling. Sentence b's K rows are b·K .. b·K + K - 1; C caps the
+generated tokens; `tokens` holds BOS, then each row's generated ids, pad beyond."""
 
 from __future__ import annotations
 
@@ -34,10 +30,10 @@ class BeamState:
     pad_id: int
 
     @classmethod
-    def start(cls, limits: torch.Tensor, beam_size: int, n_best: int, capacity: int, position: torch.Tensor, *,
+    def start(cls, limits: torch.Tensor, capacity: int, position: torch.Tensor, *, beam_size: int, n_best: int,
               bos_id: int, eos_id: int, pad_id: int, alpha: float) -> BeamState:
-        """One live beam per sentence (score 0), the other K - 1 at -inf so that the K beams do not
-        all pick the same first token. limits (B,) long."""
+        """One live beam per sentence (score 0), the other K - 1 at -inf (else all K would pick the
+        same first token). limits (B,) long."""
         if not 1 <= n_best <= beam_size:
             raise ValueError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
         B, K, device = limits.shape[0], beam_size, limits.device
@@ -59,16 +55,11 @@ class BeamState:
         return self.tokens.shape[0] // self.done.shape[0]
 
     def advance(self, logits: torch.Tensor) -> torch.Tensor:
-        """One step on the live beams' next-token logits (B·K, V) fp32; returns the rows (B·K,)
-        the new beams continue, for the KV cache to follow (beams move only within a sentence).
-
-        Each sentence's 2K best continuations are ranked by summed log-prob; those among the top K
-        that end in EOS (all top K at the length cap) are set aside, scored log-prob / length
-        penalty, into the M best finished; the K best that do not end become the live beams. A
-        sentence is done once it has K finished hypotheses, or M that no live beam can still beat
-        (log-probs only fall, so a live beam's best reachable score is its log-prob over the
-        penalty at its cap), or reaches its cap; a done sentence sets nothing more aside.
-        """
+        """One step on the live beams' logits (B·K, V) fp32 -> the rows (B·K,) the new beams continue.
+        Of each sentence's 2K best continuations by log-prob, the top K that end in EOS (all at the
+        cap) go, scored log-prob / length penalty, into the M best finished; the K best that do not
+        end live on. A sentence is done with K finished, or M that no live beam can beat (at best its
+        log-prob over the penalty at its cap), or at its cap."""
         log_probs = torch.log_softmax(logits, dim=-1)
         BK, V = log_probs.shape
         B, M, C = self.best_tokens.shape
@@ -127,9 +118,8 @@ class BeamState:
 
 
 def stable_descending_order(scores: torch.Tensor) -> torch.Tensor:
-    """The indices that sort each row of scores (B, P) best first, the earlier of equal scores first
-    (as Python's `sorted`) -> (B, P) long. Counted by comparing all pairs of the few hypotheses:
-    no `torch.sort`, whose stable CUDA kernels may not be captured in a graph."""
+    """The indices (B, P) long that sort each row of scores (B, P) best first, stably, by comparing
+    all pairs: `torch.sort`'s stable CUDA kernels may not be captured in a graph."""
     P = scores.shape[1]
     earlier = torch.ones(P, P, dtype=torch.bool, device=scores.device).tril(-1)  # [i, j]: j comes before i
     ahead = (scores[:, None, :] > scores[:, :, None]) | ((scores[:, None, :] == scores[:, :, None]) & earlier)
@@ -174,7 +164,6 @@ class SampleState:
         self.tokens.index_copy_(1, self.position + 1, next_ids.masked_fill(self.done, self.pad_id)[:, None])
         self.position += 1
         self.done |= (next_ids == self.eos_id) | (self.position >= self.limits)
-        return None
 
     def select(self, rows: torch.Tensor) -> SampleState:
         return SampleState(self.tokens[rows], self.position, self.limits[rows], self.done[rows], self.log_probs[rows],

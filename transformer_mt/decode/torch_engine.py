@@ -1,15 +1,18 @@
-"""`TorchEngine`: tmt's own model and search (`evaluation.translate_ids`), on any torch device."""
+"""`TorchEngine`: tmt's own model and search on any torch device, over id lists in length-sorted,
+token-budget batches."""
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
 from transformer_mt.config.schema import DecodeConfig
-from transformer_mt.core.runtime import Precision
+from transformer_mt.core.runtime import Precision, pick_attention
+from transformer_mt.data.batching import pad_sequences, sorted_batches
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID
-from transformer_mt.decode.engine import Scored
-from transformer_mt.decode.evaluation import cross_attention_map, translate_hypotheses, translate_ids
-from transformer_mt.decode.hypotheses import Sampling
+from transformer_mt.decode.generator import StepGraphs, beam_search, sample_decode
+from transformer_mt.decode.hypotheses import Hypothesis, Sampling
 from transformer_mt.model.transformer import Transformer
 
 
@@ -20,22 +23,76 @@ class TorchEngine:
 
     def __init__(self, model: Transformer, device: torch.device, precision: Precision):
         self.model = model.eval()
-        self.torch_device = device
         self.device = device.type
+        self.common = {"bos_id": BOS_ID, "eos_id": EOS_ID, "device": device}
         self.precision = precision
 
     def translate(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int,
                   progress: bool) -> list[list[int]]:
-        return translate_ids(self.model, src_ids, decode, bos_id=BOS_ID, eos_id=EOS_ID, device=self.torch_device,
-                             precision=self.precision, beam_size=beam_size, progress=progress)
+        return translate_ids(self.model, src_ids, decode, precision=self.precision, beam_size=beam_size,
+                             progress=progress, **self.common)
 
     def hypotheses(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, n_best: int,
-                   sampling: Sampling | None, progress: bool) -> list[list[Scored]]:
-        found = translate_hypotheses(self.model, src_ids, decode, bos_id=BOS_ID, eos_id=EOS_ID,
-                                     device=self.torch_device, precision=self.precision, beam_size=beam_size,
-                                     n_best=n_best, sampling=sampling, progress=progress)
-        return [[Scored(hyp.ids, hyp.score) for hyp in hyps] for hyps in found]
+                   sampling: Sampling | None, progress: bool) -> list[list[Hypothesis]]:
+        return translate_hypotheses(self.model, src_ids, decode, precision=self.precision, beam_size=beam_size,
+                                    n_best=n_best, sampling=sampling, progress=progress, **self.common)
 
     def cross_attention(self, src_ids: list[int], hyp_ids: list[int], layer: int) -> torch.Tensor:
-        return cross_attention_map(self.model, src_ids, hyp_ids, bos_id=BOS_ID, eos_id=EOS_ID,
-                                   device=self.torch_device, layer=layer)
+        from transformer_mt.decode.plotting import cross_attention_map
+
+        return cross_attention_map(self.model, src_ids, hyp_ids, layer=layer, **self.common)
+
+
+def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: DecodeConfig, *,
+                  bos_id: int, eos_id: int, device: torch.device, precision: Precision,
+                  beam_size: int | None = None, progress: bool = False) -> list[list[int]]:
+    """The best translation of each source id list (no special tokens): greedy when the beam size
+    (`beam_size`, else `decode_cfg.beam_size`) is 1, else beam search."""
+    return [hyps[0].ids for hyps in translate_hypotheses(
+        model, src_seqs, decode_cfg, bos_id=bos_id, eos_id=eos_id, device=device, precision=precision,
+        beam_size=beam_size, progress=progress)]
+
+
+def translate_hypotheses(model: Transformer, src_seqs: list[list[int]], decode_cfg: DecodeConfig, *,
+                         bos_id: int, eos_id: int, device: torch.device, precision: Precision,
+                         beam_size: int | None = None, n_best: int = 1, sampling: Sampling | None = None,
+                         progress: bool = False) -> list[list[Hypothesis]]:
+    """Each source's `n_best` best hypotheses of beam search, best first (beam 1: greedy), or with
+    `sampling`, `n_best` samples drawn from one generator seeded with `sampling.seed`; decoded in
+    length-sorted batches of `decode_cfg.batch_tokens` (counting each beam or sample), in input order."""
+    alpha = decode_cfg.length_penalty
+    beam_size = decode_cfg.beam_size if beam_size is None else beam_size
+    capture = decode_cfg.cuda_graphs and device.type == "cuda"
+    graphs = StepGraphs() if capture else None  # batches of one padded shape replay one capture
+    generator = None if sampling is None else torch.Generator(device=device).manual_seed(sampling.seed)
+    common = {"bos_id": bos_id, "eos_id": eos_id, "max_len_a": decode_cfg.max_len_a,
+              "max_len_b": decode_cfg.max_len_b}
+
+    def decode(src_ids: torch.Tensor) -> list[list[Hypothesis]]:
+        if sampling is not None:
+            return sample_decode(model, src_ids, sampling=sampling, generator=generator, n_samples=n_best,
+                                 alpha=alpha, **common)
+        return beam_search(model, src_ids, beam_size=beam_size, alpha=alpha, n_best=n_best, graphs=graphs,
+                           capture=capture, **common)
+
+    attention = pick_attention(decode_cfg.attention_backend, device, "decode")
+    keep = model.cfg.max_len - 1  # room for the EOS appended to every source
+    sources = [list(s[:keep]) + [eos_id] for s in src_seqs]
+    rows = n_best if sampling is not None else beam_size
+    batches = sorted_batches([len(s) * rows for s in sources], decode_cfg.batch_tokens)
+    if progress and sys.stderr.isatty():
+        from tqdm import tqdm  # leave=False: no bar left beside the next log line
+
+        batches = tqdm(batches, desc="translate", unit="batch", file=sys.stderr, leave=False)
+    results: list = [None] * len(sources)
+    was_training = model.training
+    model.eval()
+    try:
+        for chunk in batches:
+            src_ids = pad_sequences([sources[i] for i in chunk], model.pad_id).to(device)
+            with precision.autocast(), attention.enabled():
+                for i, output in zip(chunk, decode(src_ids)):
+                    results[i] = output
+    finally:
+        model.train(was_training)
+    return results

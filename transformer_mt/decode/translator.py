@@ -1,28 +1,23 @@
-"""`Translator.from_run(path).translate(lines)`: translation with a trained run (greedy, beam search
-or sampling) on the engine `decode.engine` picks (`engine.pick_engine`): CTranslate2 on a CPU, from
-a conversion cached in the run (`ct2_engine`), else tmt's torch model (`torch_engine`).
-
-Greedy output is the same on both engines. Beam search on CTranslate2 ranks its beams with its own
-length penalty (log-prob / length^α), so a beam's best may differ from torch's on close calls;
-scores are tmt's on both (log-prob, EOS included, over ((5 + length) / 6)^α).
-"""
+"""`Translator.from_run(path).translate(lines)`: a trained run's translations (greedy, beam search or
+sampling) on the engine `decode.engine` picks: CTranslate2 on a CPU (`ct2_engine`), else torch
+(`torch_engine`). Greedy output is the same on both; so are scores, tmt's (`hypotheses.Hypothesis`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import importlib.util
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from transformer_mt.config.loading import config_from_dict
-from transformer_mt.config.schema import Config
+from transformer_mt.config.schema import Config, DecodeConfig
 from transformer_mt.core.errors import CheckpointError, ConfigError, TmtError, UsageError
 from transformer_mt.data.tokenization import EOS, TokenizerPair
-from transformer_mt.decode.ct2_engine import Conversion, CT2Engine, conversion_dir, convert, find_conversion
-from transformer_mt.decode.engine import Engine, ctranslate2_device, has_ctranslate2, pick_engine
-from transformer_mt.runs.run_files import find_checkpoint, latest_run  # noqa: F401  (latest_run: callers import it here)
+from transformer_mt.decode.ct2_engine import CT2Engine, conversion_dir, convert, find_conversion
+from transformer_mt.decode.hypotheses import Hypothesis
+from transformer_mt.runs.run_files import find_checkpoint
 
 if TYPE_CHECKING:
     import torch
@@ -31,6 +26,53 @@ if TYPE_CHECKING:
     from transformer_mt.runs.loading import LoadedRun
 
 logger = logging.getLogger(__name__)
+
+
+class Engine(Protocol):
+    """Decodes source ids (no special tokens; cut to `model.max_len - 1` and given an EOS inside) in
+    length-sorted batches of `decode.batch_tokens`, results in input order: each source's best
+    translation (`translate`; beam 1: greedy), its `n_best` best, best first, or with `sampling`
+    `n_best` samples (`hypotheses`); the head-averaged cross-attention (T + 1, S + 1) of decoder
+    `layer` producing `hyp_ids` + EOS."""
+
+    name: str  # "torch" or "ctranslate2"
+    device: str  # "cpu", "cuda" or "mps"
+
+    def translate(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int,
+                  progress: bool) -> list[list[int]]: ...
+
+    def hypotheses(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, n_best: int,
+                   sampling: Sampling | None, progress: bool) -> list[list[Hypothesis]]: ...
+
+    def cross_attention(self, src_ids: list[int], hyp_ids: list[int], layer: int): ...
+
+
+def has_ctranslate2() -> bool:
+    """Whether the `ctranslate2` package is installed (without importing it)."""
+    return importlib.util.find_spec("ctranslate2") is not None
+
+
+def pick_engine(setting: str, device: str) -> str:
+    """The engine `decode.engine: setting` runs on `--device device`: "torch" or "ctranslate2"
+    (auto: CTranslate2 on a CPU when it is installed, torch with its CUDA graphs on a GPU)."""
+    if setting == "torch":
+        return "torch"
+    if setting == "ctranslate2":
+        if not has_ctranslate2():
+            raise UsageError("decode.engine: ctranslate2 needs the ctranslate2 package (pip install ctranslate2); "
+                             "or translate with --engine torch")
+        if device == "mps":
+            raise UsageError("--device mps: CTranslate2 runs on a CPU or CUDA; use --engine torch on mps")
+        return "ctranslate2"
+    if device not in ("auto", "cpu") or not has_ctranslate2():
+        return "torch"
+    return "torch" if device == "auto" and _cuda_devices() > 0 else "ctranslate2"
+
+
+def _cuda_devices() -> int:
+    import ctranslate2  # asks the CUDA driver without importing torch
+
+    return ctranslate2.get_cuda_device_count()
 
 
 class Translator:
@@ -42,6 +84,7 @@ class Translator:
         self.cfg = cfg  # the run's config: decoding settings, and data for `tmt evaluate --split`
         self.run_dir = run_dir
         self.checkpoint = checkpoint  # the weights' file, which names `tmt evaluate`'s output
+        self.max_len = cfg.model.max_len  # sources are cut to max_len - 1 tokens and EOS
         self._warn_quantize_ignored()
 
     @classmethod
@@ -50,16 +93,13 @@ class Translator:
         """Load a run directory (its checkpoint as `load_run` chooses it) on `engine` (auto, torch or
         ctranslate2; None: the run's `decode.engine`). On CTranslate2 a conversion cached for this
         checkpoint loads without torch; the first use converts it."""
-        if checkpoint is not None:
-            return cls._from_checkpoint(run_dir, checkpoint, device, engine)
-        for _ in range(2):  # a trainer may delete the newest step checkpoint (keep_last) while it is read
-            chosen = find_checkpoint(run_dir)
+        for attempt in range(3):  # a trainer may delete the newest step checkpoint (keep_last) as it is read
+            chosen = checkpoint or find_checkpoint(run_dir)
             try:
                 return cls._from_checkpoint(run_dir, chosen, device, engine)
             except CheckpointError:
-                if chosen.exists():
+                if checkpoint is not None or chosen.exists() or attempt == 2:
                     raise
-        return cls._from_checkpoint(run_dir, find_checkpoint(run_dir), device, engine)
 
     @classmethod
     def _from_checkpoint(cls, run_dir: Path, checkpoint: Path, device: str, engine: str | None) -> Translator:
@@ -70,13 +110,13 @@ class Translator:
                 cache = conversion_dir(run_dir, checkpoint, tokenizers.fingerprint())
             except OSError:  # a checkpoint missing or unreadable: torch's loader says so
                 pass
-            conversion = find_conversion(cache) if cache is not None else None
+            info = find_conversion(cache) if cache is not None else None
             try:  # the checkpoint's config, valid when it was converted
-                cfg = config_from_dict(conversion.info["config"]) if conversion is not None else None
+                cfg = config_from_dict(info["config"]) if info is not None else None
             except ConfigError:  # else torch's loader says what is wrong with it
                 cfg = None
             if cfg is not None and pick_engine(engine or cfg.decode.engine, device) == "ctranslate2":
-                return cls._on_ctranslate2(conversion, tokenizers, cfg, run_dir, checkpoint, device)
+                return cls._on_ctranslate2(cache, info, tokenizers, cfg, run_dir, checkpoint, device)
         from transformer_mt.runs.loading import load_run
 
         run = load_run(run_dir, checkpoint, tokenizers)
@@ -84,8 +124,8 @@ class Translator:
         if pick_engine(setting, device) == "ctranslate2":
             try:
                 cache = cache or conversion_dir(run_dir, checkpoint, tokenizers.fingerprint())
-                return cls._on_ctranslate2(convert(run_dir, run, cache), tokenizers, run.cfg, run_dir, checkpoint,
-                                           device)
+                return cls._on_ctranslate2(cache, convert(run_dir, run, cache), tokenizers, run.cfg, run_dir,
+                                           checkpoint, device)
             except OSError as err:  # a run directory this user cannot write, say
                 problem = f"cannot cache a CTranslate2 conversion in {run_dir} ({err.strerror or err})"
                 if setting == "ctranslate2":
@@ -94,34 +134,33 @@ class Translator:
         return cls._on_torch(run, run_dir, device)
 
     @classmethod
-    def _on_ctranslate2(cls, conversion: Conversion, tokenizers: TokenizerPair, cfg: Config, run_dir: Path,
+    def _on_ctranslate2(cls, path: Path, info: dict, tokenizers: TokenizerPair, cfg: Config, run_dir: Path,
                         checkpoint: Path, device: str) -> Translator:
-        where = ctranslate2_device(device)
-        logger.info("loaded %s (step %d%s) on CTranslate2 (%s)", checkpoint, conversion.info["step"],
-                    ", EMA weights" if conversion.info["which"] == "ema" else "", where)
-        return cls(CT2Engine(conversion.path, where, cfg.model.max_len), tokenizers, cfg, run_dir, checkpoint)
+        where = "cuda" if device == "cuda" or (device == "auto" and _cuda_devices() > 0) else "cpu"
+        logger.info("loaded %s (step %d%s) on CTranslate2 (%s)", checkpoint, info["step"],
+                    ", EMA weights" if info["which"] == "ema" else "", where)
+        return cls(CT2Engine(path, where, cfg.model.max_len), tokenizers, cfg, run_dir, checkpoint)
 
     @classmethod
     def _on_torch(cls, run: LoadedRun, run_dir: Path, device: str) -> Translator:
-        from transformer_mt.core.runtime import pick_device, warn_attention_fallbacks
+        from transformer_mt.core.runtime import pick_device, pick_precision, warn_attention_fallbacks
         from transformer_mt.decode.torch_engine import TorchEngine
 
         torch_device = pick_device(device)
         logger.info("loaded %s (step %d%s) on %s", run.checkpoint, run.step, ", EMA weights" if run.which == "ema"
                     else "", torch_device)
         warn_attention_fallbacks(torch_device, {"decode.attention_backend": run.cfg.decode.attention_backend})
-        engine = TorchEngine(run.model.to(torch_device), torch_device, _precision_for(run.cfg, torch_device))
+        try:  # the run's training precision (as validation used it) where this device allows it
+            precision = pick_precision(run.cfg.train.precision, torch_device)
+        except UsageError:  # e.g. an fp16 run translated on a CPU
+            precision = pick_precision("auto", torch_device)
+        engine = TorchEngine(run.model.to(torch_device), torch_device, precision)
         return cls(engine, run.tokenizers, run.cfg, run_dir, run.checkpoint)
 
     @property
     def device(self) -> str:
         """Where the engine decodes: "cpu", "cuda" or "mps"."""
         return self.engine.device
-
-    @property
-    def max_len(self) -> int:
-        """The model's positions: sources are cut to max_len - 1 tokens and EOS."""
-        return self.cfg.model.max_len
 
     def set_decoding(self, **settings) -> None:
         """Decode with other `decode.*` settings than the run's, e.g. `length_penalty=1.0`."""
@@ -139,33 +178,22 @@ class Translator:
             logger.warning("decode.quantize: %s applies to CPU decoding only; decoding on %s unquantised",
                            self.cfg.decode.quantize, self.device)
 
-    def _check_quantize(self) -> None:
-        if self.quantized and self.engine.name == "torch":
-            raise UsageError(f"decode.quantize: {self.quantized} decodes on the ctranslate2 engine (pip install "
-                             "ctranslate2); the torch engine decodes in fp32: leave out --engine torch or --quantize")
-
     def translate(self, lines: list[str], beam_size: int | None = None, progress: bool = False) -> list[str]:
-        """Translate each line (beam size: `beam_size`, else the run's `decode.beam_size`).
-
-        An empty line gives an empty line; a line longer than the model allows is truncated
-        with a warning.
-        """
-        self._check_quantize()
-        texts = [line.strip() for line in lines]
-        hyp_ids = self.engine.translate(self._encode_src(texts), self.cfg.decode, self._beam(beam_size), progress)
+        """Translate each line (beam size: `beam_size`, else the run's `decode.beam_size`); an empty
+        line gives an empty line, one longer than the model allows is truncated with a warning."""
+        texts, src_ids = self._sources(lines)
+        hyp_ids = self.engine.translate(src_ids, self.cfg.decode, self._beam(beam_size), progress)
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         return [hyp if text else "" for text, hyp in zip(texts, hypotheses)]
 
     def translate_n_best(self, lines: list[str], n_best: int = 1, beam_size: int | None = None,
                          sampling: Sampling | None = None, progress: bool = False) -> list[list[Translation]]:
-        """Each line's `n_best` translations with their scores: the best of beam search, best
-        first (beam 1 is greedy decoding; the first is what `translate` gives), or with
-        `sampling`, samples in the order drawn. An empty line gets one empty translation, scored 0.
-        """
-        self._check_quantize()
-        texts = [line.strip() for line in lines]
-        hypotheses = self.engine.hypotheses(self._encode_src(texts), self.cfg.decode, self._beam(beam_size), n_best,
-                                            sampling, progress)
+        """Each line's `n_best` translations with their scores: the best of beam search, best first
+        (beam 1: greedy; the first is what `translate` gives), or with `sampling`, samples in the order
+        drawn. An empty line gets one empty translation, scored 0."""
+        texts, src_ids = self._sources(lines)
+        hypotheses = self.engine.hypotheses(src_ids, self.cfg.decode, self._beam(beam_size), n_best, sampling,
+                                            progress)
         results = []
         for text, hyps in zip(texts, hypotheses):
             if not text:
@@ -177,15 +205,11 @@ class Translator:
         return results
 
     def attention(self, line: str, layer: int = -1, beam_size: int | None = None) -> AttentionMap:
-        """Translate one line and return where decoder layer `layer` (-1: the last) looked (the
-        torch engine's model).
+        """Translate one line and return where decoder layer `layer` (-1: the last) of the torch
+        engine's model looked; a line too long is truncated with a warning, as in `translate`."""
+        from transformer_mt.decode.plotting import cross_attention_labels
 
-        A line longer than the model allows is truncated with a warning, as in `translate`.
-        """
-        from transformer_mt.decode.evaluation import cross_attention_labels
-
-        self._check_quantize()
-        src_ids = self._encode_src([line.strip()])[0][: self.max_len - 1]  # as the engines cut it
+        src_ids = self._sources([line])[1][0][: self.max_len - 1]  # as the engines cut it
         hyp_ids = self.engine.translate([src_ids], self.cfg.decode, self._beam(beam_size), False)[0]
         weights = self.engine.cross_attention(src_ids, hyp_ids, layer)
         src_pieces, tgt_pieces = cross_attention_labels(
@@ -195,13 +219,17 @@ class Translator:
     def _beam(self, beam_size: int | None) -> int:
         return self.cfg.decode.beam_size if beam_size is None else beam_size
 
-    def _encode_src(self, texts: list[str]) -> list[list[int]]:
-        """Source ids of `texts`, warning about those longer than model.max_len (decoding truncates them)."""
+    def _sources(self, lines: list[str]) -> tuple[list[str], list[list[int]]]:
+        """The stripped lines and their source ids, warning of those longer than model.max_len (cut)."""
+        if self.quantized and self.engine.name == "torch":
+            raise UsageError(f"decode.quantize: {self.quantized} decodes on the ctranslate2 engine (pip install "
+                             "ctranslate2); the torch engine decodes in fp32: leave out --engine torch or --quantize")
+        texts = [line.strip() for line in lines]
         src_ids = self.tokenizers.encode_src(texts)
         too_long = sum(len(ids) >= self.max_len for ids in src_ids)
         if too_long:
             logger.warning("%d input(s) longer than model.max_len=%d tokens were truncated", too_long, self.max_len)
-        return src_ids
+        return texts, src_ids
 
 
 @dataclass(frozen=True)
@@ -222,32 +250,3 @@ class AttentionMap:
     tgt_pieces: list[str]
     translation: str
 
-
-def format_translations(lines: list[str], results: list[list[Translation]], *, jsonl: bool, numbered: bool,
-                        scores: bool, first_number: int = 0) -> list[str]:
-    """The output lines of `translate --n-best/--scores/--format` (README: "n-best lists and scores").
-
-    jsonl: one JSON object per source line (source, hypotheses, scores, tokens). Text: one line
-    per translation, TAB-separated: `[<sentence number>]` (from `first_number`, when `numbered`),
-    `[<score>]` (4 decimals, with `scores`), then the translation.
-    """
-    if jsonl:
-        return [json.dumps({"source": line, "hypotheses": [t.text for t in translations],
-                            "scores": [t.score for t in translations], "tokens": [t.tokens for t in translations]},
-                           ensure_ascii=False) for line, translations in zip(lines, results)]
-    outputs = []
-    for number, translations in enumerate(results, start=first_number):
-        for translation in translations:
-            fields = ([str(number)] if numbered else []) + ([f"{translation.score:.4f}"] if scores else [])
-            outputs.append("\t".join(fields + [translation.text]))
-    return outputs
-
-
-def _precision_for(cfg: Config, device: torch.device):
-    """The run's training precision (as validation used it) where this device allows it, else auto."""
-    from transformer_mt.core.runtime import pick_precision
-
-    try:
-        return pick_precision(cfg.train.precision, device)
-    except UsageError:  # e.g. an fp16 run translated on a CPU
-        return pick_precision("auto", device)

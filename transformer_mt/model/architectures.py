@@ -1,6 +1,5 @@
-"""The one place that builds a translation model from a config, and the interface the rest of tmt
-uses of a model (decoding, training's FLOP count, checkpoints). A second architecture is one
-module of its own plus a line in `build_model`."""
+"""The interface tmt uses of a translation model, and `build_model`, the one place that builds one
+(a second architecture: a module of its own plus a line there)."""
 
 from __future__ import annotations
 
@@ -11,8 +10,7 @@ import numpy as np
 import torch
 
 from transformer_mt.config.schema import ModelConfig
-from transformer_mt.model.kv_cache import KVCache
-from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer import KVCache, Transformer
 
 
 class TranslationModel(Protocol):

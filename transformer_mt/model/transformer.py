@@ -1,15 +1,6 @@
-"""The encoder-decoder Transformer (Vaswani et al. 2017), written for clarity.
-
-One forward pass serves training, validation and translation. Position-wise layers (projections,
-FFN, LayerNorm, dropout) run on the rows of a `Packing`: the real tokens of a batch, (N, D); only
-attention sees the batch as sentences, through `attend`. Translation runs the same layers one
-position at a time on a static key/value cache (`kv_cache.KVCache`), so a step can be captured
-as a CUDA graph.
-
-Masks are boolean and mean **True = may attend / real token**. The model knows nothing of
-tokenizers or data: vocabulary sizes and `pad_id` come in as arguments. Shapes: B batch, S source
-length, T target length, L either, N rows (tokens), D d_model, H heads, Dh head dim, V vocabulary.
-"""
+"""The encoder-decoder Transformer (Vaswani et al. 2017): one forward pass for training, validation and
+translation, and the key/value cache of its incremental decoding. Masks: True = may attend / real token.
+Shapes: B batch, S source, T target, L either length, N rows, D d_model, H heads, Dh head dim, V vocabulary."""
 
 from __future__ import annotations
 
@@ -23,7 +14,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer_mt.config.schema import ModelConfig
-from transformer_mt.model.kv_cache import KVCache, LayerCache
 
 
 def sinusoidal_positions(length: int, d_model: int) -> torch.Tensor:
@@ -38,12 +28,8 @@ def sinusoidal_positions(length: int, d_model: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Packing:
-    """Which positions of a right-padded (B, L) batch are the model's rows, in row-major order.
-
-    `Packing.of` keeps the real tokens only (N = their count), so no layer computes on padding;
-    `Packing.dense` keeps every position (N = B·L), whose shapes depend on B and L alone (a CUDA
-    graph or a compiled step needs that). Rows compute the same values either way.
-    """
+    """Which positions of a right-padded (B, L) batch are the model's rows, in row-major order:
+    the real tokens (`of`, no compute on padding) or every position (`dense`, fixed shapes)."""
 
     mask: torch.Tensor  # (B, L) bool, True = real token
     index: torch.Tensor | None  # (N,) long: b·L + l of each row; None: every position is a row
@@ -82,26 +68,79 @@ class Packing:
         return self.index % L
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None, causal: bool,
-           dropout: float) -> torch.Tensor:
-    """softmax(q·kᵀ/√Dh)·v: q (B, H, Tq, Dh) over k, v (B, H, Tk, Dh) -> (B, Tq, H·Dh).
+@dataclass
+class LayerCache:
+    """One decoder layer's view of the cache for one step. R rows, H heads, C capacity, S source length."""
 
-    key_mask (B or 1, Tk) bool or None; `causal` lets query i see keys 0..i (Tq == Tk). SDPA picks
-    its kernel (flash, memory-efficient, math) within `runtime.AttentionKernels`.
-    """
-    B, H, Tq, Dh = q.shape
-    attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Tk)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, dropout_p=dropout)
-    return out.transpose(1, 2).reshape(B, Tq, H * Dh)  # (B, Tq, D)
+    self_k: torch.Tensor  # (R, H, C, Dh)
+    self_v: torch.Tensor  # (R, H, C, Dh)
+    cross_k: torch.Tensor  # (R, H, S, Dh), projected from the encoder memory once
+    cross_v: torch.Tensor  # (R, H, S, Dh)
+    position: torch.Tensor  # (1,) long: the position this step writes
+    key_mask: torch.Tensor  # (1, C) bool: the positions written so far, this one included
+
+    def write_self(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Write the new position's k, v (R, H, 1, Dh); return all keys, values (R, H, C, Dh), the key mask."""
+        self.self_k.index_copy_(2, self.position, k)
+        self.self_v.index_copy_(2, self.position, v)
+        return self.self_k, self.self_v, self.key_mask
+
+
+@dataclass
+class KVCache:
+    """Keys and values of past decoding steps for R rows (a sentence's rows neighbours), preallocated
+    for the length cap and written by position index: every step has the same shapes (a CUDA graph)."""
+
+    self_kv: torch.Tensor  # (layers, 2, R, H, C, Dh): self-attention keys, then values
+    cross_k: list[torch.Tensor]  # per layer (R, H, S, Dh)
+    cross_v: list[torch.Tensor]
+    src_mask: torch.Tensor  # (R, S) bool, True = real source token
+    new_positions: torch.Tensor  # (R, 1) bool, all True: one new position per row and step
+    position: torch.Tensor  # (1,) long: the target position the next step writes
+    slots: torch.Tensor  # (1, C) long: 0 .. C - 1
+
+    @classmethod
+    def start(cls, cross: list[tuple[torch.Tensor, torch.Tensor]], src_mask: torch.Tensor, capacity: int,
+              rows_per_sentence: int = 1) -> KVCache:
+        """An empty cache from each layer's cross-attention keys and values (B, H, S, Dh) and
+        src_mask (B, S), each sentence repeated `rows_per_sentence` times."""
+        n = rows_per_sentence
+        cross_k = [k.repeat_interleave(n, dim=0) for k, _ in cross]
+        cross_v = [v.repeat_interleave(n, dim=0) for _, v in cross]
+        R, H, _, Dh = cross_k[0].shape
+        device = src_mask.device
+        return cls(cross_k[0].new_zeros(len(cross), 2, R, H, capacity, Dh), cross_k, cross_v,
+                   src_mask.repeat_interleave(n, dim=0), torch.ones(R, 1, dtype=torch.bool, device=device),
+                   torch.zeros(1, dtype=torch.long, device=device), torch.arange(capacity, device=device)[None, :])
+
+    def layers(self) -> list[LayerCache]:
+        """Each decoder layer's view for this step, sharing one key mask."""
+        key_mask = self.slots <= self.position
+        return [LayerCache(kv[0], kv[1], k, v, self.position, key_mask)
+                for kv, k, v in zip(self.self_kv, self.cross_k, self.cross_v)]
+
+    def reorder(self, rows: torch.Tensor, written: int | None = None) -> None:
+        """Row r takes the self-attention keys and values of row rows[r] (R,) long, in place, at the
+        first `written` positions (None: all C, for fixed shapes); the source side stays."""
+        kv = self.self_kv[..., :written, :]
+        kv.copy_(kv.index_select(2, rows))
+
+    def select(self, rows: torch.Tensor, written: int | None = None) -> KVCache:
+        """A cache of rows `rows` (R',) long alone, at the same position (`written` as in `reorder`)."""
+        self_kv = self.self_kv.new_zeros(*self.self_kv.shape[:2], len(rows), *self.self_kv.shape[3:])
+        self_kv[..., :written, :] = self.self_kv[..., :written, :].index_select(2, rows)
+        return KVCache(self_kv, [k.index_select(0, rows) for k in self.cross_k],
+                       [v.index_select(0, rows) for v in self.cross_v], self.src_mask.index_select(0, rows),
+                       self.new_positions[:len(rows)], self.position, self.slots)
 
 
 class MultiHeadAttention(nn.Module):
     """Scaled dot-product attention over H heads (§3.2.2); subclasses project its inputs."""
 
-    def __init__(self, n_heads: int, dropout: float):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_heads = n_heads
-        self.dropout = dropout
+        self.n_heads = cfg.n_heads
+        self.dropout = cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout
 
     def split_heads(self, x: torch.Tensor, parts: int = 1) -> tuple[torch.Tensor, ...]:
         """x (B, L, parts·D), e.g. fused projections -> `parts` tensors (B, H, L, Dh)."""
@@ -111,25 +150,27 @@ class MultiHeadAttention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
                causal: bool = False) -> torch.Tensor:
-        """`attend` with this layer's dropout while training -> (B, Tq, D)."""
-        return attend(q, k, v, key_mask, causal, self.dropout if self.training else 0.0)
+        """softmax(q·kᵀ/√Dh)·v: q (B, H, Tq, Dh) over k, v (B, H, Tk, Dh) -> (B, Tq, H·Dh); key_mask
+        (B or 1, Tk) bool or None; `causal`: query i sees keys 0..i. The one attention of the model."""
+        B, H, Tq, Dh = q.shape
+        attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Tk)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
+                                             dropout_p=self.dropout if self.training else 0.0)
+        return out.transpose(1, 2).reshape(B, Tq, H * Dh)
 
 
 class SelfAttention(MultiHeadAttention):
     """Attention of a sequence over itself; one (3D, D) projection gives queries, keys and values."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float):
-        super().__init__(n_heads, dropout)
-        self.qkv_proj = linear(d_model, 3 * d_model, blocks=3)  # rows: q, k, v
-        self.out_proj = linear(d_model, d_model)
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.qkv_proj = linear(cfg.d_model, 3 * cfg.d_model, blocks=3)  # rows: q, k, v
+        self.out_proj = linear(cfg.d_model, cfg.d_model)
 
     def forward(self, x: torch.Tensor, packing: Packing, causal: bool = False,
                 cache: LayerCache | None = None) -> torch.Tensor:
-        """Rows x (N, D) attend over their sentences -> (N, D).
-
-        With a cache, each sentence has one new position: its key and value are written into the
-        cache and it attends over every position written so far.
-        """
+        """Rows x (N, D) attend over their sentences -> (N, D); with a cache, one new position per
+        sentence, written into it, attends over every position written so far."""
         q, k, v = self.split_heads(packing.pad(self.qkv_proj(x)), 3)  # (B, H, L, Dh) each
         # Target padding sits at the end: under the causal mask no real query sees a pad.
         key_mask = None if causal else packing.mask
@@ -142,16 +183,15 @@ class SelfAttention(MultiHeadAttention):
 class CrossAttention(MultiHeadAttention):
     """Attention of target positions over the encoder memory; one (2D, D) projection gives keys and values."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float):
-        super().__init__(n_heads, dropout)
-        self.q_proj = linear(d_model, d_model)
-        self.kv_proj = linear(d_model, 2 * d_model, blocks=2)  # rows: k, v
-        self.out_proj = linear(d_model, d_model)
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.q_proj = linear(cfg.d_model, cfg.d_model)
+        self.kv_proj = linear(cfg.d_model, 2 * cfg.d_model, blocks=2)  # rows: k, v
+        self.out_proj = linear(cfg.d_model, cfg.d_model)
 
     def keys_values(self, memory: torch.Tensor, src: Packing) -> tuple[torch.Tensor, torch.Tensor]:
         """Memory rows (Ns, D) -> keys and values (B, H, S, Dh) each."""
-        k, v = self.split_heads(src.pad(self.kv_proj(memory)), 2)
-        return k, v
+        return self.split_heads(src.pad(self.kv_proj(memory)), 2)
 
     def forward(self, y: torch.Tensor, memory: torch.Tensor | None, tgt: Packing, src: Packing,
                 cache: LayerCache | None = None) -> torch.Tensor:
@@ -162,8 +202,7 @@ class CrossAttention(MultiHeadAttention):
 
     def attention_weights(self, y: torch.Tensor, memory: torch.Tensor, tgt: Packing, src: Packing,
                           cache: LayerCache | None = None) -> torch.Tensor:
-        """The probabilities `forward` attends with, (B, H, T, S), for inspection and plots
-        (SDPA never materialises them)."""
+        """The probabilities `forward` attends with, (B, H, T, S), for plots (SDPA never makes them)."""
         (q,) = self.split_heads(tgt.pad(self.q_proj(y)))  # (B, H, T, Dh)
         k, _ = self.keys_values(memory, src)  # (B, H, S, Dh)
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, S)
@@ -174,11 +213,11 @@ class CrossAttention(MultiHeadAttention):
 class FeedForward(nn.Module):
     """Position-wise feed-forward network (§3.3): Linear -> ReLU -> dropout -> Linear."""
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.linear1 = linear(d_model, d_ff)
-        self.linear2 = linear(d_ff, d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.linear1 = linear(cfg.d_model, cfg.d_ff)
+        self.linear2 = linear(cfg.d_ff, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout if cfg.activation_dropout is None else cfg.activation_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear2(self.dropout(F.relu(self.linear1(x))))
@@ -187,11 +226,11 @@ class FeedForward(nn.Module):
 class Residual(nn.Module):
     """A sublayer wrapped with dropout, the residual sum and LayerNorm (pre- or post-norm, §5.4)."""
 
-    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
-        self.pre_norm = pre_norm
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.pre_norm = cfg.norm == "pre"
 
     def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
         if self.pre_norm:
@@ -199,26 +238,13 @@ class Residual(nn.Module):
         return self.norm(x + self.dropout(sublayer(x)))
 
 
-def attention_dropout(cfg: ModelConfig) -> float:
-    """Dropout on attention probabilities: `model.attention_dropout`, else `model.dropout`."""
-    return cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout
-
-
-def activation_dropout(cfg: ModelConfig) -> float:
-    """Dropout on the FFN's hidden activations: `model.activation_dropout`, else `model.dropout`."""
-    return cfg.dropout if cfg.activation_dropout is None else cfg.activation_dropout
-
-
 class EncoderLayer(nn.Module):
     """Self-attention over the source, then the feed-forward network (§3.1)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        pre = cfg.norm == "pre"
-        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, attention_dropout(cfg))
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation_dropout(cfg))
-        self.attn_block = Residual(cfg.d_model, cfg.dropout, pre)
-        self.ffn_block = Residual(cfg.d_model, cfg.dropout, pre)
+        self.self_attn, self.ffn = SelfAttention(cfg), FeedForward(cfg)
+        self.attn_block, self.ffn_block = Residual(cfg), Residual(cfg)
 
     def forward(self, x: torch.Tensor, src: Packing) -> torch.Tensor:
         """Source rows x (Ns, D) -> (Ns, D)."""
@@ -231,13 +257,8 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        pre = cfg.norm == "pre"
-        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, attention_dropout(cfg))
-        self.cross_attn = CrossAttention(cfg.d_model, cfg.n_heads, attention_dropout(cfg))
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, activation_dropout(cfg))
-        self.self_block = Residual(cfg.d_model, cfg.dropout, pre)
-        self.cross_block = Residual(cfg.d_model, cfg.dropout, pre)
-        self.ffn_block = Residual(cfg.d_model, cfg.dropout, pre)
+        self.self_attn, self.cross_attn, self.ffn = SelfAttention(cfg), CrossAttention(cfg), FeedForward(cfg)
+        self.self_block, self.cross_block, self.ffn_block = Residual(cfg), Residual(cfg), Residual(cfg)
 
     def forward(self, y: torch.Tensor, memory: torch.Tensor | None, tgt: Packing, src: Packing,
                 cache: LayerCache | None = None) -> torch.Tensor:
@@ -281,8 +302,7 @@ class Transformer(nn.Module):
             self.output_proj.weight = self.tgt_embed.weight
 
     def _init_weights(self) -> None:
-        # Xavier-uniform matrices, per block of a fused projection (each starts like a separate
-        # layer); zero biases; embeddings N(0, D^-1/2), which the sqrt(D) scale brings to unit size.
+        # Xavier-uniform per block of a fused projection; zero biases; embeddings N(0, D^-1/2).
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 for block in module.weight.data.chunk(getattr(module, "blocks", 1), dim=0):
@@ -322,12 +342,8 @@ class Transformer(nn.Module):
 
     def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, pack: bool = True) -> torch.Tensor:
         """Teacher-forced logits of the target rows: src_ids (B, S), tgt_in_ids (B, T) -> (Nt, V).
-
-        `pack=True`: the rows are the real target tokens (`tgt_in_ids != pad_id`, row-major);
-        False: every position (Nt = B·T), for fixed shapes. The logits take autocast's dtype
-        (a loss computes in fp32 itself), except under fp16, whose range the projection's
-        weight gradient would overflow at GradScaler's loss scales.
-        """
+        `pack`: the rows are the real target tokens, else every position (Nt = B·T). The logits take
+        autocast's dtype, except fp32 under fp16 (the projection's weight gradient would overflow)."""
         packed = Packing.of if pack else Packing.dense
         src, tgt = packed(src_ids != self.pad_id), packed(tgt_in_ids != self.pad_id)
         states = self.decode(tgt_in_ids, tgt, self.encode(src_ids, src), src)  # (Nt, D)
@@ -337,15 +353,13 @@ class Transformer(nn.Module):
         return self.output_proj(states)
 
     def logits(self, states: torch.Tensor) -> torch.Tensor:
-        """Decoder states (N, D) -> fp32 logits (N, V), even under autocast: decoding ranks tokens
-        by them, and bf16's 8 mantissa bits would tie or swap close candidates."""
+        """Decoder states (N, D) -> fp32 logits (N, V), even under autocast (bf16 would tie close tokens)."""
         with torch.autocast(device_type=states.device.type, enabled=False):
             return self.output_proj(states.float())
 
     def new_cache(self, src_ids: torch.Tensor, capacity: int, rows_per_sentence: int = 1) -> KVCache:
-        """Encode src_ids (B, S) (every position, no host sync) into a cache for decoding up to
-        `capacity` target positions, with `rows_per_sentence` neighbouring rows per sentence
-        (beams or samples), R = B·rows_per_sentence."""
+        """Encode src_ids (B, S) (no host sync) into a cache for up to `capacity` target positions,
+        with `rows_per_sentence` neighbouring rows per sentence (beams or samples)."""
         self.check_length(capacity)
         src = Packing.dense(src_ids != self.pad_id)
         memory = self.encode(src_ids, src)  # (B·S, D)
@@ -353,21 +367,18 @@ class Transformer(nn.Module):
         return KVCache.start(cross, src.mask, capacity, rows_per_sentence)
 
     def decode_step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """One incremental decoding step: the input tokens (R,) long at position `cache.position`
-        -> fp32 logits (R, V) of the next token. Writes that position's keys and values."""
-        position = cache.position.expand(tokens.shape[0])  # (R,)
-        y = self.embed(self.tgt_embed, tokens, position)  # (R, D)
+        """Input tokens (R,) long at `cache.position` -> fp32 logits (R, V) of the next token;
+        writes that position's keys and values."""
+        y = self.embed(self.tgt_embed, tokens, cache.position.expand(tokens.shape[0]))  # (R, D)
         tgt, src = Packing.dense(cache.new_positions), Packing.dense(cache.src_mask)  # one position per row
-        for i, layer in enumerate(self.decoder_layers):
-            y = layer(y, None, tgt, src, cache.layer(i))
+        for layer, layer_cache in zip(self.decoder_layers, cache.layers()):
+            y = layer(y, None, tgt, src, layer_cache)
         return self.logits(self.decoder_norm(y))
 
     @torch.no_grad()
     def cross_attention(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, layer: int = -1) -> torch.Tensor:
-        """Cross-attention probabilities of decoder layer `layer` under teacher forcing, (B, H, T, S).
-
-        Row t is where the decoder looks when predicting target token t (`tgt_in_ids` shifted).
-        """
+        """Cross-attention probabilities of decoder layer `layer` under teacher forcing, (B, H, T, S):
+        row t is where the decoder looks when predicting target token t."""
         captured = []
         attention = self.decoder_layers[layer].cross_attn
         hook = attention.register_forward_hook(
@@ -383,30 +394,13 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def train_flops(self, src_lengths: Sequence[int] | np.ndarray, tgt_lengths: Sequence[int] | np.ndarray) -> float:
-        """Model FLOPs of one training step (forward + backward) over real tokens, padding excluded.
-
-        `src_lengths` / `tgt_lengths`: tokens per sentence including EOS (source) and BOS/EOS
-        (target). With D = d_model, F = d_ff, Le and Ld the encoder's and the decoder's layers,
-        V = target vocabulary, S and T a sentence's lengths, and 6 FLOPs per parameter per token
-        for a matmul's forward and backward:
-
-        - encoder layers, per source token: 6 · Le · (4D² + 2DF)
-        - decoder layers, per target token: 6 · Ld · (6D² + 2DF)  (self q, k, v, out; cross q, out; FFN)
-        - cross-attention keys and values, per source token: 6 · Ld · 2D²
-        - output projection, per target token: 6 · D · V
-        - attention scores and weighted sums, per sentence: 12 · D · (Le·S² + Ld·(T² + T·S))
-          (the causal square counted whole, as PaLM's MFU does)
-
-        Embeddings, LayerNorms, softmax and the loss are left out (not matmuls).
-        """
+        """Matmul FLOPs of one training step (forward + backward, 6 per parameter and token) over
+        sentences of these lengths (with EOS; BOS/EOS for targets), padding excluded. Attention
+        counts the causal square whole, as PaLM's MFU does; embeddings, norms and softmax are left out."""
         D, F, V = self.cfg.d_model, self.cfg.d_ff, self.output_proj.weight.shape[0]
         Le, Ld = len(self.encoder_layers), len(self.decoder_layers)
-        S = np.asarray(src_lengths, dtype=np.float64)
-        T = np.asarray(tgt_lengths, dtype=np.float64)
-        src_tokens, tgt_tokens = S.sum(), T.sum()
-        encoder = 6 * Le * (4 * D * D + 2 * D * F) * src_tokens
-        decoder = 6 * Ld * (6 * D * D + 2 * D * F) * tgt_tokens
-        cross_kv = 6 * Ld * 2 * D * D * src_tokens
-        output = 6 * D * V * tgt_tokens
+        S, T = np.asarray(src_lengths, dtype=np.float64), np.asarray(tgt_lengths, dtype=np.float64)
+        per_src = 6 * Le * (4 * D * D + 2 * D * F) + 6 * Ld * 2 * D * D  # encoder layers, cross k, v
+        per_tgt = 6 * Ld * (6 * D * D + 2 * D * F) + 6 * D * V  # self q, k, v, out; cross q, out; FFN; output
         attention = 12 * D * float(Le * (S * S).sum() + Ld * ((T * T).sum() + (T * S).sum()))
-        return float(encoder + decoder + cross_kv + output + attention)
+        return float(per_src * S.sum() + per_tgt * T.sum() + attention)

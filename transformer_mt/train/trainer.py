@@ -39,7 +39,7 @@ from transformer_mt.core.runtime import (
 )
 from transformer_mt.core.signals import StopRequest, sigterm_interrupts
 from transformer_mt.data.tokenization import PAD_ID, TokenizerPair
-from transformer_mt.decode.evaluation import bleu_tokenizer_problem
+from transformer_mt.decode.metrics import bleu_tokenizer_problem
 from transformer_mt.model.architectures import build_model as build_architecture
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.runs.init_from import Parent, load_parent

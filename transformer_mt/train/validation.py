@@ -22,8 +22,9 @@ from transformer_mt.data import corpus as data_module
 from transformer_mt.data.batching import sorted_batches
 from transformer_mt.data.token_cache import TokenizedSplit
 from transformer_mt.data.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair
-from transformer_mt.decode.evaluation import Scores, cross_attention_labels, cross_attention_map, score, translate_ids
-from transformer_mt.decode.plotting import attention_figure
+from transformer_mt.decode.metrics import Scores, score
+from transformer_mt.decode.plotting import attention_figure, cross_attention_labels, cross_attention_map
+from transformer_mt.decode.torch_engine import translate_ids
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.runs.checkpoint import (
     CheckpointDir,

@@ -9,13 +9,17 @@ import sys
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.core.errors import CheckpointError, UsageError
 from transformer_mt.core.files import make_parent_dir
-from transformer_mt.core.run_layout import RunDir
+from transformer_mt.core.run_layout import RunDir, find_checkpoint
 
 
 def run_average(args: argparse.Namespace) -> None:
-    from transformer_mt.runs.checkpoint import CheckpointDir, average_checkpoints, is_average_checkpoint, save_atomic
-    from transformer_mt.runs.lock import lock_if_inside
-    from transformer_mt.runs.run_files import find_checkpoint
+    from transformer_mt.runs.checkpoint import (
+        CheckpointDir,
+        average_checkpoints,
+        is_average_checkpoint,
+        save_atomic,
+    )
+    from transformer_mt.runs.run_dir import lock_if_inside
 
     setup_logging(logging.INFO)
     checkpoints = CheckpointDir(RunDir(args.run).checkpoints, keep_last=1)

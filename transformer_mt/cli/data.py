@@ -15,9 +15,9 @@ def run_data(args: argparse.Namespace) -> None:
     """Print the data report of a config without training, leaving no file behind
     (`preparation.preview_report`: with an existing run's tokenizers when they fit)."""
     from transformer_mt.config.loading import load_config
+    from transformer_mt.core.run_layout import run_dir_problem
     from transformer_mt.runs.init_from import check_parent
     from transformer_mt.runs.run_dir import data_settings_problem
-    from transformer_mt.runs.run_files import run_dir_problem
     from transformer_mt.train.preparation import preview_report
 
     setup_logging(logging.WARNING)

@@ -16,7 +16,7 @@ from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.cli.parser import STDIO, check_translate_options
 from transformer_mt.core.errors import DataError, TmtError, UsageError
 from transformer_mt.core.files import check_parent_dir, lines_to_text, make_parent_dir, write_text_atomic
-from transformer_mt.core.run_layout import RunDir
+from transformer_mt.core.run_layout import RunDir, latest_run
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -208,8 +208,6 @@ def run_evaluate(args: argparse.Namespace) -> None:
 
 
 def _load_translator(args: argparse.Namespace):
-    from transformer_mt.runs.run_files import latest_run
-
     if args.checkpoint:
         if args.checkpoint.resolve().parent.name != RunDir.CHECKPOINTS:
             raise UsageError(f"--checkpoint {args.checkpoint}: give a checkpoint inside a run's checkpoints/ "

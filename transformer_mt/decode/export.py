@@ -12,8 +12,8 @@ from pathlib import Path
 from transformer_mt.core.errors import TmtError, UsageError
 from transformer_mt.core.files import check_parent_dir, make_parent_dir
 from transformer_mt.decode.ct2_conversion import ctranslate2_spec, save_model_dir
-from transformer_mt.runs.loading import load_run
-from transformer_mt.runs.lock import lock_if_inside
+from transformer_mt.runs.checkpoint import load_run
+from transformer_mt.runs.run_dir import lock_if_inside
 
 logger = logging.getLogger(__name__)
 

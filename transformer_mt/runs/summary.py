@@ -23,8 +23,7 @@ import torch
 from transformer_mt.config.loading import read_saved_config
 from transformer_mt.config.schema import Config
 from transformer_mt.core.files import write_text_atomic
-from transformer_mt.core.run_layout import RunDir
-from transformer_mt.runs.run_files import run_folders
+from transformer_mt.core.run_layout import RunDir, run_folders
 
 PACKAGES = ("transformer-mt", "torch", "tokenizers", "datasets", "sacrebleu")
 

@@ -149,6 +149,7 @@ class CheckpointDir:
         """The step checkpoint with the highest step, or None."""
         steps = self.steps()
         return self.step_path(steps[-1]) if steps else None
+
     def save(self, state: dict, step: int, *, is_best: bool) -> None:
         """Write the step checkpoint, make it `best.pt` too when `is_best`, then delete step files
         beyond `keep_last`."""

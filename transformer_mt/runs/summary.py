@@ -1,9 +1,5 @@
-"""`runs/<name>/summary.json`: where a run came from and how it went; `tmt runs` lists them.
-
-The summary is rewritten (atomically) at every checkpoint and when training ends, so it is
-current even for a run that was killed; `status` then still says `running`, and `tmt runs`
-notices when the process that wrote it is gone.
-"""
+"""`summary.json`: where a run came from and how it went, rewritten at every checkpoint and at the
+end; `tmt runs` lists them, noticing a `running` one whose process is gone."""
 
 from __future__ import annotations
 
@@ -46,13 +42,14 @@ def provenance(cfg: Config, run_dir: Path, device: torch.device, config_dir: Pat
 
 def git_commit(directory: Path) -> str | None:
     """HEAD of the git repository holding `directory` (with `-dirty` if it has changes), else None."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(directory), *args], capture_output=True, text=True, timeout=10)
+
     try:
-        run = lambda *args: subprocess.run(["git", "-C", str(directory), *args], capture_output=True, text=True,
-                                           timeout=10)
-        head = run("rev-parse", "HEAD")
+        head = git("rev-parse", "HEAD")
         if head.returncode != 0:
             return None
-        dirty = run("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
         return head.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):  # no git installed, or it hung
         return None
@@ -65,9 +62,7 @@ def write_summary(run_dir: Path, summary: dict) -> None:
 
 
 def read_summaries(runs_dir: Path) -> list[dict]:
-    """The summaries of the runs under `runs_dir`, most recently updated first: its runs
-    (`runs/<name>`), runs grouped one folder deeper (`runs/<group>/<name>`), or `runs_dir` itself
-    when it is a run. Each row's `run` is its folder relative to `runs_dir`, or its name."""
+    """The summaries of the runs in `run_folders(runs_dir)`, most recently updated first."""
     rows = []
     for folder in run_folders(runs_dir):
         path = RunDir(folder).summary
@@ -94,9 +89,8 @@ def _row_names(folder: Path, runs_dir: Path) -> dict:
 
 
 def _before_training(folder: Path, runs_dir: Path) -> list[dict]:
-    """The row of a run that has no summary.json yet, as one gets at its first training step: its
-    data being prepared, or its start stopped before (a data error, Ctrl-C; train.log says which).
-    Only a folder tmt claimed for a run (its marker) with its config.yaml counts; none otherwise."""
+    """The row of a run claimed by tmt (its marker and config.yaml) that has no summary.json yet:
+    its data being prepared, or its start stopped before training."""
     layout = RunDir(folder)
     if not (layout.marker.is_file() and layout.config.is_file()):
         return []
@@ -137,8 +131,7 @@ def _writer_alive(summary: dict) -> bool:
 
 
 def _alive_here(host: object, pid: object) -> bool | None:
-    """Whether process `pid` of `host` still runs; None when this machine cannot tell (another
-    host's process, no pid recorded, or a pid that is not one)."""
+    """Whether process `pid` of `host` still runs; None when this machine cannot tell."""
     if host != socket.gethostname() or not pid:
         return None
     try:

@@ -458,9 +458,23 @@ def with_defaults(saved: dict) -> dict:
     return filled
 
 
-def comparable_depths(config: dict) -> dict:
-    """A config dict as two runs' settings are compared (resume, `train.init_from`): `encoder_layers`
-    and `decoder_layers` as the depths they give, `n_layers` left out."""
+def config_changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
+    """(dotted key, saved value, current value) of each setting that differs, in key order; keys a
+    saved config lacks count at their defaults, and depths as the layers they give (`n_layers: 4` =
+    `encoder_layers: 4, decoder_layers: 4`)."""
+    saved, current = _comparable_depths(with_defaults(saved)), _comparable_depths(with_defaults(current))
+    changes = []
+    for section in sorted(set(saved) | set(current)):
+        before, after = saved.get(section), current.get(section)
+        if isinstance(before, dict) and isinstance(after, dict):
+            changes += [(f"{section}.{key}", before.get(key), after.get(key))
+                        for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+        elif before != after:
+            changes.append((section, before, after))
+    return changes
+
+
+def _comparable_depths(config: dict) -> dict:
     model = config.get("model")
     if not isinstance(model, dict) or "n_layers" not in model:
         return config

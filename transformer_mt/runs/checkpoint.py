@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from transformer_mt.config.loading import config_from_dict
-from transformer_mt.config.schema import Config, comparable_depths, with_defaults
+from transformer_mt.config.schema import Config, config_changes
 from transformer_mt.core.errors import CheckpointError, ConfigError
 from transformer_mt.core.files import describe_os_error, write_atomic
 from transformer_mt.core.run_layout import BEST_NAME, checkpoint_steps, find_checkpoint, step_file_name
@@ -214,8 +214,8 @@ def average_checkpoints(paths: list[Path]) -> dict:
     for path in paths[:-1]:
         state = load_checkpoint(path)
         fingerprints = {state.get("tokenizers"), newest.get("tokenizers")} - {None}  # None: saved before them
-        if state["model_args"] != newest["model_args"] or _model_settings(state) != _model_settings(newest) \
-                or len(fingerprints) > 1:
+        other_model = any(key.startswith("model.") for key, _, _ in config_changes(state["config"], newest["config"]))
+        if state["model_args"] != newest["model_args"] or other_model or len(fingerprints) > 1:
             raise CheckpointError(f"{path}: a different model from {paths[-1].name}; only checkpoints of one "
                                   "run can be averaged")
         for name, tensor in state["model"].items():
@@ -227,12 +227,6 @@ def average_checkpoints(paths: list[Path]) -> dict:
             **({"tokenizers": newest["tokenizers"]} if newest.get("tokenizers") else {}),
             "format_version": FORMAT_VERSION, "train_state": newest.get("train_state", {}),
             "averaged_from": [path.name for path in paths]}
-
-
-def _model_settings(state: dict) -> dict:
-    """A checkpoint's model settings as a resume compares them (missing keys at their defaults, depths
-    as the layers they give)."""
-    return comparable_depths(with_defaults(state["config"]))["model"]
 
 
 def is_average_checkpoint(path: Path) -> bool:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer_mt.config.loading import user_path
-from transformer_mt.config.schema import Config, comparable_depths, config_to_dict, with_defaults
+from transformer_mt.config.schema import Config, config_changes, config_to_dict
 from transformer_mt.core.errors import CheckpointError, ConfigError, UsageError
 from transformer_mt.core.run_layout import RunDir, best_or_latest
 from transformer_mt.data.tokenization import TokenizerPair
@@ -50,22 +50,16 @@ def parent_paths(init_from: str) -> tuple[Path, Path]:
     raise UsageError(f"train.init_from: {init_from}: no such run directory or checkpoint")
 
 
-def setting_conflicts(parent_config: dict, current: dict) -> list[str]:
-    """One line per `model.*` or `tokenizer.*` key (less `TRAINING_ONLY`) whose value differs from the parent's."""
-    parent_config, current = comparable_depths(parent_config), comparable_depths(current)
-    conflicts = []
-    for section in SHARED_SECTIONS:
-        before, after = parent_config.get(section) or {}, current.get(section) or {}
-        for key in sorted(set(before) | set(after)):
-            if f"{section}.{key}" not in TRAINING_ONLY and before.get(key) != after.get(key):
-                conflicts.append(f"{section}.{key}: {before.get(key)!r} in the parent, {after.get(key)!r} here")
-    return conflicts
-
-
 def load_parent(cfg: Config) -> Parent:
     """Load the checkpoint `train.init_from` names, checked (`check_parent`)."""
     run_dir, path, state = check_parent(cfg)
-    _warn_other_languages(state["config"].get("data") or {}, cfg)
+    parent_data = state["config"].get("data") or {}
+    parent = (parent_data.get("src_lang"), parent_data.get("tgt_lang"))
+    if parent != (cfg.data.src_lang, cfg.data.tgt_lang):  # allowed, but the tokenizers know its languages
+        logger.warning("train.init_from: the parent translates %s->%s and this run %s->%s; it keeps the parent's "
+                       "tokenizers, trained on %s", *parent, cfg.data.src_lang, cfg.data.tgt_lang,
+                       "both of the parent's languages (tokenizer.joint)" if cfg.tokenizer.joint
+                       else f"its {parent[0]} text for the source and its {parent[1]} text for the target")
     weights, which = translation_weights(state)
     step = state.get("train_state", {}).get("step")
     logger.info("starting from %s (step %s, its %s weights) with a fresh optimizer and step count", path, step,
@@ -80,22 +74,14 @@ def check_parent(cfg: Config) -> tuple[Path, Path, dict]:
     and `tmt data` call it before creating anything."""
     run_dir, path = parent_paths(cfg.train.init_from)
     state = load_checkpoint(path)
-    # Keys added to tmt since the parent was written count as their defaults, as on resume.
-    if conflicts := setting_conflicts(with_defaults(state["config"]), config_to_dict(cfg)):
+    conflicts = [f"{key}: {old!r} in the parent, {new!r} here" for key, old, new in
+                 config_changes(state["config"], config_to_dict(cfg))
+                 if key.partition(".")[0] in SHARED_SECTIONS and key not in TRAINING_ONLY]
+    if conflicts:
         raise ConfigError([f"train.init_from: the model and tokenizer settings must be those of the parent "
                            f"{path} (see {RunDir(run_dir).config}); these differ:", *conflicts])
     check_tokenizers(state, _parent_tokenizers(run_dir).fingerprint(), path, run_dir)
     return run_dir, path, state
-
-
-def _warn_other_languages(parent_data: dict, cfg: Config) -> None:
-    """Warn when the parent translates another pair: this run keeps its tokenizers, trained on its languages."""
-    parent = (parent_data.get("src_lang"), parent_data.get("tgt_lang"))
-    if parent != (cfg.data.src_lang, cfg.data.tgt_lang):
-        logger.warning("train.init_from: the parent translates %s->%s and this run %s->%s; it keeps the parent's "
-                       "tokenizers, trained on %s", *parent, cfg.data.src_lang, cfg.data.tgt_lang,
-                       "both of the parent's languages (tokenizer.joint)" if cfg.tokenizer.joint
-                       else f"its {parent[0]} text for the source and its {parent[1]} text for the target")
 
 
 def copy_tokenizers(init_from: str, run_dir: Path) -> TokenizerPair:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from transformer_mt.config.loading import load_config, read_saved_config
-from transformer_mt.config.schema import Config, comparable_depths, config_to_dict, with_defaults
+from transformer_mt.config.schema import Config, config_changes, config_to_dict
 from transformer_mt.core.errors import CheckpointError, ConfigError, TmtError, UsageError
 from transformer_mt.core.files import temp_file_target
 from transformer_mt.core.run_layout import RunDir, best_or_latest, checkpoint_steps
@@ -217,24 +217,16 @@ def check_saved_config(cfg: Config, run_dir: Path) -> None:
     before a large corpus is prepared (the checkpoint's own config is checked again on resume)."""
     path = RunDir(run_dir).config
     if (saved := read_saved_config(path)) is not None:
-        resume_config_changes(with_defaults(saved), config_to_dict(cfg), path)
+        resume_config_changes(saved, config_to_dict(cfg), path)
 
 
 def resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:
     """The settings that differ from the saved ones, as `key: old -> new` lines; a `ConfigError`
     listing them when any is in `FROZEN_ON_RESUME` (less `CHANGEABLE_ON_RESUME`)."""
-    saved, current = comparable_depths(saved), comparable_depths(current)  # n_layers: 4 = encoder 4 + decoder 4
     frozen, allowed = [], []
-    for section in sorted(set(saved) | set(current)):
-        before, after = saved.get(section), current.get(section)
-        if isinstance(before, dict) and isinstance(after, dict):
-            keys = [(f"{section}.{key}", before.get(key), after.get(key)) for key in sorted(set(before) | set(after))]
-        else:
-            keys = [(section, before, after)]
-        for key, old, new in keys:
-            if old != new:
-                frozen_key = section in FROZEN_ON_RESUME and key not in CHANGEABLE_ON_RESUME
-                (frozen if frozen_key else allowed).append(f"{key}: {old!r} -> {new!r}")
+    for key, old, new in config_changes(saved, current):
+        is_frozen = key.partition(".")[0] in FROZEN_ON_RESUME and key not in CHANGEABLE_ON_RESUME
+        (frozen if is_frozen else allowed).append(f"{key}: {old!r} -> {new!r}")
     if frozen:
         raise ConfigError([f"cannot resume from {path.name}: these settings differ from the run's "
                            "(only train.*, decode.* and data.num_proc may change)"] + frozen)
@@ -254,8 +246,6 @@ def data_settings_problem(cfg: Config, run_dir: Path) -> str | None:
         saved = config_to_dict(load_config(RunDir(run_dir).config))
     except TmtError:
         return "its config.yaml cannot be read"  # train fresh tokenizers rather than guess
-    current = config_to_dict(cfg)
-    differ = ["seed"] if saved["seed"] != current["seed"] else []
-    differ += [f"{section}.{key}" for section in ("data", "tokenizer") for key in current[section]
-               if saved[section].get(key) != current[section][key]]
+    differ = [key for key, _, _ in config_changes(saved, config_to_dict(cfg))
+              if key == "seed" or key.partition(".")[0] in ("data", "tokenizer")]
     return f"its settings differ ({', '.join(differ)})" if differ else None

@@ -1,4 +1,4 @@
-"""The README's configuration reference, generated from the fields and docstrings of `config.py`."""
+"""The README's configuration reference, generated from the fields and docstrings of `schema.py`."""
 
 from __future__ import annotations
 
@@ -6,34 +6,26 @@ import ast
 import dataclasses
 import inspect
 
-from transformer_mt.config import schema as config
+from transformer_mt.config import schema
 
 
 def reference_markdown() -> str:
-    """A Markdown table per config section: key, default and the field's docstring.
-
-    Read from `config.py`'s source, so the README's configuration reference cannot drift from the
-    dataclasses (a test compares them).
-    """
-    tree = ast.parse(inspect.getsource(config))
+    """A Markdown table of every config key, its default and its field's docstring (read from the source)."""
     docs: dict[str, dict[str, str]] = {}
-    for node in tree.body:
+    for node in ast.parse(inspect.getsource(schema)).body:
         if isinstance(node, ast.ClassDef):
-            docs[node.name] = {}
-            body = node.body
-            for item, following in zip(body, body[1:] + [None]):
-                if isinstance(item, ast.AnnAssign) and isinstance(following, ast.Expr) \
-                        and isinstance(following.value, ast.Constant):
-                    docs[node.name][item.target.id] = " ".join(following.value.value.split())
-    root = config.Config()
+            docs[node.name] = {item.target.id: " ".join(following.value.value.split())
+                               for item, following in zip(node.body, node.body[1:])
+                               if isinstance(item, ast.AnnAssign) and isinstance(following, ast.Expr)
+                               and isinstance(following.value, ast.Constant)}
+    root, defaults = schema.Config(), schema.config_to_dict(schema.Config())
     lines = ["| key | default | meaning |", "| --- | --- | --- |"]
-    for f in dataclasses.fields(config.Config):
+    for f in dataclasses.fields(schema.Config):
         value = getattr(root, f.name)
         if not dataclasses.is_dataclass(value):
             lines.append(f"| `{f.name}` | `{value!r}` | {docs['Config'].get(f.name, '')} |")
             continue
         for sub in dataclasses.fields(value):
-            default = config.config_to_dict(root)[f.name][sub.name]
             meaning = docs[type(value).__name__].get(sub.name, "").replace("|", "\\|")
-            lines.append(f"| `{f.name}.{sub.name}` | `{default!r}` | {meaning} |")
+            lines.append(f"| `{f.name}.{sub.name}` | `{defaults[f.name][sub.name]!r}` | {meaning} |")
     return "\n".join(lines) + "\n"

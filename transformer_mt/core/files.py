@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from transformer_mt.core.errors import TmtError, UsageError
 
@@ -19,6 +20,14 @@ T = TypeVar("T")
 
 # `.<name>.<8 hex digits>.tmp`: the temp file `write_atomic` writes `name` through.
 _TEMP_FILE = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8}\.tmp")
+
+
+def read_json(path: Path) -> Any:
+    """`path`'s JSON, or None when it is missing or unreadable (a write cut short, say)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from transformer_mt.config.loading import load_config, read_saved_config
 from transformer_mt.config.schema import Config, config_changes, config_to_dict
 from transformer_mt.core.errors import CheckpointError, ConfigError, TmtError, UsageError
-from transformer_mt.core.files import temp_file_target
+from transformer_mt.core.files import read_json, temp_file_target
 from transformer_mt.core.run_layout import RunDir, best_or_latest, checkpoint_steps
 from transformer_mt.data.tokenization import TokenizerPair
 from transformer_mt.runs.init_from import parent_paths
@@ -106,9 +106,9 @@ class RunLock:
 def describe_owner(lock_path: Path) -> str:
     """Who holds the lock, as its lock file says: `tmt train (PID 123 on host, started ...)`."""
     try:
-        owner = json.loads(lock_path.read_text(encoding="utf-8"))
+        owner = read_json(lock_path)
         return f"{owner['purpose']} (PID {owner['pid']} on {owner['host']}, started {owner['started']})"
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return "another tmt process (its lock file names no owner yet)"
 
 
@@ -199,11 +199,8 @@ def _finished_run_results(run_dir: Path, entries: list[str]) -> list[str]:
     """The entries that show a run trained to its end: its test scores, a summary that says so."""
     found = [RunDir.EVALUATION] if RunDir.EVALUATION in entries else []
     if RunDir.SUMMARY in entries:
-        try:
-            status = json.loads(RunDir(run_dir).summary.read_text(encoding="utf-8")).get("status")
-        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-            status = None  # unreadable: a write cut short, so not a finished run
-        if status in ("finished", "stopped early"):
+        summary = read_json(RunDir(run_dir).summary)  # unreadable: a write cut short, so not a finished run
+        if isinstance(summary, dict) and summary.get("status") in ("finished", "stopped early"):
             found.append(RunDir.SUMMARY)
     return found
 

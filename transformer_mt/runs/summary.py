@@ -18,7 +18,7 @@ import torch
 
 from transformer_mt.config.loading import read_saved_config
 from transformer_mt.config.schema import Config
-from transformer_mt.core.files import write_text_atomic
+from transformer_mt.core.files import read_json, write_text_atomic
 from transformer_mt.core.run_layout import RunDir, run_folders
 
 PACKAGES = ("transformer-mt", "torch", "tokenizers", "datasets", "sacrebleu")
@@ -26,15 +26,16 @@ PACKAGES = ("transformer-mt", "torch", "tokenizers", "datasets", "sacrebleu")
 
 def provenance(cfg: Config, run_dir: Path, device: torch.device, config_dir: Path | None) -> dict:
     """What the run was made from: data, split seed, tokenizers, software, device, config's git commit."""
-    tokenizer_files = sorted(run_dir.glob("tokenizer*.json"))
     return {
         "data": {"format": cfg.data.format, "path": cfg.data.path, "hub_config": cfg.data.hub_config,
                  "revision": cfg.data.revision, "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang,
                  **({"corpora": [dataclasses.asdict(entry) for entry in cfg.data.corpora]} if cfg.data.corpora else {})},
         "split_seed": cfg.seed,
-        "tokenizers_sha256": {path.name: _sha256(path) for path in tokenizer_files},
+        "tokenizers_sha256": {path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+                              for path in sorted(run_dir.glob("tokenizer*.json"))},
         "versions": {**{name: _version(name) for name in PACKAGES}, "python": platform.python_version()},
-        "device": _device_name(device),
+        "device": (f"cuda: {torch.cuda.get_device_name(device)}" if device.type == "cuda"
+                   else f"{device.type}: {platform.processor() or platform.machine()}"),
         "config_git_commit": git_commit(config_dir) if config_dir else None,
         "host": socket.gethostname(),
     }
@@ -69,14 +70,13 @@ def read_summaries(runs_dir: Path) -> list[dict]:
         if not path.is_file():
             rows.extend(_before_training(folder, runs_dir))
             continue
-        try:
-            summary = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            summary = {"status": "unreadable summary.json"}
-        if not isinstance(summary, dict):  # valid JSON, but not what tmt writes
+        summary = read_json(path)
+        if not isinstance(summary, dict):
             summary = {"status": "unreadable summary.json"}
         summary.update(_row_names(folder, runs_dir), mtime=path.stat().st_mtime)
-        if summary.get("status") == "running" and not _writer_alive(summary):
+        provenance = summary.get("provenance")
+        host = provenance.get("host") if isinstance(provenance, dict) else None
+        if summary.get("status") == "running" and _alive_here(host, summary.get("pid")) is False:
             summary["status"] = "died (process gone)"
         rows.append(summary)
     return sorted(rows, key=lambda row: row["mtime"], reverse=True)
@@ -96,10 +96,7 @@ def _before_training(folder: Path, runs_dir: Path) -> list[dict]:
         return []
     saved = read_saved_config(layout.config) or {}
     train = saved.get("train") if isinstance(saved.get("train"), dict) else {}
-    try:
-        owner = json.loads(layout.lock.read_text(encoding="utf-8"))  # who took the run, for as long as it lives
-    except (OSError, UnicodeDecodeError, ValueError):
-        owner = None
+    owner = read_json(layout.lock)  # who took the run, for as long as it lives
     alive = _alive_here(owner.get("host"), owner.get("pid")) if isinstance(owner, dict) else None
     status = {None: "no summary yet", True: "preparing data", False: "stopped before training"}[alive]
     log = layout.train_log if layout.train_log.is_file() else layout.config
@@ -123,13 +120,6 @@ def runs_table(rows: list[dict]) -> str:
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines)
 
 
-def _writer_alive(summary: dict) -> bool:
-    """False when the summary was written on this host by a process that no longer exists."""
-    provenance = summary.get("provenance")
-    host = provenance.get("host") if isinstance(provenance, dict) else None
-    return _alive_here(host, summary.get("pid")) is not False
-
-
 def _alive_here(host: object, pid: object) -> bool | None:
     """Whether process `pid` of `host` still runs; None when this machine cannot tell."""
     if host != socket.gethostname() or not pid:
@@ -145,18 +135,8 @@ def _alive_here(host: object, pid: object) -> bool | None:
     return True
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _version(package: str) -> str | None:
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return None
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"cuda: {torch.cuda.get_device_name(device)}"
-    return f"{device.type}: {platform.processor() or platform.machine()}"

@@ -117,7 +117,4 @@ class Distributed:
 
 def interleave(parts: list[list]) -> list:
     """Undo a `items[rank::world_size]` split: parts[r][i] was item i·W + r."""
-    merged = []
-    for i in range(len(parts[0])):
-        merged.extend(part[i] for part in parts if i < len(part))
-    return merged
+    return [part[i] for i in range(len(parts[0])) for part in parts if i < len(part)]

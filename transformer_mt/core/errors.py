@@ -18,11 +18,9 @@ class ConfigError(UsageError):
     """One or more problems in the configuration, each prefixed by its dotted key; exit code 2."""
 
     def __init__(self, problems: list[str]):
-        self.problems = list(problems)
-        if len(self.problems) == 1:  # one line, as any other error
-            super().__init__(f"invalid configuration: {self.problems[0]}")
-        else:
-            super().__init__("invalid configuration:\n" + "\n".join(f"  {p}" for p in self.problems))
+        self.problems = list(problems)  # one: one line, as any other error
+        super().__init__("invalid configuration:" + (f" {self.problems[0]}" if len(self.problems) == 1
+                                                     else "".join(f"\n  {p}" for p in self.problems)))
 
 
 class Problems:

@@ -21,11 +21,8 @@ logger = logging.getLogger(__name__)
 def pick_device(name: str = "auto") -> torch.device:
     """`auto` picks cuda, then mps, then cpu; a named device must be available."""
     if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        mps = torch.backends.mps.is_available()
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if mps else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
         raise UsageError("device 'cuda' was requested but no CUDA GPU is available (use 'auto' or 'cpu')")
     if name == "mps" and not torch.backends.mps.is_available():
@@ -67,9 +64,7 @@ def machine_memory_bytes() -> int:
 def pick_precision(name: str, device: torch.device) -> Precision:
     """`auto`: bf16 on CUDA GPUs that support it, else fp16 on CUDA, fp32 on CPU and MPS."""
     if name == "auto":
-        if device.type != "cuda":
-            return Precision(None, device.type)
-        name = "bf16" if _native_bf16(device) else "fp16"
+        name = "fp32" if device.type != "cuda" else "bf16" if _native_bf16(device) else "fp16"
     if name == "fp32":
         return Precision(None, device.type)
     if name == "fp16" and device.type != "cuda":
@@ -118,8 +113,7 @@ _ORDERED_SDPA = "set_priority" in inspect.signature(sdpa_kernel).parameters
 
 @dataclass(frozen=True)
 class AttentionKernels:
-    """The SDPA kernels one use (training steps or decoding) may run, best first; empty leaves
-    the choice to PyTorch."""
+    """The SDPA kernels one use (training steps or decoding) may run, best first; empty: PyTorch chooses."""
 
     backends: tuple[SDPBackend, ...] = ()
 
@@ -131,9 +125,7 @@ class AttentionKernels:
         """A context in which attention runs on these kernels only (tried in this order)."""
         if not self.backends:
             return contextlib.nullcontext()
-        if _ORDERED_SDPA:
-            return sdpa_kernel(list(self.backends), set_priority=True)
-        return sdpa_kernel(list(self.backends))
+        return sdpa_kernel(list(self.backends), **({"set_priority": True} if _ORDERED_SDPA else {}))
 
 
 def pick_attention(name: str, device: torch.device, use: Literal["train", "decode"]) -> AttentionKernels:

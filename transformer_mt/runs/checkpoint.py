@@ -36,10 +36,7 @@ REQUIRED_KEYS = ("model", "config", "model_args", "format_version")
 
 def translation_weights(state: dict) -> tuple[dict, str]:
     """The weights to translate with, and which: the EMA's (`"ema"`) if any, else the trained ones (`"model"`)."""
-    ema = state.get("ema")
-    if ema:
-        return ema["model"], "ema"
-    return state["model"], "model"
+    return (state["ema"]["model"], "ema") if state.get("ema") else (state["model"], "model")
 
 
 def check_tokenizers(state: dict, fingerprint: str, path: Path, run_dir: Path) -> None:

@@ -149,8 +149,7 @@ def config_from_dict(raw: dict) -> Config:
 
 
 def read_saved_config(path: Path) -> dict | None:
-    """A run's saved `config.yaml` as a plain dict, unchecked; None when it is missing, unreadable
-    or not a mapping (whoever asks then relies on the checkpoint's copy)."""
+    """A run's saved `config.yaml` as a plain dict, unchecked; None when missing, unreadable or no mapping."""
     try:
         saved = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
@@ -177,8 +176,7 @@ def _resolved(path: str, data_format: str, base_dir: Path) -> str:
 
 
 def _build(cls: type, raw: Any, prefix: str, problems: Problems) -> Any:
-    """Instantiate dataclass `cls` from `raw`, adding to `problems` instead of raising, and to
-    `problems.defaulted` the keys (or sections) whose unusable value kept its default."""
+    """Instantiate dataclass `cls` from `raw`, adding to `problems` (and unusable keys to its `defaulted`)."""
     label = prefix.rstrip(".") or "config"
     if raw is None and prefix:  # `train:` with every key commented out: all defaults
         raw = {}
@@ -207,8 +205,7 @@ def _build(cls: type, raw: Any, prefix: str, problems: Problems) -> Any:
                 problems.found.append(f"{prefix}{name}: expected a list of mappings, got {_show(entries)}")
                 problems.defaulted.append(f"{prefix}{name}")
                 continue
-            values[name] = tuple(_build(_entry_type(hint), entry if entry is not None else {},
-                                        f"{prefix}{name}[{i}].", problems)
+            values[name] = tuple(_build(_entry_type(hint), entry, f"{prefix}{name}[{i}].", problems)
                                  for i, entry in enumerate(entries))
         elif raw[name] is None and defaults[name] == "":  # `path:` or `--set data.path=null`: unset, as the default
             values[name] = ""
@@ -225,10 +222,8 @@ def _build(cls: type, raw: Any, prefix: str, problems: Problems) -> Any:
 def _entry_type(hint: Any) -> type | None:
     """The dataclass of a `tuple[Entry, ...]` field (a list of mappings in YAML), else None."""
     args = typing.get_args(hint)
-    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis \
-            and dataclasses.is_dataclass(args[0]):
-        return args[0]
-    return None
+    entries = typing.get_origin(hint) is tuple and args[1:] == (Ellipsis,) and dataclasses.is_dataclass(args[0])
+    return args[0] if entries else None
 
 
 def _coerce(value: Any, hint: Any) -> tuple[Any, str | None]:

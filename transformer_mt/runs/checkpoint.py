@@ -148,8 +148,7 @@ class CheckpointDir:
         return self.step_path(steps[-1]) if steps else None
 
     def save(self, state: dict, step: int, *, is_best: bool) -> None:
-        """Write the step checkpoint, make it `best.pt` too when `is_best`, then delete step files
-        beyond `keep_last`."""
+        """Write the step checkpoint (and `best.pt` when `is_best`), then prune to `keep_last` step files."""
         self.directory.mkdir(parents=True, exist_ok=True)
         save_atomic(state, self.step_path(step))
         logger.info("saved checkpoint %s", self.step_path(step))

@@ -184,8 +184,7 @@ def _check_claimable(run_dir: Path, *, resume: bool, overwrite: bool) -> list[st
 
 
 def _clear(run_dir: Path, entries: list[str]) -> None:
-    """Delete an earlier run (--overwrite) or the leftovers of a start that ended early, keeping
-    the lock file (held by this process), and mark the directory as tmt's."""
+    """Delete `entries` (an earlier run, or a failed start's leftovers) and mark the directory as tmt's."""
     for name in entries:
         path = run_dir / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()

@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from transformer_mt.runs.run_files import step_file_name
+from transformer_mt.core.run_layout import step_file_name
 
 LOG_LINE = re.compile(r"^.*step (\d+)/\d+ .*?, (\d+) source and (\d+) target tokens/s(.*)$")
 

@@ -3,7 +3,6 @@ entry and summary.json key has an entry (the config and CLI pages are generated 
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 from pathlib import Path

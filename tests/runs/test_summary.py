@@ -139,7 +139,7 @@ def test_the_config_folders_git_commit_is_recorded_with_dirty_marked(tmp_path: P
 def test_translate_without_run_finds_the_newest_run_also_in_a_group(tmp_path: Path):
     import os
 
-    from transformer_mt.runs.run_files import latest_run
+    from transformer_mt.core.run_layout import latest_run
 
     for run, mtime in (("runs/plain", 100), ("runs/ablation/lr1", 300), ("runs/ablation/lr2", 200)):
         checkpoint = tmp_path / run / "checkpoints" / "best.pt"

@@ -29,8 +29,8 @@ def run_runs(args: argparse.Namespace) -> None:
 
 def run_average(args: argparse.Namespace) -> None:
     from transformer_mt.runs.checkpoint import CheckpointDir, average_checkpoints, is_average_checkpoint, save_atomic
-    from transformer_mt.runs.lock import lock_if_inside
-    from transformer_mt.runs.run_files import find_checkpoint
+    from transformer_mt.runs.run_dir import lock_if_inside
+    from transformer_mt.core.run_layout import find_checkpoint
 
     setup_logging(logging.INFO)
     checkpoints = CheckpointDir(RunDir(args.run).checkpoints, keep_last=1)

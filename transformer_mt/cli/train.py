@@ -84,7 +84,7 @@ def run_data(args: argparse.Namespace) -> None:
     from transformer_mt.config.loading import load_config
     from transformer_mt.runs.init_from import check_parent
     from transformer_mt.runs.run_dir import data_settings_problem
-    from transformer_mt.runs.run_files import run_dir_problem
+    from transformer_mt.core.run_layout import run_dir_problem
     from transformer_mt.train.preparation import preview_report
 
     setup_logging(logging.WARNING)

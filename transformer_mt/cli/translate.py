@@ -16,7 +16,7 @@ from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.cli.parser import STDIO
 from transformer_mt.core.errors import DataError, TmtError, UsageError
 from transformer_mt.core.files import check_parent_dir, lines_to_text, make_parent_dir, write_text_atomic
-from transformer_mt.core.run_layout import RunDir
+from transformer_mt.core.run_layout import RunDir, latest_run
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -248,7 +248,6 @@ def _load_translator(args: argparse.Namespace):
     """The run's (or checkpoint's, or newest run's) `Translator` on --engine, else the run's
     decode.engine; --show-attention draws from the torch engine's model, which auto then picks."""
     from transformer_mt.decode.translator import Translator
-    from transformer_mt.runs.run_files import latest_run
 
     run_dir = args.run
     if args.checkpoint:

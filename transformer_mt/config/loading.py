@@ -1,7 +1,6 @@
-"""Reading a config: YAML loaded, `--set a.b=value` overrides applied (values parsed as YAML), every
-key and type checked against the schema and every value by its section's `validate()` (`config.py`),
-one `ConfigError` listing every problem; and the run directory's `config.yaml` written and read back.
-"""
+"""Reading a config: YAML loaded, `--set a.b=value` overrides applied, every key and type checked
+against `schema` and every value by its section's `validate()`, one `ConfigError` listing every
+problem; and the run directory's `config.yaml` written and read back."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ class _DuplicateKey(yaml.YAMLError):
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """`yaml.safe_load`'s loader, refusing a key given twice in one mapping (PyYAML keeps the last:
-    a repeated `train:` section would drop every setting of the first)."""
+    """`yaml.safe_load`'s loader, refusing a key given twice in one mapping (PyYAML keeps the last)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: dict[object, int] = {}
@@ -47,12 +45,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read a YAML config file, apply `a.b=value` overrides, and validate it.
-
-    A relative local `data.path` (and each `data.corpora` path, and `train.init_from`) is resolved
-    against the config file's directory, or, when an override sets that key (or its section),
-    against the current directory, as any command-line path is.
-    """
+    """Read a YAML config file, apply `a.b=value` overrides, and validate it. A relative local
+    `data.path`, `data.corpora` path or `train.init_from` is resolved against the config file's
+    directory, or, when an override sets that key (or its section), against the current directory."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError([f"{path}: is a directory, not a config file"])
@@ -84,11 +79,13 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     def base(key: str) -> Path:  # where a relative path read from `key` (or from its section) is
         return Path.cwd() if overridden & {key, key.partition(".")[0]} else path.parent
 
-    cfg = resolve_paths(cfg, path_base=base("data.path"), corpora_base=base("data.corpora"))
-    if cfg.train.init_from and not user_path(cfg.train.init_from).is_absolute():
-        init_from = str((base("train.init_from") / user_path(cfg.train.init_from)).resolve())
-        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from=init_from))
-    return cfg
+    data, init_from = cfg.data, cfg.train.init_from
+    corpora = tuple(dataclasses.replace(entry, path=_resolved(entry.path, entry.format or data.format,
+                                                              base("data.corpora"))) for entry in data.corpora)
+    data = dataclasses.replace(data, path=_resolved(data.path, data.format, base("data.path")), corpora=corpora)
+    if init_from and not user_path(init_from).is_absolute():
+        init_from = str((base("train.init_from") / user_path(init_from)).resolve())
+    return dataclasses.replace(cfg, data=data, train=dataclasses.replace(cfg.train, init_from=init_from))
 
 
 def user_path(text: str) -> Path:
@@ -152,8 +149,7 @@ def config_from_dict(raw: dict) -> Config:
 
 
 def read_saved_config(path: Path) -> dict | None:
-    """A run's saved `config.yaml` as a plain dict, unchecked; None when it is missing, unreadable
-    or not a mapping (whoever asks then relies on the checkpoint's copy)."""
+    """A run's saved `config.yaml` as a plain dict, unchecked; None when missing, unreadable or no mapping."""
     try:
         saved = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
@@ -166,19 +162,9 @@ def save_config(cfg: Config, path: Path) -> None:
     write_text_atomic(path, yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True))
 
 
-def resolve_paths(cfg: Config, path_base: Path, corpora_base: Path) -> Config:
-    """Make a relative local `data.path` absolute, relative to `path_base`, and each `data.corpora`
-    path, relative to `corpora_base`. With `format: hub` a path is a hub name unless it names a
-    folder there (a local dataset in the hub layout)."""
-    corpora = tuple(dataclasses.replace(entry, path=_resolved(entry.path, entry.format or cfg.data.format,
-                                                              corpora_base))
-                    for entry in cfg.data.corpora)
-    path = _resolved(cfg.data.path, cfg.data.format, path_base)
-    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=path, corpora=corpora))
-
-
 def _resolved(path: str, data_format: str, base_dir: Path) -> str:
-    """A local `path` made absolute against `base_dir`; a hub name (or no path) as it is."""
+    """A local `path` made absolute against `base_dir`; a hub name (with `format: hub`, a path that
+    names no folder there), or no path, as it is."""
     if not path:
         return path
     data_path = user_path(path)
@@ -190,8 +176,7 @@ def _resolved(path: str, data_format: str, base_dir: Path) -> str:
 
 
 def _build(cls: type, raw: Any, prefix: str, problems: Problems) -> Any:
-    """Instantiate dataclass `cls` from `raw`, adding to `problems` instead of raising, and to
-    `problems.defaulted` the keys (or sections) whose value was unusable and so kept its default."""
+    """Instantiate dataclass `cls` from `raw`, adding to `problems` (and unusable keys to its `defaulted`)."""
     label = prefix.rstrip(".") or "config"
     if raw is None and prefix:  # `train:` with every key commented out: all defaults
         raw = {}
@@ -220,8 +205,7 @@ def _build(cls: type, raw: Any, prefix: str, problems: Problems) -> Any:
                 problems.found.append(f"{prefix}{name}: expected a list of mappings, got {_show(entries)}")
                 problems.defaulted.append(f"{prefix}{name}")
                 continue
-            values[name] = tuple(_build(_entry_type(hint), entry if entry is not None else {},
-                                        f"{prefix}{name}[{i}].", problems)
+            values[name] = tuple(_build(_entry_type(hint), entry, f"{prefix}{name}[{i}].", problems)
                                  for i, entry in enumerate(entries))
         elif raw[name] is None and defaults[name] == "":  # `path:` or `--set data.path=null`: unset, as the default
             values[name] = ""
@@ -238,10 +222,8 @@ def _build(cls: type, raw: Any, prefix: str, problems: Problems) -> Any:
 def _entry_type(hint: Any) -> type | None:
     """The dataclass of a `tuple[Entry, ...]` field (a list of mappings in YAML), else None."""
     args = typing.get_args(hint)
-    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis \
-            and dataclasses.is_dataclass(args[0]):
-        return args[0]
-    return None
+    entries = typing.get_origin(hint) is tuple and args[1:] == (Ellipsis,) and dataclasses.is_dataclass(args[0])
+    return args[0] if entries else None
 
 
 def _coerce(value: Any, hint: Any) -> tuple[Any, str | None]:
@@ -278,33 +260,19 @@ def _coerce(value: Any, hint: Any) -> tuple[Any, str | None]:
         return tuple(items), None
     if hint is bool:
         return (value, None) if isinstance(value, bool) else (None, f"expected true or false, got {_show(value)}")
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value, None
-        if isinstance(value, str):  # YAML 1.1 reads `1e5` (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, float) and value.is_integer():
-            return int(value), None  # allows 1e5 for step counts
-        return None, f"expected an integer, got {_show(value)}"
-    if hint is float:
-        number = None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            number = float(value)
-        elif isinstance(value, str):  # YAML 1.1 reads `3e-4` (no dot) as a string
+    if hint in (int, float):
+        number = value
+        if isinstance(value, str):  # YAML 1.1 reads `1e5` and `3e-4` (no dot) as strings
             try:
                 number = float(value)
             except ValueError:
                 pass
-        if number is None:
-            return None, f"expected a number, got {_show(value)}"
-        # NaN passes every range check below (each comparison is False); .inf is no sensible
-        # setting either (max_len_a: .inf would cap every translation at one token).
-        if not math.isfinite(number):
+        if isinstance(number, bool) or not isinstance(number, (int, float)) \
+                or (hint is int and isinstance(number, float) and not number.is_integer()):  # 1e5 is an integer
+            return None, f"expected {_describe(hint)}, got {_show(value)}"
+        if isinstance(number, float) and not math.isfinite(number):  # NaN would pass every range check
             return None, f"expected a finite number, got {_show(value)}"
-        return number, None
+        return hint(number), None
     if hint is str:
         if isinstance(value, str):
             return value, None

@@ -1,8 +1,5 @@
 """The configuration's schema: one frozen dataclass per section, each field with its default and
-docstring (the documentation's configuration reference is generated from them), and each section's `validate()`.
-
-Reading a YAML file into a checked `Config` is `config.loading.py`'s job.
-"""
+docstring (the documentation's configuration reference is generated from them), and each section's `validate()`."""
 
 from __future__ import annotations
 
@@ -444,20 +441,15 @@ def config_to_dict(cfg: Config) -> dict:
     """Plain nested dict of the config (tuples as lists), ready for YAML or a checkpoint."""
 
     def plain(value: Any) -> Any:
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        return value
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return [plain(v) for v in value] if isinstance(value, (list, tuple)) else value
 
-    return {
-        f.name: ({k: plain(v) for k, v in dataclasses.asdict(getattr(cfg, f.name)).items()}
-                 if dataclasses.is_dataclass(getattr(cfg, f.name)) else getattr(cfg, f.name))
-        for f in dataclasses.fields(cfg)
-    }
+    return plain(dataclasses.asdict(cfg))
 
 
 def with_defaults(saved: dict) -> dict:
-    """A saved config dict (a checkpoint's, a run's `config.yaml`) with each key it lacks at its
-    default, so that a comparison with `config_to_dict` names only settings that differ."""
+    """A saved config dict (a checkpoint's, a run's `config.yaml`) with each key it lacks at its default."""
     defaults = config_to_dict(Config())
     filled = {**defaults, **saved}
     for section, values in defaults.items():
@@ -466,11 +458,23 @@ def with_defaults(saved: dict) -> dict:
     return filled
 
 
-def comparable_depths(config: dict) -> dict:
-    """A config dict (`config_to_dict`'s form) as two runs' settings are compared (resume,
-    `train.init_from`): the model's `encoder_layers` and `decoder_layers` as the depths they give,
-    and `n_layers` left out, so that `n_layers: 4` and `encoder_layers: 4, decoder_layers: 4`
-    compare equal and a differing depth is named by the side it changes."""
+def config_changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
+    """(dotted key, saved value, current value) of each setting that differs, in key order; keys a
+    saved config lacks count at their defaults, and depths as the layers they give (`n_layers: 4` =
+    `encoder_layers: 4, decoder_layers: 4`)."""
+    saved, current = _comparable_depths(with_defaults(saved)), _comparable_depths(with_defaults(current))
+    changes = []
+    for section in sorted(set(saved) | set(current)):
+        before, after = saved.get(section), current.get(section)
+        if isinstance(before, dict) and isinstance(after, dict):
+            changes += [(f"{section}.{key}", before.get(key), after.get(key))
+                        for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+        elif before != after:
+            changes.append((section, before, after))
+    return changes
+
+
+def _comparable_depths(config: dict) -> dict:
     model = config.get("model")
     if not isinstance(model, dict) or "n_layers" not in model:
         return config

@@ -1,12 +1,5 @@
-"""Several processes, one run: torchrun's environment, the process group, and what ranks share.
-
-Under `torchrun`, every process runs the same `tmt train` on its own device. Rank 0 alone
-writes files (checkpoints, TensorBoard, logs); the ranks meet in a few collectives: DDP's
-gradient all-reduce, one small all-reduce per step to agree on stopping and on skipping a
-non-finite update, and the gathering of validation translations. Without torchrun,
-`Distributed()` is a world of one and every method is a no-op, so single-process training runs
-the same code.
-"""
+"""Several processes, one run: torchrun's environment, the process group, and the collectives the
+ranks meet in. Rank 0 alone writes files; without torchrun, `Distributed()` is a world of one."""
 
 from __future__ import annotations
 
@@ -21,10 +14,8 @@ import torch.distributed as dist
 
 from transformer_mt.core.errors import UsageError
 
-# The variables torchrun sets for each process it starts.
 ENV_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
-# How long the other ranks wait for rank 0 to prepare the data (`main_first`).
 MAIN_FIRST_TIMEOUT = datetime.timedelta(days=1)
 
 
@@ -61,7 +52,6 @@ class Distributed:
             raise UsageError(f"RANK={rank}, LOCAL_RANK={local_rank}, WORLD_SIZE={world_size} are inconsistent")
         return cls(rank, local_rank, world_size)
 
-    # --- the process group -----------------------------------------------------------------
     def local_device(self, device: torch.device) -> torch.device:
         """This rank's device: on CUDA, the GPU of its `local_rank`; otherwise `device` itself."""
         if self.enabled and device.type == "cuda":
@@ -69,11 +59,7 @@ class Distributed:
         return device
 
     def start(self, device: torch.device) -> None:
-        """Join the process group: NCCL on CUDA, gloo on CPU.
-
-        torchrun's MASTER_ADDR/MASTER_PORT tell every rank where to meet, so nothing here
-        assumes one machine.
-        """
+        """Join the process group (NCCL on CUDA, gloo on CPU) where torchrun's MASTER_ADDR/PORT say."""
         if not self.enabled or dist.is_initialized():
             return
         if device.type == "mps":
@@ -88,24 +74,18 @@ class Distributed:
         if self.enabled and dist.is_initialized():
             dist.destroy_process_group()
 
-    # --- collectives (no-ops in a world of one) ----------------------------------------------
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
 
     @contextlib.contextmanager
     def main_first(self) -> Iterator[None]:
-        """Run the body on rank 0 first, then on the other ranks.
-
-        For work that writes shared files once (tokenizers, the carved splits, the token
-        cache): rank 0 creates them, the others find and reuse them.
-        """
+        """Run the body on rank 0 first (it writes the shared files: tokenizers, splits, token cache),
+        then on the other ranks, which wait in a gloo barrier of their own with a day's timeout (in
+        the default group NCCL's watchdog would abort a long data preparation after 10 minutes)."""
         if not self.enabled:
             yield
             return
-        # Rank 0 may work here for a long time (10 M pairs: ~20 minutes of BPE and tokenizing)
-        # while the others wait. They wait in a gloo barrier of its own, with a day's timeout:
-        # in the default group, NCCL's watchdog would abort the run after 10 minutes.
         waiting_room = dist.new_group(backend="gloo", timeout=MAIN_FIRST_TIMEOUT)
         if not self.is_main:
             dist.barrier(group=waiting_room)
@@ -136,11 +116,5 @@ class Distributed:
 
 
 def interleave(parts: list[list]) -> list:
-    """Undo a `items[rank::world_size]` split: parts[r][i] was item i·W + r.
-
-    parts (W lists, each shorter by at most one than the first) -> the original list.
-    """
-    merged = []
-    for i in range(len(parts[0])):
-        merged.extend(part[i] for part in parts if i < len(part))
-    return merged
+    """Undo a `items[rank::world_size]` split: parts[r][i] was item i·W + r."""
+    return [part[i] for i in range(len(parts[0])) for part in parts if i < len(part)]

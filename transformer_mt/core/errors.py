@@ -1,9 +1,5 @@
-"""User-facing errors: each carries the exit code the CLI returns for it; and `Problems`, a config's
-problems collected for one `ConfigError`.
-
-Library code raises these with a message that names the key, file or line at fault;
-`cli/main.py` prints the message (no traceback) and exits with `exit_code`.
-"""
+"""User-facing errors, each with the exit code the CLI returns (it prints the message, no traceback),
+and `Problems`, a config's problems collected for one `ConfigError`."""
 
 
 class TmtError(Exception):
@@ -22,11 +18,9 @@ class ConfigError(UsageError):
     """One or more problems in the configuration, each prefixed by its dotted key; exit code 2."""
 
     def __init__(self, problems: list[str]):
-        self.problems = list(problems)
-        if len(self.problems) == 1:  # one line, as any other error
-            super().__init__(f"invalid configuration: {self.problems[0]}")
-        else:
-            super().__init__("invalid configuration:\n" + "\n".join(f"  {p}" for p in self.problems))
+        self.problems = list(problems)  # one: one line, as any other error
+        super().__init__("invalid configuration:" + (f" {self.problems[0]}" if len(self.problems) == 1
+                                                     else "".join(f"\n  {p}" for p in self.problems)))
 
 
 class Problems:
@@ -77,9 +71,8 @@ class TrainingStopped(TmtError):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM outside the training loop (data preparation, the final test), raised where the
-    program is, as Ctrl-C raises KeyboardInterrupt; exit code 143. Inside the loop SIGTERM
-    finishes the step and saves instead (`TrainingStopped`)."""
+    """SIGTERM outside the training loop, raised where the program is as Ctrl-C raises
+    KeyboardInterrupt; exit code 143."""
 
     exit_code = 128 + 15
 

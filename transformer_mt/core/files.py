@@ -1,21 +1,18 @@
-"""Writing a run's files atomically (text: config, summary, hypotheses, scores; checkpoints through
-`checkpoint.save_atomic`); the folders that outputs go in, and the temp folders that outputs
-written as a whole directory go through.
-
-A reader, or a run killed mid-write, sees either the old file or the new one, never half of one.
-"""
+"""Files written atomically (a reader, or a run killed mid-write, sees the old file or the new one),
+the folders outputs go in, and write errors as one line naming the file."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from transformer_mt.core.errors import TmtError, UsageError
 
@@ -25,20 +22,23 @@ T = TypeVar("T")
 _TEMP_FILE = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8}\.tmp")
 
 
+def read_json(path: Path) -> Any:
+    """`path`'s JSON, or None when it is missing or unreadable (a write cut short, say)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write `text` (UTF-8) to `path` atomically (`write_atomic`)."""
     write_atomic(path, lambda handle: handle.write(text.encode("utf-8")))
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Call `write` on a temp file beside `path`, fsync it, then rename it over `path`.
-
-    The temp file, `.<name>.<8 hex digits>.tmp`, is new and uniquely named, so two processes
-    writing the same file do not interleave and it is never someone else's (a user's file that
-    happens to be called `.<name>.tmp`); it has the usual permissions (0666 less the umask, like
-    `open`; `tempfile.mkstemp` would make it private). On any failure, Ctrl-C included, it is
-    removed and the error propagates, `path` untouched.
-    """
+    """Call `write` on a new, uniquely named temp file beside `path` (`.<name>.<8 hex digits>.tmp`,
+    usual permissions, never someone else's), fsync it, then rename it over `path`. On any failure,
+    Ctrl-C included, it is removed and the error propagates, `path` untouched."""
     fd, tmp = _create_beside(path, lambda tmp: os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -53,14 +53,13 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
         raise
 
 
-# Write failures the user can act on (free space, a quota, permissions, a failing disk): named
-# with the file, never a traceback (`cli.main`).
+# Write failures the user can act on (free space, a quota, permissions, a failing disk).
 WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO})
 
 
 def describe_os_error(err: OSError, path: Path | str | None = None) -> str:
-    """`err` as one line naming its file (`path`, else the error's own): `runs/x/summary.json: No
-    space left on device (0 bytes free there)`; free space is added for ENOSPC and EDQUOT."""
+    """`err` as one line naming its file (`path`, else the error's own), with the free space for ENOSPC
+    and EDQUOT: `runs/x/summary.json: No space left on device; 0 bytes free there`."""
     path = path if path is not None else err.filename
     number = os_errno(err)
     reason = err.strerror if err.errno is not None and err.strerror else (os.strerror(number) if number else str(err))
@@ -72,29 +71,27 @@ def describe_os_error(err: OSError, path: Path | str | None = None) -> str:
 
 
 @contextlib.contextmanager
-def removed_on_failure(folder: Path, what: str) -> Iterator[None]:
-    """While inside, `folder` (a temp folder, renamed into place once complete) is written: on any
-    failure, Ctrl-C included, it is removed, and an OSError the user can act on (`WRITE_ERRNOS`:
-    a full disk, say) becomes a `TmtError` naming `what`, the file and the reason."""
-    try:
-        yield
-    except BaseException as err:
-        shutil.rmtree(folder, ignore_errors=True)
-        if isinstance(err, OSError) and os_errno(err) in WRITE_ERRNOS:
-            raise TmtError(f"cannot write {what}: {describe_os_error(err, err.filename or folder)}") from None
-        raise
-
-
-@contextlib.contextmanager
-def os_errors_named() -> Iterator[None]:
-    """While inside, an OSError the user can act on (`WRITE_ERRNOS`: a full disk, a quota, a
-    read-only filesystem, permissions, a failing disk) becomes a `TmtError` naming its file and
-    the reason (`describe_os_error`): one line from the CLI, no traceback."""
+def os_errors_named(what: str = "", folder: Path | None = None) -> Iterator[None]:
+    """While inside, an OSError the user can act on (`WRITE_ERRNOS`) becomes a one-line `TmtError`
+    naming its file (else `folder`) and the reason, after `cannot write {what}: ` when given."""
     try:
         yield
     except OSError as err:
         if os_errno(err) in WRITE_ERRNOS:
-            raise TmtError(describe_os_error(err)) from None
+            prefix = f"cannot write {what}: " if what else ""
+            raise TmtError(prefix + describe_os_error(err, err.filename or folder)) from None
+        raise
+
+
+@contextlib.contextmanager
+def removed_on_failure(folder: Path, what: str) -> Iterator[None]:
+    """While inside, the temp folder `folder` is written: on any failure, Ctrl-C included, it is
+    removed, and a write error the user can act on is named (`os_errors_named`)."""
+    try:
+        with os_errors_named(what, folder):
+            yield
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
         raise
 
 
@@ -118,17 +115,14 @@ def _free_bytes(path: Path) -> int | None:
 
 def check_parent_dir(path: Path, option: str | None = None) -> None:
     """Refuse, without creating anything, an output `path` under a file: a `UsageError` naming
-    `option` (the command-line option that gave `path`, if any), `path` and the file in the way,
-    `--output in.txt/sub: in.txt is not a directory`. For checks before the work, which must not
-    leave folders behind when the work then fails."""
+    `option` (if any), `path` and the file in the way, `--output in.txt/sub: in.txt is not a directory`."""
     for folder in reversed(path.parents):  # outermost first
         if os.path.lexists(folder) and not folder.is_dir():
             raise UsageError(f"{f'{option} {path}' if option else path}: {folder} is not a directory")
 
 
 def make_parent_dir(path: Path, option: str | None = None) -> None:
-    """Create the folder that the output `path` goes in, and its parents; or raise the error of
-    `check_parent_dir` when a file is in the way, else a `TmtError` naming the folder."""
+    """Create the folder that the output `path` goes in; or raise `check_parent_dir`'s error, else a `TmtError`."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -138,20 +132,13 @@ def make_parent_dir(path: Path, option: str | None = None) -> None:
 
 
 def make_temp_dir_beside(path: Path) -> Path:
-    """Create and return a new empty folder `.<name>.<8 hex digits>.tmp` beside `path`, to be
-    renamed onto `path` once written.
-
-    The name is unique and the folder new, so it is never someone else's folder: removing it
-    on failure removes only what the caller wrote. It has the usual permissions (0777 less the
-    umask, like `mkdir`; `tempfile.mkdtemp` would make it private, and so the renamed output).
-    Raises `OSError` when the folder beside `path` cannot hold it.
-    """
+    """A new empty folder `.<name>.<8 hex digits>.tmp` beside `path` (usual permissions, never
+    someone else's), to be renamed onto `path` once written."""
     return _create_beside(path, Path.mkdir)[1]
 
 
 def _create_beside(path: Path, create: Callable[[Path], T]) -> tuple[T, Path]:
-    """`create(tmp)` for a new name `.<name>.<8 hex digits>.tmp` beside `path`, drawing another
-    while `create` finds the name taken (FileExistsError): its result, and the name."""
+    """`create(tmp)` for a new name `.<name>.<8 hex digits>.tmp` beside `path` (another while taken)."""
     while True:
         tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
         try:
@@ -161,8 +148,7 @@ def _create_beside(path: Path, create: Callable[[Path], T]) -> tuple[T, Path]:
 
 
 def temp_file_target(name: str) -> str | None:
-    """The name of the file that `name` was a temp file for, when `name` is a temp file that
-    `write_atomic` left behind (its process was killed mid-write); else None."""
+    """The file that `name` was `write_atomic`'s temp file for (left by a killed write), else None."""
     match = _TEMP_FILE.fullmatch(name)
     return match["name"] if match else None
 

@@ -1,17 +1,23 @@
-"""`RunDir`: every path inside a run directory, named in this one place.
-
-A run directory is self-contained: `tmt translate` needs nothing else (README, "Training").
-The tokenizer files' names are here too: `data.tokenization` writes them into other folders as well.
-"""
+"""A run directory's paths (`RunDir`, every file name in this one place) and finding runs and
+their checkpoints on disk. Torch-free: the CTranslate2 engine finds its checkpoint without torch."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
-JOINT_FILE = "tokenizer.json"  # one tokenizer for both languages
+from transformer_mt.core.errors import CheckpointError
+
+JOINT_FILE = "tokenizer.json"  # one tokenizer for both languages (`data.tokenization` writes it elsewhere too)
 SRC_FILE = "tokenizer.src.json"
 TGT_FILE = "tokenizer.tgt.json"
+BEST_NAME = "best.pt"
+STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+
+
+def _entry(name: str) -> property:
+    return property(lambda self: self.root / name)
 
 
 @dataclass(frozen=True)
@@ -20,11 +26,8 @@ class RunDir:
 
     root: Path
 
-    # Written into every run directory tmt creates or claims: it tells tmt's own leftovers (a
-    # `config.yaml`, tokenizers, caches) from a user's files of the same names.
-    MARKER = ".tmt-run"
-    # Locked (`runs.lock`) by the one process that writes the run: `tmt train`, `tmt average`, ...
-    LOCK = ".tmt-lock"
+    MARKER = ".tmt-run"  # in every run directory tmt claims: tells its leftovers from a user's files
+    LOCK = ".tmt-lock"  # locked (`runs.run_dir`) by the one process that writes the run
     CONFIG = "config.yaml"
     SPLITS = "splits.json"  # which rows were carved into valid/test, when the corpus had no such splits
     CORPUS_CACHE = "corpus_cache"  # the filtered text of each split (`data`)
@@ -43,11 +46,37 @@ class RunDir:
                          CORPUS_OLD, TOKEN_CACHE, CHECKPOINTS, TENSORBOARD, VALIDATION, EVALUATION, CTRANSLATE2, SUMMARY,
                          TRAIN_LOG})
 
+    marker = _entry(MARKER)
+    lock = _entry(LOCK)
+    config = _entry(CONFIG)
+    splits = _entry(SPLITS)
+    corpus_cache = _entry(CORPUS_CACHE)
+    corpus_build = _entry(CORPUS_BUILD)
+    corpus_old = _entry(CORPUS_OLD)
+    token_cache = _entry(TOKEN_CACHE)
+    checkpoints = _entry(CHECKPOINTS)
+    tensorboard = _entry(TENSORBOARD)
+    validation = _entry(VALIDATION)
+    evaluation = _entry(EVALUATION)
+    ctranslate2 = _entry(CTRANSLATE2)
+    summary = _entry(SUMMARY)
+    train_log = _entry(TRAIN_LOG)
+
+    @property
+    def test_scores(self) -> Path:
+        """The final test's scores (BLEU, chrF, signatures, checkpoint, hypotheses file)."""
+        return self.evaluation / "test_scores.json"
+
+    def validation_hypotheses(self, step: int) -> Path:
+        return self.validation / f"step_{step:08d}.txt"
+
+    def tokenizer_file(self, joint: bool) -> Path:
+        """The tokenizer file a run writes first: its joint one, else the source one."""
+        return self.root / (JOINT_FILE if joint else SRC_FILE)
+
     def keeps(self, path: Path) -> bool:
-        """Whether `path` is, or lies in, what tmt keeps of the run (the directory itself, its
-        checkpoints, tokenizers, config, caches, logs, validation hypotheses, the final test's
-        scores): never a place for another output. `tmt evaluate`'s hypotheses in `evaluation/` are
-        outputs, not kept."""
+        """Whether `path` is, or lies in, what tmt keeps of the run: never a place for another
+        output. `tmt evaluate`'s hypotheses in `evaluation/` are outputs, not kept."""
         try:
             parts = path.resolve().relative_to(self.root.resolve()).parts
         except ValueError:  # outside the run directory
@@ -56,74 +85,59 @@ class RunDir:
             return path.resolve() in (self.evaluation.resolve(), self.test_scores.resolve())
         return not parts or parts[0] in self.ENTRIES
 
-    @property
-    def marker(self) -> Path:
-        return self.root / self.MARKER
 
-    @property
-    def ctranslate2(self) -> Path:
-        return self.root / self.CTRANSLATE2
+def step_file_name(step: int) -> str:
+    return f"step_{step:08d}.pt"
 
-    @property
-    def lock(self) -> Path:
-        return self.root / self.LOCK
 
-    @property
-    def config(self) -> Path:
-        return self.root / self.CONFIG
+def checkpoint_steps(directory: Path) -> list[int]:
+    """Steps of the step checkpoints in `directory`, ascending (none if it is not a folder)."""
+    if not directory.is_dir():
+        return []
+    found = (STEP_FILE.match(p.name) for p in directory.iterdir())
+    return sorted(int(m.group(1)) for m in found if m)
 
-    @property
-    def splits(self) -> Path:
-        return self.root / self.SPLITS
 
-    @property
-    def corpus_cache(self) -> Path:
-        return self.root / self.CORPUS_CACHE
+def best_or_latest(directory: Path) -> Path | None:
+    """The checkpoint a run translates with: `best.pt` if there is one, else the newest step file."""
+    if (directory / BEST_NAME).is_file():
+        return directory / BEST_NAME
+    steps = checkpoint_steps(directory)
+    return directory / step_file_name(steps[-1]) if steps else None
 
-    @property
-    def corpus_build(self) -> Path:
-        return self.root / self.CORPUS_BUILD
 
-    @property
-    def corpus_old(self) -> Path:
-        return self.root / self.CORPUS_OLD
+def run_folders(folder: Path) -> list[Path]:
+    """The folders that may be runs: `folder`, its subfolders (`runs/<name>`) and theirs (`runs/<group>/<name>`)."""
+    if not folder.is_dir():
+        return []
+    children = sorted(p for p in folder.iterdir() if p.is_dir())
+    return [folder, *children, *sorted(p for child in children for p in child.iterdir() if p.is_dir())]
 
-    @property
-    def token_cache(self) -> Path:
-        return self.root / self.TOKEN_CACHE
 
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / self.CHECKPOINTS
+def run_dir_problem(run_dir: Path) -> str | None:
+    """Why `run_dir` cannot be a run directory (missing, or a file), or None."""
+    if run_dir.is_dir():
+        return None
+    return "not a run directory (a file)" if run_dir.exists() else "no such run directory"
 
-    @property
-    def tensorboard(self) -> Path:
-        return self.root / self.TENSORBOARD
 
-    @property
-    def validation(self) -> Path:
-        return self.root / self.VALIDATION
+def find_checkpoint(run_dir: Path) -> Path:
+    """`best.pt` if the run has one, else its newest step checkpoint."""
+    if problem := run_dir_problem(run_dir):
+        raise CheckpointError(f"{run_dir}: {problem}")
+    if (found := best_or_latest(RunDir(run_dir).checkpoints)) is None:
+        raise CheckpointError(f"{run_dir}: no checkpoint found in {RunDir(run_dir).checkpoints}")
+    return found
 
-    def validation_hypotheses(self, step: int) -> Path:
-        return self.validation / f"step_{step:08d}.txt"
 
-    @property
-    def evaluation(self) -> Path:
-        return self.root / self.EVALUATION
-
-    @property
-    def test_scores(self) -> Path:
-        """The final test's scores (BLEU, chrF, signatures, checkpoint, hypotheses file)."""
-        return self.evaluation / "test_scores.json"
-
-    @property
-    def summary(self) -> Path:
-        return self.root / self.SUMMARY
-
-    @property
-    def train_log(self) -> Path:
-        return self.root / self.TRAIN_LOG
-
-    def tokenizer_file(self, joint: bool) -> Path:
-        """The tokenizer file a run writes first: its joint one, else the source one."""
-        return self.root / (JOINT_FILE if joint else SRC_FILE)
+def latest_run(runs_dir: Path) -> Path:
+    """The run under `runs_dir` whose checkpoints were written most recently."""
+    candidates = []
+    for run in run_folders(runs_dir)[1:]:  # not `runs/` itself
+        files = list(RunDir(run).checkpoints.glob("*.pt"))
+        if files:
+            candidates.append((max(f.stat().st_mtime for f in files), run))
+    if not candidates:
+        raise CheckpointError(f"no trained run found under {runs_dir} (train one with `tmt train`, "
+                              "or pass --run DIR)")
+    return max(candidates)[1]

@@ -21,11 +21,8 @@ logger = logging.getLogger(__name__)
 def pick_device(name: str = "auto") -> torch.device:
     """`auto` picks cuda, then mps, then cpu; a named device must be available."""
     if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
+        mps = torch.backends.mps.is_available()
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if mps else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
         raise UsageError("device 'cuda' was requested but no CUDA GPU is available (use 'auto' or 'cpu')")
     if name == "mps" and not torch.backends.mps.is_available():
@@ -45,8 +42,7 @@ class Precision:
         return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[self.dtype]
 
     @property
-    def needs_grad_scaler(self) -> bool:
-        # fp16 has a narrow exponent range: small gradients underflow without loss scaling.
+    def needs_grad_scaler(self) -> bool:  # fp16's narrow exponent range: small gradients underflow
         return self.dtype == torch.float16
 
     def autocast(self, cache_enabled: bool = True) -> contextlib.AbstractContextManager:
@@ -58,8 +54,7 @@ class Precision:
 
 
 def machine_memory_bytes() -> int:
-    """The machine's physical memory in bytes, where a model is built before it moves to its
-    device; a bound no model reaches where the system does not say (Windows)."""
+    """The machine's physical memory in bytes (2**62 where the system does not say)."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
@@ -69,9 +64,7 @@ def machine_memory_bytes() -> int:
 def pick_precision(name: str, device: torch.device) -> Precision:
     """`auto`: bf16 on CUDA GPUs that support it, else fp16 on CUDA, fp32 on CPU and MPS."""
     if name == "auto":
-        if device.type != "cuda":
-            return Precision(None, device.type)
-        name = "bf16" if _native_bf16(device) else "fp16"
+        name = "fp32" if device.type != "cuda" else "bf16" if _native_bf16(device) else "fp16"
     if name == "fp32":
         return Precision(None, device.type)
     if name == "fp16" and device.type != "cuda":
@@ -82,14 +75,12 @@ def pick_precision(name: str, device: torch.device) -> Precision:
     return Precision(torch.bfloat16 if name == "bf16" else torch.float16, device.type)
 
 
-def _native_bf16(device: torch.device) -> bool:
-    # `torch.cuda.is_bf16_supported()` also says yes for emulated (slow) bf16 on pre-Ampere GPUs.
+def _native_bf16(device: torch.device) -> bool:  # `is_bf16_supported()` also counts emulated bf16
     return torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def cpu_bf16_emulated() -> bool:
-    """True on an x86 CPU without AVX512-BF16 or AMX, where oneDNN emulates bf16 matrix products.
-    (Other architectures, or a torch without these private probes: not known, so no claim.)"""
+    """True on an x86 CPU without AVX512-BF16 or AMX, where oneDNN emulates bf16 matrix products."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
     try:
@@ -105,14 +96,7 @@ def warn_if_bf16_emulated(precision: Precision, device: torch.device) -> None:
                        "matrix products are emulated and may well be slower than fp32; compare the tokens/s")
 
 
-# Which `F.scaled_dot_product_attention` kernels a use may run on a CUDA GPU, best first. Never
-# cuDNN's by default: it builds an execution plan for every new shape, and incremental decoding
-# makes a new shape at every step (on an H100 at eccf7fe, `tmt translate` of 1,000 sentences took
-# 24-32 s greedy instead of 7.1 s, and training spent 23.6 s of host time per 1,536 tiny updates
-# planning; docs/benchmarks.md, "GPU"). The memory-efficient kernel trained the base model fastest
-# there (226,802 target tokens/s against 189,572 with cuDNN's). Flash attention takes no padding
-# mask, so masked attention (encoder, cross-attention) runs on the next kernel in the list. Math
-# comes last in every list: it runs any input, so no choice can end in "No available kernel".
+# The SDPA kernels each use may run on a CUDA GPU, best first (docs/architecture.md, "Attention kernels").
 _CUDA_AUTO = {
     "train": (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH),
     "decode": (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH),
@@ -123,15 +107,13 @@ _CHOSEN = {
     "cudnn": (SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH),
     "math": (SDPBackend.MATH,),
 }
-# `sdpa_kernel(..., set_priority=True)` (torch >= 2.6) makes the list's order the order tried;
-# older torch tries the enabled kernels in its own order (flash, then efficient, then math).
+# torch >= 2.6 tries the kernels in the list's order; older torch in its own (flash, efficient, math).
 _ORDERED_SDPA = "set_priority" in inspect.signature(sdpa_kernel).parameters
 
 
 @dataclass(frozen=True)
 class AttentionKernels:
-    """The SDPA kernels one use (training steps or decoding) may run, best first; empty leaves
-    the choice to PyTorch."""
+    """The SDPA kernels one use (training steps or decoding) may run, best first; empty: PyTorch chooses."""
 
     backends: tuple[SDPBackend, ...] = ()
 
@@ -143,19 +125,12 @@ class AttentionKernels:
         """A context in which attention runs on these kernels only (tried in this order)."""
         if not self.backends:
             return contextlib.nullcontext()
-        if _ORDERED_SDPA:
-            return sdpa_kernel(list(self.backends), set_priority=True)
-        return sdpa_kernel(list(self.backends))
+        return sdpa_kernel(list(self.backends), **({"set_priority": True} if _ORDERED_SDPA else {}))
 
 
 def pick_attention(name: str, device: torch.device, use: Literal["train", "decode"]) -> AttentionKernels:
-    """The kernels of `train.attention_backend` / `decode.attention_backend` = `name` on `device`.
-
-    `auto`: on CUDA, for training the memory-efficient kernel, then flash, then math; for decoding
-    flash, then memory-efficient, then math; elsewhere PyTorch's own choice (on a CPU its flash
-    kernel where it applies, else math). A named kernel comes first, math after it. A choice the
-    device cannot run (`attention_fallback` says why) gets `auto`'s kernels.
-    """
+    """The kernels of `train.attention_backend` / `decode.attention_backend` = `name` on `device`:
+    `auto`'s on CUDA, else PyTorch's choice; a named kernel, then math; `auto`'s where it cannot run."""
     if name == "auto" or attention_fallback(name, device) is not None:
         return AttentionKernels(_CUDA_AUTO[use] if device.type == "cuda" else ())
     return AttentionKernels(_CHOSEN[name])
@@ -177,8 +152,7 @@ def attention_fallback(name: str, device: torch.device) -> str | None:
 
 
 def warn_attention_fallbacks(device: torch.device, choices: dict[str, str]) -> None:
-    """One warning line per config key (e.g. `decode.attention_backend`) whose choice this
-    device cannot run."""
+    """One warning line per config key (e.g. `decode.attention_backend`) whose choice cannot run here."""
     for key, name in choices.items():
         if (reason := attention_fallback(name, device)) is not None:
             logger.warning("%s: %s", key, reason)
@@ -190,8 +164,7 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict:
-    """The global torch RNG states (dropout draws from them), as tensors for a checkpoint: the
-    CPU's, every visible CUDA device's, and the MPS device's."""
+    """The global torch RNG states (dropout draws from them) of the CPU and every visible device."""
     state = {"cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -201,9 +174,7 @@ def rng_state() -> dict:
 
 
 def load_rng_state(state: dict) -> None:
-    """Restore what `rng_state` saved. A device's state is skipped when that device is not here
-    (a GPU run resumed on a CPU); when it is here but cannot be restored (another number of
-    visible CUDA devices), a warning says the resumed run's dropout will differ."""
+    """Restore what `rng_state` saved; an absent device's state is skipped, a mismatched one warned about."""
     torch.set_rng_state(state["cpu"])
     if "cuda" in state and torch.cuda.is_available():
         if len(state["cuda"]) == torch.cuda.device_count():

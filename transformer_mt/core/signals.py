@@ -10,13 +10,9 @@ from transformer_mt.core.errors import Terminated
 
 
 class StopRequest:
-    """Turns the first SIGINT/SIGTERM into a request to stop after the current step.
-
-    The loop then saves a checkpoint and stops; a second signal interrupts at once, unsaved.
-    Under torchrun a second signal is expected (Ctrl-C reaches every process, then torchrun
-    sends SIGTERM while it waits for them), so it is ignored: torchrun's own SIGKILL after
-    its grace period is the hard stop there.
-    """
+    """Turns the first SIGINT/SIGTERM into a request to save and stop after the current step; a
+    second signal interrupts at once, unsaved, unless `second_signal_interrupts` is False (torchrun
+    sends one after Ctrl-C, and its SIGKILL is the hard stop there)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -47,9 +43,7 @@ class StopRequest:
 @contextlib.contextmanager
 def sigterm_interrupts():
     """While inside, SIGTERM raises `Terminated` where the program is, as SIGINT raises
-    KeyboardInterrupt, instead of killing the process on the spot: the CLI then says how to go
-    on, and, once the trainer exists, the run's summary says it was interrupted. The training
-    loop's `StopRequest` overrides this for its steps."""
+    KeyboardInterrupt, instead of killing the process (the training loop's `StopRequest` overrides it)."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers can only be set from the main thread
         return

@@ -16,8 +16,8 @@ from transformer_mt.core.errors import TmtError, UsageError
 from transformer_mt.core.files import check_parent_dir, make_parent_dir, make_temp_dir_beside
 from transformer_mt.data.tokenization import BOS, BOS_ID, EOS, PAD_ID, UNK, TokenizerPair
 from transformer_mt.model.transformer import Transformer, sinusoidal_positions
-from transformer_mt.runs.loading import load_run
-from transformer_mt.runs.lock import lock_if_inside
+from transformer_mt.runs.checkpoint import load_run
+from transformer_mt.runs.run_dir import lock_if_inside
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from transformer_mt.decode.hypotheses import Hypothesis, Sampling, length_penalt
 
 if TYPE_CHECKING:
     from transformer_mt.config.schema import DecodeConfig
-    from transformer_mt.runs.loading import LoadedRun
+    from transformer_mt.runs.checkpoint import LoadedRun
 
 logger = logging.getLogger(__name__)
 

@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING, Protocol
 from transformer_mt.config.loading import config_from_dict
 from transformer_mt.config.schema import Config, DecodeConfig
 from transformer_mt.core.errors import CheckpointError, ConfigError, TmtError, UsageError
+from transformer_mt.core.run_layout import find_checkpoint
 from transformer_mt.data.tokenization import EOS, TokenizerPair
 from transformer_mt.decode.ct2_engine import CT2Engine, conversion_dir, convert, find_conversion
 from transformer_mt.decode.hypotheses import Hypothesis
-from transformer_mt.runs.run_files import find_checkpoint
 
 if TYPE_CHECKING:
     import torch
 
     from transformer_mt.decode.hypotheses import Sampling
-    from transformer_mt.runs.loading import LoadedRun
+    from transformer_mt.runs.checkpoint import LoadedRun
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class Translator:
                 cfg = None
             if cfg is not None and pick_engine(engine or cfg.decode.engine, device) == "ctranslate2":
                 return cls._on_ctranslate2(cache, info, tokenizers, cfg, run_dir, checkpoint, device)
-        from transformer_mt.runs.loading import load_run
+        from transformer_mt.runs.checkpoint import load_run
 
         run = load_run(run_dir, checkpoint, tokenizers)
         setting = engine or run.cfg.decode.engine

@@ -1,10 +1,9 @@
-"""Checkpoints on disk: atomic save, keep-last-k step files, `best.pt`, find the newest.
+"""Checkpoints on disk: atomic save, keep-last-k step files, `best.pt`, loading (a run's, to
+translate with), averaging.
 
-A checkpoint is one dict of tensors and plain containers (loadable with `weights_only=True`)
-with fixed keys: model, optimizer, scheduler, scaler, train_state, sampler, rng, config,
-model_args, tokenizers (a fingerprint; absent from older checkpoints), format_version, and
-`ema` when the run keeps an EMA of its weights (`ema.WeightEMA.state_dict`). Every
-reader goes through `load_checkpoint`, which refuses any format but `FORMAT_VERSION`.
+A checkpoint is one dict of tensors and plain containers (loadable with `weights_only=True`):
+model, optimizer, scheduler, scaler, train_state, sampler, rng, config, model_args, tokenizers
+(a fingerprint), format_version, and `ema` when the run keeps an EMA of its weights.
 """
 
 from __future__ import annotations
@@ -14,14 +13,19 @@ import os
 import re
 import shutil
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from transformer_mt.config.schema import comparable_depths, with_defaults
-from transformer_mt.core.errors import CheckpointError
+from transformer_mt.config.loading import config_from_dict
+from transformer_mt.config.schema import Config, config_changes
+from transformer_mt.core.errors import CheckpointError, ConfigError
 from transformer_mt.core.files import describe_os_error, write_atomic
-from transformer_mt.runs.run_files import BEST_NAME, checkpoint_steps, step_file_name
+from transformer_mt.core.run_layout import BEST_NAME, checkpoint_steps, find_checkpoint, step_file_name
+from transformer_mt.data.tokenization import TokenizerPair
+from transformer_mt.model.architectures import build_model
+from transformer_mt.model.transformer import Transformer
 
 logger = logging.getLogger(__name__)
 
@@ -31,37 +35,21 @@ REQUIRED_KEYS = ("model", "config", "model_args", "format_version")
 
 
 def translation_weights(state: dict) -> tuple[dict, str]:
-    """The weights to translate with from a loaded checkpoint, and which they are: its EMA's
-    (`"ema"`, `train.ema_decay`) when it has them, else its trained weights (`"model"`)."""
-    ema = state.get("ema")
-    if ema:
-        return ema["model"], "ema"
-    return state["model"], "model"
+    """The weights to translate with, and which: the EMA's (`"ema"`) if any, else the trained ones (`"model"`)."""
+    return (state["ema"]["model"], "ema") if state.get("ema") else (state["model"], "model")
 
 
 def check_tokenizers(state: dict, fingerprint: str, path: Path, run_dir: Path) -> None:
-    """Refuse a checkpoint trained with other tokenizers than the run's (`TokenizerPair.fingerprint`),
-    say one copied from another run: its ids would mean other pieces, and its translations be
-    garbage. Checkpoints from before the fingerprint was saved pass."""
+    """Refuse a checkpoint trained with other tokenizers than the run's (`TokenizerPair.fingerprint`):
+    its ids would mean other pieces. Checkpoints without a fingerprint pass."""
     saved = state.get("tokenizers")
     if saved is not None and saved != fingerprint:
         raise CheckpointError(f"{path} was trained with other tokenizers than those of {run_dir} (a checkpoint of "
                               "another run?); use it with its own run directory")
 
 
-def check_vocabulary(model_args: dict, src_size: int, tgt_size: int, run_dir: Path) -> None:
-    """Refuse tokenizers whose vocabulary sizes (`src_size`, `tgt_size`) are not the checkpoint's."""
-    if src_size != model_args["src_vocab_size"] or tgt_size != model_args["tgt_vocab_size"]:
-        raise CheckpointError(f"{run_dir}: the tokenizer files do not match the checkpoint's vocabulary sizes")
-
-
 def save_atomic(state: dict, path: Path) -> None:
-    """Write `state` to a temp file beside `path`, fsync it, then rename it over `path`.
-
-    A crash at any moment leaves either the old file or the new one, never a torn file. The
-    temp file has a name of its own (`files.write_atomic`): `tmt average --output` writes beside
-    the user's files, and never into one of theirs.
-    """
+    """`torch.save` through `files.write_atomic`: a crash leaves the old file or the new one."""
     sink: _KeepWriteError | None = None
 
     def write(handle) -> None:
@@ -80,9 +68,8 @@ def save_atomic(state: dict, path: Path) -> None:
 
 
 class _KeepWriteError:
-    """The file object torch.save writes to, keeping the OSError a write raised: torch's zip
-    writer reports it as `RuntimeError: [enforce fail at inline_container.cc] unexpected pos`,
-    which names neither the file nor the cause (a full disk, say)."""
+    """torch.save's file, keeping the OSError a write raised: torch reports it as a RuntimeError
+    that names neither the file nor the cause (a full disk, say)."""
 
     def __init__(self, handle):
         self.handle = handle
@@ -108,10 +95,7 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises many types for truncated or foreign files
-        # torch's weights-only refusal suggests weights_only=False, which would run code from the
-        # file: not advice to pass on. Other errors: their first sentence, which is what they say
-        # (a truncated file: "... failed finding central directory", then torch's own guesses).
-        # The weights-only unpickler also fails on the first bytes of a file torch never wrote.
+        # Never torch's advice of weights_only=False (it would run code from the file); else its first sentence.
         text = str(err).strip()
         if "Weights only load failed" in text:
             detail = ("it holds objects other than tensors and plain containers" if _is_torch_save_file(path)
@@ -129,8 +113,7 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     return state
 
 
-# torch.save writes a zip archive (PyTorch >= 1.6), or in its legacy format a pickle stream that
-# opens with torch.serialization.MAGIC_NUMBER as a LONG1 opcode (0x8a, 10 bytes, little-endian).
+# torch.save's legacy format opens with torch.serialization.MAGIC_NUMBER as a LONG1 opcode.
 _LEGACY_TORCH_MAGIC = b"\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
 
 
@@ -157,7 +140,6 @@ class CheckpointDir:
         return self.directory / BEST_NAME
 
     def steps(self) -> list[int]:
-        """Steps of the step checkpoints on disk, ascending."""
         return checkpoint_steps(self.directory)
 
     def latest(self) -> Path | None:
@@ -166,8 +148,7 @@ class CheckpointDir:
         return self.step_path(steps[-1]) if steps else None
 
     def save(self, state: dict, step: int, *, is_best: bool) -> None:
-        """Write the step checkpoint, make it `best.pt` too when `is_best`, then delete step files
-        beyond `keep_last`."""
+        """Write the step checkpoint (and `best.pt` when `is_best`), then prune to `keep_last` step files."""
         self.directory.mkdir(parents=True, exist_ok=True)
         save_atomic(state, self.step_path(step))
         logger.info("saved checkpoint %s", self.step_path(step))
@@ -178,14 +159,9 @@ class CheckpointDir:
             self.step_path(old).unlink(missing_ok=True)
 
     def set_aside(self, path: Path, why: str) -> None:
-        """Rename a checkpoint that training cannot go on from to `<name>.skipped` (`.skipped.1`, ...
-        if taken), out of `steps()`, so that keep-last pruning and averaging no longer count it;
-        nothing is deleted. `why` ends the warning that says so.
-
-        Such a file has a higher step than the one training resumed from: left in place, it
-        would outrank the checkpoints written from then on and get them pruned in its stead.
-        `best.pt`, when it is the same file (a hard link), goes aside with it.
-        """
+        """Rename a checkpoint that training cannot go on from to `<name>.skipped` (`.skipped.1`, ...),
+        out of `steps()`: left in place, its higher step would get newer checkpoints pruned in its
+        stead. `best.pt`, when it is the same file (a hard link), goes with it; `why` ends the warning."""
         best = self.best_path
         if path != best and best.is_file() and os.path.samefile(path, best):
             self.set_aside(best, f"it is {path.name}")
@@ -224,12 +200,8 @@ class CheckpointDir:
 
 
 def average_checkpoints(paths: list[Path]) -> dict:
-    """A checkpoint whose weights are the element-wise mean of `paths`' (the newest gives the rest).
-
-    Averaging the last few checkpoints of a run is a cheap, standard gain in BLEU (Vaswani et al.
-    2017 §6.1 average the last 5 or 20). The result has no optimizer state: it is for
-    translating and evaluating, not for resuming.
-    """
+    """A checkpoint whose weights are the element-wise mean of `paths`' (the newest gives the rest),
+    without optimizer state: for translating and evaluating, not for resuming."""
     if not paths:
         raise CheckpointError("no checkpoints to average")
     newest = load_checkpoint(paths[-1])
@@ -238,8 +210,8 @@ def average_checkpoints(paths: list[Path]) -> dict:
     for path in paths[:-1]:
         state = load_checkpoint(path)
         fingerprints = {state.get("tokenizers"), newest.get("tokenizers")} - {None}  # None: saved before them
-        if state["model_args"] != newest["model_args"] or _model_settings(state) != _model_settings(newest) \
-                or len(fingerprints) > 1:
+        other_model = any(key.startswith("model.") for key, _, _ in config_changes(state["config"], newest["config"]))
+        if state["model_args"] != newest["model_args"] or other_model or len(fingerprints) > 1:
             raise CheckpointError(f"{path}: a different model from {paths[-1].name}; only checkpoints of one "
                                   "run can be averaged")
         for name, tensor in state["model"].items():
@@ -253,17 +225,44 @@ def average_checkpoints(paths: list[Path]) -> dict:
             "averaged_from": [path.name for path in paths]}
 
 
-def _model_settings(state: dict) -> dict:
-    """A checkpoint's model settings as a resume compares them: keys added to tmt since it was saved
-    at their defaults, and depths as the layers they give (`n_layers: 4` = 4 encoder + 4 decoder
-    layers), so that the checkpoints of a run resumed across either change still average."""
-    return comparable_depths(with_defaults(state["config"]))["model"]
-
-
 def is_average_checkpoint(path: Path) -> bool:
-    """True when `path` is a checkpoint that `average_checkpoints` made (it lists `averaged_from`),
-    the only kind of existing file that `tmt average` may replace."""
+    """True when `path` is a checkpoint `average_checkpoints` made: the only file `tmt average` may replace."""
     try:
         return "averaged_from" in load_checkpoint(path)
     except CheckpointError:  # missing, not a checkpoint, or unreadable: someone else's file
         return False
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    """A run's checkpoint loaded with torch and checked against the run's tokenizers."""
+
+    model: Transformer  # the translation weights (EMA's when the run keeps them), on the CPU, in eval mode
+    tokenizers: TokenizerPair
+    checkpoint: Path
+    cfg: Config
+    config: dict  # the config as saved in the checkpoint
+    model_args: dict
+    step: int
+    which: str  # "ema" or "model" (`checkpoint.translation_weights`)
+
+
+def load_run(run_dir: Path, checkpoint: Path | None = None, tokenizers: TokenizerPair | None = None) -> LoadedRun:
+    """Load `checkpoint` (default: the run's `best.pt`, else its newest) with its translation weights."""
+    checkpoint = checkpoint or find_checkpoint(run_dir)
+    state = load_checkpoint(checkpoint)
+    try:
+        cfg = config_from_dict(state["config"])
+    except ConfigError as err:
+        raise CheckpointError(f"{checkpoint}: the config stored in the checkpoint is invalid ({err})") from None
+    tokenizers = tokenizers or TokenizerPair.load(run_dir)
+    check_tokenizers(state, tokenizers.fingerprint(), checkpoint, run_dir)
+    args = state["model_args"]
+    sizes = args["src_vocab_size"], args["tgt_vocab_size"]
+    if (tokenizers.src.get_vocab_size(), tokenizers.tgt.get_vocab_size()) != sizes:
+        raise CheckpointError(f"{run_dir}: the tokenizer files do not match the checkpoint's vocabulary sizes")
+    model = build_model(cfg.model, *sizes, args["pad_id"])
+    weights, which = translation_weights(state)
+    model.load_state_dict(weights)
+    return LoadedRun(model.eval(), tokenizers, checkpoint, cfg, state["config"], args,
+                     state.get("train_state", {}).get("step", -1), which)

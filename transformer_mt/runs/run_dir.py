@@ -1,43 +1,132 @@
-"""A run directory's life cycle: create it without clobbering anything, and check that a resume
-keeps the settings that define the run's weights."""
+"""A run directory's life cycle: claim it without clobbering anything, lock it for its one writer,
+and check that a resume keeps the settings that define the run's weights."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import logging
 import os
 import shutil
+import socket
+import sys
+import time
 from pathlib import Path
 
 from transformer_mt.config.loading import load_config, read_saved_config
-from transformer_mt.config.schema import Config, comparable_depths, config_to_dict, with_defaults
+from transformer_mt.config.schema import Config, config_changes, config_to_dict
 from transformer_mt.core.errors import CheckpointError, ConfigError, TmtError, UsageError
-from transformer_mt.core.files import temp_file_target
-from transformer_mt.core.run_layout import RunDir
+from transformer_mt.core.files import read_json, temp_file_target
+from transformer_mt.core.run_layout import RunDir, best_or_latest, checkpoint_steps
 from transformer_mt.data.tokenization import TokenizerPair
-from transformer_mt.runs.checkpoint import CheckpointDir
 from transformer_mt.runs.init_from import parent_paths
-from transformer_mt.runs.lock import RunLock
+
+logger = logging.getLogger(__name__)
 
 # Sections that define what a checkpoint's weights mean; they may not change on resume.
 FROZEN_ON_RESUME = ("seed", "data", "tokenizer", "model")
 CHANGEABLE_ON_RESUME = ("data.num_proc",)  # how fast the cache is filled, not what it holds
 
 MARKER = RunDir.MARKER
+# flock's answers on a filesystem that cannot lock (NFS without lockd, some FUSE and SMB mounts).
+_NO_LOCKING = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+
+
+class RunLock:
+    """One writer per run directory: an exclusive `flock` on its lock file, which the kernel drops when
+    the holder dies (kill -9 too); the file names the holder. `release` (or the process's end) lets it go."""
+
+    def __init__(self, path: Path, fd: int | None):
+        self.path = path
+        self._fd = fd  # None: the filesystem could not lock, and the run goes on unlocked
+
+    @classmethod
+    def acquire(cls, run_dir: Path, purpose: str) -> RunLock:
+        """Lock `run_dir` (which must exist) for `purpose` (`tmt train`, say), or raise a
+        `UsageError` naming the process that holds it. Unlockable filesystems: a warning, no lock."""
+        lock = cls._lock(run_dir)
+        if lock.held:
+            owner = {"pid": os.getpid(), "host": socket.gethostname(),
+                     "started": time.strftime("%Y-%m-%d %H:%M:%S"), "purpose": purpose, "argv": sys.argv}
+            os.ftruncate(lock._fd, 0)
+            os.pwrite(lock._fd, (json.dumps(owner) + "\n").encode("utf-8"), 0)
+        return lock
+
+    @classmethod
+    def check_free(cls, run_dir: Path) -> None:
+        """Raise `acquire`'s `UsageError` when another process holds `run_dir`'s lock; take nothing."""
+        if RunDir(run_dir).lock.exists():
+            cls._lock(run_dir, warn=False).release()
+
+    @classmethod
+    def _lock(cls, run_dir: Path, warn: bool = True) -> RunLock:
+        path = RunDir(run_dir).lock
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        except OSError as err:
+            raise UsageError(f"cannot create the lock file {path} ({err.strerror or err})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UsageError(f"{run_dir} is in use by {describe_owner(path)}; only one process may write a run "
+                             "directory: wait for it to end, or stop it (Ctrl-C saves a checkpoint), then retry; "
+                             "translate, evaluate and runs may read it meanwhile") from None
+        except OSError as err:
+            os.close(fd)
+            if err.errno not in _NO_LOCKING:
+                raise
+            if warn:
+                logger.warning("cannot lock %s: its filesystem does not support locks (%s); make sure no other "
+                               "tmt process writes %s while this one does", path, err.strerror or err, run_dir)
+            return cls(path, None)
+        return cls(path, fd)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Let the lock go (closing the file drops the flock). Safe to call twice."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        self.release()
+
+
+def describe_owner(lock_path: Path) -> str:
+    """Who holds the lock, as its lock file says: `tmt train (PID 123 on host, started ...)`."""
+    try:
+        owner = read_json(lock_path)
+        return f"{owner['purpose']} (PID {owner['pid']} on {owner['host']}, started {owner['started']})"
+    except (KeyError, TypeError):
+        return "another tmt process (its lock file names no owner yet)"
+
+
+def lock_if_inside(run_dir: Path, output: Path, purpose: str) -> RunLock:
+    """`run_dir`'s lock, taken for `purpose` (`tmt average`, say), when `output` lies inside that run
+    (a command writing into a run may not run beside its trainer); else a lock that holds nothing."""
+    if RunDir(run_dir).checkpoints.is_dir() and output.resolve().is_relative_to(run_dir.resolve()):
+        return RunLock.acquire(run_dir, purpose)
+    return RunLock(RunDir(run_dir).lock, None)
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, init_from: str | None = None) -> RunLock:
     """Create (or claim) the run directory, refusing to clobber a run or anything tmt did not
-    write; return its lock (`runs.lock`), held until released or until this process ends.
+    write; return its lock (`RunLock`), held until released or until this process ends.
 
-    A directory another process writes (its lock is held) is refused, naming that process.
-    Without `overwrite`, a non-empty directory is reused only when tmt marked it (`MARKER`) and
-    its earlier start failed, or was killed, before its first checkpoint; a run that finished
-    (test scores, or a summary saying so) is kept even if its checkpoints were removed. With
-    `overwrite`, a directory is emptied only when it is marked or holds checkpoints (a run from
-    before the marker existed).
-
-    `init_from` (`train.init_from` of a new run) must name another run: starting over in the
-    parent's own directory would delete the weights the new run starts from.
+    Without `overwrite`, a non-empty directory is reused only when tmt marked it (`MARKER`) and its
+    start ended before the first checkpoint (a finished run is kept even without checkpoints). With
+    `overwrite`, it is emptied only when marked or holding checkpoints. `init_from` must name another run.
     """
     if resume and overwrite:
         raise UsageError("--resume and --overwrite contradict each other; pick one")
@@ -68,17 +157,16 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, init_from: 
 
 def _check_claimable(run_dir: Path, *, resume: bool, overwrite: bool) -> list[str]:
     """Refuse a run directory that `prepare_run_dir` may not claim; return its entries (less the lock file)."""
-    checkpoints = CheckpointDir(RunDir(run_dir).checkpoints, 1)
-    has_checkpoints = checkpoints.latest() is not None or checkpoints.best_path.is_file()
+    checkpoints = RunDir(run_dir).checkpoints
+    has_checkpoints = best_or_latest(checkpoints) is not None
     if resume:
-        if checkpoints.latest() is None:
+        if not checkpoint_steps(checkpoints):
             raise CheckpointError(f"{run_dir}: no checkpoint to resume from (start without --resume)")
         return []
     entries = sorted(p.name for p in run_dir.iterdir() if p.name != RunDir.LOCK) if run_dir.is_dir() else []
     # What tmt writes there, and the temp files a write killed midway leaves (`files.temp_file_target`).
     foreign = [name for name in entries if name not in RunDir.ENTRIES and temp_file_target(name) not in RunDir.ENTRIES]
     if foreign:
-        # An export or an average written into the run is the user's to keep: never deleted, named
         raise UsageError(f"{run_dir} holds files that are not part of a tmt run ({_names(foreign)}), which "
                          "tmt never deletes: move them out of it, or pick another --run-dir")
     marked = MARKER in entries
@@ -96,8 +184,7 @@ def _check_claimable(run_dir: Path, *, resume: bool, overwrite: bool) -> list[st
 
 
 def _clear(run_dir: Path, entries: list[str]) -> None:
-    """Delete an earlier run (--overwrite) or the leftovers of a start that ended early, keeping
-    the lock file (held by this process), and mark the directory as tmt's."""
+    """Delete `entries` (an earlier run, or a failed start's leftovers) and mark the directory as tmt's."""
     for name in entries:
         path = run_dir / name
         shutil.rmtree(path) if path.is_dir() else path.unlink()
@@ -111,11 +198,8 @@ def _finished_run_results(run_dir: Path, entries: list[str]) -> list[str]:
     """The entries that show a run trained to its end: its test scores, a summary that says so."""
     found = [RunDir.EVALUATION] if RunDir.EVALUATION in entries else []
     if RunDir.SUMMARY in entries:
-        try:
-            status = json.loads(RunDir(run_dir).summary.read_text(encoding="utf-8")).get("status")
-        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
-            status = None  # unreadable: a write cut short, so not a finished run
-        if status in ("finished", "stopped early"):
+        summary = read_json(RunDir(run_dir).summary)  # unreadable: a write cut short, so not a finished run
+        if isinstance(summary, dict) and summary.get("status") in ("finished", "stopped early"):
             found.append(RunDir.SUMMARY)
     return found
 
@@ -125,37 +209,20 @@ def _names(names: list[str]) -> str:
 
 
 def check_saved_config(cfg: Config, run_dir: Path) -> None:
-    """Refuse a resume whose model, vocabulary or data settings differ from the run's `config.yaml`.
-
-    The checkpoint's own config is checked again in `train.state.RunCheckpoint.resume`; this
-    earlier check spares preparing a large corpus for a run that cannot continue. A key added to
-    tmt after the run started counts at its default, as the run ran with it. A missing or
-    unreadable file is left to that later check.
-    """
+    """Refuse a resume whose model, vocabulary or data settings differ from the run's `config.yaml`,
+    before a large corpus is prepared (the checkpoint's own config is checked again on resume)."""
     path = RunDir(run_dir).config
     if (saved := read_saved_config(path)) is not None:
-        resume_config_changes(with_defaults(saved), config_to_dict(cfg), path)
+        resume_config_changes(saved, config_to_dict(cfg), path)
 
 
 def resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:
-    """The settings that differ from the checkpoint's (or `config.yaml`'s), as `key: old -> new` lines.
-
-    Raises `ConfigError` listing them when any defines the model, vocabulary or data
-    (`FROZEN_ON_RESUME`, less `CHANGEABLE_ON_RESUME`); changes to train.* and decode.* are
-    allowed and returned.
-    """
-    saved, current = comparable_depths(saved), comparable_depths(current)  # n_layers: 4 = encoder 4 + decoder 4
+    """The settings that differ from the saved ones, as `key: old -> new` lines; a `ConfigError`
+    listing them when any is in `FROZEN_ON_RESUME` (less `CHANGEABLE_ON_RESUME`)."""
     frozen, allowed = [], []
-    for section in sorted(set(saved) | set(current)):
-        before, after = saved.get(section), current.get(section)
-        if isinstance(before, dict) and isinstance(after, dict):
-            keys = [(f"{section}.{key}", before.get(key), after.get(key)) for key in sorted(set(before) | set(after))]
-        else:
-            keys = [(section, before, after)]
-        for key, old, new in keys:
-            if old != new:
-                frozen_key = section in FROZEN_ON_RESUME and key not in CHANGEABLE_ON_RESUME
-                (frozen if frozen_key else allowed).append(f"{key}: {old!r} -> {new!r}")
+    for key, old, new in config_changes(saved, current):
+        is_frozen = key.partition(".")[0] in FROZEN_ON_RESUME and key not in CHANGEABLE_ON_RESUME
+        (frozen if is_frozen else allowed).append(f"{key}: {old!r} -> {new!r}")
     if frozen:
         raise ConfigError([f"cannot resume from {path.name}: these settings differ from the run's "
                            "(only train.*, decode.* and data.num_proc may change)"] + frozen)
@@ -163,8 +230,7 @@ def resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:
 
 
 def same_data_settings(cfg: Config, run_dir: Path) -> bool:
-    """True when `run_dir` holds a run made with the seed, data and tokenizer settings of `cfg`
-    (`tmt data` then reports on that run's tokenizers and carved split)."""
+    """True when `run_dir` holds a run made with the seed, data and tokenizer settings of `cfg`."""
     return data_settings_problem(cfg, run_dir) is None
 
 
@@ -176,8 +242,6 @@ def data_settings_problem(cfg: Config, run_dir: Path) -> str | None:
         saved = config_to_dict(load_config(RunDir(run_dir).config))
     except TmtError:
         return "its config.yaml cannot be read"  # train fresh tokenizers rather than guess
-    current = config_to_dict(cfg)
-    differ = ["seed"] if saved["seed"] != current["seed"] else []
-    differ += [f"{section}.{key}" for section in ("data", "tokenizer") for key in current[section]
-               if saved[section].get(key) != current[section][key]]
+    differ = [key for key, _, _ in config_changes(saved, config_to_dict(cfg))
+              if key == "seed" or key.partition(".")[0] in ("data", "tokenizer")]
     return f"its settings differ ({', '.join(differ)})" if differ else None

@@ -1,9 +1,5 @@
-"""`runs/<name>/summary.json`: where a run came from and how it went; `tmt runs` lists them.
-
-The summary is rewritten (atomically) at every checkpoint and when training ends, so it is
-current even for a run that was killed; `status` then still says `running`, and `tmt runs`
-notices when the process that wrote it is gone.
-"""
+"""`summary.json`: where a run came from and how it went, rewritten at every checkpoint and at the
+end; `tmt runs` lists them, noticing a `running` one whose process is gone."""
 
 from __future__ import annotations
 
@@ -22,24 +18,24 @@ import torch
 
 from transformer_mt.config.loading import read_saved_config
 from transformer_mt.config.schema import Config
-from transformer_mt.core.files import write_text_atomic
-from transformer_mt.core.run_layout import RunDir
-from transformer_mt.runs.run_files import run_folders
+from transformer_mt.core.files import read_json, write_text_atomic
+from transformer_mt.core.run_layout import RunDir, run_folders
 
 PACKAGES = ("transformer-mt", "torch", "tokenizers", "datasets", "sacrebleu")
 
 
 def provenance(cfg: Config, run_dir: Path, device: torch.device, config_dir: Path | None) -> dict:
     """What the run was made from: data, split seed, tokenizers, software, device, config's git commit."""
-    tokenizer_files = sorted(run_dir.glob("tokenizer*.json"))
     return {
         "data": {"format": cfg.data.format, "path": cfg.data.path, "hub_config": cfg.data.hub_config,
                  "revision": cfg.data.revision, "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang,
                  **({"corpora": [dataclasses.asdict(entry) for entry in cfg.data.corpora]} if cfg.data.corpora else {})},
         "split_seed": cfg.seed,
-        "tokenizers_sha256": {path.name: _sha256(path) for path in tokenizer_files},
+        "tokenizers_sha256": {path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+                              for path in sorted(run_dir.glob("tokenizer*.json"))},
         "versions": {**{name: _version(name) for name in PACKAGES}, "python": platform.python_version()},
-        "device": _device_name(device),
+        "device": (f"cuda: {torch.cuda.get_device_name(device)}" if device.type == "cuda"
+                   else f"{device.type}: {platform.processor() or platform.machine()}"),
         "config_git_commit": git_commit(config_dir) if config_dir else None,
         "host": socket.gethostname(),
     }
@@ -47,13 +43,14 @@ def provenance(cfg: Config, run_dir: Path, device: torch.device, config_dir: Pat
 
 def git_commit(directory: Path) -> str | None:
     """HEAD of the git repository holding `directory` (with `-dirty` if it has changes), else None."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(directory), *args], capture_output=True, text=True, timeout=10)
+
     try:
-        run = lambda *args: subprocess.run(["git", "-C", str(directory), *args], capture_output=True, text=True,
-                                           timeout=10)
-        head = run("rev-parse", "HEAD")
+        head = git("rev-parse", "HEAD")
         if head.returncode != 0:
             return None
-        dirty = run("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
         return head.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):  # no git installed, or it hung
         return None
@@ -66,23 +63,20 @@ def write_summary(run_dir: Path, summary: dict) -> None:
 
 
 def read_summaries(runs_dir: Path) -> list[dict]:
-    """The summaries of the runs under `runs_dir`, most recently updated first: its runs
-    (`runs/<name>`), runs grouped one folder deeper (`runs/<group>/<name>`), or `runs_dir` itself
-    when it is a run. Each row's `run` is its folder relative to `runs_dir`, or its name."""
+    """The summaries of the runs in `run_folders(runs_dir)`, most recently updated first."""
     rows = []
     for folder in run_folders(runs_dir):
         path = RunDir(folder).summary
         if not path.is_file():
             rows.extend(_before_training(folder, runs_dir))
             continue
-        try:
-            summary = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            summary = {"status": "unreadable summary.json"}
-        if not isinstance(summary, dict):  # valid JSON, but not what tmt writes
+        summary = read_json(path)
+        if not isinstance(summary, dict):
             summary = {"status": "unreadable summary.json"}
         summary.update(_row_names(folder, runs_dir), mtime=path.stat().st_mtime)
-        if summary.get("status") == "running" and not _writer_alive(summary):
+        provenance = summary.get("provenance")
+        host = provenance.get("host") if isinstance(provenance, dict) else None
+        if summary.get("status") == "running" and _alive_here(host, summary.get("pid")) is False:
             summary["status"] = "died (process gone)"
         rows.append(summary)
     return sorted(rows, key=lambda row: row["mtime"], reverse=True)
@@ -95,18 +89,14 @@ def _row_names(folder: Path, runs_dir: Path) -> dict:
 
 
 def _before_training(folder: Path, runs_dir: Path) -> list[dict]:
-    """The row of a run that has no summary.json yet, as one gets at its first training step: its
-    data being prepared, or its start stopped before (a data error, Ctrl-C; train.log says which).
-    Only a folder tmt claimed for a run (its marker) with its config.yaml counts; none otherwise."""
+    """The row of a run claimed by tmt (its marker and config.yaml) that has no summary.json yet:
+    its data being prepared, or its start stopped before training."""
     layout = RunDir(folder)
     if not (layout.marker.is_file() and layout.config.is_file()):
         return []
     saved = read_saved_config(layout.config) or {}
     train = saved.get("train") if isinstance(saved.get("train"), dict) else {}
-    try:
-        owner = json.loads(layout.lock.read_text(encoding="utf-8"))  # who took the run, for as long as it lives
-    except (OSError, UnicodeDecodeError, ValueError):
-        owner = None
+    owner = read_json(layout.lock)  # who took the run, for as long as it lives
     alive = _alive_here(owner.get("host"), owner.get("pid")) if isinstance(owner, dict) else None
     status = {None: "no summary yet", True: "preparing data", False: "stopped before training"}[alive]
     log = layout.train_log if layout.train_log.is_file() else layout.config
@@ -130,16 +120,8 @@ def runs_table(rows: list[dict]) -> str:
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines)
 
 
-def _writer_alive(summary: dict) -> bool:
-    """False when the summary was written on this host by a process that no longer exists."""
-    provenance = summary.get("provenance")
-    host = provenance.get("host") if isinstance(provenance, dict) else None
-    return _alive_here(host, summary.get("pid")) is not False
-
-
 def _alive_here(host: object, pid: object) -> bool | None:
-    """Whether process `pid` of `host` still runs; None when this machine cannot tell (another
-    host's process, no pid recorded, or a pid that is not one)."""
+    """Whether process `pid` of `host` still runs; None when this machine cannot tell."""
     if host != socket.gethostname() or not pid:
         return None
     try:
@@ -153,18 +135,8 @@ def _alive_here(host: object, pid: object) -> bool | None:
     return True
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _version(package: str) -> str | None:
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return None
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"cuda: {torch.cuda.get_device_name(device)}"
-    return f"{device.type}: {platform.processor() or platform.machine()}"

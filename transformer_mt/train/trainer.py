@@ -27,7 +27,7 @@ from transformer_mt.core.errors import (
     missing_from_rank0,
 )
 from transformer_mt.core.files import os_errors_named
-from transformer_mt.core.run_layout import RunDir
+from transformer_mt.core.run_layout import RunDir, checkpoint_steps
 from transformer_mt.core.runtime import (
     Precision,
     pick_attention,
@@ -44,7 +44,6 @@ from transformer_mt.model.architectures import build_model as build_architecture
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.runs.init_from import Parent, load_parent
 from transformer_mt.runs.run_dir import check_saved_config
-from transformer_mt.runs.run_files import checkpoint_steps
 from transformer_mt.train.batch_budget import resolve_batch_tokens
 from transformer_mt.train.ema import WeightEMA
 from transformer_mt.train.interval_log import IntervalLog

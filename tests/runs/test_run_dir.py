@@ -19,8 +19,7 @@ import pytest
 from tests.helpers import PYTHONPATH, TINY_PAIRS, tiny_config, write_corpus
 from transformer_mt.config.loading import save_config
 from transformer_mt.core.errors import UsageError
-from transformer_mt.runs.lock import RunLock
-from transformer_mt.runs.run_dir import prepare_run_dir
+from transformer_mt.runs.run_dir import RunLock, prepare_run_dir
 
 ENV = {**os.environ, "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"}
 

@@ -71,14 +71,9 @@ class DataConfig:
     """Processes that tokenize a large split (100,000 pairs or more) into the token cache;
     unset: the machine's cores, at most 8. Smaller splits take one process."""
     corpora: tuple[CorpusEntry, ...] = ()
-    """Several corpora trained on together, instead of `path`: a list of `{path: ..., weight: 2.0}`,
-    each entry with its own `path` (required), `weight` (default 1) and optionally `format`,
-    `hub_config`, `revision` (default: the `data.*` keys); languages and filters are `data.*`'s.
-    Corpus c of n_c training pairs gives each epoch m = round(weight × n_c) pairs: each pair
-    m // n_c times, plus m mod n_c distinct pairs drawn afresh each epoch (seeded by `seed` and the
-    epoch): weight 2 shows each pair twice an epoch, 0.5 a random half of them, drawn anew each epoch
-    (independently: two epochs need not cover the corpus). A weight giving a corpus no pair is refused.
-    Validation and test come from the first corpus (its own splits, else carved from its train)."""
+    """Several corpora trained on together, instead of `path`: a list of `{path: ..., weight: 2.0}`
+    entries, each drawing round(weight × its pairs) pairs per epoch (seeded). Validation and test
+    come from the first corpus (see the data guide)."""
 
     def validate(self, p: Problems, cfg: Config) -> None:
         if self.corpora:
@@ -115,20 +110,15 @@ class TokenizerConfig:
     """Train the BPE on at most this many training pairs, a seeded random sample; unset: all.
     Counting words is most of the tokenizer's training time."""
     bpe_dropout: float = 0.0
-    """BPE-dropout (Provilkov et al. 2020) on the training pairs: each merge is skipped with this
-    probability, so words are split into varied, smaller pieces (0.1 is the paper's; 0: off).
-    Validation, test and translation always use plain BPE, and the saved tokenizers never drop.
-    The training split is encoded `bpe_dropout_variants` times ahead into the token cache;
-    epoch e trains on number 1 + (e mod that number); a resume reads the same cached ones.
-    Use it with `model.norm: pre`: a post-norm model at a high rate can stall under it (docs/results.md)."""
+    """BPE-dropout probability on the training pairs (Provilkov et al. 2020; 0.1 is the paper's, 0:
+    off), from `bpe_dropout_variants` segmentations cached ahead; validation, test and translation
+    use plain BPE."""
     bpe_dropout_variants: int = 8
     """Segmentations of the training split cached for `bpe_dropout`, cycled by epoch; each costs
     one more encoding of the training split and its token ids on disk."""
     bpe_dropout_start_epoch: int = 0
-    """The first epoch trained on `bpe_dropout` segmentations, counted from 0 (`summary.json`'s and
-    the resume log's epochs count from 1); the epochs before it train on plain BPE (epoch e >= it
-    on number 1 + (e mod `bpe_dropout_variants`)). Starting after the warm-up (warmup_steps / the
-    steps per epoch `tmt data` reports) can help a post-norm model learn (docs/results.md)."""
+    """The first epoch (counted from 0) trained on `bpe_dropout` segmentations; the epochs before it
+    train on plain BPE."""
 
     def validate(self, p: Problems, cfg: Config) -> None:
         n_special = 4  # PAD, UNK, BOS, EOS
@@ -153,8 +143,7 @@ class ModelConfig:
     """Layers in the encoder and in the decoder, unless the two keys below say otherwise."""
     encoder_layers: int | None = None
     """Encoder layers; unset: `n_layers`. A deep encoder with a shallow decoder decodes faster at
-    about the same BLEU (Kasai et al. 2021); pre-norm (`norm: pre`) trains deep stacks more stably
-    (Xiong et al. 2020, docs/results.md)."""
+    about the same BLEU (Kasai et al. 2021)."""
     decoder_layers: int | None = None
     """Decoder layers; unset: `n_layers`."""
     d_ff: int = 2048
@@ -213,40 +202,29 @@ class TrainConfig:
     max_steps: int = 100_000
     """Optimizer updates to run."""
     batch_tokens: int | Literal["auto"] = "auto"
-    """Token budget per batch: batch size × padded length (the longer of source and target).
-    `auto`: on a CUDA GPU, sized for its memory and the model (`batch_budget`: the largest power
-    of two whose activations fill at most half the memory, at most 65,536), said in the log; 4,096
-    on a CPU or MPS. Set a number to keep a recipe's tokens per update on every device."""
+    """Token budget per batch: batch size × padded length (the longer side). `auto`: sized for a
+    CUDA GPU's memory and the model, 4,096 on a CPU or MPS."""
     accum_steps: int = 1
     """Batches accumulated into one optimizer update (gradient accumulation). The loss is
     normalised by the target tokens of all of them, so the update equals one batch of
     accum_steps × batch_tokens; a step still means one update."""
     pad_to_multiple: int = 8
-    """Batch lengths are padded up to a multiple of this on CUDA, where tensor cores want multiples
-    of 8, and with `compile`, where it bounds the distinct shapes; elsewhere padding only costs
-    time, so it is not applied. 1 disables. Never past `model.max_len`; `batch_tokens` counts the
-    padded lengths. The loss ignores the padding."""
+    """Batch lengths are padded up to a multiple of this on CUDA (tensor cores) and with `compile`
+    (fewer shapes), never past `model.max_len`; 1 disables."""
     compile: bool = False
-    """Run the model through `torch.compile` for training steps (checkpoints still hold the plain
-    module's weights). The first steps of each new batch shape are slow while it compiles; with
-    `cuda_graphs` each shape compiles once, before its capture, and the graphs replay its kernels."""
+    """Run training steps through `torch.compile`; with `cuda_graphs` each batch shape compiles
+    once, before its capture."""
     cuda_graphs: bool = True
-    """On one CUDA GPU, capture each batch shape's whole update (forward, backward, clipping and
-    the AdamW step) once as a CUDA graph and replay it: an update is then a few kernel launches
-    instead of hundreds. Batches get a fixed row
-    count per padded length (filler rows, no loss) so shapes repeat. Not with torchrun or fp16;
-    `false` runs every step eagerly."""
+    """On one CUDA GPU, capture each batch shape's whole update (forward, backward, clipping, AdamW)
+    as a CUDA graph and replay it. Not with torchrun or fp16; `false` runs every step eagerly."""
     lr: float = 7e-4
     """Peak learning rate, reached at the end of warmup."""
     warmup_steps: int = 4000
     """Steps of linear warmup to `lr`, then the decay `lr_schedule` names (`linear` and `cosine`:
     fewer than `max_steps`, or they would never decay)."""
     lr_schedule: Literal["inverse_sqrt", "linear", "cosine"] = "inverse_sqrt"
-    """Decay after warmup: `inverse_sqrt` ∝ 1/sqrt(step) (Vaswani et al. 2017 §5.3), never below
-    `min_lr`; `linear` and `cosine` (half a period, Loshchilov & Hutter 2017) from `lr` down to
-    `min_lr` at `max_steps`, the last update's rate. The rate of update N depends only on N and
-    these keys, so resuming is exact; changed on resume (schedule, `lr`, `min_lr`, `max_steps`),
-    the new curve sets the rate from the next update on."""
+    """Decay after warmup: `inverse_sqrt` ∝ 1/sqrt(step) (Vaswani et al. 2017), never below
+    `min_lr`; `linear` or `cosine` from `lr` down to `min_lr` at `max_steps`."""
     min_lr: float = 0.0
     """The floor of the decay: where `linear` and `cosine` end, below which `inverse_sqrt` never goes."""
     label_smoothing: float = 0.1
@@ -259,15 +237,12 @@ class TrainConfig:
     """Clip the global gradient norm to this value; 0 disables clipping."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """`auto`: bf16 on GPUs that support it, else fp16 with a grad scaler on CUDA, fp32 elsewhere.
-    `bf16` also runs on a CPU, faster where it has AVX512-BF16 (docs/benchmarks.md)."""
+    `bf16` also runs on a CPU, faster where it has AVX512-BF16."""
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
     """`auto` picks cuda, then mps, then cpu."""
     attention_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = "auto"
-    """Attention kernel of training steps and the validation loss: `auto` on CUDA tries the
-    memory-efficient kernel, then flash, then math, never cuDNN's (it plans every new shape anew,
-    docs/benchmarks.md); elsewhere PyTorch chooses. A named kernel is tried first, math
-    after it (flash takes no padding mask: masked attention then runs on math). A kernel the device
-    cannot run falls back to `auto` with a warning."""
+    """Attention kernel of training steps: `auto` on CUDA tries memory-efficient, flash, then math,
+    never cuDNN's; elsewhere PyTorch chooses. A named kernel is tried first, math after it."""
     log_every_steps: int = 100
     """Steps between training-loss log lines and TensorBoard points."""
     eval_every_steps: int = 1000
@@ -294,9 +269,8 @@ class TrainConfig:
     (or the average below) and write BLEU/chrF with their sacreBLEU signatures to
     `evaluation/test_scores.json`."""
     average_last: int = 0
-    """For that final test, average the newest this-many step checkpoints instead of using
-    `best.pt` (0: best.pt); see also `tmt average`. To average evenly spaced checkpoints, make
-    `eval_every_steps` a multiple of `save_every_steps` (a new best between saves adds one)."""
+    """For the final test, average the newest this-many step checkpoints instead of using `best.pt`
+    (0: `best.pt`); see also `tmt average`."""
     attention_layer: int = 0
     """Decoder layer (0 = first, -1 = last) whose cross-attention over one validation sentence
     is drawn in TensorBoard at each validation, next to the last layer's."""
@@ -304,24 +278,13 @@ class TrainConfig:
     """A batch whose loss or gradient is NaN/inf is skipped (no update, not counted as a step);
     this many in a row stop the run. With fp16, gradient-scaler overflows count too."""
     ema_decay: float = 0.0
-    """Keep an exponential moving average (EMA) of the weights, in fp32 beside the model, updated
-    after every update (skipped batches leave it alone) with decay min(ema_decay, (1 + n) / (10 + n))
-    at its n-th update: the warm-up of TensorFlow's and timm's EMA, so early averages are not stuck
-    near the random initial weights. 0 turns it off; 0.9999 is usual for long runs, and with a few
-    thousand updates a smaller one such as 0.999 (the warm-up alone averages about the last 10% of
-    updates). When on, validation (and so `best.pt`) scores the EMA weights, checkpoints hold them
-    beside the trained ones (resumed exactly), and `tmt translate`, `evaluate` and `export` use
-    them; `average_last` still averages the trained weights, and the final test then scores the
-    EMA too (`test.ema` in `summary.json`). Turned on at a resume, the EMA starts there."""
+    """Keep an exponential moving average of the weights with this decay (warmed up as min(decay, (1
+    + n) / (10 + n))); validation, `best.pt`, `translate` and `export` then use it. 0: off; 0.9999
+    is usual for long runs."""
     init_from: str | None = None
-    """Start a new run from another run's weights (fine-tuning, domain adaptation): a run directory
-    (its `best.pt`, else its newest step checkpoint) or a checkpoint file in a run's `checkpoints/`.
-    The weights are those `tmt translate` uses (the EMA's, when the parent has one); the tokenizers
-    are copied from the parent, whose `model.*` and `tokenizer.*` settings this config must repeat
-    (except the dropout rates, the BPE-dropout keys and `max_len`, which do not change what the
-    weights mean); the optimizer, step count, schedule and data order start afresh. `summary.json`
-    records the parent (`init_from`). Ignored when the run resumes from its own checkpoint. Relative
-    to the config file, or to the current directory when set with `--set`; unset (null): a fresh model."""
+    """Start a new run from another run's weights (fine-tuning): a run directory (its `best.pt`,
+    else its newest checkpoint) or a checkpoint file; its tokenizers come along, and `model.*` and
+    `tokenizer.*` must match. Unset: a fresh model."""
 
     def validate(self, p: Problems, cfg: Config) -> None:
         for key in ("max_steps", "eval_every_steps", "save_every_steps", "log_every_steps", "keep_last",
@@ -385,13 +348,11 @@ class DecodeConfig:
     """Greedy and beam search on a CUDA GPU run fixed-shape decoder steps replayed as a CUDA
     graph (the same output; a step is then one launch instead of hundreds). `false`: eager steps."""
     attention_backend: Literal["auto", "flash", "efficient", "cudnn", "math"] = "auto"
-    """Attention kernel of decoding (validation BLEU, the final test, `tmt translate` and `tmt
-    evaluate`): `auto` on CUDA tries flash, then memory-efficient, then math, never cuDNN's (it
-    plans each new shape, and each decoding step is one); elsewhere PyTorch chooses. Otherwise as `train.attention_backend`."""
+    """Attention kernel of decoding: `auto` on CUDA tries flash, memory-efficient, then math, never
+    cuDNN's; elsewhere PyTorch chooses. Otherwise as `train.attention_backend`."""
     quantize: Literal["none", "int8"] = "none"
-    """`int8`: `tmt translate` and `tmt evaluate` on a CPU decode with CTranslate2's int8 weights
-    (the `ctranslate2` engine): faster, translations close to fp32's but not identical.
-    Validation during training, the final test and GPUs decode as `none` does."""
+    """`int8`: `tmt translate` and `tmt evaluate` on a CPU decode with CTranslate2's int8 weights:
+    faster, close to fp32. Validation and the final test decode as `none`."""
     engine: Literal["auto", "torch", "ctranslate2"] = "auto"
     """Inference engine for translate/evaluate: auto = CTranslate2 on a CPU when installed, else torch."""
 

@@ -16,7 +16,7 @@ from transformer_mt.config.loading import config_from_dict, load_config, save_co
 from transformer_mt.config.schema import config_to_dict
 from transformer_mt.core.errors import ConfigError, DataError
 from transformer_mt.data.corpus import load_corpus
-from transformer_mt.data.mix import mixture
+from transformer_mt.data.training_split import mixture
 from transformer_mt.runs.checkpoint import load_checkpoint
 from transformer_mt.runs.run_dir import prepare_run_dir
 from transformer_mt.train.preparation import prepare_data

@@ -1,6 +1,9 @@
 """The training split as the sampler draws it: one table of token ids holding every corpus's pairs
-(`data.corpora`) in plain BPE and, with `tokenizer.bpe_dropout`, in K cached BPE-dropout
-segmentations; and `EpochRows`, the rows each epoch trains on (by corpus weight and variant).
+(`data.corpora`) in plain BPE and in K cached BPE-dropout segmentations; `EpochRows`, the rows of each epoch.
+
+Corpus c of n_c pairs and weight w_c gives every epoch m_c = round(w_c × n_c) pairs (halves up): each
+pair m_c // n_c times, and m_c mod n_c distinct pairs more drawn by a generator seeded by (seed, epoch, c).
+An epoch's rows are thus a pure function of the seed and the epoch, which makes a resume exact.
 """
 
 from __future__ import annotations
@@ -13,26 +16,47 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer_mt.config.schema import Config
+from transformer_mt.config.schema import Config, DataConfig
 from transformer_mt.core.errors import ConfigError, DataError
 from transformer_mt.data.corpus import Corpus
-from transformer_mt.data.mix import corpus_weights, mixture, pairs_per_epoch
 from transformer_mt.data.token_cache import TokenizedSplit, processes_for, tokenize_split
 from transformer_mt.data.tokenization import TokenizerPair
 
 logger = logging.getLogger(__name__)
 
 
+def corpus_weights(cfg: DataConfig) -> tuple[float, ...]:
+    """Each corpus's weight; `data.path` is one corpus of weight 1."""
+    return tuple(entry.weight for entry in cfg.corpora) or (1.0,)
+
+
+def pairs_per_epoch(counts: tuple[int, ...], weights: tuple[float, ...]) -> list[int]:
+    """Pairs each corpus gives every epoch: its count times its weight, rounded (halves up)."""
+    return [math.floor(n * w + 0.5) for n, w in zip(counts, weights)]
+
+
+def mixture(counts: tuple[int, ...], weights: tuple[float, ...], seed: int, epoch: int) -> np.ndarray:
+    """(sum of `pairs_per_epoch`,) int64: the pair numbers epoch `epoch` trains on, corpus by corpus
+    (corpus c's pairs numbered from sum(counts[:c])), in no particular order."""
+    chosen, start = [], 0
+    for c, (n, wanted) in enumerate(zip(counts, pairs_per_epoch(counts, weights))):
+        pairs = np.arange(start, start + n, dtype=np.int64)
+        whole, extra = divmod(wanted, n) if n else (0, 0)
+        chosen.extend([pairs] * whole)
+        if extra:
+            drawn = np.random.default_rng([seed, epoch, c]).choice(n, size=extra, replace=False)
+            chosen.append(start + np.sort(drawn))
+        start += n
+    return np.concatenate(chosen) if chosen else np.zeros(0, dtype=np.int64)
+
+
 @dataclass(frozen=True)
 class EpochRows:
-    """The rows of the training table that epoch e trains on: a pure function of the seed and e,
-    so a resume that knows the epoch knows its rows.
+    """The rows of the training table that epoch e trains on.
 
-    The table holds `variants + 1` blocks of `n_pairs` rows each: block 0 the pairs in plain BPE,
-    block v (1..K) their v-th BPE-dropout segmentation, in the same order. Within a block, corpus
-    c's pairs come after those of corpora 0..c-1 (`counts`). Epoch e draws the pairs
-    `data.mix.mixture` picks by `weights`, from block 1 + e mod K (block 0 without dropout, or
-    before `start_epoch`).
+    The table holds `variants + 1` blocks of `n_pairs` rows each: block 0 the pairs in plain BPE, block
+    v (1..K) their v-th BPE-dropout segmentation, corpus after corpus (`counts`). Epoch e draws the
+    pairs `mixture` picks from block 1 + e mod K (block 0 without dropout, or before `start_epoch`).
     """
 
     counts: tuple[int, ...]  # training pairs of each corpus
@@ -63,12 +87,9 @@ class EpochRows:
 
 def tokenize_training_split(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, cache: Path, *,
                             progress: bool = False, prepared: bool = False) -> TokenizedSplit:
-    """The training pairs as token ids, each corpus and each BPE-dropout variant a token-cache
-    entry of its own (`token_cache.tokenize_split`), in one table with its `EpochRows`.
-
-    One corpus of weight 1 without dropout is the plain split, every pair once per epoch.
-    """
-    parts = corpus.train_parts or (("", len(corpus.train)),)
+    """The training pairs as token ids, each corpus and BPE-dropout variant a token-cache entry of its
+    own, in one table with its `EpochRows` (none for one corpus of weight 1 without dropout)."""
+    parts = corpus.train_parts
     variants = cfg.tokenizer.bpe_dropout_variants if cfg.tokenizer.bpe_dropout else 0
     blocks: list[list[TokenizedSplit]] = [[] for _ in range(variants + 1)]  # [variant][corpus]
     start = 0
@@ -111,8 +132,7 @@ def tokenize_training_split(cfg: Config, corpus: Corpus, tokenizers: TokenizerPa
 
 
 def _refuse_unused_corpora(plan: EpochRows, labels: list[str]) -> None:
-    """A corpus whose weight is too small for round(weight x pairs) to reach 1 is an error naming its
-    entry, never a corpus silently unused (one with no pairs left is refused as it is tokenized)."""
+    """Refuse a corpus whose weight is too small for round(weight x pairs) to reach 1, naming its entry."""
     for c, (label, n, weight, wanted) in enumerate(zip(labels, plan.counts, plan.weights, plan.pairs_per_epoch())):
         if wanted:
             continue

@@ -47,9 +47,8 @@ def round_up(length: int, multiple: int) -> int:
 
 
 def padded_length(length: int, multiple: int, max_length: int | None = None) -> int:
-    """A batch's padded length: `length` rounded up to a multiple of `multiple`, but not past
-    `max_length` (the model's positions; a `max_length` that is no multiple would otherwise be
-    overrun), and never below `length`. Also elementwise on arrays (then returns an array)."""
+    """`length` rounded up to a multiple of `multiple`, but not past `max_length` (the model's positions)
+    nor below `length`; also elementwise on arrays."""
     rounded = round_up(length, multiple)
     return rounded if max_length is None else np.maximum(length, np.minimum(rounded, max_length))
 
@@ -67,8 +66,7 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, pad_to_multiple: i
 def make_batch(src_seqs: Sequence[Sequence[int]], tgt_seqs: Sequence[Sequence[int]],
                pad_id: int, bos_id: int, eos_id: int, pad_to_multiple: int = 1, max_length: int | None = None
                ) -> Batch:
-    """Build a `Batch` from token-id lists that carry no special tokens (the plain path); lengths
-    are padded by `padded_length(·, pad_to_multiple, max_length)`."""
+    """A `Batch` of token-id lists without special tokens, lengths padded by `padded_length`."""
     src = [list(s) + [eos_id] for s in src_seqs]
     tgt_in = [[bos_id] + list(t) for t in tgt_seqs]
     tgt_out = [list(t) + [eos_id] for t in tgt_seqs]
@@ -82,8 +80,7 @@ def make_batch(src_seqs: Sequence[Sequence[int]], tgt_seqs: Sequence[Sequence[in
 
 
 def _place_rows(values: np.ndarray, lengths: np.ndarray, width: int, pad_id: int, start: int) -> np.ndarray:
-    """(B, width) int64 of pad_id with row i's `lengths[i]` values (concatenated in `values`) at
-    columns start .. start + lengths[i]. One vectorised scatter instead of a loop over rows."""
+    """(B, width) int64 of pad_id with row i's `lengths[i]` values (concatenated in `values`) from column `start`."""
     out = np.full((len(lengths), width), pad_id, dtype=np.int64)
     columns = np.arange(width)
     # Boolean assignment fills True cells in row-major order: row 0's tokens first, and so on.
@@ -94,11 +91,7 @@ def _place_rows(values: np.ndarray, lengths: np.ndarray, width: int, pad_id: int
 def make_batch_from_flat(src_values: np.ndarray, src_lengths: np.ndarray, tgt_values: np.ndarray,
                          tgt_lengths: np.ndarray, pad_id: int, bos_id: int, eos_id: int,
                          pad_to_multiple: int = 1, max_length: int | None = None) -> Batch:
-    """`make_batch` for sequences stored back to back (as Arrow list columns are), without Python lists.
-
-    `*_values` (sum of lengths,) ints: every sequence's ids, concatenated; `*_lengths` (B,) ints.
-    Returns exactly what `make_batch` returns for the same sequences.
-    """
+    """`make_batch` of sequences stored back to back: `*_values` (sum of lengths,), `*_lengths` (B,)."""
     src_lengths, tgt_lengths = np.asarray(src_lengths, dtype=np.int64), np.asarray(tgt_lengths, dtype=np.int64)
     rows = np.arange(len(src_lengths))
     S = int(padded_length(int(src_lengths.max()) + 1, pad_to_multiple, max_length))  # + EOS
@@ -115,18 +108,14 @@ def make_batch_from_flat(src_values: np.ndarray, src_lengths: np.ndarray, tgt_va
 
 
 def static_rows(batch: Batch, batch_tokens: int) -> int:
-    """The row count every batch of this one's padded lengths is given on a fixed-shape path: as
-    many as the token budget lets the sampler put into a batch of them (`token_budget_batches`),
-    so one captured step serves every batch of those lengths."""
+    """The rows of every batch of this one's padded lengths on a fixed-shape path: as many as the budget allows."""
     longest = max(batch.src_ids.shape[1], batch.tgt_in_ids.shape[1])
     return max(batch.src_ids.shape[0], batch_tokens // longest)
 
 
 def pad_rows(batch: Batch, rows: int, pad_id: int, bos_id: int, eos_id: int) -> Batch:
-    """`batch` with filler rows appended up to `rows`: source EOS, target input BOS, target output
-    all pad. A filler row has a real token on each side, so attention over it stays finite (a row
-    of pads alone would softmax over nothing and give NaN), and no target to predict, so it adds
-    nothing to the loss or the gradients; the token counts are the batch's own."""
+    """`batch` with filler rows appended up to `rows`: source EOS, target input BOS (so attention stays
+    finite), target output all pad (nothing to predict); the token counts are the batch's own."""
     extra = rows - batch.src_ids.shape[0]
     if extra <= 0:
         return batch
@@ -141,15 +130,10 @@ def pad_rows(batch: Batch, rows: int, pad_id: int, bos_id: int, eos_id: int) -> 
 
 
 def token_budget_batches(order: np.ndarray, lengths: np.ndarray, batch_tokens: int) -> list[np.ndarray]:
-    """Cut `order` into consecutive batches whose size × longest length stays within the budget.
+    """Cut `order` into consecutive batches (views) whose size × longest length stays within the budget.
 
-    `order` (N,) example indices whose `lengths` never decrease along it (both callers sort by
-    length first): then a batch's longest example is its last, and a batch starting at i holds
-    the longest run i..j with (j - i + 1) × lengths[order[j]] <= batch_tokens. That is what adding
-    examples one by one until the budget breaks gives, found with one vectorised test per batch
-    instead of a Python step per example (10 M examples: a second instead of a minute, and no
-    Python list of them). A single example longer than the budget gets a batch of its own.
-    Returns the batches as views into `order`.
+    `order` (N,) example indices along which `lengths` never decrease, so a batch's last example is
+    its longest; one vectorised test per batch. An example over the budget gets a batch of its own.
     """
     order = np.asarray(order, dtype=np.int64)
     sorted_lengths = np.asarray(lengths)[order]  # (N,) non-decreasing
@@ -166,39 +150,22 @@ def token_budget_batches(order: np.ndarray, lengths: np.ndarray, batch_tokens: i
 
 
 class TokenBatchSampler:
-    """Endless stream of training batches (lists of example indices), resumable mid-epoch.
+    """Endless stream of training batches (arrays of example indices), resumable mid-epoch.
 
-    Each epoch: a seeded shuffle, a stable sort by length (so similar lengths share a batch
-    and little is padding), cut into token-budget batches, then the batch order is shuffled
-    in groups of `world_size` neighbours: a DDP step takes one group, rank r its r-th batch,
-    so every rank gets a batch of similar length. With `world_size` 1 every batch is its own
-    group. The batches of epoch e depend only on (seed, e) and the `cut` (budget, world size,
-    padding), so the state is just (epoch, position) and the cut.
+    Each epoch: a seeded shuffle, a stable sort by length (then by `tie_break`, e.g. the target
+    length), cut into token-budget batches, whose order is shuffled in groups of `world_size`: rank r
+    takes the r-th batch of a group. Epoch e depends only on (seed, e) and the `cut`, so the state is
+    (epoch, position, cut). `epoch_rows(e)`: the rows of `lengths` that epoch e trains on
+    (`training_split.EpochRows`); batches then hold row numbers. A resume with another cut cuts the
+    rest of its epoch anew from the examples not yet handed out (`earlier_parts`).
 
-    `epoch_rows` (optional): the examples of epoch e are the rows `epoch_rows(e)` of `lengths`
-    (repeats allowed) rather than each row once; a pure function of e (several corpora mixed by
-    weight, a BPE-dropout variant per epoch: `training_split.EpochRows`), so the state stays the same.
-    Batches then hold row numbers, and each epoch is cut by the lengths of its own rows.
-
-    A resume may change the cut (a lower `train.batch_tokens` after running out of memory,
-    another device's padding; training refuses another world size, but the sampler would cope).
-    Then the rest of that epoch is cut the new way from the examples the earlier batches did not
-    reach, so the epoch still covers each example once; `earlier_parts` records the parts of the
-    epoch cut the old ways.
-
-    `lengths` are each example's length in a batch before padding (the longer side plus its
-    EOS/BOS); the budget counts them padded, as batches are (`padded_length` with
-    `pad_to_multiple`, capped at `max_length`). `tie_break` (optional, one value per example,
-    e.g. the target length) orders examples of equal length: source and target are padded
-    separately, so grouping equal `lengths` by their target length as well leaves less target
-    padding (Multi30k: 0.946 -> 0.973 of the target slots are real tokens at 4,096 tokens per batch).
+    `lengths` (N,): each example's longer side plus EOS/BOS, counted padded as batches are padded.
     """
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, batch_tokens: int, seed: int,
                  tie_break: Sequence[int] | np.ndarray | None = None, world_size: int = 1,
                  pad_to_multiple: int = 1, max_length: int | None = None,
                  epoch_rows: Callable[[int], np.ndarray] | None = None):
-        # int32: a 10 M-pair corpus costs 40 MB per array (batch sizes are computed in int64).
         self.lengths = np.asarray(lengths, dtype=np.int32)  # (N,) before padding
         self.tie_break = None if tie_break is None else np.asarray(tie_break, dtype=np.int32)
         self.max_length = max_length
@@ -211,9 +178,8 @@ class TokenBatchSampler:
         self.earlier_parts: list[tuple[dict, int]] = []  # (cut, batches handed out) of this epoch's earlier parts
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        """The epoch's batches (arrays of example indices) in training order; their count is a
-        multiple of the world size. For the current epoch after a changed cut, the batches of its
-        last part. Memory: a few int64 arrays of the corpus size, no Python lists."""
+        """The epoch's batches in training order, a multiple of the world size of them (for the current
+        epoch after a changed cut, those of its last part)."""
         rows = self._epoch_rows(epoch)  # None: every row once, and an example is its row
         n_examples = len(self.lengths) if rows is None else len(rows)
         parts = self.earlier_parts if epoch == self.epoch else []

@@ -1,9 +1,5 @@
-"""The preflight data report: what the corpus looks like to the model, before any training step.
-
-Built from the loaded corpus and the tokenizers, rendered as a compact text table by `tmt data`
-and at the start of `tmt train`; `estimated_time` turns the first measured throughput into the
-time per epoch and to `train.max_steps`.
-"""
+"""The preflight data report (`tmt data`, the start of `tmt train`): the corpus as the model will see it,
+and the time per epoch and to `train.max_steps` once the throughput is measured."""
 
 from __future__ import annotations
 
@@ -49,68 +45,36 @@ class CorpusShare:
 
 @dataclass(frozen=True)
 class DataReport:
-    """Counts and rates that describe a corpus as the model will see it.
+    """A corpus as the model will see it; the per-epoch counts are the first epoch's (its pairs and
+    segmentation); `lengths` of train are plain BPE's."""
 
-    Definitions (each per side, `src` and `tgt`):
-    - `pairs[split]`: pairs left after every filter; train also after `too_many_tokens`.
-    - `carved`: the splits (`valid`, `test`) carved from train because the data has none of its own.
-    - `removed[filter]`: pairs each filter dropped, in the order they run: `empty` (all splits),
-      `too_long` and `length_ratio` (train, in words as `data.count_words` counts them; `data.max_words`,
-      `data.max_length_ratio`), then `too_many_tokens` (train pairs with more than
-      `model.max_len - 1` BPE tokens on a side, as `preparation.prepare_data` drops them).
-    - `lengths[(split, side)]`: BPE tokens per sentence of the training pairs that are trained on
-      and of the validation pairs, untruncated.
-    - `valid_truncated[side]`: validation sentences of that side longer than `model.max_len - 1`
-      tokens (evaluation sets are never filtered): a source is cut when translated, a reference
-      only in the validation loss (BLEU scores it whole).
-    - `unk_rate[side]`: share of the validation side's BPE tokens that are `<unk>` (characters
-      the tokenizer never saw in training).
-    - `word_coverage[side]`: share of the validation side's running words (whitespace-separated,
-      every occurrence counted) that occur as a word on that side of the training split (after
-      the `data.*` filters); 1 - this is the out-of-vocabulary word rate.
-    - `tgt_tokens_per_epoch`: target tokens of one pass over the training pairs, EOS included
-      (what the loss is averaged over; `perf/tgt_tokens_per_s` counts the same tokens).
-    - `batches_per_epoch`: token-budget batches the training sampler cuts from one epoch; the
-      same in every epoch, since the cut only sees the length-sorted sequence of lengths (with
-      several corpora or BPE-dropout, epochs draw other pairs or segmentations: the first epoch's).
-    - The tokens and batches per epoch are the first epoch's: its pairs (`data.corpora` weights)
-      in its segmentation (with `tokenizer.bpe_dropout`, its dropout variant); `lengths` of train
-      are plain BPE's.
-    - `bpe_dropout`: (rate, variants cycled by epoch, the first dropout epoch's pairs' target
-      tokens in the first dropout segmentation over theirs in plain BPE, the first dropout epoch);
-      None without BPE-dropout.
-    - `corpora`: per corpus of `data.corpora` (None with `data.path`): its path, training pairs,
-      their target tokens (plain BPE, EOS included), its weight, and its share of an epoch's pairs
-      and of the first epoch's target tokens (what the loss averages over).
-    """
-
-    pairs: dict[str, int]
-    carved: tuple[str, ...]
-    removed: dict[str, int]
-    lengths: dict[tuple[str, str], LengthStats]
-    valid_truncated: dict[str, int]
-    unk_rate: dict[str, float]
-    word_coverage: dict[str, float]
-    src_tokens_per_epoch: int
-    tgt_tokens_per_epoch: int
-    batches_per_epoch: int
+    pairs: dict[str, int]  # per split, after every filter (train also after too_many_tokens)
+    carved: tuple[str, ...]  # the splits carved from train
+    removed: dict[str, int]  # pairs each filter dropped, in the order they run
+    lengths: dict[tuple[str, str], LengthStats]  # (split, side): untruncated BPE tokens of train and valid
+    valid_truncated: dict[str, int]  # validation sentences longer than model.max_len - 1 tokens
+    unk_rate: dict[str, float]  # share of the validation side's tokens that are <unk>
+    word_coverage: dict[str, float]  # share of the validation side's running words seen on that side of train
+    src_tokens_per_epoch: int  # EOS included
+    tgt_tokens_per_epoch: int  # EOS included: what the loss averages over
+    batches_per_epoch: int  # token-budget batches of the training sampler
     batches_per_step: int  # train.accum_steps × the number of training processes (torchrun)
     batch_tokens: int
     max_steps: int
     languages: dict[str, str]  # {"src": "en", "tgt": "it"}
+    # (rate, variants, the first dropout epoch's target tokens over plain BPE's, the first dropout epoch)
     bpe_dropout: tuple[float, int, float, int] | None = None
     dropout_batches_per_epoch: int | None = None  # an epoch's batches from a later bpe_dropout_start_epoch on
-    corpora: tuple[CorpusShare, ...] | None = None
+    corpora: tuple[CorpusShare, ...] | None = None  # with data.corpora
 
     @property
     def steps_per_epoch(self) -> float:
-        """Updates per epoch: each takes `batches_per_step` batches (accumulated, and one per process)."""
+        """Updates per epoch, each of `batches_per_step` batches."""
         return self.batches_per_epoch / self.batches_per_step
 
     @property
     def epochs_to_max_steps(self) -> float:
-        """Epochs in train.max_steps updates; with a later BPE-dropout start, epochs from it on hold
-        `dropout_batches_per_epoch` batches (more, smaller tokens) instead of the first epoch's."""
+        """Epochs in train.max_steps updates (from a later BPE-dropout start on, of `dropout_batches_per_epoch`)."""
         plain_steps = self.bpe_dropout[3] * self.steps_per_epoch if self.dropout_batches_per_epoch else self.max_steps
         if self.max_steps <= plain_steps:
             return self.max_steps / self.steps_per_epoch
@@ -176,14 +140,8 @@ class DataReport:
 
 def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: TokenizedSplit, world_size: int = 1,
                  pad_to_multiple: int = 1) -> DataReport:
-    """Describe `corpus` as tokenized for training.
-
-    `train`: the training pairs that are trained on, as token ids (after the `too_many_tokens`
-    filter); the validation split is encoded here. `world_size`: training processes (torchrun),
-    each taking its own batches every step. `pad_to_multiple`: how training pads batch lengths.
-    The training split is only streamed (word coverage) and seen through its length arrays,
-    so the report costs no memory that grows with the corpus beyond those.
-    """
+    """Describe `corpus` as tokenized for training: `train` the token ids trained on, cut into batches
+    as `world_size` processes padding to `pad_to_multiple` cut them; the training text is only streamed."""
     keep = cfg.model.max_len - 1
     n_pairs = len(train)  # block 0 of the table: each pair once, in plain BPE (`training_split.EpochRows`)
     train_src = np.asarray(train.src_len[:n_pairs], dtype=np.int64)
@@ -197,7 +155,6 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: 
     # Cut as training cuts it: under torchrun an incomplete last group of batches is filled up.
     sampler = TokenBatchSampler(train.lengths(), cfg.train.batch_tokens, cfg.seed, pad_to_multiple=pad_to_multiple,
                                 max_length=cfg.model.max_len, epoch_rows=train.epoch_rows, world_size=world_size)
-    epoch_tgt_tokens = int(train.tgt_len[first_epoch].sum()) + len(first_epoch)
     return DataReport(
         pairs={"train": len(train_src), "valid": len(corpus.valid), "test": len(corpus.test)},
         carved=corpus.carved,
@@ -209,7 +166,7 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: 
         word_coverage={side: word_coverage(corpus.valid[side][:], iter_text_batches(corpus.train, side))
                        for side in SIDES},
         src_tokens_per_epoch=int(train.src_len[first_epoch].sum()) + len(first_epoch),
-        tgt_tokens_per_epoch=epoch_tgt_tokens,
+        tgt_tokens_per_epoch=int(train.tgt_len[first_epoch].sum()) + len(first_epoch),
         batches_per_epoch=len(sampler.epoch_batches(0)),
         batches_per_step=cfg.train.accum_steps * world_size,
         batch_tokens=cfg.train.batch_tokens,
@@ -223,8 +180,7 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: 
 
 
 def _dropout_summary(cfg: Config, train: TokenizedSplit) -> tuple[float, int, float, int] | None:
-    """(rate, variants, the target tokens of the first dropout epoch's pairs in the first dropout
-    segmentation / in plain BPE, the first dropout epoch), or None."""
+    """`DataReport.bpe_dropout`."""
     if not cfg.tokenizer.bpe_dropout:
         return None
     start = cfg.tokenizer.bpe_dropout_start_epoch
@@ -235,8 +191,7 @@ def _dropout_summary(cfg: Config, train: TokenizedSplit) -> tuple[float, int, fl
 
 def _corpus_shares(cfg: Config, train: TokenizedSplit, train_tgt: np.ndarray,
                    first_epoch: np.ndarray) -> tuple[CorpusShare, ...]:
-    """Each corpus's pairs, plain target tokens, weight and share of an epoch (`EpochRows`): of its
-    pairs, and of the target tokens of `first_epoch` (the first epoch's rows, as `tgt_tokens_per_epoch`)."""
+    """Each corpus's pairs, plain target tokens, weight, and share of an epoch's pairs and of `first_epoch`'s tokens."""
     plan = train.epoch_rows
     counts, per_epoch = (plan.counts, plan.pairs_per_epoch()) if plan is not None else ((len(train),), [len(train)])
     ends = np.cumsum(counts)
@@ -281,11 +236,7 @@ def word_coverage(lines: Sequence[str], reference_batches: Iterable[Sequence[str
 
 
 def estimated_time(report: DataReport, tgt_tokens_per_s: float, step: int) -> str:
-    """A log line: time per epoch and to `train.max_steps` at the measured training throughput.
-
-    An average step holds `tgt_tokens_per_epoch / steps_per_epoch` target tokens. Validation and
-    checkpoint time are not included (the throughput excludes them).
-    """
+    """A log line: time per epoch and to `train.max_steps` at the measured training throughput."""
     seconds_per_epoch = report.tgt_tokens_per_epoch / max(tgt_tokens_per_s, 1e-9)
     seconds_left = max(report.max_steps - step, 0) * seconds_per_epoch / report.steps_per_epoch
     return (f"estimated training time at {tgt_tokens_per_s:,.0f} target tokens/s: {format_duration(seconds_per_epoch)} "

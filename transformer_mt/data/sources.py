@@ -1,9 +1,5 @@
-"""Parallel text from local files (text, tsv, jsonl, maybe gzipped), and what every source yields.
-
-Each split is read as a stream of chunks of stripped (source, target) strings (`SplitSource`),
-so a corpus of any size passes through in bounded memory. Errors name the file and line.
-A Hub dataset is read by `data.hub`, into the same `SplitSource`s (rows via `pair_from_record`).
-"""
+"""Parallel text from local files (text, tsv, jsonl, maybe gzipped) as `SplitSource`s: streams of chunks
+of stripped (source, target) strings, which `data.hub` yields too. Errors name the file and line."""
 
 from __future__ import annotations
 
@@ -25,33 +21,26 @@ from transformer_mt.core.errors import DataError
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
+# The names a split's local files may start with (`dev.en`, `validation.tsv`, ...).
 LOCAL_SPLIT_NAMES = {"train": ("train",), "valid": ("valid", "dev", "validation"), "test": ("test",)}
-"""The names a split's local files may start with (`dev.en`, `validation.tsv`, ...). A directory
-holding files under two names of one split is refused: tmt does not guess which to validate on."""
 CHUNK_ROWS = 50_000  # rows per chunk; read when a stream starts, so tests can shrink it
 READ_CHUNK_BYTES = 4 << 20
 
 Pair = tuple[str, str]
-PairChunk = tuple[list[str], list[str]]
-"""Stripped source and target strings of consecutive rows (equally long lists)."""
+PairChunk = tuple[list[str], list[str]]  # stripped source and target strings of consecutive rows
 
 
 @dataclass(frozen=True)
 class SplitSource:
     """One split's origin: how to stream it, and a key that changes whenever its content may have."""
 
-    description: str
-    """The files, or the Hub dataset and split, for log lines."""
-    key: str
-    """Paths, sizes and modification times of the files, or the Hub dataset's own fingerprint."""
-    chunks: Callable[[], Iterator[PairChunk]]
-    """A fresh stream of the split's rows, `CHUNK_ROWS` at a time (the last chunk may be shorter)."""
+    description: str  # the files, or the Hub dataset and split, for log lines
+    key: str  # paths, sizes and modification times of the files, or the Hub dataset's fingerprint
+    chunks: Callable[[], Iterator[PairChunk]]  # a fresh stream of the split's rows, `CHUNK_ROWS` at a time
 
 
 def local_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
-    """The sources of train, valid and test in the directory `data.path` (None: no such split;
-    train always exists). Reads nothing but file metadata: which files exist, and are unambiguous.
-    """
+    """The sources of train, valid and test in the directory `data.path` (None: no such split), from file metadata."""
     directory = Path(cfg.path)
     if not directory.is_dir():
         raise DataError(f"data.path: {cfg.path!r} is not a directory (data.format: {cfg.format})")
@@ -121,22 +110,18 @@ def _files_key(files: list[Path]) -> str:
 def _local_chunks(cfg: DataConfig, files: list[Path]) -> Callable[[], Iterator[PairChunk]]:
     if cfg.format == "text":
         return lambda: iter_aligned_files(files[0], files[1], CHUNK_ROWS)
-    if cfg.format == "tsv":
-        return lambda: _iter_tsv(files[0], cfg.src_lang, cfg.tgt_lang)
-    return lambda: _iter_jsonl(files[0], cfg.src_lang, cfg.tgt_lang)
+    pairs = _tsv_pairs if cfg.format == "tsv" else _jsonl_pairs
+    return lambda: _rechunk(pairs(files[0], cfg.src_lang, cfg.tgt_lang), CHUNK_ROWS)
 
 
 def iter_lines(path: Path) -> Iterator[list[str]]:
-    """Lines of a UTF-8 file, maybe gzipped, in chunks of a few MB: split on "\\n" only, without
-    their "\\n" or "\\r\\n"; a byte-order mark at the start is dropped. An encoding error is
-    reported with its line number; a file with "\\r" line breaks (old Mac) is refused."""
+    """Lines of a UTF-8 file, maybe gzipped, in chunks of a few MB: split on "\\n", without "\\n" or
+    "\\r\\n" and a starting byte-order mark; an encoding error names its line."""
     opener = gzip.open if path.suffix == ".gz" else open
     lines_before = 0  # "\n"s in the chunks yielded so far, for error messages
     partial: list[bytes] = []  # the start of a line that goes on in the next block: holds no "\n"
     try:
         with opener(path, "rb") as f:
-            # Fixed-size blocks, not readlines(): a file with "\r" line breaks is one huge "line",
-            # and is refused after its first block instead of after reading it all.
             while block := f.read(READ_CHUNK_BYTES):
                 if lines_before == 0 and not partial:  # the first block
                     refuse_cr_line_breaks(path, block)
@@ -155,11 +140,8 @@ def iter_lines(path: Path) -> Iterator[list[str]]:
 
 
 def refuse_cr_line_breaks(source: Path | str, first_block: bytes) -> None:
-    """Refuse text whose lines end in "\\r" alone (old Mac line breaks), judged on its first
-    block (a file's first read, stdin's first line): no "\\n" in it, and a "\\r" before its end.
-    Read on "\\n", such text would be one giant line, blamed later on a filter or translated as
-    one sentence. A "\\r" in text of "\\n" lines stays text. `source` names the file, or "stdin".
-    """
+    """Refuse text whose lines end in "\\r" alone, judged on its first block: no "\\n" in it, and a
+    "\\r" before its end. `source` names the file, or "stdin"."""
     if b"\n" not in first_block and b"\r" in first_block[:-1]:
         raise DataError(f"{source}: its lines end in a carriage return (\\r) alone, which tmt does not read as a "
                         "line break (it splits on \\n or \\r\\n); convert them first, e.g. with tr '\\r' '\\n'")
@@ -181,8 +163,7 @@ def _decode_lines(path: Path, data: bytes, lines_before: int) -> list[str]:
 
 
 def read_stream_lines(stream: Iterable[bytes], name: str) -> list[str]:
-    """Every line of a binary stream (stdin), as `read_lines` reads a file: UTF-8, without the line
-    break and a first line's byte-order mark; `\r` alone as a line break is refused."""
+    """Every line of a binary stream (stdin), as `read_lines` reads a file."""
     lines = []
     for number, raw in enumerate(stream, start=1):
         if number == 1:
@@ -238,57 +219,43 @@ def _numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
     return enumerate(chain.from_iterable(iter_lines(path)), start=1)
 
 
-def _iter_tsv(path: Path, src_lang: str, tgt_lang: str) -> Iterator[PairChunk]:
-    """`source<TAB>target` lines, verbatim (no quoting, no NA values)."""
-    def pairs() -> Iterator[Pair]:
-        for lineno, line in _numbered_lines(path):
-            if not line.strip():
-                yield "", ""  # a blank line is an empty pair: the `empty` filter drops it
-                continue
-            fields = line.split("\t")
-            if len(fields) != 2:
-                raise DataError(f"{path}:{lineno}: expected source<TAB>target (one tab), found {len(fields) - 1} tabs")
-            pair = fields[0].strip(), fields[1].strip()
-            if lineno == 1 and _looks_like_a_header(pair, src_lang, tgt_lang):
-                logger.warning("%s:1 looks like a header row (%s<TAB>%s); tmt reads every line as a sentence "
-                               "pair, so remove it if it is one", path, *pair)
-            yield pair
-    return _rechunk(pairs(), CHUNK_ROWS)
+def _tsv_pairs(path: Path, src_lang: str, tgt_lang: str) -> Iterator[Pair]:
+    """`source<TAB>target` lines, verbatim (no quoting, no NA values); a blank line is an empty pair."""
+    for lineno, line in _numbered_lines(path):
+        if not line.strip():
+            yield "", ""
+            continue
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise DataError(f"{path}:{lineno}: expected source<TAB>target (one tab), found {len(fields) - 1} tabs")
+        pair = fields[0].strip(), fields[1].strip()
+        if lineno == 1 and (pair[0].lower(), pair[1].lower()) in (
+                (src_lang.lower(), tgt_lang.lower()), ("source", "target"), ("src", "tgt")):
+            logger.warning("%s:1 looks like a header row (%s<TAB>%s); tmt reads every line as a sentence "
+                           "pair, so remove it if it is one", path, *pair)
+        yield pair
 
 
-def _looks_like_a_header(pair: Pair, src_lang: str, tgt_lang: str) -> bool:
-    """Whether a TSV file's first pair reads as column names: the language codes, or source/target."""
-    names = tuple(field.lower() for field in pair)
-    return names in ((src_lang.lower(), tgt_lang.lower()), ("source", "target"), ("src", "tgt"))
-
-
-def _iter_jsonl(path: Path, src_lang: str, tgt_lang: str) -> Iterator[PairChunk]:
+def _jsonl_pairs(path: Path, src_lang: str, tgt_lang: str) -> Iterator[Pair]:
     """`{"translation": {src: .., tgt: ..}}` or `{src: .., tgt: ..}` lines; blank lines are skipped."""
-    def pairs() -> Iterator[Pair]:
-        for lineno, line in _numbered_lines(path):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
-            if isinstance(record, dict) and isinstance(record.get("translation"), dict):
-                record = record["translation"]
-            yield pair_from_record(record, src_lang, tgt_lang, where=f"{path}:{lineno}")
-    return _rechunk(pairs(), CHUNK_ROWS)
+    for lineno, line in _numbered_lines(path):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}:{lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+        if isinstance(record, dict) and isinstance(record.get("translation"), dict):
+            record = record["translation"]
+        yield pair_from_record(record, src_lang, tgt_lang, where=f"{path}:{lineno}")
 
 
-# Line breaks inside a record's text (JSONL, hub rows): a sentence must stay on one line, or
-# translations and hypotheses files would no longer line up with their sources.
+# Line breaks inside a record's text (JSONL, hub rows): a sentence stays on one line.
 LINE_BREAKS = re.compile(r"\s*[\n\r\v\f\x1c-\x1e\x85\u2028\u2029]+\s*")
 
 
 def pair_from_record(record: Any, src_lang: str, tgt_lang: str, where: str) -> Pair:
-    """Take the source and target strings from a {lang: text} mapping, each stripped and with
-    any line break inside it replaced by a space.
-
-    A null text becomes "" so that the `empty` filter drops and counts it.
-    """
+    """The source and target strings of a {lang: text} mapping, stripped, line breaks made spaces (null: "")."""
     if not isinstance(record, dict):
         raise DataError(f"{where}: expected a JSON object with keys {src_lang!r} and {tgt_lang!r}")
     for key, lang in (("data.src_lang", src_lang), ("data.tgt_lang", tgt_lang)):

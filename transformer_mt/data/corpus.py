@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 FILTERS = ("empty", "too_long", "length_ratio")
-KEPT, EMPTY, TOO_LONG, LENGTH_RATIO = 0, 1, 2, 3  # per-row filter verdicts, in the order the filters apply
+EMPTY, TOO_LONG, LENGTH_RATIO = 1, 2, 3  # per-row filter verdicts (0: kept), in the order the filters apply
 MANIFEST_FILE = "corpus.json"
 CORPUS_FORMAT = 2  # bump when the files or the filters change meaning
 HASH_BLOCK_BYTES = 8 << 20
@@ -77,18 +77,20 @@ def load_corpus(cfg: DataConfig, seed: int, run_dir: Path, *, prepared: bool = F
             raise missing_from_rank0(directory / MANIFEST_FILE)
         return _open_corpus(directory, manifest)
     opened = open_corpora(cfg)
-    sources = opened.sources
-    key = _corpus_key(cfg, seed, sources)
-    manifest = _reusable_manifest(directory, key, RunDir(run_dir).splits)
-    if manifest is None:
-        previous = _read_manifest(directory)  # what the run read before, if anything
-        with removed_on_failure(RunDir(run_dir).corpus_build, "the corpus cache"):
-            manifest = _build(cfg, seed, opened, run_dir, key)
-        _warn_if_the_text_changed(previous, manifest)
-    else:
+    key = _corpus_key(cfg, seed, opened.sources)
+    manifest = _read_manifest(directory)
+    if manifest is not None and manifest.get("key") == key and manifest.get("splits_digest") in (
+            None, _file_digest(RunDir(run_dir).splits)):  # the same sources, settings and carving
         logger.info("reusing the corpus read earlier into %s (its sources are unchanged)", directory)
+    else:
+        with removed_on_failure(RunDir(run_dir).corpus_build, "the corpus cache"):
+            previous, manifest = manifest, _build(cfg, seed, opened, run_dir, key)
+        changed = [s for s in SPLITS if previous and previous["digests"].get(s) != manifest["digests"][s]]
+        if changed:
+            logger.warning("the %s split(s) changed since this run last read its data (other files, other "
+                           "contents or other filters); it goes on with the new pairs", ", ".join(changed))
     # From the sources: a manifest may lack `carved`.
-    return _open_corpus(directory, manifest, carved=tuple(split for split in SPLITS if sources[split] is None))
+    return _open_corpus(directory, manifest, carved=tuple(split for split in SPLITS if opened.sources[split] is None))
 
 
 def load_run_corpus(cfg: DataConfig, seed: int, run_dir: Path) -> Corpus:
@@ -139,19 +141,13 @@ def _paths(cfg: DataConfig) -> str:
 
 # --- opening the sources of one or several corpora ---------------------------------------------
 
-def corpus_configs(cfg: DataConfig) -> list[DataConfig]:
-    """One `DataConfig` per corpus: `cfg` for `data.path`, else each `data.corpora` entry's source keys over `cfg`'s."""
-    if not cfg.corpora:
-        return [cfg]
-    return [dataclasses.replace(cfg, path=entry.path, corpora=(), format=entry.format or cfg.format,
-                                hub_config=entry.hub_config if entry.hub_config is not None else cfg.hub_config,
-                                revision=entry.revision if entry.revision is not None else cfg.revision)
-            for entry in cfg.corpora]
-
-
 def open_corpora(cfg: DataConfig) -> OpenedCorpora:
     """Open every corpus's sources (local files or a hub dataset); with one corpus, its own sources."""
-    configs = corpus_configs(cfg)
+    # One DataConfig per corpus: each `data.corpora` entry's source keys over `cfg`'s.
+    configs = [dataclasses.replace(cfg, path=entry.path, corpora=(), format=entry.format or cfg.format,
+                                   hub_config=entry.hub_config if entry.hub_config is not None else cfg.hub_config,
+                                   revision=entry.revision if entry.revision is not None else cfg.revision)
+               for entry in cfg.corpora] or [cfg]
     opened = [_opened(one, f"data.corpora[{i}]" if cfg.corpora else "") for i, one in enumerate(configs)]
     labels = tuple(one.path for one in configs)
     if len(opened) == 1:
@@ -181,16 +177,6 @@ def _opened(cfg: DataConfig, entry: str) -> dict[str, SplitSource | None]:
 
 # --- the corpus cache ---------------------------------------------------------------------------
 
-def _warn_if_the_text_changed(previous: dict | None, manifest: dict) -> None:
-    """Say which splits now hold other pairs than the run read before (a touched but unchanged file says nothing)."""
-    if previous is None:
-        return
-    changed = [split for split in SPLITS if previous["digests"].get(split) != manifest["digests"][split]]
-    if changed:
-        logger.warning("the %s split(s) changed since this run last read its data (other files, other "
-                       "contents or other filters); it goes on with the new pairs", ", ".join(changed))
-
-
 def _corpus_key(cfg: DataConfig, seed: int, sources: dict[str, SplitSource | None],
                 corpus_format: int | None = CORPUS_FORMAT) -> str:
     """What the corpus files depend on, besides the carving in `splits.json`."""
@@ -199,16 +185,6 @@ def _corpus_key(cfg: DataConfig, seed: int, sources: dict[str, SplitSource | Non
                 "valid_size": cfg.valid_size, "test_size": cfg.test_size, "seed": seed,
                 "sources": {split: source.key if source else None for split, source in sources.items()}}
     return hashlib.blake2b(json.dumps(settings, sort_keys=True).encode("utf-8"), digest_size=16).hexdigest()
-
-
-def _reusable_manifest(directory: Path, key: str, splits_path: Path) -> dict | None:
-    """The manifest of `directory` when its files were made from the same key and carving, else None."""
-    manifest = _read_manifest(directory)
-    if manifest is None or manifest.get("key") != key:
-        return None
-    if manifest.get("splits_digest") is not None and _file_digest(splits_path) != manifest["splits_digest"]:
-        return None  # splits.json was edited or removed: carve again
-    return manifest
 
 
 def _read_manifest(directory: Path) -> dict | None:
@@ -280,7 +256,7 @@ def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key
 
 
 def _write_raw(sources: tuple[SplitSource, ...], path: Path, cfg: DataConfig) -> list[np.ndarray]:
-    """Stream `sources` one after another into an Arrow file, unfiltered -> each source's (N_source,) uint8 verdicts."""
+    """Stream `sources` in turn into an Arrow file, unfiltered -> each source's (N_source,) uint8 verdicts."""
     import pyarrow as pa
 
     schema = pa.schema([("src", pa.string()), ("tgt", pa.string())])
@@ -387,7 +363,7 @@ def _file_digest(path: Path) -> str | None:
 
 
 def _replace_directory(new: Path, target: Path, old: Path) -> None:
-    """Put `new` in place of `target`; the old files are unlinked, never overwritten (a running process may map them)."""
+    """Put `new` in place of `target`; old files are unlinked, never overwritten (a process may map them)."""
     shutil.rmtree(old, ignore_errors=True)
     if target.exists():
         target.rename(old)

@@ -1,8 +1,5 @@
-"""Parallel text from a Hugging Face Hub dataset (or a dataset folder saved from one), read
-through `datasets`: its splits found by name, the columns holding the pairs checked, and the rows
-streamed from the memory-mapped Arrow table in chunks, as `data.sources.SplitSource`s. Errors name
-the dataset and split (and row), and say what to do: no network, a loading script, a wrong column.
-"""
+"""Parallel text from a Hugging Face Hub dataset (or a folder saved from one) as `SplitSource`s; errors
+name the dataset, split and row, and say what to do (no network, a loading script, a wrong column)."""
 
 from __future__ import annotations
 
@@ -23,17 +20,14 @@ if TYPE_CHECKING:
     import datasets
 
 HUB_VALID_NAMES = ("validation", "valid", "dev")
-# `datasets` 4 and later refuse a dataset defined by a Python loading script with a RuntimeError
-# that says so ("Dataset scripts are no longer supported, but found iwslt2017.py").
+# How `datasets` refuses a dataset defined by a loading script (a RuntimeError).
 LOADING_SCRIPT_REFUSED = "Dataset scripts are no longer supported"
 PARQUET_CONVERSION = "refs/convert/parquet"  # the hub's branch of Parquet files made from a dataset
 PROBE_TIMEOUT_S = 5.0
 
 
 def hub_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
-    """The sources of train, valid and test of a Hub dataset with a `translation` column or one text
-    column per language; valid/test are None when it lacks them. Reads the Hub's memory-mapped Arrow
-    cache (downloading it first), and checks the columns and languages, not the text."""
+    """The sources of train, valid and test (None: missing) of a Hub dataset, its columns checked."""
     # A local dataset folder needs no network; behind a proxy a direct probe proves nothing.
     if not _hub_offline() and not _behind_proxy() and not Path(cfg.path).is_dir():
         _check_hub_reachable(cfg)
@@ -71,11 +65,8 @@ def _behind_proxy() -> bool:
 
 
 def _check_hub_reachable(cfg: DataConfig) -> None:
-    """Fail in seconds, not after minutes of retries, when the Hub host cannot be reached.
-
-    The probe runs in a daemon thread so that a stalled DNS lookup (which `timeout` does not
-    bound) cannot hang the run either.
-    """
+    """Fail in seconds, not after minutes of retries, when the Hub host cannot be reached (a daemon
+    thread probes it, so that a stalled DNS lookup cannot hang the run)."""
     endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     host = endpoint.hostname or "huggingface.co"
     port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
@@ -102,9 +93,7 @@ def _check_hub_reachable(cfg: DataConfig) -> None:
 def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
     import datasets
 
-    if cfg.revision == PARQUET_CONVERSION and cfg.hub_config is None:
-        # Read whole, the conversion's folders of all configurations (language pairs) would be
-        # one dataset: mixed pairs, or columns that do not match.
+    if cfg.revision == PARQUET_CONVERSION and cfg.hub_config is None:  # all language pairs in one
         raise DataError(f"data.hub_config: with data.revision: {PARQUET_CONVERSION}, name the configuration to "
                         "read (its folder on that branch, e.g. iwslt2017-en-it; 'default' for a dataset with "
                         "only one)")
@@ -113,14 +102,10 @@ def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
         datasets.disable_progress_bars()  # a log file or CI: no "Generating train split" bars in it
     cannot_build = getattr(datasets.exceptions, "DatasetGenerationError", ())
     try:
-        if cfg.revision == PARQUET_CONVERSION:
-            # The hub's Parquet conversion of a dataset keeps each configuration in a folder of
-            # its name (`<config>/<split>/0000.parquet`) with no dataset card to declare them, so
-            # `datasets` sees one `default` configuration: the wanted one is a folder to read.
+        if cfg.revision == PARQUET_CONVERSION:  # a folder per configuration, `<config>/<split>/0000.parquet`
             return datasets.load_dataset(cfg.path, data_dir=cfg.hub_config, revision=cfg.revision)
         return datasets.load_dataset(cfg.path, cfg.hub_config, revision=cfg.revision)
-    except cannot_build as err:  # e.g. a local folder of .tsv files, whose first lines it takes for headers
-        # datasets wraps whatever went wrong (a full disk, a bad file) in this one error: name its cause
+    except cannot_build as err:  # whatever went wrong (a full disk, a bad file): name its cause
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         detail = lines[1] if len(lines) > 1 else (f"{type(err.__cause__).__name__}: {err.__cause__}"
                                                   if err.__cause__ is not None else (lines[0] if lines else ""))
@@ -132,9 +117,7 @@ def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
         if LOADING_SCRIPT_REFUSED not in str(err):
             raise  # not a known data problem: reported as an internal error
         raise DataError(_loading_script_advice(cfg, script=str(err).rpartition(" ")[2])) from None
-    except (OSError, ValueError) as err:  # not found, no network, bad config name or revision
-        # Offline, a dataset missing from the cache is a ConnectionError (another error, say a
-        # wrong data.hub_config of a cached dataset, is not about the network).
+    except (OSError, ValueError) as err:  # not found, no network (a ConnectionError), bad config name or revision
         offline = (" HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set, so only your HF cache was looked at: unset it to "
                    f"download the dataset, or {_local_files_hint(cfg)}."
                    if _hub_offline() and isinstance(err, ConnectionError) else "")
@@ -160,9 +143,8 @@ def _loading_script_advice(cfg: DataConfig, script: str) -> str:
 
 
 def _pair_columns(dataset: datasets.Dataset, cfg: DataConfig, split_name: str) -> list[str]:
-    """The columns that hold a split's pairs, in one of the two shapes of translation datasets on
-    the Hub: `["translation"]`, one {lang: text} dict per row (OPUS Books), or `[src_lang, tgt_lang]`,
-    a plain text column per language (Multi30k's `en`, `de`). A `translation` column comes first."""
+    """The columns that hold a split's pairs: `["translation"]` of {lang: text} dicts (first choice), or
+    `[src_lang, tgt_lang]`, a text column per language."""
     if "translation" in dataset.column_names:
         languages = _translation_languages(dataset)
         missing = [f"data.{side}_lang={lang!r}" for side, lang in (("src", cfg.src_lang), ("tgt", cfg.tgt_lang))

@@ -191,7 +191,7 @@ def _dropout_summary(cfg: Config, train: TokenizedSplit) -> tuple[float, int, fl
 
 def _corpus_shares(cfg: Config, train: TokenizedSplit, train_tgt: np.ndarray,
                    first_epoch: np.ndarray) -> tuple[CorpusShare, ...]:
-    """Each corpus's pairs, plain target tokens, weight, and share of an epoch's pairs and of `first_epoch`'s tokens."""
+    """Each corpus's pairs, plain target tokens, weight, and share of an epoch's pairs and `first_epoch`'s tokens."""
     plan = train.epoch_rows
     counts, per_epoch = (plan.counts, plan.pairs_per_epoch()) if plan is not None else ((len(train),), [len(train)])
     ends = np.cumsum(counts)

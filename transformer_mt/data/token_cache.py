@@ -142,7 +142,7 @@ def fingerprint(text_digest: str, tokenizers: TokenizerPair, max_len: int, drop_
 
 
 def processes_for(n_rows: int, num_proc: int | None) -> int:
-    """Tokenizing processes for `n_rows`: `num_proc` (None: the cores, at most 8), each with `MIN_ROWS_PER_PROCESS`."""
+    """Tokenizing processes for `n_rows`: `num_proc` (None: cores, at most 8), each of `MIN_ROWS_PER_PROCESS`."""
     wanted = num_proc if num_proc is not None else min(os.cpu_count() or 1, MAX_AUTO_PROCESSES)
     return max(1, min(wanted, n_rows // MIN_ROWS_PER_PROCESS))
 
@@ -248,15 +248,16 @@ def _encode(split: datasets.Dataset, tokenizers: TokenizerPair, max_len: int, dr
     encode = functools.partial(_encode_rows, tokenizers=tokenizers, keep=max_len - 1, drop_long=drop_long,
                                dropping=dropping)
     if num_proc == 1:
-        return _encode_shard(split, encode, cache_file, f"tokenize {name}")
-    shards = [(split.shard(num_proc, index, contiguous=True), encode,
-               cache_file.with_name(f"{cache_file.stem}_{index:05d}_of_{num_proc:05d}.arrow"),
-               f"tokenize {name} (1 of {num_proc} shards)" if index == 0 else None) for index in range(num_proc)]
-    # fork where it is safe (Linux): no re-import per process; macOS's system libraries are not fork-safe.
-    context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    with mock.patch.dict(os.environ, TOKENIZERS_PARALLELISM="false"):  # one Rust thread per process
-        with context.Pool(num_proc, initializer=_worker_setup) as pool:
-            files = pool.starmap(_encode_shard_file, shards)  # Ctrl-C here: `with` terminates the pool
+        files = [_encode_shard(split, encode, cache_file, f"tokenize {name}")]
+    else:
+        shards = [(split.shard(num_proc, index, contiguous=True), encode,
+                   cache_file.with_name(f"{cache_file.stem}_{index:05d}_of_{num_proc:05d}.arrow"),
+                   f"tokenize {name} (1 of {num_proc} shards)" if index == 0 else None) for index in range(num_proc)]
+        # fork where it is safe (Linux): no re-import per process; macOS's system libraries are not fork-safe.
+        context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+        with mock.patch.dict(os.environ, TOKENIZERS_PARALLELISM="false"):  # one Rust thread per process
+            with context.Pool(num_proc, initializer=_worker_setup) as pool:
+                files = pool.starmap(_encode_shard, shards)  # Ctrl-C here: `with` terminates the pool
     return datasets.concatenate_datasets([datasets.Dataset.from_file(file) for file in files])
 
 
@@ -270,31 +271,25 @@ def _worker_setup() -> None:
             os._exit(1)
 
 
-def _encode_shard_file(shard: datasets.Dataset, encode, cache_file: Path, desc: str | None) -> str:
-    """`_encode_shard` in a pool process: the file it wrote (a Dataset would be pickled back whole)."""
+def _encode_shard(split: datasets.Dataset, encode, cache_file: Path, desc: str | None) -> str:
+    """Encode `split` into `cache_file`, its name returned (a pool process would pickle a Dataset back whole)."""
     import datasets
 
     if desc is None:
         datasets.disable_progress_bars()  # one bar, the first shard's, stands for all
-    _encode_shard(shard, encode, cache_file, desc)
-    return str(cache_file)
-
-
-def _encode_shard(split: datasets.Dataset, encode, cache_file: Path, desc: str | None) -> datasets.Dataset:
-    import datasets
-
     features = datasets.Features({"src_ids": datasets.Sequence(datasets.Value("int32")),
                                   "tgt_ids": datasets.Sequence(datasets.Value("int32")),
                                   "src_len": datasets.Value("int32"), "tgt_len": datasets.Value("int32")})
     # A batched map may return fewer rows than it gets, because it replaces every input column.
     with _bars_cleared_when_done():
-        return split.map(encode, batched=True, batch_size=ENCODE_BATCH_ROWS, remove_columns=split.column_names,
-                         features=features, cache_file_name=str(cache_file), load_from_cache_file=False, desc=desc)
+        split.map(encode, batched=True, batch_size=ENCODE_BATCH_ROWS, remove_columns=split.column_names,
+                  features=features, cache_file_name=str(cache_file), load_from_cache_file=False, desc=desc)
+    return str(cache_file)
 
 
 @contextlib.contextmanager
 def _bars_cleared_when_done():
-    """While inside, `datasets.map`'s bar (`arrow_dataset.hf_tqdm`) is gone from the terminal once done, as tmt's are."""
+    """While inside, `datasets.map`'s bar (`arrow_dataset.hf_tqdm`) leaves the terminal once done, as tmt's do."""
     from datasets import arrow_dataset
 
     original = getattr(arrow_dataset, "hf_tqdm", None)

@@ -1,9 +1,5 @@
-"""BPE tokenizers (HuggingFace `tokenizers`): train, save, load; special tokens at fixed ids.
-
-Text is NFC-normalised and split SentencePiece-style: spaces become `▁` on the following
-word and punctuation is its own pre-token, so decoding restores the exact spacing
-("Dov'è il caffè?" round-trips; no space appears before punctuation).
-"""
+"""BPE tokenizers (HuggingFace `tokenizers`): train, save, load; special tokens at fixed ids. Text is NFC and
+split SentencePiece-style (`▁` marks a space, punctuation its own pre-token), so decoding restores the spacing."""
 
 from __future__ import annotations
 
@@ -13,6 +9,7 @@ import logging
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -29,13 +26,9 @@ PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)  # their position here is their id
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = range(4)
 
-# Lines per `encode_batch` call when encoding with a progress bar: large enough that the Rust
-# side still parallelises well, small enough that the bar moves every second or so.
-ENCODE_CHUNK_LINES = 20_000
-# BPE training's time grows with the square of a word's length: one 100,000-character "word" took
-# 3.4 s here, 2 million characters over 12 minutes. Lines holding a run of non-space characters
-# longer than this (base64, a run of one letter, a corrupt line; no word of any language) are left
-# out of BPE training, as SentencePiece leaves out overlong sentences. They are still tokenized.
+ENCODE_CHUNK_LINES = 20_000  # lines per `encode_batch` call, so that a progress bar moves
+# Lines with a longer run of non-space characters are left out of BPE training (its time grows with
+# the square of a word's length); they are still tokenized.
 MAX_WORD_CHARS = 1000
 
 
@@ -51,8 +44,7 @@ class TokenizerPair:
         return self.src is self.tgt
 
     def __setstate__(self, state: dict) -> None:
-        # Unpickling (in `datasets.map`'s worker processes) rebuilds each Tokenizer from its JSON,
-        # which does not hold the flag `_text_is_text` sets.
+        # Unpickling (in worker processes) rebuilds each Tokenizer from JSON, which lacks `_text_is_text`'s flag.
         self.__dict__.update(state)
         _text_is_text(self.src)
         _text_is_text(self.tgt)
@@ -77,12 +69,8 @@ class TokenizerPair:
         return [self.tgt.id_to_token(i) for i in ids]
 
     def with_bpe_dropout(self, dropout: float) -> TokenizerPair:
-        """Copies that skip each BPE merge with probability `dropout` (Provilkov et al. 2020), for
-        encoding training pairs only; never saved. The same vocabulary and ids: the pieces of a
-        dropped segmentation are shorter pieces of the vocabulary, and decode to the same text.
-        The `tokenizers` library draws the skips from an unseeded thread-local generator, so two
-        encodings of a line differ run to run: what makes training reproducible is encoding once
-        and caching the ids (`token_cache`)."""
+        """Copies that skip each BPE merge with probability `dropout` (Provilkov et al. 2020), with the same
+        vocabulary; never saved. Unseeded: training is reproducible because `token_cache` keeps the ids."""
         def dropping(tokenizer: Tokenizer) -> Tokenizer:
             settings = json.loads(tokenizer.to_str())
             settings["model"]["dropout"] = dropout
@@ -94,17 +82,15 @@ class TokenizerPair:
         return TokenizerPair(src, src if self.joint else dropping(self.tgt))
 
     def fingerprint(self) -> str:
-        """A digest of both vocabularies (piece -> id), which checkpoints carry: a model is only
-        right with the tokenizers it was trained with, whatever the vocabulary sizes say."""
+        """A digest of both vocabularies (piece -> id), which checkpoints carry."""
         vocabularies = [sorted(t.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1])
                         for t in (self.src, self.tgt)]
         return hashlib.blake2b(json.dumps(vocabularies, ensure_ascii=False).encode("utf-8"),
                                digest_size=16).hexdigest()
 
     def save(self, directory: Path) -> None:
-        """Write `tokenizer.json`, or `tokenizer.tgt.json` and then `tokenizer.src.json`, each
-        atomically: the file `exists_in` looks for comes last, so a run killed midway never has
-        tokenizers that look complete and are not."""
+        """Write `tokenizer.json`, or `tokenizer.tgt.json` then `tokenizer.src.json`, atomically: the file
+        `exists_in` looks for comes last."""
         if self.joint:
             write_text_atomic(directory / JOINT_FILE, self.src.to_str(pretty=True))
         else:
@@ -119,10 +105,8 @@ class TokenizerPair:
             return cls(joint, joint)
         if (directory / SRC_FILE).is_file() and (directory / TGT_FILE).is_file():
             return cls(_load_file(directory / SRC_FILE), _load_file(directory / TGT_FILE))
-        raise CheckpointError(
-            f"{directory}: no tokenizer files ({JOINT_FILE}, or {SRC_FILE} and {TGT_FILE}); "
-            "is this a tmt run directory?"
-        )
+        raise CheckpointError(f"{directory}: no tokenizer files ({JOINT_FILE}, or {SRC_FILE} and {TGT_FILE}); "
+                              "is this a tmt run directory?")
 
     @classmethod
     def exists_in(cls, directory: Path) -> bool:
@@ -131,16 +115,11 @@ class TokenizerPair:
 
 def train_tokenizers(cfg: TokenizerConfig, src_lines: Iterable[str], tgt_lines: Iterable[str],
                      progress: bool = False, n_lines: int | None = None) -> TokenizerPair:
-    """Train BPE on the training split: one joint tokenizer, or one per language.
-
-    `src_lines` / `tgt_lines` are read once, so they may be streams (a corpus larger than memory);
-    `n_lines`, the lines per side, sizes the progress bar (default: `len(src_lines)`).
-    `progress` shows a bar on stderr (a terminal only) over the lines read; reading and counting
-    words is most of the time, computing the merges comes after the bar ends.
-    """
+    """Train BPE on the training split: one joint tokenizer, or one per language. The lines are read once
+    (they may be streams); `n_lines` per side (default: `len(src_lines)`) sizes the progress bar."""
     n = len(src_lines) if n_lines is None else n_lines  # type: ignore[arg-type]
     if cfg.joint:
-        joint = _train_bpe(cfg, _chain(src_lines, tgt_lines), 2 * n, "BPE (joint)", progress)
+        joint = _train_bpe(cfg, chain(src_lines, tgt_lines), 2 * n, "BPE (joint)", progress)
         return TokenizerPair(joint, joint)
     return TokenizerPair(_train_bpe(cfg, iter(src_lines), n, "BPE (source)", progress),
                          _train_bpe(cfg, iter(tgt_lines), n, "BPE (target)", progress))
@@ -156,12 +135,8 @@ def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int, desc: s
         pre_tokenizers.Punctuation(behavior="isolated"),
     ])
     tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-    trainer = trainers.BpeTrainer(
-        vocab_size=cfg.vocab_size,
-        min_frequency=cfg.min_frequency,
-        special_tokens=list(SPECIAL_TOKENS),
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
+                                  special_tokens=list(SPECIAL_TOKENS), show_progress=False)
     with _bar(n_lines, desc, progress) as bar:
         kept = _WithoutOverlongWords(_counted(lines, bar))
         tokenizer.train_from_iterator(kept, trainer=trainer, length=n_lines)
@@ -174,8 +149,7 @@ def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int, desc: s
 
 
 class _WithoutOverlongWords:
-    """`lines` without those holding a run of more than `MAX_WORD_CHARS` non-space characters;
-    `left_out` counts them. Only lines longer than that are split to look."""
+    """`lines` without those holding a run of more than `MAX_WORD_CHARS` non-space characters (`left_out`)."""
 
     def __init__(self, lines: Iterator[str]):
         self.lines = lines
@@ -201,8 +175,7 @@ def _encode(tokenizer: Tokenizer, lines: list[str], desc: str, progress: bool) -
 
 
 def _bar(total: int, desc: str, progress: bool) -> tqdm:
-    # Not a terminal (a CI log, a file): no bar; the log lines stand in for it.
-    # Once done, the bar makes way (leave=False) for the log lines and the next bar.
+    """A progress bar on stderr when it is a terminal, gone once done."""
     return tqdm(total=total, desc=desc, unit="line", unit_scale=total >= 10_000, leave=False, file=sys.stderr,
                 dynamic_ncols=True, disable=not (progress and sys.stderr.isatty()))
 
@@ -230,11 +203,8 @@ def _load_file(path: Path) -> Tokenizer:
 
 
 def _text_is_text(tokenizer: Tokenizer) -> None:
-    """Encode a literal "<s>", "</s>" or "<pad>" in a sentence (an HTML strike-through tag, say) as
-    ordinary text, never as the special token: a "</s>" would end a target mid-sentence.
-
-    The flag is not saved in the tokenizer file, so it is set on every tokenizer made or loaded.
-    """
+    """Encode a literal "<s>", "</s>" or "<pad>" in a sentence as text, never as the special token
+    (the flag is not saved in the file: set on every tokenizer made or loaded)."""
     tokenizer.encode_special_tokens = True
 
 
@@ -243,7 +213,3 @@ def _check_special_ids(tokenizer: Tokenizer, where: str) -> None:
         if tokenizer.token_to_id(token) != expected_id:
             raise CheckpointError(f"{where}: special token {token} does not have id {expected_id}")
 
-
-def _chain(*parts: Iterable[str]) -> Iterator[str]:
-    for part in parts:
-        yield from part

@@ -3,11 +3,12 @@ name the dataset, split and row, and say what to do (no network, a loading scrip
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -29,20 +30,19 @@ PROBE_TIMEOUT_S = 5.0
 def hub_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
     """The sources of train, valid and test (None: missing) of a Hub dataset, its columns checked."""
     # A local dataset folder needs no network; behind a proxy a direct probe proves nothing.
-    if not _hub_offline() and not _behind_proxy() and not Path(cfg.path).is_dir():
+    proxy = any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
+    if not _hub_offline() and not proxy and not Path(cfg.path).is_dir():
         _check_hub_reachable(cfg)
     dataset_dict = _load_hub_dataset(cfg)
     names = {"train": ["train"], "valid": list(HUB_VALID_NAMES), "test": ["test"]}
-    sources: dict[str, SplitSource | None] = {}
+    sources: dict[str, SplitSource | None] = dict.fromkeys(SPLITS)
     for split in SPLITS:
         found = next((name for name in names[split] if name in dataset_dict), None)
-        if found is None:
-            sources[split] = None
-            continue
-        dataset = dataset_dict[found]
-        columns = _pair_columns(dataset, cfg, found)
-        sources[split] = SplitSource(f"hub split {found!r} of {cfg.path} ({len(dataset)} rows)",
-                                     f"hub:{dataset._fingerprint}", _hub_chunks(dataset, cfg, found, columns))
+        if found is not None:
+            dataset = dataset_dict[found]
+            chunks = functools.partial(_hub_chunks, dataset, cfg, found, _pair_columns(dataset, cfg, found))
+            sources[split] = SplitSource(f"hub split {found!r} of {cfg.path} ({len(dataset)} rows)",
+                                         f"hub:{dataset._fingerprint}", chunks)
     if sources["train"] is None:
         raise DataError(f"data.path: hub dataset {cfg.path!r} has no 'train' split "
                         f"(splits: {', '.join(dataset_dict)})")
@@ -58,10 +58,6 @@ def _hub_offline() -> bool:
     """True when the environment tells `datasets` to use only its local cache."""
     true_values = {"1", "ON", "YES", "TRUE"}  # as datasets.config.ENV_VARS_TRUE_VALUES
     return any(os.environ.get(name, "").upper() in true_values for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
-
-
-def _behind_proxy() -> bool:
-    return any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"))
 
 
 def _check_hub_reachable(cfg: DataConfig) -> None:
@@ -146,7 +142,9 @@ def _pair_columns(dataset: datasets.Dataset, cfg: DataConfig, split_name: str) -
     """The columns that hold a split's pairs: `["translation"]` of {lang: text} dicts (first choice), or
     `[src_lang, tgt_lang]`, a text column per language."""
     if "translation" in dataset.column_names:
-        languages = _translation_languages(dataset)
+        feature = dataset.features["translation"]  # a `Translation` feature or a struct of strings
+        languages = [str(lang) for lang in getattr(feature, "languages", None) or
+                     (list(feature) if isinstance(feature, dict) else [])]
         missing = [f"data.{side}_lang={lang!r}" for side, lang in (("src", cfg.src_lang), ("tgt", cfg.tgt_lang))
                    if lang not in languages]
         if missing:
@@ -168,25 +166,13 @@ def _pair_columns(dataset: datasets.Dataset, cfg: DataConfig, split_name: str) -
     return columns
 
 
-def _hub_chunks(dataset: datasets.Dataset, cfg: DataConfig, split_name: str,
-                columns: list[str]) -> Callable[[], Iterator[PairChunk]]:
+def _hub_chunks(dataset: datasets.Dataset, cfg: DataConfig, split_name: str, columns: list[str]) -> Iterator[PairChunk]:
     """Stripped (src, tgt) chunks from the `columns` of `_pair_columns`, read from the memory-mapped Arrow table."""
-    def chunks() -> Iterator[PairChunk]:
-        table = dataset.with_format("arrow").select_columns(columns)
-        for start in range(0, len(dataset), CHUNK_ROWS):
-            batch = table[start:start + CHUNK_ROWS]  # a pyarrow Table: ~50x faster than row access
-            # A `translation` row is already a {lang: text} record; text columns give {src_lang: .., tgt_lang: ..}.
-            rows = batch["translation"].to_pylist() if columns == ["translation"] else batch.to_pylist()
-            pairs = [pair_from_record(row, cfg.src_lang, cfg.tgt_lang, where=f"{cfg.path} {split_name} row {start + i}")
-                     for i, row in enumerate(rows)]
-            yield [s for s, _ in pairs], [t for _, t in pairs]
-    return chunks
-
-
-def _translation_languages(dataset: datasets.Dataset) -> list[str]:
-    """Language keys of the `translation` column: a `Translation` feature or a struct of strings."""
-    feature = dataset.features["translation"]
-    languages = getattr(feature, "languages", None)
-    if languages is None and isinstance(feature, dict):
-        languages = list(feature)
-    return [str(lang) for lang in languages or []]
+    table = dataset.with_format("arrow").select_columns(columns)
+    for start in range(0, len(dataset), CHUNK_ROWS):
+        batch = table[start:start + CHUNK_ROWS]  # a pyarrow Table: ~50x faster than row access
+        # A `translation` row is already a {lang: text} record; text columns give {src_lang: .., tgt_lang: ..}.
+        rows = batch["translation"].to_pylist() if columns == ["translation"] else batch.to_pylist()
+        pairs = [pair_from_record(row, cfg.src_lang, cfg.tgt_lang, where=f"{cfg.path} {split_name} row {start + i}")
+                 for i, row in enumerate(rows)]
+        yield [s for s, _ in pairs], [t for _, t in pairs]

@@ -26,7 +26,6 @@ PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)  # their position here is their id
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = range(4)
 
-ENCODE_CHUNK_LINES = 20_000  # lines per `encode_batch` call, so that a progress bar moves
 # Lines with a longer run of non-space characters are left out of BPE training (its time grows with
 # the square of a word's length); they are still tokenized.
 MAX_WORD_CHARS = 1000
@@ -49,13 +48,13 @@ class TokenizerPair:
         _text_is_text(self.src)
         _text_is_text(self.tgt)
 
-    def encode_src(self, lines: list[str], progress: bool = False) -> list[list[int]]:
-        """Token ids of each source line, without special tokens; `progress` shows a bar on stderr."""
-        return _encode(self.src, lines, "tokenize source", progress)
+    def encode_src(self, lines: list[str]) -> list[list[int]]:
+        """Token ids of each source line, without special tokens."""
+        return [e.ids for e in self.src.encode_batch(lines, add_special_tokens=False)]
 
-    def encode_tgt(self, lines: list[str], progress: bool = False) -> list[list[int]]:
-        """Token ids of each target line, without special tokens; `progress` shows a bar on stderr."""
-        return _encode(self.tgt, lines, "tokenize target", progress)
+    def encode_tgt(self, lines: list[str]) -> list[list[int]]:
+        """Token ids of each target line, without special tokens."""
+        return [e.ids for e in self.tgt.encode_batch(lines, add_special_tokens=False)]
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         """Detokenised text for each id sequence; special tokens are dropped."""
@@ -137,8 +136,10 @@ def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int, desc: s
     tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
     trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
                                   special_tokens=list(SPECIAL_TOKENS), show_progress=False)
-    with _bar(n_lines, desc, progress) as bar:
-        kept = _WithoutOverlongWords(_counted(lines, bar))
+    # A bar on stderr when it is a terminal, gone once done.
+    with tqdm(total=n_lines, desc=desc, unit="line", unit_scale=n_lines >= 10_000, leave=False, file=sys.stderr,
+              dynamic_ncols=True, disable=not (progress and sys.stderr.isatty())) as bar:
+        kept = _KeptLines(lines, bar)
         tokenizer.train_from_iterator(kept, trainer=trainer, length=n_lines)
     if kept.left_out:
         logger.warning("%s: left %d training line(s) with a run of over %d non-space characters out of BPE "
@@ -148,48 +149,24 @@ def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int, desc: s
     return tokenizer
 
 
-class _WithoutOverlongWords:
-    """`lines` without those holding a run of more than `MAX_WORD_CHARS` non-space characters (`left_out`)."""
+class _KeptLines:
+    """`lines` without those holding a run of more than `MAX_WORD_CHARS` non-space characters (`left_out`),
+    advancing `bar` every 10,000 lines read."""
 
-    def __init__(self, lines: Iterator[str]):
-        self.lines = lines
+    def __init__(self, lines: Iterator[str], bar: tqdm):
+        self.lines, self.bar = lines, bar
         self.left_out = 0
 
     def __iter__(self) -> Iterator[str]:
-        for line in self.lines:
+        read = 0
+        for read, line in enumerate(self.lines, start=1):
+            if read % 10_000 == 0:  # an update per line would cost more than the line
+                self.bar.update(10_000)
             if len(line) > MAX_WORD_CHARS and max(map(len, line.split())) > MAX_WORD_CHARS:
                 self.left_out += 1
-                continue
-            yield line
-
-
-def _encode(tokenizer: Tokenizer, lines: list[str], desc: str, progress: bool) -> list[list[int]]:
-    """Token ids of each line, encoded in chunks so that a progress bar can follow."""
-    ids: list[list[int]] = []
-    with _bar(len(lines), desc, progress) as bar:
-        for start in range(0, len(lines), ENCODE_CHUNK_LINES):
-            chunk = lines[start:start + ENCODE_CHUNK_LINES]
-            ids.extend(e.ids for e in tokenizer.encode_batch(chunk, add_special_tokens=False))
-            bar.update(len(chunk))
-    return ids
-
-
-def _bar(total: int, desc: str, progress: bool) -> tqdm:
-    """A progress bar on stderr when it is a terminal, gone once done."""
-    return tqdm(total=total, desc=desc, unit="line", unit_scale=total >= 10_000, leave=False, file=sys.stderr,
-                dynamic_ncols=True, disable=not (progress and sys.stderr.isatty()))
-
-
-def _counted(lines: Iterator[str], bar: tqdm) -> Iterator[str]:
-    """Yield `lines`, advancing `bar` every 10,000 lines (a call per line would cost more than the line)."""
-    pending = 0
-    for line in lines:
-        yield line
-        pending += 1
-        if pending == 10_000:
-            bar.update(pending)
-            pending = 0
-    bar.update(pending)
+            else:
+                yield line
+        self.bar.update(read % 10_000)
 
 
 def _load_file(path: Path) -> Tokenizer:

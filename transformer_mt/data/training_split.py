@@ -16,18 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from transformer_mt.config.schema import Config, DataConfig
+from transformer_mt.config.schema import Config
 from transformer_mt.core.errors import ConfigError, DataError
 from transformer_mt.data.corpus import Corpus
 from transformer_mt.data.token_cache import TokenizedSplit, processes_for, tokenize_split
 from transformer_mt.data.tokenization import TokenizerPair
 
 logger = logging.getLogger(__name__)
-
-
-def corpus_weights(cfg: DataConfig) -> tuple[float, ...]:
-    """Each corpus's weight; `data.path` is one corpus of weight 1."""
-    return tuple(entry.weight for entry in cfg.corpora) or (1.0,)
 
 
 def pairs_per_epoch(counts: tuple[int, ...], weights: tuple[float, ...]) -> list[int]:
@@ -89,6 +84,8 @@ def tokenize_training_split(cfg: Config, corpus: Corpus, tokenizers: TokenizerPa
                             progress: bool = False, prepared: bool = False) -> TokenizedSplit:
     """The training pairs as token ids, each corpus and BPE-dropout variant a token-cache entry of its
     own, in one table with its `EpochRows` (none for one corpus of weight 1 without dropout)."""
+    import datasets
+
     parts = corpus.train_parts
     variants = cfg.tokenizer.bpe_dropout_variants if cfg.tokenizer.bpe_dropout else 0
     blocks: list[list[TokenizedSplit]] = [[] for _ in range(variants + 1)]  # [variant][corpus]
@@ -113,7 +110,7 @@ def tokenize_training_split(cfg: Config, corpus: Corpus, tokenizers: TokenizerPa
                     raise
                 raise DataError(f"data.corpora[{c}] ({label}): {err}") from None
         start += n_rows
-    weights = corpus_weights(cfg.data)
+    weights = tuple(entry.weight for entry in cfg.data.corpora) or (1.0,)  # `data.path`: one corpus of weight 1
     if variants == 0 and weights == (1.0,):
         return blocks[0][0]
     if variants:
@@ -123,26 +120,14 @@ def tokenize_training_split(cfg: Config, corpus: Corpus, tokenizers: TokenizerPa
                     f" >= {start_epoch}" if start_epoch else "", variants, time.perf_counter() - started)
     plan = EpochRows(tuple(len(piece) for piece in blocks[0]), weights, cfg.seed, variants,
                      cfg.tokenizer.bpe_dropout_start_epoch)
-    if cfg.data.corpora:
-        _refuse_unused_corpora(plan, [label for label, _ in parts])
+    for c, ((label, _), n, weight, wanted) in enumerate(zip(parts, plan.counts, weights, plan.pairs_per_epoch())):
+        if cfg.data.corpora and not wanted:  # a corpus left unused by its weight: name the least that uses it
+            digits = 2 - math.floor(math.log10(0.5 / n))  # three significant ones, rounded up: enough for one pair
+            raise ConfigError([f"data.corpora[{c}].weight: {weight:g} gives the {n:,} training pairs of {label} none "
+                               f"per epoch (round({weight:g} x {n:,}) = 0); raise it to at least "
+                               f"{math.ceil(0.5 / n * 10 ** digits) / 10 ** digits:g}"])
     if not sum(plan.pairs_per_epoch()):
         raise ConfigError(["data.corpora: the weights give an epoch no training pairs; raise them"])
-    return TokenizedSplit(_concatenated([piece.dataset for block in blocks for piece in block]), cfg.model.max_len,
-                          epoch_rows=plan, n_pairs=plan.n_pairs)
-
-
-def _refuse_unused_corpora(plan: EpochRows, labels: list[str]) -> None:
-    """Refuse a corpus whose weight is too small for round(weight x pairs) to reach 1, naming its entry."""
-    for c, (label, n, weight, wanted) in enumerate(zip(labels, plan.counts, plan.weights, plan.pairs_per_epoch())):
-        if wanted:
-            continue
-        digits = 2 - math.floor(math.log10(0.5 / n))  # three significant ones, rounded up: enough for one pair
-        raise ConfigError([f"data.corpora[{c}].weight: {weight:g} gives the {n:,} training pairs of {label} none "
-                           f"per epoch (round({weight:g} x {n:,}) = 0); raise it to at least "
-                           f"{math.ceil(0.5 / n * 10 ** digits) / 10 ** digits:g}"])
-
-
-def _concatenated(parts: list):
-    import datasets
-
-    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    pieces = [piece.dataset for block in blocks for piece in block]
+    table = pieces[0] if len(pieces) == 1 else datasets.concatenate_datasets(pieces)
+    return TokenizedSplit(table, cfg.model.max_len, epoch_rows=plan, n_pairs=plan.n_pairs)

@@ -168,10 +168,10 @@ def test_a_corpus_that_cannot_be_read_is_named_by_its_entry(corpora, tmp_path: P
 
 def test_a_hub_entrys_error_names_the_entrys_own_keys(corpora, tmp_path: Path, monkeypatch):
     """The entry's format, hub_config and revision stand for data.*'s: the message names the entry's keys."""
-    from transformer_mt.data import hub as hub_sources
-    from transformer_mt.data.hub import PARQUET_CONVERSION
+    from transformer_mt.data import sources as data_sources
+    from transformer_mt.data.sources import PARQUET_CONVERSION
 
-    monkeypatch.setattr(hub_sources, "_check_hub_reachable", lambda cfg: None)  # refused before any download
+    monkeypatch.setattr(data_sources, "_check_hub_reachable", lambda cfg: None)  # refused before any download
     cfg = tiny_config("", data={"path": "", "format": "text", "corpora": [
         {"path": str(corpora[0])}, {"path": "someone/pairs", "format": "hub", "revision": PARQUET_CONVERSION}]})
     with pytest.raises(DataError) as caught:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import torch
@@ -67,16 +69,10 @@ def make_batch(src_seqs: Sequence[Sequence[int]], tgt_seqs: Sequence[Sequence[in
                pad_id: int, bos_id: int, eos_id: int, pad_to_multiple: int = 1, max_length: int | None = None
                ) -> Batch:
     """A `Batch` of token-id lists without special tokens, lengths padded by `padded_length`."""
-    src = [list(s) + [eos_id] for s in src_seqs]
-    tgt_in = [[bos_id] + list(t) for t in tgt_seqs]
-    tgt_out = [list(t) + [eos_id] for t in tgt_seqs]
-    return Batch(
-        src_ids=pad_sequences(src, pad_id, pad_to_multiple, max_length),
-        tgt_in_ids=pad_sequences(tgt_in, pad_id, pad_to_multiple, max_length),
-        tgt_out_ids=pad_sequences(tgt_out, pad_id, pad_to_multiple, max_length),
-        n_src_tokens=sum(map(len, src)),
-        n_tgt_tokens=sum(map(len, tgt_out)),
-    )
+    def flat(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+        return np.fromiter(chain.from_iterable(seqs), dtype=np.int64), np.array([len(s) for s in seqs], dtype=np.int64)
+
+    return make_batch_from_flat(*flat(src_seqs), *flat(tgt_seqs), pad_id, bos_id, eos_id, pad_to_multiple, max_length)
 
 
 def _place_rows(values: np.ndarray, lengths: np.ndarray, width: int, pad_id: int, start: int) -> np.ndarray:
@@ -169,8 +165,9 @@ class TokenBatchSampler:
         self.lengths = np.asarray(lengths, dtype=np.int32)  # (N,) before padding
         self.tie_break = None if tie_break is None else np.asarray(tie_break, dtype=np.int32)
         self.max_length = max_length
-        self.epoch_rows = epoch_rows
-        self._rows_of: tuple[int, np.ndarray] | None = None  # (epoch, its rows): the last epoch asked for
+        # The rows of an epoch (None: every row once, and an example is its row); the last epoch's kept.
+        self._epoch_rows = None if epoch_rows is None else functools.lru_cache(maxsize=1)(
+            lambda epoch: np.asarray(epoch_rows(epoch), dtype=np.int64))
         self.cut = {"batch_tokens": batch_tokens, "world_size": world_size, "pad_to_multiple": pad_to_multiple}
         self.seed = seed
         self.epoch = 0
@@ -180,7 +177,7 @@ class TokenBatchSampler:
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
         """The epoch's batches in training order, a multiple of the world size of them (for the current
         epoch after a changed cut, those of its last part)."""
-        rows = self._epoch_rows(epoch)  # None: every row once, and an example is its row
+        rows = None if self._epoch_rows is None else self._epoch_rows(epoch)
         n_examples = len(self.lengths) if rows is None else len(rows)
         parts = self.earlier_parts if epoch == self.epoch else []
         left = None  # (n_examples,) bool: examples that no earlier part handed out; None: all
@@ -190,13 +187,6 @@ class TokenBatchSampler:
             left[np.concatenate(used) if used else []] = False
         batches = self._cut_epoch(epoch, len(parts), self.cut, left, rows)
         return batches if rows is None else [rows[batch] for batch in batches]
-
-    def _epoch_rows(self, epoch: int) -> np.ndarray | None:
-        if self.epoch_rows is None:
-            return None
-        if self._rows_of is None or self._rows_of[0] != epoch:
-            self._rows_of = (epoch, np.asarray(self.epoch_rows(epoch), dtype=np.int64))
-        return self._rows_of[1]
 
     def _cut_epoch(self, epoch: int, part: int, cut: dict, left: np.ndarray | None,
                    rows: np.ndarray | None) -> list[np.ndarray]:

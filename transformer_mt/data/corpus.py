@@ -1,5 +1,4 @@
-"""The corpus of a run: `src` / `tgt` pairs per split from one or several corpora, filtered, as
-memory-mapped Arrow files in `<run_dir>/corpus_cache/`, with valid/test carved from train when missing."""
+"""The corpus of a run: filtered pairs per split from one or several corpora, in `<run_dir>/corpus_cache/`."""
 
 from __future__ import annotations
 
@@ -20,8 +19,7 @@ from transformer_mt.config.schema import CorpusEntry, DataConfig
 from transformer_mt.core.errors import DataError, missing_from_rank0
 from transformer_mt.core.files import removed_on_failure, write_text_atomic
 from transformer_mt.core.run_layout import RunDir
-from transformer_mt.data.hub import hub_sources
-from transformer_mt.data.sources import SPLITS, SplitSource, local_sources
+from transformer_mt.data.sources import SPLITS, SplitSource, hub_sources, local_sources
 
 if TYPE_CHECKING:
     import datasets
@@ -63,12 +61,8 @@ class OpenedCorpora:
 
 
 def load_corpus(cfg: DataConfig, seed: int, run_dir: Path, *, prepared: bool = False) -> Corpus:
-    """Read the corpus of `cfg` into `run_dir/corpus_cache/` (or reuse it), carve missing valid/test
-    splits (seeded by `seed`, recorded in `splits.json`) and filter pairs.
-
-    `prepared`: rank 0 has just built the folder (`Distributed.main_first`); open its files as they
-    are, without the sources, so every rank trains on rank 0's corpus and only rank 0 writes.
-    """
+    """Read the corpus of `cfg` into `run_dir/corpus_cache/` (or reuse it), carve missing valid/test splits
+    (seeded by `seed`, in `splits.json`) and filter pairs. `prepared`: open the folder rank 0 has just built."""
     run_dir = Path(run_dir)
     directory = RunDir(run_dir).corpus_cache
     if prepared:
@@ -94,10 +88,8 @@ def load_corpus(cfg: DataConfig, seed: int, run_dir: Path, *, prepared: bool = F
 
 
 def load_run_corpus(cfg: DataConfig, seed: int, run_dir: Path) -> Corpus:
-    """The corpus of the run in `run_dir` as the run read it (`tmt evaluate --split`), from its complete
-    `corpus_cache/` even when the sources moved or changed (a warning says so); built from the
-    sources only without that folder, and a `DataError` naming the run's config without either.
-    """
+    """The corpus of the run in `run_dir` as the run read it (`tmt evaluate --split`): its `corpus_cache/` even
+    when the sources moved or changed (with a warning), else built from the sources."""
     run_dir = Path(run_dir)
     directory, config_file = RunDir(run_dir).corpus_cache, RunDir(run_dir).config
     manifest = _read_manifest(directory)  # None: no complete copy (deleted, or never finished)
@@ -125,8 +117,7 @@ def _open_corpus(directory: Path, manifest: dict, carved: tuple[str, ...] | None
     """Memory-map the split files of a complete `directory`; `carved` None: as the manifest records it."""
     import datasets
 
-    if carved is None:
-        carved = tuple(manifest.get("carved", ()))
+    carved = tuple(manifest.get("carved", ())) if carved is None else carved
     splits = {split: datasets.Dataset.from_file(str(directory / f"{split}.arrow")) for split in SPLITS}
     logger.info("corpus: %d train, %d valid, %d test pairs", *(len(splits[s]) for s in SPLITS))
     recorded = manifest.get("train_parts") or [["", len(splits["train"])]]
@@ -193,19 +184,15 @@ def _read_manifest(directory: Path) -> dict | None:
         manifest = json.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    if not isinstance(manifest, dict) or not all(key in manifest for key in ("key", "removed", "digests")):
-        return None
-    if not isinstance(manifest["digests"], dict) or not all(split in manifest["digests"] for split in SPLITS):
-        return None
-    if not all((directory / f"{split}.arrow").is_file() for split in SPLITS):
-        return None
-    return manifest
+    complete = (isinstance(manifest, dict) and all(key in manifest for key in ("key", "removed", "digests"))
+                and isinstance(manifest["digests"], dict) and all(split in manifest["digests"] for split in SPLITS)
+                and all((directory / f"{split}.arrow").is_file() for split in SPLITS))
+    return manifest if complete else None
 
 
 def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key: str) -> dict:
-    """Write train/valid/test Arrow files and the manifest into a fresh `corpus_cache/`; return the manifest.
-
-    Several corpora: their training pairs one after another in `train`; carving takes the first's rows."""
+    """Write train/valid/test Arrow files (several corpora's training pairs in turn) and the manifest into a
+    fresh `corpus_cache/`; return the manifest."""
     sources = opened.sources
     target = RunDir(run_dir).corpus_cache
     if target.exists() and any(target.iterdir()) and not (target / MANIFEST_FILE).is_file():
@@ -297,10 +284,8 @@ def count_words(text: str) -> int:
 
 
 def _select(split: str, verdicts: np.ndarray, plan: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, int]]:
-    """(N,) bool: the rows of the origin file that make up `split`, and the pairs each filter removed.
-
-    Empty pairs are dropped everywhere, long or unbalanced ones from train only: evaluation sets stay whole.
-    """
+    """(N,) bool: the rows of the origin file that make up `split` (empty pairs dropped everywhere, long or
+    unbalanced ones from train only), and the pairs each filter removed."""
     candidates = np.ones(len(verdicts), dtype=bool)
     if split in plan:  # carved from train
         candidates[:] = False

@@ -1,5 +1,4 @@
-"""The preflight data report (`tmt data`, the start of `tmt train`): the corpus as the model will see it,
-and the time per epoch and to `train.max_steps` once the throughput is measured."""
+"""The data report (`tmt data`, the start of `tmt train`): the corpus as the model will see it; time estimates."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Each split tokenized once: token ids cached as memory-mapped Arrow files in
-`<run_dir>/token_cache/<split>-<fingerprint>/` (listed in its `entry.json`), keyed by everything they depend on."""
+"""Each split tokenized once: token ids cached as memory-mapped Arrow in `<run_dir>/token_cache/<split>-<key>/`."""
 
 from __future__ import annotations
 
@@ -61,7 +60,6 @@ class TokenizedSplit:
         self.src_len = self._table.column("src_len").to_numpy()
         self.tgt_len = self._table.column("tgt_len").to_numpy()
         self.src_text, self.tgt_text = src_text, tgt_text
-        self._src_ids: list[list[int]] | None = None
         self._flat = None  # (src ids, src offsets, tgt ids, tgt offsets) in memory, for a small enough split
         if max(int(self.src_len.sum()), int(self.tgt_len.sum())) <= IN_MEMORY_MAX_IDS:
             self._flat = (*_flat_column(self._table, "src_ids"), *_flat_column(self._table, "tgt_ids"))
@@ -69,12 +67,10 @@ class TokenizedSplit:
     def __len__(self) -> int:
         return self.n_pairs
 
-    @property
+    @functools.cached_property
     def src_ids(self) -> list[list[int]]:
-        """Every source sequence as a list (for decoding an evaluation split); built on first use."""
-        if self._src_ids is None:
-            self._src_ids = self._table.column("src_ids").to_pylist()
-        return self._src_ids
+        """Every source sequence as a list (for decoding an evaluation split)."""
+        return self._table.column("src_ids").to_pylist()
 
     def lengths(self, pad_to_multiple: int = 1) -> np.ndarray:
         """(N,) padded length of each example in a batch: the longer side plus its EOS/BOS, padded as `batch` pads."""

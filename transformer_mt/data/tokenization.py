@@ -1,5 +1,4 @@
-"""BPE tokenizers (HuggingFace `tokenizers`): train, save, load; special tokens at fixed ids. Text is NFC and
-split SentencePiece-style (`▁` marks a space, punctuation its own pre-token), so decoding restores the spacing."""
+"""BPE tokenizers (HuggingFace `tokenizers`, SentencePiece-style pre-tokens): train, save, load; fixed special ids."""
 
 from __future__ import annotations
 

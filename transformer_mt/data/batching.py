@@ -126,11 +126,8 @@ def pad_rows(batch: Batch, rows: int, pad_id: int, bos_id: int, eos_id: int) -> 
 
 
 def token_budget_batches(order: np.ndarray, lengths: np.ndarray, batch_tokens: int) -> list[np.ndarray]:
-    """Cut `order` into consecutive batches (views) whose size × longest length stays within the budget.
-
-    `order` (N,) example indices along which `lengths` never decrease, so a batch's last example is
-    its longest; one vectorised test per batch. An example over the budget gets a batch of its own.
-    """
+    """Cut `order` (N,), along which `lengths` never decrease, into consecutive batches (views) whose size ×
+    last length stays within the budget (an example over it alone); one vectorised test per batch."""
     order = np.asarray(order, dtype=np.int64)
     sorted_lengths = np.asarray(lengths)[order]  # (N,) non-decreasing
     batches: list[np.ndarray] = []
@@ -148,14 +145,10 @@ def token_budget_batches(order: np.ndarray, lengths: np.ndarray, batch_tokens: i
 class TokenBatchSampler:
     """Endless stream of training batches (arrays of example indices), resumable mid-epoch.
 
-    Each epoch: a seeded shuffle, a stable sort by length (then by `tie_break`, e.g. the target
-    length), cut into token-budget batches, whose order is shuffled in groups of `world_size`: rank r
-    takes the r-th batch of a group. Epoch e depends only on (seed, e) and the `cut`, so the state is
-    (epoch, position, cut). `epoch_rows(e)`: the rows of `lengths` that epoch e trains on
-    (`training_split.EpochRows`); batches then hold row numbers. A resume with another cut cuts the
-    rest of its epoch anew from the examples not yet handed out (`earlier_parts`).
-
-    `lengths` (N,): each example's longer side plus EOS/BOS, counted padded as batches are padded.
+    Each epoch: a seeded shuffle, a stable sort by length (`lengths` (N,), padded as batches are; then
+    `tie_break`), token-budget batches shuffled in groups of `world_size` (rank r takes the r-th of a
+    group); a pure function of (seed, epoch, `cut`). `epoch_rows(e)`: the rows epoch e trains on. A
+    resume with another cut cuts the rest of its epoch anew from the examples left (`earlier_parts`).
     """
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, batch_tokens: int, seed: int,

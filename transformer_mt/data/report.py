@@ -141,16 +141,14 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: 
                  pad_to_multiple: int = 1) -> DataReport:
     """Describe `corpus` as tokenized for training: `train` the token ids trained on, cut into batches
     as `world_size` processes padding to `pad_to_multiple` cut them; the training text is only streamed."""
-    keep = cfg.model.max_len - 1
     n_pairs = len(train)  # block 0 of the table: each pair once, in plain BPE (`training_split.EpochRows`)
     train_src = np.asarray(train.src_len[:n_pairs], dtype=np.int64)
     train_tgt = np.asarray(train.tgt_len[:n_pairs], dtype=np.int64)
     first_epoch = np.arange(n_pairs) if train.epoch_rows is None else train.epoch_rows(0)
-    valid_src_ids = tokenizers.encode_src(corpus.valid["src"][:])
-    valid_tgt_ids = tokenizers.encode_tgt(corpus.valid["tgt"][:])
+    valid_ids = {"src": tokenizers.encode_src(corpus.valid["src"][:]),
+                 "tgt": tokenizers.encode_tgt(corpus.valid["tgt"][:])}
     lengths = {("train", "src"): train_src, ("train", "tgt"): train_tgt,
-               ("valid", "src"): np.array([len(seq) for seq in valid_src_ids], dtype=np.int64),
-               ("valid", "tgt"): np.array([len(seq) for seq in valid_tgt_ids], dtype=np.int64)}
+               **{("valid", side): np.array([len(s) for s in ids], dtype=np.int64) for side, ids in valid_ids.items()}}
     # Cut as training cuts it: under torchrun an incomplete last group of batches is filled up.
     sampler = TokenBatchSampler(train.lengths(), cfg.train.batch_tokens, cfg.seed, pad_to_multiple=pad_to_multiple,
                                 max_length=cfg.model.max_len, epoch_rows=train.epoch_rows, world_size=world_size)
@@ -159,9 +157,8 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: 
         carved=corpus.carved,
         removed={**corpus.removed, "too_many_tokens": len(corpus.train) - len(train_src)},
         lengths={key: length_stats(values) for key, values in lengths.items()},
-        valid_truncated={side: sum(len(ids) > keep for ids in side_ids)
-                         for side, side_ids in (("src", valid_src_ids), ("tgt", valid_tgt_ids))},
-        unk_rate={"src": unk_rate(valid_src_ids), "tgt": unk_rate(valid_tgt_ids)},
+        valid_truncated={side: sum(len(seq) >= cfg.model.max_len for seq in ids) for side, ids in valid_ids.items()},
+        unk_rate={side: unk_rate(ids) for side, ids in valid_ids.items()},
         word_coverage={side: word_coverage(corpus.valid[side][:], iter_text_batches(corpus.train, side))
                        for side in SIDES},
         src_tokens_per_epoch=int(train.src_len[first_epoch].sum()) + len(first_epoch),

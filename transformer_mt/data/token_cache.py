@@ -41,12 +41,8 @@ IN_MEMORY_MAX_IDS = 2 ** 26
 
 
 class TokenizedSplit:
-    """One split as token ids (no special tokens; at most `max_len - 1` per side), Arrow-backed.
-
-    Columns `src_ids`, `tgt_ids` (list<int32>); `src_len`, `tgt_len` (N,) int32 also as numpy arrays.
-    `src_text` / `tgt_text`: kept for evaluation splits. A training table may hold more rows than
-    pairs (`training_split`): `epoch_rows(epoch)` then names the rows of an epoch; `len` is `n_pairs`.
-    """
+    """One split as token ids (no special tokens, at most `max_len - 1` a side): Arrow columns `src_ids`, `tgt_ids`
+    and numpy `src_len`, `tgt_len` (N,); a training table's `epoch_rows(epoch)` names the rows of an epoch."""
 
     def __init__(self, dataset: datasets.Dataset, max_len: int, src_text: Sequence[str] | None = None,
                  tgt_text: Sequence[str] | None = None, *, epoch_rows: Callable[[int], np.ndarray] | None = None,
@@ -124,19 +120,6 @@ def _gather(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, idx: np
     return values[first + np.arange(int(n.sum()))]
 
 
-def fingerprint(text_digest: str, tokenizers: TokenizerPair, max_len: int, drop_long: bool,
-                bpe_dropout: float = 0.0, variant: int = 0) -> str:
-    """Hex digest of everything the cached ids depend on: text, tokenizers, `max_len`, drop rule, BPE-dropout."""
-    digest = hashlib.blake2b(digest_size=16)
-    dropout = [f"bpe_dropout={bpe_dropout}", f"variant={variant}"] if bpe_dropout else []  # plain keys as before
-    for part in (f"tmt-token-cache-{CACHE_FORMAT}", f"max_len={max_len}", f"drop_long={drop_long}",
-                 f"encode_special_tokens={tokenizers.src.encode_special_tokens}",
-                 tokenizers.src.to_str(), "" if tokenizers.joint else tokenizers.tgt.to_str(), text_digest, *dropout):
-        digest.update(part.encode("utf-8"))
-        digest.update(b"\0")  # so that moving text between parts changes the digest
-    return digest.hexdigest()
-
-
 def processes_for(n_rows: int, num_proc: int | None) -> int:
     """Tokenizing processes for `n_rows`: `num_proc` (None: cores, at most 8), each of `MIN_ROWS_PER_PROCESS`."""
     wanted = num_proc if num_proc is not None else min(os.cpu_count() or 1, MAX_AUTO_PROCESSES)
@@ -149,15 +132,18 @@ def tokenize_split(split: datasets.Dataset, text_digest: str, tokenizers: Tokeni
                    variant: int = 0) -> TokenizedSplit:
     """Token ids of `split` (columns `src`, `tgt`), from `cache_root` when cached, else encoded and cached.
 
-    `text_digest`: the split's `Corpus.digests` entry. `drop_long`: drop pairs with a side over
-    `max_len - 1` tokens (training), else cut them (evaluation sets stay whole). `prepared`: rank 0
-    has just filled the cache; only read it. `bpe_dropout` > 0: segmentation number `variant` of
-    the rows plain BPE keeps; unseeded, so its cached entry is what every later read gets.
+    `drop_long`: drop pairs with a side over `max_len - 1` tokens (training), else cut them. `prepared`: only
+    read what rank 0 cached. `bpe_dropout` > 0: segmentation `variant` of the rows plain BPE keeps.
     """
     import datasets
 
-    key = fingerprint(text_digest, tokenizers, max_len, drop_long, bpe_dropout, variant)
-    path = Path(cache_root) / f"{name}-{key}"
+    key = hashlib.blake2b(digest_size=16)  # of everything the ids depend on
+    dropout = [f"bpe_dropout={bpe_dropout}", f"variant={variant}"] if bpe_dropout else []
+    for part in (f"tmt-token-cache-{CACHE_FORMAT}", f"max_len={max_len}", f"drop_long={drop_long}",
+                 f"encode_special_tokens={tokenizers.src.encode_special_tokens}",
+                 tokenizers.src.to_str(), "" if tokenizers.joint else tokenizers.tgt.to_str(), text_digest, *dropout):
+        key.update(part.encode("utf-8") + b"\0")  # "\0": moving text between parts changes the key
+    path = Path(cache_root) / f"{name}-{key.hexdigest()}"
     dataset = _load_entry(path)
     if dataset is not None:
         logger.info("%s split: token ids from the cache %s", name, path)
@@ -233,11 +219,7 @@ def _encode_to_entry(split: datasets.Dataset, tokenizers: TokenizerPair, max_len
 
 def _encode(split: datasets.Dataset, tokenizers: TokenizerPair, max_len: int, drop_long: bool,
             cache_file: Path, name: str, num_proc: int, bpe_dropout: float = 0.0) -> datasets.Dataset:
-    """Batched fast-tokenizer pass over the split, written to `cache_file` (one file per process).
-
-    Several processes each encode a contiguous shard with one Rust thread, in tmt's own pool, whose
-    workers leave Ctrl-C to the parent (`_worker_setup`).
-    """
+    """Encode the split into `cache_file`, or one file per shard of `num_proc` processes of tmt's own pool."""
     import datasets
 
     dropping = tokenizers.with_bpe_dropout(bpe_dropout) if bpe_dropout else None
@@ -304,10 +286,7 @@ def _bars_cleared_when_done():
 def _encode_rows(rows: dict, *, tokenizers: TokenizerPair, keep: int, drop_long: bool,
                  dropping: TokenizerPair | None = None) -> dict:
     """Token ids of a batch of rows, at most `keep` per side; longer pairs dropped (`drop_long`) or cut.
-
-    `dropping` (BPE-dropout tokenizers): the kept pairs' ids are theirs, but plain BPE decides which
-    pairs are kept (every variant has the plain entry's rows), and a side over `keep` keeps its plain ids.
-    """
+    `dropping`: BPE-dropout ids of the pairs plain BPE keeps (a side over `keep` keeps its plain ids)."""
     src_ids, tgt_ids = tokenizers.encode_src(rows["src"]), tokenizers.encode_tgt(rows["tgt"])
     fits = list(range(len(src_ids)))
     if drop_long:

@@ -1,10 +1,6 @@
-"""The training split as the sampler draws it: one table of token ids holding every corpus's pairs
-(`data.corpora`) in plain BPE and in K cached BPE-dropout segmentations; `EpochRows`, the rows of each epoch.
-
-Corpus c of n_c pairs and weight w_c gives every epoch m_c = round(w_c × n_c) pairs (halves up): each
-pair m_c // n_c times, and m_c mod n_c distinct pairs more drawn by a generator seeded by (seed, epoch, c).
-An epoch's rows are thus a pure function of the seed and the epoch, which makes a resume exact.
-"""
+"""The training split as the sampler draws it: one table of token ids of every corpus's pairs in plain BPE
+and K cached BPE-dropout segmentations, and `EpochRows`, the rows of each epoch (a pure function of the seed
+and the epoch, so a resume is exact)."""
 
 from __future__ import annotations
 
@@ -31,8 +27,8 @@ def pairs_per_epoch(counts: tuple[int, ...], weights: tuple[float, ...]) -> list
 
 
 def mixture(counts: tuple[int, ...], weights: tuple[float, ...], seed: int, epoch: int) -> np.ndarray:
-    """(sum of `pairs_per_epoch`,) int64: the pair numbers epoch `epoch` trains on, corpus by corpus
-    (corpus c's pairs numbered from sum(counts[:c])), in no particular order."""
+    """(sum of `pairs_per_epoch`,) int64: the pair numbers of epoch `epoch` (corpus c's from sum(counts[:c])):
+    each pair m_c // n_c times, and m_c mod n_c more drawn by a generator seeded by (seed, epoch, c)."""
     chosen, start = [], 0
     for c, (n, wanted) in enumerate(zip(counts, pairs_per_epoch(counts, weights))):
         pairs = np.arange(start, start + n, dtype=np.int64)
@@ -47,12 +43,8 @@ def mixture(counts: tuple[int, ...], weights: tuple[float, ...], seed: int, epoc
 
 @dataclass(frozen=True)
 class EpochRows:
-    """The rows of the training table that epoch e trains on.
-
-    The table holds `variants + 1` blocks of `n_pairs` rows each: block 0 the pairs in plain BPE, block
-    v (1..K) their v-th BPE-dropout segmentation, corpus after corpus (`counts`). Epoch e draws the
-    pairs `mixture` picks from block 1 + e mod K (block 0 without dropout, or before `start_epoch`).
-    """
+    """The rows of the training table (`variants + 1` blocks of `n_pairs`: plain BPE, then each BPE-dropout
+    segmentation) that epoch e trains on: the pairs `mixture` picks, from block `variant(e)`."""
 
     counts: tuple[int, ...]  # training pairs of each corpus
     weights: tuple[float, ...]

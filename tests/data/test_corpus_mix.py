@@ -16,7 +16,7 @@ from transformer_mt.config.loading import config_from_dict, load_config, save_co
 from transformer_mt.config.schema import config_to_dict
 from transformer_mt.core.errors import ConfigError, DataError
 from transformer_mt.data.corpus import load_corpus
-from transformer_mt.data.training_split import mixture
+from transformer_mt.data.training_split import EpochRows
 from transformer_mt.runs.checkpoint import load_checkpoint
 from transformer_mt.runs.run_dir import prepare_run_dir
 from transformer_mt.train.preparation import prepare_data
@@ -37,6 +37,10 @@ def mixed_config(corpora: tuple[Path, Path], weights=(1.0, 2.0), **train):
     return tiny_config("", data={"path": "", "corpora": [{"path": str(first), "weight": weights[0]},
                                                          {"path": str(second), "weight": weights[1]}]},
                        train={"batch_tokens": 128, **train})
+
+
+def mixture(counts, weights, seed, epoch):
+    return EpochRows(counts, weights, seed).pairs(epoch)
 
 
 def test_each_epoch_shows_every_pair_of_a_corpus_weight_times():

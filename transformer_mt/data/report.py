@@ -94,37 +94,34 @@ class DataReport:
     def render(self) -> str:
         """The report as a compact text table: a label column, then aligned cells per block."""
         lang = self.languages
-        blocks = [
+        cut = [f"{n:,} {what}{'s' if n != 1 else ''}, {where}" for n, what, where in (
+            (self.valid_truncated["src"], "validation source", "cut when translated"),
+            (self.valid_truncated["tgt"], "reference", "cut in the validation loss only")) if n]
+        rate, variants, ratio, start = self.bpe_dropout or (0, 0, 0, 0)
+        blocks = [block for block in (  # falsy: a block left out
             [["pairs", *(f"{split} {self.pairs[split]:,}" + (" (carved from train)" if split in self.carved else "")
                          for split in SPLITS)]],
+            self.corpora is not None and (
+                [["corpora", "pairs", "target tokens", "weight", "share of an epoch: pairs", "tokens"]]
+                + [[f"  {c.path}", f"{c.pairs:,}", f"{c.tgt_tokens:,}", f"{c.weight:g}", f"{100 * c.share:.1f}%",
+                    f"{100 * c.tgt_share:.1f}%"] for c in self.corpora]),
             [["removed by filters", *(f"{name} {count:,}" for name, count in self.removed.items())]],
             [["BPE tokens per sentence", *(f"p{p}" for p in PERCENTILES), "max"]]
             + [[f"  {split} {lang[side]}", *(f"{stats.percentiles[p]:,}" for p in PERCENTILES), f"{stats.max:,}"]
                for (split, side), stats in self.lengths.items()],
+            cut and [["  longer than max_len", "; ".join(cut)]],
             [["validation", lang["src"], lang["tgt"]],
              ["  <unk> tokens", *(f"{100 * self.unk_rate[side]:.2f}%" for side in SIDES)],
              ["  words seen in train", *(f"{100 * self.word_coverage[side]:.1f}%" for side in SIDES)]],
+            self.bpe_dropout is not None and [[
+                "BPE-dropout", f"{rate:g} on training pairs only, {variants} cached segmentations cycled by epoch"
+                f"{f' from epoch {start}' if start else ''}; {ratio:.2f}x the plain BPE target tokens"]],
             [["per epoch", f"{self.tgt_tokens_per_epoch:,} target tokens ({self.src_tokens_per_epoch:,} source), "
                            f"{self.batches_per_epoch:,} batches of at most {self.batch_tokens:,} padded tokens"
                            + (f" = {self.steps_per_epoch:,.1f} steps of {self.batches_per_step} batches"
                               if self.batches_per_step > 1 else "")]],
             [["until max_steps", f"{self.max_steps:,} steps = {self.epochs_to_max_steps:,.1f} epochs"]],
-        ]
-        if self.bpe_dropout is not None:
-            rate, variants, ratio, start = self.bpe_dropout
-            blocks.insert(-2, [["BPE-dropout", f"{rate:g} on training pairs only, {variants} cached segmentations "
-                                               f"cycled by epoch{f' from epoch {start}' if start else ''}; "
-                                               f"{ratio:.2f}x the plain BPE target tokens"]])
-        if self.corpora is not None:
-            blocks.insert(1, [["corpora", "pairs", "target tokens", "weight", "share of an epoch: pairs", "tokens"]]
-                          + [[f"  {c.path}", f"{c.pairs:,}", f"{c.tgt_tokens:,}", f"{c.weight:g}",
-                              f"{100 * c.share:.1f}%", f"{100 * c.tgt_share:.1f}%"] for c in self.corpora])
-        cut = [f"{n:,} {what}{'s' if n != 1 else ''}, {where}" for n, what, where in (
-            (self.valid_truncated["src"], "validation source", "cut when translated"),
-            (self.valid_truncated["tgt"], "reference", "cut in the validation loss only")) if n]
-        if cut:  # under the lengths table
-            lengths = next(i for i, block in enumerate(blocks) if block[0][0] == "BPE tokens per sentence")
-            blocks.insert(lengths + 1, [["  longer than max_len", "; ".join(cut)]])
+        ) if block]
         label_width = max(len(row[0]) for block in blocks for row in block)
         lines = []
         for block in blocks:

@@ -21,30 +21,10 @@ from transformer_mt.data.tokenization import TokenizerPair
 logger = logging.getLogger(__name__)
 
 
-def pairs_per_epoch(counts: tuple[int, ...], weights: tuple[float, ...]) -> list[int]:
-    """Pairs each corpus gives every epoch: its count times its weight, rounded (halves up)."""
-    return [math.floor(n * w + 0.5) for n, w in zip(counts, weights)]
-
-
-def mixture(counts: tuple[int, ...], weights: tuple[float, ...], seed: int, epoch: int) -> np.ndarray:
-    """(sum of `pairs_per_epoch`,) int64: the pair numbers of epoch `epoch` (corpus c's from sum(counts[:c])):
-    each pair m_c // n_c times, and m_c mod n_c more drawn by a generator seeded by (seed, epoch, c)."""
-    chosen, start = [], 0
-    for c, (n, wanted) in enumerate(zip(counts, pairs_per_epoch(counts, weights))):
-        pairs = np.arange(start, start + n, dtype=np.int64)
-        whole, extra = divmod(wanted, n) if n else (0, 0)
-        chosen.extend([pairs] * whole)
-        if extra:
-            drawn = np.random.default_rng([seed, epoch, c]).choice(n, size=extra, replace=False)
-            chosen.append(start + np.sort(drawn))
-        start += n
-    return np.concatenate(chosen) if chosen else np.zeros(0, dtype=np.int64)
-
-
 @dataclass(frozen=True)
 class EpochRows:
     """The rows of the training table (`variants + 1` blocks of `n_pairs`: plain BPE, then each BPE-dropout
-    segmentation) that epoch e trains on: the pairs `mixture` picks, from block `variant(e)`."""
+    segmentation) that epoch e trains on: the pairs `pairs(e)`, from block `variant(e)`."""
 
     counts: tuple[int, ...]  # training pairs of each corpus
     weights: tuple[float, ...]
@@ -61,15 +41,24 @@ class EpochRows:
         return 1 + epoch % self.variants if self.variants and epoch >= self.start_epoch else 0
 
     def pairs(self, epoch: int) -> np.ndarray:
-        """(examples,) int64: the pair numbers (rows of block 0) of epoch `epoch`."""
-        return mixture(self.counts, self.weights, self.seed, epoch)
+        """(sum of `pairs_per_epoch`,) int64: the pair numbers (rows of block 0, corpus c's from sum(counts[:c]))
+        of epoch `epoch`: each m_c // n_c times, and m_c mod n_c more drawn seeded by (seed, epoch, c)."""
+        chosen, start = [], 0
+        for c, (n, wanted) in enumerate(zip(self.counts, self.pairs_per_epoch())):
+            whole, extra = divmod(wanted, n) if n else (0, 0)
+            chosen.extend([np.arange(start, start + n, dtype=np.int64)] * whole)
+            if extra:
+                drawn = np.random.default_rng([self.seed, epoch, c]).choice(n, size=extra, replace=False)
+                chosen.append(start + np.sort(drawn))
+            start += n
+        return np.concatenate(chosen) if chosen else np.zeros(0, dtype=np.int64)
 
     def __call__(self, epoch: int) -> np.ndarray:
         return self.pairs(epoch) + self.variant(epoch) * self.n_pairs
 
     def pairs_per_epoch(self) -> list[int]:
-        """Examples each corpus gives every epoch (the same number every epoch)."""
-        return pairs_per_epoch(self.counts, self.weights)
+        """m_c: the pairs corpus c gives every epoch, its count times its weight rounded (halves up)."""
+        return [math.floor(n * w + 0.5) for n, w in zip(self.counts, self.weights)]
 
 
 def tokenize_training_split(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, cache: Path, *,

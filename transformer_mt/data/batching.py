@@ -49,8 +49,7 @@ def round_up(length: int, multiple: int) -> int:
 
 
 def padded_length(length: int, multiple: int, max_length: int | None = None) -> int:
-    """`length` rounded up to a multiple of `multiple`, but not past `max_length` (the model's positions)
-    nor below `length`; also elementwise on arrays."""
+    """`length` rounded up to a multiple of `multiple`, capped at `max_length` (not below `length`); also on arrays."""
     rounded = round_up(length, multiple)
     return rounded if max_length is None else np.maximum(length, np.minimum(rounded, max_length))
 
@@ -110,8 +109,7 @@ def static_rows(batch: Batch, batch_tokens: int) -> int:
 
 
 def pad_rows(batch: Batch, rows: int, pad_id: int, bos_id: int, eos_id: int) -> Batch:
-    """`batch` with filler rows appended up to `rows`: source EOS, target input BOS (so attention stays
-    finite), target output all pad (nothing to predict); the token counts are the batch's own."""
+    """`batch` with filler rows up to `rows`: source EOS, target BOS (finite attention), nothing to predict."""
     extra = rows - batch.src_ids.shape[0]
     if extra <= 0:
         return batch
@@ -126,8 +124,7 @@ def pad_rows(batch: Batch, rows: int, pad_id: int, bos_id: int, eos_id: int) -> 
 
 
 def token_budget_batches(order: np.ndarray, lengths: np.ndarray, batch_tokens: int) -> list[np.ndarray]:
-    """Cut `order` (N,), along which `lengths` never decrease, into consecutive batches (views) whose size ×
-    last length stays within the budget (an example over it alone); one vectorised test per batch."""
+    """Cut `order` (N,), along which `lengths` never decrease, into batches (views) within the token budget."""
     order = np.asarray(order, dtype=np.int64)
     sorted_lengths = np.asarray(lengths)[order]  # (N,) non-decreasing
     batches: list[np.ndarray] = []
@@ -168,8 +165,7 @@ class TokenBatchSampler:
         self.earlier_parts: list[tuple[dict, int]] = []  # (cut, batches handed out) of this epoch's earlier parts
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        """The epoch's batches in training order, a multiple of the world size of them (for the current
-        epoch after a changed cut, those of its last part)."""
+        """The epoch's batches in training order (after a changed cut in the current epoch, its last part's)."""
         rows = None if self._epoch_rows is None else self._epoch_rows(epoch)
         n_examples = len(self.lengths) if rows is None else len(rows)
         parts = self.earlier_parts if epoch == self.epoch else []
@@ -183,8 +179,7 @@ class TokenBatchSampler:
 
     def _cut_epoch(self, epoch: int, part: int, cut: dict, left: np.ndarray | None,
                    rows: np.ndarray | None) -> list[np.ndarray]:
-        """Part `part` of epoch `epoch`: the examples marked in `left` (None: all), cut by `cut`;
-        batches of example numbers (positions in `rows`, the epoch's rows; None: every row once)."""
+        """Part `part` of epoch `epoch`: batches of the examples in `left` (None: all; indices into `rows`)."""
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         shuffled = torch.randperm(len(self.lengths) if rows is None else len(rows), generator=gen).numpy()
         if part:  # the same shuffle of the examples, another shuffle of the batch groups

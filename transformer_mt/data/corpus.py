@@ -61,8 +61,7 @@ class OpenedCorpora:
 
 
 def load_corpus(cfg: DataConfig, seed: int, run_dir: Path, *, prepared: bool = False) -> Corpus:
-    """Read the corpus of `cfg` into `run_dir/corpus_cache/` (or reuse it), carve missing valid/test splits
-    (seeded by `seed`, in `splits.json`) and filter pairs. `prepared`: open the folder rank 0 has just built."""
+    """Read, carve and filter the corpus of `cfg` into `run_dir/corpus_cache/` (`prepared`: rank 0's, as it is)."""
     run_dir = Path(run_dir)
     directory = RunDir(run_dir).corpus_cache
     if prepared:
@@ -88,8 +87,7 @@ def load_corpus(cfg: DataConfig, seed: int, run_dir: Path, *, prepared: bool = F
 
 
 def load_run_corpus(cfg: DataConfig, seed: int, run_dir: Path) -> Corpus:
-    """The corpus of the run in `run_dir` as the run read it (`tmt evaluate --split`): its `corpus_cache/` even
-    when the sources moved or changed (with a warning), else built from the sources."""
+    """The corpus of the run in `run_dir` as it read it (`tmt evaluate --split`), even if the sources changed."""
     run_dir = Path(run_dir)
     directory, config_file = RunDir(run_dir).corpus_cache, RunDir(run_dir).config
     manifest = _read_manifest(directory)  # None: no complete copy (deleted, or never finished)
@@ -155,8 +153,7 @@ def open_corpora(cfg: DataConfig) -> OpenedCorpora:
 
 
 def _opened(cfg: DataConfig, entry: str) -> dict[str, SplitSource | None]:
-    """The sources of one corpus; an error names the `data.corpora` entry at fault: its own keys for
-    the `data.*` keys it sets, else the entry and its path before the message."""
+    """The sources of one corpus; an error names its `data.corpora` entry (the entry's keys for `data.*`'s)."""
     try:
         return hub_sources(cfg) if cfg.format == "hub" else local_sources(cfg)
     except DataError as err:
@@ -191,8 +188,7 @@ def _read_manifest(directory: Path) -> dict | None:
 
 
 def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key: str) -> dict:
-    """Write train/valid/test Arrow files (several corpora's training pairs in turn) and the manifest into a
-    fresh `corpus_cache/`; return the manifest."""
+    """Write the splits' Arrow files and the manifest into a fresh `corpus_cache/`; return the manifest."""
     sources = opened.sources
     target = RunDir(run_dir).corpus_cache
     if target.exists() and any(target.iterdir()) and not (target / MANIFEST_FILE).is_file():
@@ -201,18 +197,17 @@ def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key
     build = RunDir(run_dir).corpus_build
     shutil.rmtree(build, ignore_errors=True)  # left by an interrupted start
     build.mkdir(parents=True)
-    verdicts, part_verdicts = {}, []  # part_verdicts: each corpus's part of train
+    parts = {}  # split -> each of its sources' verdicts (train: one per corpus)
     for split, source in sources.items():
         if source is not None:
-            own = _write_raw(opened.train_parts if split == "train" else (source,), build / f"raw-{split}.arrow", cfg)
-            part_verdicts = own if split == "train" else part_verdicts
-            verdicts[split] = np.concatenate(own)
-            logger.info("read %d %s pairs from %s", len(verdicts[split]), split, source.description)
-    for label, own in zip(opened.labels, part_verdicts):
+            parts[split] = _write_raw(opened.train_parts if split == "train" else (source,),
+                                      build / f"raw-{split}.arrow", cfg)
+            logger.info("read %d %s pairs from %s", sum(map(len, parts[split])), split, source.description)
+    for label, own in zip(opened.labels, parts["train"]):
         if len(own) == 0:
             raise DataError(f"the training data in {label} is empty (data.format: {cfg.format})")
-    n_first = len(part_verdicts[0])
-    plan = carving_plan(cfg, seed, n_first, {s for s in SPLITS if sources[s] is None}, run_dir)
+    verdicts = {split: np.concatenate(own) for split, own in parts.items()}
+    plan = carving_plan(cfg, seed, len(parts["train"][0]), {s for s in SPLITS if sources[s] is None}, run_dir)
     removed = dict.fromkeys(FILTERS, 0)
     rows, digests = {}, {}
     for split in SPLITS:
@@ -227,9 +222,9 @@ def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key
         _write_selected(build / f"raw-{origin}.arrow", selected, path)
         rows[split], digests[split] = int(selected.sum()), _file_digest(path)
         if split == "train":
-            ends = np.cumsum([len(own) for own in part_verdicts])
+            ends = np.cumsum([len(own) for own in parts["train"]])
             train_parts = [[label, int(selected[end - len(own):end].sum())]
-                           for label, own, end in zip(opened.labels, part_verdicts, ends)]
+                           for label, own, end in zip(opened.labels, parts["train"], ends)]
     for split in verdicts:
         (build / f"raw-{split}.arrow").unlink()
     if plan:
@@ -238,7 +233,12 @@ def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key
                 "train_parts": train_parts,
                 "carved": list(plan), "splits_digest": _file_digest(RunDir(run_dir).splits) if plan else None}
     (build / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    _replace_directory(build, target, RunDir(run_dir).corpus_old)
+    old = RunDir(run_dir).corpus_old  # old files are unlinked, never overwritten: a process may map them
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        target.rename(old)
+    build.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
     return manifest
 
 
@@ -260,7 +260,7 @@ def _write_raw(sources: tuple[SplitSource, ...], path: Path, cfg: DataConfig) ->
 
 
 def _verdicts(src: list[str], tgt: list[str], cfg: DataConfig) -> np.ndarray:
-    """(N,) uint8: KEPT, or the first filter that drops the pair from a training split."""
+    """(N,) uint8: 0 (kept), or the first filter that drops the pair from a training split."""
     out = np.zeros(len(src), dtype=np.uint8)
     for i, (s, t) in enumerate(zip(src, tgt)):
         if not s or not t:
@@ -275,8 +275,7 @@ def _verdicts(src: list[str], tgt: list[str], cfg: DataConfig) -> np.ndarray:
 
 
 def count_words(text: str) -> int:
-    """Whitespace-separated words, each Chinese or Japanese character counting as one (so that
-    `data.max_length_ratio` holds for them; Thai and the like still count by whitespace)."""
+    """Whitespace-separated words, each Chinese or Japanese character counting as one."""
     n_unspaced = len(_UNSPACED.findall(text))
     if not n_unspaced:
         return len(text.split())
@@ -284,8 +283,7 @@ def count_words(text: str) -> int:
 
 
 def _select(split: str, verdicts: np.ndarray, plan: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, int]]:
-    """(N,) bool: the rows of the origin file that make up `split` (empty pairs dropped everywhere, long or
-    unbalanced ones from train only), and the pairs each filter removed."""
+    """(N,) bool: the origin file's rows that make `split` (train alone loses long pairs); the pairs removed."""
     candidates = np.ones(len(verdicts), dtype=bool)
     if split in plan:  # carved from train
         candidates[:] = False
@@ -313,8 +311,7 @@ def _check_not_empty(split: str, selected: np.ndarray, removed: dict[str, int], 
 
 
 def _arrow_batches(path: Path) -> Iterator:
-    """The record batches of an Arrow stream, by plain file reads: its pages then stay in the OS page
-    cache, not in this process's resident memory as through a memory map."""
+    """The record batches of an Arrow stream, by plain file reads (not a memory map held in this process)."""
     import pyarrow as pa
 
     with pa.OSFile(str(path)) as source:
@@ -347,20 +344,10 @@ def _file_digest(path: Path) -> str | None:
     return digest.hexdigest()
 
 
-def _replace_directory(new: Path, target: Path, old: Path) -> None:
-    """Put `new` in place of `target`; old files are unlinked, never overwritten (a process may map them)."""
-    shutil.rmtree(old, ignore_errors=True)
-    if target.exists():
-        target.rename(old)
-    new.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 # --- valid and test carved from train -----------------------------------------------------------
 
 def carving_plan(cfg: DataConfig, seed: int, n_rows: int, missing: set[str], run_dir: Path) -> dict[str, np.ndarray]:
-    """Row indices of train to carve into each missing split (`data.valid_size`, `data.test_size`): a seeded
-    choice recorded in the run's `splits.json`, and read from it when it exists."""
+    """Row indices of train to carve into each missing split: a seeded choice, recorded in `splits.json`."""
     sizes = {split: size for split, size in (("valid", cfg.valid_size), ("test", cfg.test_size)) if split in missing}
     if not sizes:
         return {}

@@ -44,8 +44,7 @@ class CorpusShare:
 
 @dataclass(frozen=True)
 class DataReport:
-    """A corpus as the model will see it; the per-epoch counts are the first epoch's (its pairs and
-    segmentation); `lengths` of train are plain BPE's."""
+    """A corpus as the model will see it; per-epoch counts are the first epoch's, train `lengths` plain BPE's."""
 
     pairs: dict[str, int]  # per split, after every filter (train also after too_many_tokens)
     carved: tuple[str, ...]  # the splits carved from train
@@ -136,8 +135,7 @@ class DataReport:
 
 def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: TokenizedSplit, world_size: int = 1,
                  pad_to_multiple: int = 1) -> DataReport:
-    """Describe `corpus` as tokenized for training: `train` the token ids trained on, cut into batches
-    as `world_size` processes padding to `pad_to_multiple` cut them; the training text is only streamed."""
+    """Describe `corpus` as tokenized for training (`train`), batched as `world_size` processes batch it."""
     n_pairs = len(train)  # block 0 of the table: each pair once, in plain BPE (`training_split.EpochRows`)
     train_src = np.asarray(train.src_len[:n_pairs], dtype=np.int64)
     train_tgt = np.asarray(train.tgt_len[:n_pairs], dtype=np.int64)
@@ -196,20 +194,16 @@ def _corpus_shares(cfg: Config, train: TokenizedSplit, train_tgt: np.ndarray,
                  for entry, n, end, drawn, tokens in zip(cfg.data.corpora, counts, ends, per_epoch, epoch_tokens))
 
 
-def percentile(values: Sequence[int] | np.ndarray, p: float) -> int:
-    """Nearest-rank percentile: the smallest value with at least `p`% of `values` at or below it."""
-    return _nearest_rank(np.sort(np.asarray(values)), p)
-
-
-def _nearest_rank(ordered: np.ndarray, p: float) -> int:
-    """`percentile` of values already sorted ascending."""
-    rank = math.ceil(p * len(ordered) / 100)  # p·n first: exact for integers, so 90·100/100 is 90
-    return int(ordered[max(rank, 1) - 1])
+def percentile(values: Sequence[int] | np.ndarray, p: float, ordered: bool = False) -> int:
+    """Nearest-rank percentile: the smallest value with at least `p`% of `values` (`ordered`: sorted) at or below it."""
+    values = values if ordered else np.sort(np.asarray(values))
+    rank = math.ceil(p * len(values) / 100)  # p·n first: exact for integers, so 90·100/100 is 90
+    return int(values[max(rank, 1) - 1])
 
 
 def length_stats(lengths: Sequence[int] | np.ndarray) -> LengthStats:
     ordered = np.sort(np.asarray(lengths))  # once, not once per percentile: the train split may be large
-    return LengthStats({p: _nearest_rank(ordered, p) for p in PERCENTILES}, int(ordered[-1]))
+    return LengthStats({p: percentile(ordered, p, ordered=True) for p in PERCENTILES}, int(ordered[-1]))
 
 
 def unk_rate(id_seqs: Sequence[Sequence[int]]) -> float:
@@ -219,8 +213,7 @@ def unk_rate(id_seqs: Sequence[Sequence[int]]) -> float:
 
 
 def word_coverage(lines: Sequence[str], reference_batches: Iterable[Sequence[str]]) -> float:
-    """Share of the running words of `lines` that occur as a word anywhere in `reference_batches`
-    (batches of lines, read once: only the words of `lines` are remembered, not the reference's)."""
+    """Share of the running words of `lines` that occur in `reference_batches` (batches of lines, read once)."""
     words = [word for line in lines for word in line.split()]
     wanted, known = set(words), set()
     for batch in reference_batches:

@@ -85,7 +85,10 @@ def _local_split(cfg: DataConfig, directory: Path, split: str) -> SplitSource | 
         raise DataError(f"{split} split: {missing[0]} (or {missing[0]}.gz) not found, "
                         f"but {next(f for f in files if f is not None)} exists")
     present = [f for f in files if f is not None]
-    return SplitSource(", ".join(map(str, present)), _files_key(present), _local_chunks(cfg, present))
+    # The key: resolved path, size and modification time of each file; cheap, and changes when a file does.
+    key = "\n".join(f"{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime_ns}" for path in present)
+    return SplitSource(", ".join(map(str, present)), hashlib.blake2b(key.encode("utf-8"), digest_size=16).hexdigest(),
+                       _local_chunks(cfg, present))
 
 
 def _one_of(names: Iterable[str], conjunction: str) -> str:
@@ -110,12 +113,6 @@ def _find_file(path: Path) -> Path | None:
     if path.is_file() and gz_path.is_file():
         raise DataError(f"both {path} and {gz_path} exist; remove one so it is clear which to read")
     return path if path.is_file() else gz_path if gz_path.is_file() else None
-
-
-def _files_key(files: list[Path]) -> str:
-    """Resolved path, size and modification time (ns) of each file: cheap, and changes when a file does."""
-    parts = [f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}" for path, stat in ((p, p.stat()) for p in files)]
-    return hashlib.blake2b("\n".join(parts).encode("utf-8"), digest_size=16).hexdigest()
 
 
 def _local_chunks(cfg: DataConfig, files: list[Path]) -> Callable[[], Iterator[PairChunk]]:
@@ -151,8 +148,7 @@ def iter_lines(path: Path) -> Iterator[list[str]]:
 
 
 def refuse_cr_line_breaks(source: Path | str, first_block: bytes) -> None:
-    """Refuse text whose lines end in "\\r" alone, judged on its first block: no "\\n" in it, and a
-    "\\r" before its end. `source` names the file, or "stdin"."""
+    """Refuse text whose lines end in "\\r" alone, judged on its first block (`source`: the file, or "stdin")."""
     if b"\n" not in first_block and b"\r" in first_block[:-1]:
         raise DataError(f"{source}: its lines end in a carriage return (\\r) alone, which tmt does not read as a "
                         "line break (it splits on \\n or \\r\\n); convert them first, e.g. with tr '\\r' '\\n'")
@@ -322,8 +318,7 @@ def _hub_offline() -> bool:
 
 
 def _check_hub_reachable(cfg: DataConfig) -> None:
-    """Fail in seconds, not after minutes of retries, when the Hub host cannot be reached (a daemon
-    thread probes it, so that a stalled DNS lookup cannot hang the run)."""
+    """Fail in seconds when the Hub host cannot be reached (probed in a daemon thread: DNS may stall)."""
     endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     host = endpoint.hostname or "huggingface.co"
     port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
@@ -373,7 +368,14 @@ def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
     except RuntimeError as err:
         if LOADING_SCRIPT_REFUSED not in str(err):
             raise  # not a known data problem: reported as an internal error
-        raise DataError(_loading_script_advice(cfg, script=str(err).rpartition(" ")[2])) from None
+        local = (", with data.path set to the dataset's hub name rather than this local folder"
+                 if Path(cfg.path).is_dir() else "")
+        raise DataError(f"data.path={cfg.path!r}: this dataset is defined by a loading script "
+                        f"({str(err).rpartition(' ')[2]}), which the installed datasets {datasets.__version__} no "
+                        f"longer runs. If the dataset has a Parquet conversion on the hub, load that: data.revision: "
+                        f"{PARQUET_CONVERSION}, data.hub_config: the configuration's folder there ('default' if it "
+                        f"has only one){local}; or export the dataset to local files and use data.format: text, "
+                        "tsv or jsonl (see README, Data)") from None
     except (OSError, ValueError) as err:  # not found, no network (a ConnectionError), bad config name or revision
         offline = (" HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set, so only your HF cache was looked at: unset it to "
                    f"download the dataset, or {_local_files_hint(cfg)}."
@@ -386,22 +388,8 @@ def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
             datasets.enable_progress_bars()
 
 
-def _loading_script_advice(cfg: DataConfig, script: str) -> str:
-    """Why a dataset defined by a loading script `script` does not load, and what to do instead."""
-    import datasets
-
-    local = (", with data.path set to the dataset's hub name rather than this local folder"
-             if Path(cfg.path).is_dir() else "")
-    return (f"data.path={cfg.path!r}: this dataset is defined by a loading script ({script}), which the installed "
-            f"datasets {datasets.__version__} no longer runs. If the dataset has a Parquet conversion on the hub, load "
-            f"that: data.revision: {PARQUET_CONVERSION}, data.hub_config: the configuration's folder there "
-            f"('default' if it has only one){local}; or export the dataset to local files and "
-            "use data.format: text, tsv or jsonl (see README, Data)")
-
-
 def _pair_columns(dataset: datasets.Dataset, cfg: DataConfig, split_name: str) -> list[str]:
-    """The columns that hold a split's pairs: `["translation"]` of {lang: text} dicts (first choice), or
-    `[src_lang, tgt_lang]`, a text column per language."""
+    """The columns of a split's pairs: `["translation"]` ({lang: text}), else `[src_lang, tgt_lang]` (text)."""
     if "translation" in dataset.column_names:
         feature = dataset.features["translation"]  # a `Translation` feature or a struct of strings
         languages = [str(lang) for lang in getattr(feature, "languages", None) or

@@ -83,8 +83,7 @@ class TokenizedSplit:
         return rows.column("src_ids").to_pylist(), rows.column("tgt_ids").to_pylist()
 
     def _rows(self, indices: Sequence[int] | np.ndarray) -> pa.Table:
-        """A pyarrow Table of the given rows, in this order (`datasets` gathers row slices; `Table.take`
-        would concatenate whole columns first)."""
+        """A pyarrow Table of the given rows, in order (gathered by `datasets`, unlike `Table.take`, cheaply)."""
         return self._arrow[np.asarray(indices, dtype=np.int64).tolist()]
 
     def batch(self, indices: Sequence[int] | np.ndarray, pad_to_multiple: int = 1) -> Batch:
@@ -191,8 +190,7 @@ def _load_entry(path: Path) -> datasets.Dataset | None:
 
 def _encode_to_entry(split: datasets.Dataset, tokenizers: TokenizerPair, max_len: int, drop_long: bool,
                      path: Path, name: str, num_proc: int, bpe_dropout: float = 0.0) -> datasets.Dataset:
-    """Encode into a temporary folder, list its files in `entry.json`, rename it into place and drop
-    the split's older entries; an empty result is not cached (`datasets` cannot reload one)."""
+    """Encode into a temporary folder listed by `entry.json`, renamed into place; drop the split's older entries."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(path.name + ".tmp")
     shutil.rmtree(temp, ignore_errors=True)
@@ -285,8 +283,7 @@ def _bars_cleared_when_done():
 
 def _encode_rows(rows: dict, *, tokenizers: TokenizerPair, keep: int, drop_long: bool,
                  dropping: TokenizerPair | None = None) -> dict:
-    """Token ids of a batch of rows, at most `keep` per side; longer pairs dropped (`drop_long`) or cut.
-    `dropping`: BPE-dropout ids of the pairs plain BPE keeps (a side over `keep` keeps its plain ids)."""
+    """Token ids of rows, at most `keep` a side (longer pairs dropped or cut); `dropping`: BPE-dropout ids instead."""
     src_ids, tgt_ids = tokenizers.encode_src(rows["src"]), tokenizers.encode_tgt(rows["tgt"])
     fits = list(range(len(src_ids)))
     if drop_long:

@@ -67,8 +67,7 @@ class TokenizerPair:
         return [self.tgt.id_to_token(i) for i in ids]
 
     def with_bpe_dropout(self, dropout: float) -> TokenizerPair:
-        """Copies that skip each BPE merge with probability `dropout` (Provilkov et al. 2020), with the same
-        vocabulary; never saved. Unseeded: training is reproducible because `token_cache` keeps the ids."""
+        """Copies that skip each BPE merge with probability `dropout`, unseeded (`token_cache` keeps their ids)."""
         def dropping(tokenizer: Tokenizer) -> Tokenizer:
             settings = json.loads(tokenizer.to_str())
             settings["model"]["dropout"] = dropout
@@ -87,8 +86,7 @@ class TokenizerPair:
                                digest_size=16).hexdigest()
 
     def save(self, directory: Path) -> None:
-        """Write `tokenizer.json`, or `tokenizer.tgt.json` then `tokenizer.src.json`, atomically: the file
-        `exists_in` looks for comes last."""
+        """Write the tokenizer file(s) atomically, the one `exists_in` looks for last."""
         if self.joint:
             write_text_atomic(directory / JOINT_FILE, self.src.to_str(pretty=True))
         else:
@@ -113,8 +111,7 @@ class TokenizerPair:
 
 def train_tokenizers(cfg: TokenizerConfig, src_lines: Iterable[str], tgt_lines: Iterable[str],
                      progress: bool = False, n_lines: int | None = None) -> TokenizerPair:
-    """Train BPE on the training split: one joint tokenizer, or one per language. The lines are read once
-    (they may be streams); `n_lines` per side (default: `len(src_lines)`) sizes the progress bar."""
+    """Train BPE, joint or one per language, reading the lines once; `n_lines` per side sizes the progress bar."""
     n = len(src_lines) if n_lines is None else n_lines  # type: ignore[arg-type]
     if cfg.joint:
         joint = _train_bpe(cfg, chain(src_lines, tgt_lines), 2 * n, "BPE (joint)", progress)
@@ -149,8 +146,7 @@ def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int, desc: s
 
 
 class _KeptLines:
-    """`lines` without those holding a run of more than `MAX_WORD_CHARS` non-space characters (`left_out`),
-    advancing `bar` every 10,000 lines read."""
+    """`lines` but those with a run of over `MAX_WORD_CHARS` non-space characters (`left_out`), counted in `bar`."""
 
     def __init__(self, lines: Iterator[str], bar: tqdm):
         self.lines, self.bar = lines, bar
@@ -179,8 +175,7 @@ def _load_file(path: Path) -> Tokenizer:
 
 
 def _text_is_text(tokenizer: Tokenizer) -> None:
-    """Encode a literal "<s>", "</s>" or "<pad>" in a sentence as text, never as the special token
-    (the flag is not saved in the file: set on every tokenizer made or loaded)."""
+    """Encode a literal "<s>", "</s>" or "<pad>" as text, never as the special token (a flag files do not keep)."""
     tokenizer.encode_special_tokens = True
 
 

@@ -23,8 +23,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EpochRows:
-    """The rows of the training table (`variants + 1` blocks of `n_pairs`: plain BPE, then each BPE-dropout
-    segmentation) that epoch e trains on: the pairs `pairs(e)`, from block `variant(e)`."""
+    """The rows epoch e trains on: pairs `pairs(e)` of block `variant(e)` (plain BPE, then each segmentation)."""
 
     counts: tuple[int, ...]  # training pairs of each corpus
     weights: tuple[float, ...]
@@ -63,8 +62,7 @@ class EpochRows:
 
 def tokenize_training_split(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, cache: Path, *,
                             progress: bool = False, prepared: bool = False) -> TokenizedSplit:
-    """The training pairs as token ids, each corpus and BPE-dropout variant a token-cache entry of its
-    own, in one table with its `EpochRows` (none for one corpus of weight 1 without dropout)."""
+    """The training pairs as token ids (a cache entry per corpus and BPE-dropout variant) with their `EpochRows`."""
     import datasets
 
     parts = corpus.train_parts

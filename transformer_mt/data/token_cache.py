@@ -231,9 +231,9 @@ def _encode(split: datasets.Dataset, tokenizers: TokenizerPair, max_len: int, dr
                    f"tokenize {name} (1 of {num_proc} shards)" if index == 0 else None) for index in range(num_proc)]
         # fork where it is safe (Linux): no re-import per process; macOS's system libraries are not fork-safe.
         context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-        with mock.patch.dict(os.environ, TOKENIZERS_PARALLELISM="false"):  # one Rust thread per process
-            with context.Pool(num_proc, initializer=_worker_setup) as pool:
-                files = pool.starmap(_encode_shard, shards)  # Ctrl-C here: `with` terminates the pool
+        with (mock.patch.dict(os.environ, TOKENIZERS_PARALLELISM="false"),  # one Rust thread per process
+              context.Pool(num_proc, initializer=_worker_setup) as pool):
+            files = pool.starmap(_encode_shard, shards)  # Ctrl-C here: `with` terminates the pool
     return datasets.concatenate_datasets([datasets.Dataset.from_file(file) for file in files])
 
 

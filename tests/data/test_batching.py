@@ -121,19 +121,24 @@ def test_evaluation_batches_are_sorted_and_complete():
     assert [i for b in batches for i in b] == [1, 3, 0, 2]
 
 
-def test_batches_from_concatenated_ids_equal_the_plain_path():
+def test_batches_from_concatenated_ids_equal_rows_padded_by_hand():
     gen = torch.Generator().manual_seed(0)
     src = [torch.randint(4, 50, (int(n),), generator=gen).tolist() for n in torch.randint(1, 12, (9,), generator=gen)]
     tgt = [torch.randint(4, 50, (int(n),), generator=gen).tolist() for n in torch.randint(1, 12, (9,), generator=gen)]
     flat = lambda seqs: np.array([i for s in seqs for i in s], dtype=np.int32)  # noqa: E731
     lengths = lambda seqs: np.array([len(s) for s in seqs])  # noqa: E731
+
+    def padded(rows: list[list[int]], width: int) -> torch.Tensor:
+        return torch.tensor([row + [0] * (width - len(row)) for row in rows])
+
     for multiple, max_length in ((1, None), (8, None), (8, 13)):
-        plain = make_batch(src, tgt, pad_id=0, bos_id=2, eos_id=3, pad_to_multiple=multiple, max_length=max_length)
-        fast = make_batch_from_flat(flat(src), lengths(src), flat(tgt), lengths(tgt), pad_id=0, bos_id=2, eos_id=3,
-                                    pad_to_multiple=multiple, max_length=max_length)
-        for name in ("src_ids", "tgt_in_ids", "tgt_out_ids"):
-            assert torch.equal(getattr(plain, name), getattr(fast, name)), name
-        assert (plain.n_src_tokens, plain.n_tgt_tokens) == (fast.n_src_tokens, fast.n_tgt_tokens)
+        batch = make_batch_from_flat(flat(src), lengths(src), flat(tgt), lengths(tgt), pad_id=0, bos_id=2, eos_id=3,
+                                     pad_to_multiple=multiple, max_length=max_length)
+        width = lambda seqs: int(padded_length(max(map(len, seqs)) + 1, multiple, max_length))  # noqa: E731
+        assert torch.equal(batch.src_ids, padded([s + [3] for s in src], width(src)))
+        assert torch.equal(batch.tgt_in_ids, padded([[2] + t for t in tgt], width(tgt)))
+        assert torch.equal(batch.tgt_out_ids, padded([t + [3] for t in tgt], width(tgt)))
+        assert (batch.n_src_tokens, batch.n_tgt_tokens) == (sum(map(len, src)) + 9, sum(map(len, tgt)) + 9)
 
 
 def test_padding_to_a_multiple_rounds_lengths_up_and_adds_only_pad():

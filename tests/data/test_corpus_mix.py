@@ -16,7 +16,7 @@ from transformer_mt.config.loading import config_from_dict, load_config, save_co
 from transformer_mt.config.schema import config_to_dict
 from transformer_mt.core.errors import ConfigError, DataError
 from transformer_mt.data.corpus import load_corpus
-from transformer_mt.data.mix import mixture
+from transformer_mt.data.training_split import EpochRows
 from transformer_mt.runs.checkpoint import load_checkpoint
 from transformer_mt.runs.run_dir import prepare_run_dir
 from transformer_mt.train.preparation import prepare_data
@@ -37,6 +37,10 @@ def mixed_config(corpora: tuple[Path, Path], weights=(1.0, 2.0), **train):
     return tiny_config("", data={"path": "", "corpora": [{"path": str(first), "weight": weights[0]},
                                                          {"path": str(second), "weight": weights[1]}]},
                        train={"batch_tokens": 128, **train})
+
+
+def mixture(counts, weights, seed, epoch):
+    return EpochRows(counts, weights, seed).pairs(epoch)
 
 
 def test_each_epoch_shows_every_pair_of_a_corpus_weight_times():
@@ -168,10 +172,10 @@ def test_a_corpus_that_cannot_be_read_is_named_by_its_entry(corpora, tmp_path: P
 
 def test_a_hub_entrys_error_names_the_entrys_own_keys(corpora, tmp_path: Path, monkeypatch):
     """The entry's format, hub_config and revision stand for data.*'s: the message names the entry's keys."""
-    from transformer_mt.data import hub as hub_sources
-    from transformer_mt.data.hub import PARQUET_CONVERSION
+    from transformer_mt.data import sources as data_sources
+    from transformer_mt.data.sources import PARQUET_CONVERSION
 
-    monkeypatch.setattr(hub_sources, "_check_hub_reachable", lambda cfg: None)  # refused before any download
+    monkeypatch.setattr(data_sources, "_check_hub_reachable", lambda cfg: None)  # refused before any download
     cfg = tiny_config("", data={"path": "", "format": "text", "corpora": [
         {"path": str(corpora[0])}, {"path": "someone/pairs", "format": "hub", "revision": PARQUET_CONVERSION}]})
     with pytest.raises(DataError) as caught:

@@ -12,7 +12,6 @@ import pytest
 
 from transformer_mt.config.schema import DataConfig
 from transformer_mt.core.errors import DataError
-from transformer_mt.data import hub as hub_sources
 from transformer_mt.data import sources as data_sources
 from transformer_mt.data.corpus import Corpus, count_words, load_corpus
 
@@ -571,7 +570,7 @@ def test_hub_format_fails_fast_with_advice_when_hub_is_unreachable(offline_by, r
     for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(name, raising=False)  # a proxy would skip the probe: datasets' own retries take ~25 s
     # Fast means the probe answers before `datasets` starts its retries: it must never be reached.
-    monkeypatch.setattr(hub_sources, "_load_hub_dataset", lambda cfg: pytest.fail("reached datasets.load_dataset"))
+    monkeypatch.setattr(data_sources, "_load_hub_dataset", lambda cfg: pytest.fail("reached datasets.load_dataset"))
     if offline_by == "unreachable endpoint":
         monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # discard port: nothing listens
     else:
@@ -600,7 +599,7 @@ def test_a_hub_dataset_missing_from_the_cache_in_offline_mode_gets_the_same_advi
         raise error
 
     monkeypatch.setattr(datasets, "load_dataset", not_cached)
-    monkeypatch.setattr(hub_sources, "_check_hub_reachable", lambda cfg: None)
+    monkeypatch.setattr(data_sources, "_check_hub_reachable", lambda cfg: None)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1" if offline else "0")
     with pytest.raises(DataError) as excinfo:
@@ -735,7 +734,7 @@ def test_any_other_runtime_error_of_datasets_is_not_disguised_as_a_data_error(ru
         raise RuntimeError("something tmt knows nothing about")
 
     monkeypatch.setattr(datasets, "load_dataset", fails)
-    monkeypatch.setattr(hub_sources, "_check_hub_reachable", lambda cfg: None)
+    monkeypatch.setattr(data_sources, "_check_hub_reachable", lambda cfg: None)
     with pytest.raises(RuntimeError, match="knows nothing"):
         load_corpus(make_cfg(format="hub", path="IWSLT/iwslt2017"), seed=1, run_dir=run_dir)
 

@@ -51,18 +51,10 @@ def test_the_fingerprint_survives_save_and_load_and_tells_other_vocabularies_apa
     assert separate.fingerprint() != pair.fingerprint()
 
 
-def test_encoding_in_chunks_gives_the_ids_of_one_batch_call(monkeypatch):
-    pair = train_tokenizers(TokenizerConfig(vocab_size=150, min_frequency=1), SRC, TGT)
-    whole = pair.encode_src(SRC)
-    monkeypatch.setattr(tokenization, "ENCODE_CHUNK_LINES", 2)  # several chunks and a short last one
-    assert pair.encode_src(SRC, progress=True) == whole
-    assert whole == [e.ids for e in pair.src.encode_batch(SRC, add_special_tokens=False)]
-
-
 def test_progress_bars_stay_off_when_stderr_is_not_a_terminal(capsys):
     quiet = train_tokenizers(TokenizerConfig(vocab_size=150, min_frequency=1), SRC, TGT)
     shown = train_tokenizers(TokenizerConfig(vocab_size=150, min_frequency=1), SRC, TGT, progress=True)
-    assert shown.encode_tgt(TGT, progress=True) == quiet.encode_tgt(TGT)  # the bar changes nothing
+    assert shown.encode_tgt(TGT) == quiet.encode_tgt(TGT)  # the bar changes nothing
     assert shown.src.to_str() == quiet.src.to_str()
     assert capsys.readouterr().err == ""  # captured stderr is not a TTY
 

@@ -1,1 +1,1 @@
-"""Parallel corpora to batches: sources (local files, the Hugging Face Hub), filtering and splits, BPE tokenizers, token caches and batching."""
+"""Parallel corpora to batches: sources, filters and splits, BPE tokenizers, token caches, batching."""

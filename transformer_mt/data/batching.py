@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import torch
@@ -47,9 +49,7 @@ def round_up(length: int, multiple: int) -> int:
 
 
 def padded_length(length: int, multiple: int, max_length: int | None = None) -> int:
-    """A batch's padded length: `length` rounded up to a multiple of `multiple`, but not past
-    `max_length` (the model's positions; a `max_length` that is no multiple would otherwise be
-    overrun), and never below `length`. Also elementwise on arrays (then returns an array)."""
+    """`length` rounded up to a multiple of `multiple`, capped at `max_length` (not below `length`); also on arrays."""
     rounded = round_up(length, multiple)
     return rounded if max_length is None else np.maximum(length, np.minimum(rounded, max_length))
 
@@ -67,23 +67,15 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, pad_to_multiple: i
 def make_batch(src_seqs: Sequence[Sequence[int]], tgt_seqs: Sequence[Sequence[int]],
                pad_id: int, bos_id: int, eos_id: int, pad_to_multiple: int = 1, max_length: int | None = None
                ) -> Batch:
-    """Build a `Batch` from token-id lists that carry no special tokens (the plain path); lengths
-    are padded by `padded_length(·, pad_to_multiple, max_length)`."""
-    src = [list(s) + [eos_id] for s in src_seqs]
-    tgt_in = [[bos_id] + list(t) for t in tgt_seqs]
-    tgt_out = [list(t) + [eos_id] for t in tgt_seqs]
-    return Batch(
-        src_ids=pad_sequences(src, pad_id, pad_to_multiple, max_length),
-        tgt_in_ids=pad_sequences(tgt_in, pad_id, pad_to_multiple, max_length),
-        tgt_out_ids=pad_sequences(tgt_out, pad_id, pad_to_multiple, max_length),
-        n_src_tokens=sum(map(len, src)),
-        n_tgt_tokens=sum(map(len, tgt_out)),
-    )
+    """A `Batch` of token-id lists without special tokens, lengths padded by `padded_length`."""
+    def flat(seqs: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+        return np.fromiter(chain.from_iterable(seqs), dtype=np.int64), np.array([len(s) for s in seqs], dtype=np.int64)
+
+    return make_batch_from_flat(*flat(src_seqs), *flat(tgt_seqs), pad_id, bos_id, eos_id, pad_to_multiple, max_length)
 
 
 def _place_rows(values: np.ndarray, lengths: np.ndarray, width: int, pad_id: int, start: int) -> np.ndarray:
-    """(B, width) int64 of pad_id with row i's `lengths[i]` values (concatenated in `values`) at
-    columns start .. start + lengths[i]. One vectorised scatter instead of a loop over rows."""
+    """(B, width) int64 of pad_id with row i's `lengths[i]` values (concatenated in `values`) from column `start`."""
     out = np.full((len(lengths), width), pad_id, dtype=np.int64)
     columns = np.arange(width)
     # Boolean assignment fills True cells in row-major order: row 0's tokens first, and so on.
@@ -94,11 +86,7 @@ def _place_rows(values: np.ndarray, lengths: np.ndarray, width: int, pad_id: int
 def make_batch_from_flat(src_values: np.ndarray, src_lengths: np.ndarray, tgt_values: np.ndarray,
                          tgt_lengths: np.ndarray, pad_id: int, bos_id: int, eos_id: int,
                          pad_to_multiple: int = 1, max_length: int | None = None) -> Batch:
-    """`make_batch` for sequences stored back to back (as Arrow list columns are), without Python lists.
-
-    `*_values` (sum of lengths,) ints: every sequence's ids, concatenated; `*_lengths` (B,) ints.
-    Returns exactly what `make_batch` returns for the same sequences.
-    """
+    """`make_batch` of sequences stored back to back: `*_values` (sum of lengths,), `*_lengths` (B,)."""
     src_lengths, tgt_lengths = np.asarray(src_lengths, dtype=np.int64), np.asarray(tgt_lengths, dtype=np.int64)
     rows = np.arange(len(src_lengths))
     S = int(padded_length(int(src_lengths.max()) + 1, pad_to_multiple, max_length))  # + EOS
@@ -115,18 +103,13 @@ def make_batch_from_flat(src_values: np.ndarray, src_lengths: np.ndarray, tgt_va
 
 
 def static_rows(batch: Batch, batch_tokens: int) -> int:
-    """The row count every batch of this one's padded lengths is given on a fixed-shape path: as
-    many as the token budget lets the sampler put into a batch of them (`token_budget_batches`),
-    so one captured step serves every batch of those lengths."""
+    """The rows of every batch of this one's padded lengths on a fixed-shape path: as many as the budget allows."""
     longest = max(batch.src_ids.shape[1], batch.tgt_in_ids.shape[1])
     return max(batch.src_ids.shape[0], batch_tokens // longest)
 
 
 def pad_rows(batch: Batch, rows: int, pad_id: int, bos_id: int, eos_id: int) -> Batch:
-    """`batch` with filler rows appended up to `rows`: source EOS, target input BOS, target output
-    all pad. A filler row has a real token on each side, so attention over it stays finite (a row
-    of pads alone would softmax over nothing and give NaN), and no target to predict, so it adds
-    nothing to the loss or the gradients; the token counts are the batch's own."""
+    """`batch` with filler rows up to `rows`: source EOS, target BOS (finite attention), nothing to predict."""
     extra = rows - batch.src_ids.shape[0]
     if extra <= 0:
         return batch
@@ -141,16 +124,7 @@ def pad_rows(batch: Batch, rows: int, pad_id: int, bos_id: int, eos_id: int) -> 
 
 
 def token_budget_batches(order: np.ndarray, lengths: np.ndarray, batch_tokens: int) -> list[np.ndarray]:
-    """Cut `order` into consecutive batches whose size × longest length stays within the budget.
-
-    `order` (N,) example indices whose `lengths` never decrease along it (both callers sort by
-    length first): then a batch's longest example is its last, and a batch starting at i holds
-    the longest run i..j with (j - i + 1) × lengths[order[j]] <= batch_tokens. That is what adding
-    examples one by one until the budget breaks gives, found with one vectorised test per batch
-    instead of a Python step per example (10 M examples: a second instead of a minute, and no
-    Python list of them). A single example longer than the budget gets a batch of its own.
-    Returns the batches as views into `order`.
-    """
+    """Cut `order` (N,), along which `lengths` never decrease, into batches (views) within the token budget."""
     order = np.asarray(order, dtype=np.int64)
     sorted_lengths = np.asarray(lengths)[order]  # (N,) non-decreasing
     batches: list[np.ndarray] = []
@@ -166,44 +140,24 @@ def token_budget_batches(order: np.ndarray, lengths: np.ndarray, batch_tokens: i
 
 
 class TokenBatchSampler:
-    """Endless stream of training batches (lists of example indices), resumable mid-epoch.
+    """Endless stream of training batches (arrays of example indices), resumable mid-epoch.
 
-    Each epoch: a seeded shuffle, a stable sort by length (so similar lengths share a batch
-    and little is padding), cut into token-budget batches, then the batch order is shuffled
-    in groups of `world_size` neighbours: a DDP step takes one group, rank r its r-th batch,
-    so every rank gets a batch of similar length. With `world_size` 1 every batch is its own
-    group. The batches of epoch e depend only on (seed, e) and the `cut` (budget, world size,
-    padding), so the state is just (epoch, position) and the cut.
-
-    `epoch_rows` (optional): the examples of epoch e are the rows `epoch_rows(e)` of `lengths`
-    (repeats allowed) rather than each row once; a pure function of e (several corpora mixed by
-    weight, a BPE-dropout variant per epoch: `training_split.EpochRows`), so the state stays the same.
-    Batches then hold row numbers, and each epoch is cut by the lengths of its own rows.
-
-    A resume may change the cut (a lower `train.batch_tokens` after running out of memory,
-    another device's padding; training refuses another world size, but the sampler would cope).
-    Then the rest of that epoch is cut the new way from the examples the earlier batches did not
-    reach, so the epoch still covers each example once; `earlier_parts` records the parts of the
-    epoch cut the old ways.
-
-    `lengths` are each example's length in a batch before padding (the longer side plus its
-    EOS/BOS); the budget counts them padded, as batches are (`padded_length` with
-    `pad_to_multiple`, capped at `max_length`). `tie_break` (optional, one value per example,
-    e.g. the target length) orders examples of equal length: source and target are padded
-    separately, so grouping equal `lengths` by their target length as well leaves less target
-    padding (Multi30k: 0.946 -> 0.973 of the target slots are real tokens at 4,096 tokens per batch).
+    Each epoch: a seeded shuffle, a stable sort by length (`lengths` (N,), padded as batches are; then
+    `tie_break`), token-budget batches shuffled in groups of `world_size` (rank r takes the r-th of a
+    group); a pure function of (seed, epoch, `cut`). `epoch_rows(e)`: the rows epoch e trains on. A
+    resume with another cut cuts the rest of its epoch anew from the examples left (`earlier_parts`).
     """
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, batch_tokens: int, seed: int,
                  tie_break: Sequence[int] | np.ndarray | None = None, world_size: int = 1,
                  pad_to_multiple: int = 1, max_length: int | None = None,
                  epoch_rows: Callable[[int], np.ndarray] | None = None):
-        # int32: a 10 M-pair corpus costs 40 MB per array (batch sizes are computed in int64).
         self.lengths = np.asarray(lengths, dtype=np.int32)  # (N,) before padding
         self.tie_break = None if tie_break is None else np.asarray(tie_break, dtype=np.int32)
         self.max_length = max_length
-        self.epoch_rows = epoch_rows
-        self._rows_of: tuple[int, np.ndarray] | None = None  # (epoch, its rows): the last epoch asked for
+        # The rows of an epoch (None: every row once, and an example is its row); the last epoch's kept.
+        self._epoch_rows = None if epoch_rows is None else functools.lru_cache(maxsize=1)(
+            lambda epoch: np.asarray(epoch_rows(epoch), dtype=np.int64))
         self.cut = {"batch_tokens": batch_tokens, "world_size": world_size, "pad_to_multiple": pad_to_multiple}
         self.seed = seed
         self.epoch = 0
@@ -211,10 +165,8 @@ class TokenBatchSampler:
         self.earlier_parts: list[tuple[dict, int]] = []  # (cut, batches handed out) of this epoch's earlier parts
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        """The epoch's batches (arrays of example indices) in training order; their count is a
-        multiple of the world size. For the current epoch after a changed cut, the batches of its
-        last part. Memory: a few int64 arrays of the corpus size, no Python lists."""
-        rows = self._epoch_rows(epoch)  # None: every row once, and an example is its row
+        """The epoch's batches in training order (after a changed cut in the current epoch, its last part's)."""
+        rows = None if self._epoch_rows is None else self._epoch_rows(epoch)
         n_examples = len(self.lengths) if rows is None else len(rows)
         parts = self.earlier_parts if epoch == self.epoch else []
         left = None  # (n_examples,) bool: examples that no earlier part handed out; None: all
@@ -225,17 +177,9 @@ class TokenBatchSampler:
         batches = self._cut_epoch(epoch, len(parts), self.cut, left, rows)
         return batches if rows is None else [rows[batch] for batch in batches]
 
-    def _epoch_rows(self, epoch: int) -> np.ndarray | None:
-        if self.epoch_rows is None:
-            return None
-        if self._rows_of is None or self._rows_of[0] != epoch:
-            self._rows_of = (epoch, np.asarray(self.epoch_rows(epoch), dtype=np.int64))
-        return self._rows_of[1]
-
     def _cut_epoch(self, epoch: int, part: int, cut: dict, left: np.ndarray | None,
                    rows: np.ndarray | None) -> list[np.ndarray]:
-        """Part `part` of epoch `epoch`: the examples marked in `left` (None: all), cut by `cut`;
-        batches of example numbers (positions in `rows`, the epoch's rows; None: every row once)."""
+        """Part `part` of epoch `epoch`: batches of the examples in `left` (None: all; indices into `rows`)."""
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         shuffled = torch.randperm(len(self.lengths) if rows is None else len(rows), generator=gen).numpy()
         if part:  # the same shuffle of the examples, another shuffle of the batch groups

@@ -1,14 +1,8 @@
-"""The corpus of a run: `src` / `tgt` pairs per split, filtered, as memory-mapped Arrow files.
-
-`load_corpus` streams each split from its source (`data.sources`) into `<run_dir>/corpus_cache/`,
-carves missing valid/test splits from train with a seeded shuffle (recorded in the run's
-`splits.json` so a resumed run sees the same rows), and filters pairs. Nothing holds the whole
-corpus in memory; the files are reused while the sources, the data settings and the carving
-stay the same. `load_run_corpus` reads a finished run's splits as the run read them (`tmt evaluate`).
-"""
+"""The corpus of a run: filtered pairs per split from one or several corpora, in `<run_dir>/corpus_cache/`."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -21,13 +15,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from transformer_mt.config.schema import DataConfig
+from transformer_mt.config.schema import CorpusEntry, DataConfig
 from transformer_mt.core.errors import DataError, missing_from_rank0
-from transformer_mt.core.files import removed_on_failure
+from transformer_mt.core.files import removed_on_failure, write_text_atomic
 from transformer_mt.core.run_layout import RunDir
-from transformer_mt.data.mix import OpenedCorpora, open_corpora
-from transformer_mt.data.sources import SPLITS, SplitSource
-from transformer_mt.data.splits import carving_plan, warn_of_repeated_pairs
+from transformer_mt.data.sources import SPLITS, SplitSource, hub_sources, local_sources
 
 if TYPE_CHECKING:
     import datasets
@@ -35,15 +27,15 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 FILTERS = ("empty", "too_long", "length_ratio")
-KEPT, EMPTY, TOO_LONG, LENGTH_RATIO = 0, 1, 2, 3  # per-row filter verdicts, in the order the filters apply
+EMPTY, TOO_LONG, LENGTH_RATIO = 1, 2, 3  # per-row filter verdicts (0: kept), in the order the filters apply
 MANIFEST_FILE = "corpus.json"
-CORPUS_FORMAT = 2  # bump when the files or the filters change meaning (2: `count_words`)
+CORPUS_FORMAT = 2  # bump when the files or the filters change meaning
 HASH_BLOCK_BYTES = 8 << 20
-# Chinese and Japanese characters, written without spaces between words: kana and the CJK
-# ideographs (extension A, the main block, compatibility, extensions B-F and supplement). One of
-# them is about one word (a morpheme): a useful count for the length filters, where a Thai or
-# Khmer letter, for one, would not be.
+# Kana and CJK ideographs: scripts without spaces between words, where one character is about one word.
 _UNSPACED = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f]")
+# `data.path`, `data.format`, ... in a message about one corpus: the keys its entry sets for itself.
+_SOURCE_KEYS = re.compile(r"\bdata\.(%s)\b" % "|".join(
+    field.name for field in dataclasses.fields(CorpusEntry) if field.name != "weight"))
 
 
 @dataclass(frozen=True)
@@ -53,29 +45,23 @@ class Corpus:
     train: datasets.Dataset
     valid: datasets.Dataset
     test: datasets.Dataset
-    removed: dict[str, int]
-    """Pairs removed per filter (`empty`, `too_long`, `length_ratio`), all splits together."""
-    digests: dict[str, str]
-    """A digest of each split's content: what a cache of anything derived from it is keyed by."""
-    carved: tuple[str, ...]
-    """The splits carved from train (`valid`, `test`) because the data has none of its own."""
-    train_parts: tuple[tuple[str, int], ...] = ()
-    """(path, pairs) of each corpus in `train`, whose rows hold them in this order (`data.corpora`;
-    one part for `data.path`)."""
+    removed: dict[str, int]  # pairs removed per filter, all splits together
+    digests: dict[str, str]  # each split's content digest: what caches derived from it are keyed by
+    carved: tuple[str, ...]  # the splits carved from train
+    train_parts: tuple[tuple[str, int], ...]  # (path, pairs) of each corpus in `train`, in row order
+
+
+@dataclass(frozen=True)
+class OpenedCorpora:
+    """The sources a run reads: train from every corpus in turn, valid and test from the first (None: carved)."""
+
+    sources: dict[str, SplitSource | None]
+    train_parts: tuple[SplitSource, ...]  # each corpus's own training source, in `data.corpora` order
+    labels: tuple[str, ...]  # each corpus's path
 
 
 def load_corpus(cfg: DataConfig, seed: int, run_dir: Path, *, prepared: bool = False) -> Corpus:
-    """Read the corpus described by `cfg` into `run_dir/corpus_cache/` (or reuse it), carve missing
-    valid/test splits, and filter pairs.
-
-    `seed` drives the carving shuffle; the carved row indices are saved to (or, when present,
-    reused from) `run_dir / "splits.json"`. Raises `DataError` naming the file, line or key at fault.
-
-    `prepared`: another process of the run (rank 0, see `Distributed.main_first`) has just read
-    the corpus into `run_dir`; take its files as they are, without opening the sources. Every
-    rank then trains on rank 0's corpus, even where its own copy of the data has another path
-    or modification time (node-local copies), and only rank 0 ever writes the folder.
-    """
+    """Read, carve and filter the corpus of `cfg` into `run_dir/corpus_cache/` (`prepared`: rank 0's, as it is)."""
     run_dir = Path(run_dir)
     directory = RunDir(run_dir).corpus_cache
     if prepared:
@@ -84,30 +70,24 @@ def load_corpus(cfg: DataConfig, seed: int, run_dir: Path, *, prepared: bool = F
             raise missing_from_rank0(directory / MANIFEST_FILE)
         return _open_corpus(directory, manifest)
     opened = open_corpora(cfg)
-    sources = opened.sources
-    key = _corpus_key(cfg, seed, sources)
-    manifest = _reusable_manifest(directory, key, RunDir(run_dir).splits)
-    if manifest is None:
-        previous = _read_manifest(directory)  # what the run read before, if anything
-        with removed_on_failure(RunDir(run_dir).corpus_build, "the corpus cache"):
-            manifest = _build(cfg, seed, opened, run_dir, key)
-        _warn_if_the_text_changed(previous, manifest)
-    else:
+    key = _corpus_key(cfg, seed, opened.sources)
+    manifest = _read_manifest(directory)
+    if manifest is not None and manifest.get("key") == key and manifest.get("splits_digest") in (
+            None, _file_digest(RunDir(run_dir).splits)):  # the same sources, settings and carving
         logger.info("reusing the corpus read earlier into %s (its sources are unchanged)", directory)
-    # From the sources, not the manifest: one reused from before tmt recorded `carved` lacks it.
-    return _open_corpus(directory, manifest, carved=tuple(split for split in SPLITS if sources[split] is None))
+    else:
+        with removed_on_failure(RunDir(run_dir).corpus_build, "the corpus cache"):
+            previous, manifest = manifest, _build(cfg, seed, opened, run_dir, key)
+        changed = [s for s in SPLITS if previous and previous["digests"].get(s) != manifest["digests"][s]]
+        if changed:
+            logger.warning("the %s split(s) changed since this run last read its data (other files, other "
+                           "contents or other filters); it goes on with the new pairs", ", ".join(changed))
+    # From the sources: a manifest may lack `carved`.
+    return _open_corpus(directory, manifest, carved=tuple(split for split in SPLITS if opened.sources[split] is None))
 
 
 def load_run_corpus(cfg: DataConfig, seed: int, run_dir: Path) -> Corpus:
-    """The corpus of the run in `run_dir` as the run read it: what `tmt evaluate --split` scores.
-
-    `cfg` and `seed` are the run's own. When `run_dir/corpus_cache/` is complete its files are
-    used as they are, never rebuilt or touched, so the run's test split is the one behind its
-    `test_scores.json` even after the sources were moved, deleted or edited (a warning says
-    which). Only without that folder (it may be deleted at any time) is it built from the
-    sources, as `load_corpus` does. Raises `DataError` when there is neither folder nor sources
-    to read, naming the run's `config.yaml` the data path comes from.
-    """
+    """The corpus of the run in `run_dir` as it read it (`tmt evaluate --split`), even if the sources changed."""
     run_dir = Path(run_dir)
     directory, config_file = RunDir(run_dir).corpus_cache, RunDir(run_dir).config
     manifest = _read_manifest(directory)  # None: no complete copy (deleted, or never finished)
@@ -123,8 +103,7 @@ def load_run_corpus(cfg: DataConfig, seed: int, run_dir: Path) -> Corpus:
         return _open_corpus(directory, manifest)
     if manifest is None:
         return load_corpus(cfg, seed, run_dir)
-    # The key as the run made it, with the manifest's own format: a cache written by another
-    # version of tmt (another CORPUS_FORMAT) is not changed data.
+    # The key with the manifest's own format: a cache of another CORPUS_FORMAT is not changed data.
     if _corpus_key(cfg, seed, sources, manifest.get("format")) != manifest.get("key"):
         logger.warning("the data files of data.path %r may have changed since the run read them (another size or "
                        "modification time, or another version of the hub dataset); scoring the run's own copy "
@@ -133,19 +112,12 @@ def load_run_corpus(cfg: DataConfig, seed: int, run_dir: Path) -> Corpus:
 
 
 def _open_corpus(directory: Path, manifest: dict, carved: tuple[str, ...] | None = None) -> Corpus:
-    """Memory-map the split files of a complete `directory` whose manifest is `manifest`.
-
-    `carved`: the splits carved from train; None: as the manifest records them (none when it
-    predates that record, which only the data report reads).
-    """
+    """Memory-map the split files of a complete `directory`; `carved` None: as the manifest records it."""
     import datasets
 
-    if carved is None:
-        carved = tuple(manifest.get("carved", ()))
-
+    carved = tuple(manifest.get("carved", ())) if carved is None else carved
     splits = {split: datasets.Dataset.from_file(str(directory / f"{split}.arrow")) for split in SPLITS}
     logger.info("corpus: %d train, %d valid, %d test pairs", *(len(splits[s]) for s in SPLITS))
-    # A manifest from before several corpora were read records no parts: one corpus.
     recorded = manifest.get("train_parts") or [["", len(splits["train"])]]
     parts = tuple((str(label), int(rows)) for label, rows in recorded)
     return Corpus(**splits, removed=manifest["removed"], digests=manifest["digests"], carved=carved, train_parts=parts)
@@ -156,16 +128,42 @@ def _paths(cfg: DataConfig) -> str:
     return ", ".join(entry.path for entry in cfg.corpora) or cfg.path
 
 
-def _warn_if_the_text_changed(previous: dict | None, manifest: dict) -> None:
-    """Say which splits now hold other pairs than the run read before (a resumed run then goes on
-    with other data, not exactly as it would have); a touched but unchanged file says nothing."""
-    if previous is None:
-        return
-    changed = [split for split in SPLITS if previous["digests"].get(split) != manifest["digests"][split]]
-    if changed:
-        logger.warning("the %s split(s) changed since this run last read its data (other files, other "
-                       "contents or other filters); it goes on with the new pairs", ", ".join(changed))
+# --- opening the sources of one or several corpora ---------------------------------------------
 
+def open_corpora(cfg: DataConfig) -> OpenedCorpora:
+    """Open every corpus's sources (local files or a hub dataset); with one corpus, its own sources."""
+    # One DataConfig per corpus: each `data.corpora` entry's source keys over `cfg`'s.
+    configs = [dataclasses.replace(cfg, path=entry.path, corpora=(), format=entry.format or cfg.format,
+                                   hub_config=entry.hub_config if entry.hub_config is not None else cfg.hub_config,
+                                   revision=entry.revision if entry.revision is not None else cfg.revision)
+               for entry in cfg.corpora] or [cfg]
+    opened = [_opened(one, f"data.corpora[{i}]" if cfg.corpora else "") for i, one in enumerate(configs)]
+    labels = tuple(one.path for one in configs)
+    if len(opened) == 1:
+        return OpenedCorpora(opened[0], (opened[0]["train"],), labels)
+    ignored = [f"{label} ({split})" for label, sources in zip(labels[1:], opened[1:])
+               for split in ("valid", "test") if sources[split] is not None]
+    if ignored:
+        logger.info("validation and test come from the first corpus, %s; not read: %s", labels[0], ", ".join(ignored))
+    parts = tuple(sources["train"] for sources in opened)
+    train = SplitSource(description=" + ".join(part.description for part in parts),
+                        key="corpora:" + json.dumps([[one.format, part.key] for one, part in zip(configs, parts)]),
+                        chunks=lambda: (chunk for part in parts for chunk in part.chunks()))
+    return OpenedCorpora({"train": train, "valid": opened[0]["valid"], "test": opened[0]["test"]}, parts, labels)
+
+
+def _opened(cfg: DataConfig, entry: str) -> dict[str, SplitSource | None]:
+    """The sources of one corpus; an error names its `data.corpora` entry (the entry's keys for `data.*`'s)."""
+    try:
+        return hub_sources(cfg) if cfg.format == "hub" else local_sources(cfg)
+    except DataError as err:
+        if not entry:
+            raise
+        message = _SOURCE_KEYS.sub(lambda key: f"{entry}.{key[1]}", str(err))
+        raise DataError(message if f"{entry}." in message else f"{entry} ({cfg.path}): {message}") from None
+
+
+# --- the corpus cache ---------------------------------------------------------------------------
 
 def _corpus_key(cfg: DataConfig, seed: int, sources: dict[str, SplitSource | None],
                 corpus_format: int | None = CORPUS_FORMAT) -> str:
@@ -177,39 +175,20 @@ def _corpus_key(cfg: DataConfig, seed: int, sources: dict[str, SplitSource | Non
     return hashlib.blake2b(json.dumps(settings, sort_keys=True).encode("utf-8"), digest_size=16).hexdigest()
 
 
-def _reusable_manifest(directory: Path, key: str, splits_path: Path) -> dict | None:
-    """The manifest of `directory` when its files were made from the same key and carving, else None."""
-    manifest = _read_manifest(directory)
-    if manifest is None or manifest.get("key") != key:
-        return None
-    if manifest.get("splits_digest") is not None and _file_digest(splits_path) != manifest["splits_digest"]:
-        return None  # splits.json was edited or removed: carve again
-    return manifest
-
-
 def _read_manifest(directory: Path) -> dict | None:
-    """The manifest of a complete `directory` (every split's file present), else None; also None
-    for a manifest without what tmt writes in it (damaged: the folder is then read again)."""
+    """The manifest of a complete `directory` (every split's file present), else None (also when damaged)."""
     try:
         manifest = json.loads((directory / MANIFEST_FILE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    if not isinstance(manifest, dict) or not all(key in manifest for key in ("key", "removed", "digests")):
-        return None
-    if not isinstance(manifest["digests"], dict) or not all(split in manifest["digests"] for split in SPLITS):
-        return None
-    if not all((directory / f"{split}.arrow").is_file() for split in SPLITS):
-        return None
-    return manifest
+    complete = (isinstance(manifest, dict) and all(key in manifest for key in ("key", "removed", "digests"))
+                and isinstance(manifest["digests"], dict) and all(split in manifest["digests"] for split in SPLITS)
+                and all((directory / f"{split}.arrow").is_file() for split in SPLITS))
+    return manifest if complete else None
 
-
-# --- building the corpus files -----------------------------------------------------------------
 
 def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key: str) -> dict:
-    """Write train/valid/test Arrow files and the manifest into a fresh `corpus_cache/`; return the manifest.
-
-    Several corpora (`opened.train_parts`): their training pairs one after another in `train`,
-    the first corpus's rows first, so carving (from the first corpus only) takes its rows."""
+    """Write the splits' Arrow files and the manifest into a fresh `corpus_cache/`; return the manifest."""
     sources = opened.sources
     target = RunDir(run_dir).corpus_cache
     if target.exists() and any(target.iterdir()) and not (target / MANIFEST_FILE).is_file():
@@ -218,18 +197,17 @@ def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key
     build = RunDir(run_dir).corpus_build
     shutil.rmtree(build, ignore_errors=True)  # left by an interrupted start
     build.mkdir(parents=True)
-    verdicts, part_verdicts = {}, []  # part_verdicts: each corpus's part of train
+    parts = {}  # split -> each of its sources' verdicts (train: one per corpus)
     for split, source in sources.items():
         if source is not None:
-            own = _write_raw(opened.train_parts if split == "train" else (source,), build / f"raw-{split}.arrow", cfg)
-            part_verdicts = own if split == "train" else part_verdicts
-            verdicts[split] = np.concatenate(own)
-            logger.info("read %d %s pairs from %s", len(verdicts[split]), split, source.description)
-    for label, own in zip(opened.labels, part_verdicts):
+            parts[split] = _write_raw(opened.train_parts if split == "train" else (source,),
+                                      build / f"raw-{split}.arrow", cfg)
+            logger.info("read %d %s pairs from %s", sum(map(len, parts[split])), split, source.description)
+    for label, own in zip(opened.labels, parts["train"]):
         if len(own) == 0:
             raise DataError(f"the training data in {label} is empty (data.format: {cfg.format})")
-    n_first = len(part_verdicts[0])  # valid/test are carved from the first corpus's training pairs
-    plan = carving_plan(cfg, seed, n_first, {s for s in SPLITS if sources[s] is None}, run_dir)
+    verdicts = {split: np.concatenate(own) for split, own in parts.items()}
+    plan = carving_plan(cfg, seed, len(parts["train"][0]), {s for s in SPLITS if sources[s] is None}, run_dir)
     removed = dict.fromkeys(FILTERS, 0)
     rows, digests = {}, {}
     for split in SPLITS:
@@ -244,24 +222,28 @@ def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key
         _write_selected(build / f"raw-{origin}.arrow", selected, path)
         rows[split], digests[split] = int(selected.sum()), _file_digest(path)
         if split == "train":
-            ends = np.cumsum([len(own) for own in part_verdicts])
+            ends = np.cumsum([len(own) for own in parts["train"]])
             train_parts = [[label, int(selected[end - len(own):end].sum())]
-                           for label, own, end in zip(opened.labels, part_verdicts, ends)]
+                           for label, own, end in zip(opened.labels, parts["train"], ends)]
     for split in verdicts:
         (build / f"raw-{split}.arrow").unlink()
     if plan:
-        warn_of_repeated_pairs(build / "train.arrow", {split: build / f"{split}.arrow" for split in plan})
+        _warn_of_repeated_pairs(build / "train.arrow", {split: build / f"{split}.arrow" for split in plan})
     manifest = {"format": CORPUS_FORMAT, "key": key, "rows": rows, "removed": removed, "digests": digests,
                 "train_parts": train_parts,
                 "carved": list(plan), "splits_digest": _file_digest(RunDir(run_dir).splits) if plan else None}
     (build / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
-    _replace_directory(build, target, RunDir(run_dir).corpus_old)
+    old = RunDir(run_dir).corpus_old  # old files are unlinked, never overwritten: a process may map them
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        target.rename(old)
+    build.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
     return manifest
 
 
 def _write_raw(sources: tuple[SplitSource, ...], path: Path, cfg: DataConfig) -> list[np.ndarray]:
-    """Stream `sources`, one after another, into an Arrow file unfiltered; return each source's
-    rows' filter verdicts, (N_source,) uint8."""
+    """Stream `sources` in turn into an Arrow file, unfiltered -> each source's (N_source,) uint8 verdicts."""
     import pyarrow as pa
 
     schema = pa.schema([("src", pa.string()), ("tgt", pa.string())])
@@ -278,7 +260,7 @@ def _write_raw(sources: tuple[SplitSource, ...], path: Path, cfg: DataConfig) ->
 
 
 def _verdicts(src: list[str], tgt: list[str], cfg: DataConfig) -> np.ndarray:
-    """(N,) uint8: KEPT, or the first filter that drops the pair from a training split."""
+    """(N,) uint8: 0 (kept), or the first filter that drops the pair from a training split."""
     out = np.zeros(len(src), dtype=np.uint8)
     for i, (s, t) in enumerate(zip(src, tgt)):
         if not s or not t:
@@ -293,10 +275,7 @@ def _verdicts(src: list[str], tgt: list[str], cfg: DataConfig) -> np.ndarray:
 
 
 def count_words(text: str) -> int:
-    """Whitespace-separated words, where each Chinese or Japanese character counts as one: else
-    a whole Chinese sentence would be one word, and nearly every English-Chinese pair would fail
-    `data.max_length_ratio`. (Other scripts written without spaces, such as Thai, still count
-    by whitespace: segment such text into words first, or raise `data.max_length_ratio`.)"""
+    """Whitespace-separated words, each Chinese or Japanese character counting as one."""
     n_unspaced = len(_UNSPACED.findall(text))
     if not n_unspaced:
         return len(text.split())
@@ -304,12 +283,7 @@ def count_words(text: str) -> int:
 
 
 def _select(split: str, verdicts: np.ndarray, plan: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, int]]:
-    """(N,) bool: the rows of the origin file that make up `split`, and the pairs each filter removed.
-
-    Empty pairs are dropped everywhere; over-long or badly length-ratioed pairs from train
-    only: dropping hard sentences from an evaluation set would inflate its scores and make them
-    incomparable with other systems.
-    """
+    """(N,) bool: the origin file's rows that make `split` (train alone loses long pairs); the pairs removed."""
     candidates = np.ones(len(verdicts), dtype=bool)
     if split in plan:  # carved from train
         candidates[:] = False
@@ -336,23 +310,26 @@ def _check_not_empty(split: str, selected: np.ndarray, removed: dict[str, int], 
     raise DataError(f"the {split} split of {_paths(cfg).partition(', ')[0]} has no pairs with text on both sides")
 
 
-def _write_selected(raw_path: Path, selected: np.ndarray, path: Path) -> None:
-    """Copy the `selected` rows of the Arrow stream `raw_path` to a new one, batch by batch.
-
-    Read with plain file reads, not a memory map: the pass then leaves the file's pages in the
-    OS page cache rather than in this process's resident memory (10 M pairs: 2 GB).
-    """
+def _arrow_batches(path: Path) -> Iterator:
+    """The record batches of an Arrow stream, by plain file reads (not a memory map held in this process)."""
     import pyarrow as pa
 
-    with pa.OSFile(str(raw_path)) as source:
-        reader = pa.ipc.open_stream(source)
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, reader.schema) as writer:
-            start = 0
-            for batch in reader:
-                keep = selected[start:start + batch.num_rows]
-                start += batch.num_rows
-                if keep.any():
-                    writer.write_batch(batch.filter(pa.array(keep)))
+    with pa.OSFile(str(path)) as source:
+        yield from pa.ipc.open_stream(source)
+
+
+def _write_selected(raw_path: Path, selected: np.ndarray, path: Path) -> None:
+    """Copy the `selected` rows of the Arrow stream `raw_path` to a new one, batch by batch."""
+    import pyarrow as pa
+
+    schema = pa.schema([("src", pa.string()), ("tgt", pa.string())])
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        start = 0
+        for batch in _arrow_batches(raw_path):
+            keep = selected[start:start + batch.num_rows]
+            start += batch.num_rows
+            if keep.any():
+                writer.write_batch(batch.filter(pa.array(keep)))
 
 
 def _file_digest(path: Path) -> str | None:
@@ -367,40 +344,95 @@ def _file_digest(path: Path) -> str | None:
     return digest.hexdigest()
 
 
-def _replace_directory(new: Path, target: Path, old: Path) -> None:
-    """Put `new` in place of `target`. Files the old one held stay readable to whoever has them
-    open (memory-mapped by a running process): they are unlinked, never overwritten."""
-    shutil.rmtree(old, ignore_errors=True)
-    if target.exists():
-        target.rename(old)
-    new.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
+# --- valid and test carved from train -----------------------------------------------------------
 
+def carving_plan(cfg: DataConfig, seed: int, n_rows: int, missing: set[str], run_dir: Path) -> dict[str, np.ndarray]:
+    """Row indices of train to carve into each missing split: a seeded choice, recorded in `splits.json`."""
+    sizes = {split: size for split, size in (("valid", cfg.valid_size), ("test", cfg.test_size)) if split in missing}
+    if not sizes:
+        return {}
+    path = RunDir(run_dir).splits
+    if path.is_file():
+        plan = _load_split_plan(path, n_rows, list(sizes))
+        logger.info("reusing the %s split(s) recorded in %s", "/".join(sizes), path)
+        for split, size in sizes.items():
+            if len(plan[split]) != size:
+                logger.warning("%s keeps %d %s pairs although data.%s_size is now %d; start a new run "
+                               "to re-split", path, len(plan[split]), split, split, size)
+        return plan
+    if n_rows < 1 + sum(sizes.values()):
+        keys = " + ".join(f"data.{split}_size={size}" for split, size in sizes.items())
+        raise DataError(f"train has {n_rows} pairs, too few to carve {keys} and keep at least one for training; "
+                        "lower those sizes or provide valid/test files")
+    chosen = np.random.default_rng(seed).choice(n_rows, size=sum(sizes.values()), replace=False)
+    ends = np.cumsum(list(sizes.values()))
+    plan = {split: np.sort(chosen[end - size:end]) for (split, size), end in zip(sizes.items(), ends)}
+    record = {"source_rows": n_rows, "seed": seed, **{split: indices.tolist() for split, indices in plan.items()}}
+    write_text_atomic(path, json.dumps(record) + "\n")
+    logger.info("carved %s from %d train rows (seed %d); indices saved to %s",
+                ", ".join(f"{len(plan[s])} {s}" for s in plan), n_rows, seed, path)
+    return plan
+
+
+def _load_split_plan(path: Path, n_rows: int, needed: list[str]) -> dict[str, np.ndarray]:
+    """Read carved indices from `path`, checking they still fit the current training data."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise DataError(f"{path}: cannot read the saved data split ({err}); delete it to re-split") from None
+    if not isinstance(saved, dict):
+        raise DataError(f"{path}: expected a JSON object with source_rows, seed and row indices")
+    changed = f"the training data changed since {path} was made"
+    if saved.get("source_rows") != n_rows:
+        raise DataError(f"{changed}: it records {saved.get('source_rows')} train rows, now there are {n_rows}; "
+                        "use the original data or start a new run")
+    plan = {}
+    for split in needed:
+        indices = saved.get(split)
+        if not isinstance(indices, list) or not all(isinstance(i, int) and 0 <= i < n_rows for i in indices):
+            raise DataError(f"{changed}: it has no valid '{split}' row indices for {n_rows} rows")
+        plan[split] = np.asarray(indices, dtype=np.int64)
+    if len(np.unique(np.concatenate(list(plan.values())))) != sum(map(len, plan.values())):
+        raise DataError(f"{path}: the carved splits overlap; delete it to re-split")
+    return plan
+
+
+def _warn_of_repeated_pairs(train_path: Path, carved_paths: dict[str, Path]) -> None:
+    """Warn when pairs carved into a split also occur in what train kept (their BLEU then reads high)."""
+    carved = {split: {pair for batch in _arrow_batches(path) for pair in zip(*batch.to_pydict().values())}
+              for split, path in carved_paths.items()}
+    repeated = {split: set() for split in carved}
+    for batch in _arrow_batches(train_path):
+        for pair in zip(*batch.to_pydict().values()):
+            for split, pairs in carved.items():
+                if pair in pairs:
+                    repeated[split].add(pair)
+    for split, pairs in repeated.items():
+        if pairs:
+            logger.warning("%d of the %d distinct %s pairs carved from train also occur in train (the corpus repeats "
+                           "pairs): %s BLEU will read high; deduplicate the corpus, or give it %s files", len(pairs),
+                           len(carved[split]), split, split, split)
+
+
+# --- reading a split's text ---------------------------------------------------------------------
 
 def iter_text_batches(split: datasets.Dataset, column: str, rows: np.ndarray | None = None) -> Iterator[list[str]]:
-    """The strings of one column (`src` or `tgt`) of a corpus split, a record batch at a time;
-    only those of `rows` (sorted row indices) when given.
-
-    Read from the split's Arrow file with plain file reads, not through its memory map, for the
-    reason `_write_selected` gives.
-    """
+    """The strings of one column of a corpus split, a record batch at a time (only `rows`, sorted, when given)."""
     import pyarrow as pa
 
     (path,) = [entry["filename"] for entry in split.cache_files]  # load_corpus: one file per split
     start = 0
-    with pa.OSFile(path) as source:
-        for batch in pa.ipc.open_stream(source):
-            strings = batch.column(column)
-            if rows is not None:
-                wanted = rows[np.searchsorted(rows, start):np.searchsorted(rows, start + batch.num_rows)]
-                strings = strings.take(pa.array(wanted - start))
-            start += batch.num_rows
-            yield strings.to_pylist()
+    for batch in _arrow_batches(path):
+        strings = batch.column(column)
+        if rows is not None:
+            wanted = rows[np.searchsorted(rows, start):np.searchsorted(rows, start + batch.num_rows)]
+            strings = strings.take(pa.array(wanted - start))
+        start += batch.num_rows
+        yield strings.to_pylist()
 
 
 def iter_text(split: datasets.Dataset, column: str, rows: np.ndarray | None = None) -> Iterator[str]:
-    """The strings of one column (of `rows` only, when given), one at a time, without reading
-    the column into memory."""
+    """The strings of one column (of `rows` only, when given), one at a time."""
     for batch in iter_text_batches(split, column, rows):
         yield from batch
 

@@ -1,9 +1,4 @@
-"""The preflight data report: what the corpus looks like to the model, before any training step.
-
-Built from the loaded corpus and the tokenizers, rendered as a compact text table by `tmt data`
-and at the start of `tmt train`; `estimated_time` turns the first measured throughput into the
-time per epoch and to `train.max_steps`.
-"""
+"""The data report (`tmt data`, the start of `tmt train`): the corpus as the model will see it; time estimates."""
 
 from __future__ import annotations
 
@@ -49,68 +44,35 @@ class CorpusShare:
 
 @dataclass(frozen=True)
 class DataReport:
-    """Counts and rates that describe a corpus as the model will see it.
+    """A corpus as the model will see it; per-epoch counts are the first epoch's, train `lengths` plain BPE's."""
 
-    Definitions (each per side, `src` and `tgt`):
-    - `pairs[split]`: pairs left after every filter; train also after `too_many_tokens`.
-    - `carved`: the splits (`valid`, `test`) carved from train because the data has none of its own.
-    - `removed[filter]`: pairs each filter dropped, in the order they run: `empty` (all splits),
-      `too_long` and `length_ratio` (train, in words as `data.count_words` counts them; `data.max_words`,
-      `data.max_length_ratio`), then `too_many_tokens` (train pairs with more than
-      `model.max_len - 1` BPE tokens on a side, as `preparation.prepare_data` drops them).
-    - `lengths[(split, side)]`: BPE tokens per sentence of the training pairs that are trained on
-      and of the validation pairs, untruncated.
-    - `valid_truncated[side]`: validation sentences of that side longer than `model.max_len - 1`
-      tokens (evaluation sets are never filtered): a source is cut when translated, a reference
-      only in the validation loss (BLEU scores it whole).
-    - `unk_rate[side]`: share of the validation side's BPE tokens that are `<unk>` (characters
-      the tokenizer never saw in training).
-    - `word_coverage[side]`: share of the validation side's running words (whitespace-separated,
-      every occurrence counted) that occur as a word on that side of the training split (after
-      the `data.*` filters); 1 - this is the out-of-vocabulary word rate.
-    - `tgt_tokens_per_epoch`: target tokens of one pass over the training pairs, EOS included
-      (what the loss is averaged over; `perf/tgt_tokens_per_s` counts the same tokens).
-    - `batches_per_epoch`: token-budget batches the training sampler cuts from one epoch; the
-      same in every epoch, since the cut only sees the length-sorted sequence of lengths (with
-      several corpora or BPE-dropout, epochs draw other pairs or segmentations: the first epoch's).
-    - The tokens and batches per epoch are the first epoch's: its pairs (`data.corpora` weights)
-      in its segmentation (with `tokenizer.bpe_dropout`, its dropout variant); `lengths` of train
-      are plain BPE's.
-    - `bpe_dropout`: (rate, variants cycled by epoch, the first dropout epoch's pairs' target
-      tokens in the first dropout segmentation over theirs in plain BPE, the first dropout epoch);
-      None without BPE-dropout.
-    - `corpora`: per corpus of `data.corpora` (None with `data.path`): its path, training pairs,
-      their target tokens (plain BPE, EOS included), its weight, and its share of an epoch's pairs
-      and of the first epoch's target tokens (what the loss averages over).
-    """
-
-    pairs: dict[str, int]
-    carved: tuple[str, ...]
-    removed: dict[str, int]
-    lengths: dict[tuple[str, str], LengthStats]
-    valid_truncated: dict[str, int]
-    unk_rate: dict[str, float]
-    word_coverage: dict[str, float]
-    src_tokens_per_epoch: int
-    tgt_tokens_per_epoch: int
-    batches_per_epoch: int
+    pairs: dict[str, int]  # per split, after every filter (train also after too_many_tokens)
+    carved: tuple[str, ...]  # the splits carved from train
+    removed: dict[str, int]  # pairs each filter dropped, in the order they run
+    lengths: dict[tuple[str, str], LengthStats]  # (split, side): untruncated BPE tokens of train and valid
+    valid_truncated: dict[str, int]  # validation sentences longer than model.max_len - 1 tokens
+    unk_rate: dict[str, float]  # share of the validation side's tokens that are <unk>
+    word_coverage: dict[str, float]  # share of the validation side's running words seen on that side of train
+    src_tokens_per_epoch: int  # EOS included
+    tgt_tokens_per_epoch: int  # EOS included: what the loss averages over
+    batches_per_epoch: int  # token-budget batches of the training sampler
     batches_per_step: int  # train.accum_steps × the number of training processes (torchrun)
     batch_tokens: int
     max_steps: int
     languages: dict[str, str]  # {"src": "en", "tgt": "it"}
+    # (rate, variants, the first dropout epoch's target tokens over plain BPE's, the first dropout epoch)
     bpe_dropout: tuple[float, int, float, int] | None = None
     dropout_batches_per_epoch: int | None = None  # an epoch's batches from a later bpe_dropout_start_epoch on
-    corpora: tuple[CorpusShare, ...] | None = None
+    corpora: tuple[CorpusShare, ...] | None = None  # with data.corpora
 
     @property
     def steps_per_epoch(self) -> float:
-        """Updates per epoch: each takes `batches_per_step` batches (accumulated, and one per process)."""
+        """Updates per epoch, each of `batches_per_step` batches."""
         return self.batches_per_epoch / self.batches_per_step
 
     @property
     def epochs_to_max_steps(self) -> float:
-        """Epochs in train.max_steps updates; with a later BPE-dropout start, epochs from it on hold
-        `dropout_batches_per_epoch` batches (more, smaller tokens) instead of the first epoch's."""
+        """Epochs in train.max_steps updates (from a later BPE-dropout start on, of `dropout_batches_per_epoch`)."""
         plain_steps = self.bpe_dropout[3] * self.steps_per_epoch if self.dropout_batches_per_epoch else self.max_steps
         if self.max_steps <= plain_steps:
             return self.max_steps / self.steps_per_epoch
@@ -131,37 +93,34 @@ class DataReport:
     def render(self) -> str:
         """The report as a compact text table: a label column, then aligned cells per block."""
         lang = self.languages
-        blocks = [
+        cut = [f"{n:,} {what}{'s' if n != 1 else ''}, {where}" for n, what, where in (
+            (self.valid_truncated["src"], "validation source", "cut when translated"),
+            (self.valid_truncated["tgt"], "reference", "cut in the validation loss only")) if n]
+        rate, variants, ratio, start = self.bpe_dropout or (0, 0, 0, 0)
+        blocks = [block for block in (  # falsy: a block left out
             [["pairs", *(f"{split} {self.pairs[split]:,}" + (" (carved from train)" if split in self.carved else "")
                          for split in SPLITS)]],
+            self.corpora is not None and (
+                [["corpora", "pairs", "target tokens", "weight", "share of an epoch: pairs", "tokens"]]
+                + [[f"  {c.path}", f"{c.pairs:,}", f"{c.tgt_tokens:,}", f"{c.weight:g}", f"{100 * c.share:.1f}%",
+                    f"{100 * c.tgt_share:.1f}%"] for c in self.corpora]),
             [["removed by filters", *(f"{name} {count:,}" for name, count in self.removed.items())]],
             [["BPE tokens per sentence", *(f"p{p}" for p in PERCENTILES), "max"]]
             + [[f"  {split} {lang[side]}", *(f"{stats.percentiles[p]:,}" for p in PERCENTILES), f"{stats.max:,}"]
                for (split, side), stats in self.lengths.items()],
+            cut and [["  longer than max_len", "; ".join(cut)]],
             [["validation", lang["src"], lang["tgt"]],
              ["  <unk> tokens", *(f"{100 * self.unk_rate[side]:.2f}%" for side in SIDES)],
              ["  words seen in train", *(f"{100 * self.word_coverage[side]:.1f}%" for side in SIDES)]],
+            self.bpe_dropout is not None and [[
+                "BPE-dropout", f"{rate:g} on training pairs only, {variants} cached segmentations cycled by epoch"
+                f"{f' from epoch {start}' if start else ''}; {ratio:.2f}x the plain BPE target tokens"]],
             [["per epoch", f"{self.tgt_tokens_per_epoch:,} target tokens ({self.src_tokens_per_epoch:,} source), "
                            f"{self.batches_per_epoch:,} batches of at most {self.batch_tokens:,} padded tokens"
                            + (f" = {self.steps_per_epoch:,.1f} steps of {self.batches_per_step} batches"
                               if self.batches_per_step > 1 else "")]],
             [["until max_steps", f"{self.max_steps:,} steps = {self.epochs_to_max_steps:,.1f} epochs"]],
-        ]
-        if self.bpe_dropout is not None:
-            rate, variants, ratio, start = self.bpe_dropout
-            blocks.insert(-2, [["BPE-dropout", f"{rate:g} on training pairs only, {variants} cached segmentations "
-                                               f"cycled by epoch{f' from epoch {start}' if start else ''}; "
-                                               f"{ratio:.2f}x the plain BPE target tokens"]])
-        if self.corpora is not None:
-            blocks.insert(1, [["corpora", "pairs", "target tokens", "weight", "share of an epoch: pairs", "tokens"]]
-                          + [[f"  {c.path}", f"{c.pairs:,}", f"{c.tgt_tokens:,}", f"{c.weight:g}",
-                              f"{100 * c.share:.1f}%", f"{100 * c.tgt_share:.1f}%"] for c in self.corpora])
-        cut = [f"{n:,} {what}{'s' if n != 1 else ''}, {where}" for n, what, where in (
-            (self.valid_truncated["src"], "validation source", "cut when translated"),
-            (self.valid_truncated["tgt"], "reference", "cut in the validation loss only")) if n]
-        if cut:  # under the lengths table
-            lengths = next(i for i, block in enumerate(blocks) if block[0][0] == "BPE tokens per sentence")
-            blocks.insert(lengths + 1, [["  longer than max_len", "; ".join(cut)]])
+        ) if block]
         label_width = max(len(row[0]) for block in blocks for row in block)
         lines = []
         for block in blocks:
@@ -176,40 +135,29 @@ class DataReport:
 
 def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: TokenizedSplit, world_size: int = 1,
                  pad_to_multiple: int = 1) -> DataReport:
-    """Describe `corpus` as tokenized for training.
-
-    `train`: the training pairs that are trained on, as token ids (after the `too_many_tokens`
-    filter); the validation split is encoded here. `world_size`: training processes (torchrun),
-    each taking its own batches every step. `pad_to_multiple`: how training pads batch lengths.
-    The training split is only streamed (word coverage) and seen through its length arrays,
-    so the report costs no memory that grows with the corpus beyond those.
-    """
-    keep = cfg.model.max_len - 1
+    """Describe `corpus` as tokenized for training (`train`), batched as `world_size` processes batch it."""
     n_pairs = len(train)  # block 0 of the table: each pair once, in plain BPE (`training_split.EpochRows`)
     train_src = np.asarray(train.src_len[:n_pairs], dtype=np.int64)
     train_tgt = np.asarray(train.tgt_len[:n_pairs], dtype=np.int64)
     first_epoch = np.arange(n_pairs) if train.epoch_rows is None else train.epoch_rows(0)
-    valid_src_ids = tokenizers.encode_src(corpus.valid["src"][:])
-    valid_tgt_ids = tokenizers.encode_tgt(corpus.valid["tgt"][:])
+    valid_ids = {"src": tokenizers.encode_src(corpus.valid["src"][:]),
+                 "tgt": tokenizers.encode_tgt(corpus.valid["tgt"][:])}
     lengths = {("train", "src"): train_src, ("train", "tgt"): train_tgt,
-               ("valid", "src"): np.array([len(seq) for seq in valid_src_ids], dtype=np.int64),
-               ("valid", "tgt"): np.array([len(seq) for seq in valid_tgt_ids], dtype=np.int64)}
+               **{("valid", side): np.array([len(s) for s in ids], dtype=np.int64) for side, ids in valid_ids.items()}}
     # Cut as training cuts it: under torchrun an incomplete last group of batches is filled up.
     sampler = TokenBatchSampler(train.lengths(), cfg.train.batch_tokens, cfg.seed, pad_to_multiple=pad_to_multiple,
                                 max_length=cfg.model.max_len, epoch_rows=train.epoch_rows, world_size=world_size)
-    epoch_tgt_tokens = int(train.tgt_len[first_epoch].sum()) + len(first_epoch)
     return DataReport(
         pairs={"train": len(train_src), "valid": len(corpus.valid), "test": len(corpus.test)},
         carved=corpus.carved,
         removed={**corpus.removed, "too_many_tokens": len(corpus.train) - len(train_src)},
         lengths={key: length_stats(values) for key, values in lengths.items()},
-        valid_truncated={side: sum(len(ids) > keep for ids in side_ids)
-                         for side, side_ids in (("src", valid_src_ids), ("tgt", valid_tgt_ids))},
-        unk_rate={"src": unk_rate(valid_src_ids), "tgt": unk_rate(valid_tgt_ids)},
+        valid_truncated={side: sum(len(seq) >= cfg.model.max_len for seq in ids) for side, ids in valid_ids.items()},
+        unk_rate={side: unk_rate(ids) for side, ids in valid_ids.items()},
         word_coverage={side: word_coverage(corpus.valid[side][:], iter_text_batches(corpus.train, side))
                        for side in SIDES},
         src_tokens_per_epoch=int(train.src_len[first_epoch].sum()) + len(first_epoch),
-        tgt_tokens_per_epoch=epoch_tgt_tokens,
+        tgt_tokens_per_epoch=int(train.tgt_len[first_epoch].sum()) + len(first_epoch),
         batches_per_epoch=len(sampler.epoch_batches(0)),
         batches_per_step=cfg.train.accum_steps * world_size,
         batch_tokens=cfg.train.batch_tokens,
@@ -223,8 +171,7 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: 
 
 
 def _dropout_summary(cfg: Config, train: TokenizedSplit) -> tuple[float, int, float, int] | None:
-    """(rate, variants, the target tokens of the first dropout epoch's pairs in the first dropout
-    segmentation / in plain BPE, the first dropout epoch), or None."""
+    """`DataReport.bpe_dropout`."""
     if not cfg.tokenizer.bpe_dropout:
         return None
     start = cfg.tokenizer.bpe_dropout_start_epoch
@@ -235,8 +182,7 @@ def _dropout_summary(cfg: Config, train: TokenizedSplit) -> tuple[float, int, fl
 
 def _corpus_shares(cfg: Config, train: TokenizedSplit, train_tgt: np.ndarray,
                    first_epoch: np.ndarray) -> tuple[CorpusShare, ...]:
-    """Each corpus's pairs, plain target tokens, weight and share of an epoch (`EpochRows`): of its
-    pairs, and of the target tokens of `first_epoch` (the first epoch's rows, as `tgt_tokens_per_epoch`)."""
+    """Each corpus's pairs, plain target tokens, weight, and share of an epoch's pairs and `first_epoch`'s tokens."""
     plan = train.epoch_rows
     counts, per_epoch = (plan.counts, plan.pairs_per_epoch()) if plan is not None else ((len(train),), [len(train)])
     ends = np.cumsum(counts)
@@ -248,20 +194,16 @@ def _corpus_shares(cfg: Config, train: TokenizedSplit, train_tgt: np.ndarray,
                  for entry, n, end, drawn, tokens in zip(cfg.data.corpora, counts, ends, per_epoch, epoch_tokens))
 
 
-def percentile(values: Sequence[int] | np.ndarray, p: float) -> int:
-    """Nearest-rank percentile: the smallest value with at least `p`% of `values` at or below it."""
-    return _nearest_rank(np.sort(np.asarray(values)), p)
-
-
-def _nearest_rank(ordered: np.ndarray, p: float) -> int:
-    """`percentile` of values already sorted ascending."""
-    rank = math.ceil(p * len(ordered) / 100)  # p·n first: exact for integers, so 90·100/100 is 90
-    return int(ordered[max(rank, 1) - 1])
+def percentile(values: Sequence[int] | np.ndarray, p: float, ordered: bool = False) -> int:
+    """Nearest-rank percentile: the smallest value with at least `p`% of `values` (`ordered`: sorted) at or below it."""
+    values = values if ordered else np.sort(np.asarray(values))
+    rank = math.ceil(p * len(values) / 100)  # p·n first: exact for integers, so 90·100/100 is 90
+    return int(values[max(rank, 1) - 1])
 
 
 def length_stats(lengths: Sequence[int] | np.ndarray) -> LengthStats:
     ordered = np.sort(np.asarray(lengths))  # once, not once per percentile: the train split may be large
-    return LengthStats({p: _nearest_rank(ordered, p) for p in PERCENTILES}, int(ordered[-1]))
+    return LengthStats({p: percentile(ordered, p, ordered=True) for p in PERCENTILES}, int(ordered[-1]))
 
 
 def unk_rate(id_seqs: Sequence[Sequence[int]]) -> float:
@@ -271,8 +213,7 @@ def unk_rate(id_seqs: Sequence[Sequence[int]]) -> float:
 
 
 def word_coverage(lines: Sequence[str], reference_batches: Iterable[Sequence[str]]) -> float:
-    """Share of the running words of `lines` that occur as a word anywhere in `reference_batches`
-    (batches of lines, read once: only the words of `lines` are remembered, not the reference's)."""
+    """Share of the running words of `lines` that occur in `reference_batches` (batches of lines, read once)."""
     words = [word for line in lines for word in line.split()]
     wanted, known = set(words), set()
     for batch in reference_batches:
@@ -281,11 +222,7 @@ def word_coverage(lines: Sequence[str], reference_batches: Iterable[Sequence[str
 
 
 def estimated_time(report: DataReport, tgt_tokens_per_s: float, step: int) -> str:
-    """A log line: time per epoch and to `train.max_steps` at the measured training throughput.
-
-    An average step holds `tgt_tokens_per_epoch / steps_per_epoch` target tokens. Validation and
-    checkpoint time are not included (the throughput excludes them).
-    """
+    """A log line: time per epoch and to `train.max_steps` at the measured training throughput."""
     seconds_per_epoch = report.tgt_tokens_per_epoch / max(tgt_tokens_per_s, 1e-9)
     seconds_left = max(report.max_steps - step, 0) * seconds_per_epoch / report.steps_per_epoch
     return (f"estimated training time at {tgt_tokens_per_s:,.0f} target tokens/s: {format_duration(seconds_per_epoch)} "

@@ -1,12 +1,4 @@
-"""Tokenize each split once: token ids cached on disk as Arrow (memory-mapped, via `datasets`).
-
-The cache of a run lives in `<run_dir>/token_cache/<split>-<fingerprint>/`: the Arrow files
-that `datasets.map` wrote (one per tokenizing process) and `entry.json` listing them. The
-fingerprint covers the split's text (so the data files and the data.* filters), the
-tokenizer(s), `model.max_len` and whether over-long pairs are dropped (and, for a BPE-dropout
-segmentation of the training split, its rate and number); any change makes a new entry and
-removes the split's old one. Restarts and resumes reuse it, so training never tokenizes per step.
-"""
+"""Each split tokenized once: token ids cached as memory-mapped Arrow in `<run_dir>/token_cache/<split>-<key>/`."""
 
 from __future__ import annotations
 
@@ -24,6 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
+from unittest import mock
 
 import numpy as np
 
@@ -43,24 +36,13 @@ ENCODE_BATCH_ROWS = 10_000
 ENTRY_FILE = "entry.json"  # the entry's Arrow files, in row order; written last
 MIN_ROWS_PER_PROCESS = 50_000
 MAX_AUTO_PROCESSES = 8
-# A side of a split with at most this many token ids is also held in memory as one flat array, so
-# a batch is a numpy gather (tens of microseconds) instead of an Arrow row gather (1.5-4 ms, which
-# a GPU step replayed from a CUDA graph waits for). 2**26 ids are 256 MB; larger splits stay mapped.
+# A split of at most this many ids a side is also held in memory (256 MB), so a batch is a fast numpy gather.
 IN_MEMORY_MAX_IDS = 2 ** 26
 
 
 class TokenizedSplit:
-    """One split as token ids (no special tokens; at most `max_len - 1` per side), Arrow-backed.
-
-    Columns `src_ids`, `tgt_ids` (list<int32>); `src_len`, `tgt_len` (int32) are also held as
-    numpy arrays, so batching touches only index and length arrays until a batch is built.
-    `src_text` / `tgt_text` are kept for evaluation splits (references, examples), else None.
-    `max_len`: the model's positions, which no padded batch may exceed.
-
-    A training split may hold more rows than pairs (`training_split`: several corpora, BPE-dropout
-    variants): `epoch_rows(epoch)` then names the rows epoch `epoch` trains on (the sampler's
-    examples), and `len` counts the pairs, `n_pairs`.
-    """
+    """One split as token ids (no special tokens, at most `max_len - 1` a side): Arrow columns `src_ids`, `tgt_ids`
+    and numpy `src_len`, `tgt_len` (N,); a training table's `epoch_rows(epoch)` names the rows of an epoch."""
 
     def __init__(self, dataset: datasets.Dataset, max_len: int, src_text: Sequence[str] | None = None,
                  tgt_text: Sequence[str] | None = None, *, epoch_rows: Callable[[int], np.ndarray] | None = None,
@@ -71,11 +53,9 @@ class TokenizedSplit:
         self.max_len = max_len
         self._arrow = dataset.with_format("arrow")
         self._table = self._arrow[:]  # a zero-copy pyarrow view of the (memory-mapped) rows
-        # int32 as stored: 10 M pairs take 40 MB per array (sums still come out int64).
         self.src_len = self._table.column("src_len").to_numpy()
         self.tgt_len = self._table.column("tgt_len").to_numpy()
         self.src_text, self.tgt_text = src_text, tgt_text
-        self._src_ids: list[list[int]] | None = None
         self._flat = None  # (src ids, src offsets, tgt ids, tgt offsets) in memory, for a small enough split
         if max(int(self.src_len.sum()), int(self.tgt_len.sum())) <= IN_MEMORY_MAX_IDS:
             self._flat = (*_flat_column(self._table, "src_ids"), *_flat_column(self._table, "tgt_ids"))
@@ -83,16 +63,13 @@ class TokenizedSplit:
     def __len__(self) -> int:
         return self.n_pairs
 
-    @property
+    @functools.cached_property
     def src_ids(self) -> list[list[int]]:
-        """Every source sequence as a list (for decoding an evaluation split); built on first use."""
-        if self._src_ids is None:
-            self._src_ids = self._table.column("src_ids").to_pylist()
-        return self._src_ids
+        """Every source sequence as a list (for decoding an evaluation split)."""
+        return self._table.column("src_ids").to_pylist()
 
     def lengths(self, pad_to_multiple: int = 1) -> np.ndarray:
-        """(N,) padded length of each example in a batch: the longer side plus its EOS/BOS, padded
-        as `batch` pads it. A batch of B examples fills at most B × the longest of these slots."""
+        """(N,) padded length of each example in a batch: the longer side plus its EOS/BOS, padded as `batch` pads."""
         return padded_length(np.maximum(self.src_len, self.tgt_len) + 1, pad_to_multiple, self.max_len)
 
     def lengths_of(self, indices: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -106,9 +83,7 @@ class TokenizedSplit:
         return rows.column("src_ids").to_pylist(), rows.column("tgt_ids").to_pylist()
 
     def _rows(self, indices: Sequence[int] | np.ndarray) -> pa.Table:
-        """A pyarrow Table of the given rows, in this order, gathered by `datasets` one row slice
-        at a time. (`Table.take` on a split of 10 M rows in thousands of record batches first
-        concatenates whole columns: 0.8 s and 750 MB for a batch of 150 rows, against 1.2 ms.)"""
+        """A pyarrow Table of the given rows, in order (gathered by `datasets`, unlike `Table.take`, cheaply)."""
         return self._arrow[np.asarray(indices, dtype=np.int64).tolist()]
 
     def batch(self, indices: Sequence[int] | np.ndarray, pad_to_multiple: int = 1) -> Batch:
@@ -144,23 +119,8 @@ def _gather(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, idx: np
     return values[first + np.arange(int(n.sum()))]
 
 
-def fingerprint(text_digest: str, tokenizers: TokenizerPair, max_len: int, drop_long: bool,
-                bpe_dropout: float = 0.0, variant: int = 0) -> str:
-    """Hex digest of everything the cached ids depend on: the split's text (its `Corpus` digest),
-    the tokenizer(s), `max_len`, the drop rule, and the BPE-dropout rate and variant number."""
-    digest = hashlib.blake2b(digest_size=16)
-    dropout = [f"bpe_dropout={bpe_dropout}", f"variant={variant}"] if bpe_dropout else []  # plain keys as before
-    for part in (f"tmt-token-cache-{CACHE_FORMAT}", f"max_len={max_len}", f"drop_long={drop_long}",
-                 f"encode_special_tokens={tokenizers.src.encode_special_tokens}",
-                 tokenizers.src.to_str(), "" if tokenizers.joint else tokenizers.tgt.to_str(), text_digest, *dropout):
-        digest.update(part.encode("utf-8"))
-        digest.update(b"\0")  # so that moving text between parts changes the digest
-    return digest.hexdigest()
-
-
 def processes_for(n_rows: int, num_proc: int | None) -> int:
-    """Tokenizing processes for a split of `n_rows`: one below `MIN_ROWS_PER_PROCESS` rows per
-    process (starting one costs more than it saves), else `num_proc` (None: the cores, at most 8)."""
+    """Tokenizing processes for `n_rows`: `num_proc` (None: cores, at most 8), each of `MIN_ROWS_PER_PROCESS`."""
     wanted = num_proc if num_proc is not None else min(os.cpu_count() or 1, MAX_AUTO_PROCESSES)
     return max(1, min(wanted, n_rows // MIN_ROWS_PER_PROCESS))
 
@@ -171,22 +131,18 @@ def tokenize_split(split: datasets.Dataset, text_digest: str, tokenizers: Tokeni
                    variant: int = 0) -> TokenizedSplit:
     """Token ids of `split` (columns `src`, `tgt`), from `cache_root` when cached, else encoded and cached.
 
-    `text_digest` identifies the split's text (`Corpus.digests`). drop_long: remove pairs with a
-    side longer than `max_len - 1` tokens (training: a truncated pair would teach the model to
-    stop mid-sentence); otherwise truncate them (evaluation sets are never filtered). Raises
-    `DataError` when dropping leaves nothing. `num_proc` processes encode (see `processes_for`);
-    the ids go straight to disk, so no split has to fit in memory. `progress` shows the
-    encoding's progress bar on stderr when it is a terminal. `prepared`: another process (rank 0)
-    has just filled the cache; read its entry, never encode or write.
-
-    `bpe_dropout` > 0 (training only): the ids are one BPE-dropout segmentation, number `variant`,
-    of the pairs plain BPE keeps (same rows, same order as the plain entry, see `_encode_rows`).
-    Encoding is not seeded, so the cached entry is what every later read of that variant gets.
+    `drop_long`: drop pairs with a side over `max_len - 1` tokens (training), else cut them. `prepared`: only
+    read what rank 0 cached. `bpe_dropout` > 0: segmentation `variant` of the rows plain BPE keeps.
     """
     import datasets
 
-    key = fingerprint(text_digest, tokenizers, max_len, drop_long, bpe_dropout, variant)
-    path = Path(cache_root) / f"{name}-{key}"
+    key = hashlib.blake2b(digest_size=16)  # of everything the ids depend on
+    dropout = [f"bpe_dropout={bpe_dropout}", f"variant={variant}"] if bpe_dropout else []
+    for part in (f"tmt-token-cache-{CACHE_FORMAT}", f"max_len={max_len}", f"drop_long={drop_long}",
+                 f"encode_special_tokens={tokenizers.src.encode_special_tokens}",
+                 tokenizers.src.to_str(), "" if tokenizers.joint else tokenizers.tgt.to_str(), text_digest, *dropout):
+        key.update(part.encode("utf-8") + b"\0")  # "\0": moving text between parts changes the key
+    path = Path(cache_root) / f"{name}-{key.hexdigest()}"
     dataset = _load_entry(path)
     if dataset is not None:
         logger.info("%s split: token ids from the cache %s", name, path)
@@ -213,8 +169,7 @@ def tokenize_split(split: datasets.Dataset, text_digest: str, tokenizers: Tokeni
 
 
 def _load_entry(path: Path) -> datasets.Dataset | None:
-    """The cached ids in `path` (memory-mapped), or None when there is no complete entry: one
-    without its `entry.json`, with a file missing or cut short, or with fewer rows than it recorded."""
+    """The cached ids in `path` (memory-mapped), or None without a complete entry (a file missing or cut short)."""
     import datasets
 
     try:
@@ -229,15 +184,13 @@ def _load_entry(path: Path) -> datasets.Dataset | None:
     except (OSError, ValueError):
         return None
     dataset = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
-    # A stream cut at a record-batch boundary reads without error, only shorter. (Entries from
-    # before the count was recorded are taken as they are.)
+    # A stream cut at a record-batch boundary reads without error, only shorter.
     return dataset if entry.get("rows", len(dataset)) == len(dataset) else None
 
 
 def _encode_to_entry(split: datasets.Dataset, tokenizers: TokenizerPair, max_len: int, drop_long: bool,
                      path: Path, name: str, num_proc: int, bpe_dropout: float = 0.0) -> datasets.Dataset:
-    """Encode into a temporary folder, list its files in `entry.json`, rename it into place, and
-    drop the split's older entries. An empty result is not cached (`datasets` cannot reload one)."""
+    """Encode into a temporary folder listed by `entry.json`, renamed into place; drop the split's older entries."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(path.name + ".tmp")
     shutil.rmtree(temp, ignore_errors=True)
@@ -264,46 +217,28 @@ def _encode_to_entry(split: datasets.Dataset, tokenizers: TokenizerPair, max_len
 
 def _encode(split: datasets.Dataset, tokenizers: TokenizerPair, max_len: int, drop_long: bool,
             cache_file: Path, name: str, num_proc: int, bpe_dropout: float = 0.0) -> datasets.Dataset:
-    """Batched fast-tokenizer pass over the split, written to `cache_file` (one file per process).
-
-    `encode_batch` runs in Rust over all cores; with several processes, each encodes its own
-    contiguous shard and the Rust side keeps to one thread (`TOKENIZERS_PARALLELISM`), which
-    would otherwise oversubscribe the cores and warn about the fork.
-
-    The processes are tmt's own pool, not `datasets.map(num_proc=...)`'s: a terminal's Ctrl-C
-    reaches the whole process group, and `datasets`' workers died of it with a traceback each
-    while their parent waited for them for a minute. Ours ignore SIGINT and SIGTERM's handler
-    (`_worker_setup`): the parent alone handles the signal, and ends them (`Pool.terminate`)
-    on its way out.
-    """
+    """Encode the split into `cache_file`, or one file per shard of `num_proc` processes of tmt's own pool."""
     import datasets
 
     dropping = tokenizers.with_bpe_dropout(bpe_dropout) if bpe_dropout else None
     encode = functools.partial(_encode_rows, tokenizers=tokenizers, keep=max_len - 1, drop_long=drop_long,
                                dropping=dropping)
     if num_proc == 1:
-        return _encode_shard(split, encode, cache_file, f"tokenize {name}")
-    saved = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # read by the Rust side of the forked processes
-    shards = [(split.shard(num_proc, index, contiguous=True), encode,
-               cache_file.with_name(f"{cache_file.stem}_{index:05d}_of_{num_proc:05d}.arrow"),
-               f"tokenize {name} (1 of {num_proc} shards)" if index == 0 else None) for index in range(num_proc)]
-    try:
+        files = [_encode_shard(split, encode, cache_file, f"tokenize {name}")]
+    else:
+        shards = [(split.shard(num_proc, index, contiguous=True), encode,
+                   cache_file.with_name(f"{cache_file.stem}_{index:05d}_of_{num_proc:05d}.arrow"),
+                   f"tokenize {name} (1 of {num_proc} shards)" if index == 0 else None) for index in range(num_proc)]
         # fork where it is safe (Linux): no re-import per process; macOS's system libraries are not fork-safe.
         context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-        with context.Pool(num_proc, initializer=_worker_setup) as pool:
-            files = pool.starmap(_encode_shard_file, shards)  # Ctrl-C here: `with` terminates the pool
-    finally:
-        if saved is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = saved
+        with (mock.patch.dict(os.environ, TOKENIZERS_PARALLELISM="false"),  # one Rust thread per process
+              context.Pool(num_proc, initializer=_worker_setup) as pool):
+            files = pool.starmap(_encode_shard, shards)  # Ctrl-C here: `with` terminates the pool
     return datasets.concatenate_datasets([datasets.Dataset.from_file(file) for file in files])
 
 
 def _worker_setup() -> None:
-    """In each tokenizing process: leave Ctrl-C to the parent, let its `terminate` (SIGTERM) end
-    this process at once, and (Linux) die with the parent even when it is killed with SIGKILL."""
+    """In each tokenizing process: leave Ctrl-C to the parent, end at its SIGTERM, and (Linux) die with it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
@@ -312,33 +247,25 @@ def _worker_setup() -> None:
             os._exit(1)
 
 
-def _encode_shard_file(shard: datasets.Dataset, encode, cache_file: Path, desc: str | None) -> str:
-    """`_encode_shard` in a pool process: the file it wrote (a Dataset would be pickled back whole)."""
+def _encode_shard(split: datasets.Dataset, encode, cache_file: Path, desc: str | None) -> str:
+    """Encode `split` into `cache_file`, its name returned (a pool process would pickle a Dataset back whole)."""
     import datasets
 
     if desc is None:
         datasets.disable_progress_bars()  # one bar, the first shard's, stands for all
-    _encode_shard(shard, encode, cache_file, desc)
-    return str(cache_file)
-
-
-def _encode_shard(split: datasets.Dataset, encode, cache_file: Path, desc: str | None) -> datasets.Dataset:
-    import datasets
-
     features = datasets.Features({"src_ids": datasets.Sequence(datasets.Value("int32")),
                                   "tgt_ids": datasets.Sequence(datasets.Value("int32")),
                                   "src_len": datasets.Value("int32"), "tgt_len": datasets.Value("int32")})
     # A batched map may return fewer rows than it gets, because it replaces every input column.
     with _bars_cleared_when_done():
-        return split.map(encode, batched=True, batch_size=ENCODE_BATCH_ROWS, remove_columns=split.column_names,
-                         features=features, cache_file_name=str(cache_file), load_from_cache_file=False, desc=desc)
+        split.map(encode, batched=True, batch_size=ENCODE_BATCH_ROWS, remove_columns=split.column_names,
+                  features=features, cache_file_name=str(cache_file), load_from_cache_file=False, desc=desc)
+    return str(cache_file)
 
 
 @contextlib.contextmanager
 def _bars_cleared_when_done():
-    """While inside, `datasets.map` draws its bar as tmt's own are drawn: gone from the terminal once
-    its work is done (datasets leaves it, one "tokenize ...: 100%" line per split and segmentation).
-    map makes its bar from `datasets.arrow_dataset.hf_tqdm`; a datasets without that name keeps its own."""
+    """While inside, `datasets.map`'s bar (`arrow_dataset.hf_tqdm`) leaves the terminal once done, as tmt's do."""
     from datasets import arrow_dataset
 
     original = getattr(arrow_dataset, "hf_tqdm", None)
@@ -348,25 +275,15 @@ def _bars_cleared_when_done():
 
     class ClearedBar(original):
         def __init__(self, *args, **kwargs):
-            kwargs.setdefault("leave", False)
-            super().__init__(*args, **kwargs)
+            super().__init__(*args, **{"leave": False, **kwargs})
 
-    arrow_dataset.hf_tqdm = ClearedBar
-    try:
+    with mock.patch.object(arrow_dataset, "hf_tqdm", ClearedBar):
         yield
-    finally:
-        arrow_dataset.hf_tqdm = original
 
 
 def _encode_rows(rows: dict, *, tokenizers: TokenizerPair, keep: int, drop_long: bool,
                  dropping: TokenizerPair | None = None) -> dict:
-    """Token ids of a batch of rows, at most `keep` per side; pairs longer than that dropped
-    (`drop_long`) or cut.
-
-    `dropping` (BPE-dropout copies of `tokenizers`): the kept pairs' ids are theirs instead. Which
-    pairs are kept is still plain BPE's decision, so every variant holds the plain entry's rows in
-    its order; a side that drops past `keep` tokens keeps its plain ids (never cut mid-sentence).
-    """
+    """Token ids of rows, at most `keep` a side (longer pairs dropped or cut); `dropping`: BPE-dropout ids instead."""
     src_ids, tgt_ids = tokenizers.encode_src(rows["src"]), tokenizers.encode_tgt(rows["tgt"])
     fits = list(range(len(src_ids)))
     if drop_long:

@@ -1,21 +1,15 @@
-"""BPE tokenizers (HuggingFace `tokenizers`): train, save, load; special tokens at fixed ids.
-
-Text is NFC-normalised and split SentencePiece-style: spaces become `▁` on the following
-word and punctuation is its own pre-token, so decoding restores the exact spacing
-("Dov'è il caffè?" round-trips; no space appears before punctuation).
-"""
+"""BPE tokenizers (HuggingFace `tokenizers`, SentencePiece-style pre-tokens): train, save, load; fixed special ids."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import chain
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -34,13 +28,8 @@ PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)  # their position here is their id
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = range(4)
 
-# Lines per `encode_batch` call when encoding with a progress bar: large enough that the Rust
-# side still parallelises well, small enough that the bar moves every second or so.
-ENCODE_CHUNK_LINES = 20_000
-# BPE training's time grows with the square of a word's length: one 100,000-character "word" took
-# 3.4 s here, 2 million characters over 12 minutes. Lines holding a run of non-space characters
-# longer than this (base64, a run of one letter, a corrupt line; no word of any language) are left
-# out of BPE training, as SentencePiece leaves out overlong sentences. They are still tokenized.
+# Lines with a longer run of non-space characters are left out of BPE training (its time grows with
+# the square of a word's length); they are still tokenized.
 MAX_WORD_CHARS = 1000
 
 
@@ -56,19 +45,18 @@ class TokenizerPair:
         return self.src is self.tgt
 
     def __setstate__(self, state: dict) -> None:
-        # Unpickling (in `datasets.map`'s worker processes) rebuilds each Tokenizer from its JSON,
-        # which does not hold the flag `_text_is_text` sets.
+        # Unpickling (in worker processes) rebuilds each Tokenizer from JSON, which lacks `_text_is_text`'s flag.
         self.__dict__.update(state)
         _text_is_text(self.src)
         _text_is_text(self.tgt)
 
-    def encode_src(self, lines: list[str], progress: bool = False) -> list[list[int]]:
-        """Token ids of each source line, without special tokens; `progress` shows a bar on stderr."""
-        return _encode(self.src, lines, "tokenize source", progress)
+    def encode_src(self, lines: list[str]) -> list[list[int]]:
+        """Token ids of each source line, without special tokens."""
+        return [e.ids for e in self.src.encode_batch(lines, add_special_tokens=False)]
 
-    def encode_tgt(self, lines: list[str], progress: bool = False) -> list[list[int]]:
-        """Token ids of each target line, without special tokens; `progress` shows a bar on stderr."""
-        return _encode(self.tgt, lines, "tokenize target", progress)
+    def encode_tgt(self, lines: list[str]) -> list[list[int]]:
+        """Token ids of each target line, without special tokens."""
+        return [e.ids for e in self.tgt.encode_batch(lines, add_special_tokens=False)]
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         """Detokenised text for each id sequence; special tokens are dropped."""
@@ -82,12 +70,7 @@ class TokenizerPair:
         return [self.tgt.id_to_token(i) for i in ids]
 
     def with_bpe_dropout(self, dropout: float) -> TokenizerPair:
-        """Copies that skip each BPE merge with probability `dropout` (Provilkov et al. 2020), for
-        encoding training pairs only; never saved. The same vocabulary and ids: the pieces of a
-        dropped segmentation are shorter pieces of the vocabulary, and decode to the same text.
-        The `tokenizers` library draws the skips from an unseeded thread-local generator, so two
-        encodings of a line differ run to run: what makes training reproducible is encoding once
-        and caching the ids (`token_cache`)."""
+        """Copies that skip each BPE merge with probability `dropout`, unseeded (`token_cache` keeps their ids)."""
         def dropping(tokenizer: Tokenizer) -> Tokenizer:
             settings = json.loads(tokenizer.to_str())
             settings["model"]["dropout"] = dropout
@@ -99,17 +82,14 @@ class TokenizerPair:
         return TokenizerPair(src, src if self.joint else dropping(self.tgt))
 
     def fingerprint(self) -> str:
-        """A digest of both vocabularies (piece -> id), which checkpoints carry: a model is only
-        right with the tokenizers it was trained with, whatever the vocabulary sizes say."""
+        """A digest of both vocabularies (piece -> id), which checkpoints carry."""
         vocabularies = [sorted(t.get_vocab(with_added_tokens=True).items(), key=lambda item: item[1])
                         for t in (self.src, self.tgt)]
         return hashlib.blake2b(json.dumps(vocabularies, ensure_ascii=False).encode("utf-8"),
                                digest_size=16).hexdigest()
 
     def save(self, directory: Path) -> None:
-        """Write `tokenizer.json`, or `tokenizer.tgt.json` and then `tokenizer.src.json`, each
-        atomically: the file `exists_in` looks for comes last, so a run killed midway never has
-        tokenizers that look complete and are not."""
+        """Write the tokenizer file(s) atomically, the one `exists_in` looks for last."""
         if self.joint:
             write_text_atomic(directory / JOINT_FILE, self.src.to_str(pretty=True))
         else:
@@ -124,10 +104,8 @@ class TokenizerPair:
             return cls(joint, joint)
         if (directory / SRC_FILE).is_file() and (directory / TGT_FILE).is_file():
             return cls(_load_file(directory / SRC_FILE), _load_file(directory / TGT_FILE))
-        raise CheckpointError(
-            f"{directory}: no tokenizer files ({JOINT_FILE}, or {SRC_FILE} and {TGT_FILE}); "
-            "is this a tmt run directory?"
-        )
+        raise CheckpointError(f"{directory}: no tokenizer files ({JOINT_FILE}, or {SRC_FILE} and {TGT_FILE}); "
+                              "is this a tmt run directory?")
 
     @classmethod
     def exists_in(cls, directory: Path) -> bool:
@@ -136,16 +114,10 @@ class TokenizerPair:
 
 def train_tokenizers(cfg: TokenizerConfig, src_lines: Iterable[str], tgt_lines: Iterable[str],
                      progress: bool = False, n_lines: int | None = None) -> TokenizerPair:
-    """Train BPE on the training split: one joint tokenizer, or one per language.
-
-    `src_lines` / `tgt_lines` are read once, so they may be streams (a corpus larger than memory);
-    `n_lines`, the lines per side, sizes the progress bar (default: `len(src_lines)`).
-    `progress` shows a bar on stderr (a terminal only) over the lines read; reading and counting
-    words is most of the time, computing the merges comes after the bar ends.
-    """
+    """Train BPE, joint or one per language, reading the lines once; `n_lines` per side sizes the progress bar."""
     n = len(src_lines) if n_lines is None else n_lines  # type: ignore[arg-type]
     if cfg.joint:
-        joint = _train_bpe(cfg, _chain(src_lines, tgt_lines), 2 * n, "BPE (joint)", progress)
+        joint = _train_bpe(cfg, chain(src_lines, tgt_lines), 2 * n, "BPE (joint)", progress)
         return TokenizerPair(joint, joint)
     return TokenizerPair(_train_bpe(cfg, iter(src_lines), n, "BPE (source)", progress),
                          _train_bpe(cfg, iter(tgt_lines), n, "BPE (target)", progress))
@@ -161,14 +133,14 @@ def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int, desc: s
         pre_tokenizers.Punctuation(behavior="isolated"),
     ])
     tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-    trainer = trainers.BpeTrainer(
-        vocab_size=cfg.vocab_size,
-        min_frequency=cfg.min_frequency,
-        special_tokens=list(SPECIAL_TOKENS),
-        show_progress=False,
-    )
-    with _bar(n_lines, desc, progress) as bar:
-        kept = _WithoutOverlongWords(_counted(lines, bar))
+    trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
+                                  special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+    from tqdm import tqdm  # not on `tmt translate`'s path
+
+    # A bar on stderr when it is a terminal, gone once done.
+    with tqdm(total=n_lines, desc=desc, unit="line", unit_scale=n_lines >= 10_000, leave=False, file=sys.stderr,
+              dynamic_ncols=True, disable=not (progress and sys.stderr.isatty())) as bar:
+        kept = _KeptLines(lines, bar)
         tokenizer.train_from_iterator(kept, trainer=trainer, length=n_lines)
     if kept.left_out:
         logger.warning("%s: left %d training line(s) with a run of over %d non-space characters out of BPE "
@@ -178,54 +150,23 @@ def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int, desc: s
     return tokenizer
 
 
-class _WithoutOverlongWords:
-    """`lines` without those holding a run of more than `MAX_WORD_CHARS` non-space characters;
-    `left_out` counts them. Only lines longer than that are split to look."""
+class _KeptLines:
+    """`lines` but those with a run of over `MAX_WORD_CHARS` non-space characters (`left_out`), counted in `bar`."""
 
-    def __init__(self, lines: Iterator[str]):
-        self.lines = lines
+    def __init__(self, lines: Iterator[str], bar: tqdm):
+        self.lines, self.bar = lines, bar
         self.left_out = 0
 
     def __iter__(self) -> Iterator[str]:
-        for line in self.lines:
+        read = 0
+        for read, line in enumerate(self.lines, start=1):
+            if read % 10_000 == 0:  # an update per line would cost more than the line
+                self.bar.update(10_000)
             if len(line) > MAX_WORD_CHARS and max(map(len, line.split())) > MAX_WORD_CHARS:
                 self.left_out += 1
-                continue
-            yield line
-
-
-def _encode(tokenizer: Tokenizer, lines: list[str], desc: str, progress: bool) -> list[list[int]]:
-    """Token ids of each line, encoded in chunks so that a progress bar can follow."""
-    ids: list[list[int]] = []
-    with _bar(len(lines), desc, progress) as bar:
-        for start in range(0, len(lines), ENCODE_CHUNK_LINES):
-            chunk = lines[start:start + ENCODE_CHUNK_LINES]
-            ids.extend(e.ids for e in tokenizer.encode_batch(chunk, add_special_tokens=False))
-            bar.update(len(chunk))
-    return ids
-
-
-def _bar(total: int, desc: str, progress: bool) -> tqdm:
-    # Not a terminal (a CI log, a file): no bar, nor tqdm imported; the log lines stand in for it.
-    # Once done, the bar makes way (leave=False) for the log lines and the next bar.
-    if not (progress and sys.stderr.isatty()):
-        return contextlib.nullcontext(SimpleNamespace(update=lambda n: None))
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="line", unit_scale=total >= 10_000, leave=False, file=sys.stderr,
-                dynamic_ncols=True)
-
-
-def _counted(lines: Iterator[str], bar: tqdm) -> Iterator[str]:
-    """Yield `lines`, advancing `bar` every 10,000 lines (a call per line would cost more than the line)."""
-    pending = 0
-    for line in lines:
-        yield line
-        pending += 1
-        if pending == 10_000:
-            bar.update(pending)
-            pending = 0
-    bar.update(pending)
+            else:
+                yield line
+        self.bar.update(read % 10_000)
 
 
 def _load_file(path: Path) -> Tokenizer:
@@ -239,11 +180,7 @@ def _load_file(path: Path) -> Tokenizer:
 
 
 def _text_is_text(tokenizer: Tokenizer) -> None:
-    """Encode a literal "<s>", "</s>" or "<pad>" in a sentence (an HTML strike-through tag, say) as
-    ordinary text, never as the special token: a "</s>" would end a target mid-sentence.
-
-    The flag is not saved in the tokenizer file, so it is set on every tokenizer made or loaded.
-    """
+    """Encode a literal "<s>", "</s>" or "<pad>" as text, never as the special token (a flag files do not keep)."""
     tokenizer.encode_special_tokens = True
 
 
@@ -252,7 +189,3 @@ def _check_special_ids(tokenizer: Tokenizer, where: str) -> None:
         if tokenizer.token_to_id(token) != expected_id:
             raise CheckpointError(f"{where}: special token {token} does not have id {expected_id}")
 
-
-def _chain(*parts: Iterable[str]) -> Iterator[str]:
-    for part in parts:
-        yield from part

@@ -1,7 +1,6 @@
-"""The training split as the sampler draws it: one table of token ids holding every corpus's pairs
-(`data.corpora`) in plain BPE and, with `tokenizer.bpe_dropout`, in K cached BPE-dropout
-segmentations; and `EpochRows`, the rows each epoch trains on (by corpus weight and variant).
-"""
+"""The training split as the sampler draws it: one table of token ids of every corpus's pairs in plain BPE
+and K cached BPE-dropout segmentations, and `EpochRows`, the rows of each epoch (a pure function of the seed
+and the epoch, so a resume is exact)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ import numpy as np
 from transformer_mt.config.schema import Config
 from transformer_mt.core.errors import ConfigError, DataError
 from transformer_mt.data.corpus import Corpus
-from transformer_mt.data.mix import corpus_weights, mixture, pairs_per_epoch
 from transformer_mt.data.token_cache import TokenizedSplit, processes_for, tokenize_split
 from transformer_mt.data.tokenization import TokenizerPair
 
@@ -25,15 +23,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EpochRows:
-    """The rows of the training table that epoch e trains on: a pure function of the seed and e,
-    so a resume that knows the epoch knows its rows.
-
-    The table holds `variants + 1` blocks of `n_pairs` rows each: block 0 the pairs in plain BPE,
-    block v (1..K) their v-th BPE-dropout segmentation, in the same order. Within a block, corpus
-    c's pairs come after those of corpora 0..c-1 (`counts`). Epoch e draws the pairs
-    `data.mix.mixture` picks by `weights`, from block 1 + e mod K (block 0 without dropout, or
-    before `start_epoch`).
-    """
+    """The rows epoch e trains on: pairs `pairs(e)` of block `variant(e)` (plain BPE, then each segmentation)."""
 
     counts: tuple[int, ...]  # training pairs of each corpus
     weights: tuple[float, ...]
@@ -50,25 +40,32 @@ class EpochRows:
         return 1 + epoch % self.variants if self.variants and epoch >= self.start_epoch else 0
 
     def pairs(self, epoch: int) -> np.ndarray:
-        """(examples,) int64: the pair numbers (rows of block 0) of epoch `epoch`."""
-        return mixture(self.counts, self.weights, self.seed, epoch)
+        """(sum of `pairs_per_epoch`,) int64: the pair numbers (rows of block 0, corpus c's from sum(counts[:c]))
+        of epoch `epoch`: each m_c // n_c times, and m_c mod n_c more drawn seeded by (seed, epoch, c)."""
+        chosen, start = [], 0
+        for c, (n, wanted) in enumerate(zip(self.counts, self.pairs_per_epoch())):
+            whole, extra = divmod(wanted, n) if n else (0, 0)
+            chosen.extend([np.arange(start, start + n, dtype=np.int64)] * whole)
+            if extra:
+                drawn = np.random.default_rng([self.seed, epoch, c]).choice(n, size=extra, replace=False)
+                chosen.append(start + np.sort(drawn))
+            start += n
+        return np.concatenate(chosen) if chosen else np.zeros(0, dtype=np.int64)
 
     def __call__(self, epoch: int) -> np.ndarray:
         return self.pairs(epoch) + self.variant(epoch) * self.n_pairs
 
     def pairs_per_epoch(self) -> list[int]:
-        """Examples each corpus gives every epoch (the same number every epoch)."""
-        return pairs_per_epoch(self.counts, self.weights)
+        """m_c: the pairs corpus c gives every epoch, its count times its weight rounded (halves up)."""
+        return [math.floor(n * w + 0.5) for n, w in zip(self.counts, self.weights)]
 
 
 def tokenize_training_split(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, cache: Path, *,
                             progress: bool = False, prepared: bool = False) -> TokenizedSplit:
-    """The training pairs as token ids, each corpus and each BPE-dropout variant a token-cache
-    entry of its own (`token_cache.tokenize_split`), in one table with its `EpochRows`.
+    """The training pairs as token ids (a cache entry per corpus and BPE-dropout variant) with their `EpochRows`."""
+    import datasets
 
-    One corpus of weight 1 without dropout is the plain split, every pair once per epoch.
-    """
-    parts = corpus.train_parts or (("", len(corpus.train)),)
+    parts = corpus.train_parts
     variants = cfg.tokenizer.bpe_dropout_variants if cfg.tokenizer.bpe_dropout else 0
     blocks: list[list[TokenizedSplit]] = [[] for _ in range(variants + 1)]  # [variant][corpus]
     start = 0
@@ -92,7 +89,7 @@ def tokenize_training_split(cfg: Config, corpus: Corpus, tokenizers: TokenizerPa
                     raise
                 raise DataError(f"data.corpora[{c}] ({label}): {err}") from None
         start += n_rows
-    weights = corpus_weights(cfg.data)
+    weights = tuple(entry.weight for entry in cfg.data.corpora) or (1.0,)  # `data.path`: one corpus of weight 1
     if variants == 0 and weights == (1.0,):
         return blocks[0][0]
     if variants:
@@ -102,27 +99,14 @@ def tokenize_training_split(cfg: Config, corpus: Corpus, tokenizers: TokenizerPa
                     f" >= {start_epoch}" if start_epoch else "", variants, time.perf_counter() - started)
     plan = EpochRows(tuple(len(piece) for piece in blocks[0]), weights, cfg.seed, variants,
                      cfg.tokenizer.bpe_dropout_start_epoch)
-    if cfg.data.corpora:
-        _refuse_unused_corpora(plan, [label for label, _ in parts])
+    for c, ((label, _), n, weight, wanted) in enumerate(zip(parts, plan.counts, weights, plan.pairs_per_epoch())):
+        if cfg.data.corpora and not wanted:  # a corpus left unused by its weight: name the least that uses it
+            digits = 2 - math.floor(math.log10(0.5 / n))  # three significant ones, rounded up: enough for one pair
+            raise ConfigError([f"data.corpora[{c}].weight: {weight:g} gives the {n:,} training pairs of {label} none "
+                               f"per epoch (round({weight:g} x {n:,}) = 0); raise it to at least "
+                               f"{math.ceil(0.5 / n * 10 ** digits) / 10 ** digits:g}"])
     if not sum(plan.pairs_per_epoch()):
         raise ConfigError(["data.corpora: the weights give an epoch no training pairs; raise them"])
-    return TokenizedSplit(_concatenated([piece.dataset for block in blocks for piece in block]), cfg.model.max_len,
-                          epoch_rows=plan, n_pairs=plan.n_pairs)
-
-
-def _refuse_unused_corpora(plan: EpochRows, labels: list[str]) -> None:
-    """A corpus whose weight is too small for round(weight x pairs) to reach 1 is an error naming its
-    entry, never a corpus silently unused (one with no pairs left is refused as it is tokenized)."""
-    for c, (label, n, weight, wanted) in enumerate(zip(labels, plan.counts, plan.weights, plan.pairs_per_epoch())):
-        if wanted:
-            continue
-        digits = 2 - math.floor(math.log10(0.5 / n))  # three significant ones, rounded up: enough for one pair
-        raise ConfigError([f"data.corpora[{c}].weight: {weight:g} gives the {n:,} training pairs of {label} none "
-                           f"per epoch (round({weight:g} x {n:,}) = 0); raise it to at least "
-                           f"{math.ceil(0.5 / n * 10 ** digits) / 10 ** digits:g}"])
-
-
-def _concatenated(parts: list):
-    import datasets
-
-    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    pieces = [piece.dataset for block in blocks for piece in block]
+    table = pieces[0] if len(pieces) == 1 else datasets.concatenate_datasets(pieces)
+    return TokenizedSplit(table, cfg.model.max_len, epoch_rows=plan, n_pairs=plan.n_pairs)

@@ -322,7 +322,7 @@ def test_a_model_too_big_for_the_machine_is_one_config_error_before_the_run_exis
 def test_a_model_that_fits_passes_the_memory_check():
     from transformer_mt.config.schema import ModelConfig
     from transformer_mt.core.errors import ConfigError
-    from transformer_mt.train.batch_budget import check_model_fits, parameter_count
+    from transformer_mt.train.batches import check_model_fits, parameter_count
 
     model = ModelConfig(d_model=64, d_ff=128, n_heads=2, n_layers=2)
     need = 4 * parameter_count(model, 1000)

@@ -24,7 +24,7 @@ from transformer_mt.decode.translator import Translator
 from transformer_mt.runs import summary as summary_module
 from transformer_mt.runs.checkpoint import load_checkpoint, save_atomic
 from transformer_mt.runs.run_dir import MARKER, check_saved_config, prepare_run_dir
-from transformer_mt.train import throughput
+from transformer_mt.train import interval as interval_module
 from transformer_mt.train.loss import label_smoothed_loss
 from transformer_mt.train.schedule import lr_at
 from transformer_mt.train.trainer import Trainer, train
@@ -177,8 +177,8 @@ def test_the_loop_trains_the_sampler_batches_in_order_and_checkpoints_their_end(
 
 def test_a_pause_for_validation_or_a_checkpoint_is_not_training_time(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(throughput.time, "perf_counter", lambda: now[0])
-    interval = throughput.IntervalMeter(torch.device("cpu"), Distributed())
+    monkeypatch.setattr(interval_module.time, "perf_counter", lambda: now[0])
+    interval = interval_module.Interval(TrainConfig(), torch.device("cpu"), Distributed())
     batch = Batch(torch.ones(2, 5, dtype=torch.long), torch.ones(2, 4, dtype=torch.long),
                   torch.ones(2, 4, dtype=torch.long), n_src_tokens=10, n_tgt_tokens=8)
     now[0] += 2.0  # a step of 2 s

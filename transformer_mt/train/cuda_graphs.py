@@ -1,23 +1,5 @@
-"""The GPU engine: a whole training update (forward, loss, backward, gradient clipping and the
-AdamW step) captured once per batch shape as a CUDA graph, then replayed, so an update is a few
-launches instead of ~900 (the host, not the GPU, set the pace of the eager step:
-../shared/gpu/README.md, docs/benchmarks.md).
-
-Batches reach it with fixed shapes (`batching.static_rows` / `pad_rows` in `BatchSource.load`),
-so a run meets a handful of shapes and captures each once. Chosen by `TrainStep` on CUDA with one
-process and no fp16 loss scaling (`graphs_apply`). With `train.compile` the captured forward and
-backward are inductor's fused kernels (`compiled_for_graphs`): each shape compiles in the warm-up
-runs before its capture, so the capture only launches what is already built. Nothing in a replay waits
-for the host: the learning rate is read from a device tensor that `TrainStep` sets before each
-update, the clipping coefficient is computed on the device, and a non-finite loss or gradient
-norm skips the update on the device, through the fused AdamW's `found_inf` (the mechanism the
-fp16 GradScaler uses): parameters, moments and step counts stay as they were. The trainer still
-reads that one flag after the update, as the eager step does, to count the step or the skip.
-
-With `capture=False` (any device) the same functions run eagerly: that is how the CPU tests
-check them against the plain step (tests/train/test_cuda_graph_step.py); tests/test_gpu.py checks the
-replayed graphs against the eager step.
-"""
+"""The GPU engine: a whole training update (forward, loss, backward, clipping, the AdamW step)
+captured once per batch shape as a CUDA graph, then replayed; with `capture=False` the same code runs eagerly."""
 
 from __future__ import annotations
 
@@ -52,21 +34,14 @@ class _Captured:
 
 def graphs_apply(device: torch.device, *, distributed: bool, grad_scaler: bool) -> bool:
     """Whether the captured step can run: CUDA, one process (DDP's all-reduce hooks fire inside
-    backward), no fp16 GradScaler (its scale changes between steps). `train.compile` may be on:
-    the graphs then capture its kernels (`compiled_for_graphs`)."""
+    backward), no fp16 GradScaler (its scale changes between steps)."""
     return device.type == "cuda" and not distributed and not grad_scaler
 
 
 def compiled_for_graphs(step_loss: nn.Module, max_graphs: int = MAX_GRAPHS) -> nn.Module:
-    """`step_loss` through `torch.compile` for the captured step: inductor's fused kernels
-    (LayerNorm, residual adds, dropout, autocast's casts, bias-gradient sums) in forward and, as
-    AOTAutograd compiles both, backward. Default mode, with inductor's own CUDA graphs off
-    (`mode="reduce-overhead"` would capture them itself; `GraphedStep` captures the whole update).
-    Static shapes (`dynamic=False`): a graph replays one shape, so its kernels need not take any
-    other, and each batch shape compiles once, in the warm-up runs before its capture (a compile
-    inside a capture would fail: it reads the CUDA RNG state). Dynamo keeps one compiled entry per
-    shape, so its recompile limit is raised to the shapes a run may capture (past its default 8,
-    dynamo would run the module uncompiled, with a warning only)."""
+    """`step_loss` through `torch.compile` for the captured step: static shapes, each compiled in
+    the warm-up runs before its capture, inductor's own CUDA graphs off (`GraphedStep` captures
+    the whole update), and dynamo's recompile limit raised to the shapes a run may capture."""
     config = torch._dynamo.config
     limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
     setattr(config, limit, max(getattr(config, limit), max_graphs))
@@ -75,7 +50,7 @@ def compiled_for_graphs(step_loss: nn.Module, max_graphs: int = MAX_GRAPHS) -> n
 
 def init_adam_state(optimizer: torch.optim.Optimizer) -> None:
     """Create AdamW's state (step 0, zero moments) now, as its first `step` would: a captured step
-    must find its tensors in place, not allocate them inside the graph."""
+    must find its tensors in place."""
     for group in optimizer.param_groups:
         for param in group["params"]:
             state = optimizer.state[param]
@@ -87,16 +62,12 @@ def init_adam_state(optimizer: torch.optim.Optimizer) -> None:
 
 class GraphedStep:
     """One update over one or more micro-batches: `start_update`, then `run` for each (the last
-    with `last=True`, which clips and steps the optimizer). Gradients accumulate in buffers of its
-    own, linked as the parameters' `.grad`; after the update they hold the clipped gradient, as
-    after the eager step. Outputs, valid until the next update: `loss_sum` (the update's loss per
-    target token), `grad_norm` (before clipping) and `nonfinite` (1.0: the update was skipped).
+    with `last=True` clips and steps the optimizer). Gradients accumulate in buffers of its own,
+    linked as the parameters' `.grad`. Outputs, valid until the next update: `loss_sum` (the
+    update's loss per target token), `grad_norm` (before clipping) and `nonfinite` (1.0: skipped).
 
-    `optimizer`: AdamW with `fused=True`, `capturable=True` and its learning rate a device tensor
-    (`TrainStep` builds it so). `max_graphs` bounds the shapes captured (they share one memory
-    pool); a shape beyond it runs eagerly through `uncaptured_loss` (default `step_loss`; under
-    `train.compile` the plain module, so that no more shapes compile), with the same result up to
-    float rounding."""
+    `optimizer`: a fused, capturable AdamW whose rate is a device tensor. A shape beyond
+    `max_graphs` runs eagerly through `uncaptured_loss` (under compile the plain module)."""
 
     def __init__(self, step_loss: nn.Module, params: list[nn.Parameter], optimizer: torch.optim.Optimizer, *,
                  precision: Precision, attention: AttentionKernels, label_smoothing: float, max_norm: float,
@@ -104,14 +75,10 @@ class GraphedStep:
         self.step_loss = step_loss  # a `loss.StepLoss`, or it compiled (`compiled_for_graphs`)
         self.uncaptured_loss = step_loss if uncaptured_loss is None else uncaptured_loss
         self.compiled = self.uncaptured_loss is not step_loss  # a compiled step_loss comes with its plain module
-        self.params = params
-        self.optimizer = optimizer
-        self.precision = precision
-        self.attention = attention
+        self.params, self.optimizer, self.precision, self.attention = params, optimizer, precision, attention
         self.label_smoothing = label_smoothing
         self.max_norm = max_norm  # inf: no clipping (the norm is still computed, for the log)
-        self.capture = capture
-        self.max_graphs = max_graphs
+        self.capture, self.max_graphs = capture, max_graphs
         device = params[0].device
         self.grads = [torch.zeros_like(p) for p in params]  # every graph adds into these: never replaced
         self.loss_sum = torch.zeros((), device=device)
@@ -128,13 +95,12 @@ class GraphedStep:
         init_adam_state(optimizer)
 
     def forget(self) -> None:
-        """Drop the captured graphs: they point at the optimizer's state tensors, which loading a
-        state dict replaces. The next update captures again."""
+        """Drop the captured graphs: they point at optimizer state tensors that loading replaces."""
         self.captured.clear()
 
     def start_update(self) -> None:
-        """Zero the gradient buffers and the loss, and make the buffers the parameters' `.grad`
-        again (an out-of-memory skip sets them to None)."""
+        """Zero the gradient buffers and the loss; the buffers are the parameters' `.grad` again
+        (an out-of-memory skip sets them to None)."""
         torch._foreach_zero_(self.grads)
         self.loss_sum.zero_()
         if self.params[0].grad is not self.grads[0]:
@@ -178,12 +144,11 @@ class GraphedStep:
             self.clip_and_update()
 
     def clip_and_update(self) -> None:
-        """Clip the gradients (`clip_grad_norm_`, as the eager step) and step AdamW, skipped on the
-        device when the loss or the norm is not finite. No host sync: capturable."""
+        """Clip the gradients (as the eager step) and step AdamW, skipped on the device (the fused
+        AdamW's `found_inf`) when the loss or the norm is not finite. No host sync: capturable."""
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
         self.grad_norm.copy_(norm)
         self.nonfinite.copy_(~(torch.isfinite(self.loss_sum) & torch.isfinite(norm)))
-        # The fused AdamW skips every parameter, moment and step count where found_inf is 1.
         self.optimizer.found_inf = self._skip if self._warming_up else self.nonfinite
         try:
             self.optimizer.step()
@@ -191,10 +156,9 @@ class GraphedStep:
             del self.optimizer.found_inf  # a later eager `step()` must not read a stale flag
 
     def _capture(self, batch: Batch, last: bool) -> _Captured:
-        """Warm up, then capture this shape's micro-step. Warming up runs it for real, on a side
-        stream, with the optimizer's update forced off and the gradient buffers and loss put back
-        afterwards; the CUDA random state is put back too, so capturing draws no dropout mask that
-        training would not have drawn. Capturing runs nothing: the first replay does."""
+        """Warm up (on a side stream, the update forced off), then capture this shape's micro-step.
+        The gradient buffers, the loss and the CUDA random state are put back: capturing draws no
+        dropout mask that training would not have drawn. The first replay runs the step."""
         started = time.perf_counter()
         device = batch.src_ids.device
         captured = _Captured(batch.src_ids.clone(), batch.tgt_in_ids.clone(), batch.tgt_out_ids.clone(),
@@ -241,8 +205,7 @@ class GraphedStep:
 
 @contextlib.contextmanager
 def _uncaptured_capturable_step():
-    """torch warns when a capturable optimizer steps outside a capture; the warm-up runs and the
-    shapes beyond `max_graphs` do so on purpose."""
+    """Silence torch's warning about a capturable optimizer stepping outside a capture (on purpose here)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*capturable=True.*")
         yield

@@ -1,12 +1,11 @@
-"""A training run's resumable state: its progress counters (`TrainState`), and the checkpoint that
-holds them with every other resumable piece (weights, optimizer, sampler position, RNG streams),
-saved and restored as one."""
+"""A training run's resumable state: its progress counters, and the checkpoint that holds them with
+every other resumable piece (weights, optimizer, sampler position, RNG streams)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -28,7 +27,7 @@ logger = logging.getLogger(__name__)
 RESUME_KEYS = ("optimizer", "scaler", "train_state", "sampler", "rng")
 
 
-@dataclass
+@dataclasses.dataclass
 class TrainState:
     """Progress counters that a checkpoint must carry besides the tensors."""
 
@@ -45,27 +44,15 @@ class TrainState:
     parent: dict | None = None  # the checkpoint `train.init_from` started the run from (summary.json)
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "best_bleu": self.best_bleu, "best_step": self.best_step,
-                "evals_since_best": self.evals_since_best, "stopped_early": self.stopped_early,
-                "tgt_tokens_seen": self.tgt_tokens_seen,
-                "skipped_nonfinite": self.skipped_nonfinite, "skipped_oom": self.skipped_oom,
-                "train_seconds": self.train_seconds, "last_valid": self.last_valid, "parent": self.parent}
+        return dataclasses.asdict(self)
 
     def load_state_dict(self, state: dict) -> None:
-        self.step = int(state["step"])
-        self.best_bleu = float(state["best_bleu"])
-        self.tgt_tokens_seen = int(state["tgt_tokens_seen"])
-        self.best_step = int(state["best_step"])
-        self.evals_since_best = int(state["evals_since_best"])
-        self.stopped_early = bool(state["stopped_early"])
-        self.skipped_nonfinite = int(state["skipped_nonfinite"])
-        self.skipped_oom = int(state["skipped_oom"])
-        self.train_seconds = float(state["train_seconds"])
-        self.last_valid = state["last_valid"]
-        self.parent = state.get("parent")  # absent from checkpoints of before train.init_from
+        for field in dataclasses.fields(self):  # a number as its field's type; `parent` may be absent
+            value = state.get(field.name)
+            setattr(self, field.name, value if field.default is None else type(field.default)(value))
 
 
-class Stateful(Protocol):
+class Stateful(Protocol):  # `TrainStep`: the optimizer and the scaler
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
@@ -80,17 +67,9 @@ class RunCheckpoint:
     def __init__(self, cfg: Config, run_dir: Path, *, model: torch.nn.Module, update: Stateful, state: TrainState,
                  sampler: TokenBatchSampler, model_args: dict, tokenizer_fingerprint: str, dist: Distributed,
                  device: torch.device, ema: WeightEMA | None = None):
-        self.cfg = cfg
-        self.run_dir = run_dir
-        self.model = model
-        self.update = update
-        self.state = state
-        self.sampler = sampler
-        self.model_args = model_args
-        self.tokenizer_fingerprint = tokenizer_fingerprint
-        self.dist = dist
-        self.device = device
-        self.ema = ema
+        self.cfg, self.run_dir, self.model, self.update, self.state = cfg, run_dir, model, update, state
+        self.sampler, self.model_args, self.tokenizer_fingerprint = sampler, model_args, tokenizer_fingerprint
+        self.dist, self.device, self.ema = dist, device, ema
         self.checkpoints = CheckpointDir(RunDir(run_dir).checkpoints, cfg.train.keep_last)
         # The sampler runs one update ahead of training (the loop prepares the next update's
         # batches while the device works); checkpoints record where the trained batches end.
@@ -178,9 +157,8 @@ class RunCheckpoint:
         raise CheckpointError(f"{self.run_dir}: no intact checkpoint to resume from ({detail})")
 
     def _set_aside(self, skipped: list[Path], resumed: Path) -> None:
-        """Move the step checkpoints that were skipped on resume out of the way (`CheckpointDir.set_aside`),
-        and `best.pt` too when it came from after the step training resumes from (a best written
-        with, or after, a skipped file): the run's best is then the one its training state names."""
+        """Set aside the step checkpoints skipped on resume, and `best.pt` too when it holds a step after
+        the one training resumes from: the run's best is then the one its training state names."""
         for unusable in skipped:
             self.checkpoints.set_aside(unusable, f"unusable; training goes on from step {self.state.step}")
         best = self.checkpoints.best_path
@@ -194,11 +172,8 @@ class RunCheckpoint:
                                            f"it holds step {best_step}, after step {self.state.step}")
 
     def _own_rng_state(self, saved: dict, path: Path) -> dict:
-        """This rank's RNG state from a checkpoint, which must come from a run of as many processes.
-
-        The data position and the random streams are per process, so a different world size
-        could not continue the run exactly; it is refused rather than silently changed.
-        """
+        """This rank's RNG state from a checkpoint, which must come from a run of as many processes
+        (the data position and the random streams are per process)."""
         saved_world = len(saved["ranks"]) if "ranks" in saved else 1
         if saved_world != self.dist.world_size:
             raise UsageError(f"{path} was written by a run of {saved_world} process(es); resume it with the same "

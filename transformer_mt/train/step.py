@@ -1,7 +1,5 @@
-"""One training update: forward and backward over its micro-batches (gradient accumulation,
-DDP), clipping, the NaN/inf and out-of-memory guards, and the AdamW update at the scheduled
-learning rate. The GPU engine's work belongs here, in `step_batches` and in `batching`, not in
-the loop."""
+"""One training update: forward and backward over its micro-batches (gradient accumulation, DDP),
+clipping, the NaN/inf and out-of-memory guards, and the AdamW update at the scheduled rate."""
 
 from __future__ import annotations
 
@@ -20,11 +18,11 @@ from transformer_mt.core.runtime import AttentionKernels, Precision
 from transformer_mt.data.batching import Batch
 from transformer_mt.data.token_cache import TokenizedSplit
 from transformer_mt.model.transformer import Transformer
+from transformer_mt.train.batches import BatchSource
 from transformer_mt.train.cuda_graphs import GraphedStep, compiled_for_graphs, graphs_apply
 from transformer_mt.train.loss import StepLoss, step_loss
 from transformer_mt.train.schedule import lr_at
 from transformer_mt.train.state import TrainState
-from transformer_mt.train.step_batches import BatchSource
 
 logger = logging.getLogger(__name__)
 
@@ -50,40 +48,29 @@ class TrainStep:
                  device: torch.device, precision: Precision, attention: AttentionKernels, dist: Distributed,
                  pad_to_multiple: int):
         t = cfg.train
-        self.cfg = cfg
-        self.model = model
-        self.state = state
-        self.device = device
+        self.cfg, self.model, self.state, self.device, self.dist = cfg, model, state, device, dist
         self.precision = precision
         self.attention = attention  # the SDPA kernels of forward and backward
-        self.dist = dist
-        # The module a step calls is the model's loss (`StepLoss`). Under torchrun DDP wraps it and
-        # averages the gradients in backward. torch.compile wraps the same parameters, so
-        # checkpoints, validation and decoding use the plain model.
-        # Without the GPU engine dynamo compiles a shape-generic graph after the first new shape, and
-        # train.pad_to_multiple keeps lengths on a coarse grid, so it does not recompile for every batch.
+        # The module a step calls is the model's loss (`StepLoss`), DDP-wrapped under torchrun and
+        # compiled with train.compile; checkpoints, validation and decoding use the plain model.
         self.ddp_model: torch.nn.parallel.DistributedDataParallel | None = None
         if dist.enabled:
-            # No buffer broadcast before every forward: the only buffer, the sinusoidal position
-            # table, is the same constant on every rank. (torch 2.13 renamed the argument, and
-            # warns at the old name; the new one still syncs buffers once at start, harmlessly.)
+            # No buffer broadcast before every forward: the only buffer, the position table, is a
+            # constant. torch 2.13 renamed the argument, and warns at the old name.
             ddp = torch.nn.parallel.DistributedDataParallel
             no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters
                        else "broadcast_buffers")
             self.ddp_model = ddp(StepLoss(model), device_ids=[device] if device.type == "cuda" else None,
                                  **{no_sync: False})
         self.step_model = plain_step_model = self.ddp_model or StepLoss(model)
-        # The GPU engine (`train.cuda_graphs`): each batch shape's whole update replayed as a CUDA graph, on
-        # batches of fixed row counts; its AdamW is capturable and reads the rate from a device tensor.
+        # The GPU engine (`train.cuda_graphs`): each batch shape's whole update replayed as a CUDA graph;
+        # its AdamW is capturable and reads the rate from a device tensor.
         graphed = t.cuda_graphs and graphs_apply(device, distributed=dist.enabled,
                                                  grad_scaler=precision.needs_grad_scaler)
         if t.compile:  # under the engine: static shapes, each compiled before its capture
             self.step_model = compiled_for_graphs(self.step_model) if graphed else torch.compile(self.step_model)
-        # One fused kernel per parameter group instead of a chain of foreach ops: CUDA and CPU
-        # (supported there since torch 2.4); MPS keeps the foreach path.
-        self.fused_optimizer = device.type in ("cuda", "cpu")
-        # The CUDA kernel reads a rate tensor as fp32 (the eager step's rate is a double: 6e-8 apart
-        # at most); the CPU kernel, which the tests run, reads a double.
+        self.fused_optimizer = device.type in ("cuda", "cpu")  # one kernel per group; MPS keeps foreach
+        # The CUDA kernel reads a rate tensor as fp32 (6e-8 from the eager step's double at most); the CPU one a double.
         self.lr: torch.Tensor | None = None
         if graphed:
             self.lr = torch.zeros((), dtype=torch.float32 if device.type == "cuda" else torch.float64, device=device)
@@ -93,8 +80,7 @@ class TrainStep:
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
         self.batches = BatchSource(cfg, train_data, device=device, dist=dist, pad_to_multiple=pad_to_multiple,
                                    fixed_rows=graphed)
-        # The layers compute at the real tokens only, except where shapes must stay fixed: a captured
-        # or compiled step computes at every position of the padded batch.
+        # The layers compute at the real tokens only, except where shapes must stay fixed (captured, compiled).
         self.pack = not (graphed or t.compile)
         self.graphs: GraphedStep | None = None
         if graphed:
@@ -105,10 +91,8 @@ class TrainStep:
         self.apply_settings()
 
     def apply_settings(self) -> None:
-        """Set every parameter group from the config's train.* values and the next update's
-        learning rate: a resumed run's optimizer state carries the old ones, and train.* may change
-        on resume (README). With unchanged settings this gives exactly the values that were saved.
-        On the captured path the rate goes into the device tensor the graphs read."""
+        """Set every parameter group from train.* (which may change on resume) and the next update's
+        learning rate (on the captured path into the device tensor the graphs read)."""
         t = self.cfg.train
         lr = lr_at(self.state.step + 1, t)
         if self.lr is not None:
@@ -135,25 +119,11 @@ class TrainStep:
     def run(self, batches: Batch | list[Batch], step_tgt_tokens: int | None = None, *,
             while_device_works: Callable[[], None] | None = None, stop_signal: int = 0) -> StepResult:
         """Forward and backward over one or more batches (gradient accumulation), then clip and
-        update; a NaN/inf loss or gradient norm skips the update.
-
-        The loss of every batch is divided by the target tokens of all of them, so accumulating
-        the halves of a batch gives the gradient of the whole batch (not a mean of means).
-        Under DDP, `step_tgt_tokens` counts the target tokens of every rank's batches: a DDP step
-        then computes the update one process would on all of them. The returned loss is this
-        rank's share of the step's per-token loss.
-
-        The finiteness check reads one boolean from the device per update: the price of never
-        letting a NaN reach the weights or the optimizer's moments. It comes after the backward
-        passes are queued, and after `while_device_works` (the loop's preparation of the next
-        batches), so the GPU has a whole step of work in hand while the host works and waits.
-        Under DDP the same all-reduce agrees on `stop_signal` (this rank's pending stop signal).
-        Reading the check one step later instead would let the next batch's dropout and sampler
-        position into the checkpoint written for this step, and exact resume would be lost; the
-        fp16 scaler's device-side `found_inf` skip would not tell the step counter or the learning
-        rate that no update happened. On the GPU engine (`_run_graphed`) the skip itself happens on
-        the device, inside the replayed update; the host reads the same flag at the same point.
-        """
+        update; a NaN/inf loss or gradient norm skips the update. Each batch's loss is divided by
+        the target tokens of the whole update, `step_tgt_tokens` (every rank's under DDP). The
+        returned loss is this rank's share of the update's per-token loss. The host reads one
+        finiteness flag per update, after `while_device_works` (drawing the next batches); under
+        DDP the same all-reduce agrees on `stop_signal`, this rank's pending stop signal."""
         batches = [batches] if isinstance(batches, Batch) else batches
         n_tgt_tokens = step_tgt_tokens or sum(batch.n_tgt_tokens for batch in batches)
         self.model.train()
@@ -200,9 +170,8 @@ class TrainStep:
 
     def _run_graphed(self, batches: list[Batch], n_tgt_tokens: int, while_device_works: Callable[[], None] | None,
                      stop_signal: int) -> StepResult:
-        """`run` on the GPU engine (one process: no DDP, no fp16 scaler): the whole update is
-        replayed, the skip of a non-finite one included; the host then reads the one flag, where
-        the eager step reads it, to count the step (and set the next rate) or report the skip."""
+        """`run` on the GPU engine (one process, no fp16 scaler): the update is replayed, the skip of
+        a non-finite one included; the host reads the flag where the eager step does."""
         graphs = self.graphs
         captured_before = graphs.capture_seconds
         graphs.start_update()
@@ -232,13 +201,9 @@ class TrainStep:
 
     def run_or_skip(self, batches: list[Batch], step_tgt_tokens: int,
                     while_device_works: Callable[[], None] | None, stop_signal: int) -> StepResult | None:
-        """`run`, or None when the batch ran out of device memory and was skipped.
-
-        The first out-of-memory batch is skipped (its memory freed, its size logged); a second
-        one stops the run: the budget is too large for this device, and skipping would bias
-        training against long sentences. Under DDP the other ranks are already waiting in the
-        gradient all-reduce, so one rank cannot skip alone: the run stops at once.
-        """
+        """`run`, or None when the batch ran out of device memory and was skipped (freed, its size
+        logged). A second time stops the run (skipping more would bias training against long
+        sentences); under DDP the first does, as one rank cannot skip alone."""
         try:
             return self.run(batches, step_tgt_tokens, while_device_works=while_device_works, stop_signal=stop_signal)
         except torch.OutOfMemoryError:
@@ -251,8 +216,7 @@ class TrainStep:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         if self.scaler.is_enabled():
-            # Out of memory in the optimizer step leaves the fp16 scaler mid-step (`unscale_` done,
-            # no `update`), and its next `unscale_` would refuse. A fresh scaler keeps the scale.
+            # Out of memory in the optimizer step leaves the scaler mid-step; a fresh one keeps the scale.
             scaler_state = self.scaler.state_dict()
             self.scaler = torch.amp.GradScaler(self.device.type, enabled=True)
             self.scaler.load_state_dict(scaler_state)

@@ -1,6 +1,5 @@
-"""Evaluation inside a training run: validation (loss, greedy BLEU/chrF, examples, attention
-pictures in TensorBoard) and the final test of the best or averaged weights (and of the EMA's,
-to compare them, when the run keeps both)."""
+"""Evaluation inside a training run: validation (loss, greedy BLEU/chrF, examples, attention pictures)
+and the final test of the best or averaged weights (and of the EMA's, when the run keeps both)."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ from transformer_mt.data import corpus as data_module
 from transformer_mt.data.batching import sorted_batches
 from transformer_mt.data.token_cache import TokenizedSplit
 from transformer_mt.data.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair
-from transformer_mt.decode.evaluation import Scores, cross_attention_labels, cross_attention_map, score, translate_ids
+from transformer_mt.decode.evaluation import cross_attention_labels, cross_attention_map, score, translate_ids
 from transformer_mt.decode.plotting import attention_figure
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.runs.checkpoint import (
@@ -36,41 +35,26 @@ from transformer_mt.train.loss import label_smoothed_loss
 
 logger = logging.getLogger(__name__)
 
+
 class Evaluator:
     """Validates the model during training and tests it at the end; writes what it measures to
     TensorBoard, `validation/` and `evaluation/` (rank 0).
 
-    `model` is the one validated: the trained model, or the EMA of its weights (`ema`,
-    `train.ema_decay`), whose validation BLEU then picks `best.pt`, as Marian's
-    `--exponential-smoothing` validates and saves the smoothed weights."""
+    `model` is the one validated: the trained model, or the EMA of its weights (`ema`), whose
+    validation BLEU then picks `best.pt`."""
 
     def __init__(self, cfg: Config, run_dir: Path, *, model: Transformer, tokenizers: TokenizerPair,
                  valid_data: TokenizedSplit, checkpoints: CheckpointDir, device: torch.device, precision: Precision,
                  attention: AttentionKernels, dist: Distributed, pad_to_multiple: int, progress: bool,
                  ema: bool = False):
-        self.cfg = cfg
-        self.ema = ema
-        self.run_dir = run_dir
-        self.paths = RunDir(run_dir)
-        self.model = model
-        self.tokenizers = tokenizers
-        self.valid_data = valid_data
-        self.checkpoints = checkpoints
-        self.device = device
-        self.precision = precision
+        self.cfg, self.run_dir, self.paths, self.model, self.ema = cfg, run_dir, RunDir(run_dir), model, ema
+        self.tokenizers, self.valid_data, self.checkpoints = tokenizers, valid_data, checkpoints
+        self.device, self.precision, self.dist, self.progress = device, precision, dist, progress
         self.attention = attention  # training's kernels: the validation loss has training shapes
-        self.dist = dist
         self.pad_to_multiple = pad_to_multiple
-        self.progress = progress
-        self.valid_subset = self._pick_valid_subset()
-
-    def _pick_valid_subset(self) -> list[int]:
-        n = len(self.valid_data)
-        limit = self.cfg.train.eval_max_sentences
-        if limit == 0 or limit >= n:
-            return list(range(n))
-        gen = torch.Generator().manual_seed(self.cfg.seed)
-        return sorted(torch.randperm(n, generator=gen)[:limit].tolist())
+        n, limit = len(valid_data), cfg.train.eval_max_sentences  # the sentences translated: a seeded subset
+        self.valid_subset = list(range(n)) if limit == 0 or limit >= n else sorted(
+            torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed))[:limit].tolist())
 
     # --- validation ----------------------------------------------------------------------
     @torch.no_grad()
@@ -235,11 +219,7 @@ class Evaluator:
                   "length_penalty": cfg.decode.length_penalty, "bleu": round(scores.bleu, 2),
                   "chrf": round(scores.chrf, 2), "bleu_signature": scores.bleu_signature,
                   "chrf_signature": scores.chrf_signature, "seconds": round(time.perf_counter() - started, 1)}
-        _log_test(path, which, beam, len(hypotheses), scores)
+        logger.info("test (%s%s, beam %d, %d sentences): BLEU %.2f [%s], chrF %.2f [%s]", path.name,
+                    ", EMA weights" if which == "ema" else "", beam, len(hypotheses), scores.bleu,
+                    scores.bleu_signature, scores.chrf, scores.chrf_signature)
         return report
-
-
-def _log_test(path: Path, which: str, beam: int, n_sentences: int, scores: Scores) -> None:
-    logger.info("test (%s%s, beam %d, %d sentences): BLEU %.2f [%s], chrF %.2f [%s]", path.name,
-                ", EMA weights" if which == "ema" else "", beam, n_sentences, scores.bleu, scores.bleu_signature,
-                scores.chrf, scores.chrf_signature)

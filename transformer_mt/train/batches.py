@@ -1,29 +1,23 @@
-"""`train.batch_tokens: auto`: the token budget of a training batch, sized for the GPU's memory and
-the model, or today's 4,096 on a CPU or MPS.
-
-The rule (`device_batch_tokens`): the largest power of two whose activations, by the estimate of
-`activation_bytes_per_token`, fit in half the device's memory once the weights, gradients and
-AdamW moments (16 bytes per parameter) are counted, at most `MAX_TOKENS` and at least one
-sequence of `model.max_len`. The other half is headroom: the estimate's error, the allocator's
-fragmentation, the captured steps' memory pool, cuBLAS workspaces and validation's decoding.
-The estimate was checked against the base model on an H100 (eccf7fe, eager bf16): its peak rose
-from 7,355 to 27,477 MB between 16,384 and 65,536 tokens per batch, 429 kB per token; the
-estimate gives 424 kB. A budget set in the config is always kept, so a recipe's tokens per update
-do not depend on the device.
-"""
+"""An update's batches: the token budget of a batch (`train.batch_tokens: auto` sized for the GPU),
+the seeded sampler over the training split, and each update's micro-batches padded and on the device."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from transformer_mt.config.schema import Config, ModelConfig
 from transformer_mt.core.distributed import Distributed
 from transformer_mt.core.errors import ConfigError
 from transformer_mt.core.runtime import Precision
+from transformer_mt.data.batching import Batch, TokenBatchSampler, pad_rows, static_rows
+from transformer_mt.data.token_cache import TokenizedSplit
+from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
 
-WITHOUT_GPU_TOKENS = 4096  # CPU and MPS: tmt's budget before `auto` existed
+WITHOUT_GPU_TOKENS = 4096  # CPU and MPS
 MAX_TOKENS = 65_536  # the largest budget measured on an H100 (docs/benchmarks.md); more is for a run to set
 MEMORY_SHARE = 0.5  # of the device's memory, for the weights, optimizer state and activations together
 
@@ -38,9 +32,8 @@ def parameter_count(model: ModelConfig, vocab_size: int) -> int:
 
 
 def check_model_fits(model: ModelConfig, vocab_size: int, memory_bytes: int) -> None:
-    """Refuse, in one line naming the sizes, a model whose fp32 weights alone (4 bytes a parameter)
-    exceed `memory_bytes` (the machine's memory, where the model is built): torch would fail to
-    allocate it, or take the machine's memory down with it."""
+    """Refuse, in one line naming the sizes, a model whose fp32 weights alone exceed `memory_bytes`
+    (the memory of the machine that builds it)."""
     n = parameter_count(model, vocab_size)
     if 4 * n > memory_bytes:
         sizes = ", ".join(f"model.{key}={getattr(model, key):.6g}" for key in ("d_model", "d_ff", "n_heads"))
@@ -53,17 +46,18 @@ def check_model_fits(model: ModelConfig, vocab_size: int, memory_bytes: int) -> 
 def activation_bytes_per_token(model: ModelConfig, vocab_size: int, element_bytes: int) -> int:
     """What backward keeps per token of a batch, in bytes, with activations of `element_bytes`
     (2 under bf16/fp16 autocast, 4 in fp32). Per layer and token, at 2 bytes: about 30·d_model
-    + 5·d_ff for an encoder layer (the fp32 residual and its norm, Q/K/V, the attention output,
-    the feed-forward's hidden layer, dropout masks) and 42·d_model + 5·d_ff for a decoder layer
-    (cross-attention besides); and 10 bytes per vocabulary entry of each target position (the
-    logits, the loss's fp32 copy of them and their gradient)."""
+    + 5·d_ff for an encoder layer and 42·d_model + 5·d_ff for a decoder layer (cross-attention
+    besides); and 10 bytes per vocabulary entry of each target position (the logits, the loss's
+    fp32 copy of them and their gradient)."""
     d, ff = model.d_model, model.d_ff
     layers = model.n_encoder_layers * (30 * d + 5 * ff) + model.n_decoder_layers * (42 * d + 5 * ff)
     return layers * element_bytes // 2 + 10 * vocab_size
 
 
 def device_batch_tokens(total_memory: int, model: ModelConfig, vocab_size: int, element_bytes: int) -> int:
-    """The `auto` budget of a GPU with `total_memory` bytes (the rule in the module's docstring)."""
+    """The `auto` budget of a GPU with `total_memory` bytes: the largest power of two whose
+    activations fit in `MEMORY_SHARE` of it beside the weights, gradients and AdamW moments (16
+    bytes a parameter), at most `MAX_TOKENS`, at least one sequence of `model.max_len`."""
     free = MEMORY_SHARE * total_memory - 16 * parameter_count(model, vocab_size)
     fits = int(max(free, 0) // activation_bytes_per_token(model, vocab_size, element_bytes))
     smallest = 1 << max(model.max_len - 1, 0).bit_length()  # one sequence of max_len, as a power of two
@@ -91,3 +85,50 @@ def resolve_batch_tokens(cfg: Config, device: torch.device, precision: Precision
     else:
         tokens = WITHOUT_GPU_TOKENS
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_tokens=tokens)), note
+
+
+@dataclasses.dataclass
+class StepBatches:
+    """One update's micro-batches, drawn from the sampler and already on the device."""
+
+    micro_batches: list[Batch]  # this rank's
+    indices: list[np.ndarray]  # their example indices
+    tgt_tokens: int  # target tokens of every rank's micro-batches: the loss's denominator
+    sampler_state: dict  # the sampler's position once these batches are drawn
+
+
+class BatchSource:
+    """The training split's batches for `TrainStep`: `sampler` cuts them (resumable, its state in
+    every checkpoint), `draw` takes one update's worth, `load` puts one on the device."""
+
+    def __init__(self, cfg: Config, train_data: TokenizedSplit, *, device: torch.device, dist: Distributed,
+                 pad_to_multiple: int, fixed_rows: bool):
+        self.cfg = cfg
+        self.train_data = train_data
+        self.device = device
+        self.dist = dist
+        self.pad_to_multiple = pad_to_multiple
+        self.fixed_rows = fixed_rows  # the GPU engine: a fixed row count per padded length
+        self.sampler = TokenBatchSampler(train_data.lengths(), cfg.train.batch_tokens, cfg.seed,
+                                         tie_break=train_data.tgt_len, world_size=dist.world_size,
+                                         pad_to_multiple=pad_to_multiple, max_length=cfg.model.max_len,
+                                         epoch_rows=train_data.epoch_rows)
+
+    def load(self, indices: list[int] | np.ndarray) -> Batch:
+        """Training examples -> a padded batch on the device; on CUDA through pinned memory, so the
+        copy is asynchronous and overlaps with queued GPU work."""
+        batch = self.train_data.batch(indices, self.pad_to_multiple)
+        if self.fixed_rows:  # shapes repeat, so captured graphs replay
+            batch = pad_rows(batch, static_rows(batch, self.cfg.train.batch_tokens), PAD_ID, BOS_ID, EOS_ID)
+        if self.device.type == "cuda":
+            batch = batch.pin_memory()
+        return batch.to(self.device)
+
+    def draw(self, batches: Iterator[np.ndarray]) -> StepBatches:
+        """The next update's batches from `iter(self.sampler)`: every rank's, in groups of W; this
+        rank's on the device."""
+        W = self.dist.world_size
+        step_batches = [next(batches) for _ in range(self.cfg.train.accum_steps * W)]
+        indices = step_batches[self.dist.rank::W]  # this rank's micro-batches
+        tgt_tokens = int(self.train_data.lengths_of(np.concatenate(step_batches))[1].sum())
+        return StepBatches([self.load(i) for i in indices], indices, tgt_tokens, self.sampler.state_dict())

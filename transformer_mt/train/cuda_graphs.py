@@ -7,7 +7,6 @@ import contextlib
 import logging
 import time
 import warnings
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -19,17 +18,6 @@ logger = logging.getLogger(__name__)
 
 WARMUP_RUNS = 2  # eager runs on a side stream before a capture: cuBLAS/cuDNN handles, allocator pools, compiling
 MAX_GRAPHS = 64  # batch shapes captured at most (one memory pool; under compile, one compiled entry each)
-
-
-@dataclass
-class _Captured:
-    """One batch shape's graph and the static tensors it reads."""
-
-    src_ids: torch.Tensor  # (B, S) long, copied in before each replay
-    tgt_in_ids: torch.Tensor  # (B, T) long
-    tgt_out_ids: torch.Tensor  # (B, T) long
-    denominator: torch.Tensor  # () fp32: the update's target tokens, which the loss sum is divided by
-    graph: torch.cuda.CUDAGraph | None = None
 
 
 def graphs_apply(device: torch.device, *, distributed: bool, grad_scaler: bool) -> bool:
@@ -87,10 +75,9 @@ class GraphedStep:
         self._skip = torch.ones((), device=device)  # found_inf while warming up: no update
         self._warming_up = False
         self.pool = torch.cuda.graph_pool_handle() if capture else None  # graphs replay one at a time
-        self.captured: dict[tuple, _Captured] = {}
+        self.captured: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple]] = {}  # shape -> graph, its static inputs
         self.capture_seconds = 0.0  # spent capturing (warm-up runs included), reported apart from speed
-        # Of which compiling: a compiled shape's first warm-up run beyond its second (same work, no compile).
-        self.compile_seconds = 0.0
+        self.compile_seconds = 0.0  # of which compiling: a compiled shape's first warm-up run beyond its second
         self._said_eager = False
         init_adam_state(optimizer)
 
@@ -124,11 +111,12 @@ class GraphedStep:
                 self._micro_step(batch.src_ids, batch.tgt_in_ids, batch.tgt_out_ids, denominator, last,
                                  self.uncaptured_loss if self.capture else self.step_loss)
             return
-        captured.src_ids.copy_(batch.src_ids)
-        captured.tgt_in_ids.copy_(batch.tgt_in_ids)
-        captured.tgt_out_ids.copy_(batch.tgt_out_ids)
-        captured.denominator.fill_(float(n_tgt_tokens))
-        captured.graph.replay()
+        graph, (src_ids, tgt_in_ids, tgt_out_ids, denominator, _) = captured
+        src_ids.copy_(batch.src_ids)
+        tgt_in_ids.copy_(batch.tgt_in_ids)
+        tgt_out_ids.copy_(batch.tgt_out_ids)
+        denominator.fill_(float(n_tgt_tokens))
+        graph.replay()
 
     def _micro_step(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, tgt_out_ids: torch.Tensor,
                     denominator: torch.Tensor, last: bool, step_loss: nn.Module | None = None) -> None:
@@ -155,15 +143,15 @@ class GraphedStep:
         finally:
             del self.optimizer.found_inf  # a later eager `step()` must not read a stale flag
 
-    def _capture(self, batch: Batch, last: bool) -> _Captured:
+    def _capture(self, batch: Batch, last: bool) -> tuple[torch.cuda.CUDAGraph, tuple]:
         """Warm up (on a side stream, the update forced off), then capture this shape's micro-step.
         The gradient buffers, the loss and the CUDA random state are put back: capturing draws no
         dropout mask that training would not have drawn. The first replay runs the step."""
         started = time.perf_counter()
         device = batch.src_ids.device
-        captured = _Captured(batch.src_ids.clone(), batch.tgt_in_ids.clone(), batch.tgt_out_ids.clone(),
-                             torch.ones((), device=device))
-        args = (captured.src_ids, captured.tgt_in_ids, captured.tgt_out_ids, captured.denominator, last)
+        # The graph's inputs, copied in before each replay: (B, S), (B, T), (B, T) long; the () fp32 denominator.
+        args = (batch.src_ids.clone(), batch.tgt_in_ids.clone(), batch.tgt_out_ids.clone(),
+                torch.ones((), device=device), last)
         rng = torch.cuda.get_rng_state(device)
         saved = [g.clone() for g in self.grads], self.loss_sum.clone()
         side = torch.cuda.Stream(device)
@@ -179,15 +167,15 @@ class GraphedStep:
                     run_seconds.append(time.perf_counter() - run_started)
         finally:
             self._warming_up = False
-        if self.compiled:
-            self.compile_seconds += max(run_seconds[0] - run_seconds[-1], 0.0)
+        compiling = max(run_seconds[0] - run_seconds[-1], 0.0) if self.compiled else 0.0
+        self.compile_seconds += compiling
         torch.cuda.current_stream(device).wait_stream(side)
         torch._foreach_copy_(self.grads, saved[0])
         self.loss_sum.copy_(saved[1])
         del saved
-        captured.graph = torch.cuda.CUDAGraph()
+        graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(captured.graph, pool=self.pool):
+            with torch.cuda.graph(graph, pool=self.pool):
                 self._micro_step(*args)
         except RuntimeError as err:
             # Out of memory inside a capture can surface as the error of ending the capture.
@@ -199,8 +187,8 @@ class GraphedStep:
         seconds = time.perf_counter() - started
         self.capture_seconds += seconds
         logger.debug("captured a CUDA graph for batch shape %s in %.2fs (compiling: %.2fs)", tuple(batch.src_ids.shape),
-                     seconds, max(run_seconds[0] - run_seconds[-1], 0.0) if self.compiled else 0.0)
-        return captured
+                     seconds, compiling)
+        return graph, args
 
 
 @contextlib.contextmanager

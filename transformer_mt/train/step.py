@@ -70,7 +70,7 @@ class TrainStep:
         if t.compile:  # under the engine: static shapes, each compiled before its capture
             self.step_model = compiled_for_graphs(self.step_model) if graphed else torch.compile(self.step_model)
         self.fused_optimizer = device.type in ("cuda", "cpu")  # one kernel per group; MPS keeps foreach
-        # The CUDA kernel reads a rate tensor as fp32 (6e-8 from the eager step's double at most); the CPU one a double.
+        # The CUDA kernel reads the rate tensor as fp32 (6e-8 from the eager double at most), the CPU one as double.
         self.lr: torch.Tensor | None = None
         if graphed:
             self.lr = torch.zeros((), dtype=torch.float32 if device.type == "cuda" else torch.float64, device=device)
@@ -127,31 +127,38 @@ class TrainStep:
         batches = [batches] if isinstance(batches, Batch) else batches
         n_tgt_tokens = step_tgt_tokens or sum(batch.n_tgt_tokens for batch in batches)
         self.model.train()
-        if self.graphs is not None:
-            return self._run_graphed(batches, n_tgt_tokens, while_device_works, stop_signal)
-        total = self._forward_backward(batches, n_tgt_tokens)
-        self.scaler.unscale_(self.optimizer)
-        max_norm = self.cfg.train.clip_grad_norm or float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        graphs, capture_seconds = self.graphs, 0.0
+        if graphs is not None:  # the GPU engine replays the update, the skip of a non-finite one included
+            captured_before = graphs.capture_seconds
+            graphs.start_update()
+            for i, batch in enumerate(batches):
+                graphs.run(batch, n_tgt_tokens, last=i == len(batches) - 1)
+            total, grad_norm = graphs.loss_sum.clone(), graphs.grad_norm.clone()  # the next update overwrites them
+            capture_seconds, nonfinite = graphs.capture_seconds - captured_before, graphs.nonfinite
+        else:
+            total = self._forward_backward(batches, n_tgt_tokens)
+            self.scaler.unscale_(self.optimizer)
+            max_norm = self.cfg.train.clip_grad_norm or float("inf")
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+            nonfinite = (~(torch.isfinite(total) & torch.isfinite(grad_norm))).float()
         if while_device_works is not None:
             while_device_works()
         # Ranks must agree: one rank's non-finite loss must skip the update on every rank, and one
         # rank's stop signal must stop every rank at the same step.
-        nonfinite = (~(torch.isfinite(total) & torch.isfinite(grad_norm))).float()
         if self.dist.enabled:
             flags = torch.stack([nonfinite, torch.full((), float(stop_signal), device=self.device)])
             nonfinite_anywhere, stop_signal = (int(v) for v in self.dist.max_(flags).tolist())
             finite = nonfinite_anywhere == 0
         else:
             finite = not bool(nonfinite)
-        if finite or self.scaler.is_enabled():
+        if graphs is None and (finite or self.scaler.is_enabled()):
             # The fp16 scaler skips a non-finite update itself, and must see it to lower its scale.
             self.scaler.step(self.optimizer)
             self.scaler.update()
         if finite:
             self.state.step += 1
             self.apply_settings()  # the next update's learning rate
-        return StepResult(total, grad_norm.detach(), finite, stop_signal)
+        return StepResult(total, grad_norm.detach(), finite, stop_signal, capture_seconds)
 
     def _forward_backward(self, batches: list[Batch], n_tgt_tokens: int) -> torch.Tensor:
         """Gradients of the batches' summed loss / `n_tgt_tokens` into `.grad`; returns that loss."""
@@ -160,7 +167,9 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
-            with self._gradient_sync(last=i == len(batches) - 1), self.attention.enabled():
+            # Under DDP, gradients are all-reduced only in the backward of the last micro-batch.
+            last = self.ddp_model is None or i == len(batches) - 1
+            with contextlib.nullcontext() if last else self.ddp_model.no_sync(), self.attention.enabled():
                 with self.precision.autocast():  # the model's; the loss computes in fp32 outside it
                     loss = step_loss(self.step_model, batch, self.cfg.train.label_smoothing, self.pack)
                 loss = loss / n_tgt_tokens  # normalise per target token of the whole update, not per sentence
@@ -168,36 +177,12 @@ class TrainStep:
             total += loss.detach()
         return total
 
-    def _run_graphed(self, batches: list[Batch], n_tgt_tokens: int, while_device_works: Callable[[], None] | None,
-                     stop_signal: int) -> StepResult:
-        """`run` on the GPU engine (one process, no fp16 scaler): the update is replayed, the skip of
-        a non-finite one included; the host reads the flag where the eager step does."""
-        graphs = self.graphs
-        captured_before = graphs.capture_seconds
-        graphs.start_update()
-        for i, batch in enumerate(batches):
-            graphs.run(batch, n_tgt_tokens, last=i == len(batches) - 1)
-        loss, grad_norm = graphs.loss_sum.clone(), graphs.grad_norm.clone()  # the next update overwrites them
-        if while_device_works is not None:
-            while_device_works()
-        finite = not bool(graphs.nonfinite)
-        if finite:
-            self.state.step += 1
-            self.apply_settings()  # the next update's learning rate
-        return StepResult(loss, grad_norm, finite, stop_signal, graphs.capture_seconds - captured_before)
-
     def engine_report(self) -> dict | None:
         """What the GPU engine captured in this process (for summary.json); None without it."""
         if self.graphs is None:
             return None
         return {"captured_shapes": len(self.graphs.captured), "capture_seconds": round(self.graphs.capture_seconds, 2),
                 "compile_seconds": round(self.graphs.compile_seconds, 2)}  # part of capture_seconds
-
-    def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
-        """Under DDP, gradients are all-reduced only in the backward of a step's last micro-batch."""
-        if self.ddp_model is None or last:
-            return contextlib.nullcontext()
-        return self.ddp_model.no_sync()
 
     def run_or_skip(self, batches: list[Batch], step_tgt_tokens: int,
                     while_device_works: Callable[[], None] | None, stop_signal: int) -> StepResult | None:

@@ -16,25 +16,12 @@ from tqdm import tqdm
 from transformer_mt.config.loading import save_config
 from transformer_mt.config.schema import Config
 from transformer_mt.core.distributed import Distributed
-from transformer_mt.core.errors import (
-    CheckpointError,
-    ConfigError,
-    TmtError,
-    TrainingError,
-    TrainingStopped,
-    missing_from_rank0,
-)
+from transformer_mt.core.errors import (CheckpointError, ConfigError, TmtError, TrainingError, TrainingStopped,
+                                        missing_from_rank0)
 from transformer_mt.core.files import os_errors_named
 from transformer_mt.core.run_layout import RunDir
-from transformer_mt.core.runtime import (
-    Precision,
-    pick_attention,
-    pick_device,
-    pick_precision,
-    seed_everything,
-    warn_attention_fallbacks,
-    warn_if_bf16_emulated,
-)
+from transformer_mt.core.runtime import (Precision, pick_attention, pick_device, pick_precision,
+                                         seed_everything, warn_attention_fallbacks, warn_if_bf16_emulated)
 from transformer_mt.core.signals import StopRequest, sigterm_interrupts
 from transformer_mt.data.tokenization import PAD_ID, TokenizerPair
 from transformer_mt.decode.evaluation import bleu_tokenizer_problem

@@ -24,13 +24,8 @@ from transformer_mt.data.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, Tokeni
 from transformer_mt.decode.evaluation import cross_attention_labels, cross_attention_map, score, translate_ids
 from transformer_mt.decode.plotting import attention_figure
 from transformer_mt.model.transformer import Transformer
-from transformer_mt.runs.checkpoint import (
-    CheckpointDir,
-    average_checkpoints,
-    load_checkpoint,
-    save_atomic,
-    translation_weights,
-)
+from transformer_mt.runs.checkpoint import (CheckpointDir, average_checkpoints, load_checkpoint, save_atomic,
+                                            translation_weights)
 from transformer_mt.train.loss import label_smoothed_loss
 
 logger = logging.getLogger(__name__)
@@ -90,10 +85,8 @@ class Evaluator:
             self.paths.validation.mkdir(exist_ok=True)
             write_text_atomic(self.paths.validation_hypotheses(step), lines_to_text(hypotheses))
         ppl = math.exp(min(loss, 100.0))
-        writer.add_scalar("valid/loss", loss, step)
-        writer.add_scalar("valid/perplexity", ppl, step)
-        writer.add_scalar("valid/bleu", scores.bleu, step)
-        writer.add_scalar("valid/chrf", scores.chrf, step)
+        for name, value in {"loss": loss, "perplexity": ppl, "bleu": scores.bleu, "chrf": scores.chrf}.items():
+            writer.add_scalar(f"valid/{name}", value, step)
         self._log_examples(writer, step, hypotheses, references)
         logger.info("validation at step %d%s: loss %.3f, ppl %.2f, BLEU %.2f, chrF %.2f (%d sentences, %.1fs) [%s]",
                     step, " (EMA weights)" if self.ema else "", loss, ppl, scores.bleu, scores.chrf, len(hypotheses),
@@ -137,9 +130,8 @@ class Evaluator:
 
     # --- the final test ------------------------------------------------------------------
     def test_weights(self) -> tuple[Path, list[int]]:
-        """The checkpoint the final test uses, and the step checkpoints it averages: the average
-        of the newest `train.average_last` (a file written by `final_test`), else `best.pt`, else
-        the newest step checkpoint, averaging none."""
+        """The checkpoint the final test uses, and the step checkpoints it averages: the average of
+        the newest `train.average_last` (written by `final_test`), else `best.pt`, else the newest."""
         checkpoints, average_last = self.checkpoints, self.cfg.train.average_last
         if average_last:
             steps = checkpoints.steps()[-average_last:]
@@ -147,17 +139,15 @@ class Evaluator:
         return (checkpoints.best_path if checkpoints.best_path.is_file() else checkpoints.latest()), []
 
     def ema_test_weights(self) -> Path | None:
-        """The checkpoint whose EMA the final test also scores, beside an average of the trained
-        weights (`train.average_last`), so that the two can be compared: `best.pt` (what `tmt
-        translate` uses), else the newest step checkpoint; None without both."""
-        if not (self.cfg.train.ema_decay and self.cfg.train.average_last):
-            return None
-        return self.checkpoints.best_path if self.checkpoints.best_path.is_file() else self.checkpoints.latest()
+        """The checkpoint whose EMA the final test also scores beside an average of the trained
+        weights, to compare them: `best.pt`, else the newest; None without an EMA and an average."""
+        if self.cfg.train.ema_decay and self.cfg.train.average_last:
+            return self.checkpoints.best_path if self.checkpoints.best_path.is_file() else self.checkpoints.latest()
+        return None
 
     def earlier_test_report(self, step: int) -> dict | None:
-        """The final test an earlier start wrote for this very step, `test_weights` file, decoding
-        and BLEU tokenizer, if there is one (one of an earlier, shorter training, of another
-        average or beam, or without the EMA's test that this one adds, does not count)."""
+        """The final test an earlier start wrote for this very step, `test_weights` file, decoding,
+        BLEU tokenizer and EMA test, if there is one."""
         try:
             report = json.loads(self.paths.test_scores.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -172,10 +162,8 @@ class Evaluator:
         return report if f"|tok:{cfg.train.bleu_tokenize}|" in str(report.get("bleu_signature")) else None
 
     def final_test(self, step: int) -> dict:
-        """Translate the test split with the best (or averaged) weights; write hypotheses and
-        scores (`evaluation/`), and return the report `summary.json` shows. With an average and
-        an EMA, the report's `ema` is the test of the EMA weights (`ema_test_weights`); None when
-        that checkpoint has none (EMA turned on after it was written)."""
+        """Test the best (or averaged) weights, and the EMA's as the report's `ema` (`ema_test_weights`;
+        None when that checkpoint has none); write `evaluation/`; return the report for `summary.json`."""
         cfg = self.cfg
         path, steps = self.test_weights()
         if steps:
@@ -190,8 +178,8 @@ class Evaluator:
         return report
 
     def _test(self, path: Path, steps: list[int], step: int, only_ema: bool = False) -> dict | None:
-        """Score the test split with the weights of `path` (averaged from `steps`, if any) that
-        `tmt translate` would use (the EMA's when it has one); with `only_ema`, None if it has none."""
+        """Score the test split with the weights of `path` (averaged from `steps`) that `tmt translate`
+        would use (the EMA's when it has one); with `only_ema`, None if it has none."""
         cfg = self.cfg
         checkpoint = load_checkpoint(path, map_location=self.device)
         weights, which = translation_weights(checkpoint)
@@ -208,12 +196,10 @@ class Evaluator:
                                 progress=self.progress)
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         scores = score(hypotheses, test["tgt"], tokenize=cfg.train.bleu_tokenize)
-        out_dir = self.paths.evaluation
-        out_dir.mkdir(exist_ok=True)
+        self.paths.evaluation.mkdir(exist_ok=True)
         hypotheses_file = f"test.{path.stem}.beam{beam}.txt"
-        write_text_atomic(out_dir / hypotheses_file, lines_to_text(hypotheses))
-        # step: the run's, when it was tested; checkpoint_steps: the steps whose weights were;
-        # weights: the checkpoint's EMA ("ema") or its trained weights ("model").
+        write_text_atomic(self.paths.evaluation / hypotheses_file, lines_to_text(hypotheses))
+        # step: the run's when tested; checkpoint_steps: those of the weights; weights: "ema" or "model"
         report = {"checkpoint": path.name, "checkpoint_steps": weights_steps, "weights": which,
                   "hypotheses": hypotheses_file, "step": step, "sentences": len(hypotheses), "beam_size": beam,
                   "length_penalty": cfg.decode.length_penalty, "bleu": round(scores.bleu, 2),

@@ -217,7 +217,7 @@ class TrainConfig:
     """Optimizer updates to run."""
     batch_tokens: int | Literal["auto"] = "auto"
     """Token budget per batch: batch size × padded length (the longer of source and target).
-    `auto`: on a CUDA GPU, sized for its memory and the model (`batch_budget`: the largest power
+    `auto`: on a CUDA GPU, sized for its memory and the model (`train/batches.py`: the largest power
     of two whose activations fill at most half the memory, at most 65,536), said in the log; 4,096
     on a CPU or MPS. Set a number to keep a recipe's tokens per update on every device."""
     accum_steps: int = 1

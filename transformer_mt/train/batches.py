@@ -103,10 +103,7 @@ class BatchSource:
 
     def __init__(self, cfg: Config, train_data: TokenizedSplit, *, device: torch.device, dist: Distributed,
                  pad_to_multiple: int, fixed_rows: bool):
-        self.cfg = cfg
-        self.train_data = train_data
-        self.device = device
-        self.dist = dist
+        self.cfg, self.train_data, self.device, self.dist = cfg, train_data, device, dist
         self.pad_to_multiple = pad_to_multiple
         self.fixed_rows = fixed_rows  # the GPU engine: a fixed row count per padded length
         self.sampler = TokenBatchSampler(train_data.lengths(), cfg.train.batch_tokens, cfg.seed,

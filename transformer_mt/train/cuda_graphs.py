@@ -36,18 +36,6 @@ def compiled_for_graphs(step_loss: nn.Module, max_graphs: int = MAX_GRAPHS) -> n
     return torch.compile(step_loss, dynamic=False, options={"triton.cudagraphs": False})
 
 
-def init_adam_state(optimizer: torch.optim.Optimizer) -> None:
-    """Create AdamW's state (step 0, zero moments) now, as its first `step` would: a captured step
-    must find its tensors in place."""
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            state = optimizer.state[param]
-            if not state:
-                state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
-                state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-
-
 class GraphedStep:
     """One update over one or more micro-batches: `start_update`, then `run` for each (the last
     with `last=True` clips and steps the optimizer). Gradients accumulate in buffers of its own,
@@ -60,7 +48,7 @@ class GraphedStep:
     def __init__(self, step_loss: nn.Module, params: list[nn.Parameter], optimizer: torch.optim.Optimizer, *,
                  precision: Precision, attention: AttentionKernels, label_smoothing: float, max_norm: float,
                  capture: bool, max_graphs: int = MAX_GRAPHS, uncaptured_loss: nn.Module | None = None):
-        self.step_loss = step_loss  # a `loss.StepLoss`, or it compiled (`compiled_for_graphs`)
+        self.step_loss = step_loss  # a `step.StepLoss`, or it compiled (`compiled_for_graphs`)
         self.uncaptured_loss = step_loss if uncaptured_loss is None else uncaptured_loss
         self.compiled = self.uncaptured_loss is not step_loss  # a compiled step_loss comes with its plain module
         self.params, self.optimizer, self.precision, self.attention = params, optimizer, precision, attention
@@ -79,11 +67,12 @@ class GraphedStep:
         self.capture_seconds = 0.0  # spent capturing (warm-up runs included), reported apart from speed
         self.compile_seconds = 0.0  # of which compiling: a compiled shape's first warm-up run beyond its second
         self._said_eager = False
-        init_adam_state(optimizer)
-
-    def forget(self) -> None:
-        """Drop the captured graphs: they point at optimizer state tensors that loading replaces."""
-        self.captured.clear()
+        for param in params:  # AdamW's state as its first step would create it: a capture must find it in place
+            state = optimizer.state[param]
+            if not state:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
+                state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
 
     def start_update(self) -> None:
         """Zero the gradient buffers and the loss; the buffers are the parameters' `.grad` again

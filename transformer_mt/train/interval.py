@@ -3,9 +3,9 @@ efficiency, MFU and peak memory, written as the log line, the progress bar's fig
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 from torch.utils.tensorboard import SummaryWriter
@@ -52,7 +52,7 @@ def peak_flops_of(device_name: str, precision: str, tf32: bool = False) -> float
     return None
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class IntervalStats:
     """What one log line reports about the updates since the previous one."""
 
@@ -66,13 +66,9 @@ class IntervalStats:
     capture_seconds: float = 0.0  # spent capturing CUDA graphs in the interval: not in the rates above
 
     def perf(self) -> dict[str, float]:
-        """The TensorBoard `perf/` scalars."""
-        values = {"src_tokens_per_s": self.src_tokens_per_s, "tgt_tokens_per_s": self.tgt_tokens_per_s,
-                  "src_padding_efficiency": self.src_padding_efficiency,
-                  "tgt_padding_efficiency": self.tgt_padding_efficiency,
-                  "mfu": self.mfu, "peak_memory_mb": self.peak_memory_mb,
-                  "capture_seconds": self.capture_seconds or None}
-        return {name: value for name, value in values.items() if value is not None}
+        """The TensorBoard `perf/` scalars: every figure but the loss that there is (capture time if any)."""
+        values = {**dataclasses.asdict(self), "capture_seconds": self.capture_seconds or None}
+        return {name: value for name, value in values.items() if name != "mean_loss" and value is not None}
 
 
 class Interval:
@@ -83,10 +79,7 @@ class Interval:
 
     def __init__(self, cfg: TrainConfig, device: torch.device, dist: Distributed, *, peak_flops: float | None = None,
                  data_report: DataReport | None = None, step: int = 0):
-        self.cfg = cfg
-        self.device = device
-        self.dist = dist
-        self.peak_flops = peak_flops
+        self.cfg, self.device, self.dist, self.peak_flops = cfg, device, dist, peak_flops
         self.data_report = data_report  # for the one-time estimate of the whole run's duration
         self.lines = 0
         self.pace_from = (time.monotonic(), step)

@@ -1,5 +1,5 @@
-"""One training update: forward and backward over its micro-batches (gradient accumulation, DDP),
-clipping, the NaN/inf and out-of-memory guards, and the AdamW update at the scheduled rate."""
+"""One training update: the label-smoothed loss, forward and backward over the update's micro-batches
+(gradient accumulation, DDP), clipping, the NaN/inf and out-of-memory guards, and the AdamW step."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from transformer_mt.config.schema import Config
 from transformer_mt.core.distributed import Distributed
@@ -20,11 +22,41 @@ from transformer_mt.data.token_cache import TokenizedSplit
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.train.batches import BatchSource
 from transformer_mt.train.cuda_graphs import GraphedStep, compiled_for_graphs, graphs_apply
-from transformer_mt.train.loss import StepLoss, step_loss
 from transformer_mt.train.schedule import lr_at
 from transformer_mt.train.state import TrainState
 
 logger = logging.getLogger(__name__)
+
+
+def label_smoothed_loss(logits: torch.Tensor, target_ids: torch.Tensor, pad_id: int, epsilon: float) -> torch.Tensor:
+    """Summed label-smoothed cross-entropy over non-pad targets in fp32: logits (..., V), target_ids
+    (...) -> scalar, (1-ε)·NLL + ε·mean_v(-log p_v) (ε spread over all V classes, the gold one included)."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target_ids.flatten(), ignore_index=pad_id,
+                           label_smoothing=epsilon, reduction="sum")
+
+
+class StepLoss(nn.Module):
+    """What a training step differentiates: the summed label-smoothed loss of a batch under `model`
+    (DDP and torch.compile wrap this module, so that the loss runs inside their forward)."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, tgt_out_ids: torch.Tensor,
+                label_smoothing: float, pack: bool = True) -> torch.Tensor:
+        """(B, S), (B, T), (B, T) long -> fp32 scalar sum over the real targets; `pack`: the model
+        computes at the real tokens only. The model follows the caller's autocast, the loss not."""
+        logits = self.model(src_ids, tgt_in_ids, pack=pack)  # (Nt, V)
+        targets = tgt_out_ids[tgt_in_ids != self.model.pad_id] if pack else tgt_out_ids.flatten()  # (Nt,)
+        with torch.autocast(device_type=src_ids.device.type, enabled=False):
+            return label_smoothed_loss(logits, targets, self.model.pad_id, label_smoothing)
+
+
+def step_loss(step_model: nn.Module, batch: Batch, label_smoothing: float, pack: bool = True) -> torch.Tensor:
+    """The summed label-smoothed loss of `batch` (fp32 scalar) through `step_model`, a `StepLoss`
+    (possibly DDP-wrapped or compiled)."""
+    return step_model(batch.src_ids, batch.tgt_in_ids, batch.tgt_out_ids, label_smoothing, pack)
 
 
 @dataclass(frozen=True)
@@ -110,7 +142,7 @@ class TrainStep:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])  # new state tensors: captured graphs must go
         if self.graphs is not None:
-            self.graphs.forget()
+            self.graphs.captured.clear()
         if state["scaler"] and self.scaler.is_enabled():  # a run may switch between fp32 and fp16
             self.scaler.load_state_dict(state["scaler"])
         self.apply_settings()

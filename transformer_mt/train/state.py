@@ -77,17 +77,12 @@ class RunCheckpoint:
 
     def state_dict(self) -> dict:
         return {
-            "model": self.model.state_dict(),
-            **self.update.state_dict(),  # optimizer, scaler
-            "train_state": self.state.state_dict(),
-            "sampler": self.sampler_state,
+            "model": self.model.state_dict(), **self.update.state_dict(),  # optimizer, scaler
+            "train_state": self.state.state_dict(), "sampler": self.sampler_state,
             # Every rank's RNG state (dropout differs per rank); a collective, so all ranks call this.
             "rng": rng_state() if not self.dist.enabled else {"ranks": self.dist.gather(rng_state())},
-            "config": config_to_dict(self.cfg),
-            "model_args": self.model_args,
-            "tokenizers": self.tokenizer_fingerprint,
-            "format_version": FORMAT_VERSION,
-            **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
+            "config": config_to_dict(self.cfg), "model_args": self.model_args, "tokenizers": self.tokenizer_fingerprint,
+            "format_version": FORMAT_VERSION, **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
 
     def save(self, *, is_best: bool) -> None:
@@ -108,7 +103,14 @@ class RunCheckpoint:
         self.update.load_state_dict(ckpt)  # after the counters: it sets the next update's learning rate
         self.sampler.load_state_dict(ckpt["sampler"])
         self.sampler_state = self.sampler.state_dict()
-        self._resume_ema(ckpt.get("ema"), path)
+        if self.ema is None and "ema" in ckpt:
+            logger.info("train.ema_decay is 0: the EMA of the weights in %s is dropped from now on", path.name)
+        elif self.ema is not None and "ema" not in ckpt:  # train.ema_decay turned on at this resume
+            logger.info("%s holds no EMA of the weights: it starts from the weights of step %d", path.name,
+                        self.state.step)
+            self.ema.reset()
+        elif self.ema is not None:
+            self.ema.load_state_dict(ckpt["ema"])
         load_rng_state({k: _to_cpu(v) for k, v in own_rng.items()})
         logger.info("resuming from %s: step %d, epoch %d, batch %d of that epoch", path, self.state.step,
                     self.sampler.epoch + 1, ckpt["sampler"]["position"])
@@ -122,20 +124,6 @@ class RunCheckpoint:
                 self.checkpoints.copy_to_best(path)
             elif not self.checkpoints.best_path.is_file() and best_file.is_file():
                 self.checkpoints.copy_to_best(best_file)
-
-    def _resume_ema(self, saved: dict | None, path: Path) -> None:
-        """Restore the EMA, or start it from the resumed weights when the checkpoint has none
-        (`train.ema_decay` turned on at this resume)."""
-        if self.ema is None:
-            if saved is not None:
-                logger.info("train.ema_decay is 0: the EMA of the weights in %s is dropped from now on", path.name)
-            return
-        if saved is None:
-            logger.info("%s holds no EMA of the weights: it starts from the weights of step %d", path.name,
-                        self.state.step)
-            self.ema.reset()
-        else:
-            self.ema.load_state_dict(saved)
 
     def _newest_intact(self) -> tuple[Path, dict, list[Path]]:
         """The newest step checkpoint that loads, and the newer ones that do not (reported and skipped)."""

@@ -53,12 +53,6 @@ class StepLoss(nn.Module):
             return label_smoothed_loss(logits, targets, self.model.pad_id, label_smoothing)
 
 
-def step_loss(step_model: nn.Module, batch: Batch, label_smoothing: float, pack: bool = True) -> torch.Tensor:
-    """The summed label-smoothed loss of `batch` (fp32 scalar) through `step_model`, a `StepLoss`
-    (possibly DDP-wrapped or compiled)."""
-    return step_model(batch.src_ids, batch.tgt_in_ids, batch.tgt_out_ids, label_smoothing, pack)
-
-
 @dataclass(frozen=True)
 class StepResult:
     """What one training step reports; the tensors stay on the device until a log line needs them."""
@@ -203,7 +197,8 @@ class TrainStep:
             last = self.ddp_model is None or i == len(batches) - 1
             with contextlib.nullcontext() if last else self.ddp_model.no_sync(), self.attention.enabled():
                 with self.precision.autocast():  # the model's; the loss computes in fp32 outside it
-                    loss = step_loss(self.step_model, batch, self.cfg.train.label_smoothing, self.pack)
+                    loss = self.step_model(batch.src_ids, batch.tgt_in_ids, batch.tgt_out_ids,
+                                           self.cfg.train.label_smoothing, self.pack)
                 loss = loss / n_tgt_tokens  # normalise per target token of the whole update, not per sentence
                 self.scaler.scale(loss * world if world > 1 else loss).backward()  # frees this batch's activations
             total += loss.detach()

@@ -203,7 +203,16 @@ class Trainer:
                     interval.write(state.step, result.grad_norm, writer, bar)
                 if self._after_step(writer, interval):
                     break
-            self._stop_if_signalled_during_the_last_step(stop)
+            # A signal during the last step's validation or save: stop before the final test, which a resume
+            # runs. Under torchrun the ranks agree on it first (it may have reached only some).
+            signal_number = stop.signal_number or 0
+            if self.dist.enabled:
+                signal_number = int(self.dist.max_(torch.full((), float(signal_number), device=self.device)).item())
+            if signal_number:
+                name = signal.Signals(signal_number).name
+                logger.warning("received %s during the last step: stopping before the final test", name)
+                raise TrainingStopped(f"stopped by {name} after the last step ({state.step}); checkpoint saved",
+                                      signal_number)
         finally:
             stop.uninstall()
             bar.close()
@@ -212,10 +221,9 @@ class Trainer:
 
     def _after_step(self, writer: SummaryWriter, interval: Interval) -> bool:
         """Validate and save when due. True when training is over: `max_steps`, or early stopping."""
-        t, state = self.cfg.train, self.state
+        t, state, is_best = self.cfg.train, self.state, False
         step = state.step
         finished = step >= t.max_steps
-        is_best = False
         validate = step % t.eval_every_steps == 0 or finished
         save_due = step % t.save_every_steps == 0 or finished
         if validate or save_due:
@@ -233,10 +241,7 @@ class Trainer:
                 state.stopped_early = finished = True
             if finished:
                 self.evaluator.log_hparams(writer, step, state.best_bleu, bleu)
-        # A new best is always a step checkpoint too: a resume after a crash then never starts
-        # before the step `best.pt` holds, whose weights a replay that differs (changed train.*
-        # settings, a GPU's non-deterministic kernels) would otherwise leave in place.
-        if save_due or finished or is_best:  # finished: also by early stopping
+        if save_due or finished or is_best:  # finished: also by early stopping; a best: a step checkpoint too
             self.save(is_best=is_best)
         interval.resume()
         return finished
@@ -249,19 +254,6 @@ class Trainer:
             self.save(is_best=False)  # not saved already by this step being a save step
         self.dist.barrier()  # no rank leaves while rank 0 still writes: torchrun would kill it mid-write
         raise TrainingStopped(f"stopped by {name} at step {self.state.step}; checkpoint saved", signal_number)
-
-    def _stop_if_signalled_during_the_last_step(self, stop: StopRequest) -> None:
-        """A signal during the last step's validation or save, both done by now: stop before the
-        final test, which a resume runs. Under torchrun the ranks agree on it first (it may have
-        reached only some), which also waits for rank 0 to finish writing."""
-        signal_number = stop.signal_number or 0
-        if self.dist.enabled:
-            signal_number = int(self.dist.max_(torch.full((), float(signal_number), device=self.device)).item())
-        if signal_number:
-            name = signal.Signals(signal_number).name
-            logger.warning("received %s during the last step: stopping before the final test", name)
-            raise TrainingStopped(f"stopped by {name} after the last step ({self.state.step}); checkpoint "
-                                  "saved", signal_number)
 
     def _skip_nonfinite(self, in_a_row: int, writer: SummaryWriter) -> None:
         """Count a skipped NaN/inf update; `train.max_nonfinite_steps` in a row stop the run."""

@@ -87,16 +87,7 @@ class Evaluator:
         ppl = math.exp(min(loss, 100.0))
         for name, value in {"loss": loss, "perplexity": ppl, "bleu": scores.bleu, "chrf": scores.chrf}.items():
             writer.add_scalar(f"valid/{name}", value, step)
-        self._log_examples(writer, step, hypotheses, references)
-        logger.info("validation at step %d%s: loss %.3f, ppl %.2f, BLEU %.2f, chrF %.2f (%d sentences, %.1fs) [%s]",
-                    step, " (EMA weights)" if self.ema else "", loss, ppl, scores.bleu, scores.chrf, len(hypotheses),
-                    time.perf_counter() - started, scores.bleu_signature)
-        return {"step": step, "loss": round(loss, 4), "perplexity": round(ppl, 2), "bleu": round(scores.bleu, 2),
-                "chrf": round(scores.chrf, 2), **({"weights": "ema"} if self.ema else {})}
-
-    def _log_examples(self, writer: SummaryWriter, step: int, hypotheses: list[str], references: list[str]) -> None:
-        """The first `train.n_examples` translations, in the log and as TensorBoard text."""
-        examples = []
+        examples = []  # the first `train.n_examples`, in the log and as TensorBoard text
         for i in range(min(self.cfg.train.n_examples, len(hypotheses))):
             src = self.valid_data.src_text[self.valid_subset[i]]
             examples.append(f"source: {src}\nreference: {references[i]}\nhypothesis: {hypotheses[i]}")
@@ -104,6 +95,11 @@ class Evaluator:
                         i + 1, src, references[i], hypotheses[i])
         if examples:
             writer.add_text("valid/examples", "\n\n".join(f"    {e}".replace("\n", "\n    ") for e in examples), step)
+        logger.info("validation at step %d%s: loss %.3f, ppl %.2f, BLEU %.2f, chrF %.2f (%d sentences, %.1fs) [%s]",
+                    step, " (EMA weights)" if self.ema else "", loss, ppl, scores.bleu, scores.chrf, len(hypotheses),
+                    time.perf_counter() - started, scores.bleu_signature)
+        return {"step": step, "loss": round(loss, 4), "perplexity": round(ppl, 2), "bleu": round(scores.bleu, 2),
+                "chrf": round(scores.chrf, 2), **({"weights": "ema"} if self.ema else {})}
 
     def _log_attention(self, writer: SummaryWriter, step: int, src_ids: list[int], hyp_ids: list[int]) -> None:
         """Cross-attention images of the first validation sentence's translation: the last decoder

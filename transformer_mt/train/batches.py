@@ -44,11 +44,9 @@ def check_model_fits(model: ModelConfig, vocab_size: int, memory_bytes: int) -> 
 
 
 def activation_bytes_per_token(model: ModelConfig, vocab_size: int, element_bytes: int) -> int:
-    """What backward keeps per token of a batch, in bytes, with activations of `element_bytes`
-    (2 under bf16/fp16 autocast, 4 in fp32). Per layer and token, at 2 bytes: about 30·d_model
-    + 5·d_ff for an encoder layer and 42·d_model + 5·d_ff for a decoder layer (cross-attention
-    besides); and 10 bytes per vocabulary entry of each target position (the logits, the loss's
-    fp32 copy of them and their gradient)."""
+    """What backward keeps per token of a batch, in bytes, with activations of `element_bytes`: per
+    layer, at 2 bytes, about 30·d_model + 5·d_ff (encoder) or 42·d_model + 5·d_ff (decoder); and 10
+    bytes per vocabulary entry of each target position (the logits, their fp32 copy, their gradient)."""
     d, ff = model.d_model, model.d_ff
     layers = model.n_encoder_layers * (30 * d + 5 * ff) + model.n_decoder_layers * (42 * d + 5 * ff)
     return layers * element_bytes // 2 + 10 * vocab_size
@@ -69,8 +67,7 @@ def resolve_batch_tokens(cfg: Config, device: torch.device, precision: Precision
                          dist: Distributed = Distributed()) -> tuple[Config, str | None]:
     """`cfg` with `train.batch_tokens` a number, and the line that says how an `auto` budget was
     chosen on a GPU (None otherwise). `precision` None: what `auto` picks (bf16 or fp16 on a GPU).
-    Under torchrun every rank takes the smallest of the ranks' budgets: the sampler cuts the same
-    batches on every rank."""
+    Under torchrun every rank takes the smallest of the ranks' budgets (the same batches)."""
     if cfg.train.batch_tokens != "auto":
         return cfg, None
     note = None
@@ -112,8 +109,7 @@ class BatchSource:
                                          epoch_rows=train_data.epoch_rows)
 
     def load(self, indices: list[int] | np.ndarray) -> Batch:
-        """Training examples -> a padded batch on the device; on CUDA through pinned memory, so the
-        copy is asynchronous and overlaps with queued GPU work."""
+        """Training examples -> a padded batch on the device (on CUDA an asynchronous copy from pinned memory)."""
         batch = self.train_data.batch(indices, self.pad_to_multiple)
         if self.fixed_rows:  # shapes repeat, so captured graphs replay
             batch = pad_rows(batch, static_rows(batch, self.cfg.train.batch_tokens), PAD_ID, BOS_ID, EOS_ID)
@@ -122,8 +118,7 @@ class BatchSource:
         return batch.to(self.device)
 
     def draw(self, batches: Iterator[np.ndarray]) -> StepBatches:
-        """The next update's batches from `iter(self.sampler)`: every rank's, in groups of W; this
-        rank's on the device."""
+        """The next update's batches from `iter(self.sampler)`: every rank's, this rank's on the device."""
         W = self.dist.world_size
         step_batches = [next(batches) for _ in range(self.cfg.train.accum_steps * W)]
         indices = step_batches[self.dist.rank::W]  # this rank's micro-batches

@@ -37,13 +37,11 @@ def compiled_for_graphs(step_loss: nn.Module, max_graphs: int = MAX_GRAPHS) -> n
 
 
 class GraphedStep:
-    """One update over one or more micro-batches: `start_update`, then `run` for each (the last
-    with `last=True` clips and steps the optimizer). Gradients accumulate in buffers of its own,
-    linked as the parameters' `.grad`. Outputs, valid until the next update: `loss_sum` (the
-    update's loss per target token), `grad_norm` (before clipping) and `nonfinite` (1.0: skipped).
-
-    `optimizer`: a fused, capturable AdamW whose rate is a device tensor. A shape beyond
-    `max_graphs` runs eagerly through `uncaptured_loss` (under compile the plain module)."""
+    """One update over one or more micro-batches: `start_update`, then `run` for each (the last with
+    `last=True` clips and steps `optimizer`, a fused capturable AdamW). Gradients accumulate in buffers
+    linked as the parameters' `.grad`. Outputs, valid until the next update: `loss_sum` (per target
+    token), `grad_norm` (before clipping) and `nonfinite` (1.0: skipped). A shape beyond `max_graphs`
+    runs eagerly through `uncaptured_loss` (under compile the plain module)."""
 
     def __init__(self, step_loss: nn.Module, params: list[nn.Parameter], optimizer: torch.optim.Optimizer, *,
                  precision: Precision, attention: AttentionKernels, label_smoothing: float, max_norm: float,
@@ -57,9 +55,7 @@ class GraphedStep:
         self.capture, self.max_graphs = capture, max_graphs
         device = params[0].device
         self.grads = [torch.zeros_like(p) for p in params]  # every graph adds into these: never replaced
-        self.loss_sum = torch.zeros((), device=device)
-        self.grad_norm = torch.zeros((), device=device)
-        self.nonfinite = torch.zeros((), device=device)
+        self.loss_sum, self.grad_norm, self.nonfinite = (torch.zeros((), device=device) for _ in range(3))
         self._skip = torch.ones((), device=device)  # found_inf while warming up: no update
         self._warming_up = False
         self.pool = torch.cuda.graph_pool_handle() if capture else None  # graphs replay one at a time
@@ -75,8 +71,7 @@ class GraphedStep:
                 state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
 
     def start_update(self) -> None:
-        """Zero the gradient buffers and the loss; the buffers are the parameters' `.grad` again
-        (an out-of-memory skip sets them to None)."""
+        """Zero the gradient buffers and the loss; relink the buffers (an out-of-memory skip unlinks them)."""
         torch._foreach_zero_(self.grads)
         self.loss_sum.zero_()
         if self.params[0].grad is not self.grads[0]:
@@ -84,8 +79,7 @@ class GraphedStep:
                 param.grad = grad
 
     def run(self, batch: Batch, n_tgt_tokens: int, last: bool) -> None:
-        """Add the batch's gradient of (loss sum / `n_tgt_tokens`) to `.grad` and its loss to
-        `loss_sum`; with `last`, then clip and update."""
+        """Add the batch's gradient of (loss sum / `n_tgt_tokens`) and its loss; with `last`, clip and update."""
         key = (tuple(batch.src_ids.shape), tuple(batch.tgt_in_ids.shape), last)
         captured = self.captured.get(key)
         if captured is None and self.capture and len(self.captured) < self.max_graphs:

@@ -72,17 +72,15 @@ class IntervalStats:
 
 
 class Interval:
-    """Counts the updates since the last log line (`add`; the loss summed on the device, no sync per
-    update) and `write`s them out. `pause`/`resume` leave validation and checkpoints out of its time,
-    and time capturing CUDA graphs is reported apart from the rates. Each line's time left is at the
+    """Counts the updates since the last log line (`add`, no host sync) and `write`s them out; `pause`
+    and `resume` leave validation and checkpoints out of its time. Each line's time left is at the
     pace since `step`, where this process started training."""
 
     def __init__(self, cfg: TrainConfig, device: torch.device, dist: Distributed, *, peak_flops: float | None = None,
                  data_report: DataReport | None = None, step: int = 0):
         self.cfg, self.device, self.dist, self.peak_flops = cfg, device, dist, peak_flops
         self.data_report = data_report  # for the one-time estimate of the whole run's duration
-        self.lines = 0
-        self.pace_from = (time.monotonic(), step)
+        self.lines, self.pace_from = 0, (time.monotonic(), step)
         self.loss_sum = torch.zeros((), device=device)
         self._zero_counts()
         self.started = time.perf_counter()
@@ -95,8 +93,7 @@ class Interval:
         self.flops = self.capture_seconds = 0.0
 
     def add(self, loss: torch.Tensor, batches: list[Batch], flops: float = 0.0, capture_seconds: float = 0.0) -> None:
-        """Count one update: its loss (a device scalar), its batches, their model FLOPs, and the
-        seconds it spent capturing CUDA graphs."""
+        """Count one update: its loss (a device scalar), batches, model FLOPs and CUDA-graph capture time."""
         self.loss_sum += loss
         self.steps += 1
         self.capture_seconds += capture_seconds

@@ -39,8 +39,8 @@ class OptionalWriter:
 
 @contextlib.contextmanager
 def quiet_tensorboard_thread() -> Iterator[None]:
-    """While inside, an OSError that ends TensorBoard's writer thread is not printed as a traceback:
-    the thread keeps it, and `OptionalWriter` warns about it at the next call."""
+    """While inside, an OSError that ends TensorBoard's writer thread prints no traceback: `OptionalWriter`
+    warns about it at the next call."""
     previous = threading.excepthook
 
     def hook(args: threading.ExceptHookArgs) -> None:

@@ -59,10 +59,9 @@ class Stateful(Protocol):  # `TrainStep`: the optimizer and the scaler
 
 
 class RunCheckpoint:
-    """Writes and restores everything a checkpoint holds: the plain model's weights, the update's
-    optimizer and scaler (`TrainStep.state_dict`), the progress counters, the sampler position,
-    every rank's RNG state, the config, the tokenizers' fingerprint, and the weights' EMA
-    (`train.ema_decay`)."""
+    """Writes and restores everything a checkpoint holds: the plain model's weights, the optimizer and
+    scaler (`update`), the progress counters, the sampler position, every rank's RNG state, the config,
+    the tokenizers' fingerprint, and the weights' EMA."""
 
     def __init__(self, cfg: Config, run_dir: Path, *, model: torch.nn.Module, update: Stateful, state: TrainState,
                  sampler: TokenBatchSampler, model_args: dict, tokenizer_fingerprint: str, dist: Distributed,
@@ -111,7 +110,8 @@ class RunCheckpoint:
             self.ema.reset()
         elif self.ema is not None:
             self.ema.load_state_dict(ckpt["ema"])
-        load_rng_state({k: _to_cpu(v) for k, v in own_rng.items()})
+        load_rng_state({k: [t.cpu() for t in v] if isinstance(v, (list, tuple)) else v.cpu()
+                        for k, v in own_rng.items()})
         logger.info("resuming from %s: step %d, epoch %d, batch %d of that epoch", path, self.state.step,
                     self.sampler.epoch + 1, ckpt["sampler"]["position"])
         logger.info("settings changed since that checkpoint: %s", "; ".join(changes) if changes else "none")
@@ -167,11 +167,3 @@ class RunCheckpoint:
             raise UsageError(f"{path} was written by a run of {saved_world} process(es); resume it with the same "
                              f"number (torchrun --nproc_per_node/--nnodes), not {self.dist.world_size}")
         return saved["ranks"][self.dist.rank] if "ranks" in saved else saved
-
-
-def _to_cpu(value):
-    if isinstance(value, torch.Tensor):
-        return value.cpu()
-    if isinstance(value, (list, tuple)):
-        return [v.cpu() for v in value]
-    return value

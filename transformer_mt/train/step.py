@@ -65,9 +65,8 @@ class StepResult:
 
 
 class TrainStep:
-    """Owns what an update changes besides the weights: the batches (`BatchSource`, its sampler),
-    the optimizer, the fp16 grad scaler, and the module a step calls (the model, DDP-wrapped under
-    torchrun, compiled with `train.compile`). A finite update advances `state.step`; the optimizer
+    """Owns what an update changes besides the weights: the batches (`BatchSource`), the optimizer, the
+    fp16 grad scaler and the module a step calls. A finite update advances `state.step`; the optimizer
     always holds the learning rate of the next update, `lr_at(state.step + 1, cfg.train)`."""
 
     def __init__(self, cfg: Config, model: Transformer, train_data: TokenizedSplit, state: TrainState, *,
@@ -75,8 +74,7 @@ class TrainStep:
                  pad_to_multiple: int):
         t = cfg.train
         self.cfg, self.model, self.state, self.device, self.dist = cfg, model, state, device, dist
-        self.precision = precision
-        self.attention = attention  # the SDPA kernels of forward and backward
+        self.precision, self.attention = precision, attention  # attention: the SDPA kernels of forward and backward
         # The module a step calls is the model's loss (`StepLoss`), DDP-wrapped under torchrun and
         # compiled with train.compile; checkpoints, validation and decoding use the plain model.
         self.ddp_model: torch.nn.parallel.DistributedDataParallel | None = None
@@ -97,9 +95,8 @@ class TrainStep:
             self.step_model = compiled_for_graphs(self.step_model) if graphed else torch.compile(self.step_model)
         self.fused_optimizer = device.type in ("cuda", "cpu")  # one kernel per group; MPS keeps foreach
         # The CUDA kernel reads the rate tensor as fp32 (6e-8 from the eager double at most), the CPU one as double.
-        self.lr: torch.Tensor | None = None
-        if graphed:
-            self.lr = torch.zeros((), dtype=torch.float32 if device.type == "cuda" else torch.float64, device=device)
+        self.lr = torch.zeros((), dtype=torch.float32 if device.type == "cuda" else torch.float64,
+                              device=device) if graphed else None
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr if self.lr is None else self.lr, betas=t.betas,
                                            eps=1e-9, weight_decay=t.weight_decay, fused=self.fused_optimizer,
                                            capturable=graphed)
@@ -108,12 +105,10 @@ class TrainStep:
                                    fixed_rows=graphed)
         # The layers compute at the real tokens only, except where shapes must stay fixed (captured, compiled).
         self.pack = not (graphed or t.compile)
-        self.graphs: GraphedStep | None = None
-        if graphed:
-            self.graphs = GraphedStep(self.step_model, list(model.parameters()), self.optimizer, precision=precision,
-                                      attention=attention, label_smoothing=t.label_smoothing,
-                                      max_norm=t.clip_grad_norm or float("inf"), capture=device.type == "cuda",
-                                      uncaptured_loss=plain_step_model)
+        self.graphs = GraphedStep(self.step_model, list(model.parameters()), self.optimizer, precision=precision,
+                                  attention=attention, label_smoothing=t.label_smoothing,
+                                  max_norm=t.clip_grad_norm or float("inf"), capture=device.type == "cuda",
+                                  uncaptured_loss=plain_step_model) if graphed else None
         self.apply_settings()
 
     def apply_settings(self) -> None:

@@ -43,8 +43,7 @@ logger = logging.getLogger(__name__)
 
 
 class Trainer:
-    """One training run: sets up its pieces, then `run` is the loop. Keeps `summary.json` (rank 0)
-    and `TrainState.train_seconds`."""
+    """One training run: sets up its pieces, then `run` is the loop; keeps `summary.json` and `train_seconds`."""
 
     def __init__(self, cfg: Config, run_dir: Path, *, progress: bool = True, config_dir: Path | None = None,
                  dist: Distributed = Distributed(), parent: Parent | None = None):
@@ -98,12 +97,8 @@ class Trainer:
             logger.info("train.eval_every_steps=%d is not a multiple of train.save_every_steps=%d: a new best "
                         "between saves is saved as a step checkpoint too, and counts toward train.keep_last "
                         "and train.average_last", t.eval_every_steps, t.save_every_steps)
-        # The step and data position of the newest checkpoint this process wrote (a skipped batch
-        # moves the position on without a step)
+        # The step and data position of this process's newest checkpoint (a skipped batch moves only the latter)
         self.saved_at: tuple[int, dict] | None = None
-
-    def resume(self) -> None:
-        self.checkpoint.resume()
 
     def save(self, *, is_best: bool) -> None:
         self._tick()
@@ -159,10 +154,9 @@ class Trainer:
         writer = OptionalWriter(lambda: SummaryWriter(tensorboard, purge_step=state.step + 1)
                                 if self.dist.is_main else None, tensorboard)
         self.write_summary("running")
-        bar = tqdm(total=t.max_steps, initial=state.step, desc="train", unit="step",
-                   # Not a terminal (a CI log, a file): the periodic log lines stand in for the bar.
-                   disable=not (self.progress and sys.stderr.isatty()), file=sys.stderr, dynamic_ncols=True,
-                   leave=False)  # gone once done: the step log lines and "tmt: finished" tell the story
+        # No bar off a terminal (a CI log, a file: the log lines stand in for it), and none left once done.
+        bar = tqdm(total=t.max_steps, initial=state.step, desc="train", unit="step", file=sys.stderr, leave=False,
+                   disable=not (self.progress and sys.stderr.isatty()), dynamic_ncols=True)
         batches = iter(self.sampler)
         interval = Interval(t, self.device, self.dist, peak_flops=peak_flops_per_s(self.device, self.precision.name),
                             data_report=self.data_report, step=state.step)
@@ -222,8 +216,7 @@ class Trainer:
     def _after_step(self, writer: SummaryWriter, interval: Interval) -> bool:
         """Validate and save when due. True when training is over: `max_steps`, or early stopping."""
         t, state, is_best = self.cfg.train, self.state, False
-        step = state.step
-        finished = step >= t.max_steps
+        step, finished = state.step, state.step >= t.max_steps
         validate = step % t.eval_every_steps == 0 or finished
         save_due = step % t.save_every_steps == 0 or finished
         if validate or save_due:
@@ -273,9 +266,8 @@ class Trainer:
 
 def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = True,
           config_dir: Path | None = None, dist: Distributed = Distributed()) -> TrainState:
-    """Train (or resume) the run in `run_dir`, which `prepare_run_dir` has set up. `config_dir`, the
-    config file's folder, is where `summary.json` looks for a git commit. Under torchrun every rank
-    calls this with its `dist`; rank 0 alone writes files, and alone scores the test split at the end."""
+    """Train (or resume) the run in `run_dir`, set up by `prepare_run_dir`; `config_dir`: where `summary.json`
+    looks for a git commit. Under torchrun every rank calls this; rank 0 alone writes files and tests."""
     with sigterm_interrupts(), quiet_tensorboard_thread(), os_errors_named():  # a full disk: the file, why
         if not resume and dist.is_main:
             save_config(cfg, RunDir(run_dir).config)
@@ -298,7 +290,7 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
         trainer = Trainer(cfg, run_dir, progress=progress, config_dir=config_dir, dist=dist, parent=parent)
         state, trained_out = trainer.state, False
         if resume:
-            trainer.resume()
+            trainer.checkpoint.resume()
             if dist.is_main:
                 save_config(cfg, RunDir(run_dir).config)  # training-only settings may have changed
             trained_out = _trained_out(state, cfg)
@@ -323,8 +315,7 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
 
 
 def _trained_out(state: TrainState, cfg: Config) -> bool:
-    """True (and says why) when a resumed run has nothing left to train: at train.max_steps, or
-    stopped early with its patience still used up."""
+    """True (and says why) when a resumed run is at train.max_steps, or stopped early with its patience used up."""
     patience = cfg.train.patience
     if state.step >= cfg.train.max_steps:
         logger.info("the run is already at step %d of train.max_steps=%d; raise it to train further",

@@ -32,11 +32,8 @@ logger = logging.getLogger(__name__)
 
 
 class Evaluator:
-    """Validates the model during training and tests it at the end; writes what it measures to
-    TensorBoard, `validation/` and `evaluation/` (rank 0).
-
-    `model` is the one validated: the trained model, or the EMA of its weights (`ema`), whose
-    validation BLEU then picks `best.pt`."""
+    """Validates `model` (the trained one, or the EMA of its weights: `ema`) during training and tests
+    it at the end; writes what it measures to TensorBoard, `validation/` and `evaluation/` (rank 0)."""
 
     def __init__(self, cfg: Config, run_dir: Path, *, model: Transformer, tokenizers: TokenizerPair,
                  valid_data: TokenizedSplit, checkpoints: CheckpointDir, device: torch.device, precision: Precision,
@@ -68,8 +65,7 @@ class Evaluator:
         return loss_sum / tokens
 
     def validate(self, writer: SummaryWriter, step: int) -> dict:
-        """Loss, perplexity, greedy BLEU/chrF on the fixed subset; logs examples and attention.
-        Returns the metrics (`TrainState.last_valid`)."""
+        """Loss, perplexity, greedy BLEU/chrF on the fixed subset, examples and attention -> `last_valid`."""
         started = time.perf_counter()
         loss = self.validation_loss()
         sources = [self.valid_data.src_ids[i] for i in self.valid_subset]
@@ -151,9 +147,8 @@ class Evaluator:
         cfg = self.cfg
         same = {"step": step, "checkpoint": self.test_weights()[0].name,
                 "beam_size": cfg.decode.beam_size, "length_penalty": cfg.decode.length_penalty}
-        if not isinstance(report, dict) or any(report.get(k) != v for k, v in same.items()):
-            return None
-        if ("ema" in report) != (self.ema_test_weights() is not None):
+        if (not isinstance(report, dict) or any(report.get(k) != v for k, v in same.items())
+                or ("ema" in report) != (self.ema_test_weights() is not None)):
             return None
         return report if f"|tok:{cfg.train.bleu_tokenize}|" in str(report.get("bleu_signature")) else None
 

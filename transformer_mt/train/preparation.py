@@ -90,7 +90,7 @@ def preview_report(cfg: Config, run_dir: Path, progress: bool) -> tuple[DataRepo
                     shutil.copyfile(run_dir / name, Path(scratch) / name)
             for entry in sorted(RunDir(run_dir).token_cache.glob("train*.v1-*")):  # epoch 1's variant
                 if entry.is_dir():
-                    shutil.copytree(entry, RunDir(scratch).token_cache / entry.name)
+                    shutil.copytree(entry, RunDir(Path(scratch)).token_cache / entry.name)
         device_type = cfg.train.device if cfg.train.device != "auto" else pick_device().type
         if cfg.train.batch_tokens == "auto" and device_type == "cuda" and not torch.cuda.is_available():
             notes.append("train.batch_tokens auto: batches counted at 4,096 tokens here, as on a CPU; on a GPU "

@@ -21,7 +21,7 @@ import torch
 from transformer_mt.config.loading import load_config
 from transformer_mt.data import token_cache
 from transformer_mt.data.batching import TokenBatchSampler
-from transformer_mt.train.batch_budget import resolve_batch_tokens
+from transformer_mt.train.batches import resolve_batch_tokens
 from transformer_mt.train.preparation import prepare_data
 
 

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from transformer_mt.config.schema import Config, DataConfig, ModelConfig, TokenizerConfig, TrainConfig
 from transformer_mt.data.batching import Batch
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.train.throughput import peak_flops_per_s
+from transformer_mt.train.interval import peak_flops_per_s
 from transformer_mt.train.trainer import Trainer
 
 DEMO_CORPUS = Path(__file__).resolve().parents[1] / "transformer_mt" / "corpora" / "demo_en_it"

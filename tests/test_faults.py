@@ -322,7 +322,7 @@ def test_a_model_too_big_for_the_machine_is_one_config_error_before_the_run_exis
 def test_a_model_that_fits_passes_the_memory_check():
     from transformer_mt.config.schema import ModelConfig
     from transformer_mt.core.errors import ConfigError
-    from transformer_mt.train.batch_budget import check_model_fits, parameter_count
+    from transformer_mt.train.batches import check_model_fits, parameter_count
 
     model = ModelConfig(d_model=64, d_ff=128, n_heads=2, n_layers=2)
     need = 4 * parameter_count(model, 1000)
@@ -416,7 +416,7 @@ def test_resume_report_names_the_position_and_the_changed_training_settings(tiny
 # --- faults during training -------------------------------------------------------------
 
 def test_a_non_finite_loss_skips_the_update_and_training_goes_on(tiny_corpus: Path, tmp_path: Path, monkeypatch):
-    real_loss, calls = train_step_module.step_loss, []
+    real_loss, calls = train_step_module.StepLoss.forward, []
 
     def loss_with_a_nan(*args, **kwargs):
         loss = real_loss(*args, **kwargs)
@@ -426,7 +426,7 @@ def test_a_non_finite_loss_skips_the_update_and_training_goes_on(tiny_corpus: Pa
                 return loss * float("nan")
         return loss
 
-    monkeypatch.setattr(train_step_module, "step_loss", loss_with_a_nan)
+    monkeypatch.setattr(train_step_module.StepLoss, "forward", loss_with_a_nan)
     cfg = tiny_config(tiny_corpus, train={"max_steps": 5, "eval_every_steps": 5, "save_every_steps": 5})
     prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
     state = train(cfg, tmp_path / "run", progress=False)
@@ -439,12 +439,12 @@ def test_a_non_finite_loss_skips_the_update_and_training_goes_on(tiny_corpus: Pa
 
 
 def test_non_finite_losses_in_a_row_stop_the_run_naming_the_step(tiny_corpus: Path, tmp_path: Path, monkeypatch):
-    real_loss = train_step_module.step_loss
+    real_loss = train_step_module.StepLoss.forward
 
     def infinite_in_training(*args, **kwargs):
         return real_loss(*args, **kwargs) * (float("inf") if torch.is_grad_enabled() else 1)
 
-    monkeypatch.setattr(train_step_module, "step_loss", infinite_in_training)
+    monkeypatch.setattr(train_step_module.StepLoss, "forward", infinite_in_training)
     cfg = tiny_config(tiny_corpus, train={"max_nonfinite_steps": 3})
     prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
     with pytest.raises(TrainingError, match=r"stopping at step 1: 3 updates in a row .*train.max_nonfinite_steps=3.*"

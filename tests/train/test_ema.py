@@ -97,7 +97,7 @@ def test_validation_scores_the_ema_and_translate_uses_it(tiny_corpus: Path, tmp_
     assert summary["last_valid"]["weights"] == "ema"
 
     trainer = Trainer(cfg, run, progress=False)
-    trainer.resume()
+    trainer.checkpoint.resume()
     ckpt = load_checkpoint(run / "checkpoints" / "step_00000004.pt")
     assert trainer.evaluator.validation_loss() == pytest.approx(summary["last_valid"]["loss"], abs=1e-4)
     trainer.evaluator.model.load_state_dict(ckpt["model"])  # the trained weights score otherwise
@@ -129,7 +129,7 @@ def test_ema_turned_on_at_a_resume_starts_from_the_resumed_weights(tiny_corpus: 
     train(tiny_config(tiny_corpus, train={"max_steps": 3, "test_at_end": False}), run, progress=False)
     trainer = Trainer(ema_run(tiny_corpus), run, progress=False)
     with caplog.at_level("INFO", logger="transformer_mt"):
-        trainer.resume()
+        trainer.checkpoint.resume()
     assert "holds no EMA of the weights: it starts from the weights of step 3" in caplog.text
     assert trainer.ema.updates == 0
     for average, trained in zip(trainer.ema.model.parameters(), trainer.model.parameters()):

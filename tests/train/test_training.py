@@ -24,9 +24,9 @@ from transformer_mt.decode.translator import Translator
 from transformer_mt.runs import summary as summary_module
 from transformer_mt.runs.checkpoint import load_checkpoint, save_atomic
 from transformer_mt.runs.run_dir import MARKER, check_saved_config, prepare_run_dir
-from transformer_mt.train import throughput
-from transformer_mt.train.loss import label_smoothed_loss
+from transformer_mt.train import interval as interval_module
 from transformer_mt.train.schedule import lr_at
+from transformer_mt.train.step import label_smoothed_loss
 from transformer_mt.train.trainer import Trainer, train
 
 
@@ -177,8 +177,8 @@ def test_the_loop_trains_the_sampler_batches_in_order_and_checkpoints_their_end(
 
 def test_a_pause_for_validation_or_a_checkpoint_is_not_training_time(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(throughput.time, "perf_counter", lambda: now[0])
-    interval = throughput.IntervalMeter(torch.device("cpu"), Distributed())
+    monkeypatch.setattr(interval_module.time, "perf_counter", lambda: now[0])
+    interval = interval_module.Interval(TrainConfig(), torch.device("cpu"), Distributed())
     batch = Batch(torch.ones(2, 5, dtype=torch.long), torch.ones(2, 4, dtype=torch.long),
                   torch.ones(2, 4, dtype=torch.long), n_src_tokens=10, n_tgt_tokens=8)
     now[0] += 2.0  # a step of 2 s
@@ -221,7 +221,7 @@ def test_resume_applies_a_changed_learning_rate(tiny_corpus: Path, tmp_path: Pat
     train(tiny_config(tiny_corpus, train={"max_steps": 4}), run, progress=False)
     cfg = tiny_config(tiny_corpus, train={"max_steps": 6, "lr": 1e-2, "weight_decay": 0.5})
     trainer = Trainer(cfg, run, progress=False)
-    trainer.resume()
+    trainer.checkpoint.resume()
     group = trainer.train_step.optimizer.param_groups[0]
     assert group["lr"] == pytest.approx(1e-2 * math.sqrt(2 / 5))  # the next (5th) update, on the new peak
     assert group["weight_decay"] == 0.5
@@ -295,7 +295,7 @@ def test_a_linear_schedule_resumes_exactly_and_a_changed_schedule_applies_from_t
     stop_at_first_validation(cfg, interrupted, monkeypatch)
     assert load_checkpoint(interrupted / "checkpoints" / "step_00000003.pt")["train_state"]["step"] == 3
     trainer = Trainer(cfg, interrupted, progress=False)
-    trainer.resume()
+    trainer.checkpoint.resume()
     # The 4th update of the 6-step run: halfway down from 1e-3 to 1e-4 (steps 2..6), not the 3-step run's end.
     assert trainer.train_step.optimizer.param_groups[0]["lr"] == pytest.approx(5.5e-4)
     prepare_run_dir(interrupted, resume=True, overwrite=False)
@@ -306,7 +306,7 @@ def test_a_linear_schedule_resumes_exactly_and_a_changed_schedule_applies_from_t
 
     cosine = tiny_config(tiny_corpus, train={**linear, "max_steps": 10, "lr_schedule": "cosine"})
     trainer = Trainer(cosine, interrupted, progress=False)
-    trainer.resume()
+    trainer.checkpoint.resume()
     # Update 7 of 10 on the cosine from step 2: 5/8 of the way, 1e-4 + 4.5e-4 · (1 + cos(5π/8)).
     assert trainer.train_step.optimizer.param_groups[0]["lr"] == pytest.approx(
         1e-4 + 4.5e-4 * (1 + math.cos(5 * math.pi / 8)))
@@ -334,7 +334,7 @@ def test_a_checkpoint_from_before_a_config_key_existed_resumes_with_its_default(
     check_saved_config(resumed_cfg, run)  # what `tmt train --resume` checks before preparing the data
     trainer = Trainer(resumed_cfg, run, progress=False)
     with caplog.at_level("INFO", logger="transformer_mt"):
-        trainer.resume()
+        trainer.checkpoint.resume()
     assert "settings changed since that checkpoint: train.max_steps: 3 -> 6\n" in caplog.text  # and nothing else
     assert trainer.train_step.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * math.sqrt(2 / 4))
 
@@ -420,7 +420,7 @@ def test_resume_skips_a_truncated_checkpoint_and_uses_the_previous_one(tiny_corp
     newest = run / "checkpoints" / "step_00000006.pt"
     newest.write_bytes(newest.read_bytes()[:1000])  # a write cut short by a crash
     trainer = Trainer(cfg, run, progress=False)
-    trainer.resume()
+    trainer.checkpoint.resume()
     assert trainer.state.step == 4
 
 

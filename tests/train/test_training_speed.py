@@ -25,10 +25,10 @@ from transformer_mt.data.batching import Batch, make_batch, sorted_batches
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.runs.run_dir import prepare_run_dir
-from transformer_mt.train import throughput
-from transformer_mt.train.batch_budget import activation_bytes_per_token, device_batch_tokens, resolve_batch_tokens
-from transformer_mt.train.loss import label_smoothed_loss
-from transformer_mt.train.throughput import peak_flops_of, peak_flops_per_s
+from transformer_mt.train import interval as interval_module
+from transformer_mt.train.batches import activation_bytes_per_token, device_batch_tokens, resolve_batch_tokens
+from transformer_mt.train.interval import peak_flops_of, peak_flops_per_s
+from transformer_mt.train.step import label_smoothed_loss
 from transformer_mt.train.trainer import Trainer
 
 
@@ -293,8 +293,8 @@ def test_batch_tokens_takes_a_number_or_auto():
 
 def test_time_spent_capturing_cuda_graphs_is_reported_apart_from_the_rates(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(throughput.time, "perf_counter", lambda: now[0])
-    interval = throughput.IntervalMeter(torch.device("cpu"), Distributed())
+    monkeypatch.setattr(interval_module.time, "perf_counter", lambda: now[0])
+    interval = interval_module.Interval(TrainConfig(), torch.device("cpu"), Distributed())
     batch = Batch(torch.ones(2, 5, dtype=torch.long), torch.ones(2, 4, dtype=torch.long),
                   torch.ones(2, 4, dtype=torch.long), n_src_tokens=10, n_tgt_tokens=8)
     now[0] += 7.0  # a step of 2 s that first captured its shape for 5 s

@@ -24,7 +24,7 @@ def run_train(args: argparse.Namespace) -> None:
     from transformer_mt.runs.checkpoint import CheckpointDir
     from transformer_mt.runs.init_from import check_parent
     from transformer_mt.runs.run_dir import prepare_run_dir
-    from transformer_mt.train.batch_budget import check_model_fits
+    from transformer_mt.train.batches import check_model_fits
     from transformer_mt.train.trainer import train
 
     cfg = load_config(args.config, args.overrides)

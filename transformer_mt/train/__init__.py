@@ -1,1 +1,1 @@
-"""Training a model: the loss, schedules, one update (eager or captured), validation, and the loop that ties a run together."""
+"""Training a model: one update (eager or captured), its batches, validation, and the loop of a run."""

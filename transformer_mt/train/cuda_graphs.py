@@ -1,23 +1,5 @@
-"""The GPU engine: a whole training update (forward, loss, backward, gradient clipping and the
-AdamW step) captured once per batch shape as a CUDA graph, then replayed, so an update is a few
-launches instead of ~900 (the host, not the GPU, set the pace of the eager step:
-../shared/gpu/README.md, docs/benchmarks.md).
-
-Batches reach it with fixed shapes (`batching.static_rows` / `pad_rows` in `BatchSource.load`),
-so a run meets a handful of shapes and captures each once. Chosen by `TrainStep` on CUDA with one
-process and no fp16 loss scaling (`graphs_apply`). With `train.compile` the captured forward and
-backward are inductor's fused kernels (`compiled_for_graphs`): each shape compiles in the warm-up
-runs before its capture, so the capture only launches what is already built. Nothing in a replay waits
-for the host: the learning rate is read from a device tensor that `TrainStep` sets before each
-update, the clipping coefficient is computed on the device, and a non-finite loss or gradient
-norm skips the update on the device, through the fused AdamW's `found_inf` (the mechanism the
-fp16 GradScaler uses): parameters, moments and step counts stay as they were. The trainer still
-reads that one flag after the update, as the eager step does, to count the step or the skip.
-
-With `capture=False` (any device) the same functions run eagerly: that is how the CPU tests
-check them against the plain step (tests/train/test_cuda_graph_step.py); tests/test_gpu.py checks the
-replayed graphs against the eager step.
-"""
+"""The GPU engine: a whole training update (forward, loss, backward, clipping, the AdamW step)
+captured once per batch shape as a CUDA graph, then replayed; with `capture=False` the same code runs eagerly."""
 
 from __future__ import annotations
 
@@ -25,7 +7,6 @@ import contextlib
 import logging
 import time
 import warnings
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -39,102 +20,58 @@ WARMUP_RUNS = 2  # eager runs on a side stream before a capture: cuBLAS/cuDNN ha
 MAX_GRAPHS = 64  # batch shapes captured at most (one memory pool; under compile, one compiled entry each)
 
 
-@dataclass
-class _Captured:
-    """One batch shape's graph and the static tensors it reads."""
-
-    src_ids: torch.Tensor  # (B, S) long, copied in before each replay
-    tgt_in_ids: torch.Tensor  # (B, T) long
-    tgt_out_ids: torch.Tensor  # (B, T) long
-    denominator: torch.Tensor  # () fp32: the update's target tokens, which the loss sum is divided by
-    graph: torch.cuda.CUDAGraph | None = None
-
-
 def graphs_apply(device: torch.device, *, distributed: bool, grad_scaler: bool) -> bool:
     """Whether the captured step can run: CUDA, one process (DDP's all-reduce hooks fire inside
-    backward), no fp16 GradScaler (its scale changes between steps). `train.compile` may be on:
-    the graphs then capture its kernels (`compiled_for_graphs`)."""
+    backward), no fp16 GradScaler (its scale changes between steps)."""
     return device.type == "cuda" and not distributed and not grad_scaler
 
 
 def compiled_for_graphs(step_loss: nn.Module, max_graphs: int = MAX_GRAPHS) -> nn.Module:
-    """`step_loss` through `torch.compile` for the captured step: inductor's fused kernels
-    (LayerNorm, residual adds, dropout, autocast's casts, bias-gradient sums) in forward and, as
-    AOTAutograd compiles both, backward. Default mode, with inductor's own CUDA graphs off
-    (`mode="reduce-overhead"` would capture them itself; `GraphedStep` captures the whole update).
-    Static shapes (`dynamic=False`): a graph replays one shape, so its kernels need not take any
-    other, and each batch shape compiles once, in the warm-up runs before its capture (a compile
-    inside a capture would fail: it reads the CUDA RNG state). Dynamo keeps one compiled entry per
-    shape, so its recompile limit is raised to the shapes a run may capture (past its default 8,
-    dynamo would run the module uncompiled, with a warning only)."""
+    """`step_loss` through `torch.compile` for the captured step: static shapes, each compiled in
+    the warm-up runs before its capture, inductor's own CUDA graphs off (`GraphedStep` captures
+    the whole update), and dynamo's recompile limit raised to the shapes a run may capture."""
     config = torch._dynamo.config
     limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # torch < 2.6
     setattr(config, limit, max(getattr(config, limit), max_graphs))
     return torch.compile(step_loss, dynamic=False, options={"triton.cudagraphs": False})
 
 
-def init_adam_state(optimizer: torch.optim.Optimizer) -> None:
-    """Create AdamW's state (step 0, zero moments) now, as its first `step` would: a captured step
-    must find its tensors in place, not allocate them inside the graph."""
-    for group in optimizer.param_groups:
-        for param in group["params"]:
+class GraphedStep:
+    """One update over one or more micro-batches: `start_update`, then `run` for each (the last with
+    `last=True` clips and steps `optimizer`, a fused capturable AdamW). Gradients accumulate in buffers
+    linked as the parameters' `.grad`. Outputs, valid until the next update: `loss_sum` (per target
+    token), `grad_norm` (before clipping) and `nonfinite` (1.0: skipped). A shape beyond `max_graphs`
+    runs eagerly through `uncaptured_loss` (under compile the plain module)."""
+
+    def __init__(self, step_loss: nn.Module, params: list[nn.Parameter], optimizer: torch.optim.Optimizer, *,
+                 precision: Precision, attention: AttentionKernels, label_smoothing: float, max_norm: float,
+                 capture: bool, max_graphs: int = MAX_GRAPHS, uncaptured_loss: nn.Module | None = None):
+        self.step_loss = step_loss  # a `step.StepLoss`, or it compiled (`compiled_for_graphs`)
+        self.uncaptured_loss = step_loss if uncaptured_loss is None else uncaptured_loss
+        self.compiled = self.uncaptured_loss is not step_loss  # a compiled step_loss comes with its plain module
+        self.params, self.optimizer, self.precision, self.attention = params, optimizer, precision, attention
+        self.label_smoothing = label_smoothing
+        self.max_norm = max_norm  # inf: no clipping (the norm is still computed, for the log)
+        self.capture, self.max_graphs = capture, max_graphs
+        device = params[0].device
+        self.grads = [torch.zeros_like(p) for p in params]  # every graph adds into these: never replaced
+        self.loss_sum, self.grad_norm, self.nonfinite = (torch.zeros((), device=device) for _ in range(3))
+        self._skip = torch.ones((), device=device)  # found_inf while warming up: no update
+        self._warming_up = False
+        self.pool = torch.cuda.graph_pool_handle() if capture else None  # graphs replay one at a time
+        self.captured: dict[tuple, tuple[torch.cuda.CUDAGraph, tuple]] = {}  # shape -> graph, its static inputs
+        self.capture_seconds = 0.0  # spent capturing (warm-up runs included), reported apart from speed
+        self.compile_seconds = 0.0  # of which compiling: a compiled shape's first warm-up run beyond its second
+        self._said_eager = False
+        for param in params:  # AdamW's state as its first step would create it: a capture must find it in place
             state = optimizer.state[param]
             if not state:
                 state["step"] = torch.zeros((), dtype=torch.float32, device=param.device)
                 state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
 
-
-class GraphedStep:
-    """One update over one or more micro-batches: `start_update`, then `run` for each (the last
-    with `last=True`, which clips and steps the optimizer). Gradients accumulate in buffers of its
-    own, linked as the parameters' `.grad`; after the update they hold the clipped gradient, as
-    after the eager step. Outputs, valid until the next update: `loss_sum` (the update's loss per
-    target token), `grad_norm` (before clipping) and `nonfinite` (1.0: the update was skipped).
-
-    `optimizer`: AdamW with `fused=True`, `capturable=True` and its learning rate a device tensor
-    (`TrainStep` builds it so). `max_graphs` bounds the shapes captured (they share one memory
-    pool); a shape beyond it runs eagerly through `uncaptured_loss` (default `step_loss`; under
-    `train.compile` the plain module, so that no more shapes compile), with the same result up to
-    float rounding."""
-
-    def __init__(self, step_loss: nn.Module, params: list[nn.Parameter], optimizer: torch.optim.Optimizer, *,
-                 precision: Precision, attention: AttentionKernels, label_smoothing: float, max_norm: float,
-                 capture: bool, max_graphs: int = MAX_GRAPHS, uncaptured_loss: nn.Module | None = None):
-        self.step_loss = step_loss  # a `loss.StepLoss`, or it compiled (`compiled_for_graphs`)
-        self.uncaptured_loss = step_loss if uncaptured_loss is None else uncaptured_loss
-        self.compiled = self.uncaptured_loss is not step_loss  # a compiled step_loss comes with its plain module
-        self.params = params
-        self.optimizer = optimizer
-        self.precision = precision
-        self.attention = attention
-        self.label_smoothing = label_smoothing
-        self.max_norm = max_norm  # inf: no clipping (the norm is still computed, for the log)
-        self.capture = capture
-        self.max_graphs = max_graphs
-        device = params[0].device
-        self.grads = [torch.zeros_like(p) for p in params]  # every graph adds into these: never replaced
-        self.loss_sum = torch.zeros((), device=device)
-        self.grad_norm = torch.zeros((), device=device)
-        self.nonfinite = torch.zeros((), device=device)
-        self._skip = torch.ones((), device=device)  # found_inf while warming up: no update
-        self._warming_up = False
-        self.pool = torch.cuda.graph_pool_handle() if capture else None  # graphs replay one at a time
-        self.captured: dict[tuple, _Captured] = {}
-        self.capture_seconds = 0.0  # spent capturing (warm-up runs included), reported apart from speed
-        # Of which compiling: a compiled shape's first warm-up run beyond its second (same work, no compile).
-        self.compile_seconds = 0.0
-        self._said_eager = False
-        init_adam_state(optimizer)
-
-    def forget(self) -> None:
-        """Drop the captured graphs: they point at the optimizer's state tensors, which loading a
-        state dict replaces. The next update captures again."""
-        self.captured.clear()
-
     def start_update(self) -> None:
-        """Zero the gradient buffers and the loss, and make the buffers the parameters' `.grad`
-        again (an out-of-memory skip sets them to None)."""
+        """Zero the gradient buffers and the loss; relink the buffers (an out-of-memory skip unlinks them)."""
         torch._foreach_zero_(self.grads)
         self.loss_sum.zero_()
         if self.params[0].grad is not self.grads[0]:
@@ -142,8 +79,7 @@ class GraphedStep:
                 param.grad = grad
 
     def run(self, batch: Batch, n_tgt_tokens: int, last: bool) -> None:
-        """Add the batch's gradient of (loss sum / `n_tgt_tokens`) to `.grad` and its loss to
-        `loss_sum`; with `last`, then clip and update."""
+        """Add the batch's gradient of (loss sum / `n_tgt_tokens`) and its loss; with `last`, clip and update."""
         key = (tuple(batch.src_ids.shape), tuple(batch.tgt_in_ids.shape), last)
         captured = self.captured.get(key)
         if captured is None and self.capture and len(self.captured) < self.max_graphs:
@@ -158,11 +94,12 @@ class GraphedStep:
                 self._micro_step(batch.src_ids, batch.tgt_in_ids, batch.tgt_out_ids, denominator, last,
                                  self.uncaptured_loss if self.capture else self.step_loss)
             return
-        captured.src_ids.copy_(batch.src_ids)
-        captured.tgt_in_ids.copy_(batch.tgt_in_ids)
-        captured.tgt_out_ids.copy_(batch.tgt_out_ids)
-        captured.denominator.fill_(float(n_tgt_tokens))
-        captured.graph.replay()
+        graph, (src_ids, tgt_in_ids, tgt_out_ids, denominator, _) = captured
+        src_ids.copy_(batch.src_ids)
+        tgt_in_ids.copy_(batch.tgt_in_ids)
+        tgt_out_ids.copy_(batch.tgt_out_ids)
+        denominator.fill_(float(n_tgt_tokens))
+        graph.replay()
 
     def _micro_step(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, tgt_out_ids: torch.Tensor,
                     denominator: torch.Tensor, last: bool, step_loss: nn.Module | None = None) -> None:
@@ -178,28 +115,26 @@ class GraphedStep:
             self.clip_and_update()
 
     def clip_and_update(self) -> None:
-        """Clip the gradients (`clip_grad_norm_`, as the eager step) and step AdamW, skipped on the
-        device when the loss or the norm is not finite. No host sync: capturable."""
+        """Clip the gradients (as the eager step) and step AdamW, skipped on the device (the fused
+        AdamW's `found_inf`) when the loss or the norm is not finite. No host sync: capturable."""
         norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_norm)
         self.grad_norm.copy_(norm)
         self.nonfinite.copy_(~(torch.isfinite(self.loss_sum) & torch.isfinite(norm)))
-        # The fused AdamW skips every parameter, moment and step count where found_inf is 1.
         self.optimizer.found_inf = self._skip if self._warming_up else self.nonfinite
         try:
             self.optimizer.step()
         finally:
             del self.optimizer.found_inf  # a later eager `step()` must not read a stale flag
 
-    def _capture(self, batch: Batch, last: bool) -> _Captured:
-        """Warm up, then capture this shape's micro-step. Warming up runs it for real, on a side
-        stream, with the optimizer's update forced off and the gradient buffers and loss put back
-        afterwards; the CUDA random state is put back too, so capturing draws no dropout mask that
-        training would not have drawn. Capturing runs nothing: the first replay does."""
+    def _capture(self, batch: Batch, last: bool) -> tuple[torch.cuda.CUDAGraph, tuple]:
+        """Warm up (on a side stream, the update forced off), then capture this shape's micro-step.
+        The gradient buffers, the loss and the CUDA random state are put back: capturing draws no
+        dropout mask that training would not have drawn. The first replay runs the step."""
         started = time.perf_counter()
         device = batch.src_ids.device
-        captured = _Captured(batch.src_ids.clone(), batch.tgt_in_ids.clone(), batch.tgt_out_ids.clone(),
-                             torch.ones((), device=device))
-        args = (captured.src_ids, captured.tgt_in_ids, captured.tgt_out_ids, captured.denominator, last)
+        # The graph's inputs, copied in before each replay: (B, S), (B, T), (B, T) long; the () fp32 denominator.
+        args = (batch.src_ids.clone(), batch.tgt_in_ids.clone(), batch.tgt_out_ids.clone(),
+                torch.ones((), device=device), last)
         rng = torch.cuda.get_rng_state(device)
         saved = [g.clone() for g in self.grads], self.loss_sum.clone()
         side = torch.cuda.Stream(device)
@@ -215,15 +150,15 @@ class GraphedStep:
                     run_seconds.append(time.perf_counter() - run_started)
         finally:
             self._warming_up = False
-        if self.compiled:
-            self.compile_seconds += max(run_seconds[0] - run_seconds[-1], 0.0)
+        compiling = max(run_seconds[0] - run_seconds[-1], 0.0) if self.compiled else 0.0
+        self.compile_seconds += compiling
         torch.cuda.current_stream(device).wait_stream(side)
         torch._foreach_copy_(self.grads, saved[0])
         self.loss_sum.copy_(saved[1])
         del saved
-        captured.graph = torch.cuda.CUDAGraph()
+        graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(captured.graph, pool=self.pool):
+            with torch.cuda.graph(graph, pool=self.pool):
                 self._micro_step(*args)
         except RuntimeError as err:
             # Out of memory inside a capture can surface as the error of ending the capture.
@@ -235,14 +170,13 @@ class GraphedStep:
         seconds = time.perf_counter() - started
         self.capture_seconds += seconds
         logger.debug("captured a CUDA graph for batch shape %s in %.2fs (compiling: %.2fs)", tuple(batch.src_ids.shape),
-                     seconds, max(run_seconds[0] - run_seconds[-1], 0.0) if self.compiled else 0.0)
-        return captured
+                     seconds, compiling)
+        return graph, args
 
 
 @contextlib.contextmanager
 def _uncaptured_capturable_step():
-    """torch warns when a capturable optimizer steps outside a capture; the warm-up runs and the
-    shapes beyond `max_graphs` do so on purpose."""
+    """Silence torch's warning about a capturable optimizer stepping outside a capture (on purpose here)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*capturable=True.*")
         yield

@@ -1,7 +1,5 @@
-"""An exponential moving average (EMA) of a model's weights (`train.ema_decay`): kept in fp32 on
-the training device as a second copy of the model, whose weights validation, `best.pt`, the
-final test and `tmt translate` then use (Polyak & Juditsky 1992; Marian's
-`--exponential-smoothing` validates and saves the smoothed weights the same way)."""
+"""An exponential moving average (EMA) of a model's weights (`train.ema_decay`), in fp32 on the
+training device, whose weights validation, `best.pt`, the final test and `tmt translate` then use."""
 
 from __future__ import annotations
 
@@ -14,13 +12,8 @@ from torch import nn
 class WeightEMA:
     """`model` holds the average: a copy of the trained model, never trained itself. Each
     `update` (after an optimizer update) moves it towards the trained weights:
-    ema ← d·ema + (1 − d)·weights, with d = min(decay, (1 + n) / (10 + n)) at the n-th update.
-
-    The warm-up of d (TensorFlow's `ExponentialMovingAverage(num_updates=...)`, timm's
-    `ModelEmaV3`) keeps early averages from lingering on the random initial weights; it
-    reaches 0.999 after 8,990 updates and 0.9999 after 89,990, so a shorter run averages about
-    its last tenth of updates whatever `decay` says above that.
-    """
+    ema ← d·ema + (1 − d)·weights, with d = min(decay, (1 + n) / (10 + n)) at the n-th update
+    (the warm-up of d keeps early averages off the random initial weights)."""
 
     def __init__(self, trained: nn.Module, decay: float):
         if not 0 < decay < 1:

@@ -1,9 +1,5 @@
-"""Outputs a training run can lose without losing the run: TensorBoard events and `train.log`.
-
-A write that fails (a full disk, a quota) warns once and training goes on; the checkpoints,
-which a resume needs, still stop the run with the file and the reason when they cannot be
-written. (`summary.json` warns the same way, in `run_status`.)
-"""
+"""Outputs a training run can lose without losing the run, TensorBoard events and `train.log`: a
+write that fails (a full disk, a quota) warns once and training goes on."""
 
 from __future__ import annotations
 
@@ -17,12 +13,9 @@ logger = logging.getLogger(__name__)
 
 
 class OptionalWriter:
-    """A TensorBoard `SummaryWriter` whose failures warn once, then turn it off.
-
-    `make` builds the writer (it creates the folder and the event file, which may fail too).
-    TensorBoard writes on a thread of its own and raises its error at a later call, so every
-    call is guarded.
-    """
+    """A TensorBoard `SummaryWriter` whose failures warn once, then turn it off. `make` builds the
+    writer (which may fail too), or returns None: no writer (ranks other than 0). TensorBoard writes
+    on a thread of its own and raises its error at a later call, so every call is guarded."""
 
     def __init__(self, make: Callable[[], object], where: str):
         self.where = where
@@ -46,8 +39,8 @@ class OptionalWriter:
 
 @contextlib.contextmanager
 def quiet_tensorboard_thread() -> Iterator[None]:
-    """While inside, an OSError that ends TensorBoard's writer thread is not printed as a traceback:
-    the thread keeps it, and `OptionalWriter` warns about it at the next call."""
+    """While inside, an OSError that ends TensorBoard's writer thread prints no traceback: `OptionalWriter`
+    warns about it at the next call."""
     previous = threading.excepthook
 
     def hook(args: threading.ExceptHookArgs) -> None:

@@ -23,33 +23,29 @@ from transformer_mt.data.tokenization import TokenizerPair, train_tokenizers
 from transformer_mt.data.training_split import tokenize_training_split
 from transformer_mt.runs.init_from import copy_tokenizers
 from transformer_mt.runs.run_dir import same_data_settings
-from transformer_mt.train.batch_budget import resolve_batch_tokens
+from transformer_mt.train.batches import resolve_batch_tokens
 
 logger = logging.getLogger(__name__)
 
 
 def batch_padding(train_cfg: TrainConfig, device_type: str) -> int:
-    """The multiple that batch lengths are padded to: `train.pad_to_multiple` on CUDA or under
-    compile, else 1. Tensor cores and compile's bound on distinct shapes are what it is for; on a
-    CPU it only costs time (docs/benchmarks.md, "cpu-small preset, CPU": pad_to_multiple 8 costs on a CPU)."""
+    """The multiple that batch lengths are padded to: `train.pad_to_multiple` on CUDA (tensor cores)
+    or under compile (fewer distinct shapes), else 1 (on a CPU it only costs time)."""
     return train_cfg.pad_to_multiple if device_type == "cuda" or train_cfg.compile else 1
 
 
 def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size: int = 1, pad_to_multiple: int = 1,
                  prepared: bool = False) -> tuple[TokenizerPair, TokenizedSplit, TokenizedSplit, DataReport | None]:
-    """Load the corpus, train (or reuse, or copy from `train.init_from`) the tokenizers, tokenize the train and valid splits once
-    (cached in the run directory, see `token_cache`), and log the data report (batches counted
-    with lengths padded to `pad_to_multiple`, see `batch_padding`).
-
-    `prepared`: rank 0 of a torchrun run has just done all this in `run_dir`; only read what it
-    wrote (the other ranks), so that every rank trains on the same data and none writes there.
-    The data report is then None: rank 0 made it."""
+    """Load the corpus, train (or reuse, or copy from `train.init_from`) the tokenizers, tokenize the
+    train and valid splits once (cached in the run directory), and log the data report (batches
+    counted with lengths padded to `pad_to_multiple`). `prepared`: rank 0 of a torchrun run has just
+    done all this in `run_dir`; only read what it wrote (the other ranks; no data report then)."""
     corpus = data_module.load_corpus(cfg.data, cfg.seed, run_dir, prepared=prepared)
     if TokenizerPair.exists_in(run_dir):
         tokenizers = TokenizerPair.load(run_dir)
         logger.info("reusing the tokenizers in %s", run_dir)
     elif prepared:
-        raise missing_from_rank0(tokenizer_file(cfg, run_dir))
+        raise missing_from_rank0(RunDir(run_dir).tokenizer_file(cfg.tokenizer.joint))
     elif cfg.train.init_from:  # a new run from another's weights: that run's vocabulary
         tokenizers = copy_tokenizers(cfg.train.init_from, run_dir)
         logger.info("copied the tokenizers of %s (train.init_from)", cfg.train.init_from)
@@ -79,28 +75,12 @@ def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size:
     return tokenizers, train, valid, report
 
 
-def tokenizer_file(cfg: Config, run_dir: Path) -> Path:
-    """The tokenizer file a run of `cfg` writes first (its joint one, else the source one)."""
-    return RunDir(run_dir).tokenizer_file(cfg.tokenizer.joint)
-
-
-def _copy_first_segmentation(run_dir: Path, scratch: Path) -> None:
-    """Copy the run's cached BPE-dropout segmentation of the first epoch (variant 1 of each corpus)
-    into `scratch`: dropout encoding is not seeded, so drawing it again would report other lengths
-    than the run trains on. A copy, not a link: nothing `tmt data` does may write into the run."""
-    for entry in sorted(RunDir(run_dir).token_cache.glob("train*.v1-*")):
-        if entry.is_dir():
-            shutil.copytree(entry, RunDir(scratch).token_cache / entry.name)
-
-
 def preview_report(cfg: Config, run_dir: Path, progress: bool) -> tuple[DataReport, list[str], bool]:
     """`tmt data`: the data report of `cfg` prepared in a temporary folder, leaving no file behind
-    -> (report, notes for the user, whether `run_dir`'s tokenizers were used).
-
-    An existing run's tokenizers, carved split (`splits.json`) and first BPE-dropout segmentation
-    are copied there first when the run was made from the same seed, data and tokenizer settings,
-    so the report describes that run.
-    """
+    -> (report, notes for the user, whether `run_dir`'s tokenizers were used). An existing run's
+    tokenizers, carved split and first BPE-dropout segmentation (not seeded: drawn again, it would
+    give other lengths) are copied there first when the run has the same seed, data and tokenizer
+    settings, so the report describes that run."""
     notes = []
     reuse = same_data_settings(cfg, run_dir)
     with tempfile.TemporaryDirectory(prefix="tmt-data-") as scratch:
@@ -108,7 +88,9 @@ def preview_report(cfg: Config, run_dir: Path, progress: bool) -> tuple[DataRepo
             for name in (RunDir.SPLITS, JOINT_FILE, SRC_FILE, TGT_FILE):
                 if (run_dir / name).is_file():
                     shutil.copyfile(run_dir / name, Path(scratch) / name)
-            _copy_first_segmentation(run_dir, Path(scratch))
+            for entry in sorted(RunDir(run_dir).token_cache.glob("train*.v1-*")):  # epoch 1's variant
+                if entry.is_dir():
+                    shutil.copytree(entry, RunDir(Path(scratch)).token_cache / entry.name)
         device_type = cfg.train.device if cfg.train.device != "auto" else pick_device().type
         if cfg.train.batch_tokens == "auto" and device_type == "cuda" and not torch.cuda.is_available():
             notes.append("train.batch_tokens auto: batches counted at 4,096 tokens here, as on a CPU; on a GPU "
@@ -116,8 +98,7 @@ def preview_report(cfg: Config, run_dir: Path, progress: bool) -> tuple[DataRepo
         here = torch.device(device_type if device_type != "cuda" or torch.cuda.is_available() else "cpu")
         cfg, budget_note = resolve_batch_tokens(cfg, here)
         notes += [budget_note] if budget_note else []
-        # The report describes the first epoch and the first BPE-dropout segmentation: drawing the
-        # other ones here would only cost time.
+        # The report describes the first epoch and BPE-dropout segmentation: drawing others costs time.
         variants = cfg.tokenizer.bpe_dropout_variants
         report_cfg = dataclasses.replace(cfg, tokenizer=dataclasses.replace(cfg.tokenizer, bpe_dropout_variants=1))
         try:

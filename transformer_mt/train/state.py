@@ -1,12 +1,11 @@
-"""A training run's resumable state: its progress counters (`TrainState`), and the checkpoint that
-holds them with every other resumable piece (weights, optimizer, sampler position, RNG streams),
-saved and restored as one."""
+"""A training run's resumable state: its progress counters, and the checkpoint that holds them with
+every other resumable piece (weights, optimizer, sampler position, RNG streams)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -28,7 +27,7 @@ logger = logging.getLogger(__name__)
 RESUME_KEYS = ("optimizer", "scaler", "train_state", "sampler", "rng")
 
 
-@dataclass
+@dataclasses.dataclass
 class TrainState:
     """Progress counters that a checkpoint must carry besides the tensors."""
 
@@ -45,52 +44,31 @@ class TrainState:
     parent: dict | None = None  # the checkpoint `train.init_from` started the run from (summary.json)
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "best_bleu": self.best_bleu, "best_step": self.best_step,
-                "evals_since_best": self.evals_since_best, "stopped_early": self.stopped_early,
-                "tgt_tokens_seen": self.tgt_tokens_seen,
-                "skipped_nonfinite": self.skipped_nonfinite, "skipped_oom": self.skipped_oom,
-                "train_seconds": self.train_seconds, "last_valid": self.last_valid, "parent": self.parent}
+        return dataclasses.asdict(self)
 
     def load_state_dict(self, state: dict) -> None:
-        self.step = int(state["step"])
-        self.best_bleu = float(state["best_bleu"])
-        self.tgt_tokens_seen = int(state["tgt_tokens_seen"])
-        self.best_step = int(state["best_step"])
-        self.evals_since_best = int(state["evals_since_best"])
-        self.stopped_early = bool(state["stopped_early"])
-        self.skipped_nonfinite = int(state["skipped_nonfinite"])
-        self.skipped_oom = int(state["skipped_oom"])
-        self.train_seconds = float(state["train_seconds"])
-        self.last_valid = state["last_valid"]
-        self.parent = state.get("parent")  # absent from checkpoints of before train.init_from
+        for field in dataclasses.fields(self):  # a number as its field's type; `parent` may be absent
+            value = state.get(field.name)
+            setattr(self, field.name, value if field.default is None else type(field.default)(value))
 
 
-class Stateful(Protocol):
+class Stateful(Protocol):  # `TrainStep`: the optimizer and the scaler
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
 
 
 class RunCheckpoint:
-    """Writes and restores everything a checkpoint holds: the plain model's weights, the update's
-    optimizer and scaler (`TrainStep.state_dict`), the progress counters, the sampler position,
-    every rank's RNG state, the config, the tokenizers' fingerprint, and the weights' EMA
-    (`train.ema_decay`)."""
+    """Writes and restores everything a checkpoint holds: the plain model's weights, the optimizer and
+    scaler (`update`), the progress counters, the sampler position, every rank's RNG state, the config,
+    the tokenizers' fingerprint, and the weights' EMA."""
 
     def __init__(self, cfg: Config, run_dir: Path, *, model: torch.nn.Module, update: Stateful, state: TrainState,
                  sampler: TokenBatchSampler, model_args: dict, tokenizer_fingerprint: str, dist: Distributed,
                  device: torch.device, ema: WeightEMA | None = None):
-        self.cfg = cfg
-        self.run_dir = run_dir
-        self.model = model
-        self.update = update
-        self.state = state
-        self.sampler = sampler
-        self.model_args = model_args
-        self.tokenizer_fingerprint = tokenizer_fingerprint
-        self.dist = dist
-        self.device = device
-        self.ema = ema
+        self.cfg, self.run_dir, self.model, self.update, self.state = cfg, run_dir, model, update, state
+        self.sampler, self.model_args, self.tokenizer_fingerprint = sampler, model_args, tokenizer_fingerprint
+        self.dist, self.device, self.ema = dist, device, ema
         self.checkpoints = CheckpointDir(RunDir(run_dir).checkpoints, cfg.train.keep_last)
         # The sampler runs one update ahead of training (the loop prepares the next update's
         # batches while the device works); checkpoints record where the trained batches end.
@@ -98,17 +76,12 @@ class RunCheckpoint:
 
     def state_dict(self) -> dict:
         return {
-            "model": self.model.state_dict(),
-            **self.update.state_dict(),  # optimizer, scaler
-            "train_state": self.state.state_dict(),
-            "sampler": self.sampler_state,
+            "model": self.model.state_dict(), **self.update.state_dict(),  # optimizer, scaler
+            "train_state": self.state.state_dict(), "sampler": self.sampler_state,
             # Every rank's RNG state (dropout differs per rank); a collective, so all ranks call this.
             "rng": rng_state() if not self.dist.enabled else {"ranks": self.dist.gather(rng_state())},
-            "config": config_to_dict(self.cfg),
-            "model_args": self.model_args,
-            "tokenizers": self.tokenizer_fingerprint,
-            "format_version": FORMAT_VERSION,
-            **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
+            "config": config_to_dict(self.cfg), "model_args": self.model_args, "tokenizers": self.tokenizer_fingerprint,
+            "format_version": FORMAT_VERSION, **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
         }
 
     def save(self, *, is_best: bool) -> None:
@@ -129,8 +102,16 @@ class RunCheckpoint:
         self.update.load_state_dict(ckpt)  # after the counters: it sets the next update's learning rate
         self.sampler.load_state_dict(ckpt["sampler"])
         self.sampler_state = self.sampler.state_dict()
-        self._resume_ema(ckpt.get("ema"), path)
-        load_rng_state({k: _to_cpu(v) for k, v in own_rng.items()})
+        if self.ema is None and "ema" in ckpt:
+            logger.info("train.ema_decay is 0: the EMA of the weights in %s is dropped from now on", path.name)
+        elif self.ema is not None and "ema" not in ckpt:  # train.ema_decay turned on at this resume
+            logger.info("%s holds no EMA of the weights: it starts from the weights of step %d", path.name,
+                        self.state.step)
+            self.ema.reset()
+        elif self.ema is not None:
+            self.ema.load_state_dict(ckpt["ema"])
+        load_rng_state({k: [t.cpu() for t in v] if isinstance(v, (list, tuple)) else v.cpu()
+                        for k, v in own_rng.items()})
         logger.info("resuming from %s: step %d, epoch %d, batch %d of that epoch", path, self.state.step,
                     self.sampler.epoch + 1, ckpt["sampler"]["position"])
         logger.info("settings changed since that checkpoint: %s", "; ".join(changes) if changes else "none")
@@ -143,20 +124,6 @@ class RunCheckpoint:
                 self.checkpoints.copy_to_best(path)
             elif not self.checkpoints.best_path.is_file() and best_file.is_file():
                 self.checkpoints.copy_to_best(best_file)
-
-    def _resume_ema(self, saved: dict | None, path: Path) -> None:
-        """Restore the EMA, or start it from the resumed weights when the checkpoint has none
-        (`train.ema_decay` turned on at this resume)."""
-        if self.ema is None:
-            if saved is not None:
-                logger.info("train.ema_decay is 0: the EMA of the weights in %s is dropped from now on", path.name)
-            return
-        if saved is None:
-            logger.info("%s holds no EMA of the weights: it starts from the weights of step %d", path.name,
-                        self.state.step)
-            self.ema.reset()
-        else:
-            self.ema.load_state_dict(saved)
 
     def _newest_intact(self) -> tuple[Path, dict, list[Path]]:
         """The newest step checkpoint that loads, and the newer ones that do not (reported and skipped)."""
@@ -178,9 +145,8 @@ class RunCheckpoint:
         raise CheckpointError(f"{self.run_dir}: no intact checkpoint to resume from ({detail})")
 
     def _set_aside(self, skipped: list[Path], resumed: Path) -> None:
-        """Move the step checkpoints that were skipped on resume out of the way (`CheckpointDir.set_aside`),
-        and `best.pt` too when it came from after the step training resumes from (a best written
-        with, or after, a skipped file): the run's best is then the one its training state names."""
+        """Set aside the step checkpoints skipped on resume, and `best.pt` too when it holds a step after
+        the one training resumes from: the run's best is then the one its training state names."""
         for unusable in skipped:
             self.checkpoints.set_aside(unusable, f"unusable; training goes on from step {self.state.step}")
         best = self.checkpoints.best_path
@@ -194,21 +160,10 @@ class RunCheckpoint:
                                            f"it holds step {best_step}, after step {self.state.step}")
 
     def _own_rng_state(self, saved: dict, path: Path) -> dict:
-        """This rank's RNG state from a checkpoint, which must come from a run of as many processes.
-
-        The data position and the random streams are per process, so a different world size
-        could not continue the run exactly; it is refused rather than silently changed.
-        """
+        """This rank's RNG state from a checkpoint, which must come from a run of as many processes
+        (the data position and the random streams are per process)."""
         saved_world = len(saved["ranks"]) if "ranks" in saved else 1
         if saved_world != self.dist.world_size:
             raise UsageError(f"{path} was written by a run of {saved_world} process(es); resume it with the same "
                              f"number (torchrun --nproc_per_node/--nnodes), not {self.dist.world_size}")
         return saved["ranks"][self.dist.rank] if "ranks" in saved else saved
-
-
-def _to_cpu(value):
-    if isinstance(value, torch.Tensor):
-        return value.cpu()
-    if isinstance(value, (list, tuple)):
-        return [v.cpu() for v in value]
-    return value

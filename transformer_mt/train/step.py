@@ -1,7 +1,5 @@
-"""One training update: forward and backward over its micro-batches (gradient accumulation,
-DDP), clipping, the NaN/inf and out-of-memory guards, and the AdamW update at the scheduled
-learning rate. The GPU engine's work belongs here, in `step_batches` and in `batching`, not in
-the loop."""
+"""One training update: the label-smoothed loss, forward and backward over the update's micro-batches
+(gradient accumulation, DDP), clipping, the NaN/inf and out-of-memory guards, and the AdamW step."""
 
 from __future__ import annotations
 
@@ -12,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from transformer_mt.config.schema import Config
 from transformer_mt.core.distributed import Distributed
@@ -20,13 +20,37 @@ from transformer_mt.core.runtime import AttentionKernels, Precision
 from transformer_mt.data.batching import Batch
 from transformer_mt.data.token_cache import TokenizedSplit
 from transformer_mt.model.transformer import Transformer
+from transformer_mt.train.batches import BatchSource
 from transformer_mt.train.cuda_graphs import GraphedStep, compiled_for_graphs, graphs_apply
-from transformer_mt.train.loss import StepLoss, step_loss
 from transformer_mt.train.schedule import lr_at
 from transformer_mt.train.state import TrainState
-from transformer_mt.train.step_batches import BatchSource
 
 logger = logging.getLogger(__name__)
+
+
+def label_smoothed_loss(logits: torch.Tensor, target_ids: torch.Tensor, pad_id: int, epsilon: float) -> torch.Tensor:
+    """Summed label-smoothed cross-entropy over non-pad targets in fp32: logits (..., V), target_ids
+    (...) -> scalar, (1-ε)·NLL + ε·mean_v(-log p_v) (ε spread over all V classes, the gold one included)."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target_ids.flatten(), ignore_index=pad_id,
+                           label_smoothing=epsilon, reduction="sum")
+
+
+class StepLoss(nn.Module):
+    """What a training step differentiates: the summed label-smoothed loss of a batch under `model`
+    (DDP and torch.compile wrap this module, so that the loss runs inside their forward)."""
+
+    def __init__(self, model: Transformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, tgt_out_ids: torch.Tensor,
+                label_smoothing: float, pack: bool = True) -> torch.Tensor:
+        """(B, S), (B, T), (B, T) long -> fp32 scalar sum over the real targets; `pack`: the model
+        computes at the real tokens only. The model follows the caller's autocast, the loss not."""
+        logits = self.model(src_ids, tgt_in_ids, pack=pack)  # (Nt, V)
+        targets = tgt_out_ids[tgt_in_ids != self.model.pad_id] if pack else tgt_out_ids.flatten()  # (Nt,)
+        with torch.autocast(device_type=src_ids.device.type, enabled=False):
+            return label_smoothed_loss(logits, targets, self.model.pad_id, label_smoothing)
 
 
 @dataclass(frozen=True)
@@ -41,74 +65,55 @@ class StepResult:
 
 
 class TrainStep:
-    """Owns what an update changes besides the weights: the batches (`BatchSource`, its sampler),
-    the optimizer, the fp16 grad scaler, and the module a step calls (the model, DDP-wrapped under
-    torchrun, compiled with `train.compile`). A finite update advances `state.step`; the optimizer
+    """Owns what an update changes besides the weights: the batches (`BatchSource`), the optimizer, the
+    fp16 grad scaler and the module a step calls. A finite update advances `state.step`; the optimizer
     always holds the learning rate of the next update, `lr_at(state.step + 1, cfg.train)`."""
 
     def __init__(self, cfg: Config, model: Transformer, train_data: TokenizedSplit, state: TrainState, *,
                  device: torch.device, precision: Precision, attention: AttentionKernels, dist: Distributed,
                  pad_to_multiple: int):
         t = cfg.train
-        self.cfg = cfg
-        self.model = model
-        self.state = state
-        self.device = device
-        self.precision = precision
-        self.attention = attention  # the SDPA kernels of forward and backward
-        self.dist = dist
-        # The module a step calls is the model's loss (`StepLoss`). Under torchrun DDP wraps it and
-        # averages the gradients in backward. torch.compile wraps the same parameters, so
-        # checkpoints, validation and decoding use the plain model.
-        # Without the GPU engine dynamo compiles a shape-generic graph after the first new shape, and
-        # train.pad_to_multiple keeps lengths on a coarse grid, so it does not recompile for every batch.
+        self.cfg, self.model, self.state, self.device, self.dist = cfg, model, state, device, dist
+        self.precision, self.attention = precision, attention  # attention: the SDPA kernels of forward and backward
+        # The module a step calls is the model's loss (`StepLoss`), DDP-wrapped under torchrun and
+        # compiled with train.compile; checkpoints, validation and decoding use the plain model.
         self.ddp_model: torch.nn.parallel.DistributedDataParallel | None = None
         if dist.enabled:
-            # No buffer broadcast before every forward: the only buffer, the sinusoidal position
-            # table, is the same constant on every rank. (torch 2.13 renamed the argument, and
-            # warns at the old name; the new one still syncs buffers once at start, harmlessly.)
+            # No buffer broadcast before every forward: the only buffer, the position table, is a
+            # constant. torch 2.13 renamed the argument, and warns at the old name.
             ddp = torch.nn.parallel.DistributedDataParallel
             no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters
                        else "broadcast_buffers")
             self.ddp_model = ddp(StepLoss(model), device_ids=[device] if device.type == "cuda" else None,
                                  **{no_sync: False})
         self.step_model = plain_step_model = self.ddp_model or StepLoss(model)
-        # The GPU engine (`train.cuda_graphs`): each batch shape's whole update replayed as a CUDA graph, on
-        # batches of fixed row counts; its AdamW is capturable and reads the rate from a device tensor.
+        # The GPU engine (`train.cuda_graphs`): each batch shape's whole update replayed as a CUDA graph;
+        # its AdamW is capturable and reads the rate from a device tensor.
         graphed = t.cuda_graphs and graphs_apply(device, distributed=dist.enabled,
                                                  grad_scaler=precision.needs_grad_scaler)
         if t.compile:  # under the engine: static shapes, each compiled before its capture
             self.step_model = compiled_for_graphs(self.step_model) if graphed else torch.compile(self.step_model)
-        # One fused kernel per parameter group instead of a chain of foreach ops: CUDA and CPU
-        # (supported there since torch 2.4); MPS keeps the foreach path.
-        self.fused_optimizer = device.type in ("cuda", "cpu")
-        # The CUDA kernel reads a rate tensor as fp32 (the eager step's rate is a double: 6e-8 apart
-        # at most); the CPU kernel, which the tests run, reads a double.
-        self.lr: torch.Tensor | None = None
-        if graphed:
-            self.lr = torch.zeros((), dtype=torch.float32 if device.type == "cuda" else torch.float64, device=device)
+        self.fused_optimizer = device.type in ("cuda", "cpu")  # one kernel per group; MPS keeps foreach
+        # The CUDA kernel reads the rate tensor as fp32 (6e-8 from the eager double at most), the CPU one as double.
+        self.lr = torch.zeros((), dtype=torch.float32 if device.type == "cuda" else torch.float64,
+                              device=device) if graphed else None
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr if self.lr is None else self.lr, betas=t.betas,
                                            eps=1e-9, weight_decay=t.weight_decay, fused=self.fused_optimizer,
                                            capturable=graphed)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
         self.batches = BatchSource(cfg, train_data, device=device, dist=dist, pad_to_multiple=pad_to_multiple,
                                    fixed_rows=graphed)
-        # The layers compute at the real tokens only, except where shapes must stay fixed: a captured
-        # or compiled step computes at every position of the padded batch.
+        # The layers compute at the real tokens only, except where shapes must stay fixed (captured, compiled).
         self.pack = not (graphed or t.compile)
-        self.graphs: GraphedStep | None = None
-        if graphed:
-            self.graphs = GraphedStep(self.step_model, list(model.parameters()), self.optimizer, precision=precision,
-                                      attention=attention, label_smoothing=t.label_smoothing,
-                                      max_norm=t.clip_grad_norm or float("inf"), capture=device.type == "cuda",
-                                      uncaptured_loss=plain_step_model)
+        self.graphs = GraphedStep(self.step_model, list(model.parameters()), self.optimizer, precision=precision,
+                                  attention=attention, label_smoothing=t.label_smoothing,
+                                  max_norm=t.clip_grad_norm or float("inf"), capture=device.type == "cuda",
+                                  uncaptured_loss=plain_step_model) if graphed else None
         self.apply_settings()
 
     def apply_settings(self) -> None:
-        """Set every parameter group from the config's train.* values and the next update's
-        learning rate: a resumed run's optimizer state carries the old ones, and train.* may change
-        on resume (README). With unchanged settings this gives exactly the values that were saved.
-        On the captured path the rate goes into the device tensor the graphs read."""
+        """Set every parameter group from train.* (which may change on resume) and the next update's
+        learning rate (on the captured path into the device tensor the graphs read)."""
         t = self.cfg.train
         lr = lr_at(self.state.step + 1, t)
         if self.lr is not None:
@@ -126,7 +131,7 @@ class TrainStep:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])  # new state tensors: captured graphs must go
         if self.graphs is not None:
-            self.graphs.forget()
+            self.graphs.captured.clear()
         if state["scaler"] and self.scaler.is_enabled():  # a run may switch between fp32 and fp16
             self.scaler.load_state_dict(state["scaler"])
         self.apply_settings()
@@ -135,53 +140,46 @@ class TrainStep:
     def run(self, batches: Batch | list[Batch], step_tgt_tokens: int | None = None, *,
             while_device_works: Callable[[], None] | None = None, stop_signal: int = 0) -> StepResult:
         """Forward and backward over one or more batches (gradient accumulation), then clip and
-        update; a NaN/inf loss or gradient norm skips the update.
-
-        The loss of every batch is divided by the target tokens of all of them, so accumulating
-        the halves of a batch gives the gradient of the whole batch (not a mean of means).
-        Under DDP, `step_tgt_tokens` counts the target tokens of every rank's batches: a DDP step
-        then computes the update one process would on all of them. The returned loss is this
-        rank's share of the step's per-token loss.
-
-        The finiteness check reads one boolean from the device per update: the price of never
-        letting a NaN reach the weights or the optimizer's moments. It comes after the backward
-        passes are queued, and after `while_device_works` (the loop's preparation of the next
-        batches), so the GPU has a whole step of work in hand while the host works and waits.
-        Under DDP the same all-reduce agrees on `stop_signal` (this rank's pending stop signal).
-        Reading the check one step later instead would let the next batch's dropout and sampler
-        position into the checkpoint written for this step, and exact resume would be lost; the
-        fp16 scaler's device-side `found_inf` skip would not tell the step counter or the learning
-        rate that no update happened. On the GPU engine (`_run_graphed`) the skip itself happens on
-        the device, inside the replayed update; the host reads the same flag at the same point.
-        """
+        update; a NaN/inf loss or gradient norm skips the update. Each batch's loss is divided by
+        the target tokens of the whole update, `step_tgt_tokens` (every rank's under DDP). The
+        returned loss is this rank's share of the update's per-token loss. The host reads one
+        finiteness flag per update, after `while_device_works` (drawing the next batches); under
+        DDP the same all-reduce agrees on `stop_signal`, this rank's pending stop signal."""
         batches = [batches] if isinstance(batches, Batch) else batches
         n_tgt_tokens = step_tgt_tokens or sum(batch.n_tgt_tokens for batch in batches)
         self.model.train()
-        if self.graphs is not None:
-            return self._run_graphed(batches, n_tgt_tokens, while_device_works, stop_signal)
-        total = self._forward_backward(batches, n_tgt_tokens)
-        self.scaler.unscale_(self.optimizer)
-        max_norm = self.cfg.train.clip_grad_norm or float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        graphs, capture_seconds = self.graphs, 0.0
+        if graphs is not None:  # the GPU engine replays the update, the skip of a non-finite one included
+            captured_before = graphs.capture_seconds
+            graphs.start_update()
+            for i, batch in enumerate(batches):
+                graphs.run(batch, n_tgt_tokens, last=i == len(batches) - 1)
+            total, grad_norm = graphs.loss_sum.clone(), graphs.grad_norm.clone()  # the next update overwrites them
+            capture_seconds, nonfinite = graphs.capture_seconds - captured_before, graphs.nonfinite
+        else:
+            total = self._forward_backward(batches, n_tgt_tokens)
+            self.scaler.unscale_(self.optimizer)
+            max_norm = self.cfg.train.clip_grad_norm or float("inf")
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+            nonfinite = (~(torch.isfinite(total) & torch.isfinite(grad_norm))).float()
         if while_device_works is not None:
             while_device_works()
         # Ranks must agree: one rank's non-finite loss must skip the update on every rank, and one
         # rank's stop signal must stop every rank at the same step.
-        nonfinite = (~(torch.isfinite(total) & torch.isfinite(grad_norm))).float()
         if self.dist.enabled:
             flags = torch.stack([nonfinite, torch.full((), float(stop_signal), device=self.device)])
             nonfinite_anywhere, stop_signal = (int(v) for v in self.dist.max_(flags).tolist())
             finite = nonfinite_anywhere == 0
         else:
             finite = not bool(nonfinite)
-        if finite or self.scaler.is_enabled():
+        if graphs is None and (finite or self.scaler.is_enabled()):
             # The fp16 scaler skips a non-finite update itself, and must see it to lower its scale.
             self.scaler.step(self.optimizer)
             self.scaler.update()
         if finite:
             self.state.step += 1
             self.apply_settings()  # the next update's learning rate
-        return StepResult(total, grad_norm.detach(), finite, stop_signal)
+        return StepResult(total, grad_norm.detach(), finite, stop_signal, capture_seconds)
 
     def _forward_backward(self, batches: list[Batch], n_tgt_tokens: int) -> torch.Tensor:
         """Gradients of the batches' summed loss / `n_tgt_tokens` into `.grad`; returns that loss."""
@@ -190,32 +188,16 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), device=self.device)
         for i, batch in enumerate(batches):
-            with self._gradient_sync(last=i == len(batches) - 1), self.attention.enabled():
+            # Under DDP, gradients are all-reduced only in the backward of the last micro-batch.
+            last = self.ddp_model is None or i == len(batches) - 1
+            with contextlib.nullcontext() if last else self.ddp_model.no_sync(), self.attention.enabled():
                 with self.precision.autocast():  # the model's; the loss computes in fp32 outside it
-                    loss = step_loss(self.step_model, batch, self.cfg.train.label_smoothing, self.pack)
+                    loss = self.step_model(batch.src_ids, batch.tgt_in_ids, batch.tgt_out_ids,
+                                           self.cfg.train.label_smoothing, self.pack)
                 loss = loss / n_tgt_tokens  # normalise per target token of the whole update, not per sentence
                 self.scaler.scale(loss * world if world > 1 else loss).backward()  # frees this batch's activations
             total += loss.detach()
         return total
-
-    def _run_graphed(self, batches: list[Batch], n_tgt_tokens: int, while_device_works: Callable[[], None] | None,
-                     stop_signal: int) -> StepResult:
-        """`run` on the GPU engine (one process: no DDP, no fp16 scaler): the whole update is
-        replayed, the skip of a non-finite one included; the host then reads the one flag, where
-        the eager step reads it, to count the step (and set the next rate) or report the skip."""
-        graphs = self.graphs
-        captured_before = graphs.capture_seconds
-        graphs.start_update()
-        for i, batch in enumerate(batches):
-            graphs.run(batch, n_tgt_tokens, last=i == len(batches) - 1)
-        loss, grad_norm = graphs.loss_sum.clone(), graphs.grad_norm.clone()  # the next update overwrites them
-        if while_device_works is not None:
-            while_device_works()
-        finite = not bool(graphs.nonfinite)
-        if finite:
-            self.state.step += 1
-            self.apply_settings()  # the next update's learning rate
-        return StepResult(loss, grad_norm, finite, stop_signal, graphs.capture_seconds - captured_before)
 
     def engine_report(self) -> dict | None:
         """What the GPU engine captured in this process (for summary.json); None without it."""
@@ -224,21 +206,11 @@ class TrainStep:
         return {"captured_shapes": len(self.graphs.captured), "capture_seconds": round(self.graphs.capture_seconds, 2),
                 "compile_seconds": round(self.graphs.compile_seconds, 2)}  # part of capture_seconds
 
-    def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
-        """Under DDP, gradients are all-reduced only in the backward of a step's last micro-batch."""
-        if self.ddp_model is None or last:
-            return contextlib.nullcontext()
-        return self.ddp_model.no_sync()
-
     def run_or_skip(self, batches: list[Batch], step_tgt_tokens: int,
                     while_device_works: Callable[[], None] | None, stop_signal: int) -> StepResult | None:
-        """`run`, or None when the batch ran out of device memory and was skipped.
-
-        The first out-of-memory batch is skipped (its memory freed, its size logged); a second
-        one stops the run: the budget is too large for this device, and skipping would bias
-        training against long sentences. Under DDP the other ranks are already waiting in the
-        gradient all-reduce, so one rank cannot skip alone: the run stops at once.
-        """
+        """`run`, or None when the batch ran out of device memory and was skipped (freed, its size
+        logged). A second time stops the run (skipping more would bias training against long
+        sentences); under DDP the first does, as one rank cannot skip alone."""
         try:
             return self.run(batches, step_tgt_tokens, while_device_works=while_device_works, stop_signal=stop_signal)
         except torch.OutOfMemoryError:
@@ -251,8 +223,7 @@ class TrainStep:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         if self.scaler.is_enabled():
-            # Out of memory in the optimizer step leaves the fp16 scaler mid-step (`unscale_` done,
-            # no `update`), and its next `unscale_` would refuse. A fresh scaler keeps the scale.
+            # Out of memory in the optimizer step leaves the scaler mid-step; a fresh one keeps the scale.
             scaler_state = self.scaler.state_dict()
             self.scaler = torch.amp.GradScaler(self.device.type, enabled=True)
             self.scaler.load_state_dict(scaler_state)

@@ -1,14 +1,12 @@
-"""`train(cfg, run_dir)`: prepare the data, build the model, maybe resume, then the loop: step,
-log, validate, save; at the end the final test. The pieces live in their own modules:
-`preparation` (data), `train.step` (one update), `validation` (validation and the final test),
-`train.state` (checkpoints and resume), `run_status` (summary.json), `signals` (Ctrl-C, SIGTERM),
-`ema` (the weights' moving average), `init_from` (a run started from another's weights)."""
+"""`train(cfg, run_dir)`: prepare the data, build the model, maybe resume, then the loop (step, log,
+validate, save), the final test, and the run's status in `summary.json` throughout."""
 
 from __future__ import annotations
 
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -18,67 +16,47 @@ from tqdm import tqdm
 from transformer_mt.config.loading import save_config
 from transformer_mt.config.schema import Config
 from transformer_mt.core.distributed import Distributed
-from transformer_mt.core.errors import (
-    CheckpointError,
-    ConfigError,
-    TmtError,
-    TrainingError,
-    TrainingStopped,
-    missing_from_rank0,
-)
+from transformer_mt.core.errors import (CheckpointError, ConfigError, TmtError, TrainingError, TrainingStopped,
+                                        missing_from_rank0)
 from transformer_mt.core.files import os_errors_named
 from transformer_mt.core.run_layout import RunDir, checkpoint_steps
-from transformer_mt.core.runtime import (
-    Precision,
-    pick_attention,
-    pick_device,
-    pick_precision,
-    seed_everything,
-    warn_attention_fallbacks,
-    warn_if_bf16_emulated,
-)
+from transformer_mt.core.runtime import (Precision, pick_attention, pick_device, pick_precision,
+                                         seed_everything, warn_attention_fallbacks, warn_if_bf16_emulated)
 from transformer_mt.core.signals import StopRequest, sigterm_interrupts
 from transformer_mt.data.tokenization import PAD_ID, TokenizerPair
 from transformer_mt.decode.metrics import bleu_tokenizer_problem
-from transformer_mt.model.architectures import build_model as build_architecture
-from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.architectures import build_model
+from transformer_mt.runs import summary
 from transformer_mt.runs.init_from import Parent, load_parent
 from transformer_mt.runs.run_dir import check_saved_config
-from transformer_mt.train.batch_budget import resolve_batch_tokens
+from transformer_mt.train.batches import StepBatches, resolve_batch_tokens
 from transformer_mt.train.ema import WeightEMA
-from transformer_mt.train.interval_log import IntervalLog
+from transformer_mt.train.interval import Interval, peak_flops_per_s
 from transformer_mt.train.optional_outputs import OptionalWriter, quiet_tensorboard_thread
-from transformer_mt.train.preparation import batch_padding, prepare_data, tokenizer_file
-from transformer_mt.train.run_status import RunStatus
+from transformer_mt.train.preparation import batch_padding, prepare_data
 from transformer_mt.train.state import RunCheckpoint, TrainState
-from transformer_mt.train.step import StepResult, TrainStep
-from transformer_mt.train.step_batches import StepBatches
-from transformer_mt.train.throughput import IntervalMeter, peak_flops_per_s
+from transformer_mt.train.step import TrainStep
 from transformer_mt.train.validation import Evaluator
 
 logger = logging.getLogger(__name__)
 
 
-def build_model(cfg: Config, tokenizers: TokenizerPair) -> Transformer:
-    return build_architecture(cfg.model, tokenizers.src.get_vocab_size(), tokenizers.tgt.get_vocab_size(), PAD_ID)
-
-
 class Trainer:
-    """One training run: sets up its pieces, then `run` is the loop."""
+    """One training run: sets up its pieces, then `run` is the loop; keeps `summary.json` and `train_seconds`."""
 
     def __init__(self, cfg: Config, run_dir: Path, *, progress: bool = True, config_dir: Path | None = None,
                  dist: Distributed = Distributed(), parent: Parent | None = None):
         if problem := bleu_tokenizer_problem(cfg.train.bleu_tokenize):  # before hours of training
             raise ConfigError([f"train.bleu_tokenize: {problem}"])
-        self.cfg, self.run_dir, self.dist = cfg, run_dir, dist
+        self.run_dir, self.dist = run_dir, dist
         self.progress = progress and dist.is_main
         self.device = dist.local_device(pick_device(cfg.train.device))
         self.precision: Precision = pick_precision(cfg.train.precision, self.device)
         cfg, budget_note = resolve_batch_tokens(cfg, self.device, self.precision, dist)  # `auto`: for this device
         self.cfg = cfg
-        if budget_note and dist.is_main:
-            logger.info("%s", budget_note)
         if dist.is_main:  # decoding picks its attention kernels from decode.attention_backend; both warn here, once
+            if budget_note:
+                logger.info("%s", budget_note)
             warn_if_bf16_emulated(self.precision, self.device)
             warn_attention_fallbacks(self.device, {"train.attention_backend": cfg.train.attention_backend,
                                                    "decode.attention_backend": cfg.decode.attention_backend})
@@ -88,7 +66,9 @@ class Trainer:
         with dist.main_first():  # rank 0 trains the tokenizers, carves the splits, fills the token cache
             self.tokenizers, self.train_data, valid_data, self.data_report = prepare_data(
                 cfg, run_dir, self.progress, dist.world_size, pad_to_multiple, prepared=not dist.is_main)
-        self.model = build_model(cfg, self.tokenizers).to(self.device)  # the same initial weights on every rank
+        model_args = {"src_vocab_size": self.tokenizers.src.get_vocab_size(),
+                      "tgt_vocab_size": self.tokenizers.tgt.get_vocab_size(), "pad_id": PAD_ID}
+        self.model = build_model(cfg.model, **model_args).to(self.device)  # the same initial weights on every rank
         if parent is not None:  # train.init_from
             self.model.load_state_dict(parent.weights)
         self.ema = WeightEMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
@@ -99,8 +79,6 @@ class Trainer:
                                     precision=self.precision, attention=attention, dist=dist,
                                     pad_to_multiple=pad_to_multiple)
         self.sampler = self.train_step.batches.sampler
-        model_args = {"src_vocab_size": self.tokenizers.src.get_vocab_size(),
-                      "tgt_vocab_size": self.tokenizers.tgt.get_vocab_size(), "pad_id": PAD_ID}
         self.checkpoint = RunCheckpoint(cfg, run_dir, model=self.model, update=self.train_step, state=self.state,
                                         sampler=self.sampler, model_args=model_args, dist=dist, device=self.device,
                                         tokenizer_fingerprint=self.tokenizers.fingerprint(), ema=self.ema)
@@ -108,33 +86,55 @@ class Trainer:
                                    tokenizers=self.tokenizers, valid_data=valid_data, ema=self.ema is not None,
                                    checkpoints=self.checkpoint.checkpoints, device=self.device,
                                    precision=self.precision, attention=attention, dist=dist,
-                                   pad_to_multiple=pad_to_multiple,
-                                   progress=self.progress)
-        self.status = RunStatus(cfg, run_dir, self.state, device=self.device, n_parameters=self.model.num_parameters(),
-                                data_report=self.data_report, dist=dist, config_dir=config_dir,
-                                engine_report=self.train_step.engine_report)
-        self.peak_flops = peak_flops_per_s(self.device, self.precision.name)  # None: no MFU (CPU, unknown GPU)
+                                   pad_to_multiple=pad_to_multiple, progress=self.progress)
+        self.provenance = summary.provenance(cfg, run_dir, self.device, config_dir)
+        self.test_report: dict | None = None  # the final test's, once there is one
+        self._clock = time.perf_counter()  # train_seconds counts from here
+        self._summary_warned = False
         t = cfg.train
         if t.eval_every_steps % t.save_every_steps:
             logger.info("train.eval_every_steps=%d is not a multiple of train.save_every_steps=%d: a new best "
                         "between saves is saved as a step checkpoint too, and counts toward train.keep_last "
                         "and train.average_last", t.eval_every_steps, t.save_every_steps)
-        self.interval_log = IntervalLog(t, self.data_report)
-        # The step and data position of the newest checkpoint this process wrote (a skipped batch
-        # moves the position on without a step)
+        # The step and data position of this process's newest checkpoint (a skipped batch moves only the latter)
         self.saved_at: tuple[int, dict] | None = None
 
-    def resume(self) -> None:
-        self.checkpoint.resume()
-
     def save(self, *, is_best: bool) -> None:
-        self.status.tick()
+        self._tick()
         self.checkpoint.save(is_best=is_best)
         self.saved_at = (self.state.step, self.checkpoint.sampler_state)
         self.write_summary("running")
 
+    def _tick(self) -> None:
+        """Add the wall time since the last tick to `train_seconds`."""
+        now = time.perf_counter()
+        self.state.train_seconds += now - self._clock
+        self._clock = now
+
     def write_summary(self, status: str) -> None:
-        self.status.write(status, self.checkpoint.sampler_state)
+        """Rewrite `summary.json` (rank 0). A failed write (a full disk) warns once and the run goes
+        on: the next checkpoint, which a resume needs, stops it with the reason if the disk stays full."""
+        self._tick()
+        if not self.dist.is_main:
+            return
+        s, sampler_state = self.state, self.checkpoint.sampler_state
+        content = {
+            "name": self.cfg.name, "status": status, "step": s.step, "max_steps": self.cfg.train.max_steps,
+            "epoch": sampler_state["epoch"] + 1, "best_bleu": s.best_bleu, "best_step": s.best_step,
+            "last_valid": s.last_valid, "test": self.test_report, "tgt_tokens_seen": s.tgt_tokens_seen,
+            "train_seconds": round(s.train_seconds, 1),
+            "tgt_tokens_per_s": round(s.tgt_tokens_seen / s.train_seconds, 1) if s.train_seconds else None,
+            "skipped_nonfinite": s.skipped_nonfinite, "skipped_oom": s.skipped_oom, "init_from": s.parent,
+            "parameters": self.model.num_parameters(), "data": self.data_report.to_dict(),
+            "provenance": {**self.provenance, "processes": self.dist.world_size},  # what --resume must start again
+            "cuda_graphs": self.train_step.engine_report()}
+        try:
+            summary.write_summary(self.run_dir, content)
+        except OSError as err:
+            if not self._summary_warned:
+                logger.warning("could not update %s (%s); training goes on", err.filename or "summary.json",
+                               err.strerror or err)
+            self._summary_warned = True
 
     def validate(self, writer: SummaryWriter) -> float:
         """Validate at the current step; returns its BLEU."""
@@ -142,7 +142,7 @@ class Trainer:
         return self.state.last_valid["bleu"]
 
     def final_test(self) -> None:
-        self.status.test_report = self.evaluator.final_test(self.state.step)
+        self.test_report = self.evaluator.final_test(self.state.step)
 
     # --- the loop ----------------------------------------------------------------------
     def run(self) -> TrainState:
@@ -150,16 +150,15 @@ class Trainer:
         logger.info("device %s, precision %s, %d parameters, %d training pairs", self.device,
                     self.precision.name, self.model.num_parameters(), len(self.train_data))
         tensorboard = str(RunDir(self.run_dir).tensorboard)  # a failed write warns once, then training goes on
-        writer = (OptionalWriter(lambda: SummaryWriter(tensorboard, purge_step=state.step + 1), tensorboard)
-                  if self.dist.is_main else _NoWriter())
+        writer = OptionalWriter(lambda: SummaryWriter(tensorboard, purge_step=state.step + 1)
+                                if self.dist.is_main else None, tensorboard)
         self.write_summary("running")
-        self.interval_log.start(state.step)
-        bar = tqdm(total=t.max_steps, initial=state.step, desc="train", unit="step",
-                   # Not a terminal (a CI log, a file): the periodic log lines stand in for the bar.
-                   disable=not (self.progress and sys.stderr.isatty()), file=sys.stderr, dynamic_ncols=True,
-                   leave=False)  # gone once done: the step log lines and "tmt: finished" tell the story
+        # No bar off a terminal (a CI log, a file: the log lines stand in for it), and none left once done.
+        bar = tqdm(total=t.max_steps, initial=state.step, desc="train", unit="step", file=sys.stderr, leave=False,
+                   disable=not (self.progress and sys.stderr.isatty()), dynamic_ncols=True)
         batches = iter(self.sampler)
-        interval = IntervalMeter(self.device, self.dist, self.peak_flops)
+        interval = Interval(t, self.device, self.dist, peak_flops=peak_flops_per_s(self.device, self.precision.name),
+                            data_report=self.data_report, step=state.step)
         nonfinite_in_a_row = 0
         stop = StopRequest(second_signal_interrupts=not self.dist.enabled)
         agreed_signal = 0  # under DDP, the stop signal the ranks agreed on in the last step
@@ -189,31 +188,34 @@ class Trainer:
                 nonfinite_in_a_row = 0
                 if self.ema is not None:
                     self.ema.update()
-                self._count(current, result, interval)
+                state.tgt_tokens_seen += current.tgt_tokens
+                flops = sum(self.model.train_flops(*self.train_data.lengths_of(i)) for i in current.indices)
+                interval.add(result.loss, current.micro_batches, flops, result.capture_seconds)
                 bar.update(1)
                 if state.step % t.log_every_steps == 0 or state.step == t.max_steps:
-                    self.interval_log.write(state.step, interval, result.grad_norm, writer, bar)
+                    interval.write(state.step, result.grad_norm, writer, bar)
                 if self._after_step(writer, interval):
                     break
-            self._stop_if_signalled_during_the_last_step(stop)
+            # A signal during the last step's validation or save: stop before the final test, which a resume
+            # runs. Under torchrun the ranks agree on it first (it may have reached only some).
+            signal_number = stop.signal_number or 0
+            if self.dist.enabled:
+                signal_number = int(self.dist.max_(torch.full((), float(signal_number), device=self.device)).item())
+            if signal_number:
+                name = signal.Signals(signal_number).name
+                logger.warning("received %s during the last step: stopping before the final test", name)
+                raise TrainingStopped(f"stopped by {name} after the last step ({state.step}); checkpoint saved",
+                                      signal_number)
         finally:
             stop.uninstall()
             bar.close()
             writer.close()
         return state
 
-    def _count(self, current: StepBatches, result: StepResult, interval: IntervalMeter) -> None:
-        """An update's tokens into the run's total, and its tokens and FLOPs into the log interval."""
-        self.state.tgt_tokens_seen += current.tgt_tokens
-        flops = sum(self.model.train_flops(*self.train_data.lengths_of(i)) for i in current.indices)
-        interval.add(result.loss, current.micro_batches, flops, result.capture_seconds)
-
-    def _after_step(self, writer: SummaryWriter, interval: IntervalMeter) -> bool:
+    def _after_step(self, writer: SummaryWriter, interval: Interval) -> bool:
         """Validate and save when due. True when training is over: `max_steps`, or early stopping."""
-        t, state = self.cfg.train, self.state
-        step = state.step
-        finished = step >= t.max_steps
-        is_best = False
+        t, state, is_best = self.cfg.train, self.state, False
+        step, finished = state.step, state.step >= t.max_steps
         validate = step % t.eval_every_steps == 0 or finished
         save_due = step % t.save_every_steps == 0 or finished
         if validate or save_due:
@@ -231,10 +233,7 @@ class Trainer:
                 state.stopped_early = finished = True
             if finished:
                 self.evaluator.log_hparams(writer, step, state.best_bleu, bleu)
-        # A new best is always a step checkpoint too: a resume after a crash then never starts
-        # before the step `best.pt` holds, whose weights a replay that differs (changed train.*
-        # settings, a GPU's non-deterministic kernels) would otherwise leave in place.
-        if save_due or finished or is_best:  # finished: also by early stopping
+        if save_due or finished or is_best:  # finished: also by early stopping; a best: a step checkpoint too
             self.save(is_best=is_best)
         interval.resume()
         return finished
@@ -247,19 +246,6 @@ class Trainer:
             self.save(is_best=False)  # not saved already by this step being a save step
         self.dist.barrier()  # no rank leaves while rank 0 still writes: torchrun would kill it mid-write
         raise TrainingStopped(f"stopped by {name} at step {self.state.step}; checkpoint saved", signal_number)
-
-    def _stop_if_signalled_during_the_last_step(self, stop: StopRequest) -> None:
-        """A signal during the last step's validation or save, both done by now: stop before the
-        final test, which a resume runs. Under torchrun the ranks agree on it first (it may have
-        reached only some), which also waits for rank 0 to finish writing."""
-        signal_number = stop.signal_number or 0
-        if self.dist.enabled:
-            signal_number = int(self.dist.max_(torch.full((), float(signal_number), device=self.device)).item())
-        if signal_number:
-            name = signal.Signals(signal_number).name
-            logger.warning("received %s during the last step: stopping before the final test", name)
-            raise TrainingStopped(f"stopped by {name} after the last step ({self.state.step}); checkpoint "
-                                  "saved", signal_number)
 
     def _skip_nonfinite(self, in_a_row: int, writer: SummaryWriter) -> None:
         """Count a skipped NaN/inf update; `train.max_nonfinite_steps` in a row stop the run."""
@@ -277,82 +263,58 @@ class Trainer:
                 f"train.precision fp32/bf16, then {again}")
 
 
-class _NoWriter:
-    """Stands in for the SummaryWriter on ranks other than 0, which write no files."""
-
-    def __getattr__(self, name: str):
-        return lambda *args, **kwargs: None
-
-
 def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = True,
           config_dir: Path | None = None, dist: Distributed = Distributed()) -> TrainState:
-    """Train (or resume) the run in `run_dir`, which `prepare_run_dir` has set up.
-
-    `config_dir`, the config file's folder, is where `summary.json` looks for a git commit.
-    Under torchrun every rank calls this with its `dist` (process group started); rank 0
-    alone writes files, and alone scores the test split at the end.
-    """
+    """Train (or resume) the run in `run_dir`, set up by `prepare_run_dir`; `config_dir`: where `summary.json`
+    looks for a git commit. Under torchrun every rank calls this; rank 0 alone writes files and tests."""
     with sigterm_interrupts(), quiet_tensorboard_thread(), os_errors_named():  # a full disk: the file, why
-        return _train(cfg, run_dir, resume=resume, progress=progress, config_dir=config_dir, dist=dist)
-
-
-def _train(cfg: Config, run_dir: Path, *, resume: bool, progress: bool, config_dir: Path | None,
-           dist: Distributed) -> TrainState:
-    if not resume and dist.is_main:
-        save_config(cfg, RunDir(run_dir).config)
-    if resume and not TokenizerPair.exists_in(run_dir):  # never silently train a different vocabulary
-        if not dist.is_main:  # rank 0 found them (it checked the run first): this rank sees another folder
-            raise missing_from_rank0(tokenizer_file(cfg, run_dir))
-        raise CheckpointError(f"{run_dir}: the tokenizer files are missing, so its checkpoints cannot be "
-                              "resumed; restore them or start a new run")
-    if resume:
-        check_saved_config(cfg, run_dir)  # before the data is prepared: refusing then costs nothing, changes nothing
-        _check_not_shortened(cfg, run_dir)  # likewise, from the checkpoints' file names
-    parent = None
-    if cfg.train.init_from and resume:
-        logger.info("train.init_from is ignored: the run resumes from its own checkpoint")
-    elif cfg.train.init_from:
-        parent = load_parent(cfg)  # before the data is prepared, as above
-    trainer = Trainer(cfg, run_dir, progress=progress, config_dir=config_dir, dist=dist, parent=parent)
-    state, trained_out = trainer.state, False
-    if resume:
-        trainer.resume()
-        if dist.is_main:
-            save_config(cfg, RunDir(run_dir).config)  # training-only settings may have changed
-        trained_out = _trained_out(state, cfg)
-        state.stopped_early = state.stopped_early and trained_out
-    try:
-        if not trained_out:
-            state = trainer.run()
-            dist.barrier()  # every rank is done training (and rank 0 done writing) before any leaves
-        earlier_test = trainer.evaluator.earlier_test_report(state.step) if trained_out else None
-        if earlier_test is not None:
-            trainer.status.test_report = earlier_test
-        elif cfg.train.test_at_end and dist.is_main:  # also a test the end of an earlier start never finished
-            trainer.final_test()
-    except (TrainingStopped, KeyboardInterrupt):
-        trainer.status.write_keeping_the_error("interrupted", trainer.checkpoint.sampler_state)
-        raise
-    except BaseException as err:
-        status = f"failed: {err}" if isinstance(err, TmtError) else f"failed: {type(err).__name__}"
-        trainer.status.write_keeping_the_error(status, trainer.checkpoint.sampler_state)
-        raise
-    trainer.write_summary("stopped early" if state.stopped_early else "finished")
-    return state
-
-
-def _check_not_shortened(cfg: Config, run_dir: Path) -> None:
-    """Refuse a `train.max_steps` below the step of the run's newest checkpoint (by its file name):
-    the run was recorded as finished at "30/20" before."""
-    steps = checkpoint_steps(RunDir(run_dir).checkpoints)
-    if steps and steps[-1] > cfg.train.max_steps:
-        raise ConfigError([f"train.max_steps: {cfg.train.max_steps} is below the run's step {steps[-1]}; a run "
-                           "cannot be shortened (its checkpoints are there for tmt average and evaluate)"])
+        if not resume and dist.is_main:
+            save_config(cfg, RunDir(run_dir).config)
+        if resume and not TokenizerPair.exists_in(run_dir):  # never silently train a different vocabulary
+            if not dist.is_main:  # rank 0 found them (it checked the run first): this rank sees another folder
+                raise missing_from_rank0(RunDir(run_dir).tokenizer_file(cfg.tokenizer.joint))
+            raise CheckpointError(f"{run_dir}: the tokenizer files are missing, so its checkpoints cannot be "
+                                  "resumed; restore them or start a new run")
+        if resume:  # refused before the data is prepared: that costs nothing, changes nothing
+            check_saved_config(cfg, run_dir)
+            steps = checkpoint_steps(RunDir(run_dir).checkpoints)  # the run was finished at "30/20" before
+            if steps and steps[-1] > cfg.train.max_steps:
+                raise ConfigError([f"train.max_steps: {cfg.train.max_steps} is below the run's step {steps[-1]}; a "
+                                   "run cannot be shortened (its checkpoints are there for tmt average and evaluate)"])
+        parent = None
+        if cfg.train.init_from and resume:
+            logger.info("train.init_from is ignored: the run resumes from its own checkpoint")
+        elif cfg.train.init_from:
+            parent = load_parent(cfg)  # before the data is prepared, as above
+        trainer = Trainer(cfg, run_dir, progress=progress, config_dir=config_dir, dist=dist, parent=parent)
+        state, trained_out = trainer.state, False
+        if resume:
+            trainer.checkpoint.resume()
+            if dist.is_main:
+                save_config(cfg, RunDir(run_dir).config)  # training-only settings may have changed
+            trained_out = _trained_out(state, cfg)
+            state.stopped_early = state.stopped_early and trained_out
+        try:
+            if not trained_out:
+                state = trainer.run()
+                dist.barrier()  # every rank is done training (and rank 0 done writing) before any leaves
+            earlier_test = trainer.evaluator.earlier_test_report(state.step) if trained_out else None
+            if earlier_test is not None:
+                trainer.test_report = earlier_test
+            elif cfg.train.test_at_end and dist.is_main:  # also a test the end of an earlier start never finished
+                trainer.final_test()
+        except (TrainingStopped, KeyboardInterrupt):
+            trainer.write_summary("interrupted")  # a failure to write warns: the error that ended the run counts
+            raise
+        except BaseException as err:
+            trainer.write_summary(f"failed: {err}" if isinstance(err, TmtError) else f"failed: {type(err).__name__}")
+            raise
+        trainer.write_summary("stopped early" if state.stopped_early else "finished")
+        return state
 
 
 def _trained_out(state: TrainState, cfg: Config) -> bool:
-    """True (and says why) when a resumed run has nothing left to train: at train.max_steps, or
-    stopped early with its patience still used up."""
+    """True (and says why) when a resumed run is at train.max_steps, or stopped early with its patience used up."""
     patience = cfg.train.patience
     if state.step >= cfg.train.max_steps:
         logger.info("the run is already at step %d of train.max_steps=%d; raise it to train further",

@@ -1,6 +1,5 @@
-"""Evaluation inside a training run: validation (loss, greedy BLEU/chrF, examples, attention
-pictures in TensorBoard) and the final test of the best or averaged weights (and of the EMA's,
-to compare them, when the run keeps both)."""
+"""Evaluation inside a training run: validation (loss, greedy BLEU/chrF, examples, attention pictures)
+and the final test of the best or averaged weights (and of the EMA's, when the run keeps both)."""
 
 from __future__ import annotations
 
@@ -22,56 +21,33 @@ from transformer_mt.data import corpus as data_module
 from transformer_mt.data.batching import sorted_batches
 from transformer_mt.data.token_cache import TokenizedSplit
 from transformer_mt.data.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair
-from transformer_mt.decode.metrics import Scores, score
+from transformer_mt.decode.metrics import score
 from transformer_mt.decode.plotting import attention_figure, cross_attention_labels, cross_attention_map
 from transformer_mt.decode.torch_engine import translate_ids
 from transformer_mt.model.transformer import Transformer
-from transformer_mt.runs.checkpoint import (
-    CheckpointDir,
-    average_checkpoints,
-    load_checkpoint,
-    save_atomic,
-    translation_weights,
-)
-from transformer_mt.train.loss import label_smoothed_loss
+from transformer_mt.runs.checkpoint import (CheckpointDir, average_checkpoints, load_checkpoint, save_atomic,
+                                            translation_weights)
+from transformer_mt.train.step import label_smoothed_loss
 
 logger = logging.getLogger(__name__)
 
-class Evaluator:
-    """Validates the model during training and tests it at the end; writes what it measures to
-    TensorBoard, `validation/` and `evaluation/` (rank 0).
 
-    `model` is the one validated: the trained model, or the EMA of its weights (`ema`,
-    `train.ema_decay`), whose validation BLEU then picks `best.pt`, as Marian's
-    `--exponential-smoothing` validates and saves the smoothed weights."""
+class Evaluator:
+    """Validates `model` (the trained one, or the EMA of its weights: `ema`) during training and tests
+    it at the end; writes what it measures to TensorBoard, `validation/` and `evaluation/` (rank 0)."""
 
     def __init__(self, cfg: Config, run_dir: Path, *, model: Transformer, tokenizers: TokenizerPair,
                  valid_data: TokenizedSplit, checkpoints: CheckpointDir, device: torch.device, precision: Precision,
                  attention: AttentionKernels, dist: Distributed, pad_to_multiple: int, progress: bool,
                  ema: bool = False):
-        self.cfg = cfg
-        self.ema = ema
-        self.run_dir = run_dir
-        self.paths = RunDir(run_dir)
-        self.model = model
-        self.tokenizers = tokenizers
-        self.valid_data = valid_data
-        self.checkpoints = checkpoints
-        self.device = device
-        self.precision = precision
+        self.cfg, self.run_dir, self.paths, self.model, self.ema = cfg, run_dir, RunDir(run_dir), model, ema
+        self.tokenizers, self.valid_data, self.checkpoints = tokenizers, valid_data, checkpoints
+        self.device, self.precision, self.dist, self.progress = device, precision, dist, progress
         self.attention = attention  # training's kernels: the validation loss has training shapes
-        self.dist = dist
         self.pad_to_multiple = pad_to_multiple
-        self.progress = progress
-        self.valid_subset = self._pick_valid_subset()
-
-    def _pick_valid_subset(self) -> list[int]:
-        n = len(self.valid_data)
-        limit = self.cfg.train.eval_max_sentences
-        if limit == 0 or limit >= n:
-            return list(range(n))
-        gen = torch.Generator().manual_seed(self.cfg.seed)
-        return sorted(torch.randperm(n, generator=gen)[:limit].tolist())
+        n, limit = len(valid_data), cfg.train.eval_max_sentences  # the sentences translated: a seeded subset
+        self.valid_subset = list(range(n)) if limit == 0 or limit >= n else sorted(
+            torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed))[:limit].tolist())
 
     # --- validation ----------------------------------------------------------------------
     @torch.no_grad()
@@ -90,8 +66,7 @@ class Evaluator:
         return loss_sum / tokens
 
     def validate(self, writer: SummaryWriter, step: int) -> dict:
-        """Loss, perplexity, greedy BLEU/chrF on the fixed subset; logs examples and attention.
-        Returns the metrics (`TrainState.last_valid`)."""
+        """Loss, perplexity, greedy BLEU/chrF on the fixed subset, examples and attention -> `last_valid`."""
         started = time.perf_counter()
         loss = self.validation_loss()
         sources = [self.valid_data.src_ids[i] for i in self.valid_subset]
@@ -107,20 +82,9 @@ class Evaluator:
             self.paths.validation.mkdir(exist_ok=True)
             write_text_atomic(self.paths.validation_hypotheses(step), lines_to_text(hypotheses))
         ppl = math.exp(min(loss, 100.0))
-        writer.add_scalar("valid/loss", loss, step)
-        writer.add_scalar("valid/perplexity", ppl, step)
-        writer.add_scalar("valid/bleu", scores.bleu, step)
-        writer.add_scalar("valid/chrf", scores.chrf, step)
-        self._log_examples(writer, step, hypotheses, references)
-        logger.info("validation at step %d%s: loss %.3f, ppl %.2f, BLEU %.2f, chrF %.2f (%d sentences, %.1fs) [%s]",
-                    step, " (EMA weights)" if self.ema else "", loss, ppl, scores.bleu, scores.chrf, len(hypotheses),
-                    time.perf_counter() - started, scores.bleu_signature)
-        return {"step": step, "loss": round(loss, 4), "perplexity": round(ppl, 2), "bleu": round(scores.bleu, 2),
-                "chrf": round(scores.chrf, 2), **({"weights": "ema"} if self.ema else {})}
-
-    def _log_examples(self, writer: SummaryWriter, step: int, hypotheses: list[str], references: list[str]) -> None:
-        """The first `train.n_examples` translations, in the log and as TensorBoard text."""
-        examples = []
+        for name, value in {"loss": loss, "perplexity": ppl, "bleu": scores.bleu, "chrf": scores.chrf}.items():
+            writer.add_scalar(f"valid/{name}", value, step)
+        examples = []  # the first `train.n_examples`, in the log and as TensorBoard text
         for i in range(min(self.cfg.train.n_examples, len(hypotheses))):
             src = self.valid_data.src_text[self.valid_subset[i]]
             examples.append(f"source: {src}\nreference: {references[i]}\nhypothesis: {hypotheses[i]}")
@@ -128,6 +92,11 @@ class Evaluator:
                         i + 1, src, references[i], hypotheses[i])
         if examples:
             writer.add_text("valid/examples", "\n\n".join(f"    {e}".replace("\n", "\n    ") for e in examples), step)
+        logger.info("validation at step %d%s: loss %.3f, ppl %.2f, BLEU %.2f, chrF %.2f (%d sentences, %.1fs) [%s]",
+                    step, " (EMA weights)" if self.ema else "", loss, ppl, scores.bleu, scores.chrf, len(hypotheses),
+                    time.perf_counter() - started, scores.bleu_signature)
+        return {"step": step, "loss": round(loss, 4), "perplexity": round(ppl, 2), "bleu": round(scores.bleu, 2),
+                "chrf": round(scores.chrf, 2), **({"weights": "ema"} if self.ema else {})}
 
     def _log_attention(self, writer: SummaryWriter, step: int, src_ids: list[int], hyp_ids: list[int]) -> None:
         """Cross-attention images of the first validation sentence's translation: the last decoder
@@ -154,9 +123,8 @@ class Evaluator:
 
     # --- the final test ------------------------------------------------------------------
     def test_weights(self) -> tuple[Path, list[int]]:
-        """The checkpoint the final test uses, and the step checkpoints it averages: the average
-        of the newest `train.average_last` (a file written by `final_test`), else `best.pt`, else
-        the newest step checkpoint, averaging none."""
+        """The checkpoint the final test uses, and the step checkpoints it averages: the average of
+        the newest `train.average_last` (written by `final_test`), else `best.pt`, else the newest."""
         checkpoints, average_last = self.checkpoints, self.cfg.train.average_last
         if average_last:
             steps = checkpoints.steps()[-average_last:]
@@ -164,17 +132,15 @@ class Evaluator:
         return (checkpoints.best_path if checkpoints.best_path.is_file() else checkpoints.latest()), []
 
     def ema_test_weights(self) -> Path | None:
-        """The checkpoint whose EMA the final test also scores, beside an average of the trained
-        weights (`train.average_last`), so that the two can be compared: `best.pt` (what `tmt
-        translate` uses), else the newest step checkpoint; None without both."""
-        if not (self.cfg.train.ema_decay and self.cfg.train.average_last):
-            return None
-        return self.checkpoints.best_path if self.checkpoints.best_path.is_file() else self.checkpoints.latest()
+        """The checkpoint whose EMA the final test also scores beside an average of the trained
+        weights, to compare them: `best.pt`, else the newest; None without an EMA and an average."""
+        if self.cfg.train.ema_decay and self.cfg.train.average_last:
+            return self.checkpoints.best_path if self.checkpoints.best_path.is_file() else self.checkpoints.latest()
+        return None
 
     def earlier_test_report(self, step: int) -> dict | None:
-        """The final test an earlier start wrote for this very step, `test_weights` file, decoding
-        and BLEU tokenizer, if there is one (one of an earlier, shorter training, of another
-        average or beam, or without the EMA's test that this one adds, does not count)."""
+        """The final test an earlier start wrote for this very step, `test_weights` file, decoding,
+        BLEU tokenizer and EMA test, if there is one."""
         try:
             report = json.loads(self.paths.test_scores.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -182,17 +148,14 @@ class Evaluator:
         cfg = self.cfg
         same = {"step": step, "checkpoint": self.test_weights()[0].name,
                 "beam_size": cfg.decode.beam_size, "length_penalty": cfg.decode.length_penalty}
-        if not isinstance(report, dict) or any(report.get(k) != v for k, v in same.items()):
-            return None
-        if ("ema" in report) != (self.ema_test_weights() is not None):
+        if (not isinstance(report, dict) or any(report.get(k) != v for k, v in same.items())
+                or ("ema" in report) != (self.ema_test_weights() is not None)):
             return None
         return report if f"|tok:{cfg.train.bleu_tokenize}|" in str(report.get("bleu_signature")) else None
 
     def final_test(self, step: int) -> dict:
-        """Translate the test split with the best (or averaged) weights; write hypotheses and
-        scores (`evaluation/`), and return the report `summary.json` shows. With an average and
-        an EMA, the report's `ema` is the test of the EMA weights (`ema_test_weights`); None when
-        that checkpoint has none (EMA turned on after it was written)."""
+        """Test the best (or averaged) weights, and the EMA's as the report's `ema` (`ema_test_weights`;
+        None when that checkpoint has none); write `evaluation/`; return the report for `summary.json`."""
         cfg = self.cfg
         path, steps = self.test_weights()
         if steps:
@@ -207,8 +170,8 @@ class Evaluator:
         return report
 
     def _test(self, path: Path, steps: list[int], step: int, only_ema: bool = False) -> dict | None:
-        """Score the test split with the weights of `path` (averaged from `steps`, if any) that
-        `tmt translate` would use (the EMA's when it has one); with `only_ema`, None if it has none."""
+        """Score the test split with the weights of `path` (averaged from `steps`) that `tmt translate`
+        would use (the EMA's when it has one); with `only_ema`, None if it has none."""
         cfg = self.cfg
         checkpoint = load_checkpoint(path, map_location=self.device)
         weights, which = translation_weights(checkpoint)
@@ -225,22 +188,16 @@ class Evaluator:
                                 progress=self.progress)
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         scores = score(hypotheses, test["tgt"], tokenize=cfg.train.bleu_tokenize)
-        out_dir = self.paths.evaluation
-        out_dir.mkdir(exist_ok=True)
+        self.paths.evaluation.mkdir(exist_ok=True)
         hypotheses_file = f"test.{path.stem}.beam{beam}.txt"
-        write_text_atomic(out_dir / hypotheses_file, lines_to_text(hypotheses))
-        # step: the run's, when it was tested; checkpoint_steps: the steps whose weights were;
-        # weights: the checkpoint's EMA ("ema") or its trained weights ("model").
+        write_text_atomic(self.paths.evaluation / hypotheses_file, lines_to_text(hypotheses))
+        # step: the run's when tested; checkpoint_steps: those of the weights; weights: "ema" or "model"
         report = {"checkpoint": path.name, "checkpoint_steps": weights_steps, "weights": which,
                   "hypotheses": hypotheses_file, "step": step, "sentences": len(hypotheses), "beam_size": beam,
                   "length_penalty": cfg.decode.length_penalty, "bleu": round(scores.bleu, 2),
                   "chrf": round(scores.chrf, 2), "bleu_signature": scores.bleu_signature,
                   "chrf_signature": scores.chrf_signature, "seconds": round(time.perf_counter() - started, 1)}
-        _log_test(path, which, beam, len(hypotheses), scores)
+        logger.info("test (%s%s, beam %d, %d sentences): BLEU %.2f [%s], chrF %.2f [%s]", path.name,
+                    ", EMA weights" if which == "ema" else "", beam, len(hypotheses), scores.bleu,
+                    scores.bleu_signature, scores.chrf, scores.chrf_signature)
         return report
-
-
-def _log_test(path: Path, which: str, beam: int, n_sentences: int, scores: Scores) -> None:
-    logger.info("test (%s%s, beam %d, %d sentences): BLEU %.2f [%s], chrF %.2f [%s]", path.name,
-                ", EMA weights" if which == "ema" else "", beam, n_sentences, scores.bleu, scores.bleu_signature,
-                scores.chrf, scores.chrf_signature)

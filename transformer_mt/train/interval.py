@@ -1,20 +1,26 @@
-"""Training throughput accounting: device peak FLOP/s, MFU (from the model's own FLOP count), padding
-efficiency, and the meter that turns the steps between two log lines into those figures."""
+"""The metrics of a log interval, the updates between two log lines: loss, token rates, padding
+efficiency, MFU and peak memory, written as the log line, the progress bar's figures and TensorBoard points."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
-from dataclasses import dataclass
 
 import torch
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
 
+from transformer_mt.config.schema import TrainConfig
 from transformer_mt.core.distributed import Distributed
 from transformer_mt.data.batching import Batch
+from transformer_mt.data.report import DataReport, estimated_time, format_duration
+from transformer_mt.train.schedule import lr_at
 
-# Dense (no sparsity) peaks from NVIDIA's datasheets, FLOP/s: tensor cores for bf16, fp16 and
-# tf32 (equal on these parts for bf16 and fp16), the plain CUDA cores for fp32. An fp32 run counts
-# the tf32 peak only when torch lets matmuls use TF32 (`torch.set_float32_matmul_precision("high")`);
-# by default it does not, and fp32 matmuls run on the CUDA cores.
+logger = logging.getLogger("transformer_mt.train.trainer")  # the loop's lines, as scripts reading train.log expect
+
+# Dense peaks from NVIDIA's datasheets, FLOP/s: tensor cores for bf16, fp16 and tf32, CUDA cores for
+# fp32 (an fp32 run counts the tf32 peak only when torch lets matmuls use TF32).
 PEAK_FLOPS = {
     "H100 SXM": {"bf16": 989e12, "fp16": 989e12, "tf32": 494e12, "fp32": 67e12},
     "H100 NVL": {"bf16": 835e12, "fp16": 835e12, "tf32": 418e12, "fp32": 60e12},
@@ -46,16 +52,11 @@ def peak_flops_of(device_name: str, precision: str, tf32: bool = False) -> float
     return None
 
 
-def padding_efficiency(real_tokens: int, padded_slots: int) -> float:
-    """Real tokens ÷ padded slots (1.0 = no padding)."""
-    return real_tokens / padded_slots if padded_slots else 1.0
-
-
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class IntervalStats:
-    """What one log line reports about the steps since the previous one."""
+    """What one log line reports about the updates since the previous one."""
 
-    mean_loss: float  # per target token, averaged over the steps
+    mean_loss: float  # per target token, averaged over the updates
     src_tokens_per_s: float  # real (non-pad) tokens
     tgt_tokens_per_s: float
     src_padding_efficiency: float  # real tokens ÷ padded slots in the batches
@@ -65,24 +66,21 @@ class IntervalStats:
     capture_seconds: float = 0.0  # spent capturing CUDA graphs in the interval: not in the rates above
 
     def perf(self) -> dict[str, float]:
-        """The TensorBoard `perf/` scalars."""
-        values = {"src_tokens_per_s": self.src_tokens_per_s, "tgt_tokens_per_s": self.tgt_tokens_per_s,
-                  "src_padding_efficiency": self.src_padding_efficiency,
-                  "tgt_padding_efficiency": self.tgt_padding_efficiency,
-                  "mfu": self.mfu, "peak_memory_mb": self.peak_memory_mb,
-                  "capture_seconds": self.capture_seconds or None}
-        return {name: value for name, value in values.items() if value is not None}
+        """The TensorBoard `perf/` scalars: every figure but the loss that there is (capture time if any)."""
+        values = {**dataclasses.asdict(self), "capture_seconds": self.capture_seconds or None}
+        return {name: value for name, value in values.items() if name != "mean_loss" and value is not None}
 
 
-class IntervalMeter:
-    """Loss, throughput and padding since the last log line; the loss is summed on the device (no sync per step).
-    Time spent capturing CUDA graphs (`add`'s `capture_seconds`) is counted apart: the rates are
-    the steady state's, and the capture time is reported on its own."""
+class Interval:
+    """Counts the updates since the last log line (`add`, no host sync) and `write`s them out; `pause`
+    and `resume` leave validation and checkpoints out of its time. Each line's time left is at the
+    pace since `step`, where this process started training."""
 
-    def __init__(self, device: torch.device, dist: Distributed, peak_flops: float | None = None):
-        self.device = device
-        self.dist = dist
-        self.peak_flops = peak_flops
+    def __init__(self, cfg: TrainConfig, device: torch.device, dist: Distributed, *, peak_flops: float | None = None,
+                 data_report: DataReport | None = None, step: int = 0):
+        self.cfg, self.device, self.dist, self.peak_flops = cfg, device, dist, peak_flops
+        self.data_report = data_report  # for the one-time estimate of the whole run's duration
+        self.lines, self.pace_from = 0, (time.monotonic(), step)
         self.loss_sum = torch.zeros((), device=device)
         self._zero_counts()
         self.started = time.perf_counter()
@@ -95,8 +93,7 @@ class IntervalMeter:
         self.flops = self.capture_seconds = 0.0
 
     def add(self, loss: torch.Tensor, batches: list[Batch], flops: float = 0.0, capture_seconds: float = 0.0) -> None:
-        """Count one update: its loss (a device scalar), its batches, their model FLOPs, and the
-        seconds it spent capturing CUDA graphs (taken out of the interval's time)."""
+        """Count one update: its loss (a device scalar), batches, model FLOPs and CUDA-graph capture time."""
         self.loss_sum += loss
         self.steps += 1
         self.capture_seconds += capture_seconds
@@ -107,17 +104,13 @@ class IntervalMeter:
             self.tgt_slots += batch.padded_tgt_slots
         self.flops += flops
 
-    def restart_clock(self) -> None:
-        self.started = time.perf_counter()
-
     def pause(self) -> None:
-        """Stop the clock (for validation, a checkpoint) once the device has done the steps counted so far."""
+        """Stop the clock once the device has done the updates counted so far."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.paused = time.perf_counter()
 
     def resume(self) -> None:
-        """Restart a paused clock: the pause does not count towards the interval's time."""
         if self.paused is not None:
             self.started += time.perf_counter() - self.paused
             self.paused = None
@@ -138,11 +131,46 @@ class IntervalMeter:
             torch.cuda.reset_peak_memory_stats(self.device)
         stats = IntervalStats(
             mean_loss=mean_loss, src_tokens_per_s=self.src_tokens / elapsed, tgt_tokens_per_s=self.tgt_tokens / elapsed,
-            src_padding_efficiency=padding_efficiency(self.src_tokens, self.src_slots),
-            tgt_padding_efficiency=padding_efficiency(self.tgt_tokens, self.tgt_slots),
+            src_padding_efficiency=self.src_tokens / self.src_slots if self.src_slots else 1.0,
+            tgt_padding_efficiency=self.tgt_tokens / self.tgt_slots if self.tgt_slots else 1.0,
             mfu=self.flops / elapsed / (self.peak_flops * self.dist.world_size) if self.peak_flops else None,
             peak_memory_mb=peak_memory_mb, capture_seconds=self.capture_seconds)
         self.loss_sum.zero_()
         self._zero_counts()
-        self.restart_clock()
+        self.started = time.perf_counter()
         return stats
+
+    def write(self, step: int, grad_norm: torch.Tensor, writer: SummaryWriter, bar: tqdm) -> None:
+        """The log line, the bar's figures and the TensorBoard points of the interval, then a new one."""
+        t = self.cfg
+        stats = self.read_and_reset()
+        lr = lr_at(step, t)  # the rate this step used
+        grad_norm_value = grad_norm.item()
+        writer.add_scalar("train/loss", stats.mean_loss, step)
+        writer.add_scalar("train/grad_norm", grad_norm_value, step)
+        writer.add_scalar("lr", lr, step)
+        for name, value in stats.perf().items():
+            writer.add_scalar(f"perf/{name}", value, step)
+        postfix = {"loss": f"{stats.mean_loss:.3f}", "lr": f"{lr:.2e}", "tgt_tok_s": f"{stats.tgt_tokens_per_s:,.0f}",
+                   "src_tok_s": f"{stats.src_tokens_per_s:,.0f}"}
+        if stats.mfu is not None:
+            postfix["mfu"] = f"{stats.mfu:.1%}"
+        if stats.peak_memory_mb is not None:
+            postfix["mem"] = f"{stats.peak_memory_mb / 1024:.1f}G"
+        bar.set_postfix(postfix)
+        extra = "".join([f", MFU {stats.mfu:.1%}" if stats.mfu is not None else "",
+                         f", peak memory {stats.peak_memory_mb:,.0f} MB" if stats.peak_memory_mb is not None else "",
+                         f"; {stats.capture_seconds:.1f}s {'compiling and ' if t.compile else ''}capturing CUDA "
+                         "graphs, not counted in these rates"
+                         if stats.capture_seconds else ""])
+        # Time left at the pace since this process started training, validations and checkpoints included.
+        started, first_step = self.pace_from
+        left = (time.monotonic() - started) / max(step - first_step, 1) * (t.max_steps - step)
+        logger.info("step %d/%d (%.0f%%, %s left): loss %.4f, lr %.3e, grad norm %.3f, %.0f source and %.0f target "
+                    "tokens/s, padding efficiency %.3f source, %.3f target%s", step, t.max_steps,
+                    100 * step / t.max_steps, format_duration(left), stats.mean_loss, lr, grad_norm_value,
+                    stats.src_tokens_per_s, stats.tgt_tokens_per_s, stats.src_padding_efficiency,
+                    stats.tgt_padding_efficiency, extra)
+        self.lines += 1
+        if self.lines == (2 if t.compile else 1) and self.data_report is not None:  # under compile: past compiling
+            logger.info("%s", estimated_time(self.data_report, stats.tgt_tokens_per_s, step))

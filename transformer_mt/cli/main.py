@@ -12,8 +12,11 @@ import signal
 import sys
 
 from transformer_mt.cli.parser import build_parser
-from transformer_mt.cli.runs import run_average, run_export, run_runs
-from transformer_mt.cli.train import run_data, run_train
+from transformer_mt.cli.average import run_average
+from transformer_mt.cli.data import run_data
+from transformer_mt.cli.export import run_export
+from transformer_mt.cli.runs import run_runs
+from transformer_mt.cli.train import run_train
 from transformer_mt.cli.translate import run_evaluate, run_translate
 from transformer_mt.core.errors import TmtError, TrainingStopped
 from transformer_mt.core.signals import sigterm_interrupts

@@ -197,7 +197,7 @@ def test_a_terminal_on_stdin_gets_a_prompt_and_a_translation_per_line(workdir: P
 
 
 def test_translating_imports_nothing_that_only_training_or_scoring_needs(workdir: Path):
-    # Start-up time of `tmt translate` (issue 24): the meta device's sympy, sacreBLEU, datasets,
+    # Start-up time of `tmt translate`: the meta device's sympy, sacreBLEU, datasets,
     # TensorBoard and matplotlib cost seconds together and a translation uses none of them.
     heavy = ["sympy", "sacrebleu", "datasets", "torch.utils.tensorboard", "matplotlib"]
     code = ("import sys; from transformer_mt.cli import main as cli; "

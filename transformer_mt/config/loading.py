@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
-from transformer_mt.config.schema import Config, config_to_dict
+from transformer_mt.config.schema import Config, config_to_dict, plain_copy
 from transformer_mt.core.errors import ConfigError, Problems
 from transformer_mt.core.files import write_text_atomic
 
@@ -103,7 +103,7 @@ _SECTIONS = {f.name: dataclasses.fields(f.default_factory)[0].name for f in data
 
 def apply_overrides(raw: dict, overrides: list[str] | tuple[str, ...]) -> dict:
     """Return a copy of `raw` with each `a.b.c=value` set; values are parsed as YAML."""
-    raw = _deep_copy(raw)
+    raw = plain_copy(raw)  # YAML gives no tuples: the same dicts and lists
     problems = []
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -291,11 +291,3 @@ def _describe(hint: Any) -> str:
 
 def _show(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
-
-
-def _deep_copy(raw: Any) -> Any:
-    if isinstance(raw, dict):
-        return {k: _deep_copy(v) for k, v in raw.items()}
-    if isinstance(raw, list):
-        return [_deep_copy(v) for v in raw]
-    return raw

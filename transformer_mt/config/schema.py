@@ -398,15 +398,16 @@ class Config:
             section.validate(p, self)
 
 
+def plain_copy(value: Any) -> Any:
+    """A copy of nested dicts, lists and tuples (tuples as lists); other values as they are."""
+    if isinstance(value, dict):
+        return {k: plain_copy(v) for k, v in value.items()}
+    return [plain_copy(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
 def config_to_dict(cfg: Config) -> dict:
     """Plain nested dict of the config (tuples as lists), ready for YAML or a checkpoint."""
-
-    def plain(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        return [plain(v) for v in value] if isinstance(value, (list, tuple)) else value
-
-    return plain(dataclasses.asdict(cfg))
+    return plain_copy(dataclasses.asdict(cfg))
 
 
 def with_defaults(saved: dict) -> dict:

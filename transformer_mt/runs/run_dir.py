@@ -229,11 +229,6 @@ def resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:
     return allowed
 
 
-def same_data_settings(cfg: Config, run_dir: Path) -> bool:
-    """True when `run_dir` holds a run made with the seed, data and tokenizer settings of `cfg`."""
-    return data_settings_problem(cfg, run_dir) is None
-
-
 def data_settings_problem(cfg: Config, run_dir: Path) -> str | None:
     """Why `run_dir`'s tokenizers and split cannot stand for `cfg`'s, or None when they can."""
     if not RunDir(run_dir).config.is_file() or not TokenizerPair.exists_in(run_dir):

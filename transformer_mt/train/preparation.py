@@ -22,7 +22,7 @@ from transformer_mt.data.token_cache import TokenizedSplit, processes_for, token
 from transformer_mt.data.tokenization import TokenizerPair, train_tokenizers
 from transformer_mt.data.training_split import tokenize_training_split
 from transformer_mt.runs.init_from import copy_tokenizers
-from transformer_mt.runs.run_dir import same_data_settings
+from transformer_mt.runs.run_dir import data_settings_problem
 from transformer_mt.train.batches import resolve_batch_tokens
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def preview_report(cfg: Config, run_dir: Path, progress: bool) -> tuple[DataRepo
     give other lengths) are copied there first when the run has the same seed, data and tokenizer
     settings, so the report describes that run."""
     notes = []
-    reuse = same_data_settings(cfg, run_dir)
+    reuse = data_settings_problem(cfg, run_dir) is None  # the same seed, data and tokenizer settings
     with tempfile.TemporaryDirectory(prefix="tmt-data-") as scratch:
         if reuse:
             for name in (RunDir.SPLITS, JOINT_FILE, SRC_FILE, TGT_FILE):

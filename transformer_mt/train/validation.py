@@ -15,7 +15,7 @@ from torch.utils.tensorboard import SummaryWriter
 from transformer_mt.config.schema import Config, config_to_dict
 from transformer_mt.core.distributed import Distributed, interleave
 from transformer_mt.core.files import lines_to_text, write_text_atomic
-from transformer_mt.core.run_layout import RunDir
+from transformer_mt.core.run_layout import RunDir, best_or_latest
 from transformer_mt.core.runtime import AttentionKernels, Precision
 from transformer_mt.data import corpus as data_module
 from transformer_mt.data.batching import sorted_batches
@@ -129,14 +129,13 @@ class Evaluator:
         if average_last:
             steps = checkpoints.steps()[-average_last:]
             return checkpoints.directory / f"average_steps_{steps[0]:08d}-{steps[-1]:08d}.pt", steps
-        return (checkpoints.best_path if checkpoints.best_path.is_file() else checkpoints.latest()), []
+        return best_or_latest(checkpoints.directory), []
 
     def ema_test_weights(self) -> Path | None:
         """The checkpoint whose EMA the final test also scores beside an average of the trained
         weights, to compare them: `best.pt`, else the newest; None without an EMA and an average."""
-        if self.cfg.train.ema_decay and self.cfg.train.average_last:
-            return self.checkpoints.best_path if self.checkpoints.best_path.is_file() else self.checkpoints.latest()
-        return None
+        both = self.cfg.train.ema_decay and self.cfg.train.average_last
+        return best_or_latest(self.checkpoints.directory) if both else None
 
     def earlier_test_report(self, step: int) -> dict | None:
         """The final test an earlier start wrote for this very step, `test_weights` file, decoding,

@@ -268,12 +268,7 @@ def _bars_cleared_when_done():
     """While inside, `datasets.map`'s bar (`arrow_dataset.hf_tqdm`) leaves the terminal once done, as tmt's do."""
     from datasets import arrow_dataset
 
-    original = getattr(arrow_dataset, "hf_tqdm", None)
-    if original is None:
-        yield
-        return
-
-    class ClearedBar(original):
+    class ClearedBar(arrow_dataset.hf_tqdm):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **{"leave": False, **kwargs})
 

@@ -18,7 +18,7 @@ from transformer_mt.data.token_cache import TokenizedSplit
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
 
 WITHOUT_GPU_TOKENS = 4096  # CPU and MPS
-MAX_TOKENS = 65_536  # the largest budget measured on an H100 (docs/benchmarks.md); more is for a run to set
+MAX_TOKENS = 65_536  # the largest budget measured on an H100 (docs/benchmarks/training.md); more is for a run to set
 MEMORY_SHARE = 0.5  # of the device's memory, for the weights, optimizer state and activations together
 
 

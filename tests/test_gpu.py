@@ -146,14 +146,14 @@ def test_tmt_trains_and_translates_on_the_device(tmp_path: Path, monkeypatch, ca
     engine = json.loads((tmp_path / "run" / "summary.json").read_text(encoding="utf-8"))["cuda_graphs"]
     if DEVICE == "cuda":  # the trainer measures the GPU: memory and, on a known GPU, MFU
         assert "precision bf16" in err
-        assert max(read_scalars(tmp_path / "run", "perf/peak_memory_mb").values()) > 0
+        assert max(read_scalars(tmp_path / "run", "train/perf/peak_memory_mb").values()) > 0
         # Capturing is reported on its own, not in the steady-state rates.
         assert "s capturing CUDA graphs, not counted in these rates" in err
         assert engine["captured_shapes"] >= 1 and engine["capture_seconds"] > 0
     else:
         assert engine is None
     known_gpu = DEVICE == "cuda" and "NVIDIA H" in torch.cuda.get_device_name()
-    mfu = read_scalars(tmp_path / "run", "perf/mfu") if known_gpu else "not measured on this device"
+    mfu = read_scalars(tmp_path / "run", "train/perf/mfu") if known_gpu else "not measured on this device"
     with capsys.disabled():  # to the terminal (gpu_session.sh runs pytest -s), not into the stdout compared below
         print(f"\nMFU of the tiny model on {DEVICE}: {mfu}")
     code, out, err = run_cli(["translate", "--run", "run", "--device", DEVICE, "Good morning."],

@@ -93,12 +93,19 @@ def test_screen_lines_overwrite_a_line_after_a_carriage_return():
     assert lines == ["X2:00:00 INFO step 1", "train: 20%|##| 2/10"]
 
 
-def test_training_in_a_terminal_never_draws_a_bar_and_a_log_line_on_one_line(tmp_path: Path):
-    code, output = run_in_terminal(
+@pytest.fixture(scope="module")
+def terminal_training(tmp_path_factory) -> tuple[int, bytes]:
+    """`tmt train` of a small demo model in an 80-column terminal: its exit code and what it wrote there."""
+    tmp_path = tmp_path_factory.mktemp("terminal")
+    return run_in_terminal(
         ["train", "--config", str(DEMO_CONFIG), "--run-dir", str(tmp_path / "run"),
          "--set", "train.max_steps=60", "--set", "train.log_every_steps=10", "--set", "train.eval_every_steps=30",
          "--set", "train.save_every_steps=30", "--set", "model.d_model=32", "--set", "model.d_ff=64"],
-        cwd=tmp_path)
+        cwd=tmp_path, columns=80)
+
+
+def test_training_in_a_terminal_never_draws_a_bar_and_a_log_line_on_one_line(terminal_training):
+    code, output = terminal_training
     lines = screen_lines(output)
     assert code == 0, "\n".join(lines)
     logged = [line for line in lines if TIMESTAMP.search(line)]
@@ -110,6 +117,29 @@ def test_training_in_a_terminal_never_draws_a_bar_and_a_log_line_on_one_line(tmp
     leftovers = [line for line in lines if BAR.search(line)]
     assert not leftovers, "\n".join(leftovers)
     assert lines[-1].startswith("tmt: finished at step 60") or lines[-2].startswith("tmt: finished at step 60")
+
+
+def bar_draws(output: bytes, desc: str) -> list[str]:
+    """Every state of the bar called `desc` as the terminal showed it, in order (escape sequences dropped)."""
+    text = re.sub(r"\x1b\[\d*[A-Za-z]", "", output.decode("utf-8", errors="replace"))
+    return [part for part in re.split(r"[\r\n]", text) if part.startswith(f"{desc}:")]
+
+
+def test_the_training_bar_at_80_columns_shows_loss_tokens_per_s_and_the_log_lines_time_left(terminal_training):
+    code, output = terminal_training
+    log = "\n".join(screen_lines(output))
+    assert code == 0, log
+    time_left = dict(re.findall(r"INFO step (\d+)/60 \(\d+%, (.+?) left\)", log))
+    assert list(time_left) == ["10", "20", "30", "40", "50", "60"], log
+    drawn = {}  # the bar as last drawn at each step: after that step's log line
+    for line in bar_draws(output, "train"):
+        assert len(line) <= 80, line
+        drawn[re.search(r" (\d+)/60\b", line).group(1)] = line
+    for step, left in time_left.items():
+        bar = drawn[step]
+        assert re.search(r"loss \d+\.\d{3}", bar) and re.search(r"\d[\d,]* tgt tok/s", bar), bar
+        assert f" {left} left" in bar, (bar, left)  # the very estimate of the log line
+        assert re.search(r"\|[ ▏▎▍▌▋▊▉█]{10,}\|", bar), bar  # and room for the bar itself
 
 
 # --- messages and help: what `tmt` says around its output --------------------------------------

@@ -191,6 +191,23 @@ def test_a_pause_for_validation_or_a_checkpoint_is_not_training_time(monkeypatch
     assert interval.read_and_reset().tgt_tokens_per_s == pytest.approx(16 / 4.0)
 
 
+def test_time_left_is_at_the_recent_pace_with_validations_counted(monkeypatch):
+    # 100 s to start (compiling, say), then 1 s a step and a 20 s validation after every 30th step.
+    now = [0.0]
+    monkeypatch.setattr(interval_module.time, "monotonic", lambda: now[0])
+    time_left = interval_module.TimeLeft(max_steps=300, window=30, step=0)
+    now[0] += 100.0
+    estimates = {}
+    for step in range(10, 301, 10):  # a log line every 10 steps
+        now[0] += 10.0
+        estimates[step] = time_left.at(step)
+        if step % 30 == 0:
+            now[0] += 20.0
+    assert estimates[10] == pytest.approx(110 / 10 * 290)  # the start is all there is to go by
+    assert estimates[150] == pytest.approx(50 / 30 * 150)  # 30 steps and one validation: 50 s
+    assert estimates[290] == pytest.approx(50 / 30 * 10) and estimates[300] == 0
+
+
 def test_only_the_last_checkpoints_and_the_best_are_kept(tiny_corpus: Path, tmp_path: Path):
     cfg = tiny_config(tiny_corpus, train={"max_steps": 8, "eval_every_steps": 2, "save_every_steps": 2,
                                           "keep_last": 2})
@@ -242,7 +259,7 @@ def test_each_update_and_its_log_line_use_the_schedules_rate(tiny_corpus: Path, 
         trainer.train_step.run(trainer.train_data.batch([0, 1, 2]))
     prepare_run_dir(tmp_path / "logged", resume=False, overwrite=False)
     train(cfg, tmp_path / "logged", progress=False)
-    logged = read_scalars(tmp_path / "logged", "lr")
+    logged = read_scalars(tmp_path / "logged", "train/lr")
     assert logged == pytest.approx(expected, rel=1e-6)  # TensorBoard keeps fp32
 
 
@@ -453,23 +470,28 @@ def test_tensorboard_has_scalars_examples_attention_images_and_hparams(tiny_corp
     events = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0, "tensors": 0})
     events.Reload()
     tags = events.Tags()
-    for tag in ("train/loss", "train/grad_norm", "lr", "perf/tgt_tokens_per_s", "perf/src_tokens_per_s",
-                "perf/src_padding_efficiency", "perf/tgt_padding_efficiency", "valid/loss", "valid/perplexity",
+    for tag in ("train/loss", "train/grad_norm", "train/lr", "train/perf/tgt_tokens_per_s",
+                "train/perf/src_tokens_per_s", "train/perf/src_padding_efficiency",
+                "train/perf/tgt_padding_efficiency", "valid/loss", "valid/perplexity",
                 "valid/bleu", "valid/chrf"):
         assert tag in tags["scalars"], tag
-    assert "perf/mfu" not in tags["scalars"]  # no MFU on a CPU: there is no peak to divide by
+    assert "train/perf/mfu" not in tags["scalars"]  # no MFU on a CPU: there is no peak to divide by
     for side in ("src", "tgt"):
-        assert all(0 < e.value <= 1 for e in events.Scalars(f"perf/{side}_padding_efficiency"))
+        assert all(0 < e.value <= 1 for e in events.Scalars(f"train/perf/{side}_padding_efficiency"))
     assert "valid/examples/text_summary" in tags["tensors"]
     # tiny_config has 2 decoder layers and train.attention_layer 0: the first and the last.
     assert set(tags["images"]) == {"valid/attention_layer_1", "valid/attention_layer_2"}
     image = events.Images("valid/attention_layer_2")[0]
     assert image.step == 3 and image.encoded_image_string.startswith(b"\x89PNG")
 
-    hparams = EventAccumulator(str(run / "tensorboard" / "hparams"))
-    hparams.Reload()
-    assert "_hparams_/session_start_info" in hparams.PluginTagToContent("hparams")
-    assert set(hparams.Tags()["scalars"]) == {"hparam/best_bleu", "hparam/last_bleu"}
+    # One run in TensorBoard: the HParams session is in the run's own events, beside its metrics' scalars.
+    assert [path.name for path in (run / "tensorboard").iterdir() if not path.is_file()] == []
+    hparams = events.PluginTagToContent("hparams")
+    assert {"_hparams_/experiment", "_hparams_/session_start_info", "_hparams_/session_end_info"} <= set(hparams)
+    assert b"valid/bleu" in hparams["_hparams_/experiment"] and b"valid/best_bleu" in hparams["_hparams_/experiment"]
+    assert [e.step for e in events.Scalars("valid/best_bleu")] == [3]
+    # The scalars are grouped by the name before the first "/", in alphabetical order: train/, then valid/.
+    assert {tag.split("/")[0] for tag in tags["scalars"]} == {"train", "valid"}
 
 
 def test_early_stopping_after_patience_validations_without_a_better_bleu(tiny_corpus: Path, tmp_path: Path,

@@ -3,6 +3,7 @@ efficiency, MFU and peak memory, written as the log line, the progress bar's fig
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import time
@@ -66,21 +67,71 @@ class IntervalStats:
     capture_seconds: float = 0.0  # spent capturing CUDA graphs in the interval: not in the rates above
 
     def perf(self) -> dict[str, float]:
-        """The TensorBoard `perf/` scalars: every figure but the loss that there is (capture time if any)."""
+        """The TensorBoard `train/perf/` scalars: every figure but the loss that there is (capture time if any)."""
         values = {**dataclasses.asdict(self), "capture_seconds": self.capture_seconds or None}
         return {name: value for name, value in values.items() if name != "mean_loss" and value is not None}
 
 
+# The training bar: its figures before the bar itself, which takes the columns left (tqdm trims the line
+# to the terminal's width); no rate-based time left of tqdm's own, the figures carry the log line's.
+BAR_FORMAT = "{desc}: {percentage:3.0f}% {n_fmt}/{total_fmt}{postfix} |{bar}|"
+MIN_BAR_COLUMNS = 10  # optional figures are left out before the bar gets narrower than this
+
+
+def bar_figures(figures: list[tuple[str, bool]], room: int | None) -> str:
+    """The bar's postfix: `figures` (text, always shown) in their order, the optional ones in turn
+    while the text stays within `room` columns (None: no limit)."""
+    length, full = len(", ".join(text for text, always in figures if always)), False
+    shown = []
+    for text, always in figures:
+        if not (always or full):  # the first optional one that does not fit leaves the rest out too
+            full = room is not None and length + len(", ") + len(text) > room
+            length += 0 if full else len(", ") + len(text)
+        if always or not full:
+            shown.append(text)
+    return ", ".join(shown)
+
+
+def bar_room(bar: tqdm) -> int | None:
+    """The columns `bar` leaves its postfix in `BAR_FORMAT` at its widest, with the bar at `MIN_BAR_COLUMNS`;
+    None when it has no width (no terminal)."""
+    columns = bar.format_dict["ncols"]  # asks the terminal again: it may have been resized
+    if not columns:
+        return None
+    counts = f"{bar.desc}: 100% {bar.total}/{bar.total}, "
+    return columns - len(counts) - len(" ||") - MIN_BAR_COLUMNS
+
+
+class TimeLeft:
+    """Time left to `max_steps` at the recent pace: wall time over the last `window` steps or more (since
+    `step`, where this process started, until there are that many), so that the validations and saves
+    among them count and the start (compiling, warming up) is soon forgotten."""
+
+    def __init__(self, max_steps: int, window: int, step: int):
+        self.max_steps, self.window = max_steps, window
+        self.marks = collections.deque([(time.monotonic(), step)])
+
+    def at(self, step: int) -> float:
+        """Seconds left after `step`; marks it for later estimates."""
+        now = time.monotonic()
+        while len(self.marks) > 1 and step - self.marks[1][1] >= self.window:
+            self.marks.popleft()
+        then, first = self.marks[0]
+        self.marks.append((now, step))
+        return (now - then) / max(step - first, 1) * (self.max_steps - step)
+
+
 class Interval:
     """Counts the updates since the last log line (`add`, no host sync) and `write`s them out; `pause`
-    and `resume` leave validation and checkpoints out of its time. Each line's time left is at the
-    pace since `step`, where this process started training."""
+    and `resume` leave validation and checkpoints out of its time. Each line's time left, and the
+    bar's, is `TimeLeft`'s, from `step`, where this process started training."""
 
     def __init__(self, cfg: TrainConfig, device: torch.device, dist: Distributed, *, peak_flops: float | None = None,
                  data_report: DataReport | None = None, step: int = 0):
         self.cfg, self.device, self.dist, self.peak_flops = cfg, device, dist, peak_flops
         self.data_report = data_report  # for the one-time estimate of the whole run's duration
-        self.lines, self.pace_from = 0, (time.monotonic(), step)
+        self.lines = 0
+        self.time_left = TimeLeft(cfg.max_steps, max(cfg.eval_every_steps, cfg.save_every_steps), step)
         self.loss_sum = torch.zeros((), device=device)
         self._zero_counts()
         self.started = time.perf_counter()
@@ -148,27 +199,27 @@ class Interval:
         grad_norm_value = grad_norm.item()
         writer.add_scalar("train/loss", stats.mean_loss, step)
         writer.add_scalar("train/grad_norm", grad_norm_value, step)
-        writer.add_scalar("lr", lr, step)
+        writer.add_scalar("train/lr", lr, step)
         for name, value in stats.perf().items():
-            writer.add_scalar(f"perf/{name}", value, step)
-        postfix = {"loss": f"{stats.mean_loss:.3f}", "lr": f"{lr:.2e}", "tgt_tok_s": f"{stats.tgt_tokens_per_s:,.0f}",
-                   "src_tok_s": f"{stats.src_tokens_per_s:,.0f}"}
-        if stats.mfu is not None:
-            postfix["mfu"] = f"{stats.mfu:.1%}"
-        if stats.peak_memory_mb is not None:
-            postfix["mem"] = f"{stats.peak_memory_mb / 1024:.1f}G"
-        bar.set_postfix(postfix)
+            writer.add_scalar(f"train/perf/{name}", value, step)
+        left = format_duration(self.time_left.at(step))  # validations and checkpoints included
+        if not bar.disable:  # what a terminal's width has room for: loss, tokens/s and time left first
+            figures = [(f"loss {stats.mean_loss:.3f}", True), (f"lr {lr:.2e}", False),
+                       (f"{stats.tgt_tokens_per_s:,.0f} tgt tok/s", True),
+                       (f"{stats.src_tokens_per_s:,.0f} src tok/s", False)]
+            if stats.mfu is not None:
+                figures.append((f"MFU {stats.mfu:.1%}", False))
+            if stats.peak_memory_mb is not None:
+                figures.append((f"{stats.peak_memory_mb / 1024:.1f}G peak", False))
+            bar.set_postfix_str(bar_figures([*figures, (f"{left} left", True)], bar_room(bar)))
         extra = "".join([f", MFU {stats.mfu:.1%}" if stats.mfu is not None else "",
                          f", peak memory {stats.peak_memory_mb:,.0f} MB" if stats.peak_memory_mb is not None else "",
                          f"; {stats.capture_seconds:.1f}s {'compiling and ' if t.compile else ''}capturing CUDA "
                          "graphs, not counted in these rates"
                          if stats.capture_seconds else ""])
-        # Time left at the pace since this process started training, validations and checkpoints included.
-        started, first_step = self.pace_from
-        left = (time.monotonic() - started) / max(step - first_step, 1) * (t.max_steps - step)
         logger.info("step %d/%d (%.0f%%, %s left): loss %.4f, lr %.3e, grad norm %.3f, %.0f source and %.0f target "
                     "tokens/s, padding efficiency %.3f source, %.3f target%s", step, t.max_steps,
-                    100 * step / t.max_steps, format_duration(left), stats.mean_loss, lr, grad_norm_value,
+                    100 * step / t.max_steps, left, stats.mean_loss, lr, grad_norm_value,
                     stats.src_tokens_per_s, stats.tgt_tokens_per_s, stats.src_padding_efficiency,
                     stats.tgt_padding_efficiency, extra)
         self.lines += 1

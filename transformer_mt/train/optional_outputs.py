@@ -28,6 +28,11 @@ class OptionalWriter:
         method = getattr(self._writer, name)
         return lambda *args, **kwargs: self._call(lambda: method(*args, **kwargs))
 
+    def add_summary(self, summary: object, global_step: int | None = None) -> None:
+        """Write a ready-made summary (the HParams plugin's) into the run's own event file."""
+        if self._writer is not None:
+            self._call(lambda: self._writer.file_writer.add_summary(summary, global_step))
+
     def _call(self, action: Callable[[], object]) -> None:
         try:
             action()

@@ -31,7 +31,7 @@ from transformer_mt.runs.init_from import Parent, load_parent
 from transformer_mt.runs.run_dir import check_saved_config
 from transformer_mt.train.batches import StepBatches, resolve_batch_tokens
 from transformer_mt.train.ema import WeightEMA
-from transformer_mt.train.interval import Interval, peak_flops_per_s
+from transformer_mt.train.interval import BAR_FORMAT, Interval, peak_flops_per_s
 from transformer_mt.train.optional_outputs import OptionalWriter, quiet_tensorboard_thread
 from transformer_mt.train.preparation import batch_padding, prepare_data
 from transformer_mt.train.state import RunCheckpoint, TrainState
@@ -155,7 +155,7 @@ class Trainer:
         self.write_summary("running")
         # No bar off a terminal (a CI log, a file: the log lines stand in for it), and none left once done.
         bar = tqdm(total=t.max_steps, initial=state.step, desc="train", unit="step", file=sys.stderr, leave=False,
-                   disable=not (self.progress and sys.stderr.isatty()), dynamic_ncols=True)
+                   disable=not (self.progress and sys.stderr.isatty()), dynamic_ncols=True, bar_format=BAR_FORMAT)
         batches = iter(self.sampler)
         interval = Interval(t, self.device, self.dist, peak_flops=peak_flops_per_s(self.device, self.precision.name),
                             data_report=self.data_report, step=state.step)

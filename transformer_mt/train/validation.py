@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 from torch.utils.tensorboard import SummaryWriter
+from torch.utils.tensorboard.summary import hparams
 
 from transformer_mt.config.schema import Config, config_to_dict
 from transformer_mt.core.distributed import Distributed, interleave
@@ -27,6 +28,7 @@ from transformer_mt.decode.torch_engine import translate_ids
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.runs.checkpoint import (CheckpointDir, average_checkpoints, load_checkpoint, save_atomic,
                                             translation_weights)
+from transformer_mt.train.optional_outputs import OptionalWriter
 from transformer_mt.train.step import label_smoothed_loss
 
 logger = logging.getLogger(__name__)
@@ -111,15 +113,18 @@ class Evaluator:
             writer.add_figure(f"valid/attention_layer_{layer + 1}",
                               attention_figure(weights, src_pieces, tgt_pieces, title), step)
 
-    def log_hparams(self, writer: SummaryWriter, step: int, best_bleu: float, last_bleu: float) -> None:
-        """The config beside the best and final validation BLEU, for TensorBoard's HParams tab."""
-        hparams = {}
+    def log_hparams(self, writer: OptionalWriter, step: int, best_bleu: float, last_bleu: float) -> None:
+        """The config beside the best and final validation BLEU, for TensorBoard's HParams tab: a session
+        in the run's own events (no run of its own), whose metrics are its `valid/` scalars."""
+        hparam_values = {}
         for section, values in config_to_dict(self.cfg).items():
             for key, value in (values.items() if isinstance(values, dict) else [("", values)]):
                 name = f"{section}.{key}" if key else section
-                hparams[name] = value if isinstance(value, (bool, int, float, str)) else str(value)
-        writer.add_hparams(hparams, {"hparam/best_bleu": best_bleu, "hparam/last_bleu": last_bleu},
-                           run_name="hparams", global_step=step)
+                hparam_values[name] = value if isinstance(value, (bool, int, float, str)) else str(value)
+        writer.add_scalar("valid/best_bleu", best_bleu, step)
+        # TensorBoard shows each metric's last scalar: valid/bleu's is the final validation's, `last_bleu`.
+        for summary in hparams(hparam_values, {"valid/best_bleu": best_bleu, "valid/bleu": last_bleu}):
+            writer.add_summary(summary, step)
 
     # --- the final test ------------------------------------------------------------------
     def test_weights(self) -> tuple[Path, list[int]]:

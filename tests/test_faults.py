@@ -21,7 +21,7 @@ import torch
 from tests.helpers import (DEMO_CONFIG, PYTHONPATH, TINY_PAIRS, read_scalars, run_cli, tiny_config, train_tiny_run,
                            write_corpus)
 from transformer_mt.config.loading import load_config, save_config
-from transformer_mt.core.errors import CheckpointError, Terminated, TrainingError, TrainingStopped
+from transformer_mt.core.errors import CheckpointError, DataError, Terminated, TrainingError, TrainingStopped
 from transformer_mt.core.files import write_text_atomic
 from transformer_mt.core.run_layout import RunDir
 from transformer_mt.data.tokenization import TokenizerPair
@@ -120,6 +120,25 @@ def test_bad_data_is_named_with_exit_1(row, tmp_path: Path, monkeypatch, capsys)
     code, _, err = run_cli(["train", "--config", str(config)], monkeypatch, capsys, tmp_path)
     assert code == 1, err
     assert expected in err and "Traceback" not in err, err
+    assert not (tmp_path / "runs").exists()  # a start that never trained leaves no run behind
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--overwrite"])
+def test_bad_data_leaves_a_run_that_existed_before(flag, tiny_run: Path, tmp_path: Path, monkeypatch, capsys):
+    run = copy_run(tiny_run, tmp_path / "run")
+    kept = (lambda name: name != "train.log") if flag == "--resume" else (lambda name: name == RunDir.MARKER)
+    before = {k: v for k, v in snapshot(run).items() if kept(k)}
+
+    def unreadable(*args, **kwargs):
+        raise DataError("train.it: gone")
+
+    monkeypatch.setattr(training, "prepare_data", unreadable)
+    code, _, err = run_cli(["train", "--config", str(tiny_run.parent.parent / "tiny.yaml"), "--run-dir", str(run),
+                            flag], monkeypatch, capsys, tmp_path)
+    assert code == 1 and err.splitlines()[-1] == "tmt: error: train.it: gone", err
+    # Resumed: the run as it was; started over (--overwrite asked to delete it): the folder stays, marked.
+    assert {k: v for k, v in snapshot(run).items() if k in before} == before
+    assert (run / "train.log").is_file()
 
 
 def test_training_into_a_used_run_directory_refuses_and_keeps_everything(tiny_run: Path, tmp_path: Path,
@@ -588,7 +607,8 @@ def test_a_signal_during_the_last_validation_stops_before_the_final_test(tiny_co
 
     with monkeypatch.context() as patch:
         patch.setattr(Trainer, "validate", signalled)
-        with pytest.raises(TrainingStopped, match="stopped by SIGTERM after the last step \\(3\\)") as stopped:
+        with pytest.raises(TrainingStopped, match="^interrupted by SIGTERM after the last step \\(3\\); checkpoint "
+                                                  "saved$") as stopped:
             train(cfg, run, progress=False)
     assert stopped.value.exit_code == 143
     assert (run / "checkpoints" / "step_00000003.pt").is_file() and not (run / "evaluation").exists()
@@ -629,8 +649,9 @@ def test_an_interrupted_train_command_says_how_to_go_on(checkpoint, tiny_run: Pa
     code, _, err = run_cli(["train", "--config", str(config), "--run-dir", str(run_dir), *resume,
                             "--set", "train.max_steps=4"], monkeypatch, capsys, tmp_path)
     again = ["tmt", "train", "--config", str(config), "--run-dir", str(run_dir), "--set", "train.max_steps=4"]
-    assert code == 143 and "Traceback" not in err
-    assert f"interrupted by SIGTERM; continue with: {shlex.join(again + ['--resume'] if checkpoint else again)}" in err
+    assert code == 143 and "Traceback" not in err and "error" not in err
+    again = shlex.join(again + ['--resume'] if checkpoint else again)
+    assert err.splitlines()[-1] == f"tmt: interrupted by SIGTERM; continue with: {again}"
 
 
 # --- kill -9 at any moment, then resume ------------------------------------------------

@@ -172,11 +172,19 @@ def test_ctrl_c_or_sigterm_saves_a_checkpoint_and_says_how_to_resume(sig, tmp_pa
     process.send_signal(sig)
     rest = process.stderr.read()
     assert process.wait(timeout=60) == 128 + sig  # 130 for Ctrl-C, 143 for SIGTERM
-    # The same config and overrides: without them the resume would be refused (model.* differs).
-    assert f"continue with: {shlex.join(['tmt', 'train', '--config', str(DEMO_CONFIG), *overrides, '--resume'])}" in rest
-    assert "Traceback" not in rest
     checkpoints = list((tmp_path / "runs" / "demo" / "checkpoints").glob("step_*.pt"))
     assert len(checkpoints) == 1
+    step = int(checkpoints[0].stem.removeprefix("step_"))
+    # A stop the user asked for, not an error; the same config and overrides (without them the resume
+    # would be refused: model.* differs).
+    by = " by SIGTERM" if sig == signal.SIGTERM else ""
+    again = shlex.join(["tmt", "train", "--config", str(DEMO_CONFIG), *overrides, "--resume"])
+    last = f"tmt: interrupted{by} at step {step}; checkpoint saved; continue with: {again}"
+    assert rest.splitlines()[-1] == last
+    assert "error" not in rest and "Traceback" not in rest
+    log = (tmp_path / "runs" / "demo" / "train.log").read_text("utf-8")
+    # The log of a run read later ends as the terminal did.
+    assert log.splitlines()[-1].endswith(f" {last}") and "ERROR" not in log.splitlines()[-1]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -227,6 +235,30 @@ def test_a_signal_while_translating_says_so_and_leaves_the_output_alone(command,
     by = " by SIGTERM" if sig == signal.SIGTERM else ""
     assert process.stderr.read() == f"tmt: interrupted{by}\n"
     assert output.read_text("utf-8") == "the user's earlier translations\n"
+
+
+@pytest.mark.parametrize("bad", ["missing data path", "missing language file"])
+def test_a_start_that_fails_on_its_data_leaves_no_run_behind(bad, tmp_path: Path):
+    corpus = tmp_path / "corpus"
+    if bad == "missing language file":
+        corpus.mkdir()
+        for split in ("train", "valid", "test"):
+            (corpus / f"{split}.en").write_text(f"Hello from {split}.\n", encoding="utf-8")
+            (corpus / f"{split}.it").write_text(f"Ciao da {split}.\n", encoding="utf-8")
+        (corpus / "train.it").unlink()
+    result = tmt("train", "--config", str(DEMO_CONFIG), "--run-dir", "runs/m3", "--set", f"data.path={corpus}",
+                 "--no-progress", cwd=tmp_path)
+    assert result.returncode == 1 and result.stderr.splitlines()[-1].startswith("tmt: error: "), result.stderr
+    assert not (tmp_path / "runs").exists()  # nor the folder created to hold it
+    listed = tmt("runs", cwd=tmp_path)
+    assert listed.returncode == 0 and listed.stdout.splitlines()[1:] == [], listed.stdout
+
+    # A folder the user made is theirs: left in place, as it was.
+    (tmp_path / "mine").mkdir()
+    result = tmt("train", "--config", str(DEMO_CONFIG), "--run-dir", "mine", "--set", f"data.path={corpus}",
+                 "--no-progress", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert (tmp_path / "mine").is_dir() and list((tmp_path / "mine").iterdir()) == []
 
 
 def test_show_attention_draws_a_png_of_one_sentence(trained: Path):

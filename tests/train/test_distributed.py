@@ -211,6 +211,10 @@ def test_ddp_stopped_by_sigterm_resumes_to_the_uninterrupted_result(tmp_path: Pa
     assert "received SIGTERM: saving a checkpoint" in err, err[-3000:]
     stopped_at = max(load_checkpoint(p)["train_state"]["step"] for p in (run / "checkpoints").glob("step_*.pt"))
     assert stopped_at < steps, "the run ended before the signal arrived; nothing was resumed"
+    # Rank 0 alone says it, as a stop, not an error.
+    said = [line for line in err.splitlines() if line.startswith("tmt")]
+    assert said == [f"tmt: interrupted by SIGTERM at step {stopped_at}; checkpoint saved; continue with: the same "
+                    f"torchrun command with --resume"], err[-3000:]
 
     resumed = torchrun(config, run, "--resume")
     assert resumed.returncode == 0, resumed.stderr[-3000:]

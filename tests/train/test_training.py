@@ -596,7 +596,8 @@ def test_a_run_resumed_with_train_max_steps_below_its_step_is_refused_and_left_a
         train(tiny_config(tiny_corpus, train={"max_steps": 2, "save_every_steps": 2}), run, resume=True,
               progress=False)
     assert refused.value.problems == ["train.max_steps: 2 is below the run's step 4; a run cannot be shortened "
-                                      "(its checkpoints are there for tmt average and evaluate)"]
+                                      "(its checkpoints are there for tmt average and evaluate); resume with "
+                                      "--set train.max_steps=4 or more"]
     assert {name: (run / name).read_bytes() for name in before} == before
     train(tiny_config(tiny_corpus, train={"max_steps": 4, "save_every_steps": 2}), run, resume=True, progress=False)
 

@@ -18,7 +18,7 @@ from transformer_mt.cli.export import run_export
 from transformer_mt.cli.runs import run_runs
 from transformer_mt.cli.train import run_train
 from transformer_mt.cli.translate import run_evaluate, run_translate
-from transformer_mt.core.errors import TmtError, TrainingStopped
+from transformer_mt.core.errors import TmtError, TrainingStopped, error_line, interrupted
 from transformer_mt.core.signals import sigterm_interrupts
 
 logger = logging.getLogger("transformer_mt")
@@ -36,15 +36,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.traceback:
             raise
         # Under torchrun every process is stopped alike (a signal reaches them all): rank 0 alone says it.
-        _say(f"tmt: error: {err}", args, every_rank=not isinstance(err, TrainingStopped))
+        _say(error_line(err), args, every_rank=not isinstance(err, TrainingStopped))
         return err.exit_code
     except BrokenPipeError:  # e.g. `tmt translate ... | head -1`: the reader left, nothing to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (`Terminated`)
         code = getattr(err, "exit_code", 128 + signal.SIGINT)
-        by = "" if code == 128 + signal.SIGINT else f" by {signal.Signals(code - 128).name}"
-        _say(f"tmt: interrupted{by}", args, every_rank=False)
+        _say(f"tmt: {interrupted(code - 128)}", args, every_rank=False)
         return code
     except Exception as err:  # an unexpected failure: one line, and the details on request
         if args.traceback:

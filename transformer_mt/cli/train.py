@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from transformer_mt.cli.log_setup import setup_logging
-from transformer_mt.core.errors import TmtError, TrainingStopped
+from transformer_mt.core.errors import DataError, TmtError, TrainingStopped, error_line, interrupted
 from transformer_mt.core.run_layout import RunDir
 
 logger = logging.getLogger("transformer_mt")
@@ -23,7 +23,7 @@ def run_train(args: argparse.Namespace) -> None:
     from transformer_mt.core.runtime import machine_memory_bytes, pick_device, pick_precision
     from transformer_mt.runs.checkpoint import CheckpointDir
     from transformer_mt.runs.init_from import check_parent
-    from transformer_mt.runs.run_dir import prepare_run_dir
+    from transformer_mt.runs.run_dir import NewRunDir, prepare_run_dir
     from transformer_mt.train.batches import check_model_fits
     from transformer_mt.train.trainer import train
 
@@ -38,6 +38,9 @@ def run_train(args: argparse.Namespace) -> None:
     dist = Distributed.from_environment()  # a world of one unless started by torchrun
     dist.start(device)
     lock = None  # rank 0's on the run directory, held while it trains
+    # What a new start adds, taken back when its data turns out unusable: no run is left behind that never trained.
+    new_run = NewRunDir(run_dir) if dist.is_main and not args.resume else None
+    bad_data = False
     try:
         if dist.is_main:  # rank 0 prepares the directory; the others wait for it
             lock = prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite,
@@ -58,9 +61,9 @@ def run_train(args: argparse.Namespace) -> None:
                 resume = CheckpointDir(RunDir(run_dir).checkpoints, keep_last=1).latest() is not None
                 again = (f"the same torchrun command{' with --resume' if resume else ' (without --resume)'}"
                          if dist.enabled else _resume_command(args, resume=resume))
-                name = signal.Signals(signal_number).name
-                raise TrainingStopped(f"interrupted by {name}; continue with: {again}", signal_number) from None
+                raise TrainingStopped(f"{interrupted(signal_number)}; continue with: {again}", signal_number) from None
         except BaseException as err:
+            bad_data = isinstance(err, DataError)
             if log_file is not None:  # a run read under nohup or in CI ends with why it stopped
                 log_file.handle(_error_record(err))
             raise
@@ -71,6 +74,8 @@ def run_train(args: argparse.Namespace) -> None:
     finally:
         dist.stop()
         if lock is not None:
+            if bad_data and new_run is not None:
+                new_run.remove()
             lock.release()
     if not dist.is_main:
         return
@@ -79,15 +84,16 @@ def run_train(args: argparse.Namespace) -> None:
 
 
 def _error_record(err: BaseException) -> logging.LogRecord:
-    """The line `main` prints for the error that stops `tmt train` (with the traceback of an
-    unexpected one), as a record for train.log."""
+    """The line `main` prints for what stops `tmt train` (with the traceback of an unexpected error),
+    as a record for train.log: a warning for a stop the user asked for, an error otherwise."""
     if isinstance(err, TmtError):
-        message, exc_info = f"tmt: error: {err}", None
+        message, exc_info = error_line(err), None
     elif isinstance(err, KeyboardInterrupt):
-        message, exc_info = "tmt: interrupted", None
+        message, exc_info = f"tmt: {interrupted(getattr(err, 'exit_code', 128 + signal.SIGINT) - 128)}", None
     else:
         message, exc_info = f"tmt: internal error: {type(err).__name__}: {err}", (type(err), err, err.__traceback__)
-    return logging.LogRecord(logger.name, logging.ERROR, __file__, 0, message, None, exc_info)
+    level = logging.WARNING if isinstance(err, (TrainingStopped, KeyboardInterrupt)) else logging.ERROR
+    return logging.LogRecord(logger.name, level, __file__, 0, message, None, exc_info)
 
 
 def _resume_command(args: argparse.Namespace, resume: bool = True) -> str:

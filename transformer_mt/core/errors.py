@@ -1,6 +1,8 @@
 """User-facing errors, each with the exit code the CLI returns (it prints the message, no traceback),
 and `Problems`, a config's problems collected for one `ConfigError`."""
 
+import signal
+
 
 class TmtError(Exception):
     """A failure the user can act on (missing file, bad data, no checkpoint); exit code 1."""
@@ -63,7 +65,8 @@ class TrainingError(TmtError):
 
 
 class TrainingStopped(TmtError):
-    """Training stopped on SIGINT/SIGTERM after saving a checkpoint; exit code 128 + signal (130 for Ctrl-C)."""
+    """Training stopped on SIGINT/SIGTERM, as the user asked (not an error); exit code 128 + signal (130 for
+    Ctrl-C). Its message starts with `interrupted(signal_number)`."""
 
     def __init__(self, message: str, signal_number: int):
         super().__init__(message)
@@ -75,6 +78,16 @@ class Terminated(KeyboardInterrupt):
     KeyboardInterrupt; exit code 143."""
 
     exit_code = 128 + 15
+
+
+def interrupted(signal_number: int) -> str:
+    """How every command says it was stopped: "interrupted" (Ctrl-C), "interrupted by SIGTERM"."""
+    return "interrupted" if signal_number == signal.SIGINT else f"interrupted by {signal.Signals(signal_number).name}"
+
+
+def error_line(err: TmtError) -> str:
+    """The line the CLI ends with for `err`: a stop the user asked for is not called an error."""
+    return f"tmt: {err}" if isinstance(err, TrainingStopped) else f"tmt: error: {err}"
 
 
 def missing_from_rank0(path: object) -> DataError:

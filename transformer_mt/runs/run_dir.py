@@ -155,6 +155,38 @@ def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, init_from: 
     return lock
 
 
+class NewRunDir:
+    """What a start is about to add at `run_dir` (the folders it creates, the run directory's and its
+    parents', or the files it writes into an empty folder given as --run-dir), so that a start that
+    fails before training can take it back."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.created = []  # deepest first
+        for folder in (run_dir, *run_dir.parents):
+            if folder.exists() or folder.is_symlink():
+                break
+            self.created.append(folder)
+        self.was_empty = run_dir.is_dir() and not any(run_dir.iterdir())
+
+    def remove(self) -> None:
+        """Take the start back, unless it trained (a checkpoint, a summary.json): a folder it created
+        goes, a folder the user gave is emptied again. Call it while still holding the run's lock."""
+        layout = RunDir(self.run_dir)
+        if checkpoint_steps(layout.checkpoints) or layout.summary.exists():
+            return
+        if self.created:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            for parent in self.created[1:]:
+                try:
+                    parent.rmdir()
+                except OSError:  # something else was put there meanwhile: kept
+                    break
+        elif self.was_empty:
+            for path in self.run_dir.iterdir():
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+
 def _check_claimable(run_dir: Path, *, resume: bool, overwrite: bool) -> list[str]:
     """Refuse a run directory that `prepare_run_dir` may not claim; return its entries (less the lock file)."""
     checkpoints = RunDir(run_dir).checkpoints

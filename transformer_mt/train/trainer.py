@@ -17,7 +17,7 @@ from transformer_mt.config.loading import save_config
 from transformer_mt.config.schema import Config
 from transformer_mt.core.distributed import Distributed
 from transformer_mt.core.errors import (CheckpointError, ConfigError, TmtError, TrainingError, TrainingStopped,
-                                        missing_from_rank0)
+                                        interrupted, missing_from_rank0)
 from transformer_mt.core.files import os_errors_named
 from transformer_mt.core.run_layout import RunDir, checkpoint_steps
 from transformer_mt.core.runtime import (Precision, pick_attention, pick_device, pick_precision,
@@ -204,8 +204,8 @@ class Trainer:
             if signal_number:
                 name = signal.Signals(signal_number).name
                 logger.warning("received %s during the last step: stopping before the final test", name)
-                raise TrainingStopped(f"stopped by {name} after the last step ({state.step}); checkpoint saved",
-                                      signal_number)
+                raise TrainingStopped(f"{interrupted(signal_number)} after the last step ({state.step}); "
+                                      "checkpoint saved", signal_number)
         finally:
             stop.uninstall()
             bar.close()
@@ -245,7 +245,8 @@ class Trainer:
         if saved_step != self.state.step or saved_position is not self.checkpoint.sampler_state:
             self.save(is_best=False)  # not saved already by this step being a save step
         self.dist.barrier()  # no rank leaves while rank 0 still writes: torchrun would kill it mid-write
-        raise TrainingStopped(f"stopped by {name} at step {self.state.step}; checkpoint saved", signal_number)
+        raise TrainingStopped(f"{interrupted(signal_number)} at step {self.state.step}; checkpoint saved",
+                              signal_number)
 
     def _skip_nonfinite(self, in_a_row: int, writer: SummaryWriter) -> None:
         """Count a skipped NaN/inf update; `train.max_nonfinite_steps` in a row stop the run."""
@@ -280,7 +281,8 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
             steps = checkpoint_steps(RunDir(run_dir).checkpoints)  # the run was finished at "30/20" before
             if steps and steps[-1] > cfg.train.max_steps:
                 raise ConfigError([f"train.max_steps: {cfg.train.max_steps} is below the run's step {steps[-1]}; a "
-                                   "run cannot be shortened (its checkpoints are there for tmt average and evaluate)"])
+                                   "run cannot be shortened (its checkpoints are there for tmt average and evaluate); "
+                                   f"resume with --set train.max_steps={steps[-1]} or more"])
         parent = None
         if cfg.train.init_from and resume:
             logger.info("train.init_from is ignored: the run resumes from its own checkpoint")

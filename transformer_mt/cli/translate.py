@@ -17,7 +17,6 @@ from transformer_mt.cli.parser import STDIO
 from transformer_mt.core.errors import DataError, TmtError, UsageError
 from transformer_mt.core.files import check_parent_dir, lines_to_text, make_parent_dir, write_text_atomic
 from transformer_mt.core.run_layout import RunDir, latest_run
-from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
 
 
 def run_translate(args: argparse.Namespace) -> None:
@@ -247,6 +246,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
 def _load_translator(args: argparse.Namespace):
     """The run's (or checkpoint's, or newest run's) `Translator` on --engine, else the run's
     decode.engine; --show-attention draws from the torch engine's model, which auto then picks."""
+    from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
     from transformer_mt.decode.translator import Translator
 
     run_dir = args.run

@@ -13,19 +13,23 @@ import subprocess
 import time
 from importlib import metadata
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from transformer_mt.config.loading import read_saved_config
 from transformer_mt.config.schema import Config
 from transformer_mt.core.files import read_json, write_text_atomic
 from transformer_mt.core.run_layout import RunDir, run_folders
 
+if TYPE_CHECKING:
+    import torch
+
 PACKAGES = ("transformer-mt", "torch", "tokenizers", "datasets", "sacrebleu")
 
 
 def provenance(cfg: Config, run_dir: Path, device: torch.device, config_dir: Path | None) -> dict:
     """What the run was made from: data, split seed, tokenizers, software, device, config's git commit."""
+    import torch  # here alone: listing runs (`tmt runs`) does without it
+
     return {
         "data": {"format": cfg.data.format, "path": cfg.data.path, "hub_config": cfg.data.hub_config,
                  "revision": cfg.data.revision, "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang,

@@ -4,6 +4,7 @@ and `tmt translate` without torch once the conversion is cached."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -190,6 +191,38 @@ def test_translating_with_a_cached_conversion_never_imports_torch(pre_norm_run: 
     assert done.returncode == 0 and len(done.stdout.splitlines()) == len(many), done.stderr
     # The torch engine, asked for, imports it.
     assert "torch was imported" in tmt_translate_in_python(["--engine", "torch", "Good morning."], tmp_path).stderr
+
+
+def test_translating_with_a_run_still_training_says_so_and_at_which_step(pre_norm_run: Path, tmp_path: Path):
+    # A run still training will have a better model: say so, on CTranslate2's cached path too (no torch).
+    from transformer_mt.runs.run_dir import RunLock
+
+    run = copy_run(pre_norm_run, tmp_path / "runs" / "tiny")
+    finished = json.loads((pre_norm_run / "summary.json").read_text())
+    assert finished["status"] == "finished" and finished["best_step"] == 40
+    (run / "summary.json").write_text(json.dumps({**finished, "status": "running", "step": 60, "max_steps": 100,
+                                                  "pid": os.getpid()}))  # as this process's own training
+    tmt_translate_in_python(["Good morning."], tmp_path)  # converts the checkpoint (with torch)
+    training = "runs/tiny (en->it, best.pt of step 40; still training, at step 60 of 100)"
+    done = tmt_translate_in_python(["Good morning."], tmp_path)
+    assert done.returncode == 0 and done.stderr == (f"tmt: using {training}, the most recently updated run under "
+                                                    "runs/; choose another with --run DIR (`tmt runs` lists them)\n")
+    done = tmt_translate_in_python(["--run", "runs/tiny", "Good morning."], tmp_path)
+    assert done.returncode == 0 and done.stderr == f"tmt: using {training}\n"
+
+    # A resume holding the lock while it prepares its data trains too, whatever the old summary says.
+    (run / "summary.json").write_text(json.dumps({**finished, "status": "stopped early", "pid": 2 ** 22 + 12345}))
+    with RunLock.acquire(run, "tmt train --resume"):
+        done = tmt_translate_in_python(["--run", "runs/tiny", "Good morning."], tmp_path)
+    assert done.returncode == 0 and done.stderr == ("tmt: using runs/tiny (en->it, best.pt of step 40; still "
+                                                    "training, at step 40 of 40)\n"), done.stderr
+    # Finished (its lock free, its writer gone): the run is named as before, and only when it was not given.
+    for summary in (finished, {**finished, "status": "running", "pid": 2 ** 22 + 12345}):
+        (run / "summary.json").write_text(json.dumps(summary))
+        done = tmt_translate_in_python(["--run", "runs/tiny", "Good morning."], tmp_path)
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        done = tmt_translate_in_python(["Good morning."], tmp_path)
+        assert done.returncode == 0 and done.stderr.startswith("tmt: using runs/tiny (en->it, best.pt), the most")
 
 
 @pytest.mark.parametrize("damage", ["truncated", "other tokenizers", "missing"])

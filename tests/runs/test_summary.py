@@ -157,3 +157,18 @@ def test_runs_inside_a_run_folder_names_it(tmp_path: Path, monkeypatch, capsys):
     code, out, err = run_cli(["runs", "--dir", "."], monkeypatch, capsys, tmp_path / "demo")
     assert code == 0, err
     assert [line.split()[0] for line in out.splitlines()[1:]] == ["demo"]
+
+
+def test_listing_runs_imports_nothing_that_only_training_translating_or_scoring_needs(tmp_path: Path):
+    # `tmt runs` reads a few JSON files: torch alone used to make it take seconds.
+    run = tmp_path / "runs" / "tiny"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"status": "running", "step": 2, "max_steps": 4, "pid": os.getpid(),
+                                                  "provenance": {"host": socket.gethostname()}}))
+    heavy = ["torch", "datasets", "tensorboard", "torch.utils.tensorboard", "sacrebleu", "tokenizers"]
+    code = ("import sys; from transformer_mt.cli import main as cli; code = cli.main(['runs']); "
+            f"print(code, [m for m in {heavy!r} if m in sys.modules])")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    assert "tiny  running  2/4" in result.stdout and result.stdout.splitlines()[-1] == "0 []", result.stdout

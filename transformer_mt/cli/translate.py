@@ -17,7 +17,6 @@ from transformer_mt.cli.parser import STDIO
 from transformer_mt.core.errors import DataError, TmtError, UsageError
 from transformer_mt.core.files import check_parent_dir, lines_to_text, make_parent_dir, write_text_atomic
 from transformer_mt.core.run_layout import RunDir, latest_run
-from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
 
 
 def run_translate(args: argparse.Namespace) -> None:
@@ -247,7 +246,9 @@ def run_evaluate(args: argparse.Namespace) -> None:
 def _load_translator(args: argparse.Namespace):
     """The run's (or checkpoint's, or newest run's) `Translator` on --engine, else the run's
     decode.engine; --show-attention draws from the torch engine's model, which auto then picks."""
+    from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
     from transformer_mt.decode.translator import Translator
+    from transformer_mt.runs.summary import training_now
 
     run_dir = args.run
     if args.checkpoint:
@@ -262,11 +263,17 @@ def _load_translator(args: argparse.Namespace):
             raise UsageError("--show-attention draws from the torch engine's model; leave out --engine ctranslate2")
         engine = "torch"
     translator = Translator.from_run(run_dir, checkpoint=args.checkpoint, device=args.device, engine=engine)
+    data = translator.cfg.data
+    using = f"{_shown(run_dir)} ({data.src_lang}->{data.tgt_lang}, {translator.checkpoint.name}"
+    if (training := training_now(run_dir)) is not None:  # a better model is coming: say so, run given or not
+        step, max_steps = training.get("step"), training.get("max_steps")
+        at = f", at step {step} of {max_steps}" if isinstance(step, int) and isinstance(max_steps, int) else ""
+        using += f" of step {translator.step}; still training{at}"
     if not (args.run or args.checkpoint):  # say which run answers: it may be of another language pair
-        data = translator.cfg.data
-        print(f"tmt: using {_shown(run_dir)} ({data.src_lang}->{data.tgt_lang}, {translator.checkpoint.name}), "
-              "the most recently updated run under runs/; choose another with --run DIR (`tmt runs` lists them)",
-              file=sys.stderr)
+        print(f"tmt: using {using}), the most recently updated run under runs/; choose another with --run DIR "
+              "(`tmt runs` lists them)", file=sys.stderr)
+    elif training is not None:
+        print(f"tmt: using {using})", file=sys.stderr)
     chosen = {"length_penalty": args.length_penalty, "quantize": args.quantize}
     translator.set_decoding(**{key: value for key, value in chosen.items() if value is not None})
     # A beam wider than the target tokens a hypothesis can continue with (all but PAD, BOS and EOS)

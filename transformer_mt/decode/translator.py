@@ -78,12 +78,14 @@ def _cuda_devices() -> int:
 class Translator:
     """A trained run's tokenizers and config with a decoding engine, ready to translate raw sentences."""
 
-    def __init__(self, engine: Engine, tokenizers: TokenizerPair, cfg: Config, run_dir: Path, checkpoint: Path):
+    def __init__(self, engine: Engine, tokenizers: TokenizerPair, cfg: Config, run_dir: Path, checkpoint: Path,
+                 step: int):
         self.engine = engine
         self.tokenizers = tokenizers
         self.cfg = cfg  # the run's config: decoding settings, and data for `tmt evaluate --split`
         self.run_dir = run_dir
         self.checkpoint = checkpoint  # the weights' file, which names `tmt evaluate`'s output
+        self.step = step  # the training step the checkpoint was saved at
         self.max_len = cfg.model.max_len  # sources are cut to max_len - 1 tokens and EOS
         self._warn_quantize_ignored()
 
@@ -139,7 +141,7 @@ class Translator:
         where = "cuda" if device == "cuda" or (device == "auto" and _cuda_devices() > 0) else "cpu"
         logger.info("loaded %s (step %d%s) on CTranslate2 (%s)", checkpoint, info["step"],
                     ", EMA weights" if info["which"] == "ema" else "", where)
-        return cls(CT2Engine(path, where, cfg.model.max_len), tokenizers, cfg, run_dir, checkpoint)
+        return cls(CT2Engine(path, where, cfg.model.max_len), tokenizers, cfg, run_dir, checkpoint, info["step"])
 
     @classmethod
     def _on_torch(cls, run: LoadedRun, run_dir: Path, device: str) -> Translator:
@@ -155,7 +157,7 @@ class Translator:
         except UsageError:  # e.g. an fp16 run translated on a CPU
             precision = pick_precision("auto", torch_device)
         engine = TorchEngine(run.model.to(torch_device), torch_device, precision)
-        return cls(engine, run.tokenizers, run.cfg, run_dir, run.checkpoint)
+        return cls(engine, run.tokenizers, run.cfg, run_dir, run.checkpoint, run.step)
 
     @property
     def device(self) -> str:

@@ -4,6 +4,7 @@ end; `tmt runs` lists them, noticing a `running` one whose process is gone."""
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -13,19 +14,23 @@ import subprocess
 import time
 from importlib import metadata
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from transformer_mt.config.loading import read_saved_config
 from transformer_mt.config.schema import Config
 from transformer_mt.core.files import read_json, write_text_atomic
 from transformer_mt.core.run_layout import RunDir, run_folders
 
+if TYPE_CHECKING:
+    import torch
+
 PACKAGES = ("transformer-mt", "torch", "tokenizers", "datasets", "sacrebleu")
 
 
 def provenance(cfg: Config, run_dir: Path, device: torch.device, config_dir: Path | None) -> dict:
     """What the run was made from: data, split seed, tokenizers, software, device, config's git commit."""
+    import torch  # here alone: listing runs (`tmt runs`) does without it
+
     return {
         "data": {"format": cfg.data.format, "path": cfg.data.path, "hub_config": cfg.data.hub_config,
                  "revision": cfg.data.revision, "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang,
@@ -80,6 +85,41 @@ def read_summaries(runs_dir: Path) -> list[dict]:
             summary["status"] = "died (process gone)"
         rows.append(summary)
     return sorted(rows, key=lambda row: row["mtime"], reverse=True)
+
+
+def training_now(run_dir: Path) -> dict | None:
+    """`run_dir`'s summary (`{}` before it has one) while a process trains the run: the summary says
+    `running` and its writer is not known to be gone (as `tmt runs` shows it), or a live `tmt train`
+    holds its lock (a resume preparing its data). None when nothing trains it."""
+    layout = RunDir(run_dir)
+    summary = read_json(layout.summary)
+    summary = summary if isinstance(summary, dict) else {}
+    provenance = summary.get("provenance")
+    host = provenance.get("host") if isinstance(provenance, dict) else None
+    if summary.get("status") == "running" and _alive_here(host, summary.get("pid")) is not False:
+        return summary
+    owner = read_json(layout.lock)  # the lock file outlives its holder: it names the last one
+    if (isinstance(owner, dict) and str(owner.get("purpose", "")).startswith("tmt train")
+            and _alive_here(owner.get("host"), owner.get("pid")) and _locked(layout.lock)):
+        return summary
+    return None
+
+
+def _locked(path: Path) -> bool:
+    """Whether a process holds `path`'s flock (`run_dir.RunLock`); true where the filesystem cannot tell."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # taken and dropped at once: a probe
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:  # no locks on this filesystem: its holder's process alone tells
+        return True
+    finally:
+        os.close(fd)
 
 
 def _row_names(folder: Path, runs_dir: Path) -> dict:

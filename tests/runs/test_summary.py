@@ -3,7 +3,6 @@
 import dataclasses
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -63,17 +62,15 @@ def test_runs_lists_each_run_and_notices_a_dead_one(tiny_corpus: Path, tmp_path:
 
 def test_runs_lists_a_run_that_has_not_reached_training(tmp_path: Path, monkeypatch, capsys):
     """No summary.json before the first step: such a run used to be missing from the table."""
-    config = tmp_path / "bad.yaml"
-    save_config(dataclasses.replace(tiny_config(tmp_path / "no-corpus"), name="bad"), config)
-    started = subprocess.run([sys.executable, "-m", "transformer_mt", "train", "--config", str(config)], cwd=tmp_path,
-                             capture_output=True, text=True, timeout=300,
-                             env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": PYTHONPATH})
-    assert started.returncode == 1 and "no-corpus" in started.stderr  # no data there: stopped while preparing it
-    preparing = tmp_path / "runs" / "busy"  # as a start still tokenizing looks: this process holds its lock
-    preparing.mkdir()
-    shutil.copyfile(tmp_path / "runs" / "bad" / "config.yaml", preparing / "config.yaml")
-    (preparing / ".tmt-run").touch()
-    (preparing / ".tmt-lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+    for name in ("bad", "busy"):  # a start stopped before its first step (Ctrl-C while preparing), one still preparing
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        save_config(dataclasses.replace(tiny_config(tmp_path / "corpus"), name=name), run / "config.yaml")
+        (run / ".tmt-run").touch()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    for name, pid in (("bad", gone.pid), ("busy", os.getpid())):  # the lock's owner: gone, or this live process
+        (tmp_path / "runs" / name / ".tmt-lock").write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
     (tmp_path / "runs" / "notes").mkdir()  # a folder of the user's: no row
 
     code, out, err = run_cli(["runs"], monkeypatch, capsys, tmp_path)

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,6 +8,8 @@ from tests.helpers import TINY_V as V
 from transformer_mt.config.schema import ModelConfig
 from transformer_mt.core.errors import CheckpointError
 from transformer_mt.decode.generator import greedy_decode
+from transformer_mt.data.batching import PackShape, make_batch, make_pack_from_flat
+from transformer_mt.model import transformer
 from transformer_mt.model.architectures import TranslationModel, build_model
 from transformer_mt.model.transformer import Packing, Transformer
 from transformer_mt.runs.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
@@ -269,6 +272,69 @@ def test_the_packed_loss_has_the_gradients_of_the_padded_loss():
     torch.testing.assert_close(packed_loss, padded_loss, atol=1e-5, rtol=1e-5)
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, padded_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def sentence_pairs() -> list[tuple[list[int], list[int]]]:
+    """Five pairs of different lengths, without special tokens."""
+    return [([5, 6, 7], [8, 9]), ([4, 5, 6, 7, 8], [4, 4, 4, 4]), ([9], [11]), ([6, 6, 9, 4], [7, 8, 9, 10, 5, 6]),
+            ([12, 13], [14, 15, 16])]
+
+
+def summed_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits, labels.flatten(), ignore_index=PAD, label_smoothing=0.1, reduction="sum")
+
+
+def loss_and_grads(model: Transformer, batch, offsets=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad()
+    if offsets is None:  # padded: the real target rows
+        loss = summed_loss(model(batch.src_ids, batch.tgt_in_ids), batch.tgt_out_ids[batch.tgt_in_ids != PAD])
+    else:  # packed: every row, the filler's targets are pad
+        loss = summed_loss(model(batch.src_ids, batch.tgt_in_ids, offsets=offsets), batch.tgt_out_ids)
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("overrides", [{"norm": "pre"}, {"norm": "post", "share_embeddings": False,
+                                                         "tie_output": False}])
+def test_a_pack_computes_the_padded_batchs_loss_and_gradients(static, overrides):
+    pairs = sentence_pairs()
+    model = tiny_model(**overrides).train()  # dropout 0: the same sums in another order
+    padded = make_batch([s for s, _ in pairs], [t for _, t in pairs], PAD, BOS, EOS)
+    flat = [np.array([i for ids in seqs for i in ids]) for seqs in ([s for s, _ in pairs], [t for _, t in pairs])]
+    lengths = [np.array([len(ids) for ids in seqs]) for seqs in ([s for s, _ in pairs], [t for _, t in pairs])]
+    shape = PackShape(src_tokens=24, tgt_tokens=28, longest=8)  # tails of 4 and 7 filler tokens
+    pack = make_pack_from_flat(flat[0], lengths[0], flat[1], lengths[1], shape, PAD, BOS, EOS, static=static)
+    assert (pack.n_src_tokens, pack.n_tgt_tokens) == (padded.n_src_tokens, padded.n_tgt_tokens)
+    assert len(pack.src_offsets) == (shape.slots + 1 if static else len(pairs) + 2)  # one filler piece per side
+    expected_loss, expected = loss_and_grads(model, padded)
+    loss, grads = loss_and_grads(model, pack, (pack.src_offsets, pack.tgt_offsets, pack.longest))
+    torch.testing.assert_close(loss, expected_loss, atol=1e-5, rtol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_pack_positions_restart_at_each_sentence_and_filler_pieces_fit_the_position_table():
+    src = [[5, 6], [7], [8, 9, 10]]
+    pack = make_pack_from_flat(np.array([i for s in src for i in s]), np.array([2, 1, 3]), np.array([4, 4, 4]),
+                               np.array([1, 1, 1]), PackShape(src_tokens=20, tgt_tokens=16, longest=4), PAD, BOS, EOS)
+    assert pack.src_ids[0, :9].tolist() == [5, 6, EOS, 7, EOS, 8, 9, 10, EOS]
+    assert pack.tgt_in_ids[0, :6].tolist() == [BOS, 4, BOS, 4, BOS, 4]
+    assert pack.tgt_out_ids[0, :6].tolist() == [4, EOS, 4, EOS, 4, EOS]
+    # Tails of 11 source and 10 target tokens, in three pieces of at most 4 on each side.
+    assert pack.src_offsets.tolist() == [0, 3, 5, 9, 13, 17, 20]
+    assert pack.tgt_offsets.tolist() == [0, 2, 4, 6, 10, 13, 16]
+    positions = Packing.packed(pack.src_offsets, 20, pack.longest).positions()
+    assert positions.tolist() == [0, 1, 2, 0, 1, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2]
+
+
+def test_packed_attention_takes_flash_varlen_on_cuda_without_dropout_and_the_reference_elsewhere(monkeypatch):
+    monkeypatch.setattr(transformer, "varlen_available", lambda: True)
+    assert transformer.varlen_backend(torch.device("cuda"), 0.0) is transformer._flash_varlen
+    assert transformer.varlen_backend(torch.device("cuda"), 0.1) is transformer._reference_varlen  # no dropout there
+    assert transformer.varlen_backend(torch.device("cpu"), 0.0) is transformer._reference_varlen
+    monkeypatch.setattr(transformer, "varlen_available", lambda: False)
+    assert transformer.varlen_backend(torch.device("cuda"), 0.0) is transformer._reference_varlen
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])

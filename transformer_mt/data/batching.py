@@ -1,4 +1,5 @@
-"""Token ids -> padded `Batch`es; a seeded, length-bucketed, token-budget, resumable sampler."""
+"""Token ids -> padded or packed `Batch`es; seeded, resumable samplers: length-bucketed token-budget
+batches (`TokenBatchSampler`) and packs of sentences laid end to end (`PackSampler`)."""
 
 from __future__ import annotations
 
@@ -16,23 +17,36 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Batch:
-    """One padded batch. Source ends with EOS; the target is shifted for teacher forcing."""
+    """One batch. Source ends with EOS; the target is shifted for teacher forcing. Padded: one
+    sentence per row. Packed (`offsets` set): one row of sentences laid end to end, filler at the tail."""
 
-    src_ids: torch.Tensor  # (B, S) long: tokens + EOS, then pad
+    src_ids: torch.Tensor  # (B, S) long: tokens + EOS, then pad; packed (1, S): sentence after sentence
     tgt_in_ids: torch.Tensor  # (B, T) long: BOS + tokens, then pad
     tgt_out_ids: torch.Tensor  # (B, T) long: tokens + EOS, then pad
     n_src_tokens: int  # real (non-pad) source tokens
     n_tgt_tokens: int  # real target tokens predicted: the loss normaliser
+    # Packed only: (P+1,) int32 start of each segment in the row, then the row's length; the
+    # segments are the sentences, then filler of at most `longest` tokens each, then empty ones.
+    src_offsets: torch.Tensor | None = None
+    tgt_offsets: torch.Tensor | None = None
+    longest: int = 0  # packed: no segment is longer (either side)
+
+    @property
+    def packed(self) -> bool:
+        return self.src_offsets is not None
+
+    def _map(self, fn) -> Batch:
+        tensors = [fn(t) if t is not None else None for t in (self.src_ids, self.tgt_in_ids, self.tgt_out_ids,
+                                                               self.src_offsets, self.tgt_offsets)]
+        return Batch(*tensors[:3], self.n_src_tokens, self.n_tgt_tokens, *tensors[3:], self.longest)
 
     def to(self, device: torch.device) -> Batch:
         """The batch on `device`; asynchronous from pinned memory (`pin_memory`) to a GPU."""
-        return Batch(self.src_ids.to(device, non_blocking=True), self.tgt_in_ids.to(device, non_blocking=True),
-                     self.tgt_out_ids.to(device, non_blocking=True), self.n_src_tokens, self.n_tgt_tokens)
+        return self._map(lambda t: t.to(device, non_blocking=True))
 
     def pin_memory(self) -> Batch:
         """A copy in page-locked host memory, so `to(cuda)` overlaps with the running step."""
-        return Batch(self.src_ids.pin_memory(), self.tgt_in_ids.pin_memory(), self.tgt_out_ids.pin_memory(),
-                     self.n_src_tokens, self.n_tgt_tokens)
+        return self._map(lambda t: t.pin_memory())
 
     @property
     def padded_src_slots(self) -> int:
@@ -100,6 +114,70 @@ def make_batch_from_flat(src_values: np.ndarray, src_lengths: np.ndarray, tgt_va
     return Batch(src_ids=torch.from_numpy(src), tgt_in_ids=torch.from_numpy(tgt_in),
                  tgt_out_ids=torch.from_numpy(tgt_out), n_src_tokens=int(src_lengths.sum()) + len(rows),
                  n_tgt_tokens=int(tgt_lengths.sum()) + len(rows))
+
+
+@dataclass(frozen=True)
+class PackShape:
+    """The fixed size of a pack: source and target tokens, and the longest segment (model.max_len)."""
+
+    src_tokens: int
+    tgt_tokens: int
+    longest: int
+
+    @property
+    def slots(self) -> int:
+        """Segments a pack may hold at most (each has a token on each side): offsets (slots + 1,)."""
+        return min(self.src_tokens, self.tgt_tokens) + 1
+
+
+def _segment_offsets(lengths: np.ndarray, size: int, fillers: int, slots: int | None) -> np.ndarray:
+    """(P+1,) int32: the sentences of `lengths`, the rest of `size` in `fillers` near-equal pieces,
+    then empty segments up to `slots` (None: none)."""
+    tail = size - int(lengths.sum())
+    filler = np.full(fillers, tail // max(fillers, 1), dtype=np.int64)
+    filler[:tail - int(filler.sum())] += 1
+    pieces = np.concatenate([lengths, filler])
+    if slots is not None:
+        pieces = np.concatenate([pieces, np.zeros(slots - len(pieces), dtype=np.int64)])
+    return np.concatenate([[0], np.cumsum(pieces)]).astype(np.int32)
+
+
+def _laid(values: np.ndarray, lengths: np.ndarray, size: int, pad_id: int, first: int | None,
+          last: int | None) -> np.ndarray:
+    """(size,) int64: the sequences (back to back in `values`) end to end, each with `first` before
+    or `last` after it, then pad."""
+    out = np.full(size, pad_id, dtype=np.int64)
+    starts = np.cumsum(lengths + 1) - lengths - 1  # (n,) each sentence's first slot
+    within = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    out[np.repeat(starts + (first is not None), lengths) + within] = values
+    if first is not None:
+        out[starts] = first
+    if last is not None:
+        out[starts + lengths] = last
+    return out
+
+
+def make_pack_from_flat(src_values: np.ndarray, src_lengths: np.ndarray, tgt_values: np.ndarray,
+                        tgt_lengths: np.ndarray, shape: PackShape, pad_id: int, bos_id: int, eos_id: int,
+                        static: bool = False) -> Batch:
+    """A packed `Batch` of sequences stored back to back (as `make_batch_from_flat` takes them), laid end
+    to end into `shape`'s tokens; the tail of each side is filler, in as many pieces of at most
+    `shape.longest` on both sides (segment i is the same sentence or filler on both). `static`: offsets
+    of `shape.slots` + 1 entries and `longest` the shape's, so every pack has the same shapes."""
+    src_lengths, tgt_lengths = np.asarray(src_lengths, dtype=np.int64), np.asarray(tgt_lengths, dtype=np.int64)
+    n = len(src_lengths)
+    src_used, tgt_used = int(src_lengths.sum()) + n, int(tgt_lengths.sum()) + n
+    if src_used > shape.src_tokens or tgt_used > shape.tgt_tokens:
+        raise ValueError(f"{n} sentences of {src_used} source and {tgt_used} target tokens overflow a pack of {shape}")
+    fillers = -(-max(shape.src_tokens - src_used, shape.tgt_tokens - tgt_used) // shape.longest)
+    slots = shape.slots if static else None
+    src_offsets = _segment_offsets(src_lengths + 1, shape.src_tokens, fillers, slots)
+    tgt_offsets = _segment_offsets(tgt_lengths + 1, shape.tgt_tokens, fillers, slots)
+    longest = shape.longest if static else int(max(np.diff(src_offsets).max(), np.diff(tgt_offsets).max()))
+    return Batch(torch.from_numpy(_laid(src_values, src_lengths, shape.src_tokens, pad_id, None, eos_id))[None],
+                 torch.from_numpy(_laid(tgt_values, tgt_lengths, shape.tgt_tokens, pad_id, bos_id, None))[None],
+                 torch.from_numpy(_laid(tgt_values, tgt_lengths, shape.tgt_tokens, pad_id, None, eos_id))[None],
+                 src_used, tgt_used, torch.from_numpy(src_offsets), torch.from_numpy(tgt_offsets), longest)
 
 
 def static_rows(batch: Batch, batch_tokens: int) -> int:

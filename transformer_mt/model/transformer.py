@@ -29,10 +29,13 @@ def sinusoidal_positions(length: int, d_model: int) -> torch.Tensor:
 @dataclass(frozen=True)
 class Packing:
     """Which positions of a right-padded (B, L) batch are the model's rows, in row-major order:
-    the real tokens (`of`, no compute on padding) or every position (`dense`, fixed shapes)."""
+    the real tokens (`of`, no compute on padding) or every position (`dense`, fixed shapes); or the
+    N rows of a pack, sentences laid end to end (`packed`, B = 1: attention within each segment)."""
 
     mask: torch.Tensor  # (B, L) bool, True = real token
     index: torch.Tensor | None  # (N,) long: b·L + l of each row; None: every position is a row
+    offsets: torch.Tensor | None = None  # packed: (P+1,) int32 start of each segment, then N
+    longest: int = 0  # packed: no segment is longer
 
     @classmethod
     def of(cls, mask: torch.Tensor) -> Packing:
@@ -44,9 +47,15 @@ class Packing:
         """Every position of mask (B, L) as a row."""
         return cls(mask, None)
 
+    @classmethod
+    def packed(cls, offsets: torch.Tensor, n_rows: int, longest: int) -> Packing:
+        """The `n_rows` rows of a pack whose segments start at `offsets` (P+1,) int32."""
+        return cls(torch.ones(1, n_rows, dtype=torch.bool, device=offsets.device), None, offsets, longest)
+
     @property
     def length(self) -> int:
-        return self.mask.shape[1]
+        """The longest sentence the rows may hold (what the position table must cover)."""
+        return self.longest if self.offsets is not None else self.mask.shape[1]
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, L, ...) -> its rows (N, ...)."""
@@ -60,12 +69,68 @@ class Packing:
             return rows.view(B, L, -1)
         return rows.new_zeros(B * L, rows.shape[-1]).index_copy_(0, self.index, rows).view(B, L, -1)
 
+    def segment_of_rows(self) -> torch.Tensor:
+        """Packed: (N,) long, the segment of each row (empty segments hold none)."""
+        rows = torch.arange(self.mask.shape[1], device=self.mask.device, dtype=self.offsets.dtype)
+        return torch.searchsorted(self.offsets, rows, right=True) - 1
+
     def positions(self) -> torch.Tensor:
         """(N,) long: each row's position in its sentence."""
         B, L = self.mask.shape
+        if self.offsets is not None:
+            rows = torch.arange(L, device=self.mask.device)
+            return rows - self.offsets.long().index_select(0, self.segment_of_rows())
         if self.index is None:
             return torch.arange(L, device=self.mask.device).repeat(B)
         return self.index % L
+
+
+def _reference_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pack: Packing, k_pack: Packing,
+                      causal: bool, dropout: float) -> torch.Tensor:
+    """Segment-wise attention through SDPA on any device: q (Nq, H, Dh), k, v (Nk, H, Dh) laid out
+    as (P, longest) padded sentences, attended, and gathered back -> (Nq, H, Dh)."""
+    L = max(q_pack.longest, k_pack.longest)
+    slots = torch.arange(L, device=q.device)
+
+    def padded(x: torch.Tensor, pack: Packing) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (N, H, Dh) -> (P, H, L, Dh) and (P, L) bool, True = a row of the segment."""
+        starts, ends = pack.offsets[:-1].long(), pack.offsets[1:].long()  # (P,)
+        at = starts[:, None] + slots  # (P, L)
+        return x.index_select(0, at.clamp(max=x.shape[0] - 1).flatten()).unflatten(0, at.shape).transpose(1, 2), \
+            at < ends[:, None]
+
+    (qp, _), (kp, key_mask), (vp, _) = padded(q, q_pack), padded(k, k_pack), padded(v, k_pack)
+    # Query rows past their segment's end (never gathered back) and empty segments still see key 0:
+    # no row attends over nothing, so no NaN reaches the backward.
+    key_mask = key_mask | (slots == 0)
+    out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=None if causal else key_mask[:, None, None, :],
+                                         is_causal=causal, dropout_p=dropout)  # (P, H, L, Dh)
+    at = q_pack.segment_of_rows() * L + q_pack.positions()  # (Nq,) each row's place in (P, L)
+    return out.transpose(1, 2).flatten(0, 1).index_select(0, at)
+
+
+def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pack: Packing, k_pack: Packing,
+                  causal: bool, dropout: float) -> torch.Tensor:
+    """Segment-wise attention through FlashAttention's variable-length kernel (CUDA; no dropout)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), q_pack.offsets, k_pack.offsets,
+                       q_pack.longest, k_pack.longest, window_size=(-1, 0) if causal else (-1, -1))
+
+
+def varlen_backend(device: torch.device, dropout: float):
+    """The attention of packed rows on `device`: FlashAttention's variable-length kernel on CUDA
+    (it has no dropout: attention dropout takes the reference), else the SDPA reference."""
+    if device.type == "cuda" and dropout == 0.0 and varlen_available():
+        return _flash_varlen
+    return _reference_varlen
+
+
+def varlen_available() -> bool:
+    """Whether this torch has `torch.nn.attention.varlen.varlen_attn`."""
+    import importlib.util
+
+    return importlib.util.find_spec("torch.nn.attention.varlen") is not None
 
 
 @dataclass
@@ -149,13 +214,18 @@ class MultiHeadAttention(nn.Module):
         return tuple(t.transpose(1, 2) for t in heads.unbind(2))  # (B, H, L, Dh) each
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None,
-               causal: bool = False) -> torch.Tensor:
+               causal: bool = False, packs: tuple[Packing, Packing] | None = None) -> torch.Tensor:
         """softmax(q·kᵀ/√Dh)·v: q (B, H, Tq, Dh) over k, v (B, H, Tk, Dh) -> (B, Tq, H·Dh); key_mask
-        (B or 1, Tk) bool or None; `causal`: query i sees keys 0..i. The one attention of the model."""
+        (B or 1, Tk) bool or None; `causal`: query i sees keys 0..i. Packed queries and keys (`packs`,
+        B = 1) attend within their segments, through `varlen_backend`. The one attention of the model."""
         B, H, Tq, Dh = q.shape
+        dropout = self.dropout if self.training else 0.0
+        if packs is not None and packs[0].offsets is not None:
+            rows = [x[0].transpose(0, 1) for x in (q, k, v)]  # (N, H, Dh) each
+            out = varlen_backend(q.device, dropout)(*rows, *packs, causal, dropout)  # (Nq, H, Dh)
+            return out.reshape(1, Tq, H * Dh)
         attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Tk)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
-                                             dropout_p=self.dropout if self.training else 0.0)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, dropout_p=dropout)
         return out.transpose(1, 2).reshape(B, Tq, H * Dh)
 
 
@@ -177,7 +247,7 @@ class SelfAttention(MultiHeadAttention):
         if cache is not None:
             k, v, key_mask = cache.write_self(k, v)  # (B, H, C, Dh), (B, H, C, Dh), (1, C)
             causal = False
-        return self.out_proj(packing.rows(self.attend(q, k, v, key_mask, causal)))
+        return self.out_proj(packing.rows(self.attend(q, k, v, key_mask, causal, (packing, packing))))
 
 
 class CrossAttention(MultiHeadAttention):
@@ -198,7 +268,7 @@ class CrossAttention(MultiHeadAttention):
         """Target rows y (Nt, D) attend over memory rows (Ns, D), or the cache's keys and values -> (Nt, D)."""
         (q,) = self.split_heads(tgt.pad(self.q_proj(y)))  # (B, H, T, Dh)
         k, v = self.keys_values(memory, src) if cache is None else (cache.cross_k, cache.cross_v)
-        return self.out_proj(tgt.rows(self.attend(q, k, v, src.mask)))
+        return self.out_proj(tgt.rows(self.attend(q, k, v, src.mask, packs=(tgt, src))))
 
     def attention_weights(self, y: torch.Tensor, memory: torch.Tensor, tgt: Packing, src: Packing,
                           cache: LayerCache | None = None) -> torch.Tensor:
@@ -340,12 +410,20 @@ class Transformer(nn.Module):
             y = layer(y, memory, tgt, src)
         return self.decoder_norm(y)
 
-    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, pack: bool = True) -> torch.Tensor:
+    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, pack: bool = True,
+                offsets: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> torch.Tensor:
         """Teacher-forced logits of the target rows: src_ids (B, S), tgt_in_ids (B, T) -> (Nt, V).
-        `pack`: the rows are the real target tokens, else every position (Nt = B·T). The logits take
-        autocast's dtype, except fp32 under fp16 (the projection's weight gradient would overflow)."""
-        packed = Packing.of if pack else Packing.dense
-        src, tgt = packed(src_ids != self.pad_id), packed(tgt_in_ids != self.pad_id)
+        `pack`: the rows are the real target tokens, else every position (Nt = B·T). `offsets`: a pack
+        (B = 1), its source and target segment offsets (P+1,) int32 and longest segment; every position
+        is a row. The logits take autocast's dtype, except fp32 under fp16 (the projection's weight
+        gradient would overflow)."""
+        if offsets is not None:
+            src_offsets, tgt_offsets, longest = offsets
+            src = Packing.packed(src_offsets, src_ids.shape[1], longest)
+            tgt = Packing.packed(tgt_offsets, tgt_in_ids.shape[1], longest)
+        else:
+            packed = Packing.of if pack else Packing.dense
+            src, tgt = packed(src_ids != self.pad_id), packed(tgt_in_ids != self.pad_id)
         states = self.decode(tgt_in_ids, tgt, self.encode(src_ids, src), src)  # (Nt, D)
         device_type = src_ids.device.type
         if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.float16:

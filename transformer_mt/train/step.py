@@ -44,13 +44,21 @@ class StepLoss(nn.Module):
         self.model = model
 
     def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, tgt_out_ids: torch.Tensor,
-                label_smoothing: float, pack: bool = True) -> torch.Tensor:
+                label_smoothing: float, pack: bool = True,
+                offsets: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> torch.Tensor:
         """(B, S), (B, T), (B, T) long -> fp32 scalar sum over the real targets; `pack`: the model
-        computes at the real tokens only. The model follows the caller's autocast, the loss not."""
-        logits = self.model(src_ids, tgt_in_ids, pack=pack)  # (Nt, V)
-        targets = tgt_out_ids[tgt_in_ids != self.model.pad_id] if pack else tgt_out_ids.flatten()  # (Nt,)
+        computes at the real tokens only; `offsets`: a packed batch's (`Transformer.forward`). The
+        model follows the caller's autocast, the loss not."""
+        logits = self.model(src_ids, tgt_in_ids, pack=pack, offsets=offsets)  # (Nt, V)
+        rows_only = pack and offsets is None
+        targets = tgt_out_ids[tgt_in_ids != self.model.pad_id] if rows_only else tgt_out_ids.flatten()  # (Nt,)
         with torch.autocast(device_type=src_ids.device.type, enabled=False):
             return label_smoothed_loss(logits, targets, self.model.pad_id, label_smoothing)
+
+
+def batch_offsets(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """What `StepLoss` takes of a packed batch (None: padded)."""
+    return (batch.src_offsets, batch.tgt_offsets, batch.longest) if batch.packed else None
 
 
 @dataclass(frozen=True)
@@ -193,7 +201,7 @@ class TrainStep:
             with contextlib.nullcontext() if last else self.ddp_model.no_sync(), self.attention.enabled():
                 with self.precision.autocast():  # the model's; the loss computes in fp32 outside it
                     loss = self.step_model(batch.src_ids, batch.tgt_in_ids, batch.tgt_out_ids,
-                                           self.cfg.train.label_smoothing, self.pack)
+                                           self.cfg.train.label_smoothing, self.pack, batch_offsets(batch))
                 loss = loss / n_tgt_tokens  # normalise per target token of the whole update, not per sentence
                 self.scaler.scale(loss * world if world > 1 else loss).backward()  # frees this batch's activations
             total += loss.detach()

@@ -4,10 +4,13 @@ import numpy as np
 import pytest
 import torch
 
+from transformer_mt.core.errors import DataError
 from transformer_mt.data.batching import (
+    PackShape,
     TokenBatchSampler,
     make_batch,
     make_batch_from_flat,
+    pack_shape,
     pad_rows,
     padded_length,
     sorted_batches,
@@ -242,3 +245,65 @@ def test_a_sampler_with_epoch_rows_resumes_mid_epoch_covering_each_example_once(
         assert as_lists(rest[:3]) == as_lists(expected)
     second_epoch = np.concatenate(before[n_first:] + rest)
     assert sorted(second_epoch.tolist()) == sorted(rows.tolist())  # each example once, repeats included
+
+
+# --- packs ----------------------------------------------------------------------------------------
+
+def pack_sampler(src: np.ndarray, tgt: np.ndarray, shape: PackShape, **kwargs) -> TokenBatchSampler:
+    return TokenBatchSampler(np.maximum(src, tgt), shape.tgt_tokens, seed=3, pack=shape, pair_lengths=(src, tgt),
+                             **kwargs)
+
+
+def pair_lengths(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(2, 12, (n,), generator=gen).numpy(), torch.randint(2, 14, (n,), generator=gen).numpy()
+
+
+def test_an_epoch_of_packs_holds_each_example_once_and_no_pack_overflows():
+    src, tgt = pair_lengths(300, 1)
+    shape = pack_shape(src, tgt, tgt_tokens=256, longest=16)
+    assert shape.src_tokens % 8 == 0 and shape.src_tokens >= 256 * src.sum() / tgt.sum()  # sized by the ratio
+    packs = pack_sampler(src, tgt, shape).epoch_batches(0)
+    assert sorted(np.concatenate(packs).tolist()) == list(range(300))
+    assert all(src[p].sum() <= shape.src_tokens and tgt[p].sum() <= shape.tgt_tokens for p in packs)
+    # Closed only when the next example does not fit: over 90 % of the target tokens are real.
+    assert tgt.sum() / (len(packs) * shape.tgt_tokens) > 0.9
+    assert max(len(p) for p in packs) + 1 <= shape.slots  # the sentences and a filler piece fit the static offsets
+
+
+def test_packs_resume_mid_epoch_as_the_same_packs():
+    src, tgt = pair_lengths(200, 2)
+    shape = pack_shape(src, tgt, tgt_tokens=48, longest=16)
+    first = pack_sampler(src, tgt, shape)
+    stream = iter(first)
+    n_per_epoch = len(first.epoch_batches(0))
+    for _ in range(n_per_epoch + 3):  # into the second epoch
+        next(stream)
+    state = first.state_dict()
+    assert state["cut"] == {"pack_tokens": [shape.src_tokens, 48], "world_size": 1}
+    expected = [next(stream) for _ in range(n_per_epoch)]
+    resumed = pack_sampler(src, tgt, shape)
+    resumed.load_state_dict(state)
+    assert as_lists(itertools.islice(iter(resumed), n_per_epoch)) == as_lists(expected)
+    assert as_lists(first.epoch_batches(1)) != as_lists(first.epoch_batches(2))  # each epoch its own order
+
+
+def test_switching_from_batches_to_packs_mid_epoch_trains_on_each_example_once():
+    src, tgt = pair_lengths(200, 4)
+    padded = TokenBatchSampler(np.maximum(src, tgt), 40, seed=3, pair_lengths=(src, tgt))
+    stream = iter(padded)
+    head = [next(stream) for _ in range(5)]
+    packed = pack_sampler(src, tgt, pack_shape(src, tgt, tgt_tokens=40, longest=16))
+    packed.load_state_dict(padded.state_dict())
+    rest = packed.epoch_batches(0)
+    assert sorted(np.concatenate(head + rest).tolist()) == list(range(200))
+
+
+def test_a_pair_longer_than_the_pack_is_refused_naming_its_length_and_the_key():
+    src, tgt = np.array([3, 5, 50, 4]), np.array([4, 6, 5, 30])
+    with pytest.raises(DataError, match=r"^train.batch_tokens: training pair 3 has 50 source tokens, more than a "
+                                        r"pack's 48 .*raise train.batch_tokens to at least 37$"):
+        pack_shape(src, tgt, tgt_tokens=32, longest=64)
+    with pytest.raises(DataError, match=r"^train.batch_tokens: training pair 4 has 30 target tokens, more than "
+                                        r"a pack's 24 .*at least 30$"):
+        pack_shape(np.array([3, 5, 4, 4]), tgt, tgt_tokens=24, longest=64)

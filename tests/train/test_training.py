@@ -381,6 +381,23 @@ def test_a_start_that_failed_before_its_first_checkpoint_can_be_retried(tmp_path
     assert sorted(p.name for p in run.iterdir()) == [RunDir.LOCK, MARKER]  # the lock file: tmt's own
 
 
+def test_packed_training_refuses_a_pair_longer_than_the_pack_before_any_step(tmp_path: Path):
+    # Short sources, long targets: the source side of a pack is sized by that ratio, too small for
+    # the one long source sentence (no truncation: refused, naming its length and the key).
+    words = "uno due tre quattro cinque sei sette otto nove dieci".split()
+    pairs = [(words[i % 10], " ".join(words)) for i in range(20)] + [(" ".join(words * 3), " ".join(words))]
+    corpus = write_corpus(tmp_path / "corpus", {"train": pairs, "valid": pairs[:2], "test": pairs[:2]})
+    cfg = tiny_config(corpus, data={"max_length_ratio": 10.0}, tokenizer={"vocab_size": 60},
+                      train={"batching": "packed"})
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    with pytest.raises(DataError, match=r"^train.batch_tokens: training pair \d+ has \d+ source tokens, more than a "
+                                        r"pack's \d+ .*raise train.batch_tokens to at least \d+$") as err:
+        train(cfg, run, progress=False)
+    assert "\n" not in str(err.value)
+    assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())
+
+
 KILLED_WRITING_THE_SUMMARY = """
 import os, signal, sys
 from pathlib import Path

@@ -211,6 +211,13 @@ class TrainConfig:
     pad_to_multiple: int = 8
     """Batch lengths are padded up to a multiple of this on CUDA (tensor cores) and with `compile`
     (fewer shapes), never past `model.max_len`; 1 disables."""
+    batching: Literal["auto", "padded", "packed"] = "auto"
+    """How training sentences fill a batch. `padded`: similar lengths together, one sentence a
+    row, padded to the longest. `packed`: sentences laid end to end into a fixed pack of
+    `batch_tokens` target tokens (the source side sized by the split's source/target ratio),
+    attention within each sentence (FlashAttention's variable-length kernel on CUDA when attention
+    dropout is 0); every update has the same shapes, one captured graph. `auto`: packed on CUDA
+    when that kernel applies, else padded."""
     compile: bool = False
     """Run training steps through `torch.compile`; with `cuda_graphs` each batch shape compiles
     once, before its capture."""

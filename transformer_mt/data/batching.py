@@ -12,6 +12,8 @@ from itertools import chain
 import numpy as np
 import torch
 
+from transformer_mt.core.errors import DataError
+
 logger = logging.getLogger(__name__)
 
 
@@ -118,16 +120,38 @@ def make_batch_from_flat(src_values: np.ndarray, src_lengths: np.ndarray, tgt_va
 
 @dataclass(frozen=True)
 class PackShape:
-    """The fixed size of a pack: source and target tokens, and the longest segment (model.max_len)."""
+    """The fixed size of a pack: source and target tokens, the longest segment (model.max_len), and
+    the fewest tokens a sentence has on either side (with EOS/BOS), which bounds the sentences of a pack."""
 
     src_tokens: int
     tgt_tokens: int
     longest: int
+    min_segment: int = 1
 
     @property
     def slots(self) -> int:
-        """Segments a pack may hold at most (each has a token on each side): offsets (slots + 1,)."""
-        return min(self.src_tokens, self.tgt_tokens) + 1
+        """Segments a pack may hold at most, sentences and filler pieces: offsets (slots + 1,)."""
+        return (min(self.src_tokens, self.tgt_tokens) // self.min_segment
+                + -(-max(self.src_tokens, self.tgt_tokens) // self.longest))
+
+
+def pack_shape(src_lengths: np.ndarray, tgt_lengths: np.ndarray, tgt_tokens: int, longest: int,
+               multiple: int = 8) -> PackShape:
+    """The pack of `tgt_tokens` target tokens for pairs of these source and target lengths (with
+    EOS/BOS), its source side sized by their ratio (rounded up to `multiple`), so that both sides fill.
+    A pair longer than the pack on either side is refused in one line naming `train.batch_tokens`."""
+    src_lengths, tgt_lengths = np.asarray(src_lengths, dtype=np.int64), np.asarray(tgt_lengths, dtype=np.int64)
+    ratio = float(src_lengths.sum()) / max(float(tgt_lengths.sum()), 1.0)
+    src_tokens = round_up(max(int(np.ceil(tgt_tokens * ratio)), 1), multiple)
+    for side, lengths, size in (("source", src_lengths, src_tokens), ("target", tgt_lengths, tgt_tokens)):
+        i = int(np.argmax(lengths))
+        if lengths[i] > size:
+            raise DataError(f"train.batch_tokens: training pair {i + 1} has {int(lengths[i])} {side} tokens, more than "
+                            f"a pack's {size} (train.batch_tokens {tgt_tokens} target tokens, the source side sized "
+                            f"by the split's ratio {ratio:.2f}); raise train.batch_tokens to at least "
+                            f"{int(np.ceil(lengths[i] / (ratio if side == 'source' else 1.0)))}")
+    fewest = min(int(src_lengths.min(initial=longest)), int(tgt_lengths.min(initial=longest)))
+    return PackShape(src_tokens, tgt_tokens, longest, max(fewest, 1))
 
 
 def _segment_offsets(lengths: np.ndarray, size: int, fillers: int, slots: int | None) -> np.ndarray:
@@ -217,26 +241,50 @@ def token_budget_batches(order: np.ndarray, lengths: np.ndarray, batch_tokens: i
     return batches
 
 
+def greedy_packs(order: np.ndarray, src_lengths: np.ndarray, tgt_lengths: np.ndarray, src_tokens: int,
+                 tgt_tokens: int) -> list[np.ndarray]:
+    """Cut `order` (N,) into packs (views), in order: a pack takes examples while their source and
+    target tokens (`*_lengths`, with EOS/BOS) fit in `src_tokens` and `tgt_tokens`."""
+    order = np.asarray(order, dtype=np.int64)
+    src, tgt = src_lengths[order].tolist(), tgt_lengths[order].tolist()
+    packs, start, s, t = [], 0, 0, 0
+    for i, (a, b) in enumerate(zip(src, tgt)):
+        if s + a > src_tokens or t + b > tgt_tokens:
+            packs.append(order[start:i])
+            start, s, t = i, 0, 0
+        s, t = s + a, t + b
+    if start < len(order):
+        packs.append(order[start:])
+    return packs
+
+
 class TokenBatchSampler:
     """Endless stream of training batches (arrays of example indices), resumable mid-epoch.
 
     Each epoch: a seeded shuffle, a stable sort by length (`lengths` (N,), padded as batches are; then
     `tie_break`), token-budget batches shuffled in groups of `world_size` (rank r takes the r-th of a
-    group); a pure function of (seed, epoch, `cut`). `epoch_rows(e)`: the rows epoch e trains on. A
-    resume with another cut cuts the rest of its epoch anew from the examples left (`earlier_parts`).
+    group); a pure function of (seed, epoch, `cut`). With `pack` (and `pair_lengths`, each example's
+    source and target tokens with EOS/BOS), packs instead of batches: the shuffled examples laid in
+    that order into packs of `pack`'s tokens, a pack closed when the next example does not fit.
+    `epoch_rows(e)`: the rows epoch e trains on. A resume with another cut (a switch between batches
+    and packs included) cuts the rest of its epoch anew from the examples left (`earlier_parts`).
     """
 
     def __init__(self, lengths: Sequence[int] | np.ndarray, batch_tokens: int, seed: int,
                  tie_break: Sequence[int] | np.ndarray | None = None, world_size: int = 1,
                  pad_to_multiple: int = 1, max_length: int | None = None,
-                 epoch_rows: Callable[[int], np.ndarray] | None = None):
+                 epoch_rows: Callable[[int], np.ndarray] | None = None, pack: PackShape | None = None,
+                 pair_lengths: tuple[np.ndarray, np.ndarray] | None = None):
         self.lengths = np.asarray(lengths, dtype=np.int32)  # (N,) before padding
+        self.pair_lengths = None if pair_lengths is None else tuple(np.asarray(x, dtype=np.int64) for x in pair_lengths)
         self.tie_break = None if tie_break is None else np.asarray(tie_break, dtype=np.int32)
         self.max_length = max_length
         # The rows of an epoch (None: every row once, and an example is its row); the last epoch's kept.
         self._epoch_rows = None if epoch_rows is None else functools.lru_cache(maxsize=1)(
             lambda epoch: np.asarray(epoch_rows(epoch), dtype=np.int64))
         self.cut = {"batch_tokens": batch_tokens, "world_size": world_size, "pad_to_multiple": pad_to_multiple}
+        if pack is not None:
+            self.cut = {"pack_tokens": [pack.src_tokens, pack.tgt_tokens], "world_size": world_size}
         self.seed = seed
         self.epoch = 0
         self.position = 0  # batches of the current epoch (of its last part) already handed out
@@ -262,15 +310,21 @@ class TokenBatchSampler:
         shuffled = torch.randperm(len(self.lengths) if rows is None else len(rows), generator=gen).numpy()
         if part:  # the same shuffle of the examples, another shuffle of the batch groups
             gen = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) * 1_009 + part)
-        lengths = padded_length(self.lengths, cut["pad_to_multiple"], self.max_length)
-        tie_break = self.tie_break
-        if rows is not None:  # each example's length is its row's (this epoch's segmentation)
-            lengths, tie_break = lengths[rows], None if tie_break is None else tie_break[rows]
-        keys = (lengths[shuffled],) if tie_break is None else (tie_break[shuffled], lengths[shuffled])
-        by_length = shuffled[np.lexsort(keys)]  # the last key sorts first; stable: remaining ties stay shuffled
-        if left is not None:
-            by_length = by_length[left[by_length]]
-        batches = token_budget_batches(by_length, lengths, cut["batch_tokens"])
+        if "pack_tokens" in cut:
+            src, tgt = self.pair_lengths
+            if rows is not None:
+                src, tgt = src[rows], tgt[rows]
+            batches = greedy_packs(shuffled if left is None else shuffled[left[shuffled]], src, tgt, *cut["pack_tokens"])
+        else:
+            lengths = padded_length(self.lengths, cut["pad_to_multiple"], self.max_length)
+            tie_break = self.tie_break
+            if rows is not None:  # each example's length is its row's (this epoch's segmentation)
+                lengths, tie_break = lengths[rows], None if tie_break is None else tie_break[rows]
+            keys = (lengths[shuffled],) if tie_break is None else (tie_break[shuffled], lengths[shuffled])
+            by_length = shuffled[np.lexsort(keys)]  # the last key sorts first; stable: remaining ties stay shuffled
+            if left is not None:
+                by_length = by_length[left[by_length]]
+            batches = token_budget_batches(by_length, lengths, cut["batch_tokens"])
         W = cut["world_size"]
         # An incomplete last group (the longest batches) is filled with the shortest batches,
         # which then come twice this epoch; dropping it would never train on the longest pairs.

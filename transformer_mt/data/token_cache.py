@@ -22,7 +22,7 @@ import numpy as np
 
 from transformer_mt.core.errors import DataError, missing_from_rank0
 from transformer_mt.core.files import removed_on_failure
-from transformer_mt.data.batching import Batch, make_batch_from_flat, padded_length
+from transformer_mt.data.batching import Batch, PackShape, make_batch_from_flat, make_pack_from_flat, padded_length
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
 
 if TYPE_CHECKING:
@@ -89,16 +89,25 @@ class TokenizedSplit:
     def batch(self, indices: Sequence[int] | np.ndarray, pad_to_multiple: int = 1) -> Batch:
         """The padded `Batch` of the given examples, from the in-memory ids or the Arrow buffers."""
         idx = np.asarray(indices, dtype=np.int64)
-        if self._flat is not None:
-            src_ids, src_offsets, tgt_ids, tgt_offsets = self._flat
-            src = _gather(src_ids, src_offsets, self.src_len, idx)
-            tgt = _gather(tgt_ids, tgt_offsets, self.tgt_len, idx)
-        else:
-            rows = self._rows(idx)
-            src = rows.column("src_ids").combine_chunks().flatten().to_numpy()
-            tgt = rows.column("tgt_ids").combine_chunks().flatten().to_numpy()
+        src, tgt = self._flat_ids(idx)
         return make_batch_from_flat(src, self.src_len[idx], tgt, self.tgt_len[idx], PAD_ID, BOS_ID, EOS_ID,
                                     pad_to_multiple, self.max_len)
+
+    def pack(self, indices: Sequence[int] | np.ndarray, shape: PackShape, static: bool = False) -> Batch:
+        """The given examples laid end to end in one packed `Batch` of `shape` (`make_pack_from_flat`)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        src, tgt = self._flat_ids(idx)
+        return make_pack_from_flat(src, self.src_len[idx], tgt, self.tgt_len[idx], shape, PAD_ID, BOS_ID, EOS_ID,
+                                   static)
+
+    def _flat_ids(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The source and the target ids of examples `idx`, each side back to back."""
+        if self._flat is not None:
+            src_ids, src_offsets, tgt_ids, tgt_offsets = self._flat
+            return _gather(src_ids, src_offsets, self.src_len, idx), _gather(tgt_ids, tgt_offsets, self.tgt_len, idx)
+        rows = self._rows(idx)
+        return (rows.column("src_ids").combine_chunks().flatten().to_numpy(),
+                rows.column("tgt_ids").combine_chunks().flatten().to_numpy())
 
 
 def _flat_column(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:

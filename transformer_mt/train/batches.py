@@ -1,5 +1,6 @@
 """An update's batches: the token budget of a batch (`train.batch_tokens: auto` sized for the GPU),
-the seeded sampler over the training split, and each update's micro-batches padded and on the device."""
+padded or packed (`train.batching`), the seeded sampler over the training split, and each update's
+micro-batches on the device."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from transformer_mt.config.schema import Config, ModelConfig
 from transformer_mt.core.distributed import Distributed
 from transformer_mt.core.errors import ConfigError
 from transformer_mt.core.runtime import Precision
-from transformer_mt.data.batching import Batch, TokenBatchSampler, pad_rows, static_rows
+from transformer_mt.data.batching import Batch, TokenBatchSampler, pack_shape, pad_rows, static_rows
 from transformer_mt.data.token_cache import TokenizedSplit
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.model.transformer import varlen_available
 
 WITHOUT_GPU_TOKENS = 4096  # CPU and MPS
 MAX_TOKENS = 65_536  # the largest budget measured on an H100 (docs/benchmarks/training.md); more is for a run to set
@@ -84,6 +86,16 @@ def resolve_batch_tokens(cfg: Config, device: torch.device, precision: Precision
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_tokens=tokens)), note
 
 
+def packed_batches(cfg: Config, device: torch.device) -> bool:
+    """Whether training takes packs (`train.batching`; `auto`: on CUDA with FlashAttention's
+    variable-length kernel, which has no attention dropout)."""
+    if cfg.train.batching != "auto":
+        return cfg.train.batching == "packed"
+    model = cfg.model
+    attention_dropout = model.dropout if model.attention_dropout is None else model.attention_dropout
+    return device.type == "cuda" and attention_dropout == 0.0 and varlen_available()
+
+
 @dataclasses.dataclass
 class StepBatches:
     """One update's micro-batches, drawn from the sampler and already on the device."""
@@ -102,16 +114,24 @@ class BatchSource:
                  pad_to_multiple: int, fixed_rows: bool):
         self.cfg, self.train_data, self.device, self.dist = cfg, train_data, device, dist
         self.pad_to_multiple = pad_to_multiple
-        self.fixed_rows = fixed_rows  # the GPU engine: a fixed row count per padded length
+        self.fixed_rows = fixed_rows  # the GPU engine: a fixed row count per padded length; packs of fixed offsets
+        pair_lengths = (train_data.src_len + 1, train_data.tgt_len + 1)  # with EOS, BOS
+        # Packed: the pack's shape, a pair too long for it refused now, before any step.
+        self.pack = pack_shape(*pair_lengths, cfg.train.batch_tokens, cfg.model.max_len, pad_to_multiple) \
+            if packed_batches(cfg, device) else None
         self.sampler = TokenBatchSampler(train_data.lengths(), cfg.train.batch_tokens, cfg.seed,
                                          tie_break=train_data.tgt_len, world_size=dist.world_size,
                                          pad_to_multiple=pad_to_multiple, max_length=cfg.model.max_len,
-                                         epoch_rows=train_data.epoch_rows)
+                                         epoch_rows=train_data.epoch_rows, pack=self.pack, pair_lengths=pair_lengths)
 
     def load(self, indices: list[int] | np.ndarray) -> Batch:
-        """Training examples -> a padded batch on the device (on CUDA an asynchronous copy from pinned memory)."""
-        batch = self.train_data.batch(indices, self.pad_to_multiple)
-        if self.fixed_rows:  # shapes repeat, so captured graphs replay
+        """Training examples -> a padded batch or a pack on the device (on CUDA an asynchronous copy
+        from pinned memory)."""
+        if self.pack is not None:  # fixed rows: offsets of the pack's slots, every pack one shape
+            batch = self.train_data.pack(indices, self.pack, static=self.fixed_rows)
+        else:
+            batch = self.train_data.batch(indices, self.pad_to_multiple)
+        if self.fixed_rows and self.pack is None:  # shapes repeat, so captured graphs replay
             batch = pad_rows(batch, static_rows(batch, self.cfg.train.batch_tokens), PAD_ID, BOS_ID, EOS_ID)
         if self.device.type == "cuda":
             batch = batch.pin_memory()

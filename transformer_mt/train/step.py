@@ -240,6 +240,9 @@ class TrainStep:
         n_sentences, width = batch.tgt_out_ids.shape
         size = (f"{n_sentences} sentences, {batch.n_src_tokens} source and {batch.n_tgt_tokens} target tokens, "
                 f"padded length {max(width, batch.src_ids.shape[1])}")
+        if batch.packed:
+            size = (f"a pack of {batch.src_ids.shape[1]} source and {width} target tokens "
+                    f"({batch.n_src_tokens} and {batch.n_tgt_tokens} of them real)")
         if self.state.skipped_oom > 1:
             raise TrainingError(
                 f"out of memory again at step {self.state.step + 1} ({size}); lower train.batch_tokens "

@@ -250,6 +250,23 @@ def engine_trainer(tiny_corpus: Path, run: Path, monkeypatch, **train) -> Traine
     return trainer
 
 
+def test_packed_updates_replay_one_captured_graph_and_make_the_padded_updates(tiny_corpus: Path, tmp_path: Path,
+                                                                            monkeypatch):
+    # Packs (sentences end to end, attention within each sentence: FlashAttention's variable-length
+    # kernel on CUDA, dropout 0) on the engine against eager padded batches of the same sentences.
+    settings = {"batch_tokens": 64, "clip_grad_norm": 0.5, "warmup_steps": 3}
+    packed = engine_trainer(tiny_corpus, tmp_path / "packed", monkeypatch, batching="packed", **settings)
+    padded = make_trainer(tiny_corpus, tmp_path / "padded", device=DEVICE, cuda_graphs=False, batching="padded",
+                          **settings)
+    assert packed.train_step.batches.pack is not None and padded.train_step.batches.pack is None
+    shapes = {(b.src_ids.shape, b.tgt_in_ids.shape, b.src_offsets.shape, b.longest)
+              for b in (packed.train_step.batches.load(i) for update in UPDATES for i in update)}
+    assert len(shapes) == 1  # every pack one shape
+    same_updates(packed, padded, UPDATES)
+    if DEVICE == "cuda":  # one graph for the last micro-batch of an update, one for the others (accumulation)
+        assert len(packed.train_step.graphs.captured) == 2
+
+
 @pytest.mark.skipif(not os.environ.get("TMT_TEST_COMPILE"),
                     reason="torch.compile takes minutes here; set TMT_TEST_COMPILE=1 (gpu_session.sh check does)")
 def test_the_compiled_and_captured_update_makes_the_compiled_eager_steps_updates(tiny_corpus: Path, tmp_path: Path,

@@ -151,6 +151,30 @@ def test_the_engine_run_eagerly_trains_like_the_plain_step(engine_on_the_cpu, ti
     assert max(norms) > 0.5  # clipping was active
 
 
+def test_packs_on_the_engine_have_one_shape_and_train_like_the_plain_step(engine_on_the_cpu, tiny_corpus: Path,
+                                                                          tmp_path: Path):
+    # Static packs (offsets of the pack's slots, the longest segment model.max_len): one graph's
+    # shapes; the engine's functions run eagerly make the plain step's updates on them.
+    settings = {"clip_grad_norm": 0.5, "warmup_steps": 3, "lr": 3e-3, "batching": "packed"}
+    engine = make_trainer(tiny_corpus, tmp_path / "engine", **settings)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train_step_module, "graphs_apply", lambda *args, **kwargs: False)
+        plain = make_trainer(tiny_corpus, tmp_path / "plain", **settings)
+    updates = [[[0, 1, 2]], [[3, 4, 5, 6, 7]], [[0, 11], [5, 6]], [[1]]]
+    shapes = set()
+    for step, indices in enumerate(updates, 1):
+        batches = [engine.train_step.batches.load(i) for i in indices]
+        shapes |= {(b.src_ids.shape, b.tgt_in_ids.shape, b.src_offsets.shape, b.longest) for b in batches}
+        assert plain.train_step.batches.load(indices[0]).longest < engine.cfg.model.max_len  # eager packs: their own
+        one, two = engine.train_step.run(batches), plain.train_step.run(batches)
+        assert one.updated and two.updated and one.loss.item() == two.loss.item(), step
+        for (name, a), b in zip(engine.model.named_parameters(), plain.model.parameters()):
+            assert torch.equal(a, b), f"update {step}: {name}"
+    ((src, tgt, offsets, longest),) = shapes
+    pack = engine.train_step.batches.pack
+    assert (src[1], tgt[1], offsets[0], longest) == (pack.src_tokens, 64, pack.slots + 1, engine.cfg.model.max_len)
+
+
 def test_a_non_finite_update_is_skipped_on_the_device(engine_on_the_cpu, tiny_corpus: Path, tmp_path: Path):
     trainer = make_trainer(tiny_corpus, tmp_path / "run", clip_grad_norm=1.0)
     step = trainer.train_step
@@ -193,11 +217,13 @@ def test_out_of_memory_on_the_engine_skips_once_then_names_the_key(engine_on_the
         step.run_or_skip([batch], batch.n_tgt_tokens, None, 0)
 
 
-def test_training_on_the_engine_resumes_exactly(engine_on_the_cpu, tiny_corpus: Path, tmp_path: Path):
-    # Dropout on; the optimizer's state (device step counts, the rate tensor) through a checkpoint.
+@pytest.mark.parametrize("batching", ["padded", "packed"])
+def test_training_on_the_engine_resumes_exactly(engine_on_the_cpu, tiny_corpus: Path, tmp_path: Path, batching: str):
+    # Dropout on; the optimizer's state (device step counts, the rate tensor) through a checkpoint;
+    # packs: the same packs after the resume, mid-epoch.
     def cfg(max_steps: int):
         return tiny_config(tiny_corpus, train={"max_steps": max_steps, "eval_every_steps": 4, "save_every_steps": 4,
-                                               "clip_grad_norm": 0.5})
+                                               "clip_grad_norm": 0.5, "batching": batching})
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     prepare_run_dir(straight, resume=False, overwrite=False)
     train(cfg(8), straight, progress=False)

@@ -1,5 +1,6 @@
 """The GPU engine: a whole training update (forward, loss, backward, clipping, the AdamW step)
-captured once per batch shape as a CUDA graph, then replayed; with `capture=False` the same code runs eagerly."""
+captured once per batch shape as a CUDA graph, then replayed (packs: one shape, one graph, the
+segment offsets written into its static buffers); with `capture=False` the same code runs eagerly."""
 
 from __future__ import annotations
 
@@ -80,7 +81,8 @@ class GraphedStep:
 
     def run(self, batch: Batch, n_tgt_tokens: int, last: bool) -> None:
         """Add the batch's gradient of (loss sum / `n_tgt_tokens`) and its loss; with `last`, clip and update."""
-        key = (tuple(batch.src_ids.shape), tuple(batch.tgt_in_ids.shape), last)
+        key = (tuple(batch.src_ids.shape), tuple(batch.tgt_in_ids.shape), batch.packed and len(batch.src_offsets),
+               batch.longest, last)
         captured = self.captured.get(key)
         if captured is None and self.capture and len(self.captured) < self.max_graphs:
             captured = self.captured[key] = self._capture(batch, last)
@@ -91,24 +93,26 @@ class GraphedStep:
             denominator = torch.full((), float(n_tgt_tokens), device=batch.src_ids.device)
             with _uncaptured_capturable_step():
                 # Without capture (the CPU tests) the captured path's module; past max_graphs the plain one.
-                self._micro_step(batch.src_ids, batch.tgt_in_ids, batch.tgt_out_ids, denominator, last,
+                self._micro_step(_inputs(batch), denominator, last,
                                  self.uncaptured_loss if self.capture else self.step_loss)
             return
-        graph, (src_ids, tgt_in_ids, tgt_out_ids, denominator, _) = captured
-        src_ids.copy_(batch.src_ids)
-        tgt_in_ids.copy_(batch.tgt_in_ids)
-        tgt_out_ids.copy_(batch.tgt_out_ids)
+        graph, (inputs, denominator, _) = captured
+        for static, new in zip(inputs[:5], _inputs(batch)):  # ids; a pack's offsets too
+            if static is not None:
+                static.copy_(new)
         denominator.fill_(float(n_tgt_tokens))
         graph.replay()
 
-    def _micro_step(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, tgt_out_ids: torch.Tensor,
-                    denominator: torch.Tensor, last: bool, step_loss: nn.Module | None = None) -> None:
+    def _micro_step(self, inputs: tuple, denominator: torch.Tensor, last: bool,
+                    step_loss: nn.Module | None = None) -> None:
         """What a graph holds: forward, loss / denominator (as the eager step divides it), backward
-        into the buffers; with `last`, `clip_and_update`."""
+        into the buffers; with `last`, `clip_and_update`. `inputs`: `_inputs` of a batch."""
         step_loss = self.step_loss if step_loss is None else step_loss
+        src_ids, tgt_in_ids, tgt_out_ids, src_offsets, tgt_offsets, longest = inputs
+        offsets = None if src_offsets is None else (src_offsets, tgt_offsets, longest)
         # Autocast's cache of cast weights would be captured once and then hold stale casts.
         with self.precision.autocast(cache_enabled=False), self.attention.enabled():
-            loss = step_loss(src_ids, tgt_in_ids, tgt_out_ids, self.label_smoothing, False) / denominator
+            loss = step_loss(src_ids, tgt_in_ids, tgt_out_ids, self.label_smoothing, False, offsets) / denominator
         torch._foreach_add_(self.grads, torch.autograd.grad(loss, self.params))
         self.loss_sum += loss.detach()
         if last:
@@ -132,9 +136,10 @@ class GraphedStep:
         dropout mask that training would not have drawn. The first replay runs the step."""
         started = time.perf_counter()
         device = batch.src_ids.device
-        # The graph's inputs, copied in before each replay: (B, S), (B, T), (B, T) long; the () fp32 denominator.
-        args = (batch.src_ids.clone(), batch.tgt_in_ids.clone(), batch.tgt_out_ids.clone(),
-                torch.ones((), device=device), last)
+        # The graph's inputs, copied in before each replay: (B, S), (B, T), (B, T) long, a pack's
+        # offsets (P+1,) int32 each; the () fp32 denominator.
+        inputs = tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in _inputs(batch))
+        args = (inputs, torch.ones((), device=device), last)
         rng = torch.cuda.get_rng_state(device)
         saved = [g.clone() for g in self.grads], self.loss_sum.clone()
         side = torch.cuda.Stream(device)
@@ -172,6 +177,11 @@ class GraphedStep:
         logger.debug("captured a CUDA graph for batch shape %s in %.2fs (compiling: %.2fs)", tuple(batch.src_ids.shape),
                      seconds, compiling)
         return graph, args
+
+
+def _inputs(batch: Batch) -> tuple:
+    """What `_micro_step` takes of a batch: its ids, a pack's offsets (None when padded) and longest segment."""
+    return batch.src_ids, batch.tgt_in_ids, batch.tgt_out_ids, batch.src_offsets, batch.tgt_offsets, batch.longest
 
 
 @contextlib.contextmanager

@@ -1,17 +1,23 @@
 """Training speed of tmt against a from-scratch tutorial baseline and Hugging Face's MarianMTModel.
 
-One process, the same training sentences for all three engines, each timed after warm-up:
+One process, the same training sentences for all engines, each timed after warm-up:
 
-- **tmt** as configured: a `Trainer` built from the preset (token-budget, length-bucketed
-  batches from its own sampler, its own `train.step`: autocast, GradScaler, fused AdamW; every
-  layer at the real tokens only, except where a captured or compiled step needs fixed shapes).
+- **tmt_padded**: a `Trainer` built from the preset with `train.batching: padded` (token-budget,
+  length-bucketed batches from its own sampler, its own `train.step`: autocast, GradScaler, fused
+  AdamW; every layer at the real tokens only, except where a captured or compiled step needs
+  fixed shapes).
+- **tmt_packed**: the same with `train.batching: packed`: the same sentences laid end to end into
+  packs of `batch_tokens` target tokens (one shape: one captured graph on a GPU). `tmt_*` figures
+  of the JSON line are those of the engine `train.batching: auto` picks on the device; the
+  `engines` entry holds both, each with its real-token share (real target tokens ÷ target
+  positions computed).
 - **tutorial**: the approach of the common from-scratch tutorials, written here so nothing else
   depends on it: every pair padded to a fixed length (default 350), fp32, a fixed number of
   sentences per batch, masks built as dense float tensors, attention as plain matmul/softmax.
 - **hf_marian**: `transformers.MarianMTModel` built locally from a `MarianConfig` with the same
   dimensions (no download), trained with its own loss on tmt's batches.
 
-Speed is real (non-pad) target tokens per second. On CUDA, `peak_memory_mb` is tmt's peak
+Speed is real (non-pad) target tokens per second; MFU counts the real tokens' FLOPs. On CUDA, `peak_memory_mb` is tmt's peak
 allocated memory over its warm-up and rounds (its own weights, gradients and optimizer state, plus
 the largest step's activations; under CUDA graphs their memory pool, taken when a shape is captured), and `peak_memory_mb_per_1k_tgt_tokens` divides it by the mean real
 target tokens per step, in thousands. The engines run interleaved, `--repeats`
@@ -50,8 +56,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from transformer_mt.config.schema import Config, DataConfig, ModelConfig, TokenizerConfig, TrainConfig
-from transformer_mt.data.batching import Batch
+from transformer_mt.data.batching import Batch, greedy_packs
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.train.batches import packed_batches
 from transformer_mt.train.interval import peak_flops_per_s
 from transformer_mt.train.trainer import Trainer
 
@@ -106,7 +113,7 @@ def target_lang(data: Path, src_lang: str) -> str:
     return others[0]
 
 
-def build_trainer(args: argparse.Namespace, run_dir: Path) -> Trainer:
+def build_trainer(args: argparse.Namespace, run_dir: Path, batching: str = "auto") -> Trainer:
     preset = PRESETS[args.preset]
     tgt_lang = target_lang(args.data, args.src_lang)
     # On a GPU tmt's own choice for the device (`train.batch_tokens: auto`), as a user's run would.
@@ -119,6 +126,7 @@ def build_trainer(args: argparse.Namespace, run_dir: Path) -> Trainer:
             raise SystemExit(f"--set {item}: only train.* keys may be set here")
         import yaml
         train = replace(train, **{key[len("train."):]: yaml.safe_load(value)})
+    train = replace(train, batching=batching)
     cfg = Config(name="bench", seed=args.seed,
                  data=DataConfig(format="text", path=str(args.data), src_lang=args.src_lang, tgt_lang=tgt_lang,
                                  valid_size=100, test_size=100),  # used only when the corpus lacks them
@@ -282,8 +290,13 @@ def main(argv: list[str] | None = None) -> int:
     warmup = preset["warmup"]
     tutorial_steps = args.tutorial_steps or (20 if args.device.startswith("cuda") else 2)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = build_trainer(args, Path(tmp))
+        trainers = {name: build_trainer(args, Path(tmp) / name, name) for name in ("padded", "packed")}
+    trainer = trainers["padded"]  # its sampler draws the sentences every engine trains on
+    if trainer.tokenizers.src.to_str() != trainers["packed"].tokenizers.src.to_str():
+        raise SystemExit("bench_train: the two tmt engines trained different tokenizers on the same corpus")
     device, cfg = trainer.device, trainer.cfg
+    auto_engine = "tmt_packed" if packed_batches(replace(cfg, train=replace(cfg.train, batching="auto")),
+                                                 device) else "tmt_padded"
     data = trainer.train_data
     vocab_size = trainer.tokenizers.src.get_vocab_size()
     sampler = iter(trainer.sampler)
@@ -292,21 +305,33 @@ def main(argv: list[str] | None = None) -> int:
     timed_indices = index_batches[warmup:]
     sentence_order = [i for batch in timed_indices for i in batch]
     src_ids, tgt_ids = data.ids(sentence_order)
+    # The packed engine: the same sentences, in the same order, laid into its packs.
+    pack = trainers["packed"].train_step.batches.pack
+
+    def packs_of(batches: list[np.ndarray]) -> list[np.ndarray]:
+        order = np.concatenate(batches)
+        return greedy_packs(order, data.src_len + 1, data.tgt_len + 1, pack.src_tokens, pack.tgt_tokens)
+
+    computed: dict[str, list[int]] = {"tmt_padded": [0, 0], "tmt_packed": [0, 0]}  # real, computed target positions
 
     # tmt, as its training loop runs: each batch built as the loop builds it (padding, pinned
     # memory), the next one while the device works on this step (`while_device_works`). Marian's
     # step never waits for its device at the end, so its next batch overlaps the same way.
-    def tmt_steps(index_list: list[np.ndarray]) -> list[Callable[[], int]]:
+    def tmt_steps(name: str, index_list: list[np.ndarray], count: bool = False) -> list[Callable[[], int]]:
+        engine = trainers[name.removeprefix("tmt_")]
         prefetched: dict[int, Batch] = {}
 
         def step(k: int) -> Callable[[], int]:
             def load_next() -> None:
                 if k + 1 < len(index_list):
-                    prefetched[k + 1] = trainer.train_step.batches.load(index_list[k + 1])
+                    prefetched[k + 1] = engine.train_step.batches.load(index_list[k + 1])
 
             def run() -> int:
-                batch = prefetched.pop(k, None) or trainer.train_step.batches.load(index_list[k])
-                trainer.train_step.run(batch, while_device_works=load_next)
+                batch = prefetched.pop(k, None) or engine.train_step.batches.load(index_list[k])
+                engine.train_step.run(batch, while_device_works=load_next)
+                if count:
+                    computed[name][0] += batch.n_tgt_tokens
+                    computed[name][1] += batch.padded_tgt_slots
                 return batch.n_tgt_tokens
             return run
         return [step(k) for k in range(len(index_list))]
@@ -363,11 +388,15 @@ def main(argv: list[str] | None = None) -> int:
     # What each engine keeps on the device between steps (weights, gradients, optimizer moments):
     # the peak of one engine's round counts the other engines' resident state too, so each
     # peak below is taken over the memory allocated when its round starts, plus its own state.
-    resident = {"tmt": (trainer.model, trainer.train_step.optimizer), "tutorial": (tutorial, tutorial_opt),
-                "hf_marian": (marian, marian_opt)}
+    resident = {"tmt_padded": (trainer.model, trainer.train_step.optimizer),
+                "tmt_packed": (trainers["packed"].model, trainers["packed"].train_step.optimizer),
+                "tutorial": (tutorial, tutorial_opt), "hf_marian": (marian, marian_opt)}
 
     engines = {
-        "tmt": (tmt_steps(index_batches[:warmup]), tmt_steps(timed_indices)),
+        "tmt_padded": (tmt_steps("tmt_padded", index_batches[:warmup]),
+                       tmt_steps("tmt_padded", timed_indices, count=True)),
+        "tmt_packed": (tmt_steps("tmt_packed", packs_of(index_batches[:warmup])),
+                       tmt_steps("tmt_packed", packs_of(timed_indices), count=True)),
         "tutorial": ([tutorial_step(tut_batches[0])], [tutorial_step(b) for b in tut_batches[:tutorial_steps]]),
         "hf_marian": ([marian_step(b) for b in index_batches[:warmup]], [marian_step(b) for b in timed_indices]),
     }
@@ -384,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     names = list(engines)
     for round_number in range(args.repeats):
         # Rotate the order each round, so no engine always runs after the memory-hungry tutorial.
-        for name in names[round_number % 3:] + names[:round_number % 3]:
+        turn = round_number % len(names)
+        for name in names[turn:] + names[:turn]:
             if name == "tutorial" and round_number >= TUTORIAL_ROUNDS:
                 continue  # tens of times slower: a few rounds pin its figure down well enough
             if device.type == "cuda":
@@ -406,7 +436,13 @@ def main(argv: list[str] | None = None) -> int:
     flops_per_round = sum(trainer.model.train_flops(*lengths(b)) for b in timed_indices)
     tokens_per_round = sum(int(lengths(b)[1].sum()) for b in timed_indices)  # target tokens, as the rates count
     peak = peak_flops_per_s(device, trainer.precision.name)
-    mfu = flops_per_round * speed["tmt"] / tokens_per_round / peak if peak else None  # at the median round
+
+    def mfu_of(name: str) -> float | None:  # at the engine's median round
+        return flops_per_round * speed[name] / tokens_per_round / peak if peak else None
+
+    def share_of(name: str) -> float:  # real target tokens ÷ target positions computed, over its timed rounds
+        real, slots = computed[name]
+        return real / slots if slots else 1.0
     tgt_tokens_per_step = sum(len(tgt_ids[i]) + 1 for i in range(len(tgt_ids))) / max(len(timed_indices), 1)
 
     print(f"# {args.preset}: d_model={cfg.model.d_model} "
@@ -415,16 +451,21 @@ def main(argv: list[str] | None = None) -> int:
           f"tmt precision {trainer.precision.name}, {torch.get_num_threads()} thread(s), torch {torch.__version__}, "
           f"{platform.processor() or platform.machine()}")
     print(f"# corpus {args.data}: {len(sentence_order)} sentences per round in {len(timed_indices)} tmt/Marian "
-          f"batches (batch_tokens {cfg.train.batch_tokens}, {tgt_tokens_per_step:.0f} target tokens per step); "
+          f"batches (batch_tokens {cfg.train.batch_tokens}, {tgt_tokens_per_step:.0f} target tokens per step), "
+          f"packed: {len(engines['tmt_packed'][1])} packs of {pack.src_tokens} source and {pack.tgt_tokens} target "
+          f"tokens; "
           f"tutorial: {tutorial_steps} of its {tut_total_batches} batches of {args.tutorial_batch_sentences} "
           f"sentences padded to {args.tutorial_pad_len}, spread over the round (mean target length "
           f"{mean_tgt['tutorial']:.1f}, the round's {mean_tgt['round']:.1f}); {args.repeats} interleaved rounds (tutorial: "
           f"{min(args.repeats, TUTORIAL_ROUNDS)}), median shown")
-    print(f"{'engine':<12} {'tgt tokens/s':>13} {'per CPU-s':>10} {'rounds (tokens/s, wall)':<44} {'peak MB':>8}")
+    print(f"{'engine':<12} {'tgt tokens/s':>13} {'per CPU-s':>10} {'rounds (tokens/s, wall)':<44} {'peak MB':>8} "
+          f"{'real share':>10}")
     for name in engines:
         rounds = ", ".join(f"{r:.0f}" for r in rates[name])
         mem = f"{peak_mb[name]:.0f}" if peak_mb[name] is not None else "n/a"
-        print(f"{name:<12} {speed[name]:>13.1f} {cpu_speed[name]:>10.1f} {rounds:<44} {mem:>8}")
+        share = f"{share_of(name):.3f}" if name in computed else ""
+        print(f"{name:<12} {speed[name]:>13.1f} {cpu_speed[name]:>10.1f} {rounds:<44} {mem:>8} {share:>10}")
+    tmt = auto_engine  # the `tmt_*` figures: the engine a run on this device takes
     result = {
         "figure": args.label,
         "commit": commit(),
@@ -433,27 +474,38 @@ def main(argv: list[str] | None = None) -> int:
         "data": str(args.data),
         "precision": trainer.precision.name,
         "threads": torch.get_num_threads(),
-        "tmt_tokens_per_s": round(speed["tmt"], 1),
+        "tmt_engine": tmt.removeprefix("tmt_"),
+        "tmt_tokens_per_s": round(speed[tmt], 1),
         "tutorial_tokens_per_s": round(speed["tutorial"], 1),
         "hf_marian_tokens_per_s": round(speed["hf_marian"], 1),
-        "tmt_vs_tutorial": round(speed["tmt"] / speed["tutorial"], 3),
-        "tmt_vs_hf_marian": round(speed["tmt"] / speed["hf_marian"], 3),
-        "mfu": round(mfu, 4) if mfu is not None else None,
-        "peak_memory_mb": round(peak_mb["tmt"], 1) if peak_mb["tmt"] is not None else None,
-        "peak_memory_mb_per_1k_tgt_tokens": (round(peak_mb["tmt"] / tgt_tokens_per_step * 1000, 2)
-                                             if peak_mb["tmt"] is not None else None),
+        "tmt_vs_tutorial": round(speed[tmt] / speed["tutorial"], 3),
+        "tmt_vs_hf_marian": round(speed[tmt] / speed["hf_marian"], 3),
+        "mfu": round(mfu_of(tmt), 4) if peak else None,
+        "real_token_share": round(share_of(tmt), 4),
+        "peak_memory_mb": round(peak_mb[tmt], 1) if peak_mb[tmt] is not None else None,
+        "peak_memory_mb_per_1k_tgt_tokens": (round(peak_mb[tmt] / tgt_tokens_per_step * 1000, 2)
+                                             if peak_mb[tmt] is not None else None),
+        "engines": {name.removeprefix("tmt_"): {
+            "tokens_per_s": round(speed[name], 1), "vs_hf_marian": round(speed[name] / speed["hf_marian"], 3),
+            "vs_hf_marian_cpu_time": round(cpu_speed[name] / cpu_speed["hf_marian"], 3),
+            "mfu": round(mfu_of(name), 4) if peak else None, "real_token_share": round(share_of(name), 4),
+            "peak_memory_mb": round(peak_mb[name], 1) if peak_mb[name] is not None else None,
+            "cuda_graphs": trainers[name.removeprefix("tmt_")].train_step.engine_report()}
+            for name in computed},
+        "packed_vs_padded": round(speed["tmt_packed"] / speed["tmt_padded"], 3),
+        "packed_vs_padded_cpu_time": round(cpu_speed["tmt_packed"] / cpu_speed["tmt_padded"], 3),
         "hf_marian_peak_memory_mb": peak_mb["hf_marian"],
         "tokens_per_cpu_s": {name: round(v, 1) for name, v in cpu_speed.items()},
-        "tmt_vs_tutorial_cpu_time": round(cpu_speed["tmt"] / cpu_speed["tutorial"], 3),
-        "tmt_vs_hf_marian_cpu_time": round(cpu_speed["tmt"] / cpu_speed["hf_marian"], 3),
+        "tmt_vs_tutorial_cpu_time": round(cpu_speed[tmt] / cpu_speed["tutorial"], 3),
+        "tmt_vs_hf_marian_cpu_time": round(cpu_speed[tmt] / cpu_speed["hf_marian"], 3),
         "rounds": {name: [round(r, 1) for r in values] for name, values in rates.items()},
         "steps": steps, "repeats": args.repeats, "batch_tokens": cfg.train.batch_tokens,
         "batch_tokens_auto": args.batch_tokens is None and args.device != "cpu",  # tmt's choice for the device
         "overrides": args.overrides,
-        "cuda_graphs": trainer.train_step.engine_report(),  # shapes captured, seconds (not in the rates)
+        "cuda_graphs": trainers[tmt.removeprefix("tmt_")].train_step.engine_report(),  # shapes, seconds (not in the rates)
     }
     if args.profile:
-        print_profile({name: engines[name][1] for name in ("tmt", "hf_marian")}, args.profile)
+        print_profile({name: engines[name][1] for name in ("tmt_padded", "tmt_packed", "hf_marian")}, args.profile)
     print(json.dumps(result))
     return 0
 

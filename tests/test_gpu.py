@@ -18,6 +18,7 @@ import yaml
 from tests.helpers import (BOS, EOS, TINY_PAIRS, assert_same_hypotheses, make_trainer, random_model, random_sources,
                            read_scalars, run_cli, tiny_config, write_corpus)
 from transformer_mt.decode.generator import StepGraphs, beam_search, greedy_decode
+from transformer_mt.model import transformer
 from transformer_mt.runs.checkpoint import load_checkpoint
 from transformer_mt.runs.run_dir import prepare_run_dir
 from transformer_mt.train import step as train_step_module
@@ -265,6 +266,33 @@ def test_packed_updates_replay_one_captured_graph_and_make_the_padded_updates(ti
     same_updates(packed, padded, UPDATES)
     if DEVICE == "cuda":  # one graph for the last micro-batch of an update, one for the others (accumulation)
         assert len(packed.train_step.graphs.captured) == 2
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_attention_on_the_device_computes_the_reference_per_segment(causal: bool):
+    # bf16 on CUDA: FlashAttention's variable-length kernel, against the SDPA reference in fp32;
+    # empty segments (a static pack's unused slots) and a cross-attention's other key offsets included.
+    device = torch.device(DEVICE)
+    backend = transformer.varlen_backend(device, 0.0, torch.bfloat16)
+    assert (backend is transformer._flash_varlen) == (DEVICE == "cuda")
+    gen = torch.Generator().manual_seed(0)
+    q_offsets = torch.tensor([0, 3, 9, 10, 16, 16, 16], dtype=torch.int32, device=device)
+    k_offsets = q_offsets if causal else torch.tensor([0, 5, 7, 12, 16, 20, 20], dtype=torch.int32, device=device)
+    q_pack = transformer.Packing.packed(q_offsets, 16, 6)
+    k_pack = transformer.Packing.packed(k_offsets, int(k_offsets[-1]), 6)
+    q, k, v = (torch.randn(n, 2, 8, generator=gen).to(device).requires_grad_() for n in (16, len(k_pack.mask[0]),
+                                                                                         len(k_pack.mask[0])))
+    expected = transformer._reference_varlen(q, k, v, q_pack, k_pack, causal, 0.0)
+    expected.square().sum().backward()
+    expected_grads = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    halves = [x.detach().bfloat16().requires_grad_() for x in (q, k, v)]
+    got = backend(*halves, q_pack, k_pack, causal, 0.0)
+    got.float().square().sum().backward()
+    torch.testing.assert_close(got.float(), expected.detach(), rtol=2e-2, atol=2e-2)
+    for half, grad in zip(halves, expected_grads):
+        torch.testing.assert_close(half.grad.float(), grad, rtol=5e-2, atol=5e-2)
 
 
 @pytest.mark.skipif(not os.environ.get("TMT_TEST_COMPILE"),

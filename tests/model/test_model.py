@@ -332,6 +332,7 @@ def test_packed_attention_takes_flash_varlen_on_cuda_without_dropout_and_the_ref
     monkeypatch.setattr(transformer, "varlen_available", lambda: True)
     assert transformer.varlen_backend(torch.device("cuda"), 0.0) is transformer._flash_varlen
     assert transformer.varlen_backend(torch.device("cuda"), 0.1) is transformer._reference_varlen  # no dropout there
+    assert transformer.varlen_backend(torch.device("cuda"), 0.0, torch.float32) is transformer._reference_varlen
     assert transformer.varlen_backend(torch.device("cpu"), 0.0) is transformer._reference_varlen
     monkeypatch.setattr(transformer, "varlen_available", lambda: False)
     assert transformer.varlen_backend(torch.device("cuda"), 0.0) is transformer._reference_varlen

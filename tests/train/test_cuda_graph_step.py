@@ -17,6 +17,7 @@ from transformer_mt.model.transformer import Transformer
 from transformer_mt.runs.checkpoint import load_checkpoint
 from transformer_mt.runs.run_dir import prepare_run_dir
 from transformer_mt.train import step as train_step_module
+from transformer_mt.train.batches import packed_batches
 from transformer_mt.train.cuda_graphs import MAX_GRAPHS, GraphedStep, compiled_for_graphs, graphs_apply
 from transformer_mt.train.schedule import lr_at
 from transformer_mt.train.step import StepLoss
@@ -30,6 +31,19 @@ def test_the_captured_step_runs_on_one_cuda_process_without_fp16_scaling_compile
     assert not graphs_apply(torch.device("cpu"), distributed=False, grad_scaler=False)
     assert not graphs_apply(CUDA, distributed=True, grad_scaler=False)  # DDP hooks in backward
     assert not graphs_apply(CUDA, distributed=False, grad_scaler=True)  # fp16's changing scale
+
+
+@pytest.mark.parametrize(("device", "train", "model", "packed"), [
+    ("cuda", {}, {"attention_dropout": 0.0}, True),
+    ("cuda", {}, {"dropout": 0.1}, False),  # attention dropout from model.dropout: the kernel has none
+    ("cuda", {"precision": "fp32"}, {"attention_dropout": 0.0}, False),  # the kernel is fp16/bf16 only
+    ("cpu", {}, {"attention_dropout": 0.0}, False),
+    ("cpu", {"batching": "packed"}, {}, True),
+    ("cuda", {"batching": "padded"}, {"attention_dropout": 0.0}, False)])
+def test_auto_batching_packs_on_cuda_where_the_variable_length_kernel_runs(tmp_path: Path, device, train, model,
+                                                                            packed):
+    cfg = tiny_config(tmp_path, model=model, train={"precision": "auto", **train})
+    assert packed_batches(cfg, torch.device(device)) == packed
 
 
 def test_the_engine_compiles_static_shapes_without_inductors_own_cuda_graphs(monkeypatch):

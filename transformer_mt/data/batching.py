@@ -185,19 +185,22 @@ def make_pack_from_flat(src_values: np.ndarray, src_lengths: np.ndarray, tgt_val
                         tgt_lengths: np.ndarray, shape: PackShape, pad_id: int, bos_id: int, eos_id: int,
                         static: bool = False) -> Batch:
     """A packed `Batch` of sequences stored back to back (as `make_batch_from_flat` takes them), laid end
-    to end into `shape`'s tokens; the tail of each side is filler, in as many pieces of at most
-    `shape.longest` on both sides (segment i is the same sentence or filler on both). `static`: offsets
-    of `shape.slots` + 1 entries and `longest` the shape's, so every pack has the same shapes."""
+    to end into `shape`'s tokens; the tail of each side is filler, in as many pieces on both sides
+    (segment i is the same sentence or filler on both), none longer than the longest sentence.
+    `static`: offsets of `shape.slots` + 1 entries and `longest` the shape's, so every pack has the
+    same shapes."""
     src_lengths, tgt_lengths = np.asarray(src_lengths, dtype=np.int64), np.asarray(tgt_lengths, dtype=np.int64)
     n = len(src_lengths)
     src_used, tgt_used = int(src_lengths.sum()) + n, int(tgt_lengths.sum()) + n
     if src_used > shape.src_tokens or tgt_used > shape.tgt_tokens:
         raise ValueError(f"{n} sentences of {src_used} source and {tgt_used} target tokens overflow a pack of {shape}")
-    fillers = -(-max(shape.src_tokens - src_used, shape.tgt_tokens - tgt_used) // shape.longest)
+    # Attention's cost follows the longest segment: filler pieces no longer than the longest sentence
+    # (static: than the shape's, which every pack shares).
+    longest = shape.longest if static or not n else int(max(src_lengths.max(), tgt_lengths.max())) + 1
+    fillers = -(-max(shape.src_tokens - src_used, shape.tgt_tokens - tgt_used) // longest)
     slots = shape.slots if static else None
     src_offsets = _segment_offsets(src_lengths + 1, shape.src_tokens, fillers, slots)
     tgt_offsets = _segment_offsets(tgt_lengths + 1, shape.tgt_tokens, fillers, slots)
-    longest = shape.longest if static else int(max(np.diff(src_offsets).max(), np.diff(tgt_offsets).max()))
     return Batch(torch.from_numpy(_laid(src_values, src_lengths, shape.src_tokens, pad_id, None, eos_id))[None],
                  torch.from_numpy(_laid(tgt_values, tgt_lengths, shape.tgt_tokens, pad_id, bos_id, None))[None],
                  torch.from_numpy(_laid(tgt_values, tgt_lengths, shape.tgt_tokens, pad_id, None, eos_id))[None],

@@ -118,10 +118,10 @@ def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pack: Pac
                        q_pack.longest, k_pack.longest, window_size=(-1, 0) if causal else (-1, -1))
 
 
-def varlen_backend(device: torch.device, dropout: float):
-    """The attention of packed rows on `device`: FlashAttention's variable-length kernel on CUDA
-    (it has no dropout: attention dropout takes the reference), else the SDPA reference."""
-    if device.type == "cuda" and dropout == 0.0 and varlen_available():
+def varlen_backend(device: torch.device, dropout: float, dtype: torch.dtype = torch.bfloat16):
+    """The attention of packed rows of `dtype` on `device`: FlashAttention's variable-length kernel
+    on CUDA in fp16 or bf16 (it has no dropout: attention dropout takes the reference), else the SDPA reference."""
+    if device.type == "cuda" and dropout == 0.0 and dtype in (torch.float16, torch.bfloat16) and varlen_available():
         return _flash_varlen
     return _reference_varlen
 
@@ -222,7 +222,7 @@ class MultiHeadAttention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         if packs is not None and packs[0].offsets is not None:
             rows = [x[0].transpose(0, 1) for x in (q, k, v)]  # (N, H, Dh) each
-            out = varlen_backend(q.device, dropout)(*rows, *packs, causal, dropout)  # (Nq, H, Dh)
+            out = varlen_backend(q.device, dropout, q.dtype)(*rows, *packs, causal, dropout)  # (Nq, H, Dh)
             return out.reshape(1, Tq, H * Dh)
         attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Tk)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal, dropout_p=dropout)

@@ -87,13 +87,14 @@ def resolve_batch_tokens(cfg: Config, device: torch.device, precision: Precision
 
 
 def packed_batches(cfg: Config, device: torch.device) -> bool:
-    """Whether training takes packs (`train.batching`; `auto`: on CUDA with FlashAttention's
-    variable-length kernel, which has no attention dropout)."""
+    """Whether training takes packs (`train.batching`; `auto`: on CUDA where FlashAttention's
+    variable-length kernel runs: not in fp32, not with attention dropout)."""
     if cfg.train.batching != "auto":
         return cfg.train.batching == "packed"
     model = cfg.model
     attention_dropout = model.dropout if model.attention_dropout is None else model.attention_dropout
-    return device.type == "cuda" and attention_dropout == 0.0 and varlen_available()
+    return (device.type == "cuda" and cfg.train.precision != "fp32" and attention_dropout == 0.0
+            and varlen_available())
 
 
 @dataclasses.dataclass

@@ -18,6 +18,10 @@
 #   COMMIT=abc1234 BUDGET=420 TAG=levers SETS="train.lr_schedule=cosine train.ema_decay=0.9999" \
 #       bash scripts/gpu_session.sh check,multi30k,multi30k-seed2,multi30k-seed3 decode   # again to resume
 # and `scout` trains several variants of the recipe at once, one run each (below).
+# The training engine's goals (docs/guides/gpu-performance.md), every figure in two commands of at
+# most 8 minutes, the engine as it stands measured first (a loan that ends early still leaves figures):
+#   COMMIT=abc1234 BUDGET=420 bash scripts/gpu_session.sh goal-bench multi30k goals
+#   COMMIT=abc1234 BUDGET=420 bash scripts/gpu_session.sh multi30k-seed2,multi30k-seed3 goals
 # Other stages:
 #   SETS="train.max_steps=10000" bash scripts/gpu_session.sh tatoeba   # again at once to resume
 #   bash scripts/gpu_session.sh profile bench-large                      # host time per update; 64k-token batches
@@ -38,6 +42,12 @@
 #                  step), `pad_to_multiple=1`; a variant that no longer fits before BUDGET prints a
 #                  skipped line, one that runs past it is stopped and prints a timed_out line.
 #   bench-large    the same on Multi30k at 65,536 tokens per batch (what a bigger batch buys in MFU).
+#   goal-bench     the same on Multi30k (3 rounds of 30 steps): the packed and the padded engine side by
+#                  side with HF Marian, MFU and real-token share each; figure goal-bench.
+#   goals          one JSON line per goal (scripts/goal_figures.py) from the figures in OUT's logs:
+#                  MFU, x HF Marian, real-token share (goal-bench), ms per update, seconds to the test
+#                  score, captures and capture seconds (multi30k), the mean test BLEU of seeds 1-3;
+#                  a figure not measured yet is a line with "met": null and why.
 #   profile        cProfile of 1,500 updates of configs/multi30k-en-de.yaml (where the host's time
 #                  goes per update), its top functions into the log and the .prof file into OUT.
 #   bench-more     on Multi30k: without padding to 8, then with torch.compile (compiling takes minutes).
@@ -178,6 +188,21 @@ variants() {  # one piece at a time, Multi30k base; later ones are skipped when 
     return $rc
 }
 
+goal-bench() {
+    log "bench: base, Multi30k, packed and padded engines, train.batch_tokens auto"
+    "$PY" scripts/bench_train.py --device cuda --preset base --data .gpu/data/multi30k_en_de \
+        --repeats 3 --steps 30 --label goal-bench
+}
+
+goals() {  # from every stage's log in OUT so far (this one's aside)
+    local logs=()
+    for f in "$OUT"/*.log; do
+        [ -f "$f" ] && [ "$f" != "$OUT/goals.log" ] && logs+=("$f")
+    done
+    log "goals: from ${#logs[@]} logs in $OUT"
+    "$PY" scripts/goal_figures.py "${logs[@]}"
+}
+
 bench-large() {
     log "bench: base, Multi30k, 65,536 tokens per batch"
     "$PY" scripts/bench_train.py --device cuda --preset base --data .gpu/data/multi30k_en_de \
@@ -314,9 +339,9 @@ for group in "$@"; do
     IFS=, read -ra stages <<< "$group"
     for stage in "${stages[@]}"; do
         case $stage in
-            check|suite|bench|variants|bench-large|bench-more|decode|profile|multi30k|multi30k-seed2|multi30k-seed3|tatoeba|scout) ;;
+            check|suite|bench|variants|bench-large|goal-bench|goals|bench-more|decode|profile|multi30k|multi30k-seed2|multi30k-seed3|tatoeba|scout) ;;
             *) echo "gpu_session: unknown stage '$stage' (bench, bench-large, bench-more, decode, profile, variants, check," \
-                    "suite, multi30k, multi30k-seed2, multi30k-seed3, tatoeba, scout; joined by commas to run at once;" \
+                    "suite, multi30k, multi30k-seed2, multi30k-seed3, tatoeba, scout, goal-bench, goals; joined by commas to run at once;" \
                     "prepare runs alone)" >&2
                exit 2 ;;
         esac

@@ -472,3 +472,39 @@ def test_the_synthetic_corpus_script_never_writes_over_a_users_corpus(tmp_path: 
     assert result.returncode == 1 and "already holds train.en; choose another --out" in result.stderr
     assert [p.name for p in (tmp_path / "mine").iterdir()] == ["train.en"]
     assert (tmp_path / "mine" / "train.en").read_text(encoding="utf-8") == "my precious line\n"
+
+
+def test_the_runbook_states_every_goal_as_one_json_line_and_what_is_not_measured_yet(tmp_path: Path):
+    out = tmp_path / "out"
+    out.mkdir()
+    bench = {"figure": "goal-bench", "mfu": 0.362, "tmt_vs_hf_marian": 1.8, "real_token_share": 0.985}
+    recipe = {"figure": "multi30k-en-de", "ms_per_update": 2.7, "end_to_end_s": None, "test_bleu": 41.3,
+              "cuda_graphs": {"captured_shapes": 1, "capture_seconds": 4.2, "compile_seconds": 0.0}}
+    (out / "goal-bench.log").write_text("== 10:00:00 bench\n" + json.dumps({**bench, "mfu": 0.1}) + "\n"
+                                        + json.dumps(bench) + "\n", encoding="utf-8")  # the last line counts
+    (out / "multi30k.log").write_text(json.dumps(recipe) + "\n", encoding="utf-8")
+    (out / "multi30k-seed2.log").write_text(json.dumps({"figure": "multi30k-en-de-seed2", "test_bleu": 40.9}) + "\n"
+                                            + '{"figure": "cut off', encoding="utf-8")  # a stage stopped mid-line
+    env = {**os.environ, "OUT": str(out), "COMMIT": "abc1234", "PYTHON": sys.executable}
+    result = subprocess.run(["bash", str(SCRIPTS / "gpu_session.sh"), "goals"], capture_output=True, text=True,
+                            env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = {line["figure"]: line for line in map(json.loads, (x for x in result.stdout.splitlines()
+                                                                if x.startswith('{"figure"')))}
+    assert list(lines) == ["goal-mfu", "goal-vs-hf-marian", "goal-real-token-share", "goal-ms-per-update",
+                           "goal-end-to-end-s", "goal-test-bleu-3-seeds", "goal-captures-per-run",
+                           "goal-capture-compile-s"]
+    assert all(line["commit"] == "abc1234" for line in lines.values())
+    met = {name: (line["value"], line["met"]) for name, line in lines.items()}
+    assert met == {"goal-mfu": (0.362, True), "goal-vs-hf-marian": (1.8, False), "goal-real-token-share": (0.985, True),
+                   "goal-ms-per-update": (2.7, True), "goal-end-to-end-s": (None, None),
+                   "goal-test-bleu-3-seeds": (None, None), "goal-captures-per-run": (1, True),
+                   "goal-capture-compile-s": (4.2, True)}
+    assert lines["goal-test-bleu-3-seeds"]["open"] == "no multi30k-en-de-seed3 figure in the logs"
+    assert lines["goal-end-to-end-s"]["open"] == "multi30k-en-de did not measure it (a stopped or resumed run)"
+    (out / "multi30k-seed3.log").write_text(json.dumps({"figure": "multi30k-en-de-seed3", "test_bleu": 41.2}) + "\n",
+                                            encoding="utf-8")
+    again = subprocess.run([sys.executable, str(SCRIPTS / "goal_figures.py"), *map(str, sorted(out.glob("*.log")))],
+                           capture_output=True, text=True, check=True)
+    bleu = next(json.loads(x) for x in again.stdout.splitlines() if "goal-test-bleu-3-seeds" in x)
+    assert (bleu["value"], bleu["met"]) == (41.13, True)

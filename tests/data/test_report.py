@@ -170,6 +170,29 @@ def snapshot(directory: Path) -> dict[str, tuple[bytes, int]]:
             for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
+def test_with_packed_batches_the_report_counts_the_first_epochs_packs(tiny_corpus: Path, tmp_path: Path):
+    cfg = tiny_config(tiny_corpus, train={"batch_tokens": 40, "batching": "packed"}, model={"max_len": 16})
+    run_dir = tmp_path / "run"
+    prepare_run_dir(run_dir, resume=False, overwrite=False)
+    trainer = Trainer(cfg, run_dir, progress=False)
+    report, pack = trainer.data_report, trainer.train_step.batches.pack
+    assert report.pack_tokens == (pack.src_tokens, 40) and report.to_dict()["pack_tokens"] == [pack.src_tokens, 40]
+    assert report.batches_per_epoch == len(trainer.sampler.epoch_batches(0))
+    assert f"{report.batches_per_epoch} packs of {pack.src_tokens} source and 40 target tokens" in report.render()
+
+
+def test_tmt_data_refuses_a_pair_longer_than_a_pack_naming_the_key(tmp_path: Path, monkeypatch, capsys):
+    words = "uno due tre quattro cinque sei sette otto nove dieci".split()
+    pairs = [(words[i % 10], " ".join(words)) for i in range(20)] + [(" ".join(words * 3), " ".join(words))]
+    corpus = write_corpus(tmp_path / "corpus", {"train": pairs, "valid": pairs[:2], "test": pairs[:2]})
+    save_config(tiny_config(corpus, data={"max_length_ratio": 10.0}, train={"batching": "packed"}),
+                tmp_path / "packed.yaml")
+    code, out, err = run_cli(["data", "--config", str(tmp_path / "packed.yaml")], monkeypatch, capsys, tmp_path)
+    assert code == 1 and not out
+    assert err.strip().splitlines()[-1].startswith("tmt: error: train.batch_tokens: training pair 21 has 31 source "
+                                                   "tokens, more than a pack's 20")
+
+
 def test_tmt_data_prints_the_report_and_writes_nothing(tmp_path: Path, monkeypatch, capsys):
     code, out, err = run_cli(["data", "--config", str(DEMO_CONFIG), "--quiet"], monkeypatch, capsys, tmp_path)
     assert code == 0, err

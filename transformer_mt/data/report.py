@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from transformer_mt.config.schema import Config
-from transformer_mt.data.batching import TokenBatchSampler
+from transformer_mt.data.batching import TokenBatchSampler, pack_shape
 from transformer_mt.data.corpus import SPLITS, Corpus, iter_text_batches
 from transformer_mt.data.tokenization import UNK_ID, TokenizerPair
 
@@ -64,6 +64,7 @@ class DataReport:
     bpe_dropout: tuple[float, int, float, int] | None = None
     dropout_batches_per_epoch: int | None = None  # an epoch's batches from a later bpe_dropout_start_epoch on
     corpora: tuple[CorpusShare, ...] | None = None  # with data.corpora
+    pack_tokens: tuple[int, int] | None = None  # packed batches (train.batching): source, target tokens of a pack
 
     @property
     def steps_per_epoch(self) -> float:
@@ -88,7 +89,8 @@ class DataReport:
                 "batches_per_epoch": self.batches_per_epoch, "steps_per_epoch": self.steps_per_epoch,
                 "bpe_dropout": None if self.bpe_dropout is None else dict(zip(
                     ("rate", "variants", "tgt_token_ratio", "start_epoch"), self.bpe_dropout)),
-                "corpora": None if self.corpora is None else [dataclasses.asdict(c) for c in self.corpora]}
+                "corpora": None if self.corpora is None else [dataclasses.asdict(c) for c in self.corpora],
+                "pack_tokens": None if self.pack_tokens is None else list(self.pack_tokens)}
 
     def render(self) -> str:
         """The report as a compact text table: a label column, then aligned cells per block."""
@@ -116,7 +118,9 @@ class DataReport:
                 "BPE-dropout", f"{rate:g} on training pairs only, {variants} cached segmentations cycled by epoch"
                 f"{f' from epoch {start}' if start else ''}; {ratio:.2f}x the plain BPE target tokens"]],
             [["per epoch", f"{self.tgt_tokens_per_epoch:,} target tokens ({self.src_tokens_per_epoch:,} source), "
-                           f"{self.batches_per_epoch:,} batches of at most {self.batch_tokens:,} padded tokens"
+                           + (f"{self.batches_per_epoch:,} batches of at most {self.batch_tokens:,} padded tokens"
+                              if self.pack_tokens is None else f"{self.batches_per_epoch:,} packs of "
+                              f"{self.pack_tokens[0]:,} source and {self.pack_tokens[1]:,} target tokens")
                            + (f" = {self.steps_per_epoch:,.1f} steps of {self.batches_per_step} batches"
                               if self.batches_per_step > 1 else "")]],
             [["until max_steps", f"{self.max_steps:,} steps = {self.epochs_to_max_steps:,.1f} epochs"]],
@@ -134,8 +138,9 @@ class DataReport:
 
 
 def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: TokenizedSplit, world_size: int = 1,
-                 pad_to_multiple: int = 1) -> DataReport:
-    """Describe `corpus` as tokenized for training (`train`), batched as `world_size` processes batch it."""
+                 pad_to_multiple: int = 1, packed: bool = False) -> DataReport:
+    """Describe `corpus` as tokenized for training (`train`), batched as `world_size` processes batch
+    it (`packed`: in packs, a pair too long for one refused here)."""
     n_pairs = len(train)  # block 0 of the table: each pair once, in plain BPE (`training_split.EpochRows`)
     train_src = np.asarray(train.src_len[:n_pairs], dtype=np.int64)
     train_tgt = np.asarray(train.tgt_len[:n_pairs], dtype=np.int64)
@@ -145,8 +150,11 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: 
     lengths = {("train", "src"): train_src, ("train", "tgt"): train_tgt,
                **{("valid", side): np.array([len(s) for s in ids], dtype=np.int64) for side, ids in valid_ids.items()}}
     # Cut as training cuts it: under torchrun an incomplete last group of batches is filled up.
+    pair_lengths = (train.src_len + 1, train.tgt_len + 1)  # with EOS, BOS
+    pack = pack_shape(*pair_lengths, cfg.train.batch_tokens, cfg.model.max_len, pad_to_multiple) if packed else None
     sampler = TokenBatchSampler(train.lengths(), cfg.train.batch_tokens, cfg.seed, pad_to_multiple=pad_to_multiple,
-                                max_length=cfg.model.max_len, epoch_rows=train.epoch_rows, world_size=world_size)
+                                max_length=cfg.model.max_len, epoch_rows=train.epoch_rows, world_size=world_size,
+                                pack=pack, pair_lengths=pair_lengths)
     return DataReport(
         pairs={"train": len(train_src), "valid": len(corpus.valid), "test": len(corpus.test)},
         carved=corpus.carved,
@@ -167,6 +175,7 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: 
         dropout_batches_per_epoch=(len(sampler.epoch_batches(cfg.tokenizer.bpe_dropout_start_epoch))
                                    if cfg.tokenizer.bpe_dropout and cfg.tokenizer.bpe_dropout_start_epoch else None),
         corpora=_corpus_shares(cfg, train, train_tgt, first_epoch) if cfg.data.corpora else None,
+        pack_tokens=None if pack is None else (pack.src_tokens, pack.tgt_tokens),
     )
 
 

@@ -23,7 +23,7 @@ from transformer_mt.data.tokenization import TokenizerPair, train_tokenizers
 from transformer_mt.data.training_split import tokenize_training_split
 from transformer_mt.runs.init_from import copy_tokenizers
 from transformer_mt.runs.run_dir import data_settings_problem
-from transformer_mt.train.batches import resolve_batch_tokens
+from transformer_mt.train.batches import packed_batches, resolve_batch_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -35,10 +35,11 @@ def batch_padding(train_cfg: TrainConfig, device_type: str) -> int:
 
 
 def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size: int = 1, pad_to_multiple: int = 1,
-                 prepared: bool = False) -> tuple[TokenizerPair, TokenizedSplit, TokenizedSplit, DataReport | None]:
+                 prepared: bool = False, packed: bool = False
+                 ) -> tuple[TokenizerPair, TokenizedSplit, TokenizedSplit, DataReport | None]:
     """Load the corpus, train (or reuse, or copy from `train.init_from`) the tokenizers, tokenize the
     train and valid splits once (cached in the run directory), and log the data report (batches
-    counted with lengths padded to `pad_to_multiple`). `prepared`: rank 0 of a torchrun run has just
+    counted with lengths padded to `pad_to_multiple`, or packs with `packed`). `prepared`: rank 0 of a torchrun run has just
     done all this in `run_dir`; only read what it wrote (the other ranks; no data report then)."""
     corpus = data_module.load_corpus(cfg.data, cfg.seed, run_dir, prepared=prepared)
     if TokenizerPair.exists_in(run_dir):
@@ -70,7 +71,7 @@ def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size:
                            progress=progress, prepared=prepared)
     if prepared:
         return tokenizers, train, valid, None  # rank 0 reports the data (a pass over all of train)
-    report = build_report(cfg, corpus, tokenizers, train, world_size, pad_to_multiple)
+    report = build_report(cfg, corpus, tokenizers, train, world_size, pad_to_multiple, packed)
     logger.info("data report:\n%s", report.render())
     return tokenizers, train, valid, report
 
@@ -103,7 +104,8 @@ def preview_report(cfg: Config, run_dir: Path, progress: bool) -> tuple[DataRepo
         report_cfg = dataclasses.replace(cfg, tokenizer=dataclasses.replace(cfg.tokenizer, bpe_dropout_variants=1))
         try:
             *_, report = prepare_data(report_cfg, Path(scratch), progress=progress,
-                                      pad_to_multiple=batch_padding(cfg.train, device_type))
+                                      pad_to_multiple=batch_padding(cfg.train, device_type),
+                                      packed=packed_batches(cfg, torch.device(device_type)))
         except TmtError as err:  # name the run's file (a damaged splits.json, say), not its scratch copy
             err.args = tuple(str(arg).replace(scratch, str(run_dir)) for arg in err.args)
             raise

@@ -29,7 +29,7 @@ from transformer_mt.model.architectures import build_model
 from transformer_mt.runs import summary
 from transformer_mt.runs.init_from import Parent, load_parent
 from transformer_mt.runs.run_dir import check_saved_config
-from transformer_mt.train.batches import StepBatches, resolve_batch_tokens
+from transformer_mt.train.batches import StepBatches, packed_batches, resolve_batch_tokens
 from transformer_mt.train.ema import WeightEMA
 from transformer_mt.train.interval import BAR_FORMAT, Interval, peak_flops_per_s
 from transformer_mt.train.optional_outputs import OptionalWriter, quiet_tensorboard_thread
@@ -65,7 +65,8 @@ class Trainer:
         seed_everything(cfg.seed)
         with dist.main_first():  # rank 0 trains the tokenizers, carves the splits, fills the token cache
             self.tokenizers, self.train_data, valid_data, self.data_report = prepare_data(
-                cfg, run_dir, self.progress, dist.world_size, pad_to_multiple, prepared=not dist.is_main)
+                cfg, run_dir, self.progress, dist.world_size, pad_to_multiple, prepared=not dist.is_main,
+                packed=packed_batches(cfg, self.device))
         model_args = {"src_vocab_size": self.tokenizers.src.get_vocab_size(),
                       "tgt_vocab_size": self.tokenizers.tgt.get_vocab_size(), "pad_id": PAD_ID}
         self.model = build_model(cfg.model, **model_args).to(self.device)  # the same initial weights on every rank

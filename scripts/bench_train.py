@@ -7,7 +7,8 @@ One process, the same training sentences for all engines, each timed after warm-
   AdamW; every layer at the real tokens only, except where a captured or compiled step needs
   fixed shapes).
 - **tmt_packed**: the same with `train.batching: packed`: the same sentences laid end to end into
-  packs of `batch_tokens` target tokens (one shape: one captured graph on a GPU). `tmt_*` figures
+  packs of `batch_tokens` target tokens (one shape: one captured graph on a GPU); the round's last
+  pack, filled only partly because the round's sentences end there, is left out when there are others. `tmt_*` figures
   of the JSON line are those of the engine `train.batching: auto` picks on the device; the
   `engines` entry holds both, each with its real-token share (real target tokens ÷ target
   positions computed).
@@ -305,12 +306,15 @@ def main(argv: list[str] | None = None) -> int:
     timed_indices = index_batches[warmup:]
     sentence_order = [i for batch in timed_indices for i in batch]
     src_ids, tgt_ids = data.ids(sentence_order)
-    # The packed engine: the same sentences, in the same order, laid into its packs.
+    # The packed engine: the same sentences, in the same order, laid into its packs (its rate counts its own tokens).
     pack = trainers["packed"].train_step.batches.pack
 
     def packs_of(batches: list[np.ndarray]) -> list[np.ndarray]:
+        """The sentences of `batches` in packs; the last pack, partly filled only because a round's
+        sentences end there, is left out when there are others (training's packs run on)."""
         order = np.concatenate(batches)
-        return greedy_packs(order, data.src_len + 1, data.tgt_len + 1, pack.src_tokens, pack.tgt_tokens)
+        packs = greedy_packs(order, data.src_len + 1, data.tgt_len + 1, pack.src_tokens, pack.tgt_tokens)
+        return packs[:-1] if len(packs) > 1 else packs
 
     computed: dict[str, list[int]] = {"tmt_padded": [0, 0], "tmt_packed": [0, 0]}  # real, computed target positions
 

@@ -8,6 +8,7 @@ CPU instead, which checks the tests themselves, not the GPU paths.
 """
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -266,6 +267,22 @@ def test_packed_updates_replay_one_captured_graph_and_make_the_padded_updates(ti
     same_updates(packed, padded, UPDATES)
     if DEVICE == "cuda":  # one graph for the last micro-batch of an update, one for the others (accumulation)
         assert len(packed.train_step.graphs.captured) == 2
+
+
+def test_bf16_packs_replay_one_captured_update_through_the_variable_length_kernel(tiny_corpus: Path, tmp_path: Path,
+                                                                                  monkeypatch):
+    # What a GPU run takes by default: bf16, attention dropout 0, `train.batching: auto`.
+    trainer = engine_trainer(tiny_corpus, tmp_path / "run", monkeypatch, precision="bf16", batching="auto")
+    step = trainer.train_step
+    assert (step.batches.pack is not None) == (DEVICE == "cuda")
+    backends = []
+    monkeypatch.setattr(transformer, "varlen_backend", lambda *args, real=transformer.varlen_backend:
+                        backends.append(real(*args)) or backends[-1])
+    losses = [step.run(step.batches.load(indices)).loss.item() for indices in ([0, 1, 2], [3, 4, 5, 6, 7], [8, 9])]
+    assert all(math.isfinite(loss) for loss in losses) and trainer.state.step == 3
+    if DEVICE == "cuda":
+        assert len(step.graphs.captured) == 1  # three updates, one shape
+        assert set(backends) == {transformer._flash_varlen}  # traced in the warm-up runs and the capture
 
 
 @pytest.mark.parametrize("causal", [False, True])

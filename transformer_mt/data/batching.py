@@ -1,5 +1,5 @@
-"""Token ids -> padded or packed `Batch`es; seeded, resumable samplers: length-bucketed token-budget
-batches (`TokenBatchSampler`) and packs of sentences laid end to end (`PackSampler`)."""
+"""Token ids -> padded or packed `Batch`es; a seeded, resumable sampler of length-bucketed
+token-budget batches or of packs, sentences laid end to end (`TokenBatchSampler`)."""
 
 from __future__ import annotations
 

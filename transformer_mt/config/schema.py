@@ -202,8 +202,9 @@ class TrainConfig:
     max_steps: int = 100_000
     """Optimizer updates to run."""
     batch_tokens: int | Literal["auto"] = "auto"
-    """Token budget per batch: batch size × padded length (the longer side). `auto`: sized for a
-    CUDA GPU's memory and the model, 4,096 on a CPU or MPS."""
+    """Token budget per batch: batch size × padded length (the longer side); with packed batches
+    (`batching`), a pack's target tokens. `auto`: sized for a CUDA GPU's memory and the model,
+    4,096 on a CPU or MPS."""
     accum_steps: int = 1
     """Batches accumulated into one optimizer update (gradient accumulation). The loss is
     normalised by the target tokens of all of them, so the update equals one batch of

@@ -18,7 +18,7 @@
 #   COMMIT=abc1234 BUDGET=420 TAG=levers SETS="train.lr_schedule=cosine train.ema_decay=0.9999" \
 #       bash scripts/gpu_session.sh check,multi30k,multi30k-seed2,multi30k-seed3 decode   # again to resume
 # and `scout` trains several variants of the recipe at once, one run each (below).
-# The training engine's goals (docs/guides/gpu-performance.md), every figure in two commands of at
+# The training engine's goals (docs/benchmarks/training.md, "Open on a GPU"), every figure in two commands of at
 # most 8 minutes, the engine as it stands measured first (a loan that ends early still leaves figures):
 #   COMMIT=abc1234 BUDGET=420 bash scripts/gpu_session.sh goal-bench multi30k goals
 #   COMMIT=abc1234 BUDGET=420 bash scripts/gpu_session.sh multi30k-seed2,multi30k-seed3 goals
@@ -191,7 +191,7 @@ variants() {  # one piece at a time, Multi30k base; later ones are skipped when 
 goal-bench() {
     log "bench: base, Multi30k, packed and padded engines, train.batch_tokens auto"
     "$PY" scripts/bench_train.py --device cuda --preset base --data .gpu/data/multi30k_en_de \
-        --repeats 3 --steps 30 --label goal-bench
+        --repeats 3 --steps 30 --tutorial-steps 5 --label goal-bench  # the tutorial: no goal of its own
 }
 
 goals() {  # from every stage's log in OUT so far (this one's aside)

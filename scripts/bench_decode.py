@@ -69,8 +69,7 @@ from transformer_mt.decode.torch_engine import translate_ids
 from transformer_mt.decode.ct2_conversion import export_ctranslate2
 from transformer_mt.decode.generator import StepGraphs, beam_search, greedy_decode
 from transformer_mt.decode.translator import Translator
-from transformer_mt.model.architectures import build_model
-from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer import Transformer, build_model
 from transformer_mt.runs.checkpoint import FORMAT_VERSION, save_atomic
 
 DEMO_CORPUS = Path(__file__).resolve().parents[1] / "transformer_mt" / "corpora" / "demo_en_it"

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from tests.helpers import DEMO_CONFIG, TINY_PAIRS, run_cli, tiny_config, write_corpus
 from transformer_mt.config.loading import save_config
-from transformer_mt.data.report import CorpusShare, estimated_time, format_duration, percentile
+from transformer_mt.data.report import CorpusShare, estimated_time, format_duration, length_stats
 from transformer_mt.data.tokenization import SPECIAL_TOKENS
 from transformer_mt.runs.run_dir import prepare_run_dir
 from transformer_mt.train.preparation import prepare_data
@@ -129,11 +129,11 @@ def test_steps_and_tokens_per_epoch_are_what_the_training_sampler_produces(tiny_
         assert sum(trainer.train_data.batch(b).n_tgt_tokens for b in batches) == report.tgt_tokens_per_epoch
 
 
-def test_percentile_is_the_nearest_rank():
-    values = list(range(1, 101))  # 1..100: the p-th percentile is p
-    assert [percentile(values, p) for p in (50, 90, 99, 100)] == [50, 90, 99, 100]
-    assert percentile([7], 50) == 7
-    assert percentile([3, 1, 2], 50) == 2  # ceil(1.5) = 2nd smallest
+def test_length_percentiles_are_the_nearest_rank():
+    stats = length_stats(list(range(100, 0, -1)))  # 1..100 in any order: the p-th percentile is p
+    assert stats.percentiles == {50: 50, 90: 90, 99: 99} and stats.max == 100
+    assert length_stats([7]).percentiles == {50: 7, 90: 7, 99: 7}
+    assert length_stats([3, 1, 2]).percentiles[50] == 2  # ceil(1.5) = the 2nd smallest
 
 
 def test_estimated_time_scales_tokens_per_epoch_by_the_measured_throughput(counted):

@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     translate.add_argument("--interactive", action="store_true",
                            help="translate each line as it is typed (the default when stdin is a terminal and "
                                 "no sentence, --input or --output is given)")
-    lists = translate.add_argument_group("n-best lists, scores and sampling (README: \"n-best lists and scores\")")
+    lists = translate.add_argument_group("n-best lists, scores and sampling (the Translating guide)")
     lists.add_argument("--n-best", type=_positive_int, default=1, metavar="K",
                        help="the K best translations of each sentence (K at most the beam size), best first; "
                             "text output: one line each, '<sentence number from 0><TAB>[<score><TAB>]<translation>'")

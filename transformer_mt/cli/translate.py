@@ -105,7 +105,7 @@ def _check_options(args: argparse.Namespace) -> None:
 def _translate_lines(translator, lines: list[str], args: argparse.Namespace, progress: bool,
                      first_number: int = 0) -> list[str]:
     """The output lines for `lines`: one translation each, or with --n-best, --scores, --format
-    jsonl or --sample, the lists README's "n-best lists and scores" describes: jsonl, an object per
+    jsonl or --sample, the lists the Translating guide describes: jsonl, an object per
     line; text, a line per translation, `[<number from first_number>\t][<score>\t]<translation>`."""
     if args.n_best == 1 and not args.scores and args.format == "text" and not args.sample:
         return translator.translate(lines, beam_size=args.beam, progress=progress)

@@ -158,11 +158,6 @@ def warn_attention_fallbacks(device: torch.device, choices: dict[str, str]) -> N
             logger.warning("%s: %s", key, reason)
 
 
-def seed_everything(seed: int) -> None:
-    """Seed torch's CPU and CUDA generators (tmt draws no randomness from `random` or numpy)."""
-    torch.manual_seed(seed)
-
-
 def rng_state() -> dict:
     """The global torch RNG states (dropout draws from them) of the CPU and every visible device."""
     state = {"cpu": torch.get_rng_state()}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -203,16 +202,10 @@ def _corpus_shares(cfg: Config, train: TokenizedSplit, train_tgt: np.ndarray,
                  for entry, n, end, drawn, tokens in zip(cfg.data.corpora, counts, ends, per_epoch, epoch_tokens))
 
 
-def percentile(values: Sequence[int] | np.ndarray, p: float, ordered: bool = False) -> int:
-    """Nearest-rank percentile: the smallest value with at least `p`% of `values` (`ordered`: sorted) at or below it."""
-    values = values if ordered else np.sort(np.asarray(values))
-    rank = math.ceil(p * len(values) / 100)  # p·n first: exact for integers, so 90·100/100 is 90
-    return int(values[max(rank, 1) - 1])
-
-
 def length_stats(lengths: Sequence[int] | np.ndarray) -> LengthStats:
-    ordered = np.sort(np.asarray(lengths))  # once, not once per percentile: the train split may be large
-    return LengthStats({p: percentile(ordered, p, ordered=True) for p in PERCENTILES}, int(ordered[-1]))
+    """Nearest-rank percentiles (the smallest length with at least p% at or below it) and the maximum."""
+    values = np.percentile(np.asarray(lengths), [*PERCENTILES, 100], method="inverted_cdf")
+    return LengthStats(dict(zip(PERCENTILES, map(int, values[:-1]))), int(values[-1]))
 
 
 def unk_rate(id_seqs: Sequence[Sequence[int]]) -> float:

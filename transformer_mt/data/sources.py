@@ -308,7 +308,7 @@ def hub_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
 
 def _local_files_hint(cfg: DataConfig) -> str:
     return (f"train from local files instead: set data.format: text and data.path: a directory with "
-            f"train.{cfg.src_lang}/train.{cfg.tgt_lang} (see README)")
+            f"train.{cfg.src_lang}/train.{cfg.tgt_lang} (guide: Data, \"Formats\")")
 
 
 def _hub_offline() -> bool:
@@ -361,7 +361,7 @@ def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
         detail = lines[1] if len(lines) > 1 else (f"{type(err.__cause__).__name__}: {err.__cause__}"
                                                   if err.__cause__ is not None else (lines[0] if lines else ""))
-        advice = ("; local files of sentence pairs load with data.format: text, tsv or jsonl (README, Data)"
+        advice = ("; local files of sentence pairs load with data.format: text, tsv or jsonl (guide: Data, \"Formats\")"
                   if Path(cfg.path).is_dir() else "")
         raise DataError(f"data.path={cfg.path!r}: datasets could not build a dataset from it "
                         f"({detail[:300]}){advice}") from err
@@ -375,7 +375,7 @@ def _load_hub_dataset(cfg: DataConfig) -> datasets.DatasetDict:
                         f"longer runs. If the dataset has a Parquet conversion on the hub, load that: data.revision: "
                         f"{PARQUET_CONVERSION}, data.hub_config: the configuration's folder there ('default' if it "
                         f"has only one){local}; or export the dataset to local files and use data.format: text, "
-                        "tsv or jsonl (see README, Data)") from None
+                        "tsv or jsonl (guide: Data, \"Formats\")") from None
     except (OSError, ValueError) as err:  # not found, no network (a ConnectionError), bad config name or revision
         offline = (" HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set, so only your HF cache was looked at: unset it to "
                    f"download the dataset, or {_local_files_hint(cfg)}."

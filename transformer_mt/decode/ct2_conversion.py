@@ -33,7 +33,7 @@ def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None 
     """Write a CTranslate2 model directory for a run (`checkpoint`, default as `tmt translate`
     chooses, its EMA weights when it has them): `model.bin`, `config.json`, the vocabularies and
     tmt's tokenizer files. `quantization`: CTranslate2's weight type (int8, float16, ...); None: fp32.
-    README's "Exporting to CTranslate2" shows its use (tmt's cap a·S + b: `max_decoding_length`)."""
+    the Exporting guide shows its use (tmt's cap a·S + b: `max_decoding_length`)."""
     try:
         import ctranslate2  # noqa: F401  (a dependency, but a platform may lack its wheel)
         from ctranslate2.specs import model_spec

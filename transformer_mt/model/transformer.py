@@ -482,3 +482,8 @@ class Transformer(nn.Module):
         per_tgt = 6 * Ld * (6 * D * D + 2 * D * F) + 6 * D * V  # self q, k, v, out; cross q, out; FFN; output
         attention = 12 * D * float(Le * (S * S).sum() + Ld * ((T * T).sum() + (T * S).sum()))
         return float(per_src * S.sum() + per_tgt * T.sum() + attention)
+
+
+def build_model(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int) -> Transformer:
+    """A freshly initialised model of `cfg` (drawn from torch's default generator) for these vocabularies."""
+    return Transformer(cfg, src_vocab_size, tgt_vocab_size, pad_id)

@@ -24,8 +24,7 @@ from transformer_mt.core.errors import CheckpointError, ConfigError
 from transformer_mt.core.files import describe_os_error, write_atomic
 from transformer_mt.core.run_layout import BEST_NAME, checkpoint_steps, find_checkpoint, step_file_name
 from transformer_mt.data.tokenization import TokenizerPair
-from transformer_mt.model.architectures import build_model
-from transformer_mt.model.transformer import Transformer
+from transformer_mt.model.transformer import Transformer, build_model
 
 logger = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ from transformer_mt.core.errors import (CheckpointError, ConfigError, TmtError, 
 from transformer_mt.core.files import os_errors_named
 from transformer_mt.core.run_layout import RunDir, checkpoint_steps
 from transformer_mt.core.runtime import (Precision, pick_attention, pick_device, pick_precision,
-                                         seed_everything, warn_attention_fallbacks, warn_if_bf16_emulated)
+                                         warn_attention_fallbacks, warn_if_bf16_emulated)
 from transformer_mt.core.signals import StopRequest, sigterm_interrupts
 from transformer_mt.data.tokenization import PAD_ID, TokenizerPair
 from transformer_mt.decode.metrics import bleu_tokenizer_problem
-from transformer_mt.model.architectures import build_model
+from transformer_mt.model.transformer import build_model
 from transformer_mt.runs import summary
 from transformer_mt.runs.init_from import Parent, load_parent
 from transformer_mt.runs.run_dir import check_saved_config
@@ -62,7 +62,7 @@ class Trainer:
                                                    "decode.attention_backend": cfg.decode.attention_backend})
         attention = pick_attention(cfg.train.attention_backend, self.device, "train")  # SDPA kernels of steps
         pad_to_multiple = batch_padding(cfg.train, self.device.type)
-        seed_everything(cfg.seed)
+        torch.manual_seed(cfg.seed)  # CPU and CUDA generators; tmt draws nothing from random or numpy
         with dist.main_first():  # rank 0 trains the tokenizers, carves the splits, fills the token cache
             self.tokenizers, self.train_data, valid_data, self.data_report = prepare_data(
                 cfg, run_dir, self.progress, dist.world_size, pad_to_multiple, prepared=not dist.is_main,
@@ -74,7 +74,7 @@ class Trainer:
             self.model.load_state_dict(parent.weights)
         self.ema = WeightEMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
         if dist.enabled:
-            seed_everything(cfg.seed + dist.rank)  # different dropout masks on each rank
+            torch.manual_seed(cfg.seed + dist.rank)  # different dropout masks on each rank
         self.state = TrainState(parent=parent.record if parent is not None else None)
         self.train_step = TrainStep(cfg, self.model, self.train_data, self.state, device=self.device,
                                     precision=self.precision, attention=attention, dist=dist,

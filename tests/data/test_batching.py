@@ -261,19 +261,24 @@ def pair_lengths(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def test_an_epoch_of_packs_holds_each_example_once_and_no_pack_overflows():
     src, tgt = pair_lengths(300, 1)
-    shape = pack_shape(src, tgt, tgt_tokens=256, longest=16)
+    shape = pack_shape(src, tgt, tgt_tokens=256)
     assert shape.src_tokens % 8 == 0 and shape.src_tokens >= 256 * src.sum() / tgt.sum()  # sized by the ratio
     packs = pack_sampler(src, tgt, shape).epoch_batches(0)
     assert sorted(np.concatenate(packs).tolist()) == list(range(300))
     assert all(src[p].sum() <= shape.src_tokens and tgt[p].sum() <= shape.tgt_tokens for p in packs)
     # Closed only when the next example does not fit: over 90 % of the target tokens are real.
     assert tgt.sum() / (len(packs) * shape.tgt_tokens) > 0.9
-    assert max(len(p) for p in packs) + 1 <= shape.slots  # the sentences and a filler piece fit the static offsets
+    # The static offsets hold any pack's sentences (the shortest ones that fill a side: a bound from
+    # the data, far below one per token) and its filler pieces, none longer than the longest pair.
+    assert shape.longest == max(src.max(), tgt.max())
+    assert max(len(p) for p in packs) <= shape.max_sentences < shape.tgt_tokens // 2
+    assert np.sort(tgt)[:shape.max_sentences].sum() <= 256 < np.sort(tgt)[:shape.max_sentences + 1].sum() \
+        or np.sort(src)[:shape.max_sentences + 1].sum() > shape.src_tokens
 
 
 def test_packs_resume_mid_epoch_as_the_same_packs():
     src, tgt = pair_lengths(200, 2)
-    shape = pack_shape(src, tgt, tgt_tokens=48, longest=16)
+    shape = pack_shape(src, tgt, tgt_tokens=48)
     first = pack_sampler(src, tgt, shape)
     stream = iter(first)
     n_per_epoch = len(first.epoch_batches(0))
@@ -293,7 +298,7 @@ def test_switching_from_batches_to_packs_mid_epoch_trains_on_each_example_once()
     padded = TokenBatchSampler(np.maximum(src, tgt), 40, seed=3, pair_lengths=(src, tgt))
     stream = iter(padded)
     head = [next(stream) for _ in range(5)]
-    packed = pack_sampler(src, tgt, pack_shape(src, tgt, tgt_tokens=40, longest=16))
+    packed = pack_sampler(src, tgt, pack_shape(src, tgt, tgt_tokens=40))
     packed.load_state_dict(padded.state_dict())
     rest = packed.epoch_batches(0)
     assert sorted(np.concatenate(head + rest).tolist()) == list(range(200))
@@ -303,7 +308,7 @@ def test_a_pair_longer_than_the_pack_is_refused_naming_its_length_and_the_key():
     src, tgt = np.array([3, 5, 50, 4]), np.array([4, 6, 5, 30])
     with pytest.raises(DataError, match=r"^train.batch_tokens: training pair 3 has 50 source tokens, more than a "
                                         r"pack's 48 .*raise train.batch_tokens to at least 37$"):
-        pack_shape(src, tgt, tgt_tokens=32, longest=64)
+        pack_shape(src, tgt, tgt_tokens=32)
     with pytest.raises(DataError, match=r"^train.batch_tokens: training pair 4 has 30 target tokens, more than "
                                         r"a pack's 24 .*at least 30$"):
-        pack_shape(np.array([3, 5, 4, 4]), tgt, tgt_tokens=24, longest=64)
+        pack_shape(np.array([3, 5, 4, 4]), tgt, tgt_tokens=24)

@@ -167,7 +167,7 @@ def test_the_engine_run_eagerly_trains_like_the_plain_step(engine_on_the_cpu, ti
 
 def test_packs_on_the_engine_have_one_shape_and_train_like_the_plain_step(engine_on_the_cpu, tiny_corpus: Path,
                                                                           tmp_path: Path):
-    # Static packs (offsets of the pack's slots, the longest segment model.max_len): one graph's
+    # Static packs (offsets of the pack's slots, the longest segment the longest pair's): one graph's
     # shapes; the engine's functions run eagerly make the plain step's updates on them.
     settings = {"clip_grad_norm": 0.5, "warmup_steps": 3, "lr": 3e-3, "batching": "packed"}
     engine = make_trainer(tiny_corpus, tmp_path / "engine", **settings)
@@ -179,14 +179,14 @@ def test_packs_on_the_engine_have_one_shape_and_train_like_the_plain_step(engine
     for step, indices in enumerate(updates, 1):
         batches = [engine.train_step.batches.load(i) for i in indices]
         shapes |= {(b.src_ids.shape, b.tgt_in_ids.shape, b.src_offsets.shape, b.longest) for b in batches}
-        assert plain.train_step.batches.load(indices[0]).longest < engine.cfg.model.max_len  # eager packs: their own
+        assert len(plain.train_step.batches.load(indices[0]).src_offsets) < len(batches[0].src_offsets)  # eager: own
         one, two = engine.train_step.run(batches), plain.train_step.run(batches)
         assert one.updated and two.updated and one.loss.item() == two.loss.item(), step
         for (name, a), b in zip(engine.model.named_parameters(), plain.model.parameters()):
             assert torch.equal(a, b), f"update {step}: {name}"
     ((src, tgt, offsets, longest),) = shapes
     pack = engine.train_step.batches.pack
-    assert (src[1], tgt[1], offsets[0], longest) == (pack.src_tokens, 64, pack.slots + 1, engine.cfg.model.max_len)
+    assert (src[1], tgt[1], offsets[0], longest) == (pack.src_tokens, 64, pack.slots + 1, pack.longest)
 
 
 def test_a_non_finite_update_is_skipped_on_the_device(engine_on_the_cpu, tiny_corpus: Path, tmp_path: Path):

@@ -120,23 +120,22 @@ def make_batch_from_flat(src_values: np.ndarray, src_lengths: np.ndarray, tgt_va
 
 @dataclass(frozen=True)
 class PackShape:
-    """The fixed size of a pack: source and target tokens, the longest segment (model.max_len), and
-    the fewest tokens a sentence has on either side (with EOS/BOS), which bounds the sentences of a pack."""
+    """The fixed size of a pack: source and target tokens, the longest segment, and the most
+    sentences a pack can hold (static bounds from the data, so that every pack has one shape)."""
 
     src_tokens: int
     tgt_tokens: int
-    longest: int
-    min_segment: int = 1
+    longest: int  # the longest pair's longer side (with EOS/BOS): filler pieces are no longer
+    max_sentences: int | None = None  # None: one per target token
 
     @property
     def slots(self) -> int:
         """Segments a pack may hold at most, sentences and filler pieces: offsets (slots + 1,)."""
-        return (min(self.src_tokens, self.tgt_tokens) // self.min_segment
-                + -(-max(self.src_tokens, self.tgt_tokens) // self.longest))
+        sentences = min(self.src_tokens, self.tgt_tokens) if self.max_sentences is None else self.max_sentences
+        return sentences + -(-max(self.src_tokens, self.tgt_tokens) // self.longest)
 
 
-def pack_shape(src_lengths: np.ndarray, tgt_lengths: np.ndarray, tgt_tokens: int, longest: int,
-               multiple: int = 8) -> PackShape:
+def pack_shape(src_lengths: np.ndarray, tgt_lengths: np.ndarray, tgt_tokens: int, multiple: int = 8) -> PackShape:
     """The pack of `tgt_tokens` target tokens for pairs of these source and target lengths (with
     EOS/BOS), its source side sized by their ratio (rounded up to `multiple`), so that both sides fill.
     A pair longer than the pack on either side is refused in one line naming `train.batch_tokens`."""
@@ -150,8 +149,11 @@ def pack_shape(src_lengths: np.ndarray, tgt_lengths: np.ndarray, tgt_tokens: int
                             f"a pack's {size} (train.batch_tokens {tgt_tokens} target tokens, the source side sized "
                             f"by the split's ratio {ratio:.2f}); raise train.batch_tokens to at least "
                             f"{int(np.ceil(lengths[i] / (ratio if side == 'source' else 1.0)))}")
-    fewest = min(int(src_lengths.min(initial=longest)), int(tgt_lengths.min(initial=longest)))
-    return PackShape(src_tokens, tgt_tokens, longest, max(fewest, 1))
+    # No pack holds more sentences than the shortest ones that fill a side.
+    fits = [int(np.searchsorted(np.cumsum(np.sort(lengths)), size, side="right"))
+            for lengths, size in ((src_lengths, src_tokens), (tgt_lengths, tgt_tokens))]
+    longest = int(max(src_lengths.max(initial=1), tgt_lengths.max(initial=1)))
+    return PackShape(src_tokens, tgt_tokens, longest, max(min(fits), 1))
 
 
 def _segment_offsets(lengths: np.ndarray, size: int, fillers: int, slots: int | None) -> np.ndarray:

@@ -150,7 +150,7 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: 
                **{("valid", side): np.array([len(s) for s in ids], dtype=np.int64) for side, ids in valid_ids.items()}}
     # Cut as training cuts it: under torchrun an incomplete last group of batches is filled up.
     pair_lengths = (train.src_len + 1, train.tgt_len + 1)  # with EOS, BOS
-    pack = pack_shape(*pair_lengths, cfg.train.batch_tokens, cfg.model.max_len, pad_to_multiple) if packed else None
+    pack = pack_shape(*pair_lengths, cfg.train.batch_tokens, pad_to_multiple) if packed else None
     sampler = TokenBatchSampler(train.lengths(), cfg.train.batch_tokens, cfg.seed, pad_to_multiple=pad_to_multiple,
                                 max_length=cfg.model.max_len, epoch_rows=train.epoch_rows, world_size=world_size,
                                 pack=pack, pair_lengths=pair_lengths)

@@ -118,7 +118,7 @@ class BatchSource:
         self.fixed_rows = fixed_rows  # the GPU engine: a fixed row count per padded length; packs of fixed offsets
         pair_lengths = (train_data.src_len + 1, train_data.tgt_len + 1)  # with EOS, BOS
         # Packed: the pack's shape, a pair too long for it refused now, before any step.
-        self.pack = pack_shape(*pair_lengths, cfg.train.batch_tokens, cfg.model.max_len, pad_to_multiple) \
+        self.pack = pack_shape(*pair_lengths, cfg.train.batch_tokens, pad_to_multiple) \
             if packed_batches(cfg, device) else None
         self.sampler = TokenBatchSampler(train_data.lengths(), cfg.train.batch_tokens, cfg.seed,
                                          tie_break=train_data.tgt_len, world_size=dist.world_size,

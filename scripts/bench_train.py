@@ -88,6 +88,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"interleaved timing rounds (default 5; the tutorial runs in the first {TUTORIAL_ROUNDS})")
     parser.add_argument("--batch-tokens", type=int, default=None,
                         help="tmt's train.batch_tokens (default: the preset's on a CPU, auto on a GPU: sized for its memory)")
+    parser.add_argument("--attention-dropout", type=float, default=None, metavar="P",
+                        help="the model's attention dropout, for tmt and Marian alike (default: the preset's "
+                             "dropout); 0 lets packed batches on CUDA take FlashAttention's variable-length kernel")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="train.KEY=VALUE",
                         help="extra train.* settings for tmt, e.g. --set train.compile=true")
     parser.add_argument("--tutorial-pad-len", type=int, default=350, help="tutorial: fixed padded length")
@@ -132,7 +135,7 @@ def build_trainer(args: argparse.Namespace, run_dir: Path, batching: str = "auto
                  data=DataConfig(format="text", path=str(args.data), src_lang=args.src_lang, tgt_lang=tgt_lang,
                                  valid_size=100, test_size=100),  # used only when the corpus lacks them
                  tokenizer=TokenizerConfig(vocab_size=preset["vocab_size"], joint=True, min_frequency=2),
-                 model=preset["model"], train=train)
+                 model=replace(preset["model"], attention_dropout=args.attention_dropout), train=train)
     return Trainer(cfg, run_dir, progress=False)
 
 
@@ -242,7 +245,8 @@ def build_marian(cfg: ModelConfig, vocab_size: int):
         encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers,
         encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
         encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu",
-        dropout=cfg.dropout, attention_dropout=cfg.dropout, activation_dropout=cfg.dropout,  # as tmt applies it
+        dropout=cfg.dropout, activation_dropout=cfg.dropout if cfg.activation_dropout is None else cfg.activation_dropout,
+        attention_dropout=cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout,  # as tmt applies it
         max_position_embeddings=cfg.max_len, scale_embedding=True, share_encoder_decoder_embeddings=True,
         tie_word_embeddings=True, pad_token_id=PAD_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID,
         forced_eos_token_id=EOS_ID)
@@ -505,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": {name: [round(r, 1) for r in values] for name, values in rates.items()},
         "steps": steps, "repeats": args.repeats, "batch_tokens": cfg.train.batch_tokens,
         "batch_tokens_auto": args.batch_tokens is None and args.device != "cpu",  # tmt's choice for the device
-        "overrides": args.overrides,
+        "overrides": args.overrides, "attention_dropout": args.attention_dropout,
         "cuda_graphs": trainers[tmt.removeprefix("tmt_")].train_step.engine_report(),  # shapes, seconds (not in the rates)
     }
     if args.profile:

@@ -65,7 +65,8 @@ def run_serve(args: argparse.Namespace) -> None:
         listener.close()
         raise
     server = _stoppable_server(uvicorn.Config(build_app(translator, batcher, limits), log_config=None, access_log=False,
-                                    lifespan="off", timeout_graceful_shutdown=None))
+                                    lifespan="off", timeout_graceful_shutdown=None),
+                               on_stop=batcher.drain)
     data = translator.cfg.data
     host, port = listener.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
@@ -100,8 +101,8 @@ def _listen(host: str, port: int) -> socket.socket:
     return listener
 
 
-def _stoppable_server(config):
-    """A uvicorn server of `config` that stops as `Server` says."""
+def _stoppable_server(config, on_stop):
+    """A uvicorn server of `config` that stops as `Server` says, calling `on_stop()` as it starts to."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -109,6 +110,10 @@ def _stoppable_server(config):
         it has, and returns (uvicorn raises the signal again afterwards: tmt would then exit 130 or 143)."""
 
         stopped_by: int | None = None
+
+        async def shutdown(self, sockets=None) -> None:
+            on_stop()  # before waiting for the requests in flight: they must not wait for more
+            await super().shutdown(sockets)
 
         @contextlib.contextmanager
         def capture_signals(self):

@@ -56,6 +56,7 @@ class Batcher:
         self.max_wait = max_wait
         self._pending: list[_Job] = []
         self._closed = False
+        self._draining = False  # stopping: batches leave without waiting
         self._stats = BatcherStats()
         self._lock = threading.Condition()
         self._worker = threading.Thread(target=self._work, name="tmt-translator", daemon=True)
@@ -76,10 +77,16 @@ class Batcher:
         with self._lock:
             return BatcherStats(**{**vars(self._stats), "queued": len(self._pending)})
 
+    def drain(self) -> None:
+        """From now on send batches without waiting for more requests (the server is stopping)."""
+        with self._lock:
+            self._draining = True
+            self._lock.notify()
+
     def close(self) -> None:
         """Translate what is queued, then stop the worker."""
         with self._lock:
-            self._closed = True
+            self._closed = self._draining = True
             self._lock.notify()
         self._worker.join()
 
@@ -97,7 +104,7 @@ class Batcher:
                     return None
                 self._lock.wait()
             first = self._pending[0]
-            while not self._closed:
+            while not self._draining:
                 queued = sum(job.tokens for job in self._pending if job.options == first.options)
                 left = first.arrived + self.max_wait - time.monotonic()
                 if queued >= self.batch_tokens or left <= 0:

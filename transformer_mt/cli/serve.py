@@ -227,7 +227,7 @@ def _check(asked, translator, limits: Limits):
 
 def _validation_message(err) -> str:
     """pydantic's first complaint about a request body as one line: where, then what."""
-    problems = err.errors()
+    problems = sorted(err.errors(), key=lambda problem: problem["type"] != "extra_forbidden")  # a misspelt key first
     first = problems[0]
     where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"]).lstrip(".")
     if first["type"] == "extra_forbidden":

@@ -70,9 +70,9 @@ def run_serve(args: argparse.Namespace) -> None:
     data = translator.cfg.data
     host, port = listener.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
-    print(f"tmt: serving {_shown(translator.run_dir)} ({data.src_lang}->{data.tgt_lang}, {translator.checkpoint.name}, "
-          f"{translator.engine.name} on {translator.device}) at {url}; Ctrl-C or SIGTERM stops it", file=sys.stderr,
-          flush=True)
+    server.started_line = (f"tmt: serving {_shown(translator.run_dir)} ({data.src_lang}->{data.tgt_lang}, "
+                           f"{translator.checkpoint.name}, {translator.engine.name} on {translator.device}) at {url}; "
+                           "Ctrl-C or SIGTERM stops it")
     server.run(sockets=[listener])
     if server.force_exit:  # a second Ctrl-C: stop without answering what is queued
         raise KeyboardInterrupt
@@ -110,6 +110,11 @@ def _stoppable_server(config, on_stop):
         it has, and returns (uvicorn raises the signal again afterwards: tmt would then exit 130 or 143)."""
 
         stopped_by: int | None = None
+        started_line = ""  # said once it serves, its signal handlers in place
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            print(self.started_line, file=sys.stderr, flush=True)
 
         async def shutdown(self, sockets=None) -> None:
             on_stop()  # before waiting for the requests in flight: they must not wait for more

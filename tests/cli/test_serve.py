@@ -159,9 +159,10 @@ def test_bad_requests_get_a_4xx_with_one_line_and_the_server_keeps_answering(ser
     assert code == 0, stderr
 
 
-@pytest.mark.parametrize("server", [("--max-wait-ms", "600000")], indirect=True)
+@pytest.mark.parametrize("server", [("--max-wait-ms", "600000", "--engine", "torch")], indirect=True)
 def test_sigterm_answers_the_requests_in_flight_then_exits_0(server, workdir):
-    expected = dict(zip(SOURCES, translate_file(workdir, SOURCES)))
+    assert server.get("health")[1]["engine"] == "torch"  # the engine translate's --engine names, as there
+    expected = dict(zip(SOURCES, translate_file(workdir, SOURCES, "--engine", "torch")))
     with ThreadPoolExecutor(max_workers=4) as clients:
         pending = [clients.submit(server.post, {"sentences": [source]}) for source in SOURCES[:4]]
         # they wait ten minutes for others to join: in flight until the stop

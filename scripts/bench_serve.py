@@ -5,6 +5,10 @@ and sentences per second for each client count, with how the server batched them
     OMP_NUM_THREADS=1 python scripts/bench_serve.py --run runs/demo                  # 1 and 8 clients
     python scripts/bench_serve.py --run runs/demo --clients 1,4,16 --beam 5 --max-wait-ms 20
 
+`--bench-model cpu-small` serves instead the model `scripts/bench_decode.py` times: its preset's
+dimensions, random weights, BPE trained on the demo corpus, written as a run in a temporary folder
+(a random model seldom ends a sentence: each runs to the length cap, more work than a trained one).
+
 Sentences are the demo corpus's test split (or `--input`), one per request unless
 `--sentences-per-request` says more, cycled until `--requests` requests were answered; a few
 requests warm the server up first. The last line of output is one JSON object with every figure."""
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import importlib.util
 import json
 import os
 import platform
@@ -20,6 +25,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -126,7 +132,9 @@ def measure(url: str, requests: list[list[str]], clients: int, options: dict) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run", type=Path, required=True, help="the run to serve")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run", type=Path, help="the run to serve")
+    source.add_argument("--bench-model", metavar="PRESET", help="serve a random model of this bench_decode.py preset")
     parser.add_argument("--input", type=Path, default=DEMO_TEST, help="sentences, one a line (default: the demo "
                                                                        "corpus's test.en)")
     parser.add_argument("--requests", type=int, default=400, help="requests per client count (default 400)")
@@ -143,7 +151,35 @@ def main() -> None:
     options = [] + (["--max-wait-ms", args.max_wait_ms] if args.max_wait_ms else []) + \
         (["--batch-tokens", args.batch_tokens] if args.batch_tokens else []) + \
         (["--engine", args.engine] if args.engine else [])
-    server, url = start_server(args.run, options)
+    with tempfile.TemporaryDirectory() as folder:
+        run = args.run or bench_model_run(Path(folder) / "bench", args.bench_model)
+        server, url = start_server(run, options)
+        results, health = run_clients(url, server, requests, args)
+    print(f"{'clients':>7} {'sentences/s':>11} {'p50 ms':>8} {'p99 ms':>8} {'requests/batch':>14}")
+    for result in results:
+        print(f"{result['clients']:>7} {result['sentences_per_s']:>11} {result['p50_ms']:>8} {result['p99_ms']:>8} "
+              f"{result['requests_per_batch']:>14}")
+    print(json.dumps({"run": str(args.run or f"bench_decode.py --preset {args.bench_model}"),
+                      "checkpoint": health["checkpoint"], "step": health["step"],
+                      "engine": health["engine"], "device": health["device"],
+                      "beam": args.beam or health["beam_size"], "sentences_per_request": per,
+                      "server_options": options, "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+                      "cpu": cpu_name(), "cores": os.cpu_count(),
+                      "load_average": [round(x, 2) for x in os.getloadavg()], "results": results}))
+
+
+def bench_model_run(run_dir: Path, preset: str) -> Path:
+    """A run directory holding bench_decode.py's random model of `preset` (its default corpus and seed)."""
+    spec = importlib.util.spec_from_file_location("bench_decode", REPO / "scripts" / "bench_decode.py")
+    bench_decode = sys.modules["bench_decode"] = importlib.util.module_from_spec(spec)  # its dataclasses look it up
+    spec.loader.exec_module(bench_decode)
+    run_dir.mkdir(parents=True)
+    bench_decode.build_run(run_dir, bench_decode.parse_args(["--preset", preset]))
+    return run_dir
+
+
+def run_clients(url: str, server: subprocess.Popen, requests: list[list[str]], args) -> tuple[list[dict], dict]:
+    """Warm the server up, measure each client count, stop the server; the results and its health."""
     try:
         body = {"beam_size": args.beam} if args.beam else {}
         warm = Client(url)
@@ -154,16 +190,7 @@ def main() -> None:
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(600)
-    print(f"{'clients':>7} {'sentences/s':>11} {'p50 ms':>8} {'p99 ms':>8} {'requests/batch':>14}")
-    for result in results:
-        print(f"{result['clients']:>7} {result['sentences_per_s']:>11} {result['p50_ms']:>8} {result['p99_ms']:>8} "
-              f"{result['requests_per_batch']:>14}")
-    print(json.dumps({"run": str(args.run), "checkpoint": health["checkpoint"], "step": health["step"],
-                      "engine": health["engine"], "device": health["device"],
-                      "beam": args.beam or health["beam_size"], "sentences_per_request": per,
-                      "server_options": options, "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-                      "cpu": cpu_name(), "cores": os.cpu_count(),
-                      "load_average": [round(x, 2) for x in os.getloadavg()], "results": results}))
+    return results, health
 
 
 if __name__ == "__main__":

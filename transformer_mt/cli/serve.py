@@ -64,15 +64,15 @@ def run_serve(args: argparse.Namespace) -> None:
     except BaseException:
         listener.close()
         raise
-    server = _stoppable_server(uvicorn.Config(build_app(translator, batcher, limits), log_config=None, access_log=False,
-                                    lifespan="off", timeout_graceful_shutdown=None),
-                               on_stop=batcher.drain)
     data = translator.cfg.data
     host, port = listener.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
-    server.started_line = (f"tmt: serving {_shown(translator.run_dir)} ({data.src_lang}->{data.tgt_lang}, "
-                           f"{translator.checkpoint.name}, {translator.engine.name} on {translator.device}) at {url}; "
-                           "Ctrl-C or SIGTERM stops it")
+    started = (f"tmt: serving {_shown(translator.run_dir)} ({data.src_lang}->{data.tgt_lang}, "
+               f"{translator.checkpoint.name}, {translator.engine.name} on {translator.device}) at {url}; "
+               "Ctrl-C or SIGTERM stops it")
+    config = uvicorn.Config(build_app(translator, batcher, limits), log_config=None, access_log=False, lifespan="off",
+                            timeout_graceful_shutdown=None)
+    server = _stoppable_server(config, started, on_stop=batcher.drain)
     server.run(sockets=[listener])
     if server.force_exit:  # a second Ctrl-C: stop without answering what is queued
         raise KeyboardInterrupt
@@ -101,8 +101,9 @@ def _listen(host: str, port: int) -> socket.socket:
     return listener
 
 
-def _stoppable_server(config, on_stop):
-    """A uvicorn server of `config` that stops as `Server` says, calling `on_stop()` as it starts to."""
+def _stoppable_server(config, started: str, on_stop):
+    """A uvicorn server of `config` that says `started` on stderr once it serves and stops as `Server`
+    says, calling `on_stop()` as it starts to."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -110,11 +111,10 @@ def _stoppable_server(config, on_stop):
         it has, and returns (uvicorn raises the signal again afterwards: tmt would then exit 130 or 143)."""
 
         stopped_by: int | None = None
-        started_line = ""  # said once it serves, its signal handlers in place
 
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets)
-            print(self.started_line, file=sys.stderr, flush=True)
+            print(started, file=sys.stderr, flush=True)  # its signal handlers are in place by now
 
         async def shutdown(self, sockets=None) -> None:
             on_stop()  # before waiting for the requests in flight: they must not wait for more

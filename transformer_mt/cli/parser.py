@@ -212,9 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every network)")
     serve.add_argument("--port", type=_port, default=8000, help="the TCP port (default 8000; 0: any free port, "
                                                                 "which the line tmt prints names)")
-    serve.add_argument("--max-wait-ms", type=_non_negative_float, default=10.0, metavar="MS",
-                       help="how long a request may wait for others to share its batch (default 10); a busy "
-                            "server batches what queued meanwhile without waiting")
+    serve.add_argument("--max-wait-ms", type=_non_negative_float, default=0.0, metavar="MS",
+                       help="how long an idle server lets a request wait for others to share its batch (default 0: "
+                            "none); a busy server batches what queued meanwhile in any case")
     serve.add_argument("--batch-tokens", type=_positive_int, metavar="N",
                        help="source tokens that send a batch at once when reached (default: the run's "
                             "decode.batch_tokens); a larger request goes alone")

@@ -202,6 +202,9 @@ def test_a_host_or_port_it_cannot_listen_on_is_one_line(workdir, monkeypatch, ca
     code, _, err = run_cli(["serve", "--run", "runs/tiny", "--port", "0", "--beam", "5", "--max-beam", "4"],
                            monkeypatch, capsys, workdir)
     assert code == 2 and "--max-beam 4 is below --beam=5" in err and err.count("\n") == 1
+    code, _, err = run_cli(["serve", "--run", "runs/tiny", "--port", "0", "--engine", "torch", "--quantize", "int8"],
+                           monkeypatch, capsys, workdir)  # refused before serving, not at each request
+    assert code == 2 and err.startswith("tmt: error: decode.quantize: int8 decodes on the ctranslate2 engine")
 
 
 def test_without_fastapi_it_names_the_extra(workdir, monkeypatch, capsys):

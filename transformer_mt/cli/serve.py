@@ -59,6 +59,9 @@ def run_serve(args: argparse.Namespace) -> None:
             where = "--beam" if args.beam else "the run's decode.beam_size"
             raise UsageError(f"--max-beam {args.max_beam} is below {where}={default_beam}, the beam of requests that "
                              "give none; raise --max-beam or lower --beam")
+        # One translation before serving: the engine loads (or captures its graphs) now, not on the first
+        # request, and settings it cannot decode with (--quantize on torch) are refused here, in one line.
+        translator.translate([""], beam_size=default_beam)
         limits = Limits(args.max_sentences, args.max_beam, translator.max_len - 1, default_beam)
         batcher = Batcher(translator, args.batch_tokens or translator.cfg.decode.batch_tokens, args.max_wait_ms / 1000)
     except BaseException:

@@ -115,6 +115,8 @@ OPTIONS = {
     "export": ["--format", "--run", "--output", "--checkpoint", "--quantization"],
     "runs": ["--dir"],
     "average": ["--run", "--last", "--output"],
+    "serve": ["--run", "--checkpoint", "--port", "--max-wait-ms", "--batch-tokens", "--max-sentences", "--max-beam",
+              "--beam"],  # no --host: a name looked up in DNS could wait
 }
 arguments = st.sampled_from(PATHS) | numbers_as_text | st.text(max_size=8) | st.sampled_from(DOTTED).map(
     lambda key: f"{key}=1")

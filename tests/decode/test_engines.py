@@ -302,3 +302,16 @@ def test_the_engine_setting_is_a_config_key_and_an_option(pre_norm_run: Path, tm
     with pytest.raises(SystemExit):
         run_cli(["translate", "--run", str(pre_norm_run), "--engine", "numpy", "hello"], monkeypatch, capsys, tmp_path)
     assert "argument --engine: invalid choice: 'numpy'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("setting, threads", [("1", 1), ("3", 3), ("", 2), ("many", 2)])
+def test_ctranslate2_decodes_on_omp_num_threads_threads(pre_norm_run: Path, monkeypatch, setting: str, threads: int):
+    import ctranslate2
+
+    made = []
+    monkeypatch.setattr(ctranslate2, "Translator", lambda *args, **options: made.append(options["intra_threads"]))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # two cores: the default's cap
+    monkeypatch.setenv("OMP_NUM_THREADS", setting)
+    translator = Translator.from_run(pre_norm_run, engine="ctranslate2")
+    translator.engine._translator(translator.cfg.decode)
+    assert made == [threads]

@@ -71,6 +71,16 @@ RUNS_EXAMPLES = """examples:
   cat runs/demo/summary.json                            # one run's provenance, metrics and throughput
 """
 
+SERVE_EXAMPLES = """examples:
+  tmt serve --run runs/demo                             # http://127.0.0.1:8000/: a web page to translate on
+  curl -s localhost:8000/translate -d '{"sentences": ["Where is the station?"]}'
+  curl -s localhost:8000/translate -d '{"sentences": ["Good morning."], "beam_size": 5, "n_best": 3}'
+  tmt serve --run runs/demo --host 0.0.0.0 --port 8080 --max-wait-ms 20 --batch-tokens 8192
+
+Requests that arrive together are translated in one batch; SIGTERM or Ctrl-C answers the requests
+already received, then stops (exit 0). The guide "Serving" describes the API.
+"""
+
 AVERAGE_EXAMPLES = """examples:
   tmt average --run runs/m30k                           # the last 5 step checkpoints
   tmt average --run runs/demo --last 2                  # the demo keeps 2 (train.keep_last)
@@ -195,12 +205,29 @@ def build_parser() -> argparse.ArgumentParser:
     average.add_argument("--output", type=Path,
                          help="default: <run>/checkpoints/average_steps_<first>-<last>.pt (keep it in "
                               "<run>/checkpoints/ so that --checkpoint finds the run's tokenizers)")
+    serve = _add_command(commands, "serve", "serve a run's translations over HTTP, with a web page to try them",
+                         SERVE_EXAMPLES)
+    _add_model_arguments(serve, progress=False)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="the address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every network)")
+    serve.add_argument("--port", type=_port, default=8000, help="the TCP port (default 8000; 0: any free port, "
+                                                                "which the line tmt prints names)")
+    serve.add_argument("--max-wait-ms", type=_non_negative_float, default=0.0, metavar="MS",
+                       help="how long an idle server lets a request wait for others to share its batch (default 0: "
+                            "none); a busy server batches what queued meanwhile in any case")
+    serve.add_argument("--batch-tokens", type=_positive_int, metavar="N",
+                       help="source tokens that send a batch at once when reached (default: the run's "
+                            "decode.batch_tokens); a larger request goes alone")
+    serve.add_argument("--max-sentences", type=_positive_int, default=64, metavar="N",
+                       help="the most sentences one request may hold (default 64)")
+    serve.add_argument("--max-beam", type=_positive_int, default=16, metavar="K",
+                       help="the largest beam_size a request may ask for (default 16)")
     return parser
 
 
-def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """--run / --checkpoint, --beam, --length-penalty, --quantize, --engine and --device, shared by translate and
-    evaluate."""
+def _add_model_arguments(parser: argparse.ArgumentParser, progress: bool = True) -> None:
+    """--run / --checkpoint, --beam, --length-penalty, --quantize, --engine and --device, shared by translate,
+    evaluate and serve (with --quiet where a progress bar is drawn)."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--run", type=Path, help="run directory (default: the most recently updated run under ./runs)")
     source.add_argument("--checkpoint", type=Path, help="a checkpoint file inside a run's checkpoints/ folder")
@@ -219,7 +246,8 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
                         help="where to translate (default auto: CUDA, else MPS, else the CPU; another GPU: "
                              "CUDA_VISIBLE_DEVICES=N)")
-    parser.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bar")
+    if progress:
+        parser.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bar")
 
 
 def _number(convert: type, accept, requirement: str):
@@ -243,6 +271,7 @@ _non_negative_int = _number(int, lambda v: v >= 0, "at least 0")
 _positive_float = _number(float, lambda v: 0 < v < math.inf, "a finite number above 0")
 _probability = _number(float, lambda v: 0 < v <= 1, "above 0 and at most 1")
 _non_negative_float = _number(float, lambda v: 0 <= v < math.inf, "a finite number of at least 0")
+_port = _number(int, lambda v: 0 <= v <= 65535, "a port number from 0 to 65535")
 _seed = _number(int, lambda v: -2 ** 63 <= v < 2 ** 63, "a whole number that fits in 64 bits (torch's seeds)")
 
 

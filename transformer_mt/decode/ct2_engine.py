@@ -172,12 +172,19 @@ class CT2Engine:
         if seed is not None or compute_type not in self._translators:
             if seed is not None:
                 ctranslate2.set_random_seed(seed)
-            # CTranslate2's default of 4 threads on fewer cores has OpenMP threads spin against each other.
-            threads = self.threads or min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                          else os.cpu_count() or 1)
+            # CTranslate2's default of 4 threads on fewer cores has OpenMP threads spin against each other;
+            # OMP_NUM_THREADS, which sets torch's threads, sets these too.
+            threads = self.threads or _omp_threads() or min(4, len(os.sched_getaffinity(0))
+                                                            if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
             translator = ctranslate2.Translator(str(self.model_dir), device=self.device,
                                                 compute_type=compute_type, intra_threads=threads)
             if seed is not None:
                 return translator
             self._translators[compute_type] = translator
         return self._translators[compute_type]
+
+
+def _omp_threads() -> int:
+    """OMP_NUM_THREADS when it is a positive whole number, else 0."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() else 0

@@ -1,0 +1,213 @@
+"""`tmt serve` as a real subprocess on a free loopback port, serving the tiny trained run: concurrent
+clients get `tmt translate`'s translations in shared batches, bad requests a 4xx, SIGTERM a clean stop."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import PYTHONPATH, SOURCES, run_cli, tmt
+
+TIMEOUT = 60  # seconds any one request or stop may take: far more than the tiny run needs
+
+
+class Server:
+    """`tmt serve --run runs/tiny --port 0 ARGS` started in `cwd`, at `url` once it says where."""
+
+    def __init__(self, cwd: Path, *args: str):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "transformer_mt", "serve", "--run", "runs/tiny", "--port", "0", *args], cwd=cwd,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": PYTHONPATH})
+        self.lines: list[str] = []
+        started = threading.Event()
+
+        def read() -> None:  # all of stderr, so that the pipe never fills
+            for line in self.process.stderr:
+                self.lines.append(line)
+                if "serving" in line:
+                    started.set()
+            started.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        assert started.wait(TIMEOUT) and self.process.poll() is None, "".join(self.lines)
+        self.url = re.search(r"at (http://\S+/);", "".join(self.lines)).group(1)
+
+    def post(self, body: bytes | dict, path: str = "translate") -> tuple[int, dict]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return self.request(urllib.request.Request(self.url + path, data=data, method="POST"))
+
+    def get(self, path: str) -> tuple[int, dict | str]:
+        return self.request(urllib.request.Request(self.url + path))
+
+    @staticmethod
+    def request(request: urllib.request.Request) -> tuple[int, dict | str]:
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
+                status, body, kind = response.status, response.read().decode(), response.headers["content-type"]
+        except urllib.error.HTTPError as err:
+            status, body, kind = err.code, err.read().decode(), err.headers["content-type"]
+        return status, json.loads(body) if kind == "application/json" else body
+
+    def stop(self) -> tuple[int, str]:
+        """SIGTERM; the exit code and stderr."""
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(TIMEOUT)
+        self.process.stdout.close()
+        return code, "".join(self.lines)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(TIMEOUT)
+
+
+@pytest.fixture
+def server(request, workdir):
+    """A server started with the arguments the test is parametrized with, killed if the test left it running."""
+    started = Server(workdir, *request.param)
+    yield started
+    started.kill()
+
+
+def translate_file(workdir: Path, lines: list[str], *args: str) -> list[str]:
+    """`tmt translate --run runs/tiny ARGS` of `lines`: one output line each."""
+    (workdir / "serve-input.txt").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    result = tmt("translate", "--run", "runs/tiny", "--input", "serve-input.txt", *args, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+@pytest.mark.parametrize("server", [("--max-wait-ms", "100")], indirect=True)
+def test_concurrent_clients_get_translates_translations_in_shared_batches(server, workdir):
+    greedy = dict(zip(SOURCES, translate_file(workdir, SOURCES)))
+    nbest = [json.loads(line) for line in translate_file(workdir, SOURCES, "--beam", "3", "--n-best", "2",
+                                                         "--format", "jsonl")]
+    nbest = {entry["source"]: list(zip(entry["hypotheses"], entry["scores"])) for entry in nbest}
+    # 200 requests of 1 to 3 sentences, every fourth asking for a 2-best list with beam 3
+    requests = [[SOURCES[(i + k) % len(SOURCES)] for k in range(1 + i % 3)] for i in range(200)]
+
+    def ask(i: int) -> tuple[int, dict]:
+        options = {"beam_size": 3, "n_best": 2} if i % 4 == 3 else {}
+        return server.post({"sentences": requests[i], **options})
+
+    with ThreadPoolExecutor(max_workers=8) as clients:
+        answers = list(clients.map(ask, range(200), timeout=10 * TIMEOUT))
+    for i, (status, answer) in enumerate(answers):
+        assert status == 200, answer
+        if i % 4 == 3:
+            assert [[(h["translation"], pytest.approx(h["score"], abs=1e-4)) for h in hyps]
+                    for hyps in answer["n_best"]] == [nbest[s] for s in requests[i]]
+            assert answer["translations"] == [nbest[s][0][0] for s in requests[i]]
+        else:
+            assert answer["translations"] == [greedy[s] for s in requests[i]] and "n_best" not in answer
+    status, health = server.get("health")
+    assert status == 200 and health["status"] == "ok" and health["engine"] == "ctranslate2"
+    assert health["requests"] == 200 and health["sentences"] == sum(map(len, requests)) and health["queued"] == 0
+    assert 1 < health["largest_batch_requests"] <= 8 and health["batches"] < 200
+    code, stderr = server.stop()
+    assert code == 0, stderr
+
+
+@pytest.mark.parametrize("server", [("--max-sentences", "3", "--max-beam", "4")], indirect=True)
+def test_bad_requests_get_a_4xx_with_one_line_and_the_server_keeps_answering(server):
+    too_long = " ".join(["station"] * 80)
+    cases = [
+        (b"Good morning.", 400, "the request body is not JSON"),
+        (b"\xff{", 400, "the request body is not JSON"),
+        (b"[1, 2]", 422, 'the body must be a JSON object such as {"sentences"'),
+        ({}, 422, "sentences: field required"),
+        ({"sentences": "Good morning."}, 422, "sentences: input should be a valid list"),
+        ({"sentences": []}, 422, "sentences: list should have at least 1 item"),
+        ({"sentences": ["Good morning.", 7]}, 422, "sentences[1]: input should be a valid string"),
+        ({"sentences": ["a"], "beam_size": "2"}, 422, "beam_size: input should be a valid integer"),
+        ({"sentences": ["a"], "beam_size": 0}, 422, "beam_size: input should be greater than or equal to 1"),
+        ({"sentences": ["a"], "scores": "yes"}, 422, "scores: input should be a valid boolean"),
+        ({"sentences": ["a"], "beam": 2}, 422, "beam: not a field of a translation request"),
+        ({"sentence": "a"}, 422, "sentence: not a field of a translation request (sentences, beam_size, n_best, "
+                                 "scores) (and 1 more problem)"),
+        ({"sentences": ["a", "b", "c", "d"]}, 413, "sentences: 4 sentences; this server takes at most 3"),
+        ({"sentences": ["a", too_long]}, 413, "sentences[1]: 80 tokens; this model translates at most 63"),
+        ({"sentences": ["a"], "beam_size": 5}, 422, "beam_size: 5 is above this server's largest, 4"),
+        ({"sentences": ["a"], "beam_size": 2, "n_best": 3}, 422, "n_best: 3 is more than beam search keeps"),
+        (b'{"sentences": ["\\ud800"]}', 422, "sentences[0]: not text (a lone surrogate \\ud800)"),
+    ]
+    for body, status, message in cases:
+        got, answer = server.post(body)
+        assert (got, list(answer)) == (status, ["error"]), (body, answer)
+        assert answer["error"].startswith(message) and "\n" not in answer["error"], (body, answer)
+    assert server.get("translate") == (405, {"error": "Method Not Allowed"})
+    assert server.get("nowhere") == (404, {"error": "Not Found"})
+    status, answer = server.post({"sentences": ["Good morning.", ""], "scores": True})
+    assert status == 200 and answer["translations"][1] == "" and len(answer["scores"]) == 2
+    status, page = server.get("")
+    assert status == 200 and 'id="source"' in page and "http" not in page.split("<script>")[0].replace(
+        'name="viewport"', "")  # self-contained: no stylesheet or script from elsewhere
+    code, stderr = server.stop()
+    assert code == 0, stderr
+
+
+@pytest.mark.parametrize("server", [("--max-wait-ms", "600000", "--engine", "torch")], indirect=True)
+def test_sigterm_answers_the_requests_in_flight_then_exits_0(server, workdir):
+    assert server.get("health")[1]["engine"] == "torch"  # the engine translate's --engine names, as there
+    expected = dict(zip(SOURCES, translate_file(workdir, SOURCES, "--engine", "torch")))
+    with ThreadPoolExecutor(max_workers=4) as clients:
+        pending = [clients.submit(server.post, {"sentences": [source]}) for source in SOURCES[:4]]
+        # they wait ten minutes for others to join: in flight until the stop
+        while server.get("health")[1]["queued"] < 4:
+            assert not any(future.done() for future in pending)
+            time.sleep(0.05)
+        code, stderr = server.stop()
+        answers = [future.result(TIMEOUT) for future in pending]
+    assert answers == [(200, {"translations": [expected[source]]}) for source in SOURCES[:4]]
+    assert code == 0, stderr
+    assert "stopped on SIGTERM: 4 request(s), 4 sentence(s) translated in 1 batch(es)" in stderr
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("server", [("--max-wait-ms", "600000", "--batch-tokens", "1")], indirect=True)
+def test_a_batch_leaves_once_it_holds_batch_tokens(server):
+    # Over a budget of one token a request goes alone at once, however long the wait
+    with ThreadPoolExecutor(max_workers=4) as clients:
+        answers = list(clients.map(lambda source: server.post({"sentences": [source]}), SOURCES[:4],
+                                   timeout=TIMEOUT))
+    assert [status for status, _ in answers] == [200] * 4
+    health = server.get("health")[1]
+    assert (health["requests"], health["batches"], health["largest_batch_requests"]) == (4, 4, 1)
+    server.stop()
+
+
+def test_a_host_or_port_it_cannot_listen_on_is_one_line(workdir, monkeypatch, capsys):
+    code, _, err = run_cli(["serve", "--run", "runs/tiny", "--host", "no.such.host.invalid"], monkeypatch, capsys,
+                           workdir)
+    assert code == 2 and err.startswith("tmt: error: --host no.such.host.invalid: not an address of this machine")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        code, _, err = run_cli(["serve", "--run", "runs/tiny", "--port", port], monkeypatch, capsys, workdir)
+    assert code == 2 and err == f"tmt: error: --host 127.0.0.1 --port {port}: cannot listen there (Address already in use)\n"
+    code, _, err = run_cli(["serve", "--run", "runs/tiny", "--port", "0", "--beam", "5", "--max-beam", "4"],
+                           monkeypatch, capsys, workdir)
+    assert code == 2 and "--max-beam 4 is below --beam=5" in err and err.count("\n") == 1
+    code, _, err = run_cli(["serve", "--run", "runs/tiny", "--port", "0", "--engine", "torch", "--quantize", "int8"],
+                           monkeypatch, capsys, workdir)  # refused before serving, not at each request
+    assert code == 2 and err.startswith("tmt: error: decode.quantize: int8 decodes on the ctranslate2 engine")
+
+
+def test_without_fastapi_it_names_the_extra(workdir, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "fastapi", None)  # as if it were not installed
+    code, _, err = run_cli(["serve", "--run", "runs/tiny"], monkeypatch, capsys, workdir)
+    assert (code, err) == (1, "tmt: error: tmt serve needs the fastapi package: pip install 'transformer-mt[serve]'\n")

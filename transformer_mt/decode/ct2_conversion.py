@@ -25,7 +25,7 @@ CT2_PAD = "<blank>"  # CTranslate2's (OpenNMT's) padding token; its other specia
 # Rows of the exported position table: CTranslate2's default caps (inputs 1024, outputs 256), past
 # which a position would fail a whole batch; the first max_len rows are the trained model's own.
 CT2_POSITIONS = 1024
-_FORBIDDEN_LOGIT_BIAS = -1e4  # on padding and a second BOS: far below any logit, finite in fp16
+FORBIDDEN_LOGIT_BIAS = -1e4  # on padding and a second BOS: far below any logit, finite in fp16
 
 
 def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None = None,
@@ -149,7 +149,7 @@ def build_ctranslate2_spec(model: Transformer):
                 _set(part_spec, module)
     decoder.projection.weight = _array(model.output_proj.weight)  # (V, D), tied weights alias on save
     bias = np.zeros(model.output_proj.weight.shape[0], dtype=np.float32)
-    bias[[PAD_ID, BOS_ID]] = _FORBIDDEN_LOGIT_BIAS
+    bias[[PAD_ID, BOS_ID]] = FORBIDDEN_LOGIT_BIAS
     decoder.projection.bias = bias
     return spec
 

@@ -67,3 +67,81 @@ def test_the_exported_network_computes_tmts_log_probs(transformers, tmp_path: Pa
     allowed[[PAD_ID, BOS_ID]] = False
     torch.testing.assert_close(hf_log_probs[:, allowed], log_probs[:, allowed], atol=1e-5, rtol=0)
     assert (hf_log_probs[:, ~allowed] < -1000).all()
+
+
+@pytest.mark.parametrize("norm, model", [("post", {"share_embeddings": False}), ("post", {"tie_output": False}),
+                                         ("pre", {"tie_output": False})], ids=["post-unshared", "post-untied", "pre-untied"])
+def test_untied_embeddings_export_and_translate_as_tmt(transformers, tmp_path: Path, norm: str, model: dict):
+    make_run(tmp_path / "run", norm, True, **model)
+    export_hf(tmp_path / "run", tmp_path / "hf")
+    tokenizer, hf_model = load_folder(transformers, tmp_path / "hf")
+    output, tgt, src = (hf_model.lm_head.weight, hf_model.model.decoder.embed_tokens.weight,
+                        hf_model.model.encoder.embed_tokens.weight)
+    assert torch.equal(output, tgt) == model.get("tie_output", True)
+    assert torch.equal(tgt, src) == model.get("share_embeddings", True)
+    assert hf_translate(tokenizer, hf_model, 1, **CAP) == tmt_translate(tmp_path / "run", 1, **CAP)
+
+
+def test_the_folder_encodes_and_cuts_sources_as_tmt_does(transformers, tmp_path: Path):
+    _, tokenizers = make_run(tmp_path / "run", "pre", True)
+    export_hf(tmp_path / "run", tmp_path / "hf")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert type(tokenizer).__name__ in ("PreTrainedTokenizerFast", "TokenizersBackend")
+    assert (tokenizer.pad_token_id, tokenizer.unk_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) == (0, 1, 2, 3)
+    text = "Grazie </s> mille <s> <pad>"  # special tokens' strings typed in a sentence stay text
+    assert tokenizer(text).input_ids == tokenizers.encode_src([text])[0] + [EOS_ID]
+    long_text = " ".join(SOURCES * 20)
+    max_len = json.loads((tmp_path / "hf" / "config.json").read_text())["max_position_embeddings"]
+    assert tokenizer(long_text, truncation=True).input_ids == tokenizers.encode_src([long_text])[0][:max_len - 1] + [EOS_ID]
+    ids = tokenizers.encode_tgt(["Buongiorno a tutti."])[0]
+    assert tokenizer.decode(ids + [EOS_ID], skip_special_tokens=True) == tokenizers.decode_tgt([ids])[0]
+
+
+def test_a_model_card_from_the_runs_summary(transformers, workdir: Path, tmp_path: Path):
+    run_dir = workdir / "runs" / "tiny"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    export_hf(run_dir, tmp_path / "hf")
+    card = (tmp_path / "hf" / "README.md").read_text()
+    test = summary["test"]
+    for fact in (f"{test['bleu']:.2f}", test["bleu_signature"], f"{test['chrf']:.2f}", test["chrf_signature"],
+                 summary["provenance"]["device"], f"{summary['parameters']:,}", f"{summary['data']['pairs']['train']:,} train",
+                 "en → it", "PegasusForConditionalGeneration", "trust_remote_code=True"):
+        assert fact in card
+    minutes, seconds = divmod(round(summary["train_seconds"]), 60)
+    assert f"{minutes} min {seconds} s of training" in card
+    assert card.startswith("---\nlibrary_name: transformers\n")
+
+
+def test_the_cli_exports_hf_and_refuses_what_it_cannot(transformers, tmp_path: Path, monkeypatch, capsys):
+    from tests.helpers import run_cli
+
+    make_run(tmp_path / "run", "pre", True)
+    code, _, err = run_cli(["export", "--format", "hf", "--run", "run", "--output", "hf"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    names = {p.relative_to(tmp_path / "hf").as_posix() for p in (tmp_path / "hf").rglob("*") if p.is_file()}
+    assert names == {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+                     "tokenizer_config.json", "special_tokens_map.json", "README.md", "custom_generate/generate.py"}
+    before = sorted(p.name for p in (tmp_path / "hf").iterdir())
+    code, _, err = run_cli(["export", "--format", "hf", "--run", "run", "--output", "hf"], monkeypatch, capsys, tmp_path)
+    assert code == 2 and err.strip().endswith("hf already exists and is not an empty directory; choose another --output")
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == before
+    code, _, err = run_cli(["export", "--format", "hf", "--run", "run", "--output", "int8", "--quantization", "int8"],
+                           monkeypatch, capsys, tmp_path)
+    assert code == 2 and "--quantization is for --format ctranslate2" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "int8").exists()
+
+
+@pytest.mark.parametrize("norm, share, setting", [("post", False, "tokenizer.joint: false"),
+                                                  ("pre", False, "tokenizer.joint: false")])
+def test_separate_vocabularies_are_refused_naming_the_setting(tmp_path: Path, norm: str, share: bool, setting: str):
+    make_run(tmp_path / "run", norm, share)
+    with pytest.raises(UsageError, match=setting):
+        export_hf(tmp_path / "run", tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+def test_pre_norm_with_unshared_embeddings_is_refused_naming_the_setting(tmp_path: Path):
+    make_run(tmp_path / "run", "pre", True, share_embeddings=False)
+    with pytest.raises(UsageError, match="model.share_embeddings: false .* model.norm: pre"):
+        export_hf(tmp_path / "run", tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()

@@ -203,7 +203,8 @@ def tokenizer_config(max_len: int) -> dict:
     """tokenizer_config.json: a fast tokenizer with tmt's special tokens; sources cut as tmt cuts them
     (max_len - 1 tokens, then EOS) under `truncation=True`."""
     return {"tokenizer_class": "PreTrainedTokenizerFast", **SPECIAL_TOKENS_MAP, "model_max_length": max_len,
-            "clean_up_tokenization_spaces": False, "padding_side": "right"}
+            "clean_up_tokenization_spaces": False, "padding_side": "right",
+            "split_special_tokens": True}  # a "</s>" typed in a sentence is text, as in tmt
 
 
 def _read_summary(run_dir: Path) -> dict:

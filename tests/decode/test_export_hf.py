@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import SOURCES, encode_pairs, make_run
+from tests.helpers import SOURCES, encode_pairs, make_run, run_cli
 from transformer_mt.core.errors import UsageError
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.decode.hf_export import export_hf
@@ -113,8 +113,6 @@ def test_a_model_card_from_the_runs_summary(transformers, workdir: Path, tmp_pat
 
 
 def test_the_cli_exports_hf_and_refuses_what_it_cannot(transformers, tmp_path: Path, monkeypatch, capsys):
-    from tests.helpers import run_cli
-
     make_run(tmp_path / "run", "pre", True)
     code, _, err = run_cli(["export", "--format", "hf", "--run", "run", "--output", "hf"], monkeypatch, capsys, tmp_path)
     assert code == 0, err
@@ -129,6 +127,8 @@ def test_the_cli_exports_hf_and_refuses_what_it_cannot(transformers, tmp_path: P
                            monkeypatch, capsys, tmp_path)
     assert code == 2 and "--quantization is for --format ctranslate2" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "int8").exists()
+    code, _, err = run_cli(["export", "--run", "run", "--output", "ct2"], monkeypatch, capsys, tmp_path)
+    assert code == 0 and (tmp_path / "ct2" / "model.bin").is_file(), err  # CTranslate2 stays the default
 
 
 @pytest.mark.parametrize("norm, share, setting", [("post", False, "tokenizer.joint: false"),

@@ -34,7 +34,7 @@ def export_hf(run_dir: Path, output_dir: Path, checkpoint: Path | None = None) -
     (`checkpoint` as `tmt translate` chooses, its EMA weights when it has them): safetensors weights,
     config.json, generation_config.json (the run's decoding), the tokenizer, a model card and
     custom_generate/generate.py (tmt's length cap and length penalty in `generate`)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     check_parent_dir(output_dir, "--output")
     target = output_dir.resolve()  # `.` or `..` has no name to write a temp folder beside
@@ -57,7 +57,7 @@ def export_hf(run_dir: Path, output_dir: Path, checkpoint: Path | None = None) -
         make_parent_dir(output_dir, "--output")
         tmp = make_temp_dir_beside(target)
         try:
-            save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            (tmp / "model.safetensors").write_bytes(save(weights, metadata={"format": "pt"}))
             for name, text in files.items():
                 (tmp / name).parent.mkdir(exist_ok=True)
                 (tmp / name).write_text(text, encoding="utf-8")
@@ -142,6 +142,9 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         norm("model.encoder.layer_norm", model.encoder_norm)
         norm("model.decoder.layer_norm", model.decoder_norm)
     put("lm_head.weight", model.output_proj.weight[:, order])  # (V, D)
+    if cfg.share_embeddings and cfg.tie_output:  # transformers ties these to model.shared itself
+        for name in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"):
+            del out[name]
     bias = torch.zeros(1, model.output_proj.weight.shape[0])
     bias[0, [PAD_ID, BOS_ID]] = FORBIDDEN_LOGIT_BIAS
     put("final_logits_bias", bias)
@@ -261,9 +264,8 @@ def model_card(summary: dict, cfg: Config, model: Transformer, checkpoint: str) 
     if isinstance(test, dict) and "bleu" in test:
         lines += [f"Test split, {test.get('sentences', '?')} sentences, checkpoint `{test.get('checkpoint', '?')}`, "
                   f"beam {test.get('beam_size', '?')}, length penalty {test.get('length_penalty', '?')}:", "",
-                  "| metric | score | sacreBLEU signature |", "| --- | --- | --- |",
-                  f"| BLEU | {test['bleu']:.2f} | `{test.get('bleu_signature', '')}` |",
-                  f"| chrF | {test.get('chrf', float('nan')):.2f} | `{test.get('chrf_signature', '')}` |"]
+                  f"- BLEU {test['bleu']:.2f} (sacreBLEU `{test.get('bleu_signature', '')}`)",
+                  f"- chrF {test.get('chrf', float('nan')):.2f} (sacreBLEU `{test.get('chrf_signature', '')}`)"]
     else:
         lines.append("The run has no test scores.")
     if isinstance(summary.get("best_bleu"), (int, float)) and summary["best_bleu"] >= 0:
@@ -271,7 +273,7 @@ def model_card(summary: dict, cfg: Config, model: Transformer, checkpoint: str) 
     lines += [
         "", "## How to use", "", "```python",
         "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer", "",
-        'tokenizer = AutoTokenizer.from_pretrained("MODEL_DIR")',
+        'tokenizer = AutoTokenizer.from_pretrained("MODEL_DIR")  # this folder, or its Hub repository',
         'model = AutoModelForSeq2SeqLM.from_pretrained("MODEL_DIR", trust_remote_code=True)',
         'batch = tokenizer(["A sentence to translate."], return_tensors="pt", padding=True)',
         "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))", "```", "",

@@ -7,6 +7,7 @@ import torch
 from tests.helpers import SOURCES, encode_pairs, make_run, run_cli
 from transformer_mt.core.errors import UsageError
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.decode.generator import greedy_decode, max_target_lengths
 from transformer_mt.decode.hf_export import export_hf
 from transformer_mt.decode.translator import Translator
 
@@ -50,6 +51,16 @@ def test_transformers_generate_equals_tmt_translate(transformers, tmp_path: Path
         expected = tmt_translate(tmp_path / "run", beam, length_penalty=alpha, **CAP)
         assert hf_translate(tokenizer, model, beam, length_penalty=alpha, **CAP) == expected
     assert len(set(expected)) > 1
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_the_batch_compared_ends_both_at_caps_and_before(tmp_path: Path, norm: str):
+    model, tokenizers = make_run(tmp_path / "run", norm, True)
+    src_ids, _, _ = encode_pairs(tokenizers)
+    caps = max_target_lengths(src_ids != PAD_ID, CAP["max_len_a"], CAP["max_len_b"], model.cfg.max_len).tolist()
+    outputs = greedy_decode(model, src_ids, bos_id=BOS_ID, eos_id=EOS_ID, **CAP)
+    at_cap = [len(ids) == cap for ids, cap in zip(outputs, caps)]  # no EOS within the cap
+    assert any(at_cap) and not all(at_cap)
 
 
 def test_the_exported_network_computes_tmts_log_probs(transformers, tmp_path: Path):

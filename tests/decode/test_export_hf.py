@@ -10,6 +10,7 @@ from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.decode.generator import greedy_decode, max_target_lengths
 from transformer_mt.decode.hf_export import export_hf
 from transformer_mt.decode.translator import Translator
+from transformer_mt.runs.checkpoint import load_checkpoint, save_atomic
 
 # Short caps, so that some translations end at their cap and others with EOS before it.
 CAP = {"max_len_a": 0.5, "max_len_b": 2}
@@ -156,3 +157,44 @@ def test_pre_norm_with_unshared_embeddings_is_refused_naming_the_setting(tmp_pat
     with pytest.raises(UsageError, match="model.share_embeddings: false .* model.norm: pre"):
         export_hf(tmp_path / "run", tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+def test_an_export_stopped_midway_leaves_no_temp_folder(tmp_path: Path, monkeypatch):
+    import safetensors.torch
+
+    make_run(tmp_path / "run", "post", True)
+
+    def interrupted(tensors, metadata=None):
+        raise KeyboardInterrupt  # Ctrl-C while the weights are serialised
+
+    monkeypatch.setattr(safetensors.torch, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export_hf(tmp_path / "run", tmp_path / "hf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_the_export_refuses_the_current_directory_and_a_path_under_a_file(tmp_path: Path, monkeypatch):
+    make_run(tmp_path / "run", "post", True)
+    (tmp_path / "in.txt").write_text("user data")
+    with pytest.raises(UsageError, match="in.txt/sub: .*in.txt is not a directory"):
+        export_hf(tmp_path / "run", tmp_path / "in.txt" / "sub")
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path / "empty")
+    with pytest.raises(UsageError, match="--output . is the current directory"):
+        export_hf(tmp_path / "run", Path("."))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "in.txt", "run"]
+
+
+def test_a_checkpoint_with_an_ema_exports_its_ema_weights(transformers, tmp_path: Path):
+    make_run(tmp_path / "run", "pre", True)
+    best = tmp_path / "run" / "checkpoints" / "best.pt"
+    state = load_checkpoint(best)
+    # The briefly trained weights as the EMA (train.ema_decay), zeros as the trained weights.
+    state["ema"] = {"decay": 0.9, "updates": 20, "model": state["model"]}
+    state["model"] = {name: torch.zeros_like(tensor) for name, tensor in state["model"].items()}
+    save_atomic(state, best)
+    export_hf(tmp_path / "run", tmp_path / "hf")
+    tokenizer, model = load_folder(transformers, tmp_path / "hf")
+    expected = tmt_translate(tmp_path / "run", 1, **CAP)
+    assert len(set(expected)) > 1  # zero weights would give every sentence one output
+    assert hf_translate(tokenizer, model, 1, **CAP) == expected

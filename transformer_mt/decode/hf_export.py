@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shutil
 from pathlib import Path
 
 import torch
@@ -14,7 +13,7 @@ from torch import nn
 
 from transformer_mt.config.schema import Config
 from transformer_mt.core.errors import TmtError, UsageError
-from transformer_mt.core.files import check_parent_dir, make_parent_dir, make_temp_dir_beside
+from transformer_mt.core.files import check_new_dir, make_parent_dir, write_new_dir
 from transformer_mt.data.tokenization import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, TokenizerPair
 from transformer_mt.decode.ct2_conversion import FORBIDDEN_LOGIT_BIAS
 from transformer_mt.model.transformer import Transformer, sinusoidal_positions
@@ -36,13 +35,7 @@ def export_hf(run_dir: Path, output_dir: Path, checkpoint: Path | None = None) -
     custom_generate/generate.py (tmt's length cap and length penalty in `generate`)."""
     from safetensors.torch import save
 
-    check_parent_dir(output_dir, "--output")
-    target = output_dir.resolve()  # `.` or `..` has no name to write a temp folder beside
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise UsageError(f"{output_dir} already exists and is not an empty directory; choose another --output")
-    if Path.cwd().is_relative_to(target):  # replacing it would pull the folder from under the shell
-        raise UsageError(f"--output {output_dir} is the current directory; choose a new directory")
-
+    target = check_new_dir(output_dir, "--output")
     run = load_run(run_dir, checkpoint)
     check_exportable(run.cfg)
     weights = hf_state_dict(run.model)
@@ -53,23 +46,19 @@ def export_hf(run_dir: Path, output_dir: Path, checkpoint: Path | None = None) -
              "special_tokens_map.json": _json(SPECIAL_TOKENS_MAP),
              "README.md": model_card(_read_summary(run_dir), run.cfg, run.model, run.checkpoint.name),
              "custom_generate/generate.py": GENERATE_SOURCE.read_text(encoding="utf-8")}
+
+    def write(folder: Path) -> None:
+        (folder / "model.safetensors").write_bytes(save(weights, metadata={"format": "pt"}))
+        for name, text in files.items():
+            (folder / name).parent.mkdir(exist_ok=True)
+            (folder / name).write_text(text, encoding="utf-8")
+
     with lock_if_inside(run_dir, output_dir, "tmt export"):  # never beside the run's trainer
         make_parent_dir(output_dir, "--output")
-        tmp = make_temp_dir_beside(target)
         try:
-            (tmp / "model.safetensors").write_bytes(save(weights, metadata={"format": "pt"}))
-            for name, text in files.items():
-                (tmp / name).parent.mkdir(exist_ok=True)
-                (tmp / name).write_text(text, encoding="utf-8")
-            if target.is_dir() and not any(target.iterdir()):
-                target.rmdir()
-            tmp.rename(target)
+            write_new_dir(target, write)
         except OSError as err:
-            shutil.rmtree(tmp, ignore_errors=True)
             raise TmtError(f"{output_dir}: could not write the model ({err.strerror or err})") from None
-        except BaseException:  # Ctrl-C too: the temp folder never stays
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     logger.info("exported %s to %s (transformers %s)", run_dir, output_dir, MODEL_CLASSES[run.cfg.model.norm][1])
 
 

@@ -27,14 +27,14 @@ def load_folder(transformers, folder: Path, trust_remote_code: bool = True):
     return tokenizer, model.eval()
 
 
-def tmt_translate(run_dir: Path, beam: int, **decode) -> list[str]:
+def tmt_translate(run_dir: Path, beam: int, lines: list[str] = SOURCES, **decode) -> list[str]:
     translator = Translator.from_run(run_dir, device="cpu", engine="torch")
     translator.set_decoding(**decode)
-    return translator.translate(SOURCES, beam_size=beam)
+    return translator.translate(lines, beam_size=beam)
 
 
-def hf_translate(tokenizer, model, beam: int, **generate) -> list[str]:
-    batch = tokenizer(SOURCES, return_tensors="pt", padding=True)  # one batch: per-sentence caps matter
+def hf_translate(tokenizer, model, beam: int, lines: list[str] = SOURCES, **generate) -> list[str]:
+    batch = tokenizer(lines, return_tensors="pt", padding=True)  # one batch: per-sentence caps matter
     with torch.no_grad():
         ids = model.generate(**batch, num_beams=beam, **generate)
     return tokenizer.batch_decode(ids, skip_special_tokens=True)
@@ -198,3 +198,12 @@ def test_a_checkpoint_with_an_ema_exports_its_ema_weights(transformers, tmp_path
     expected = tmt_translate(tmp_path / "run", 1, **CAP)
     assert len(set(expected)) > 1  # zero weights would give every sentence one output
     assert hf_translate(tokenizer, model, 1, **CAP) == expected
+
+
+def test_generate_cuts_a_source_longer_than_max_len_as_tmt_does(transformers, tmp_path: Path):
+    model, _ = make_run(tmp_path / "run", "post", True)
+    export_hf(tmp_path / "run", tmp_path / "hf")
+    tokenizer, hf_model = load_folder(transformers, tmp_path / "hf")
+    lines = [" ".join(SOURCES * 20), SOURCES[0]]  # the first over max_len tokens, uncut by the tokenizer
+    assert len(tokenizer(lines[0]).input_ids) > 2 * model.cfg.max_len
+    assert hf_translate(tokenizer, hf_model, 4, lines) == tmt_translate(tmp_path / "run", 4, lines)

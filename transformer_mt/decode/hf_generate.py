@@ -56,8 +56,9 @@ def generate(inputs: torch.Tensor | None = None, *, model, generation_config: Ge
     if config.num_beams == 1 or config.do_sample:
         return GenerationMixin.generate(model, input_ids, attention_mask=mask, generation_config=config,
                                         stopping_criteria=criteria, **model_kwargs)
-    # Beam search keeps its beams by summed log-probability either way; with no length penalty it
-    # returns every finished hypothesis that GNMT's ranking could choose (the K best by log-prob).
+    # Live beams go by summed log-probability in both searches, which stop once K hypotheses have
+    # finished. With no length penalty, the K finished kept (the best by log-probability) always
+    # hold GNMT's best: one dropped has a longer or equal one with a higher log-probability.
     n_return, alpha, K = config.num_return_sequences or 1, config.length_penalty, config.num_beams
     if n_return > K:
         raise ValueError(f"num_return_sequences={n_return} is more than num_beams={K}")

@@ -215,9 +215,11 @@ def model_card(summary: dict, cfg: Config, model: Transformer, checkpoint: str) 
     name = summary.get("name") or cfg.name
     m, versions = cfg.model, provenance.get("versions") or {}
     architecture = MODEL_CLASSES[m.norm][1]
-    corpus = (f"the Hugging Face dataset `{source['path']}`" + (f" ({source['hub_config']})" if source.get("hub_config") else "")
-              if source.get("format") == "hub" else f"local {source.get('format', 'text')} files "
-              f"(`{Path(str(source.get('path', '?'))).name}`)")
+    if source.get("format") == "hub":
+        corpus = f"the Hugging Face dataset `{source.get('path')}`" + (
+            f" ({source['hub_config']})" if source.get("hub_config") else "")
+    else:  # a local folder: its name, not where it was on the training machine
+        corpus = f"local {source.get('format', 'text')} files (`{Path(str(source.get('path', '?'))).name}`)"
     pairs = data.get("pairs") or {}
     lines = [
         "---", "library_name: transformers", "pipeline_tag: translation", f"language: [{src}, {tgt}]",
@@ -227,7 +229,8 @@ def model_card(summary: dict, cfg: Config, model: Transformer, checkpoint: str) 
         f"exported as `{architecture}`, which computes the same function ({m.norm}-norm layers, sinusoidal "
         f"positions); weights of checkpoint `{checkpoint}`.", "",
         "## Model", "",
-        "| d_model | heads | encoder layers | decoder layers | FFN | vocabulary (joint BPE) | parameters | max tokens |",
+        "| d_model | heads | encoder layers | decoder layers | FFN | vocabulary (joint BPE) | parameters "
+        "| max tokens |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
         f"| {m.d_model} | {m.n_heads} | {m.n_encoder_layers} | {m.n_decoder_layers} | {m.d_ff} | "
         f"{model.src_embed.weight.shape[0]} | {model.num_parameters():,} | {m.max_len} |", "",
@@ -240,12 +243,12 @@ def model_card(summary: dict, cfg: Config, model: Transformer, checkpoint: str) 
     seconds = summary.get("train_seconds")
     if summary.get("step") is not None and seconds is not None:
         processes = provenance.get("processes") or 1
+        hardware = provenance.get("device", "an unrecorded device") + (
+            f" × {processes} processes" if processes > 1 else "")
+        software = ", ".join(f"{package} {version}" for package, version in versions.items() if version)
         lines.append(f"{summary['step']:,} of {summary.get('max_steps', summary['step']):,} steps "
                      f"({summary.get('status', 'status not recorded')}), {_duration(seconds)} of training on "
-                     f"{provenance.get('device', 'an unrecorded device')}" + (f" × {processes} processes" if processes > 1
-                                                                              else "")
-                     + f", {summary.get('tgt_tokens_seen', 0):,} target tokens seen. Software: "
-                     + ", ".join(f"{package} {version}" for package, version in versions.items() if version) + ".")
+                     f"{hardware}, {summary.get('tgt_tokens_seen', 0):,} target tokens seen. Software: {software}.")
     else:
         lines.append("No training record (summary.json) was found beside the checkpoint.")
     lines += ["", "## Evaluation", ""]

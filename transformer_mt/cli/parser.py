@@ -63,6 +63,7 @@ EVALUATE_EXAMPLES = """examples:
 EXPORT_EXAMPLES = """examples:
   tmt export --format ctranslate2 --run runs/demo --output demo-ct2
   tmt export --format ctranslate2 --run runs/demo --output demo-ct2-int8 --quantization int8
+  tmt export --format hf --run runs/demo --output demo-hf     # for transformers' from_pretrained
 """
 
 RUNS_EXAMPLES = """examples:
@@ -185,13 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
                                "(default: <run>/evaluation/<name>.<checkpoint>.beam<K>[.lp<ALPHA>][.int8].txt)")
 
     export = _add_command(commands, "export", "export a trained run to another inference engine", EXPORT_EXAMPLES)
-    export.add_argument("--format", choices=["ctranslate2"], required=True,
-                        help="the engine to export to: ctranslate2 (a CTranslate2 model directory)")
+    export.add_argument("--format", choices=["ctranslate2", "hf"], default="ctranslate2",
+                        help="the engine to export to: ctranslate2 (a CTranslate2 model directory, the default) "
+                             "or hf (a Hugging Face transformers model folder)")
     export.add_argument("--run", type=Path, required=True, help="run directory")
     export.add_argument("--output", type=Path, required=True, help="new model directory to write")
     export.add_argument("--checkpoint", type=Path, help="default: best.pt, else the newest step checkpoint")
     export.add_argument("--quantization", help="CTranslate2 weight type: int8, int8_float16, float16, ... "
-                                               "(default: float32)")
+                                               "(default: float32; --format ctranslate2 only)")
 
     runs = _add_command(commands, "runs", "list training runs: status, steps, best BLEU, last update", RUNS_EXAMPLES)
     runs.add_argument("--dir", type=Path,

@@ -131,6 +131,33 @@ def make_parent_dir(path: Path, option: str | None = None) -> None:
                        f"({err.strerror or err})") from None
 
 
+def check_new_dir(path: Path, option: str) -> Path:
+    """`path` resolved, where a new folder will go: refused (a `UsageError` naming `option`) under a
+    file, when it is a file or a non-empty folder (nothing the user has is replaced), or when it is
+    the current directory (replacing it would pull the folder from under the shell)."""
+    check_parent_dir(path, option)
+    target = path.resolve()  # `.` or `..` has no name to write a temp folder beside
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise UsageError(f"{path} already exists and is not an empty directory; choose another {option}")
+    if Path.cwd().is_relative_to(target):
+        raise UsageError(f"{option} {path} is the current directory; choose a new directory")
+    return target
+
+
+def write_new_dir(target: Path, write: Callable[[Path], object]) -> None:
+    """`write(folder)` into a new folder of our own beside `target`, then rename it onto `target`
+    (absent or empty): never half-written; on any failure (Ctrl-C too) the folder is removed."""
+    tmp = make_temp_dir_beside(target)
+    try:
+        write(tmp)
+        if target.is_dir() and not any(target.iterdir()):
+            target.rmdir()
+        tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def make_temp_dir_beside(path: Path) -> Path:
     """A new empty folder `.<name>.<8 hex digits>.tmp` beside `path` (usual permissions, never
     someone else's), to be renamed onto `path` once written."""

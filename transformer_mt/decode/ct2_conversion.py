@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,7 @@ import torch
 from torch import nn
 
 from transformer_mt.core.errors import TmtError, UsageError
-from transformer_mt.core.files import check_parent_dir, make_parent_dir, make_temp_dir_beside
+from transformer_mt.core.files import check_new_dir, make_parent_dir, write_new_dir
 from transformer_mt.data.tokenization import BOS, BOS_ID, EOS, PAD_ID, UNK, TokenizerPair
 from transformer_mt.model.transformer import Transformer, sinusoidal_positions
 from transformer_mt.runs.checkpoint import load_run
@@ -25,7 +24,7 @@ CT2_PAD = "<blank>"  # CTranslate2's (OpenNMT's) padding token; its other specia
 # Rows of the exported position table: CTranslate2's default caps (inputs 1024, outputs 256), past
 # which a position would fail a whole batch; the first max_len rows are the trained model's own.
 CT2_POSITIONS = 1024
-_FORBIDDEN_LOGIT_BIAS = -1e4  # on padding and a second BOS: far below any logit, finite in fp16
+FORBIDDEN_LOGIT_BIAS = -1e4  # on padding and a second BOS: far below any logit, finite in fp16
 
 
 def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None = None,
@@ -42,12 +41,7 @@ def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None 
     if quantization is not None and quantization not in model_spec.ACCEPTED_MODEL_TYPES:
         raise UsageError(f"--quantization: {quantization!r} is not one of "
                          f"{', '.join(model_spec.ACCEPTED_MODEL_TYPES)}")
-    check_parent_dir(output_dir, "--output")
-    target = output_dir.resolve()  # `.` or `..` has no name to write a temp folder beside
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise UsageError(f"{output_dir} already exists and is not an empty directory; choose another --output")
-    if Path.cwd().is_relative_to(target):  # replacing it would pull the folder from under the shell
-        raise UsageError(f"--output {output_dir} is the current directory; choose a new directory")
+    target = check_new_dir(output_dir, "--output")
 
     run = load_run(run_dir, checkpoint)
     spec = ctranslate2_spec(run.model, run.tokenizers, run_dir, quantization)
@@ -74,19 +68,14 @@ def ctranslate2_spec(model: Transformer, tokenizers: TokenizerPair, run_dir: Pat
 
 
 def save_model_dir(spec, target: Path, files: dict[str, str] | None = None) -> None:
-    """Save `spec` and `files` (name -> text) to a new folder of our own beside `target`, then rename
-    it onto `target` (absent or empty): never half-written. `OSError` when it cannot."""
-    tmp = make_temp_dir_beside(target)
-    try:
-        spec.save(str(tmp))
+    """Save `spec` and `files` (name -> text) as the folder `target` (`write_new_dir`: never
+    half-written). `OSError` when it cannot."""
+    def write(folder: Path) -> None:
+        spec.save(str(folder))
         for name, text in (files or {}).items():
-            (tmp / name).write_text(text, encoding="utf-8")
-        if target.is_dir() and not any(target.iterdir()):
-            target.rmdir()
-        tmp.rename(target)
-    except BaseException:  # Ctrl-C and CTranslate2's own errors too: its random name is never reused
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            (folder / name).write_text(text, encoding="utf-8")
+
+    write_new_dir(target, write)
 
 
 def ctranslate2_vocabulary(tokenizer) -> list[str]:
@@ -149,7 +138,7 @@ def build_ctranslate2_spec(model: Transformer):
                 _set(part_spec, module)
     decoder.projection.weight = _array(model.output_proj.weight)  # (V, D), tied weights alias on save
     bias = np.zeros(model.output_proj.weight.shape[0], dtype=np.float32)
-    bias[[PAD_ID, BOS_ID]] = _FORBIDDEN_LOGIT_BIAS
+    bias[[PAD_ID, BOS_ID]] = FORBIDDEN_LOGIT_BIAS
     decoder.projection.bias = bias
     return spec
 

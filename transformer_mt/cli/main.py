@@ -16,6 +16,7 @@ from transformer_mt.cli.average import run_average
 from transformer_mt.cli.data import run_data
 from transformer_mt.cli.export import run_export
 from transformer_mt.cli.runs import run_runs
+from transformer_mt.cli.score import run_score
 from transformer_mt.cli.train import run_train
 from transformer_mt.cli.translate import run_evaluate, run_translate
 from transformer_mt.core.errors import TmtError, TrainingStopped, error_line, interrupted
@@ -28,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # exits with 2 on bad arguments
     try:
         commands = {"train": run_train, "data": run_data, "translate": run_translate, "evaluate": run_evaluate,
-                    "export": run_export, "average": run_average, "runs": run_runs}
+                    "export": run_export, "average": run_average, "runs": run_runs,
+                    "score": run_score}
         with sigterm_interrupts():  # SIGTERM ends any command as Ctrl-C does: one line, not a silent death
             commands[args.command](args)
         return 0

@@ -60,6 +60,12 @@ EVALUATE_EXAMPLES = """examples:
   tmt evaluate --run runs/m30k --src test.en --ref test.de --tokenize none   # pre-tokenized text
 """
 
+SCORE_EXAMPLES = """examples:
+  tmt score --run runs/demo --source test.en --target test.it             # one line each: log-prob<TAB>per token
+  paste test.en test.it | tmt score --run runs/demo                       # source<TAB>target lines on stdin
+  tmt score --run runs/demo --source test.en --target test.it --format jsonl   # every token's log-prob
+"""
+
 EXPORT_EXAMPLES = """examples:
   tmt export --format ctranslate2 --run runs/demo --output demo-ct2
   tmt export --format ctranslate2 --run runs/demo --output demo-ct2-int8 --quantization int8
@@ -173,6 +179,30 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--output", type=_path_or_dash,
                           help="where to write the hypotheses "
                                "(default: <run>/evaluation/<name>.<checkpoint>.beam<K>[.lp<ALPHA>][.int8].txt)")
+
+    scoring = _add_command(commands, "score", "the model's log-probability of given translations (source, target "
+                                              "pairs)", SCORE_EXAMPLES)
+    source = scoring.add_mutually_exclusive_group()
+    source.add_argument("--run", type=Path, help="run directory (default: the most recently updated run under ./runs)")
+    source.add_argument("--checkpoint", type=Path, help="a checkpoint file inside a run's checkpoints/ folder")
+    scoring.add_argument("--source", type=Path, help="source sentences, one per line (needs --target; default: "
+                                                     "source<TAB>target lines on stdin)")
+    scoring.add_argument("--target", type=Path, help="the translations to score, line by line with --source")
+    scoring.add_argument("--format", choices=["text", "jsonl"], default="text",
+                         help="text (default): '<log-probability><TAB><per token>' a line, the sum over the "
+                              "target's tokens and EOS, then divided by their number; jsonl: an object a line "
+                              "with source, target, log_prob, per_token, tokens and token_log_probs")
+    scoring.add_argument("--output", type=_path_or_dash, help="write the scores here instead of stdout (- = stdout)")
+    scoring.add_argument("--quantize", choices=["none", "int8"],
+                         help="int8: score with CTranslate2's int8 weights on a CPU (default: the run's "
+                              "decode.quantize, none)")
+    scoring.add_argument("--engine", choices=["auto", "torch", "ctranslate2"],
+                         help="engine (default: the run's decode.engine, auto: CTranslate2's score_batch on a CPU, "
+                              "torch elsewhere); both give the same log-probabilities up to float rounding")
+    scoring.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
+                         help="where to score (default auto: CUDA, else MPS, else the CPU)")
+    scoring.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bar")
+    scoring.set_defaults(beam=None, length_penalty=None)  # what the shared run loader reads
 
     export = _add_command(commands, "export", "export a trained run to another inference engine", EXPORT_EXAMPLES)
     export.add_argument("--format", choices=["ctranslate2"], required=True,

@@ -1,13 +1,17 @@
 """Scoring: sacreBLEU BLEU/chrF with signatures; tokenized BLEU on tokenized text stays quiet;
 `tmt evaluate --run` scores the run's own split as the run read it."""
 
+import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY_PAIRS, run_cli, train_tiny_run, write_corpus
+from tests.helpers import TINY_PAIRS, run_cli, tmt, train_tiny_run, write_corpus
 from transformer_mt.decode.metrics import score
 from transformer_mt.decode.plotting import cross_attention_labels
 
@@ -32,6 +36,69 @@ def test_tokenized_bleu_does_not_warn_and_scores_like_plain_sacrebleu(caplog, ca
 def test_raw_text_is_scored_with_13a_by_default():
     scores = score(["Ciao, mondo!"], ["Ciao, mondo!"])
     assert round(scores.bleu, 6) == 100 and "tok:13a" in scores.bleu_signature
+
+
+def sacrebleu_cli(tmp_path: Path, hypotheses: list[str], *references: list[str], args: tuple = ()) -> list[dict]:
+    """What the `sacrebleu` command prints as JSON for these files (4 decimals)."""
+    files = []
+    for name, lines in [("hyp", hypotheses)] + [(f"ref{i}", ref) for i, ref in enumerate(references)]:
+        (tmp_path / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        files.append(str(tmp_path / name))
+    result = subprocess.run([sys.executable, "-m", "sacrebleu", *files[1:], "-i", files[0], "-f", "json", "-w", "4",
+                             *args], capture_output=True, text=True, check=True,
+                            env={**os.environ, "SACREBLEU_SEED": "12345"})
+    parsed = json.loads(result.stdout)
+    return parsed if isinstance(parsed, list) else [parsed]
+
+
+def test_confidence_intervals_are_sacrebleus_bootstrap_for_the_same_seed(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("SACREBLEU_SEED", "12345")
+    # Sentences of differing quality, so that resamples differ: some cut short, some with a word replaced.
+    hypotheses = [" ".join(h.replace("geht", "läuft" if n % 3 else "geht").split()[: 9 - n % 5])
+                  for n, h in enumerate(HYPOTHESES[:40])]
+    ours = score(hypotheses, REFERENCES[:40], n_bootstrap=200)
+    plain = sacrebleu_cli(tmp_path, hypotheses, REFERENCES[:40], args=("-m", "bleu", "chrf", "ter", "--confidence",
+                                                                          "--confidence-n", "200"))
+    plus = sacrebleu_cli(tmp_path, hypotheses, REFERENCES[:40], args=("-m", "chrf", "--chrf-word-order", "2",
+                                                                         "--confidence", "--confidence-n", "200"))
+    for name, expected in zip(["bleu", "chrf", "ter", "chrf++"], plain + plus):
+        result = ours[name]
+        assert result.value == pytest.approx(expected["score"], abs=1e-4), name
+        assert result.mean == pytest.approx(expected["confidence_mean"], abs=1e-4), name
+        assert result.ci == pytest.approx(expected["confidence_var"], abs=1e-4), name
+        assert result.signature == expected["signature"]
+        assert result.interval[0] < result.mean < result.interval[1], name
+    assert ours.report()["bleu_ci95"] == [round(ours["bleu"].mean - ours["bleu"].ci, 2),
+                                          round(ours["bleu"].mean + ours["bleu"].ci, 2)]
+
+
+def test_several_references_are_scored_as_sacrebleu_scores_them(tmp_path: Path):
+    others = [r.replace("steht", "ist") for r in REFERENCES[:30]]
+    hypotheses = [h.replace("geht", "ist") for h in HYPOTHESES[:30]]
+    ours = score(hypotheses, [REFERENCES[:30], others])
+    expected = sacrebleu_cli(tmp_path, hypotheses, REFERENCES[:30], others, args=("-m", "bleu", "chrf", "ter"))
+    assert [ours[name].value for name in ("bleu", "chrf", "ter")] == pytest.approx(
+        [e["score"] for e in expected], abs=1e-4)
+    assert "nrefs:2" in ours.bleu_signature and ours.bleu > score(hypotheses, REFERENCES[:30]).bleu
+
+
+def test_evaluate_prints_four_metrics_with_intervals_and_takes_several_references(workdir: Path):
+    (workdir / "s.en").write_text("Good morning.\nThe city is beautiful.\n", encoding="utf-8")
+    (workdir / "r1.it").write_text("Buongiorno.\nLa città è bella.\n", encoding="utf-8")
+    (workdir / "r2.it").write_text("Buon giorno.\nÈ bella la città.\n", encoding="utf-8")
+    result = tmt("evaluate", "--run", "runs/tiny", "--src", "s.en", "--ref", "r1.it", "r2.it", "--bootstrap", "50",
+                 "--quiet", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line.split(" = ")[0] for line in lines] == ["BLEU", "chrF", "chrF++", "TER"]
+    assert all("(95% CI " in line and "nrefs:2|bs:50|seed:12345" in line for line in lines), lines
+    (workdir / "r3.it").write_text("Buongiorno.\n", encoding="utf-8")
+    bad = tmt("evaluate", "--run", "runs/tiny", "--src", "s.en", "--ref", "r1.it", "r3.it", cwd=workdir)
+    assert bad.returncode == 1 and bad.stderr.strip() == ("tmt: error: s.en has 2 lines but r3.it has 1; each --ref "
+                                                          "needs one line per source sentence")
+    plain = tmt("evaluate", "--run", "runs/tiny", "--src", "s.en", "--ref", "r1.it", "--bootstrap", "0", "--quiet",
+                cwd=workdir)
+    assert plain.returncode == 0 and "CI" not in plain.stdout and "nrefs:1|case" in plain.stdout
 
 
 def test_attention_labels_match_the_rows_and_columns_of_the_map():

@@ -58,6 +58,7 @@ EVALUATE_EXAMPLES = """examples:
   tmt evaluate --run runs/demo                          # the run's test split, greedy
   tmt evaluate --run runs/demo --split valid --beam 5
   tmt evaluate --run runs/m30k --src test.en --ref test.de --tokenize none   # pre-tokenized text
+  tmt evaluate --run runs/demo --src test.en --ref test.it other.it    # two references of each sentence
 """
 
 SCORE_EXAMPLES = """examples:
@@ -168,12 +169,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --sample: the random seed (default 0); the same input (lines and their order), "
                             "options and seed give the same samples on the same device")
 
-    evaluate = _add_command(commands, "evaluate", "translate a test set and score it with sacreBLEU", EVALUATE_EXAMPLES)
+    evaluate = _add_command(commands, "evaluate", "translate a test set and score it with sacreBLEU: BLEU, chrF, "
+                                                  "chrF++ and TER with confidence intervals", EVALUATE_EXAMPLES)
     _add_model_arguments(evaluate)
     evaluate.add_argument("--split", choices=["valid", "test"], default="test",
                           help="which split of the run's own data to score (default: test)")
     evaluate.add_argument("--src", type=Path, help="source file to translate instead of a split (needs --ref)")
-    evaluate.add_argument("--ref", type=Path, help="reference translations of --src, line by line")
+    evaluate.add_argument("--ref", type=Path, nargs="+", metavar="REF",
+                          help="reference translations of --src, line by line; several files: several references "
+                               "of each sentence (sacreBLEU's multi-reference scores)")
+    evaluate.add_argument("--bootstrap", type=_non_negative_int, default=1000, metavar="N",
+                          help="bootstrap resamples for each score's 95%% confidence interval, sacreBLEU's "
+                               "(seed: SACREBLEU_SEED, default 12345); 0 = no interval (default 1000)")
     evaluate.add_argument("--tokenize", choices=BLEU_TOKENIZERS, help="sacreBLEU tokenizer for BLEU (default: the run's train.bleu_tokenize, "
                                              "normally 13a; 'none' for pre-tokenized text)")
     evaluate.add_argument("--output", type=_path_or_dash,

@@ -67,6 +67,12 @@ SCORE_EXAMPLES = """examples:
   tmt score --run runs/demo --source test.en --target test.it --format jsonl   # every token's log-prob
 """
 
+COMPARE_EXAMPLES = """examples:
+  tmt compare runs/demo runs/demo-seed2 runs/demo-dropout   # runs' final tests; the first is the baseline
+  tmt compare base.it new.it --ref test.it                  # hypothesis files
+  tmt compare runs/demo runs/demo-long --format markdown     # tables to paste into a report
+"""
+
 EXPORT_EXAMPLES = """examples:
   tmt export --format ctranslate2 --run runs/demo --output demo-ct2
   tmt export --format ctranslate2 --run runs/demo --output demo-ct2-int8 --quantization int8
@@ -210,6 +216,27 @@ def build_parser() -> argparse.ArgumentParser:
                          help="where to score (default auto: CUDA, else MPS, else the CPU)")
     scoring.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bar")
     scoring.set_defaults(beam=None, length_penalty=None)  # what the shared run loader reads
+
+    compare = _add_command(commands, "compare", "compare runs or hypothesis files on one test set: intervals, "
+                                                "significance, seed groups, config differences, sentences",
+                           COMPARE_EXAMPLES)
+    compare.add_argument("systems", nargs="+", type=Path, metavar="RUN_OR_FILE",
+                         help="run directories (their final test: evaluation/test_scores.json and its hypotheses) "
+                              "or hypothesis files, one line per test sentence; the first is the baseline")
+    compare.add_argument("--ref", type=Path, nargs="+", metavar="REF",
+                         help="reference file(s) of the test set, line by line (default: the runs' own test split; "
+                              "needed for hypothesis files alone)")
+    compare.add_argument("--format", choices=["text", "markdown", "json"], default="text",
+                         help="text tables (default), markdown tables, or JSON with every figure")
+    compare.add_argument("--tokenize", choices=BLEU_TOKENIZERS,
+                         help="sacreBLEU tokenizer for BLEU (default: the first run's train.bleu_tokenize, else 13a)")
+    compare.add_argument("--bootstrap", type=_positive_int, default=1000, metavar="N",
+                         help="paired bootstrap resamples, which also give the 95%% intervals (default 1000)")
+    compare.add_argument("--trials", type=_positive_int, default=10000, metavar="N",
+                         help="approximate randomisation trials (default 10000)")
+    compare.add_argument("--examples", type=_non_negative_int, default=3, metavar="K",
+                         help="sentences shown where each system gains most over the first by sentence chrF, and "
+                              "where it loses most (default 3)")
 
     export = _add_command(commands, "export", "export a trained run to another inference engine", EXPORT_EXAMPLES)
     export.add_argument("--format", choices=["ctranslate2"], required=True,

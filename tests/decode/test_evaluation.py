@@ -89,16 +89,20 @@ def test_evaluate_prints_four_metrics_with_intervals_and_takes_several_reference
     result = tmt("evaluate", "--run", "runs/tiny", "--src", "s.en", "--ref", "r1.it", "r2.it", "--bootstrap", "50",
                  "--quiet", cwd=workdir)
     assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+    lines, diagnostics = result.stdout.split("\n\n")
+    lines = lines.splitlines()
     assert [line.split(" = ")[0] for line in lines] == ["BLEU", "chrF", "chrF++", "TER"]
+    assert diagnostics.startswith("diagnostics of 2 translations") and "repeated n-gram loops" in diagnostics
+    assert "chrF by source length: 1-5 words" in diagnostics
     assert all("(95% CI " in line and "nrefs:2|bs:50|seed:12345" in line for line in lines), lines
     (workdir / "r3.it").write_text("Buongiorno.\n", encoding="utf-8")
     bad = tmt("evaluate", "--run", "runs/tiny", "--src", "s.en", "--ref", "r1.it", "r3.it", cwd=workdir)
     assert bad.returncode == 1 and bad.stderr.strip() == ("tmt: error: s.en has 2 lines but r3.it has 1; each --ref "
                                                           "needs one line per source sentence")
     plain = tmt("evaluate", "--run", "runs/tiny", "--src", "s.en", "--ref", "r1.it", "--bootstrap", "0", "--quiet",
-                cwd=workdir)
+                "--no-diagnostics", cwd=workdir)
     assert plain.returncode == 0 and "CI" not in plain.stdout and "nrefs:1|case" in plain.stdout
+    assert len(plain.stdout.splitlines()) == 4  # the scores alone
 
 
 def test_attention_labels_match_the_rows_and_columns_of_the_map():

@@ -187,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--bootstrap", type=_non_negative_int, default=1000, metavar="N",
                           help="bootstrap resamples for each score's 95%% confidence interval, sacreBLEU's "
                                "(seed: SACREBLEU_SEED, default 12345); 0 = no interval (default 1000)")
+    evaluate.add_argument("--no-diagnostics", dest="diagnostics", action="store_false",
+                          help="leave out the diagnostics printed after the scores: copies of the source, untranslated "
+                               "output, another script, n-gram loops, length outliers, numbers, URLs and end "
+                               "punctuation that differ from the source, chrF by source length")
     evaluate.add_argument("--tokenize", choices=BLEU_TOKENIZERS, help="sacreBLEU tokenizer for BLEU (default: the run's train.bleu_tokenize, "
                                              "normally 13a; 'none' for pre-tokenized text)")
     evaluate.add_argument("--output", type=_path_or_dash,

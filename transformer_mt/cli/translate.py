@@ -245,6 +245,12 @@ def run_evaluate(args: argparse.Namespace) -> None:
     _write_lines(output, hypotheses)
     for metric in METRICS:
         print(f"{scores[metric].shown(metric)}  {scores[metric].signature}")
+    if args.diagnostics:
+        from transformer_mt.decode.diagnostics import diagnose
+
+        print(f"\ndiagnostics of {len(hypotheses)} translations (line numbers from 1):")
+        for line in diagnose(sources, hypotheses, references[0]).lines():
+            print(f"  {line}")
     penalty = f", length penalty {alpha:g}" if beam > 1 else ""  # greedy decoding has none
     penalty += f", {translator.quantized} weights" if translator.quantized else ""
     print(f"{len(hypotheses)} sentences, beam {beam}{penalty}; hypotheses in {_shown(output)}", file=sys.stderr)

@@ -22,6 +22,7 @@ from transformer_mt.data import corpus as data_module
 from transformer_mt.data.batching import sorted_batches
 from transformer_mt.data.token_cache import TokenizedSplit
 from transformer_mt.data.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair
+from transformer_mt.decode.diagnostics import diagnose
 from transformer_mt.decode.metrics import METRICS, score
 from transformer_mt.decode.plotting import attention_figure, cross_attention_labels, cross_attention_map
 from transformer_mt.decode.torch_engine import translate_ids
@@ -95,6 +96,14 @@ class Evaluator:
             examples.append(f"source: {src}\nreference: {references[i]}\nhypothesis: {hypotheses[i]}")
             logger.info("example %d\n  source:     %s\n  reference:  %s\n  hypothesis: %s",
                         i + 1, src, references[i], hypotheses[i])
+        sources_text = [self.valid_data.src_text[i] for i in self.valid_subset]
+        diagnostics = diagnose(sources_text, hypotheses, references)
+        for name, rate in diagnostics.rates().items():  # the share of the sentences each check flags
+            writer.add_scalar(f"diag/{name}", rate, step)
+        for label, _, chrf in diagnostics.buckets:
+            writer.add_scalar(f"diag/chrf_source_words_{label}", chrf, step)
+        if flagged := diagnostics.examples(sources_text, hypotheses):
+            writer.add_text("diag/examples", flagged, step)
         if examples:
             writer.add_text("valid/examples", "\n\n".join(f"    {e}".replace("\n", "\n    ") for e in examples), step)
         logger.info("validation at step %d%s: loss %.3f, ppl %.2f, BLEU %.2f, chrF %.2f, chrF++ %.2f, TER %.2f "

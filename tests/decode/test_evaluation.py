@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -208,3 +209,57 @@ def test_a_length_penalty_option_reaches_beam_search_and_names_evaluates_output(
                     tiny_run.parent)
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and "argument --length-penalty:" in err and "Traceback" not in err, err
+
+
+# --- COMET (the optional extra): what is missing is said in one line ----------------------------
+
+def test_comet_without_its_package_says_how_to_install_it(workdir: Path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "comet", None)  # as when unbabel-comet is not installed
+    code, out, err = run_cli(["evaluate", "--run", "runs/tiny", "--comet", "Unbabel/wmt22-comet-da"], monkeypatch,
+                             capsys, workdir)
+    assert code == 2 and out == ""
+    assert err.strip() == ("tmt: error: --comet needs the unbabel-comet package, which is not installed: "
+                           "pip install 'transformer-mt[comet]'")
+
+
+class UnreachableHub(types.ModuleType):
+    """The comet package's two entry points, with the Hub out of reach (as here: no network)."""
+
+    def __init__(self):
+        super().__init__("comet")
+        self.loaded = []
+
+    @staticmethod
+    def download_model(name):
+        raise ConnectionError(f"Cannot reach https://huggingface.co/{name}: offline")
+
+    def load_from_checkpoint(self, path):
+        self.loaded.append(path)
+        raise RuntimeError("not a COMET checkpoint")
+
+
+@pytest.mark.parametrize("model, message", [
+    ("Unbabel/wmt22-comet-da", "--comet Unbabel/wmt22-comet-da: cannot get the model from the Hugging Face Hub "
+                               "(ConnectionError: Cannot reach"),
+    ("wmt22-comet-da", "--comet wmt22-comet-da: no such folder, and not a Hub model name"),
+    ("empty_model", "--comet empty_model: no COMET checkpoint at empty_model/checkpoints/model.ckpt"),
+])
+def test_comet_without_its_model_names_what_is_missing(workdir: Path, monkeypatch, capsys, model: str, message: str):
+    monkeypatch.setitem(sys.modules, "comet", UnreachableHub())
+    (workdir / "empty_model").mkdir(exist_ok=True)
+    code, out, err = run_cli(["evaluate", "--run", "runs/tiny", "--comet", model], monkeypatch, capsys, workdir)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_a_comet_checkpoint_that_does_not_load_is_named(tmp_path: Path, monkeypatch):
+    from transformer_mt.core.errors import UsageError
+    from transformer_mt.decode.comet import comet_score
+
+    fake = UnreachableHub()
+    monkeypatch.setitem(sys.modules, "comet", fake)
+    checkpoint = tmp_path / "model" / "checkpoints" / "model.ckpt"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"not a checkpoint")
+    with pytest.raises(UsageError, match="cannot load .*model.ckpt \\(RuntimeError: not a COMET checkpoint\\)"):
+        comet_score(str(tmp_path / "model"), ["a"], ["b"], ["c"])
+    assert fake.loaded == [str(checkpoint)]

@@ -187,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--bootstrap", type=_non_negative_int, default=1000, metavar="N",
                           help="bootstrap resamples for each score's 95%% confidence interval, sacreBLEU's "
                                "(seed: SACREBLEU_SEED, default 12345); 0 = no interval (default 1000)")
+    evaluate.add_argument("--comet", metavar="MODEL",
+                          help="also score with COMET: a Hub model name (Unbabel/wmt22-comet-da) or a downloaded "
+                               "model folder; needs the comet extra (pip install 'transformer-mt[comet]')")
     evaluate.add_argument("--no-diagnostics", dest="diagnostics", action="store_false",
                           help="leave out the diagnostics printed after the scores: copies of the source, untranslated "
                                "output, another script, n-gram loops, length outliers, numbers, URLs and end "

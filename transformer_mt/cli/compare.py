@@ -157,7 +157,7 @@ def _tables(report: dict, markdown: bool) -> str:
             r = system["scores"][metric]
             cell = f"{r['score']:.2f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]"
             if "p_bootstrap" in r:
-                cell += f" p={r['p_bootstrap']:.3f}/{r['p_randomization']:.3f}{'*' if r['significant'] else ''}"
+                cell += f" p={_p(r['p_bootstrap'])}/{_p(r['p_randomization'])}{'*' if r['significant'] else ''}"
             cells.append(cell)
         rows.append(cells)
     out += _table(rows, markdown) + [""]
@@ -191,6 +191,11 @@ def _tables(report: dict, markdown: bool) -> str:
                     [f"  {lines[0]}"] + [f"    {line}" for line in lines[1:]]
             out.append("")
     return "\n".join(out).rstrip("\n")
+
+
+def _p(value: float) -> str:
+    """A p-value in 3 decimals; one below 0.001 (the fewest a test of 1000 resamples gives) as <0.001."""
+    return f"{value:.3f}" if value >= 0.001 else "<0.001"
 
 
 def _table(rows: list[list[str]], markdown: bool) -> list[str]:

@@ -153,3 +153,24 @@ def test_a_run_without_a_final_test_or_of_another_test_set_is_named(workdir: Pat
     code, _, err = compare(["runs/tiny", str(files["weak.txt"]), "--ref", str(files["ref.txt"])], monkeypatch,
                            capsys, workdir)
     assert code == 1 and "runs/tiny was tested on another test set than --ref" in err
+
+
+def test_comet_in_compare_says_what_is_missing(files, tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "comet", None)  # unbabel-comet not installed
+    code, out, err = compare([str(files["weak.txt"]), str(files["better.txt"]), "--ref", str(files["ref.txt"]),
+                              "--comet", "Unbabel/wmt22-comet-da"], monkeypatch, capsys, tmp_path)
+    assert code == 2 and out == "" and err.strip() == ("tmt: error: --comet needs the unbabel-comet package, which "
+                                                       "is not installed: pip install 'transformer-mt[comet]'")
+
+
+def test_comet_in_compare_of_hypothesis_files_needs_their_sources(files, tmp_path: Path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "comet", type(sys)("comet"))  # the package's presence alone
+    sys.modules["comet"].download_model = lambda name: str(tmp_path / "model.ckpt")
+    (tmp_path / "model.ckpt").write_bytes(b"")
+    args = [str(files["weak.txt"]), str(files["better.txt"]), "--ref", str(files["ref.txt"]), "--comet",
+            str(tmp_path / "model.ckpt")]
+    code, out, err = compare(args, monkeypatch, capsys, tmp_path)
+    assert code == 2 and err.strip() == "tmt: error: --comet reads the sources too: add --src FILE (or compare runs, " \
+                                        "whose test split has them)"
+    code, out, err = compare(args + ["--src", str(files["weak.txt"]) + ".missing"], monkeypatch, capsys, tmp_path)
+    assert code == 1 and "weak.txt.missing: cannot read" in err and len(err.strip().splitlines()) == 1

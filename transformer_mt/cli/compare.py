@@ -22,6 +22,7 @@ class System:
     name: str
     hypotheses: list[str]
     references: list[str] | None
+    sources: list[str] | None  # a run's test sources; None for a hypothesis file
     config: dict | None  # a run's; None for a hypothesis file
     tokenize: str | None
 
@@ -37,9 +38,14 @@ def run_compare(args: argparse.Namespace) -> None:
                          "baseline")
     if args.tokenize and (problem := bleu_tokenizer_problem(args.tokenize)):
         raise UsageError(f"--tokenize: {problem}")
+    if args.comet:  # the package and the model, before anything is read
+        from transformer_mt.decode.comet import comet_checkpoint
+
+        comet_checkpoint(args.comet)
     systems = [_load_system(path) for path in args.systems]
     references = _references(systems, [[line.strip() for line in read_lines(path)] for path in args.ref or []],
                              args.ref or [])
+    sources = _sources(systems, args.src, len(references[0])) if args.comet else None
     tokenize = args.tokenize or next((s.tokenize for s in systems if s.tokenize), "13a")
     named = [(system.name, system.hypotheses) for system in systems]
     comparison = paired_tests(named, references, tokenize=tokenize, n_bootstrap=args.bootstrap, n_trials=args.trials)
@@ -49,6 +55,13 @@ def run_compare(args: argparse.Namespace) -> None:
     segments = [winning_segments(s.hypotheses, systems[0].hypotheses, references, args.examples)
                 for s in systems[1:]]
     report = _report(systems, references, tokenize, comparison, groups, differences, segments)
+    if args.comet:
+        from transformer_mt.decode.comet import comet_score
+
+        for system, entry in zip(systems, report["systems"]):
+            entry["scores"]["comet"] = {"score": round(comet_score(args.comet, sources, system.hypotheses,
+                                                                   references[0]).score, 4)}
+        report["test_set"]["comet_model"] = args.comet
     if args.format == "json":
         print(json.dumps(report, indent=1, ensure_ascii=False))
     else:
@@ -75,14 +88,14 @@ def _load_system(path: Path) -> System:
         from transformer_mt.data.sources import read_lines
 
         cfg = load_config(paths.config)
-        references = load_run_corpus(cfg.data, cfg.seed, path).test["tgt"]
-        return System(str(path), [line.strip() for line in read_lines(hypotheses_file)], list(references),
-                      config_to_dict(cfg), cfg.train.bleu_tokenize)
+        test = load_run_corpus(cfg.data, cfg.seed, path).test
+        return System(str(path), [line.strip() for line in read_lines(hypotheses_file)], list(test["tgt"]),
+                      list(test["src"]), config_to_dict(cfg), cfg.train.bleu_tokenize)
     if not path.is_file():
         raise UsageError(f"{path}: no such run directory or hypothesis file")
     from transformer_mt.data.sources import read_lines
 
-    return System(str(path), [line.strip() for line in read_lines(path)], None, None, None)
+    return System(str(path), [line.strip() for line in read_lines(path)], None, None, None, None)
 
 
 def _references(systems: list[System], given: list[list[str]], paths: list[Path]) -> list[list[str]]:
@@ -107,6 +120,21 @@ def _references(systems: list[System], given: list[list[str]], paths: list[Path]
             raise DataError(f"{system.name} has {len(system.hypotheses)} translations but {where} has "
                             f"{len(references[0])} sentences")
     return references
+
+
+def _sources(systems: list[System], path: Path | None, count: int) -> list[str]:
+    """The test sources COMET reads: --src, else a run's own."""
+    if path is not None:
+        from transformer_mt.data.sources import read_lines
+
+        sources = [line.strip() for line in read_lines(path)]
+        if len(sources) != count:
+            raise DataError(f"--src {path} has {len(sources)} lines but the test set has {count} sentences")
+        return sources
+    run = next((s for s in systems if s.sources is not None), None)
+    if run is None:
+        raise UsageError("--comet reads the sources too: add --src FILE (or compare runs, whose test split has them)")
+    return run.sources
 
 
 def _report(systems, references, tokenize, comparison, groups, differences, segments) -> dict:
@@ -150,7 +178,8 @@ def _tables(report: dict, markdown: bool) -> str:
     out = [f"{test['sentences']} sentences, {test['references']} reference(s), BLEU tokenizer {test['tokenize']}; "
            f"p: paired bootstrap / approximate randomisation against {report['systems'][0]['name']}"
            + (" (* below 0.05 in both)" if len(report["systems"]) > 1 else ""), ""]
-    rows = [["system", *[metric_name(m) for m in METRICS]]]
+    comet = "comet_model" in test
+    rows = [["system", *[metric_name(m) for m in METRICS], *(["COMET"] if comet else [])]]
     for system in report["systems"]:
         cells = [system["name"]]
         for metric in METRICS:
@@ -159,6 +188,8 @@ def _tables(report: dict, markdown: bool) -> str:
             if "p_bootstrap" in r:
                 cell += f" p={_p(r['p_bootstrap'])}/{_p(r['p_randomization'])}{'*' if r['significant'] else ''}"
             cells.append(cell)
+        if comet:
+            cells.append(f"{system['scores']['comet']['score']:.4f}")
         rows.append(cells)
     out += _table(rows, markdown) + [""]
     groups = [g for g in report["seed_groups"] if len(g["systems"]) > 1]

@@ -241,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="paired bootstrap resamples, which also give the 95%% intervals (default 1000)")
     compare.add_argument("--trials", type=_positive_int, default=10000, metavar="N",
                          help="approximate randomisation trials (default 10000)")
+    compare.add_argument("--comet", metavar="MODEL",
+                         help="add each system's COMET score (no test of its difference): a Hub model name or a "
+                              "downloaded model folder; needs the comet extra (pip install 'transformer-mt[comet]')")
+    compare.add_argument("--src", type=Path, help="the test set's sources, for --comet with hypothesis files")
     compare.add_argument("--examples", type=_non_negative_int, default=3, metavar="K",
                          help="sentences shown where each system gains most over the first by sentence chrF, and "
                               "where it loses most (default 3)")

@@ -113,9 +113,9 @@ def test_translate_files_with_beam_search_keeps_input_order_and_empty_lines(trai
 def test_evaluate_scores_a_split_and_files_with_the_sacrebleu_signature(trained: Path):
     result = tmt("evaluate", "--run", "runs/demo", "--split", "valid", "--quiet", cwd=trained)
     assert result.returncode == 0, result.stderr
-    bleu_line, chrf_line = result.stdout.splitlines()
-    assert bleu_line.startswith("BLEU = ") and "tok:13a" in bleu_line
-    assert chrf_line.startswith("chrF = ")
+    bleu_line, chrf_line, chrf_pp_line, ter_line = result.stdout.splitlines()[:4]
+    assert bleu_line.startswith("BLEU = ") and "tok:13a" in bleu_line and "(95% CI " in bleu_line
+    assert chrf_line.startswith("chrF = ") and chrf_pp_line.startswith("chrF++ = ") and ter_line.startswith("TER = ")
     hyps = (trained / "runs" / "demo" / "evaluation" / "valid.best.beam1.txt").read_text("utf-8")
     # Greedy on the whole valid split is what validation at the best step produced.
     best_step = torch.load(trained / "runs/demo/checkpoints/best.pt", weights_only=True)["train_state"]["step"]

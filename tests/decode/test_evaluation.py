@@ -1,13 +1,18 @@
 """Scoring: sacreBLEU BLEU/chrF with signatures; tokenized BLEU on tokenized text stays quiet;
 `tmt evaluate --run` scores the run's own split as the run read it."""
 
+import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY_PAIRS, run_cli, train_tiny_run, write_corpus
+from tests.helpers import TINY_PAIRS, run_cli, tmt, train_tiny_run, write_corpus
 from transformer_mt.decode.metrics import score
 from transformer_mt.decode.plotting import cross_attention_labels
 
@@ -32,6 +37,73 @@ def test_tokenized_bleu_does_not_warn_and_scores_like_plain_sacrebleu(caplog, ca
 def test_raw_text_is_scored_with_13a_by_default():
     scores = score(["Ciao, mondo!"], ["Ciao, mondo!"])
     assert round(scores.bleu, 6) == 100 and "tok:13a" in scores.bleu_signature
+
+
+def sacrebleu_cli(tmp_path: Path, hypotheses: list[str], *references: list[str], args: tuple = ()) -> list[dict]:
+    """What the `sacrebleu` command prints as JSON for these files (4 decimals)."""
+    files = []
+    for name, lines in [("hyp", hypotheses)] + [(f"ref{i}", ref) for i, ref in enumerate(references)]:
+        (tmp_path / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        files.append(str(tmp_path / name))
+    result = subprocess.run([sys.executable, "-m", "sacrebleu", *files[1:], "-i", files[0], "-f", "json", "-w", "4",
+                             *args], capture_output=True, text=True, check=True,
+                            env={**os.environ, "SACREBLEU_SEED": "12345"})
+    parsed = json.loads(result.stdout)
+    return parsed if isinstance(parsed, list) else [parsed]
+
+
+def test_confidence_intervals_are_sacrebleus_bootstrap_for_the_same_seed(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("SACREBLEU_SEED", "12345")
+    # Sentences of differing quality, so that resamples differ: some cut short, some with a word replaced.
+    hypotheses = [" ".join(h.replace("geht", "läuft" if n % 3 else "geht").split()[: 9 - n % 5])
+                  for n, h in enumerate(HYPOTHESES[:40])]
+    ours = score(hypotheses, REFERENCES[:40], n_bootstrap=200)
+    plain = sacrebleu_cli(tmp_path, hypotheses, REFERENCES[:40], args=("-m", "bleu", "chrf", "ter", "--confidence",
+                                                                          "--confidence-n", "200"))
+    plus = sacrebleu_cli(tmp_path, hypotheses, REFERENCES[:40], args=("-m", "chrf", "--chrf-word-order", "2",
+                                                                         "--confidence", "--confidence-n", "200"))
+    for name, expected in zip(["bleu", "chrf", "ter", "chrf++"], plain + plus):
+        result = ours[name]
+        assert result.value == pytest.approx(expected["score"], abs=1e-4), name
+        assert result.mean == pytest.approx(expected["confidence_mean"], abs=1e-4), name
+        assert result.ci == pytest.approx(expected["confidence_var"], abs=1e-4), name
+        assert result.signature == expected["signature"]
+        assert result.interval[0] < result.mean < result.interval[1], name
+    assert ours.report()["bleu_ci95"] == [round(ours["bleu"].mean - ours["bleu"].ci, 2),
+                                          round(ours["bleu"].mean + ours["bleu"].ci, 2)]
+
+
+def test_several_references_are_scored_as_sacrebleu_scores_them(tmp_path: Path):
+    others = [r.replace("steht", "ist") for r in REFERENCES[:30]]
+    hypotheses = [h.replace("geht", "ist") for h in HYPOTHESES[:30]]
+    ours = score(hypotheses, [REFERENCES[:30], others])
+    expected = sacrebleu_cli(tmp_path, hypotheses, REFERENCES[:30], others, args=("-m", "bleu", "chrf", "ter"))
+    assert [ours[name].value for name in ("bleu", "chrf", "ter")] == pytest.approx(
+        [e["score"] for e in expected], abs=1e-4)
+    assert "nrefs:2" in ours.bleu_signature and ours.bleu > score(hypotheses, REFERENCES[:30]).bleu
+
+
+def test_evaluate_prints_four_metrics_with_intervals_and_takes_several_references(workdir: Path):
+    (workdir / "s.en").write_text("Good morning.\nThe city is beautiful.\n", encoding="utf-8")
+    (workdir / "r1.it").write_text("Buongiorno.\nLa città è bella.\n", encoding="utf-8")
+    (workdir / "r2.it").write_text("Buon giorno.\nÈ bella la città.\n", encoding="utf-8")
+    result = tmt("evaluate", "--run", "runs/tiny", "--src", "s.en", "--ref", "r1.it", "r2.it", "--bootstrap", "50",
+                 "--quiet", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    lines, diagnostics = result.stdout.split("\n\n")
+    lines = lines.splitlines()
+    assert [line.split(" = ")[0] for line in lines] == ["BLEU", "chrF", "chrF++", "TER"]
+    assert diagnostics.startswith("diagnostics of 2 translations") and "repeated n-gram loops" in diagnostics
+    assert "chrF by source length: 1-5 words" in diagnostics
+    assert all("(95% CI " in line and "nrefs:2|bs:50|seed:12345" in line for line in lines), lines
+    (workdir / "r3.it").write_text("Buongiorno.\n", encoding="utf-8")
+    bad = tmt("evaluate", "--run", "runs/tiny", "--src", "s.en", "--ref", "r1.it", "r3.it", cwd=workdir)
+    assert bad.returncode == 1 and bad.stderr.strip() == ("tmt: error: s.en has 2 lines but r3.it has 1; each --ref "
+                                                          "needs one line per source sentence")
+    plain = tmt("evaluate", "--run", "runs/tiny", "--src", "s.en", "--ref", "r1.it", "--bootstrap", "0", "--quiet",
+                "--no-diagnostics", cwd=workdir)
+    assert plain.returncode == 0 and "CI" not in plain.stdout and "nrefs:1|case" in plain.stdout
+    assert len(plain.stdout.splitlines()) == 4  # the scores alone
 
 
 def test_attention_labels_match_the_rows_and_columns_of_the_map():
@@ -137,3 +209,57 @@ def test_a_length_penalty_option_reaches_beam_search_and_names_evaluates_output(
                     tiny_run.parent)
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and "argument --length-penalty:" in err and "Traceback" not in err, err
+
+
+# --- COMET (the optional extra): what is missing is said in one line ----------------------------
+
+def test_comet_without_its_package_says_how_to_install_it(workdir: Path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "comet", None)  # as when unbabel-comet is not installed
+    code, out, err = run_cli(["evaluate", "--run", "runs/tiny", "--comet", "Unbabel/wmt22-comet-da"], monkeypatch,
+                             capsys, workdir)
+    assert code == 2 and out == ""
+    assert err.strip() == ("tmt: error: --comet needs the unbabel-comet package, which is not installed: "
+                           "pip install 'transformer-mt[comet]'")
+
+
+class UnreachableHub(types.ModuleType):
+    """The comet package's two entry points, with the Hub out of reach (as here: no network)."""
+
+    def __init__(self):
+        super().__init__("comet")
+        self.loaded = []
+
+    @staticmethod
+    def download_model(name):
+        raise ConnectionError(f"Cannot reach https://huggingface.co/{name}: offline")
+
+    def load_from_checkpoint(self, path):
+        self.loaded.append(path)
+        raise RuntimeError("not a COMET checkpoint")
+
+
+@pytest.mark.parametrize("model, message", [
+    ("Unbabel/wmt22-comet-da", "--comet Unbabel/wmt22-comet-da: cannot get the model from the Hugging Face Hub "
+                               "(ConnectionError: Cannot reach"),
+    ("wmt22-comet-da", "--comet wmt22-comet-da: no such folder, and not a Hub model name"),
+    ("empty_model", "--comet empty_model: no COMET checkpoint at empty_model/checkpoints/model.ckpt"),
+])
+def test_comet_without_its_model_names_what_is_missing(workdir: Path, monkeypatch, capsys, model: str, message: str):
+    monkeypatch.setitem(sys.modules, "comet", UnreachableHub())
+    (workdir / "empty_model").mkdir(exist_ok=True)
+    code, out, err = run_cli(["evaluate", "--run", "runs/tiny", "--comet", model], monkeypatch, capsys, workdir)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_a_comet_checkpoint_that_does_not_load_is_named(tmp_path: Path, monkeypatch):
+    from transformer_mt.core.errors import UsageError
+    from transformer_mt.decode.comet import comet_score
+
+    fake = UnreachableHub()
+    monkeypatch.setitem(sys.modules, "comet", fake)
+    checkpoint = tmp_path / "model" / "checkpoints" / "model.ckpt"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"not a checkpoint")
+    with pytest.raises(UsageError, match="cannot load .*model.ckpt \\(RuntimeError: not a COMET checkpoint\\)"):
+        comet_score(str(tmp_path / "model"), ["a"], ["b"], ["c"])
+    assert fake.loaded == [str(checkpoint)]

@@ -490,7 +490,9 @@ def test_tensorboard_has_scalars_examples_attention_images_and_hparams(tiny_corp
     for tag in ("train/loss", "train/grad_norm", "train/lr", "train/perf/tgt_tokens_per_s",
                 "train/perf/src_tokens_per_s", "train/perf/src_padding_efficiency",
                 "train/perf/tgt_padding_efficiency", "valid/loss", "valid/perplexity",
-                "valid/bleu", "valid/chrf"):
+                "valid/bleu", "valid/chrf", "valid/chrf++", "valid/ter", "diag/copies", "diag/untranslated",
+                "diag/wrong_script", "diag/loops", "diag/length_outliers", "diag/numbers", "diag/urls",
+                "diag/punctuation", "diag/chrf_source_words_1-5"):
         assert tag in tags["scalars"], tag
     assert "train/perf/mfu" not in tags["scalars"]  # no MFU on a CPU: there is no peak to divide by
     for side in ("src", "tgt"):
@@ -507,14 +509,14 @@ def test_tensorboard_has_scalars_examples_attention_images_and_hparams(tiny_corp
     assert {"_hparams_/experiment", "_hparams_/session_start_info", "_hparams_/session_end_info"} <= set(hparams)
     assert b"valid/bleu" in hparams["_hparams_/experiment"] and b"valid/best_bleu" in hparams["_hparams_/experiment"]
     assert [e.step for e in events.Scalars("valid/best_bleu")] == [3]
-    # The scalars are grouped by the name before the first "/", in alphabetical order: train/, then valid/.
-    assert {tag.split("/")[0] for tag in tags["scalars"]} == {"train", "valid"}
+    # The scalars are grouped by the name before the first "/", in alphabetical order: diag/, train/, valid/.
+    assert {tag.split("/")[0] for tag in tags["scalars"]} == {"diag", "train", "valid"}
 
 
 def test_early_stopping_after_patience_validations_without_a_better_bleu(tiny_corpus: Path, tmp_path: Path,
                                                                         monkeypatch):
     scores = iter([5.0, 7.0, 6.0, 7.0, 1.0, 2.0, 3.0, 4.0])
-    monkeypatch.setattr(Trainer, "validate", lambda self, writer: next(scores))
+    monkeypatch.setattr(Trainer, "validate", lambda self, writer: {"bleu": next(scores)})
     run = tmp_path / "run"
     prepare_run_dir(run, resume=False, overwrite=False)
     cfg = tiny_config(tiny_corpus, train={"max_steps": 8, "eval_every_steps": 1, "save_every_steps": 100,
@@ -531,10 +533,33 @@ def test_early_stopping_after_patience_validations_without_a_better_bleu(tiny_co
     assert (state.step, state.stopped_early) == (8, False)
 
 
+# Each metric's best validation is at another step; patience 2 stops two validations after it.
+VALIDATIONS = {"bleu": [1, 5, 4, 3, 2, 2], "chrf": [1, 2, 6, 5, 4, 0], "chrf++": [9, 1, 1, 1, 1, 1],
+               "loss": [3, 2, 1.5, 1.0, 1.2, 1.3]}
+
+
+@pytest.mark.parametrize("metric, best_step, stop_step", [("bleu", 2, 4), ("chrf", 3, 5), ("chrf++", 1, 3),
+                                                          ("loss", 4, 6)])
+def test_train_best_metric_chooses_best_pt_patience_and_the_final_test(metric, best_step, stop_step, tiny_corpus,
+                                                                         tmp_path: Path, monkeypatch):
+    rows = iter([{name: values[i] for name, values in VALIDATIONS.items()} for i in range(6)])
+    monkeypatch.setattr(Trainer, "validate", lambda self, writer: next(rows))
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 6, "eval_every_steps": 1, "save_every_steps": 100,
+                                          "patience": 2, "best_metric": metric})
+    state = train(cfg, run, progress=False)
+    assert (state.step, state.best_step, state.best_metric) == (stop_step, best_step, metric)
+    assert state.best_value == VALIDATIONS[metric][best_step - 1] and state.best_bleu == VALIDATIONS["bleu"][best_step - 1]
+    assert load_checkpoint(run / "checkpoints" / "best.pt")["train_state"]["step"] == best_step
+    report = json.loads((run / "evaluation" / "test_scores.json").read_text())
+    assert report["checkpoint"] == "best.pt" and report["checkpoint_steps"] == [best_step]
+
+
 def test_every_new_best_is_also_a_step_checkpoint_so_a_resume_never_starts_before_it(tiny_corpus: Path,
                                                                                        tmp_path: Path, monkeypatch):
     scores = iter([5.0, 1.0, 1.0, 50.0, 1.0])
-    monkeypatch.setattr(Trainer, "validate", lambda self, writer: next(scores))
+    monkeypatch.setattr(Trainer, "validate", lambda self, writer: {"bleu": next(scores)})
     run = tmp_path / "run"
     prepare_run_dir(run, resume=False, overwrite=False)
     cfg = tiny_config(tiny_corpus, train={"max_steps": 5, "eval_every_steps": 1, "save_every_steps": 3,

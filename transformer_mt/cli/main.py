@@ -13,9 +13,11 @@ import sys
 
 from transformer_mt.cli.parser import build_parser
 from transformer_mt.cli.average import run_average
+from transformer_mt.cli.compare import run_compare
 from transformer_mt.cli.data import run_data
 from transformer_mt.cli.export import run_export
 from transformer_mt.cli.runs import run_runs
+from transformer_mt.cli.score import run_score
 from transformer_mt.cli.serve import run_serve
 from transformer_mt.cli.train import run_train
 from transformer_mt.cli.translate import run_evaluate, run_translate
@@ -30,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         commands = {"train": run_train, "data": run_data, "translate": run_translate, "evaluate": run_evaluate,
                     "export": run_export, "average": run_average, "runs": run_runs,
-                    "serve": run_serve}
+                    "score": run_score, "compare": run_compare, "serve": run_serve}
         with sigterm_interrupts():  # SIGTERM ends any command as Ctrl-C does: one line, not a silent death
             commands[args.command](args)
         return 0

@@ -58,6 +58,19 @@ EVALUATE_EXAMPLES = """examples:
   tmt evaluate --run runs/demo                          # the run's test split, greedy
   tmt evaluate --run runs/demo --split valid --beam 5
   tmt evaluate --run runs/m30k --src test.en --ref test.de --tokenize none   # pre-tokenized text
+  tmt evaluate --run runs/demo --src test.en --ref test.it other.it    # two references of each sentence
+"""
+
+SCORE_EXAMPLES = """examples:
+  tmt score --run runs/demo --source test.en --target test.it             # one line each: log-prob<TAB>per token
+  paste test.en test.it | tmt score --run runs/demo                       # source<TAB>target lines on stdin
+  tmt score --run runs/demo --source test.en --target test.it --format jsonl   # every token's log-prob
+"""
+
+COMPARE_EXAMPLES = """examples:
+  tmt compare runs/demo runs/demo-seed2 runs/demo-dropout   # runs' final tests; the first is the baseline
+  tmt compare base.it new.it --ref test.it                  # hypothesis files
+  tmt compare runs/demo runs/demo-long --format markdown     # tables to paste into a report
 """
 
 EXPORT_EXAMPLES = """examples:
@@ -173,17 +186,79 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --sample: the random seed (default 0); the same input (lines and their order), "
                             "options and seed give the same samples on the same device")
 
-    evaluate = _add_command(commands, "evaluate", "translate a test set and score it with sacreBLEU", EVALUATE_EXAMPLES)
+    evaluate = _add_command(commands, "evaluate", "translate a test set and score it with sacreBLEU: BLEU, chrF, "
+                                                  "chrF++ and TER with confidence intervals", EVALUATE_EXAMPLES)
     _add_model_arguments(evaluate)
     evaluate.add_argument("--split", choices=["valid", "test"], default="test",
                           help="which split of the run's own data to score (default: test)")
     evaluate.add_argument("--src", type=Path, help="source file to translate instead of a split (needs --ref)")
-    evaluate.add_argument("--ref", type=Path, help="reference translations of --src, line by line")
+    evaluate.add_argument("--ref", type=Path, nargs="+", metavar="REF",
+                          help="reference translations of --src, line by line; several files: several references "
+                               "of each sentence (sacreBLEU's multi-reference scores)")
+    evaluate.add_argument("--bootstrap", type=_non_negative_int, default=1000, metavar="N",
+                          help="bootstrap resamples for each score's 95%% confidence interval, sacreBLEU's "
+                               "(seed: SACREBLEU_SEED, default 12345); 0 = no interval (default 1000)")
+    evaluate.add_argument("--comet", metavar="MODEL",
+                          help="also score with COMET: a Hub model name (Unbabel/wmt22-comet-da) or a downloaded "
+                               "model folder; needs the comet extra (pip install 'transformer-mt[comet]')")
+    evaluate.add_argument("--no-diagnostics", dest="diagnostics", action="store_false",
+                          help="leave out the diagnostics printed after the scores: copies of the source, untranslated "
+                               "output, another script, n-gram loops, length outliers, numbers, URLs and end "
+                               "punctuation that differ from the source, chrF by source length")
     evaluate.add_argument("--tokenize", choices=BLEU_TOKENIZERS, help="sacreBLEU tokenizer for BLEU (default: the run's train.bleu_tokenize, "
                                              "normally 13a; 'none' for pre-tokenized text)")
     evaluate.add_argument("--output", type=_path_or_dash,
                           help="where to write the hypotheses "
                                "(default: <run>/evaluation/<name>.<checkpoint>.beam<K>[.lp<ALPHA>][.int8].txt)")
+
+    scoring = _add_command(commands, "score", "the model's log-probability of given translations (source, target "
+                                              "pairs)", SCORE_EXAMPLES)
+    source = scoring.add_mutually_exclusive_group()
+    source.add_argument("--run", type=Path, help="run directory (default: the most recently updated run under ./runs)")
+    source.add_argument("--checkpoint", type=Path, help="a checkpoint file inside a run's checkpoints/ folder")
+    scoring.add_argument("--source", type=Path, help="source sentences, one per line (needs --target; default: "
+                                                     "source<TAB>target lines on stdin)")
+    scoring.add_argument("--target", type=Path, help="the translations to score, line by line with --source")
+    scoring.add_argument("--format", choices=["text", "jsonl"], default="text",
+                         help="text (default): '<log-probability><TAB><per token>' a line, the sum over the "
+                              "target's tokens and EOS, then divided by their number; jsonl: an object a line "
+                              "with source, target, log_prob, per_token, tokens and token_log_probs")
+    scoring.add_argument("--output", type=_path_or_dash, help="write the scores here instead of stdout (- = stdout)")
+    scoring.add_argument("--quantize", choices=["none", "int8"],
+                         help="int8: score with CTranslate2's int8 weights on a CPU (default: the run's "
+                              "decode.quantize, none)")
+    scoring.add_argument("--engine", choices=["auto", "torch", "ctranslate2"],
+                         help="engine (default: the run's decode.engine, auto: CTranslate2's score_batch on a CPU, "
+                              "torch elsewhere); both give the same log-probabilities up to float rounding")
+    scoring.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
+                         help="where to score (default auto: CUDA, else MPS, else the CPU)")
+    scoring.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bar")
+    scoring.set_defaults(beam=None, length_penalty=None)  # what the shared run loader reads
+
+    compare = _add_command(commands, "compare", "compare runs or hypothesis files on one test set: intervals, "
+                                                "significance, seed groups, config differences, sentences",
+                           COMPARE_EXAMPLES)
+    compare.add_argument("systems", nargs="+", type=Path, metavar="RUN_OR_FILE",
+                         help="run directories (their final test: evaluation/test_scores.json and its hypotheses) "
+                              "or hypothesis files, one line per test sentence; the first is the baseline")
+    compare.add_argument("--ref", type=Path, nargs="+", metavar="REF",
+                         help="reference file(s) of the test set, line by line (default: the runs' own test split; "
+                              "needed for hypothesis files alone)")
+    compare.add_argument("--format", choices=["text", "markdown", "json"], default="text",
+                         help="text tables (default), markdown tables, or JSON with every figure")
+    compare.add_argument("--tokenize", choices=BLEU_TOKENIZERS,
+                         help="sacreBLEU tokenizer for BLEU (default: the first run's train.bleu_tokenize, else 13a)")
+    compare.add_argument("--bootstrap", type=_positive_int, default=1000, metavar="N",
+                         help="paired bootstrap resamples, which also give the 95%% intervals (default 1000)")
+    compare.add_argument("--trials", type=_positive_int, default=10000, metavar="N",
+                         help="approximate randomisation trials (default 10000)")
+    compare.add_argument("--comet", metavar="MODEL",
+                         help="add each system's COMET score (no test of its difference): a Hub model name or a "
+                              "downloaded model folder; needs the comet extra (pip install 'transformer-mt[comet]')")
+    compare.add_argument("--src", type=Path, help="the test set's sources, for --comet with hypothesis files")
+    compare.add_argument("--examples", type=_non_negative_int, default=3, metavar="K",
+                         help="sentences shown where each system gains most over the first by sentence chrF, and "
+                              "where it loses most (default 3)")
 
     export = _add_command(commands, "export", "export a trained run to another inference engine", EXPORT_EXAMPLES)
     export.add_argument("--format", choices=["ctranslate2", "hf"], default="ctranslate2",

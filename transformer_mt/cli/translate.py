@@ -194,16 +194,21 @@ def _draw_attention(translator, line: str, args: argparse.Namespace) -> str:
 def run_evaluate(args: argparse.Namespace) -> None:
     from transformer_mt.data.corpus import load_run_corpus
     from transformer_mt.data.sources import read_aligned_files
-    from transformer_mt.decode.metrics import bleu_tokenizer_problem, score
+    from transformer_mt.data.sources import read_lines
+    from transformer_mt.decode.metrics import METRICS, bleu_tokenizer_problem, score
 
     setup_logging(logging.WARNING)
     if bool(args.src) != bool(args.ref):
         raise UsageError("--src and --ref go together")
     if args.output == STDIO:
         raise UsageError("--output -: evaluate prints its scores on stdout; give a file for the hypotheses")
-    _check_output(args.output, inputs={"--src": args.src, "--ref": args.ref})
+    _check_output(args.output, inputs={"--src": args.src, **{f"--ref {ref}": ref for ref in args.ref or []}})
     if args.tokenize and (problem := bleu_tokenizer_problem(args.tokenize)):  # before the run is loaded (converted)
         raise UsageError(f"--tokenize: {problem}")
+    if args.comet:  # the package and the model, before hours of translating
+        from transformer_mt.decode.comet import comet_checkpoint
+
+        comet_checkpoint(args.comet)
     translator = _load_translator(args)
     _check_not_kept(args.output, "--output", translator.run_dir)
     tokenize = args.tokenize or translator.cfg.train.bleu_tokenize
@@ -212,10 +217,16 @@ def run_evaluate(args: argparse.Namespace) -> None:
         where = "--tokenize" if args.tokenize else "the run's train.bleu_tokenize (choose another with --tokenize)"
         raise UsageError(f"{where}: {problem}")
     if args.src:
-        pairs = read_aligned_files(args.src, args.ref)
+        pairs = read_aligned_files(args.src, args.ref[0])
         if not any(src.strip() for src, _ in pairs):  # no lines, or only empty ones: BLEU 0 of nothing
             raise UsageError(f"{args.src}: no sentences to evaluate (the file is empty or every line is blank)")
-        sources, references = [src for src, _ in pairs], [ref for _, ref in pairs]
+        sources, references = [src for src, _ in pairs], [[ref for _, ref in pairs]]
+        for path in args.ref[1:]:  # more references of the same sentences
+            lines = [line.strip() for line in read_lines(path)]
+            if len(lines) != len(sources):
+                raise DataError(f"{args.src} has {len(sources)} lines but {path} has {len(lines)}; each --ref "
+                                "needs one line per source sentence")
+            references.append(lines)
         # Never a split's name (the final test's hypotheses are test.*), and never another folder's
         # file of the same name: the digest of where it is tells them apart.
         where = hashlib.blake2b(str(args.src.resolve()).encode("utf-8", "surrogateescape"), digest_size=4).hexdigest()
@@ -224,10 +235,10 @@ def run_evaluate(args: argparse.Namespace) -> None:
         # The split as the run read it (its corpus_cache/), even if the data files moved or changed since
         corpus = load_run_corpus(translator.cfg.data, translator.cfg.seed, translator.run_dir)
         split = getattr(corpus, args.split)
-        sources, references, name = split["src"], split["tgt"], args.split
+        sources, references, name = split["src"], [split["tgt"]], args.split
     beam = args.beam or translator.cfg.decode.beam_size
     hypotheses = translator.translate(sources, beam_size=beam, progress=not args.quiet)
-    scores = score(hypotheses, references, tokenize=tokenize)
+    scores = score(hypotheses, references, tokenize=tokenize, n_bootstrap=args.bootstrap)
     # Named after the checkpoint (and a --length-penalty, with a beam), like the final
     # test's file: scoring another checkpoint or setting never overwrites the hypotheses behind
     # the run's own evaluation/test_scores.json.
@@ -236,8 +247,19 @@ def run_evaluate(args: argparse.Namespace) -> None:
         (f".{translator.quantized}" if translator.quantized else "")  # never replacing the fp32 hypotheses
     output = args.output or RunDir(translator.run_dir).evaluation / f"{name}.{translator.checkpoint.stem}.{settings}.txt"
     _write_lines(output, hypotheses)
-    print(f"BLEU = {scores.bleu:.2f}  {scores.bleu_signature}")
-    print(f"chrF = {scores.chrf:.2f}  {scores.chrf_signature}")
+    for metric in METRICS:
+        print(f"{scores[metric].shown(metric)}  {scores[metric].signature}")
+    if args.comet:
+        from transformer_mt.decode.comet import comet_score
+
+        comet = comet_score(args.comet, sources, hypotheses, references[0], gpus=int(translator.device == "cuda"))
+        print(f"COMET = {comet.score:.4f}  model:{comet.model}")
+    if args.diagnostics:
+        from transformer_mt.decode.diagnostics import diagnose
+
+        print(f"\ndiagnostics of {len(hypotheses)} translations (line numbers from 1):")
+        for line in diagnose(sources, hypotheses, references[0]).lines():
+            print(f"  {line}")
     penalty = f", length penalty {alpha:g}" if beam > 1 else ""  # greedy decoding has none
     penalty += f", {translator.quantized} weights" if translator.quantized else ""
     print(f"{len(hypotheses)} sentences, beam {beam}{penalty}; hypotheses in {_shown(output)}", file=sys.stderr)

@@ -270,8 +270,12 @@ class TrainConfig:
     """sacreBLEU tokenizer for validation BLEU, `tmt evaluate` and the final test score: `13a`
     (sacreBLEU's default) for raw text, `none` for pre-tokenized text such as Multi30k's `tok/`."""
     patience: int = 0
-    """Stop early when validation BLEU has not improved for this many validations in a row;
-    0 trains to `max_steps`."""
+    """Stop early when the validation score `best_metric` names has not improved for this many
+    validations in a row; 0 trains to `max_steps`."""
+    best_metric: Literal["bleu", "chrf", "chrf++", "loss"] = "bleu"
+    """What a validation is judged on: which step `best.pt` holds (and so the final test and
+    `translate`), and what `patience` waits for: greedy BLEU, chrF or chrF++ on the validation
+    subset (higher is better), or the validation loss (lower is better)."""
     test_at_end: bool = True
     """After the last step, translate the test split with `decode.beam_size` beams using `best.pt`
     (or the average below) and write BLEU/chrF with their sacreBLEU signatures to

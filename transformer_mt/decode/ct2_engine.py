@@ -127,6 +127,15 @@ class CT2Engine:
             results[i].append(Hypothesis(ids, log_prob, log_prob / penalty))
         return results
 
+    def score(self, src_ids: list[list[int]], tgt_ids: list[list[int]], decode: DecodeConfig,
+              progress: bool) -> list[list[float]]:
+        keep = self.max_len - 1  # as the torch engine cuts sources
+        results = self._translator(decode).score_batch(
+            [[self.src_tokens[i] for i in ids[:keep]] for ids in src_ids],
+            [[self.tgt_tokens[t] for t in ids] for ids in tgt_ids],
+            max_batch_size=decode.batch_tokens, batch_type="tokens", max_input_length=0)
+        return [list(result.log_probs) for result in results]  # the target's tokens, then EOS
+
     def cross_attention(self, src_ids: list[int], hyp_ids: list[int], layer: int):
         raise UsageError("--show-attention draws from the torch engine's model; use --engine torch")
 

@@ -1,16 +1,70 @@
-"""Corpus-level scores of translations: sacreBLEU's BLEU and chrF with their signatures."""
+"""Corpus-level scores of translations with sacreBLEU: BLEU, chrF, chrF++ and TER with their
+signatures, and 95 % confidence intervals by sacreBLEU's bootstrap resampling."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+METRICS = ("bleu", "chrf", "chrf++", "ter")  # TER is an error rate: lower is better
+NAMES = {"bleu": "BLEU", "chrf": "chrF", "chrf++": "chrF++", "ter": "TER"}  # as sacreBLEU prints them
+
+
+@dataclass(frozen=True)
+class MetricScore:
+    """One metric's corpus score; with bootstrap resampling, the resamples' mean and the half-width
+    of their 95 % interval (sacreBLEU's `μ ± ci`)."""
+
+    value: float
+    signature: str
+    mean: float | None = None
+    ci: float | None = None
+
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """The 95 % confidence interval, (low, high), or None without resampling."""
+        return None if self.mean is None else (self.mean - self.ci, self.mean + self.ci)
+
+    def shown(self, name: str) -> str:
+        """`BLEU = 31.20 (95% CI 29.84-32.57)`, as the CLI prints it."""
+        line = f"{NAMES[name]} = {self.value:.2f}"
+        return line + (f" (95% CI {self.interval[0]:.2f}-{self.interval[1]:.2f})" if self.interval else "")
 
 
 @dataclass(frozen=True)
 class Scores:
-    bleu: float
-    chrf: float
-    bleu_signature: str
-    chrf_signature: str
+    """Each metric's `MetricScore`, by name (`METRICS`)."""
+
+    by_metric: dict[str, MetricScore] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> MetricScore:
+        return self.by_metric[name]
+
+    @property
+    def bleu(self) -> float:
+        return self.by_metric["bleu"].value
+
+    @property
+    def chrf(self) -> float:
+        return self.by_metric["chrf"].value
+
+    @property
+    def bleu_signature(self) -> str:
+        return self.by_metric["bleu"].signature
+
+    @property
+    def chrf_signature(self) -> str:
+        return self.by_metric["chrf"].signature
+
+    def report(self) -> dict:
+        """For JSON: `<metric>` (2 decimals), `<metric>_signature`, and `<metric>_ci95` [low, high] when resampled."""
+        report = {}
+        for name, result in self.by_metric.items():
+            report[name] = round(result.value, 2)
+            if result.interval:
+                report[f"{name}_ci95"] = [round(bound, 2) for bound in result.interval]
+            report[f"{name}_signature"] = result.signature
+        return report
 
 
 def bleu_tokenizer_problem(tokenize: str) -> str | None:
@@ -26,13 +80,43 @@ def bleu_tokenizer_problem(tokenize: str) -> str | None:
     return None
 
 
-def score(hypotheses: list[str], references: list[str], tokenize: str = "13a") -> Scores:
-    """BLEU and chrF of detokenised hypotheses against one reference each (sacreBLEU defaults).
-    `tokenize="none"` scores pre-tokenized text on purpose, without sacreBLEU's "detokenize" warning."""
-    import sacrebleu
+def sacrebleu_metrics(tokenize: str = "13a", names: Sequence[str] = METRICS) -> dict:
+    """sacreBLEU's metric objects by name: BLEU with `tokenize` (`none` scores pre-tokenized text on
+    purpose, without the "detokenize" warning), chrF, chrF++ (word bigrams too) and TER."""
+    from sacrebleu.metrics import BLEU, CHRF, TER
 
-    bleu = sacrebleu.metrics.BLEU(tokenize=tokenize, force=tokenize == "none")
-    chrf = sacrebleu.metrics.CHRF()
-    bleu_score = bleu.corpus_score(hypotheses, [references])
-    chrf_score = chrf.corpus_score(hypotheses, [references])
-    return Scores(bleu_score.score, chrf_score.score, str(bleu.get_signature()), str(chrf.get_signature()))
+    build = {"bleu": lambda: BLEU(tokenize=tokenize, force=tokenize == "none"), "chrf": CHRF,
+             "chrf++": lambda: CHRF(word_order=2), "ter": TER}
+    return {name: build[name]() for name in names}
+
+
+def reference_streams(references: Sequence[str] | Sequence[Sequence[str]]) -> list[list[str]]:
+    """One reference per hypothesis (a list of strings), or several such lists, as sacreBLEU's streams."""
+    if not references or isinstance(references[0], str):
+        return [list(references)]
+    return [list(stream) for stream in references]
+
+
+def score(hypotheses: list[str], references: Sequence[str] | Sequence[Sequence[str]], tokenize: str = "13a",
+          n_bootstrap: int = 1, metrics: Sequence[str] = METRICS) -> Scores:
+    """`metrics` of detokenised hypotheses against one reference each, or several reference lists
+    (sacreBLEU defaults). `n_bootstrap` > 1: each score's 95 % interval from that many bootstrap
+    resamples, seeded as sacreBLEU seeds them (`SACREBLEU_SEED`, default 12345)."""
+    streams = reference_streams(references)
+    results = {}
+    for name, metric in sacrebleu_metrics(tokenize, metrics).items():
+        if n_bootstrap <= 1:
+            results[name] = MetricScore(metric.corpus_score(hypotheses, streams).score, str(metric.get_signature()))
+            continue
+        # What `corpus_score(..., n_bootstrap=N)` does, but for its interval's mean, which fails
+        # (statistics.mean) when resamples score as both float and numpy float32.
+        import numpy as np
+        from sacrebleu.significance import _bootstrap_resample, estimate_ci
+
+        stats = metric._extract_corpus_statistics(hypotheses, streams)
+        value = metric._aggregate_and_compute(stats).score
+        metric.n_bootstrap = n_bootstrap  # both named in the signature, as corpus_score does
+        metric.seed, resamples = _bootstrap_resample(stats, metric, n_bootstrap)
+        mean, ci = estimate_ci(np.array([float(r.score) for r in resamples]))
+        results[name] = MetricScore(float(value), str(metric.get_signature()), float(mean), float(ci))
+    return Scores(results)

@@ -37,6 +37,11 @@ class TorchEngine:
         return translate_hypotheses(self.model, src_ids, decode, precision=self.precision, beam_size=beam_size,
                                     n_best=n_best, sampling=sampling, progress=progress, **self.common)
 
+    def score(self, src_ids: list[list[int]], tgt_ids: list[list[int]], decode: DecodeConfig,
+              progress: bool) -> list[list[float]]:
+        return score_ids(self.model, src_ids, tgt_ids, decode, precision=self.precision, progress=progress,
+                         **self.common)
+
     def cross_attention(self, src_ids: list[int], hyp_ids: list[int], layer: int) -> torch.Tensor:
         from transformer_mt.decode.plotting import cross_attention_map
 
@@ -93,6 +98,41 @@ def translate_hypotheses(model: Transformer, src_seqs: list[list[int]], decode_c
             with precision.autocast(), attention.enabled():
                 for i, output in zip(chunk, decode(src_ids)):
                     results[i] = output
+    finally:
+        model.train(was_training)
+    return results
+
+
+@torch.no_grad()
+def score_ids(model: Transformer, src_seqs: list[list[int]], tgt_seqs: list[list[int]], decode_cfg: DecodeConfig, *,
+              bos_id: int, eos_id: int, device: torch.device, precision: Precision,
+              progress: bool = False) -> list[list[float]]:
+    """Each target's per-token log-probabilities given its source (teacher-forced, the target's
+    tokens then EOS) under the distribution the search draws from (padding and BOS excluded), in length-sorted batches of `decode_cfg.batch_tokens`, in input order.
+    Sources are cut to `model.cfg.max_len - 1` tokens; targets must fit (`max_len - 1`)."""
+    keep = model.cfg.max_len - 1
+    sources = [list(s[:keep]) + [eos_id] for s in src_seqs]
+    batches = sorted_batches([max(len(s), len(t) + 1) for s, t in zip(sources, tgt_seqs)], decode_cfg.batch_tokens)
+    if progress and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        batches = tqdm(batches, desc="score", unit="batch", file=sys.stderr, leave=False)
+    attention = pick_attention(decode_cfg.attention_backend, device, "decode")
+    results: list = [None] * len(sources)
+    was_training = model.training
+    model.eval()
+    try:
+        for chunk in batches:
+            src_ids = pad_sequences([sources[i] for i in chunk], model.pad_id).to(device)  # (B, S)
+            tgt_in = pad_sequences([[bos_id, *tgt_seqs[i]] for i in chunk], model.pad_id).to(device)  # (B, T)
+            tgt_out = pad_sequences([[*tgt_seqs[i], eos_id] for i in chunk], model.pad_id).to(device)  # (B, T)
+            with precision.autocast(), attention.enabled():
+                logits = model(src_ids, tgt_in, pack=False).float()  # (B·T, V)
+            logits[:, [model.pad_id, bos_id]] = torch.finfo(logits.dtype).min  # as the search: never emitted
+            log_probs = torch.log_softmax(logits, dim=-1).gather(-1, tgt_out.view(-1, 1))
+            log_probs = log_probs.view(tgt_out.shape).cpu()  # (B, T)
+            for row, i in enumerate(chunk):
+                results[i] = log_probs[row, : len(tgt_seqs[i]) + 1].tolist()
     finally:
         model.train(was_training)
     return results

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from transformer_mt.config.loading import config_from_dict
 from transformer_mt.config.schema import Config, DecodeConfig
-from transformer_mt.core.errors import CheckpointError, ConfigError, TmtError, UsageError
+from transformer_mt.core.errors import CheckpointError, ConfigError, DataError, TmtError, UsageError
 from transformer_mt.core.run_layout import find_checkpoint
 from transformer_mt.data.tokenization import EOS, TokenizerPair
 from transformer_mt.decode.ct2_engine import CT2Engine, conversion_dir, convert, find_conversion
@@ -33,7 +33,8 @@ class Engine(Protocol):
     length-sorted batches of `decode.batch_tokens`, results in input order: each source's best
     translation (`translate`; beam 1: greedy), its `n_best` best, best first, or with `sampling`
     `n_best` samples (`hypotheses`); the head-averaged cross-attention (T + 1, S + 1) of decoder
-    `layer` producing `hyp_ids` + EOS."""
+    `layer` producing `hyp_ids` + EOS; the log-probability of each target id and then EOS given its
+    source (`score`, teacher-forced)."""
 
     name: str  # "torch" or "ctranslate2"
     device: str  # "cpu", "cuda" or "mps"
@@ -43,6 +44,9 @@ class Engine(Protocol):
 
     def hypotheses(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, n_best: int,
                    sampling: Sampling | None, progress: bool) -> list[list[Hypothesis]]: ...
+
+    def score(self, src_ids: list[list[int]], tgt_ids: list[list[int]], decode: DecodeConfig,
+              progress: bool) -> list[list[float]]: ...
 
     def cross_attention(self, src_ids: list[int], hyp_ids: list[int], layer: int): ...
 
@@ -206,6 +210,20 @@ class Translator:
                             for translation, hyp in zip(decoded, hyps)])
         return results
 
+    def score(self, sources: list[str], targets: list[str], progress: bool = False) -> list[ScoredPair]:
+        """The model's log-probability of each target given its source, token by token (the target's
+        BPE pieces, then EOS). A target longer than the model reads (`model.max_len - 1` tokens) is
+        refused, naming its line (from 1); a source too long is cut with a warning, as `translate` does."""
+        src_ids = self._sources(sources)[1]
+        tgt_ids = self.tokenizers.encode_tgt([target.strip() for target in targets])
+        for number, ids in enumerate(tgt_ids, start=1):
+            if len(ids) >= self.max_len:
+                raise DataError(f"line {number}: the target is {len(ids)} tokens; this model scores at most "
+                                f"{self.max_len - 1} (model.max_len={self.max_len} with BOS)")
+        scored = self.engine.score(src_ids, tgt_ids, self.cfg.decode, progress)
+        return [ScoredPair(self.tokenizers.tgt_pieces(ids) + [EOS], log_probs)
+                for ids, log_probs in zip(tgt_ids, scored)]
+
     def attention(self, line: str, layer: int = -1, beam_size: int | None = None) -> AttentionMap:
         """Translate one line and return where decoder layer `layer` (-1: the last) of the torch
         engine's model looked; a line too long is truncated with a warning, as in `translate`."""
@@ -252,3 +270,21 @@ class AttentionMap:
     tgt_pieces: list[str]
     translation: str
 
+
+
+@dataclass(frozen=True)
+class ScoredPair:
+    """A target's score given its source: each token's log-probability, EOS last."""
+
+    tokens: list[str]  # the target's BPE pieces, then EOS
+    token_log_probs: list[float]
+
+    @property
+    def log_prob(self) -> float:
+        """The target's log-probability (EOS included)."""
+        return sum(self.token_log_probs)
+
+    @property
+    def per_token(self) -> float:
+        """`log_prob` over its tokens (EOS counted): comparable across lengths."""
+        return self.log_prob / len(self.token_log_probs)

@@ -34,7 +34,9 @@ class TrainState:
     step: int = 0  # optimizer updates done; a skipped batch is not a step
     best_bleu: float = -1.0
     best_step: int = -1  # the step `best.pt` holds
-    evals_since_best: int = 0  # validations without a new best BLEU (early stopping)
+    best_value: float | None = None  # best_metric's value at best_step (None: no validation yet)
+    best_metric: str | None = None  # the train.best_metric best_value is of
+    evals_since_best: int = 0  # validations without a new best (early stopping)
     stopped_early: bool = False
     tgt_tokens_seen: int = 0
     skipped_nonfinite: int = 0  # batches skipped for a NaN/inf loss or gradient
@@ -50,6 +52,16 @@ class TrainState:
         for field in dataclasses.fields(self):  # a number as its field's type; `parent` may be absent
             value = state.get(field.name)
             setattr(self, field.name, value if field.default is None else type(field.default)(value))
+
+
+def improves(value: float, state: TrainState, metric: str) -> bool:
+    """Whether a validation's `metric` (train.best_metric) beats the best so far: a lower loss, a
+    higher score. A run resumed with another `best_metric` starts its best anew; a checkpoint from
+    before `best_value` was kept has its best BLEU."""
+    best = state.best_value if state.best_metric == metric else None
+    if state.best_metric is None and metric == "bleu" and state.best_bleu >= 0:
+        best = state.best_bleu
+    return best is None or (value < best if metric == "loss" else value > best)
 
 
 class Stateful(Protocol):  # `TrainStep`: the optimizer and the scaler

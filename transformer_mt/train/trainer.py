@@ -34,7 +34,7 @@ from transformer_mt.train.ema import WeightEMA
 from transformer_mt.train.interval import BAR_FORMAT, Interval, peak_flops_per_s
 from transformer_mt.train.optional_outputs import OptionalWriter, quiet_tensorboard_thread
 from transformer_mt.train.preparation import batch_padding, prepare_data
-from transformer_mt.train.state import RunCheckpoint, TrainState
+from transformer_mt.train.state import RunCheckpoint, TrainState, improves
 from transformer_mt.train.step import TrainStep
 from transformer_mt.train.validation import Evaluator
 
@@ -137,10 +137,10 @@ class Trainer:
                                err.strerror or err)
             self._summary_warned = True
 
-    def validate(self, writer: SummaryWriter) -> float:
-        """Validate at the current step; returns its BLEU."""
+    def validate(self, writer: SummaryWriter) -> dict:
+        """Validate at the current step; returns its scores (`last_valid`)."""
         self.state.last_valid = self.evaluator.validate(writer, self.state.step)
-        return self.state.last_valid["bleu"]
+        return self.state.last_valid
 
     def final_test(self) -> None:
         self.test_report = self.evaluator.final_test(self.state.step)
@@ -222,18 +222,19 @@ class Trainer:
         if validate or save_due:
             interval.pause()  # validation and checkpoint writing are not training time
         if validate:
-            bleu = self.validate(writer)
-            is_best = bleu > state.best_bleu
+            valid = self.validate(writer)
+            is_best = improves(valid[t.best_metric], state, t.best_metric)
             if is_best:
-                state.best_bleu, state.best_step = bleu, step
+                state.best_bleu, state.best_step = valid["bleu"], step
+                state.best_value, state.best_metric = valid[t.best_metric], t.best_metric
             state.evals_since_best = 0 if is_best else state.evals_since_best + 1
             if t.patience and state.evals_since_best >= t.patience:
-                logger.info("stopping early at step %d: validation BLEU has not improved on %.2f (step %d) for %d "
-                            "validations (train.patience)", step, state.best_bleu, state.best_step,
+                logger.info("stopping early at step %d: validation %s has not improved on %g (step %d) for %d "
+                            "validations (train.patience)", step, t.best_metric, state.best_value, state.best_step,
                             state.evals_since_best)
                 state.stopped_early = finished = True
             if finished:
-                self.evaluator.log_hparams(writer, step, state.best_bleu, bleu)
+                self.evaluator.log_hparams(writer, step, state.best_bleu, valid["bleu"])
         if save_due or finished or is_best:  # finished: also by early stopping; a best: a step checkpoint too
             self.save(is_best=is_best)
         interval.resume()

@@ -22,7 +22,8 @@ from transformer_mt.data import corpus as data_module
 from transformer_mt.data.batching import sorted_batches
 from transformer_mt.data.token_cache import TokenizedSplit
 from transformer_mt.data.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair
-from transformer_mt.decode.metrics import score
+from transformer_mt.decode.diagnostics import diagnose
+from transformer_mt.decode.metrics import METRICS, score
 from transformer_mt.decode.plotting import attention_figure, cross_attention_labels, cross_attention_map
 from transformer_mt.decode.torch_engine import translate_ids
 from transformer_mt.model.transformer import Transformer
@@ -32,6 +33,8 @@ from transformer_mt.train.optional_outputs import OptionalWriter
 from transformer_mt.train.step import label_smoothed_loss
 
 logger = logging.getLogger(__name__)
+
+BOOTSTRAP_SAMPLES = 1000  # the final test's resamples for its 95 % intervals (sacreBLEU's default)
 
 
 class Evaluator:
@@ -84,7 +87,8 @@ class Evaluator:
             self.paths.validation.mkdir(exist_ok=True)
             write_text_atomic(self.paths.validation_hypotheses(step), lines_to_text(hypotheses))
         ppl = math.exp(min(loss, 100.0))
-        for name, value in {"loss": loss, "perplexity": ppl, "bleu": scores.bleu, "chrf": scores.chrf}.items():
+        values = {"loss": loss, "perplexity": ppl, **{name: scores[name].value for name in METRICS}}
+        for name, value in values.items():
             writer.add_scalar(f"valid/{name}", value, step)
         examples = []  # the first `train.n_examples`, in the log and as TensorBoard text
         for i in range(min(self.cfg.train.n_examples, len(hypotheses))):
@@ -92,13 +96,22 @@ class Evaluator:
             examples.append(f"source: {src}\nreference: {references[i]}\nhypothesis: {hypotheses[i]}")
             logger.info("example %d\n  source:     %s\n  reference:  %s\n  hypothesis: %s",
                         i + 1, src, references[i], hypotheses[i])
+        sources_text = [self.valid_data.src_text[i] for i in self.valid_subset]
+        diagnostics = diagnose(sources_text, hypotheses, references)
+        for name, rate in diagnostics.rates().items():  # the share of the sentences each check flags
+            writer.add_scalar(f"diag/{name}", rate, step)
+        for label, _, chrf in diagnostics.buckets:
+            writer.add_scalar(f"diag/chrf_source_words_{label}", chrf, step)
+        if flagged := diagnostics.examples(sources_text, hypotheses):
+            writer.add_text("diag/examples", flagged, step)
         if examples:
             writer.add_text("valid/examples", "\n\n".join(f"    {e}".replace("\n", "\n    ") for e in examples), step)
-        logger.info("validation at step %d%s: loss %.3f, ppl %.2f, BLEU %.2f, chrF %.2f (%d sentences, %.1fs) [%s]",
-                    step, " (EMA weights)" if self.ema else "", loss, ppl, scores.bleu, scores.chrf, len(hypotheses),
+        logger.info("validation at step %d%s: loss %.3f, ppl %.2f, BLEU %.2f, chrF %.2f, chrF++ %.2f, TER %.2f "
+                    "(%d sentences, %.1fs) [%s]", step, " (EMA weights)" if self.ema else "", loss, ppl, scores.bleu,
+                    scores.chrf, scores["chrf++"].value, scores["ter"].value, len(hypotheses),
                     time.perf_counter() - started, scores.bleu_signature)
-        return {"step": step, "loss": round(loss, 4), "perplexity": round(ppl, 2), "bleu": round(scores.bleu, 2),
-                "chrf": round(scores.chrf, 2), **({"weights": "ema"} if self.ema else {})}
+        return {"step": step, "loss": round(loss, 4), "perplexity": round(ppl, 2),
+                **{name: round(scores[name].value, 2) for name in METRICS}, **({"weights": "ema"} if self.ema else {})}
 
     def _log_attention(self, writer: SummaryWriter, step: int, src_ids: list[int], hyp_ids: list[int]) -> None:
         """Cross-attention images of the first validation sentence's translation: the last decoder
@@ -155,7 +168,8 @@ class Evaluator:
         if (not isinstance(report, dict) or any(report.get(k) != v for k, v in same.items())
                 or ("ema" in report) != (self.ema_test_weights() is not None)):
             return None
-        return report if f"|tok:{cfg.train.bleu_tokenize}|" in str(report.get("bleu_signature")) else None
+        same_scores = f"|tok:{cfg.train.bleu_tokenize}|" in str(report.get("bleu_signature")) and "ter" in report
+        return report if same_scores else None
 
     def final_test(self, step: int) -> dict:
         """Test the best (or averaged) weights, and the EMA's as the report's `ema` (`ema_test_weights`;
@@ -191,17 +205,16 @@ class Evaluator:
                                 eos_id=EOS_ID, device=self.device, precision=self.precision, beam_size=beam,
                                 progress=self.progress)
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
-        scores = score(hypotheses, test["tgt"], tokenize=cfg.train.bleu_tokenize)
+        scores = score(hypotheses, test["tgt"], tokenize=cfg.train.bleu_tokenize, n_bootstrap=BOOTSTRAP_SAMPLES)
         self.paths.evaluation.mkdir(exist_ok=True)
         hypotheses_file = f"test.{path.stem}.beam{beam}.txt"
         write_text_atomic(self.paths.evaluation / hypotheses_file, lines_to_text(hypotheses))
         # step: the run's when tested; checkpoint_steps: those of the weights; weights: "ema" or "model"
         report = {"checkpoint": path.name, "checkpoint_steps": weights_steps, "weights": which,
                   "hypotheses": hypotheses_file, "step": step, "sentences": len(hypotheses), "beam_size": beam,
-                  "length_penalty": cfg.decode.length_penalty, "bleu": round(scores.bleu, 2),
-                  "chrf": round(scores.chrf, 2), "bleu_signature": scores.bleu_signature,
-                  "chrf_signature": scores.chrf_signature, "seconds": round(time.perf_counter() - started, 1)}
-        logger.info("test (%s%s, beam %d, %d sentences): BLEU %.2f [%s], chrF %.2f [%s]", path.name,
-                    ", EMA weights" if which == "ema" else "", beam, len(hypotheses), scores.bleu,
-                    scores.bleu_signature, scores.chrf, scores.chrf_signature)
+                  "length_penalty": cfg.decode.length_penalty, **scores.report(),
+                  "seconds": round(time.perf_counter() - started, 1)}
+        logger.info("test (%s%s, beam %d, %d sentences): %s [%s]", path.name,
+                    ", EMA weights" if which == "ema" else "", beam, len(hypotheses),
+                    ", ".join(scores[name].shown(name) for name in METRICS), scores.bleu_signature)
         return report

@@ -1,0 +1,67 @@
+"""`tmt score`: a run's log-probability of given (source, target) pairs, from two aligned files or
+tab-separated stdin, per sentence or per token."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from transformer_mt.cli.log_setup import setup_logging
+from transformer_mt.cli.parser import STDIO
+from transformer_mt.cli.translate import _check_not_kept, _check_output, _load_translator, _write_lines
+from transformer_mt.core.errors import DataError, UsageError
+
+
+def run_score(args: argparse.Namespace) -> None:
+    setup_logging(logging.WARNING)
+    if bool(args.source) != bool(args.target):
+        raise UsageError("--source and --target go together (or give source<TAB>target lines on stdin)")
+    if args.output == STDIO:
+        args.output = None
+    _check_output(args.output, inputs={"--source": args.source, "--target": args.target})
+    sources, targets = _read_pairs(args)
+    translator = _load_translator(args)
+    _check_not_kept(args.output, "--output", translator.run_dir)
+    scored = translator.score(sources, targets, progress=bool(args.source) and not args.quiet)
+    if args.format == "jsonl":
+        lines = [json.dumps({"source": src, "target": tgt, "log_prob": round(pair.log_prob, 4),
+                             "per_token": round(pair.per_token, 4), "tokens": pair.tokens,
+                             "token_log_probs": [round(p, 4) for p in pair.token_log_probs]}, ensure_ascii=False)
+                 for src, tgt, pair in zip(sources, targets, scored)]
+    else:
+        lines = [f"{pair.log_prob:.4f}\t{pair.per_token:.4f}" for pair in scored]
+    if args.output:
+        _write_lines(args.output, lines)
+    else:
+        for line in lines:
+            print(line)
+        sys.stdout.flush()
+
+
+def _read_pairs(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The (source, target) pairs to score: line i of --source and --target, else `source<TAB>target`
+    lines on stdin; an empty side, a missing tab or no pairs at all is refused, naming the line."""
+    from transformer_mt.data.sources import read_aligned_files, read_stream_lines
+
+    if args.source:
+        pairs = read_aligned_files(args.source, args.target)
+        names = (str(args.source), str(args.target))
+    else:
+        if sys.stdin.isatty():
+            raise UsageError("nothing to score: give --source FILE --target FILE, or source<TAB>target lines on stdin")
+        pairs = []
+        for number, line in enumerate(read_stream_lines(sys.stdin.buffer, "stdin"), start=1):
+            fields = line.split("\t")
+            if len(fields) != 2:
+                raise DataError(f"stdin line {number}: expected source<TAB>target (one tab), found {len(fields) - 1}")
+            pairs.append((fields[0].strip(), fields[1].strip()))
+        names = ("stdin", "stdin")
+    if not pairs:
+        raise UsageError(f"nothing to score: {names[0]} has no lines")
+    for number, (src, tgt) in enumerate(pairs, start=1):
+        for side, text, name in (("source", src, names[0]), ("target", tgt, names[1])):
+            if not text:
+                raise DataError(f"{name} line {number}: the {side} is empty; score needs a sentence on both sides")
+    return [src for src, _ in pairs], [tgt for _, tgt in pairs]

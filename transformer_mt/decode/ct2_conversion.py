@@ -12,11 +12,11 @@ import torch
 from torch import nn
 
 from transformer_mt.core.errors import TmtError, UsageError
-from transformer_mt.core.files import check_new_dir, make_parent_dir, write_new_dir
+from transformer_mt.core.files import check_new_dir, write_new_dir
 from transformer_mt.data.tokenization import BOS, BOS_ID, EOS, PAD_ID, UNK, TokenizerPair
 from transformer_mt.model.transformer import Transformer, sinusoidal_positions
 from transformer_mt.runs.checkpoint import load_run
-from transformer_mt.runs.run_dir import lock_if_inside
+from transformer_mt.runs.run_dir import write_export
 
 logger = logging.getLogger(__name__)
 
@@ -45,12 +45,7 @@ def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None 
 
     run = load_run(run_dir, checkpoint)
     spec = ctranslate2_spec(run.model, run.tokenizers, run_dir, quantization)
-    with lock_if_inside(run_dir, output_dir, "tmt export"):  # never beside the run's trainer
-        make_parent_dir(output_dir, "--output")
-        try:
-            save_model_dir(spec, target)
-        except OSError as err:
-            raise TmtError(f"{output_dir}: could not write the CTranslate2 model ({err.strerror or err})") from None
+    write_export(run_dir, output_dir, target, lambda folder: spec.save(str(folder)), "CTranslate2 model")
     logger.info("exported %s to %s (CTranslate2, %s)", run_dir, output_dir, quantization or "float32")
 
 

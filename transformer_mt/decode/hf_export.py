@@ -13,12 +13,12 @@ from torch import nn
 
 from transformer_mt.config.schema import Config
 from transformer_mt.core.errors import TmtError, UsageError
-from transformer_mt.core.files import check_new_dir, make_parent_dir, write_new_dir
+from transformer_mt.core.files import check_new_dir
 from transformer_mt.data.tokenization import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, TokenizerPair
 from transformer_mt.decode.ct2_conversion import FORBIDDEN_LOGIT_BIAS
 from transformer_mt.model.transformer import Transformer, sinusoidal_positions
 from transformer_mt.runs.checkpoint import load_run
-from transformer_mt.runs.run_dir import lock_if_inside
+from transformer_mt.runs.run_dir import write_export
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +53,7 @@ def export_hf(run_dir: Path, output_dir: Path, checkpoint: Path | None = None) -
             (folder / name).parent.mkdir(exist_ok=True)
             (folder / name).write_text(text, encoding="utf-8")
 
-    with lock_if_inside(run_dir, output_dir, "tmt export"):  # never beside the run's trainer
-        make_parent_dir(output_dir, "--output")
-        try:
-            write_new_dir(target, write)
-        except OSError as err:
-            raise TmtError(f"{output_dir}: could not write the model ({err.strerror or err})") from None
+    write_export(run_dir, output_dir, target, write, "model")
     logger.info("exported %s to %s (transformers %s)", run_dir, output_dir, MODEL_CLASSES[run.cfg.model.norm][1])
 
 

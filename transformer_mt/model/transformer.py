@@ -4,6 +4,7 @@ Shapes: B batch, S source, T target, L either length, N rows, D d_model, H heads
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -126,6 +127,7 @@ def varlen_backend(device: torch.device, dropout: float, dtype: torch.dtype = to
     return _reference_varlen
 
 
+@functools.cache  # asked at every packed attention call on CUDA
 def varlen_available() -> bool:
     """Whether this torch has `torch.nn.attention.varlen.varlen_attn`."""
     import importlib.util

@@ -17,7 +17,7 @@ from pathlib import Path
 from transformer_mt.config.loading import load_config, read_saved_config
 from transformer_mt.config.schema import Config, config_changes, config_to_dict
 from transformer_mt.core.errors import CheckpointError, ConfigError, TmtError, UsageError
-from transformer_mt.core.files import read_json, temp_file_target
+from transformer_mt.core.files import make_parent_dir, read_json, temp_file_target, write_new_dir
 from transformer_mt.core.run_layout import RunDir, best_or_latest, checkpoint_steps
 from transformer_mt.data.tokenization import TokenizerPair
 from transformer_mt.runs.init_from import parent_paths
@@ -118,6 +118,17 @@ def lock_if_inside(run_dir: Path, output: Path, purpose: str) -> RunLock:
     if RunDir(run_dir).checkpoints.is_dir() and output.resolve().is_relative_to(run_dir.resolve()):
         return RunLock.acquire(run_dir, purpose)
     return RunLock(RunDir(run_dir).lock, None)
+
+
+def write_export(run_dir: Path, output_dir: Path, target: Path, write, what: str) -> None:
+    """`write(folder)` into the new folder `target` (`write_new_dir`) for `output_dir`, under the run's
+    lock when it lies inside the run; a failed write is one `TmtError` naming `what` was written."""
+    with lock_if_inside(run_dir, output_dir, "tmt export"):  # never beside the run's trainer
+        make_parent_dir(output_dir, "--output")
+        try:
+            write_new_dir(target, write)
+        except OSError as err:
+            raise TmtError(f"{output_dir}: could not write the {what} ({err.strerror or err})") from None
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, init_from: str | None = None) -> RunLock:

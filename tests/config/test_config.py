@@ -112,6 +112,13 @@ def test_lr_schedule_names_its_choices_and_the_floor_lies_between_zero_and_the_p
     assert config_from_dict({"data": {"path": "x"}}).train.lr_schedule == "inverse_sqrt"  # today's schedule
 
 
+def test_best_metric_comet_needs_a_comet_model_to_validate_with():
+    assert problems_of({"data": {"path": "x"}, "train": {"best_metric": "comet"}}) == [
+        "train.best_metric: comet needs a COMET model in train.valid_comet"]
+    cfg = config_from_dict({"data": {"path": "x"}, "train": {"best_metric": "comet", "valid_comet": "m/x"}})
+    assert (cfg.train.best_metric, cfg.train.valid_comet) == ("comet", "m/x")
+
+
 def test_a_decaying_schedule_needs_its_warmup_to_end_before_max_steps():
     """Warmup to max_steps would leave linear or cosine no decay: the rate never reaches min_lr (or
     the peak), e.g. a short fine-tune under the default warmup of 4,000 updates."""

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import TINY_PAIRS, run_cli, tmt, train_tiny_run, write_corpus
+from transformer_mt.core.run_layout import RunDir
 from transformer_mt.decode.metrics import score
 from transformer_mt.decode.plotting import cross_attention_labels
 
@@ -81,6 +82,14 @@ def test_several_references_are_scored_as_sacrebleu_scores_them(tmp_path: Path):
     assert [ours[name].value for name in ("bleu", "chrf", "ter")] == pytest.approx(
         [e["score"] for e in expected], abs=1e-4)
     assert "nrefs:2" in ours.bleu_signature and ours.bleu > score(hypotheses, REFERENCES[:30]).bleu
+
+
+def test_an_interval_is_shown_as_its_two_bounds_even_below_zero():
+    from transformer_mt.decode.metrics import MetricScore
+
+    near_zero = MetricScore(1.78, "sig", mean=1.71, ci=1.72)  # sacreBLEU's mean ± half-width can dip below 0
+    assert near_zero.shown("bleu") == "BLEU = 1.78 (95% CI [-0.01, 3.43])"
+    assert MetricScore(31.2, "sig").shown("chrf++") == "chrF++ = 31.20"
 
 
 def test_evaluate_prints_four_metrics_with_intervals_and_takes_several_references(workdir: Path):
@@ -222,6 +231,17 @@ def test_comet_without_its_package_says_how_to_install_it(workdir: Path, monkeyp
                            "pip install 'transformer-mt[comet]'")
 
 
+def test_train_valid_comet_without_its_package_stops_before_the_data_is_prepared(workdir: Path, monkeypatch,
+                                                                                   capsys):
+    monkeypatch.setitem(sys.modules, "comet", None)
+    code, out, err = run_cli(["train", "--config", "tiny.yaml", "--run-dir", "runs/comet",
+                              "--set", "train.valid_comet=Unbabel/wmt22-comet-da"], monkeypatch, capsys, workdir)
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        "tmt: error: train.valid_comet needs the unbabel-comet package, which is not installed: "
+        "pip install 'transformer-mt[comet]'")
+    assert not RunDir(workdir / "runs" / "comet").tokenizer_file(joint=True).exists()  # nothing prepared
+
+
 class UnreachableHub(types.ModuleType):
     """The comet package's two entry points, with the Hub out of reach (as here: no network)."""
 
@@ -253,7 +273,7 @@ def test_comet_without_its_model_names_what_is_missing(workdir: Path, monkeypatc
 
 def test_a_comet_checkpoint_that_does_not_load_is_named(tmp_path: Path, monkeypatch):
     from transformer_mt.core.errors import UsageError
-    from transformer_mt.decode.comet import comet_score
+    from transformer_mt.decode.comet import Comet
 
     fake = UnreachableHub()
     monkeypatch.setitem(sys.modules, "comet", fake)
@@ -261,5 +281,5 @@ def test_a_comet_checkpoint_that_does_not_load_is_named(tmp_path: Path, monkeypa
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_bytes(b"not a checkpoint")
     with pytest.raises(UsageError, match="cannot load .*model.ckpt \\(RuntimeError: not a COMET checkpoint\\)"):
-        comet_score(str(tmp_path / "model"), ["a"], ["b"], ["c"])
+        Comet.load(str(tmp_path / "model"))
     assert fake.loaded == [str(checkpoint)]

@@ -5,6 +5,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import types
 import typing
 from pathlib import Path
 
@@ -554,6 +555,58 @@ def test_train_best_metric_chooses_best_pt_patience_and_the_final_test(metric, b
     assert load_checkpoint(run / "checkpoints" / "best.pt")["train_state"]["step"] == best_step
     report = json.loads((run / "evaluation" / "test_scores.json").read_text())
     assert report["checkpoint"] == "best.pt" and report["checkpoint_steps"] == [best_step]
+
+
+class ScriptedComet(types.ModuleType):
+    """The comet package, whose model gives each call the next of `scores` (a stand-in for COMET's
+    scores) and records what it was asked to score, on which devices, and where it was moved."""
+
+    def __init__(self, scores: list[float]):
+        super().__init__("comet")
+        self.scores, self.calls, self.moves = iter(scores), [], []
+
+    @staticmethod
+    def download_model(name):
+        raise ConnectionError(f"Cannot reach https://huggingface.co/{name}: offline")
+
+    def load_from_checkpoint(self, path):
+        package = self
+
+        class Model:
+            def predict(self, data, batch_size, gpus, devices, progress_bar):
+                package.calls.append((data, gpus, devices))
+                value = next(package.scores)
+                return types.SimpleNamespace(system_score=value, scores=[value] * len(data))
+
+            def to(self, device):
+                package.moves.append(device)
+                return self
+
+        return Model()
+
+
+def test_train_valid_comet_scores_each_validation_and_best_metric_comet_chooses_best_pt(tiny_corpus: Path,
+                                                                                      tmp_path: Path, monkeypatch):
+    comet = ScriptedComet([0.2, 0.7, 0.4])
+    monkeypatch.setitem(sys.modules, "comet", comet)
+    checkpoint = tmp_path / "comet-model" / "checkpoints" / "model.ckpt"  # a folder as COMET downloads them
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_bytes(b"")
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    cfg = tiny_config(tiny_corpus, train={"max_steps": 3, "eval_every_steps": 1, "save_every_steps": 100,
+                                          "valid_comet": str(tmp_path / "comet-model"), "best_metric": "comet"})
+    state = train(cfg, run, progress=False)
+    assert (state.best_step, state.best_metric, state.best_value) == (2, "comet", 0.7)
+    assert load_checkpoint(run / "checkpoints" / "best.pt")["train_state"]["step"] == 2
+    assert read_scalars(run, "valid/comet") == pytest.approx({1: 0.2, 2: 0.7, 3: 0.4})
+    assert state.last_valid["comet"] == 0.4
+    references = [tgt for _, tgt in TINY_PAIRS[:4]][:len(comet.calls[0][0])]
+    for step, (data, gpus, devices) in enumerate(comet.calls, start=1):  # the validation's own translations
+        hypotheses = RunDir(run).validation_hypotheses(step).read_text(encoding="utf-8").split("\n")[:-1]
+        assert [row["mt"] for row in data] == hypotheses and (gpus, devices) == (0, None)
+        assert sorted(row["ref"] for row in data) == sorted(references)
+    assert comet.moves == ["cpu"] * 3  # back to the CPU after each validation
 
 
 def test_every_new_best_is_also_a_step_checkpoint_so_a_resume_never_starts_before_it(tiny_corpus: Path,

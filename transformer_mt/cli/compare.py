@@ -45,7 +45,12 @@ def run_compare(args: argparse.Namespace) -> None:
     systems = [_load_system(path) for path in args.systems]
     references = _references(systems, [[line.strip() for line in read_lines(path)] for path in args.ref or []],
                              args.ref or [])
-    sources = _sources(systems, args.src, len(references[0])) if args.comet else None
+    sources, comet = None, None
+    if args.comet:  # loaded once for every system, once the inputs are known to be there
+        from transformer_mt.decode.comet import Comet
+
+        sources = _sources(systems, args.src, len(references[0]))
+        comet = Comet.load(args.comet)
     tokenize = args.tokenize or next((s.tokenize for s in systems if s.tokenize), "13a")
     named = [(system.name, system.hypotheses) for system in systems]
     comparison = paired_tests(named, references, tokenize=tokenize, n_bootstrap=args.bootstrap, n_trials=args.trials)
@@ -55,12 +60,13 @@ def run_compare(args: argparse.Namespace) -> None:
     segments = [winning_segments(s.hypotheses, systems[0].hypotheses, references, args.examples)
                 for s in systems[1:]]
     report = _report(systems, references, tokenize, comparison, groups, differences, segments)
-    if args.comet:
-        from transformer_mt.decode.comet import comet_score
+    if comet is not None:
+        import torch
 
+        device = "cuda" if torch.cuda.is_available() else "cpu"
         for system, entry in zip(systems, report["systems"]):
-            entry["scores"]["comet"] = {"score": round(comet_score(args.comet, sources, system.hypotheses,
-                                                                   references[0]).score, 4)}
+            result = comet.score(sources, system.hypotheses, references[0], device=device)
+            entry["scores"]["comet"] = {"score": round(result.score, 4)}
         report["test_set"]["comet_model"] = args.comet
     if args.format == "json":
         print(json.dumps(report, indent=1, ensure_ascii=False))

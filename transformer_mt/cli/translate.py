@@ -205,10 +205,11 @@ def run_evaluate(args: argparse.Namespace) -> None:
     _check_output(args.output, inputs={"--src": args.src, **{f"--ref {ref}": ref for ref in args.ref or []}})
     if args.tokenize and (problem := bleu_tokenizer_problem(args.tokenize)):  # before the run is loaded (converted)
         raise UsageError(f"--tokenize: {problem}")
+    comet = None
     if args.comet:  # the package and the model, before hours of translating
-        from transformer_mt.decode.comet import comet_checkpoint
+        from transformer_mt.decode.comet import Comet
 
-        comet_checkpoint(args.comet)
+        comet = Comet.load(args.comet)
     translator = _load_translator(args)
     _check_not_kept(args.output, "--output", translator.run_dir)
     tokenize = args.tokenize or translator.cfg.train.bleu_tokenize
@@ -249,11 +250,9 @@ def run_evaluate(args: argparse.Namespace) -> None:
     _write_lines(output, hypotheses)
     for metric in METRICS:
         print(f"{scores[metric].shown(metric)}  {scores[metric].signature}")
-    if args.comet:
-        from transformer_mt.decode.comet import comet_score
-
-        comet = comet_score(args.comet, sources, hypotheses, references[0], gpus=int(translator.device == "cuda"))
-        print(f"COMET = {comet.score:.4f}  model:{comet.model}")
+    if comet is not None:
+        result = comet.score(sources, hypotheses, references[0], device=translator.device)
+        print(f"COMET = {result.score:.4f}  model:{result.model}")
     if args.diagnostics:
         from transformer_mt.decode.diagnostics import diagnose
 

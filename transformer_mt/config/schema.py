@@ -272,10 +272,14 @@ class TrainConfig:
     patience: int = 0
     """Stop early when the validation score `best_metric` names has not improved for this many
     validations in a row; 0 trains to `max_steps`."""
-    best_metric: Literal["bleu", "chrf", "chrf++", "loss"] = "bleu"
+    best_metric: Literal["bleu", "chrf", "chrf++", "comet", "loss"] = "bleu"
     """What a validation is judged on: which step `best.pt` holds (and so the final test and
-    `translate`), and what `patience` waits for: greedy BLEU, chrF or chrF++ on the validation
-    subset (higher is better), or the validation loss (lower is better)."""
+    `translate`), and what `patience` waits for: greedy BLEU, chrF, chrF++ or COMET (`valid_comet`)
+    on the validation subset (higher is better), or the validation loss (lower is better)."""
+    valid_comet: str | None = None
+    """A COMET model that also scores each validation's translations (`valid/comet`): a Hub name
+    such as Unbabel/wmt22-comet-da or a downloaded model folder. Needs the `comet` extra; meant for
+    a GPU, where it runs on the training GPU and goes back to the CPU between validations."""
     test_at_end: bool = True
     """After the last step, translate the test split with `decode.beam_size` beams using `best.pt`
     (or the average below) and write BLEU/chrF with their sacreBLEU signatures to
@@ -321,6 +325,8 @@ class TrainConfig:
         if not all(0 <= b < 1 for b in self.betas):
             p.add(f"train.betas: each must be in [0, 1), got {list(self.betas)}")
         p.at_least("train.clip_grad_norm", self.clip_grad_norm, 0, " (0 disables)")
+        if self.best_metric == "comet" and not self.valid_comet:
+            p.add("train.best_metric: comet needs a COMET model in train.valid_comet", "train.valid_comet")
         layers = cfg.model.n_decoder_layers
         if layers >= 1 and not -layers <= self.attention_layer < layers:
             p.add(f"train.attention_layer: {self.attention_layer} is not a decoder layer (0..{layers - 1}, "

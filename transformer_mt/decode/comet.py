@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from transformer_mt.core.errors import UsageError
 
 INSTALL = "pip install 'transformer-mt[comet]'"
@@ -20,41 +22,60 @@ class CometScore:
     sentences: list[float]
 
 
-def comet_checkpoint(model: str) -> Path:
+def comet_checkpoint(model: str, key: str = "--comet") -> Path:
     """The checkpoint file of `model`: a `.ckpt` file, a folder as COMET downloads them
     (`checkpoints/model.ckpt` inside), or a Hub name (e.g. Unbabel/wmt22-comet-da), downloaded
-    once into COMET's cache."""
+    once into COMET's cache. `key`: the option or config key that named it, for the error."""
     try:
         from comet import download_model
     except ImportError:
-        raise UsageError(f"--comet needs the unbabel-comet package, which is not installed: {INSTALL}") from None
+        raise UsageError(f"{key} needs the unbabel-comet package, which is not installed: {INSTALL}") from None
     path = Path(model).expanduser()
     if path.exists():
         checkpoint = path / "checkpoints" / "model.ckpt" if path.is_dir() else path
         if not checkpoint.is_file():
-            raise UsageError(f"--comet {model}: no COMET checkpoint at {checkpoint} (a downloaded model folder holds "
+            raise UsageError(f"{key} {model}: no COMET checkpoint at {checkpoint} (a downloaded model folder holds "
                              "checkpoints/model.ckpt)")
         return checkpoint
     if "/" not in model:
-        raise UsageError(f"--comet {model}: no such folder, and not a Hub model name such as Unbabel/wmt22-comet-da")
+        raise UsageError(f"{key} {model}: no such folder, and not a Hub model name such as Unbabel/wmt22-comet-da")
     try:
         return Path(download_model(model))
     except Exception as err:  # the Hub unreachable, a gated or unknown model: whatever the Hub client raises
         reason = " ".join(str(err).split())[:200]
-        raise UsageError(f"--comet {model}: cannot get the model from the Hugging Face Hub ({type(err).__name__}: "
+        raise UsageError(f"{key} {model}: cannot get the model from the Hugging Face Hub ({type(err).__name__}: "
                          f"{reason}); download it where the Hub is reachable and give its folder") from None
 
 
-def comet_score(model: str, sources: list[str], hypotheses: list[str], references: list[str], *,
-                gpus: int = 0, batch_size: int = 16) -> CometScore:
-    """Score translations with the COMET `model` (`comet_checkpoint`) on `gpus` GPUs (0: the CPU)."""
-    from comet import load_from_checkpoint
+class Comet:
+    """A COMET model loaded once (`Comet.load`), then `score`d with as often as needed."""
 
-    checkpoint = comet_checkpoint(model)
-    try:
-        scorer = load_from_checkpoint(str(checkpoint))
-    except (OSError, KeyError, RuntimeError, ValueError) as err:  # a damaged or foreign checkpoint
-        raise UsageError(f"--comet {model}: cannot load {checkpoint} ({type(err).__name__}: {err})") from None
-    data = [{"src": src, "mt": hyp, "ref": ref} for src, hyp, ref in zip(sources, hypotheses, references)]
-    output = scorer.predict(data, batch_size=batch_size, gpus=gpus, progress_bar=False)
-    return CometScore(model, float(output.system_score), [float(s) for s in output.scores])
+    def __init__(self, model: str, scorer):
+        self.model, self.scorer = model, scorer
+
+    @classmethod
+    def load(cls, model: str, key: str = "--comet") -> Comet:
+        """Find (`comet_checkpoint`) and load `model`; a checkpoint that does not load is named in one line."""
+        checkpoint = comet_checkpoint(model, key)
+        from comet import load_from_checkpoint
+
+        try:
+            return cls(model, load_from_checkpoint(str(checkpoint)))
+        except (OSError, KeyError, RuntimeError, ValueError) as err:  # a damaged or foreign checkpoint
+            raise UsageError(f"{key} {model}: cannot load {checkpoint} ({type(err).__name__}: {err})") from None
+
+    def score(self, sources: list[str], hypotheses: list[str], references: list[str], *,
+              device: torch.device | str = "cpu", batch_size: int = 16) -> CometScore:
+        """Score translations on `device` (a CUDA device: that GPU, by its index; else the CPU)."""
+        device = torch.device(device)
+        gpus = int(device.type == "cuda")
+        devices = [device.index if device.index is not None else torch.cuda.current_device()] if gpus else None
+        data = [{"src": src, "mt": hyp, "ref": ref} for src, hyp, ref in zip(sources, hypotheses, references)]
+        output = self.scorer.predict(data, batch_size=batch_size, gpus=gpus, devices=devices, progress_bar=False)
+        return CometScore(self.model, float(output.system_score), [float(s) for s in output.scores])
+
+    def offload(self) -> None:
+        """Move the model back to the CPU and give its GPU memory back (between validations, to training)."""
+        self.scorer.to("cpu")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

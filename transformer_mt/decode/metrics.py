@@ -26,9 +26,9 @@ class MetricScore:
         return None if self.mean is None else (self.mean - self.ci, self.mean + self.ci)
 
     def shown(self, name: str) -> str:
-        """`BLEU = 31.20 (95% CI 29.84-32.57)`, as the CLI prints it."""
+        """`BLEU = 31.20 (95% CI [29.84, 32.57])`, as the CLI prints it (a bound may be negative)."""
         line = f"{NAMES[name]} = {self.value:.2f}"
-        return line + (f" (95% CI {self.interval[0]:.2f}-{self.interval[1]:.2f})" if self.interval else "")
+        return line + (f" (95% CI [{self.interval[0]:.2f}, {self.interval[1]:.2f}])" if self.interval else "")
 
 
 @dataclass(frozen=True)

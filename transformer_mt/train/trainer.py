@@ -48,6 +48,10 @@ class Trainer:
                  dist: Distributed = Distributed(), parent: Parent | None = None):
         if problem := bleu_tokenizer_problem(cfg.train.bleu_tokenize):  # before hours of training
             raise ConfigError([f"train.bleu_tokenize: {problem}"])
+        if cfg.train.valid_comet and dist.is_main:  # the package and the model, as early
+            from transformer_mt.decode.comet import comet_checkpoint
+
+            comet_checkpoint(cfg.train.valid_comet, key="train.valid_comet")
         self.run_dir, self.dist = run_dir, dist
         self.progress = progress and dist.is_main
         self.device = dist.local_device(pick_device(cfg.train.device))
@@ -58,6 +62,9 @@ class Trainer:
             if budget_note:
                 logger.info("%s", budget_note)
             warn_if_bf16_emulated(self.precision, self.device)
+            if cfg.train.valid_comet and self.device.type != "cuda":
+                logger.warning("train.valid_comet: COMET runs on the %s here, where its models are slow; each "
+                               "validation takes longer", self.device.type.upper())
             warn_attention_fallbacks(self.device, {"train.attention_backend": cfg.train.attention_backend,
                                                    "decode.attention_backend": cfg.decode.attention_backend})
         attention = pick_attention(cfg.train.attention_backend, self.device, "train")  # SDPA kernels of steps

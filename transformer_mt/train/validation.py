@@ -50,6 +50,11 @@ class Evaluator:
         self.device, self.precision, self.dist, self.progress = device, precision, dist, progress
         self.attention = attention  # training's kernels: the validation loss has training shapes
         self.pad_to_multiple = pad_to_multiple
+        self.comet = None  # train.valid_comet's model, on rank 0, which scores for all ranks
+        if cfg.train.valid_comet and dist.is_main:
+            from transformer_mt.decode.comet import Comet
+
+            self.comet = Comet.load(cfg.train.valid_comet, key="train.valid_comet")
         n, limit = len(valid_data), cfg.train.eval_max_sentences  # the sentences translated: a seeded subset
         self.valid_subset = list(range(n)) if limit == 0 or limit >= n else sorted(
             torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed))[:limit].tolist())
@@ -88,6 +93,9 @@ class Evaluator:
             write_text_atomic(self.paths.validation_hypotheses(step), lines_to_text(hypotheses))
         ppl = math.exp(min(loss, 100.0))
         values = {"loss": loss, "perplexity": ppl, **{name: scores[name].value for name in METRICS}}
+        sources_text = [self.valid_data.src_text[i] for i in self.valid_subset]
+        if self.cfg.train.valid_comet:
+            values["comet"] = self._comet(sources_text, hypotheses, references)
         for name, value in values.items():
             writer.add_scalar(f"valid/{name}", value, step)
         examples = []  # the first `train.n_examples`, in the log and as TensorBoard text
@@ -96,7 +104,6 @@ class Evaluator:
             examples.append(f"source: {src}\nreference: {references[i]}\nhypothesis: {hypotheses[i]}")
             logger.info("example %d\n  source:     %s\n  reference:  %s\n  hypothesis: %s",
                         i + 1, src, references[i], hypotheses[i])
-        sources_text = [self.valid_data.src_text[i] for i in self.valid_subset]
         diagnostics = diagnose(sources_text, hypotheses, references)
         for name, rate in diagnostics.rates().items():  # the share of the sentences each check flags
             writer.add_scalar(f"diag/{name}", rate, step)
@@ -106,12 +113,24 @@ class Evaluator:
             writer.add_text("diag/examples", flagged, step)
         if examples:
             writer.add_text("valid/examples", "\n\n".join(f"    {e}".replace("\n", "\n    ") for e in examples), step)
-        logger.info("validation at step %d%s: loss %.3f, ppl %.2f, BLEU %.2f, chrF %.2f, chrF++ %.2f, TER %.2f "
+        comet = f", COMET {values['comet']:.4f}" if "comet" in values else ""
+        logger.info("validation at step %d%s: loss %.3f, ppl %.2f, BLEU %.2f, chrF %.2f, chrF++ %.2f, TER %.2f%s "
                     "(%d sentences, %.1fs) [%s]", step, " (EMA weights)" if self.ema else "", loss, ppl, scores.bleu,
-                    scores.chrf, scores["chrf++"].value, scores["ter"].value, len(hypotheses),
+                    scores.chrf, scores["chrf++"].value, scores["ter"].value, comet, len(hypotheses),
                     time.perf_counter() - started, scores.bleu_signature)
         return {"step": step, "loss": round(loss, 4), "perplexity": round(ppl, 2),
-                **{name: round(scores[name].value, 2) for name in METRICS}, **({"weights": "ema"} if self.ema else {})}
+                **{name: round(scores[name].value, 2) for name in METRICS},
+                **({"comet": round(values["comet"], 4)} if "comet" in values else {}),
+                **({"weights": "ema"} if self.ema else {})}
+
+    def _comet(self, sources: list[str], hypotheses: list[str], references: list[str]) -> float:
+        """train.valid_comet's corpus score, computed on rank 0 (on the training GPU, then offloaded)
+        and given to every rank, which all judge the validation alike."""
+        value = float("-inf")
+        if self.comet is not None:
+            value = self.comet.score(sources, hypotheses, references, device=self.device).score
+            self.comet.offload()
+        return float(self.dist.max_(torch.tensor(value, dtype=torch.float64, device=self.device)).item())
 
     def _log_attention(self, writer: SummaryWriter, step: int, src_ids: list[int], hyp_ids: list[int]) -> None:
         """Cross-attention images of the first validation sentence's translation: the last decoder

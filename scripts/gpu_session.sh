@@ -21,7 +21,7 @@
 # The training engine's goals (docs/benchmarks/training.md, "Open on a GPU"), every figure in two commands of at
 # most 8 minutes, the engine as it stands measured first (a loan that ends early still leaves figures):
 #   COMMIT=abc1234 BUDGET=420 bash scripts/gpu_session.sh goal-bench multi30k goals
-#   COMMIT=abc1234 BUDGET=420 bash scripts/gpu_session.sh multi30k-seed2,multi30k-seed3 goals
+#   COMMIT=abc1234 BUDGET=420 bash scripts/gpu_session.sh multi30k-seed2,multi30k-seed3 goals compare
 # Other stages:
 #   SETS="train.max_steps=10000" bash scripts/gpu_session.sh tatoeba   # again at once to resume
 #   bash scripts/gpu_session.sh profile bench-large                      # host time per update; 64k-token batches
@@ -65,6 +65,9 @@
 #   multi30k-seed2 the same with seed 2, in runs/gpu-multi30k-en-de-seed2.
 #   multi30k-seed3 the same with seed 3, in runs/gpu-multi30k-en-de-seed3.
 #   tatoeba        trains configs/tatoeba-en-it.yaml into runs/gpu-tatoeba-en-it.
+#   compare        `tmt compare` over the finished Multi30k runs in runs/ (the plain recipe's first, then
+#                  seeds and TAG variants): each one's test scores with 95 % intervals, p-values against
+#                  the first, seed groups with mean ± sd; figure compare (the report, less the sentences).
 #   scout          several recipes of configs/multi30k-en-de.yaml at once, one run each, from
 #                  SCOUT="name:key=value key=value;name:..." (each run's sets after SETS), into
 #                  runs/gpu-multi30k-en-de-NAME; one log, each line tagged [NAME], figures at its end:
@@ -325,6 +328,22 @@ scout() {  # several Multi30k recipes at once, each from SCOUT="name:key=value .
     return $rc
 }
 
+compare() {  # the finished Multi30k runs on this machine, the plain recipe's first: `tmt compare` as one figure
+    local runs=() run
+    for run in runs/gpu-multi30k-en-de runs/gpu-multi30k-en-de-*; do
+        [ -f "$run/evaluation/test_scores.json" ] && runs+=("$run")
+    done
+    if [ "${#runs[@]}" -lt 2 ]; then
+        echo "{\"figure\": \"compare\", \"commit\": \"$COMMIT\", \"skipped\": \"fewer than two finished Multi30k runs in runs/\"}"
+        return 0
+    fi
+    log "compare: ${runs[*]}"
+    "$PY" -m transformer_mt compare "${runs[@]}" --format json > "$OUT/compare.json" || return 1
+    # Scores with 95 % intervals, p-values against the first run, seed groups (mean ± sd), config differences.
+    "$PY" -c 'import json, os, sys; r = json.load(open(sys.argv[1])); r.pop("segments")
+print(json.dumps({"figure": "compare", "commit": os.environ["COMMIT"], **r}, ensure_ascii=False))' "$OUT/compare.json"
+}
+
 multi30k() { train_stage multi30k-en-de configs/multi30k-en-de.yaml .gpu/data/multi30k_en_de/tok; }
 multi30k-seed2() { train_stage multi30k-en-de-seed2 configs/multi30k-en-de.yaml .gpu/data/multi30k_en_de/tok --set seed=2; }
 multi30k-seed3() { train_stage multi30k-en-de-seed3 configs/multi30k-en-de.yaml .gpu/data/multi30k_en_de/tok --set seed=3; }
@@ -340,9 +359,9 @@ for group in "$@"; do
     IFS=, read -ra stages <<< "$group"
     for stage in "${stages[@]}"; do
         case $stage in
-            check|suite|bench|variants|bench-large|goal-bench|goals|bench-more|decode|profile|multi30k|multi30k-seed2|multi30k-seed3|tatoeba|scout) ;;
+            check|suite|bench|variants|bench-large|goal-bench|goals|bench-more|decode|profile|multi30k|multi30k-seed2|multi30k-seed3|tatoeba|scout|compare) ;;
             *) echo "gpu_session: unknown stage '$stage' (bench, bench-large, bench-more, decode, profile, variants, check," \
-                    "suite, multi30k, multi30k-seed2, multi30k-seed3, tatoeba, scout, goal-bench, goals; joined by commas to run at once;" \
+                    "suite, multi30k, multi30k-seed2, multi30k-seed3, tatoeba, scout, compare, goal-bench, goals; joined by commas to run at once;" \
                     "prepare runs alone)" >&2
                exit 2 ;;
         esac

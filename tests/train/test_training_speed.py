@@ -403,12 +403,24 @@ def test_the_runbook_parses_and_skips_variants_that_no_longer_fit(tmp_path: Path
 
 
 def test_tag_names_a_runbook_training_stage_apart_from_the_plain_recipe(tmp_path: Path):
-    """Issue 26's seeds run with TAG=levers: a warm machine must not resume the plain recipe's run."""
+    """Seeds of a variant run with TAG=levers: a warm machine must not resume the plain recipe's run."""
     env = {**os.environ, "BUDGET": "0", "OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "TAG": "levers"}
     result = subprocess.run(["bash", str(SCRIPTS / "gpu_session.sh"), "multi30k-seed3"], capture_output=True,
                             text=True, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "multi30k-en-de-seed3-levers: NO CHECKPOINT in runs/gpu-multi30k-en-de-seed3-levers" in result.stdout
+
+
+def test_the_runbook_compare_stage_says_when_there_is_nothing_to_compare(tmp_path: Path):
+    if any((REPO / "runs").glob("gpu-multi30k-en-de*/evaluation/test_scores.json")):
+        pytest.skip("this checkout holds finished GPU runs: the stage would compare them")
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "COMMIT": "abc1234"}
+    result = subprocess.run(["bash", str(SCRIPTS / "gpu_session.sh"), "compare"], capture_output=True, text=True,
+                            env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"figure"')]
+    assert lines == [{"figure": "compare", "commit": "abc1234",
+                      "skipped": "fewer than two finished Multi30k runs in runs/"}]
 
 
 def test_runbook_stages_joined_by_commas_run_at_once_each_into_its_own_log(tmp_path: Path):

@@ -11,7 +11,14 @@ dimensions, random weights, BPE trained on the demo corpus, written as a run in 
 
 Sentences are the demo corpus's test split (or `--input`), one per request unless
 `--sentences-per-request` says more, cycled until `--requests` requests were answered; a few
-requests warm the server up first. The last line of output is one JSON object with every figure."""
+requests warm the server up first. The last line of output is one JSON object with every figure.
+
+`--huge-body-mb N` then sends one request of a single N-MB sentence (announcing its length, as curl
+does, and sending all of it) and, while it is under way, asks `GET /health` and translates one
+sentence again and again on other connections: their latencies say whether the huge request stalls
+the server for everyone else.
+
+    OMP_NUM_THREADS=1 python scripts/bench_serve.py --run runs/demo --clients 1 --huge-body-mb 20"""
 
 from __future__ import annotations
 
@@ -144,6 +151,8 @@ def main() -> None:
     parser.add_argument("--max-wait-ms", help="passed to tmt serve")
     parser.add_argument("--batch-tokens", help="passed to tmt serve")
     parser.add_argument("--engine", help="passed to tmt serve")
+    parser.add_argument("--huge-body-mb", type=float, help="then time other requests while one of this many MB is "
+                                                           "sent")
     args = parser.parse_args()
     sentences = [line.strip() for line in args.input.read_text(encoding="utf-8").splitlines() if line.strip()]
     per = args.sentences_per_request
@@ -154,18 +163,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         run = args.run or bench_model_run(Path(folder) / "bench", args.bench_model)
         server, url = start_server(run, options)
-        results, health = run_clients(url, server, requests, args)
+        results, health, huge = run_clients(url, server, requests, args)
     print(f"{'clients':>7} {'sentences/s':>11} {'p50 ms':>8} {'p99 ms':>8} {'requests/batch':>14}")
     for result in results:
         print(f"{result['clients']:>7} {result['sentences_per_s']:>11} {result['p50_ms']:>8} {result['p99_ms']:>8} "
               f"{result['requests_per_batch']:>14}")
+    if huge:
+        print(f"a {huge['body_mb']} MB request: {huge['status']} after {huge['answered_s']} s "
+              f"({huge['error']}); meanwhile {huge['probes']} /health + translate probes, slowest "
+              f"{huge['slowest_health_ms']} ms and {huge['slowest_translate_ms']} ms")
     print(json.dumps({"run": str(args.run or f"bench_decode.py --preset {args.bench_model}"),
                       "checkpoint": health["checkpoint"], "step": health["step"],
                       "engine": health["engine"], "device": health["device"],
                       "beam": args.beam or health["beam_size"], "sentences_per_request": per,
                       "server_options": options, "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                       "cpu": cpu_name(), "cores": os.cpu_count(),
-                      "load_average": [round(x, 2) for x in os.getloadavg()], "results": results}))
+                      "load_average": [round(x, 2) for x in os.getloadavg()], "results": results,
+                      **({"huge_body": huge} if huge else {})}))
 
 
 def bench_model_run(run_dir: Path, preset: str) -> Path:
@@ -178,8 +192,10 @@ def bench_model_run(run_dir: Path, preset: str) -> Path:
     return run_dir
 
 
-def run_clients(url: str, server: subprocess.Popen, requests: list[list[str]], args) -> tuple[list[dict], dict]:
-    """Warm the server up, measure each client count, stop the server; the results and its health."""
+def run_clients(url: str, server: subprocess.Popen, requests: list[list[str]],
+                args) -> tuple[list[dict], dict, dict | None]:
+    """Warm the server up, measure each client count (and the huge request), stop the server; the
+    results, its health and the huge request's figures."""
     try:
         body = {"beam_size": args.beam} if args.beam else {}
         warm = Client(url)
@@ -187,10 +203,45 @@ def run_clients(url: str, server: subprocess.Popen, requests: list[list[str]], a
             warm.call("POST", "/translate", {"sentences": request, **body})
         health = warm.call("GET", "/health")
         results = [measure(url, requests, int(clients), body) for clients in args.clients.split(",")]
+        huge = huge_request(url, args.huge_body_mb, requests[0]) if args.huge_body_mb else None
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(600)
-    return results, health
+    return results, health, huge
+
+
+def huge_request(url: str, megabytes: float, probe: list[str]) -> dict:
+    """Send one request of a single `megabytes`-MB sentence; meanwhile, on other connections, time
+    `GET /health` and a translation of `probe` until it is answered (at least 20 of each)."""
+    sentence = ("station " * int(megabytes * 1e6 / 8 + 1))[: int(megabytes * 1e6)]
+    data = json.dumps({"sentences": [sentence]}).encode()
+    answer: dict = {}
+
+    def send() -> None:
+        parts = urlsplit(url)
+        connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=600)
+        start = time.perf_counter()
+        connection.request("POST", "/translate", body=data, headers={"Content-Type": "application/json"})
+        response = connection.getresponse()
+        answer.update(status=response.status, error=json.loads(response.read()).get("error"),
+                      answered_s=round(time.perf_counter() - start, 3))
+
+    health, translate = [], []
+    probe_health, probe_translate = Client(url), Client(url)
+    sender = threading.Thread(target=send)
+    sender.start()
+    while sender.is_alive() or len(health) < 20:
+        start = time.perf_counter()
+        probe_health.call("GET", "/health")
+        health.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        probe_translate.call("POST", "/translate", {"sentences": probe})
+        translate.append(time.perf_counter() - start)
+    sender.join()
+    return {"body_mb": megabytes, "body_bytes": len(data), **answer, "probes": len(health),
+            "slowest_health_ms": round(1000 * max(health), 1), "slowest_translate_ms": round(1000 * max(translate), 1),
+            "p50_health_ms": round(1000 * percentile(health, 50), 1),
+            "p50_translate_ms": round(1000 * percentile(translate, 50), 1)}
 
 
 if __name__ == "__main__":

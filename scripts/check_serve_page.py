@@ -1,8 +1,10 @@
-"""Check `tmt serve`'s web page in headless Chromium: start the server on a run, open the page, type a
-sentence, set beam and n-best, click Translate, and read the translation and the n-best list back
-from the page; they must be what `POST /translate` answers. A screenshot is kept.
+"""Check `tmt serve`'s web page in headless Chromium: start the server on a run, open the page, type
+sentences (one a line), set beam and n-best, click Translate, and read the translations and the n-best
+lists back from the page; they must be what `POST /translate` answers. Then a request the server
+refuses (a beam above its largest): the page must show the error alone, the earlier result cleared.
+A screenshot of the translated page is kept.
 
-    python scripts/check_serve_page.py --run runs/demo [--sentence "..."] [--out serve-page.png]
+    python scripts/check_serve_page.py --run runs/demo [--sentence "..." ...] [--out serve-page.png]
 
 Chromium is driven over its DevTools protocol on a pipe (`--remote-debugging-pipe`): no driver,
 no websocket library, nothing from the network."""
@@ -131,14 +133,23 @@ def start_server(run: Path, extra: list[str]) -> tuple[subprocess.Popen, str, li
     return process, re.search(r"at (http://\S+/);", "".join(lines)).group(1), lines
 
 
+# What the page shows, once READY (a JavaScript condition on the n-best table `t`) holds.
+SHOWN = ("(() => { const t = document.getElementById('nbest-list'); if (!(READY)) return null; "
+         "return {translation: document.getElementById('translation').textContent, hidden: t.hidden, "
+         "error: document.getElementById('error').textContent, "
+         "rows: [...t.querySelectorAll('tbody tr')].map(r => [...r.cells].map(c => c.textContent))}; })()")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, required=True, help="the run to serve")
-    parser.add_argument("--sentence", default="Where is the station?", help="what to type")
+    parser.add_argument("--sentence", action="append", help="a line to type (again for more lines; default: "
+                                                            "'Where is the station?')")
     parser.add_argument("--beam", type=int, default=4, help="beam size to type into the page")
     parser.add_argument("--n-best", type=int, default=3, help="n-best to type into the page")
     parser.add_argument("--out", type=Path, default=Path("serve-page.png"), help="the screenshot")
     args = parser.parse_args()
+    sentences = args.sentence or ["Where is the station?"]
     executable = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if not executable:
         raise SystemExit("check_serve_page: no chromium found (apt install chromium)")
@@ -151,34 +162,39 @@ def main() -> None:
         model = browser.wait_for("document.readyState === 'complete' && "
                                  "document.getElementById('model').textContent.includes('→') && "
                                  "document.getElementById('model').textContent")
-        browser.type_into("#source", args.sentence)
+        browser.type_into("#source", "\n".join(sentences))
         browser.type_into("#beam", str(args.beam))
         browser.type_into("#nbest", str(args.n_best))
         browser.click("#go")
-        shown = browser.wait_for("(() => { const t = document.getElementById('nbest-list'); if (t.hidden) return null; "
-                                 "return {translation: document.getElementById('translation').textContent, "
-                                 "error: document.getElementById('error').textContent, rows: "
-                                 "[...t.querySelectorAll('tbody tr')].map(r => [...r.cells].map(c => c.textContent))}"
-                                 "; })()")
+        shown = browser.wait_for(SHOWN.replace("READY", "!t.hidden"))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         browser.screenshot(args.out)
         request = urllib.request.Request(url + "translate", method="POST", data=json.dumps(
-            {"sentences": [args.sentence], "beam_size": args.beam, "n_best": args.n_best}).encode())
+            {"sentences": sentences, "beam_size": args.beam, "n_best": args.n_best}).encode())
         with urllib.request.urlopen(request, timeout=60) as response:
             expected = json.load(response)
-        rows = [[str(k + 1), hyp["translation"], f"{hyp['score']:.4f}"] for k, hyp in enumerate(expected["n_best"][0])]
+        rows = [[f"{i + 1}.{k + 1}" if len(sentences) > 1 else str(k + 1), hyp["translation"], f"{hyp['score']:.4f}"]
+                for i, hyps in enumerate(expected["n_best"]) for k, hyp in enumerate(hyps)]
         print(f"page header: {model}")
-        print(f"typed {args.sentence!r}, beam {args.beam}, n-best {args.n_best}; clicked Translate")
+        print(f"typed {len(sentences)} line(s) {sentences!r}, beam {args.beam}, n-best {args.n_best}; clicked Translate")
         print(f"page shows: {shown['translation']!r}")
         for row in shown["rows"]:
             print("  " + "  ".join(row))
         problems = []
         if shown["error"]:
             problems.append(f"the page shows an error: {shown['error']}")
-        if shown["translation"] != expected["translations"][0]:
-            problems.append(f"translation {shown['translation']!r} != POST /translate's {expected['translations'][0]!r}")
+        if shown["translation"] != "\n".join(expected["translations"]):
+            problems.append(f"translations {shown['translation']!r} != POST /translate's {expected['translations']!r}")
         if shown["rows"] != rows:
             problems.append(f"n-best rows {shown['rows']} != POST /translate's {rows}")
+        # A request the server refuses: its error, and nothing left of the answer above
+        browser.type_into("#beam", "100000")
+        browser.click("#go")
+        failed = browser.wait_for(SHOWN.replace("READY", "document.getElementById('error').textContent"))
+        print(f"beam 100000: the page shows the error {failed['error']!r}, translation {failed['translation']!r}, "
+              f"{len(failed['rows'])} n-best row(s), table {'hidden' if failed['hidden'] else 'shown'}")
+        if failed["translation"] or failed["rows"] or not failed["hidden"]:
+            problems.append("after a refused request the page still shows the earlier translation")
         if problems:
             raise SystemExit("check_serve_page: " + "; ".join(problems))
     finally:

@@ -1,5 +1,6 @@
 """`tmt serve` as a real subprocess on a free loopback port, serving the tiny trained run: concurrent
-clients get `tmt translate`'s translations in shared batches, bad requests a 4xx, SIGTERM a clean stop."""
+clients get `tmt translate`'s translations in shared batches, bad requests a 4xx, SIGTERM a clean stop;
+what a client sends (a huge body, a deep one, half a body) never stalls or crashes it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -67,6 +70,24 @@ class Server:
         code = self.process.wait(TIMEOUT)
         self.process.stdout.close()
         return code, "".join(self.lines)
+
+    def raw(self, head: str, *body: bytes, hang_up: bool = False) -> tuple[int, dict | None]:
+        """Send `head` (request line and headers) and `body` on a raw socket, as a client that may send less
+        than it announced or go away (`hang_up`: close without reading); else the status and JSON answer."""
+        address = urlsplit(self.url)
+        with socket.create_connection((address.hostname, address.port), timeout=TIMEOUT) as connection:
+            connection.sendall(head.replace("\n", "\r\n").encode() + b"\r\n")
+            for part in body:
+                connection.sendall(part)
+            if hang_up:
+                return 0, None
+            response = connection.makefile("rb")
+            status = int(response.readline().split()[1])
+            headers = {}
+            while (line := response.readline().strip()):
+                name, _, value = line.decode().partition(":")
+                headers[name.lower()] = value.strip()
+            return status, json.loads(response.read(int(headers["content-length"])))
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -123,7 +144,7 @@ def test_concurrent_clients_get_translates_translations_in_shared_batches(server
 
 @pytest.mark.parametrize("server", [("--max-sentences", "3", "--max-beam", "4")], indirect=True)
 def test_bad_requests_get_a_4xx_with_one_line_and_the_server_keeps_answering(server):
-    too_long = " ".join(["station"] * 80)
+    too_long = " ".join(["station"] * 40 + ["a"] * 40)  # within the characters 63 tokens may spell, not the tokens
     cases = [
         (b"Good morning.", 400, "the request body is not JSON"),
         (b"\xff{", 400, "the request body is not JSON"),
@@ -211,3 +232,71 @@ def test_without_fastapi_it_names_the_extra(workdir, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "fastapi", None)  # as if it were not installed
     code, _, err = run_cli(["serve", "--run", "runs/tiny"], monkeypatch, capsys, workdir)
     assert (code, err) == (1, "tmt: error: tmt serve needs the fastapi package: pip install 'transformer-mt[serve]'\n")
+
+
+def translate_head(length: int | None = None, chunked: bool = False) -> str:
+    """The request line and headers of a `POST /translate` announcing `length` bytes, or chunked."""
+    return ("POST /translate HTTP/1.1\nHost: tmt\nContent-Type: application/json\n"
+            + ("Transfer-Encoding: chunked\n" if chunked else f"Content-Length: {length}\n"))
+
+
+@pytest.mark.parametrize("server", [("--max-body-bytes", "200000")], indirect=True)
+def test_a_body_too_large_too_deep_or_cut_short_is_one_line_and_the_server_stays_up(server):
+    # 20 MB announced: refused from the headers, before a byte of the body is sent
+    status, answer = server.raw(translate_head(20_000_000))
+    assert (status, answer) == (413, {"error": "the request body is 20,000,000 bytes; this server takes at most "
+                                               "200,000 (tmt serve --max-body-bytes)"})
+    # chunked, with no length announced: refused once what arrived passes the limit, the rest never sent
+    chunk = b'["' + b"x" * 99_996 + b'"]'
+    status, answer = server.raw(translate_head(chunked=True), *[b"%x\r\n%s\r\n" % (len(chunk), chunk)] * 3)
+    assert (status, answer) == (413, {"error": "the request body is more than 200,000 bytes; this server takes at "
+                                               "most 200,000 (tmt serve --max-body-bytes)"})
+    # within the limit but not JSON for Python's parser (100,000 nested lists): the guide's 400
+    status, answer = server.post(b"[" * 100_000)
+    assert (status, answer) == (400, {"error": "the request body is not JSON (nested too deeply)"})
+    # a sentence that cannot fit in the model whatever its tokens, refused by its characters
+    status, answer = server.post({"sentences": ["Good morning.", "station " * 18_750]})
+    assert status == 413 and re.fullmatch(r"sentences\[1\]: 149,999 characters; this model translates at most "
+                                          r"[\d,]+ \(model.max_len - 1 tokens of at most \d+ characters\)",
+                                          answer["error"]), answer
+    # half a body, then the client goes away
+    server.raw(translate_head(1000), b'{"sentences": ["Good morn', hang_up=True)
+    status, answer = server.post({"sentences": ["Good morning."]})
+    assert status == 200 and len(answer["translations"]) == 1
+    health = server.get("health")[1]
+    assert health["max_body_bytes"] == 200_000 and health["requests"] == 1
+    code, stderr = server.stop()
+    assert code == 0, stderr
+    for word in ("Traceback", "Exception in ASGI", "RecursionError", "ClientDisconnect"):
+        assert word not in stderr, stderr
+    assert len(stderr.strip().splitlines()) <= 3, stderr  # serving, at most one line on the hang-up, stopped
+
+
+@pytest.mark.parametrize("server", [("--max-sentences", "4")], indirect=True)
+def test_the_default_body_limit_takes_every_request_the_other_limits_take(server):
+    """The most a request may hold: --max-sentences sentences at the character bound, each character
+    escaped as JSON escapes it (\\u00e8, as Python's json.dumps sends it): under the default body limit."""
+    health = server.get("health")[1]
+    longest = "è" * health["max_sentence_characters"]
+    body = json.dumps({"sentences": [longest] * 4, "beam_size": 1, "n_best": 1, "scores": False}).encode()
+    assert len(body) <= health["max_body_bytes"]
+    status, answer = server.post(body)
+    assert status == 413 and answer["error"].startswith("sentences[0]: ") and " tokens; " in answer["error"], answer
+    assert server.post(body[:-2] + b" " * (health["max_body_bytes"] - len(body) + 1) + b"]}")[0] == 413
+    server.stop()
+
+
+def test_a_sentence_over_the_character_bound_is_refused_without_tokenizing_it():
+    from transformer_mt.cli.serve import Limits, RequestError, _check
+
+    def no_tokenizing(lines):
+        raise AssertionError("tokenized")
+
+    translator = SimpleNamespace(tokenizers=SimpleNamespace(encode_src=no_tokenizing))
+    limits = Limits(max_sentences=4, max_beam=4, max_tokens=63, default_beam=1, max_sentence_characters=630,
+                    max_body_bytes=20_000)
+    asked = SimpleNamespace(sentences=["Good morning.", "  " + "x" * 631 + "  "], beam_size=None, n_best=1,
+                            scores=False)
+    with pytest.raises(RequestError) as refused:
+        _check(asked, translator, limits)
+    assert refused.value.status == 413 and str(refused.value).startswith("sentences[1]: 631 characters; ")

@@ -299,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the most sentences one request may hold (default 64)")
     serve.add_argument("--max-beam", type=_positive_int, default=16, metavar="K",
                        help="the largest beam_size a request may ask for (default 16)")
+    serve.add_argument("--max-body-bytes", type=_positive_int, metavar="N",
+                       help="the largest request body, refused (413) before it is read (default: what "
+                            "--max-sentences sentences of the longest the model translates take as JSON)")
     return parser
 
 

@@ -1,5 +1,7 @@
 """`tmt serve`: a run's translations over HTTP (FastAPI on uvicorn): `POST /translate`, `GET /health`
-and a web page at `/`; concurrent requests share batches (`decode.batcher`), SIGTERM stops it cleanly."""
+and a web page at `/`; concurrent requests share batches (`decode.batcher`), SIGTERM stops it cleanly.
+The event loop only reads bodies (within a limit) and answers: checking a request (JSON, tokens) runs
+on a thread, translating on the batcher's worker, so that no request can stall the others."""
 
 # No `from __future__ import annotations`: FastAPI reads the handlers' annotations as objects.
 import argparse
@@ -31,6 +33,20 @@ class Limits:
     max_beam: int
     max_tokens: int  # source tokens per sentence (model.max_len - 1: room for its EOS)
     default_beam: int
+    max_sentence_characters: int  # more cannot fit in max_tokens tokens: refused before tokenizing
+    max_body_bytes: int
+
+
+# A character of a sentence in a JSON body takes at most 6 bytes (`\u00e8`, as json.dumps escapes it);
+# 1 KiB more holds the rest of the request.
+JSON_CHARACTER_BYTES, JSON_OVERHEAD_BYTES = 6, 1024
+
+
+def sentence_character_bound(tokenizers, max_tokens: int) -> tuple[int, int]:
+    """The most characters `max_tokens` source tokens can spell, and the longest token's length: every
+    character of a sentence, spaces included (Metaspace), belongs to one token (NFC composition aside)."""
+    longest = max(len(piece) for piece in tokenizers.src.get_vocab(with_added_tokens=True))
+    return max_tokens * longest, longest
 
 
 class RequestError(Exception):
@@ -62,7 +78,12 @@ def run_serve(args: argparse.Namespace) -> None:
         # One translation before serving: the engine loads (or captures its graphs) now, not on the first
         # request, and settings it cannot decode with (--quantize on torch) are refused here, in one line.
         translator.translate([""], beam_size=default_beam)
-        limits = Limits(args.max_sentences, args.max_beam, translator.max_len - 1, default_beam)
+        max_tokens = translator.max_len - 1
+        max_characters = sentence_character_bound(translator.tokenizers, max_tokens)[0]
+        # By default, a body as large as the largest request the other limits take, and no larger.
+        max_body = args.max_body_bytes or (args.max_sentences * max_characters * JSON_CHARACTER_BYTES
+                                           + JSON_OVERHEAD_BYTES)
+        limits = Limits(args.max_sentences, args.max_beam, max_tokens, default_beam, max_characters, max_body)
         batcher = Batcher(translator, args.batch_tokens or translator.cfg.decode.batch_tokens, args.max_wait_ms / 1000)
     except BaseException:
         listener.close()
@@ -145,6 +166,7 @@ def build_app(translator, batcher, limits: Limits):
     from fastapi.responses import HTMLResponse, JSONResponse
     from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
     from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect
 
     class TranslateRequest(BaseModel):
         """The body of `POST /translate`."""
@@ -176,19 +198,32 @@ def build_app(translator, batcher, limits: Limits):
         return {"status": "ok", "run": str(translator.run_dir), "checkpoint": translator.checkpoint.name,
                 "step": translator.step, "source_language": data.src_lang, "target_language": data.tgt_lang,
                 "engine": translator.engine.name, "device": translator.device, "beam_size": limits.default_beam,
-                "max_beam": limits.max_beam, "max_sentences": limits.max_sentences, **vars(batcher.stats())}
+                "max_beam": limits.max_beam, "max_sentences": limits.max_sentences,
+                "max_sentence_characters": limits.max_sentence_characters, "max_body_bytes": limits.max_body_bytes,
+                **vars(batcher.stats())}
 
-    @app.post("/translate")
-    async def translate(request: Request) -> dict:
+    def checked(body: bytes):
+        """The request in `body`, its decoding options and source tokens (on a thread: JSON and tokenizing)."""
         try:
-            body = json.loads(await request.body())
-        except ValueError as err:  # UnicodeDecodeError too
+            parsed = json.loads(body)
+        except RecursionError:
+            raise RequestError(400, "the request body is not JSON (nested too deeply)") from None
+        except ValueError as err:  # UnicodeDecodeError and an integer too long to read too
             raise RequestError(400, f"the request body is not JSON ({err})") from None
         try:
-            asked = TranslateRequest.model_validate(body)
+            asked = TranslateRequest.model_validate(parsed)
         except ValidationError as err:
             raise RequestError(422, _validation_message(err)) from None
-        options, tokens = _check(asked, translator, limits)
+        return asked, *_check(asked, translator, limits)
+
+    @app.post("/translate")
+    async def translate(request: Request):
+        try:
+            body = await _read_body(request, limits.max_body_bytes)
+        except ClientDisconnect:  # nobody to answer
+            logger.info("a client went away before sending its whole request")
+            return JSONResponse({"error": "the client disconnected"}, status_code=400)
+        asked, options, tokens = await asyncio.to_thread(checked, body)
         try:
             results = await asyncio.wrap_future(batcher.submit(asked.sentences, tokens, options))
         except Exception as err:
@@ -204,8 +239,26 @@ def build_app(translator, batcher, limits: Limits):
     return app
 
 
+async def _read_body(request, limit: int) -> bytes:
+    """The request's body, refused (413) as soon as it is known to pass `limit` bytes: by its announced
+    length before any of it is read, else while it arrives (uvicorn discards what follows)."""
+    announced = request.headers.get("content-length")
+    if announced is not None and announced.isdigit() and int(announced) > limit:
+        raise RequestError(413, f"the request body is {int(announced):,} bytes; this server takes at most "
+                                f"{limit:,} (tmt serve --max-body-bytes)")
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise RequestError(413, f"the request body is more than {limit:,} bytes; this server takes at most "
+                                    f"{limit:,} (tmt serve --max-body-bytes)")
+        parts.append(part)
+    return b"".join(parts)
+
+
 def _check(asked, translator, limits: Limits):
-    """The request's decoding `Options` and source tokens, or a `RequestError` naming what is too much."""
+    """The request's decoding `Options` and source tokens, or a `RequestError` naming what is too much.
+    A sentence longer than `limits.max_sentence_characters` is refused before it is tokenized."""
     from transformer_mt.decode.batcher import Options
 
     if len(asked.sentences) > limits.max_sentences:
@@ -224,7 +277,14 @@ def _check(asked, translator, limits: Limits):
         except UnicodeEncodeError as err:
             raise RequestError(422, f"sentences[{number}]: not text (a lone surrogate "
                                     f"\\u{ord(sentence[err.start]):04x})") from None
-    lengths = [len(ids) for ids in translator.tokenizers.encode_src([s.strip() for s in asked.sentences])]
+    sentences = [sentence.strip() for sentence in asked.sentences]
+    for number, sentence in enumerate(sentences):
+        if len(sentence) > limits.max_sentence_characters:
+            longest = limits.max_sentence_characters // limits.max_tokens
+            raise RequestError(413, f"sentences[{number}]: {len(sentence):,} characters; this model translates at "
+                                    f"most {limits.max_sentence_characters:,} (model.max_len - 1 tokens of at most "
+                                    f"{longest} characters)")
+    lengths = [len(ids) for ids in translator.tokenizers.encode_src(sentences)]
     for number, length in enumerate(lengths):
         if length > limits.max_tokens:
             raise RequestError(413, f"sentences[{number}]: {length} tokens; this model translates at most "

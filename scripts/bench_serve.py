@@ -151,6 +151,7 @@ def main() -> None:
     parser.add_argument("--max-wait-ms", help="passed to tmt serve")
     parser.add_argument("--batch-tokens", help="passed to tmt serve")
     parser.add_argument("--engine", help="passed to tmt serve")
+    parser.add_argument("--max-body-bytes", help="passed to tmt serve")
     parser.add_argument("--huge-body-mb", type=float, help="then time other requests while one of this many MB is "
                                                            "sent")
     args = parser.parse_args()
@@ -159,7 +160,8 @@ def main() -> None:
     requests = [[sentences[(i * per + k) % len(sentences)] for k in range(per)] for i in range(args.requests)]
     options = [] + (["--max-wait-ms", args.max_wait_ms] if args.max_wait_ms else []) + \
         (["--batch-tokens", args.batch_tokens] if args.batch_tokens else []) + \
-        (["--engine", args.engine] if args.engine else [])
+        (["--engine", args.engine] if args.engine else []) + \
+        (["--max-body-bytes", args.max_body_bytes] if args.max_body_bytes else [])
     with tempfile.TemporaryDirectory() as folder:
         run = args.run or bench_model_run(Path(folder) / "bench", args.bench_model)
         server, url = start_server(run, options)
@@ -227,15 +229,14 @@ def huge_request(url: str, megabytes: float, probe: list[str]) -> dict:
                       answered_s=round(time.perf_counter() - start, 3))
 
     health, translate = [], []
-    probe_health, probe_translate = Client(url), Client(url)
     sender = threading.Thread(target=send)
     sender.start()
-    while sender.is_alive() or len(health) < 20:
+    while sender.is_alive() or len(health) < 20:  # each probe on a new connection, as a new client's
         start = time.perf_counter()
-        probe_health.call("GET", "/health")
+        Client(url).call("GET", "/health")
         health.append(time.perf_counter() - start)
         start = time.perf_counter()
-        probe_translate.call("POST", "/translate", {"sentences": probe})
+        Client(url).call("POST", "/translate", {"sentences": probe})
         translate.append(time.perf_counter() - start)
     sender.join()
     return {"body_mb": megabytes, "body_bytes": len(data), **answer, "probes": len(health),

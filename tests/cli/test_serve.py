@@ -148,6 +148,7 @@ def test_bad_requests_get_a_4xx_with_one_line_and_the_server_keeps_answering(ser
     cases = [
         (b"Good morning.", 400, "the request body is not JSON"),
         (b"\xff{", 400, "the request body is not JSON"),
+        (b'{"sentences": ["a"], "beam_size": ' + b"9" * 5000 + b"}", 400, "the request body is not JSON"),
         (b"[1, 2]", 422, 'the body must be a JSON object such as {"sentences"'),
         ({}, 422, "sentences: field required"),
         ({"sentences": "Good morning."}, 422, "sentences: input should be a valid list"),

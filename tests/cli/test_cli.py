@@ -304,3 +304,22 @@ def test_every_command_help_has_examples():
     assert set(commands) >= {"train", "translate", "evaluate", "export", "average", "runs"}
     for name, command in commands.items():
         assert "examples:" in command.format_help(), name
+
+
+def help_texts(columns: int, monkeypatch) -> dict[str, str]:
+    """`tmt --help` and every `tmt COMMAND --help` as a terminal `columns` wide shows them."""
+    from transformer_mt.cli.parser import build_parser
+
+    monkeypatch.setenv("COLUMNS", str(columns))  # argparse sizes its text to it
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    return {"tmt": parser.format_help(), **{name: command.format_help() for name, command in commands.items()}}
+
+
+def test_every_help_fits_80_columns_and_splits_no_word(monkeypatch):
+    narrow, wide = help_texts(80, monkeypatch), help_texts(200, monkeypatch)
+    for name, text in narrow.items():
+        too_long = [line for line in text.splitlines() if len(line) > 80]
+        assert not too_long, (name, too_long)
+        # The same words as on a wide terminal: wrapping moved them, never cut one (`--show-` / `attention`)
+        assert text.split() == wide[name].split(), name

@@ -7,6 +7,7 @@ import argparse
 import difflib
 import math
 import re
+import textwrap
 from pathlib import Path
 
 from transformer_mt import __version__
@@ -15,90 +16,111 @@ from transformer_mt.config.schema import BLEU_TOKENIZERS
 STDIO = "-"  # `tmt translate --input -` / `--output -`: stdin / stdout, as in most command-line tools
 
 MAIN_EXAMPLES = """a first run (CPU, a few minutes):
-  tmt data --config configs/demo.yaml                   # look at the data first: pairs, lengths, steps per epoch
-  tmt train --config configs/demo.yaml                  # train on the bundled English-Italian corpus
-  tensorboard --logdir runs                             # curves, example translations, attention
-  tmt translate "Where is the station?"                 # translate with the newest run
-  tmt evaluate --run runs/demo --beam 5                 # BLEU and chrF on the test split
-  tmt runs                                              # every run: status, steps, BLEU
+  tmt data --config configs/demo.yaml      # first the data: pairs, lengths
+  tmt train --config configs/demo.yaml     # train on the bundled en-it corpus
+  tensorboard --logdir runs                # curves, translations, attention
+  tmt translate "Where is the station?"    # translate with the newest run
+  tmt evaluate --run runs/demo --beam 5    # BLEU, chrF, chrF++, TER on the test
+  tmt runs                                 # every run: status, steps, BLEU
 
 `tmt COMMAND --help` shows each command's options and examples.
 """
 
 TRAIN_EXAMPLES = """examples:
   tmt train --config configs/demo.yaml
-  tmt train --config configs/demo.yaml --set train.max_steps=2000 --set model.dropout=0.2
-  tmt train --config configs/demo.yaml --resume        # continue from the newest checkpoint
-  tensorboard --logdir runs                            # watch the curves
+  tmt train --config configs/demo.yaml --set train.max_steps=2000 \\
+      --set model.dropout=0.2
+  tmt train --config configs/demo.yaml --resume   # from the newest checkpoint
+  tensorboard --logdir runs                       # watch the curves
 """
 
 DATA_EXAMPLES = """examples:
-  tmt data --config configs/demo.yaml                   # the report tmt train logs before its first step
-  tmt data --config configs/demo.yaml --set tokenizer.vocab_size=2000 --set model.max_len=32
-  tmt data --config configs/demo.yaml --set train.batch_tokens=4096   # steps per epoch at another budget
+  # the report tmt train logs before its first step
+  tmt data --config configs/demo.yaml
+  tmt data --config configs/demo.yaml --set tokenizer.vocab_size=2000 \\
+      --set model.max_len=32
+  # steps per epoch at another token budget
+  tmt data --config configs/demo.yaml --set train.batch_tokens=4096
 
 Nothing is written: tokenizers are trained in a temporary folder, or reused from the run
 directory (--run-dir, default runs/<name>) when its data and tokenizer settings are the same.
 """
 
 TRANSLATE_EXAMPLES = """examples:
-  tmt translate "Where is the station?"                 # newest run under ./runs
+  tmt translate "Where is the station?"           # the newest run under ./runs
   tmt translate --run runs/demo "Good morning." "Thank you!"
   tmt translate --run runs/demo --beam 5 --input test.en --output test.it
-  tmt translate --checkpoint runs/demo/checkpoints/step_00001200.pt < input.en > output.it
-  tmt translate --run runs/demo --show-attention attention.png "Where is the station?"
-  tmt translate --run runs/demo                          # at a terminal: type a sentence, get its translation
-  tmt translate --run runs/demo --beam 5 --n-best 3 --scores "Where is the station?"
+  tmt translate --checkpoint runs/demo/checkpoints/step_00001200.pt \\
+      < input.en > output.it
+  tmt translate --run runs/demo --show-attention attention.png \\
+      "Where is the station?"
+  # at a terminal: type a sentence, get its translation
+  tmt translate --run runs/demo
+  tmt translate --run runs/demo --beam 5 --n-best 3 --scores \\
+      "Where is the station?"
   tmt translate --run runs/demo --beam 5 --n-best 5 --format jsonl \\
       --input transformer_mt/corpora/demo_en_it/test.en > test.nbest.jsonl
-  tmt translate --run runs/demo --sample --top-p 0.9 --seed 1 --n-best 2 "Where is the station?"
+  tmt translate --run runs/demo --sample --top-p 0.9 --seed 1 --n-best 2 \\
+      "Where is the station?"
 """
 
 EVALUATE_EXAMPLES = """examples:
-  tmt evaluate --run runs/demo                          # the run's test split, greedy
+  tmt evaluate --run runs/demo                    # the run's test split, greedy
   tmt evaluate --run runs/demo --split valid --beam 5
-  tmt evaluate --run runs/m30k --src test.en --ref test.de --tokenize none   # pre-tokenized text
-  tmt evaluate --run runs/demo --src test.en --ref test.it other.it    # two references of each sentence
+  # pre-tokenized text
+  tmt evaluate --run runs/m30k --src test.en --ref test.de --tokenize none
+  # two references of each sentence
+  tmt evaluate --run runs/demo --src test.en --ref test.it other.it
 """
 
 SCORE_EXAMPLES = """examples:
-  tmt score --run runs/demo --source test.en --target test.it             # one line each: log-prob<TAB>per token
-  paste test.en test.it | tmt score --run runs/demo                       # source<TAB>target lines on stdin
-  tmt score --run runs/demo --source test.en --target test.it --format jsonl   # every token's log-prob
+  # one line each: log-prob<TAB>per token
+  tmt score --run runs/demo --source test.en --target test.it
+  # source<TAB>target lines on stdin
+  paste test.en test.it | tmt score --run runs/demo
+  # every token's log-prob
+  tmt score --run runs/demo --source test.en --target test.it --format jsonl
 """
 
 COMPARE_EXAMPLES = """examples:
-  tmt compare runs/demo runs/demo-seed2 runs/demo-dropout   # runs' final tests; the first is the baseline
-  tmt compare base.it new.it --ref test.it                  # hypothesis files
-  tmt compare runs/demo runs/demo-long --format markdown     # tables to paste into a report
+  # runs' final tests; the first is the baseline
+  tmt compare runs/demo runs/demo-seed2 runs/demo-dropout
+  tmt compare base.it new.it --ref test.it        # hypothesis files
+  # tables to paste into a report
+  tmt compare runs/demo runs/demo-long --format markdown
 """
 
 EXPORT_EXAMPLES = """examples:
   tmt export --format ctranslate2 --run runs/demo --output demo-ct2
-  tmt export --format ctranslate2 --run runs/demo --output demo-ct2-int8 --quantization int8
-  tmt export --format hf --run runs/demo --output demo-hf     # for transformers' from_pretrained
+  tmt export --format ctranslate2 --run runs/demo --output demo-ct2-int8 \\
+      --quantization int8
+  # for transformers' from_pretrained
+  tmt export --format hf --run runs/demo --output demo-hf
 """
 
 RUNS_EXAMPLES = """examples:
-  tmt runs                                              # the runs under ./runs, newest first
+  tmt runs                          # the runs under ./runs, newest first
   tmt runs --dir /data/experiments
-  cat runs/demo/summary.json                            # one run's provenance, metrics and throughput
+  cat runs/demo/summary.json        # one run's provenance, metrics, speed
 """
 
 SERVE_EXAMPLES = """examples:
-  tmt serve --run runs/demo                             # http://127.0.0.1:8000/: a web page to translate on
+  tmt serve --run runs/demo              # a web page at http://127.0.0.1:8000/
   curl -s localhost:8000/translate -d '{"sentences": ["Where is the station?"]}'
-  curl -s localhost:8000/translate -d '{"sentences": ["Good morning."], "beam_size": 5, "n_best": 3}'
-  tmt serve --run runs/demo --host 0.0.0.0 --port 8080 --max-wait-ms 20 --batch-tokens 8192
+  curl -s localhost:8000/translate \\
+      -d '{"sentences": ["Good morning."], "beam_size": 5, "n_best": 3}'
+  tmt serve --run runs/demo --host 0.0.0.0 --port 8080 --max-wait-ms 20 \\
+      --batch-tokens 8192
 
 Requests that arrive together are translated in one batch; SIGTERM or Ctrl-C answers the requests
 already received, then stops (exit 0). The guide "Serving" describes the API.
 """
 
 AVERAGE_EXAMPLES = """examples:
-  tmt average --run runs/m30k                           # the last 5 step checkpoints
-  tmt average --run runs/demo --last 2                  # the demo keeps 2 (train.keep_last)
-  tmt evaluate --checkpoint runs/demo/checkpoints/average_steps_00000900-00001200.pt --beam 5
+  tmt average --run runs/m30k            # the last 5 step checkpoints
+  tmt average --run runs/demo --last 2   # the demo keeps 2 (train.keep_last)
+  tmt evaluate --beam 5 \\
+      --checkpoint runs/demo/checkpoints/average_steps_00000900-00001200.pt
 """
 
 
@@ -116,15 +138,36 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's help, wrapped to the terminal without cutting a word (`--show-attention`, a path):
+    prose paragraphs of descriptions and examples are wrapped, their indented lines (commands) kept."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        lines, prose = [], []
+        for line in [*text.splitlines(), ""]:
+            if line and not line[0].isspace():  # a line of a prose paragraph
+                prose.append(line)
+                continue
+            if prose:
+                lines += textwrap.wrap(" ".join(" ".join(prose).split()), width, initial_indent=indent,
+                                       subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+                prose = []
+            lines.append(indent + line if line else line)
+        return "\n".join(lines[:-1])
+
+
 def _add_command(commands, name: str, summary: str, epilog: str) -> argparse.ArgumentParser:
     """A subcommand whose `--help` opens with `summary` (as `tmt --help` lists it) and ends with `epilog`."""
     return commands.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".",
-                               epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+                               epilog=epilog, formatter_class=_Formatter)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tmt", description="Train Transformer translation models and translate with them.",
-                     epilog=MAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                     epilog=MAIN_EXAMPLES, formatter_class=_Formatter)
     parser.add_argument("--version", action="version", version=f"tmt {__version__}")
     parser.add_argument("--traceback", action="store_true", help="show the full Python traceback on errors")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -205,11 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
                           help="leave out the diagnostics printed after the scores: copies of the source, untranslated "
                                "output, another script, n-gram loops, length outliers, numbers, URLs and end "
                                "punctuation that differ from the source, chrF by source length")
-    evaluate.add_argument("--tokenize", choices=BLEU_TOKENIZERS, help="sacreBLEU tokenizer for BLEU (default: the run's train.bleu_tokenize, "
-                                             "normally 13a; 'none' for pre-tokenized text)")
+    evaluate.add_argument("--tokenize", choices=BLEU_TOKENIZERS, metavar="TOKENIZER",
+                          help=f"sacreBLEU tokenizer for BLEU: {', '.join(BLEU_TOKENIZERS)} (default: the run's "
+                               "train.bleu_tokenize, normally 13a; none for pre-tokenized text)")
     evaluate.add_argument("--output", type=_path_or_dash,
-                          help="where to write the hypotheses "
-                               "(default: <run>/evaluation/<name>.<checkpoint>.beam<K>[.lp<ALPHA>][.int8].txt)")
+                          help="where to write the hypotheses (default: in <run>/evaluation/, named "
+                               "<name>.<checkpoint>.beam<K>[.lp<ALPHA>][.int8].txt)")
 
     scoring = _add_command(commands, "score", "the model's log-probability of given translations (source, target "
                                               "pairs)", SCORE_EXAMPLES)
@@ -246,8 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "needed for hypothesis files alone)")
     compare.add_argument("--format", choices=["text", "markdown", "json"], default="text",
                          help="text tables (default), markdown tables, or JSON with every figure")
-    compare.add_argument("--tokenize", choices=BLEU_TOKENIZERS,
-                         help="sacreBLEU tokenizer for BLEU (default: the first run's train.bleu_tokenize, else 13a)")
+    compare.add_argument("--tokenize", choices=BLEU_TOKENIZERS, metavar="TOKENIZER",
+                         help=f"sacreBLEU tokenizer for BLEU: {', '.join(BLEU_TOKENIZERS)} (default: the first "
+                              "run's train.bleu_tokenize, else 13a)")
     compare.add_argument("--bootstrap", type=_positive_int, default=1000, metavar="N",
                          help="paired bootstrap resamples, which also give the 95%% intervals (default 1000)")
     compare.add_argument("--trials", type=_positive_int, default=10000, metavar="N",

@@ -169,3 +169,24 @@ def test_listing_runs_imports_nothing_that_only_training_translating_or_scoring_
                             env={**os.environ, "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
     assert "tiny  running  2/4" in result.stdout and result.stdout.splitlines()[-1] == "0 []", result.stdout
+
+
+def test_a_failed_run_keeps_the_table_in_80_columns_and_its_reason_below(tmp_path: Path, monkeypatch, capsys):
+    reason = ("could not write checkpoint runs/demo-full/checkpoints/step_00000600.pt: File too large (a file-size "
+              "limit); earlier checkpoints are intact")
+    for name, status in [("demo", "finished"), ("demo-full", f"failed: {reason}")]:
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "summary.json").write_text(json.dumps(
+            {"status": status, "step": 600, "max_steps": 1200, "best_bleu": 41.5, "test": {"bleu": 40.25}}))
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run_cli(["runs"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    header, *rows = out.splitlines()
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+    columns = [header.index(name) for name in ("status", "steps", "valid BLEU", "test BLEU", "updated")]
+    for row in rows:  # every figure under its header
+        assert [row[column - 2:column] for column in columns] == ["  "] * 5 and row[columns[0]] != " ", out
+    failed = next(row for row in rows if row.startswith("demo-full"))
+    assert failed.split()[1:4] == ["failed", "600/1200", "41.50"], out
+    assert all(len(line) <= 80 for line in err.splitlines()), err
+    assert " ".join(err.split()) == f"tmt: demo-full failed: {reason}", err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -10,13 +11,15 @@ from transformer_mt.core.errors import UsageError
 
 
 def run_runs(args: argparse.Namespace) -> None:
-    from transformer_mt.runs.summary import read_summaries, runs_table
+    from transformer_mt.runs.summary import failure_notes, read_summaries, runs_table
 
     if args.dir is not None and not args.dir.is_dir():  # a typo must not read as "no runs yet"
         raise UsageError(f"--dir {args.dir}: {'not a folder' if args.dir.exists() else 'no such folder'}")
     folder = args.dir or Path("runs")
     rows = read_summaries(folder)
     print(runs_table(rows))  # with no runs, the header alone: scripts read an empty table, not an error
+    for note in failure_notes(rows, min(shutil.get_terminal_size().columns, 100) - 1):
+        print(note, file=sys.stderr)
     if not rows:
         print(f"tmt: no runs with a summary.json under {folder} (train one with `tmt train`, or pass --dir)",
               file=sys.stderr)

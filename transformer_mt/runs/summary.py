@@ -11,6 +11,7 @@ import os
 import platform
 import socket
 import subprocess
+import textwrap
 import time
 from importlib import metadata
 from pathlib import Path
@@ -145,19 +146,31 @@ def _before_training(folder: Path, runs_dir: Path) -> list[dict]:
 
 
 def runs_table(rows: list[dict]) -> str:
-    """A plain-text table: run, status, steps, best validation BLEU, test BLEU, last update."""
-    header = ("run", "status", "steps", "best valid BLEU", "test BLEU", "updated")
+    """A plain-text table: run, status, steps, best validation BLEU, test BLEU, last update. A failed
+    run's status is `failed`; `failure_notes` gives why."""
+    header = ("run", "status", "steps", "valid BLEU", "test BLEU", "updated")
     lines = [header]
     for row in rows:
         best = row.get("best_bleu")
         test = row["test"].get("bleu") if isinstance(row.get("test"), dict) else None
-        lines.append((row["run"], str(row.get("status", "?")),
+        lines.append((row["run"], str(row.get("status", "?")).split(":")[0],
                       f"{row.get('step', '?')}/{row.get('max_steps', '?')}",
                       f"{best:.2f}" if isinstance(best, (int, float)) and best >= 0 else "-",
                       f"{test:.2f}" if isinstance(test, (int, float)) else "-",
                       time.strftime("%Y-%m-%d %H:%M", time.localtime(row["mtime"]))))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines)
+
+
+def failure_notes(rows: list[dict], width: int) -> list[str]:
+    """Why each failed run of `rows` failed, `tmt: RUN failed: REASON` wrapped to `width` columns."""
+    notes = []
+    for row in rows:
+        status = str(row.get("status", ""))
+        if status.startswith("failed: "):
+            notes.append(textwrap.fill(f"tmt: {row['run']} {status}", width, subsequent_indent="  ",
+                                       break_long_words=False, break_on_hyphens=False))
+    return notes
 
 
 def _alive_here(host: object, pid: object) -> bool | None:

@@ -19,6 +19,9 @@ logger = logging.getLogger("transformer_mt")
 
 def run_train(args: argparse.Namespace) -> None:
     from transformer_mt.config.loading import load_config
+
+    cfg = load_config(args.config, args.overrides)  # before torch is imported: a config mistake is answered at once
+
     from transformer_mt.core.distributed import Distributed
     from transformer_mt.core.runtime import machine_memory_bytes, pick_device, pick_precision
     from transformer_mt.runs.checkpoint import CheckpointDir
@@ -27,7 +30,6 @@ def run_train(args: argparse.Namespace) -> None:
     from transformer_mt.train.batches import check_model_fits
     from transformer_mt.train.trainer import train
 
-    cfg = load_config(args.config, args.overrides)
     run_dir = args.run_dir or Path("runs") / cfg.name
     device = pick_device(cfg.train.device)
     pick_precision(cfg.train.precision, device)  # refuse, say, fp16 on a CPU before the run directory exists

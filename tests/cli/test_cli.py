@@ -325,15 +325,16 @@ def test_every_help_fits_80_columns_and_splits_no_word(monkeypatch):
         assert text.split() == wide[name].split(), name
 
 
+@pytest.mark.parametrize("command", ["train", "data"])
 @pytest.mark.parametrize("mistake", [["--config", "missing.yaml"], ["--config", "typo.yaml"],
                                      ["--config", "good.yaml", "--set", "train.max_steps"]])
-def test_a_config_mistake_is_answered_before_torch_is_imported(mistake, tmp_path: Path):
+def test_a_config_mistake_is_answered_before_torch_is_imported(command, mistake, tmp_path: Path):
     """torch takes seconds to import: a typo in the config must not wait for it."""
     (tmp_path / "typo.yaml").write_text(DEMO_CONFIG.read_text().replace("max_steps:", "max_step:"))
     (tmp_path / "good.yaml").write_text(DEMO_CONFIG.read_text())
     script = ("import sys; from transformer_mt.cli.main import main; code = main(sys.argv[1:]); "
               "print(code, 'torch' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", script, "train", *mistake], cwd=tmp_path, capture_output=True,
+    result = subprocess.run([sys.executable, "-c", script, command, *mistake], cwd=tmp_path, capture_output=True,
                             text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": PYTHONPATH})
     assert result.stdout.split() == ["2", "False"], (result.stdout, result.stderr)
     assert result.stderr.startswith("tmt: error: ") and result.stderr.count("\n") == 1, result.stderr

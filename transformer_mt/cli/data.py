@@ -15,13 +15,15 @@ def run_data(args: argparse.Namespace) -> None:
     """Print the data report of a config without training, leaving no file behind
     (`preparation.preview_report`: with an existing run's tokenizers when they fit)."""
     from transformer_mt.config.loading import load_config
-    from transformer_mt.runs.init_from import check_parent
-    from transformer_mt.runs.run_dir import data_settings_problem
-    from transformer_mt.core.run_layout import run_dir_problem
-    from transformer_mt.train.preparation import preview_report
 
     setup_logging(logging.WARNING)
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides)  # before torch is imported: a config mistake is answered at once
+
+    from transformer_mt.core.run_layout import run_dir_problem
+    from transformer_mt.runs.init_from import check_parent
+    from transformer_mt.runs.run_dir import data_settings_problem
+    from transformer_mt.train.preparation import preview_report
+
     run_dir = args.run_dir or Path("runs") / cfg.name
     if args.run_dir is not None and (problem := run_dir_problem(args.run_dir)):  # a typo is no "not reused"
         raise TmtError(f"--run-dir {args.run_dir}: {problem}")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import DEMO_CONFIG, PYTHONPATH
+from tests.helpers import DEMO_CONFIG, PYTHONPATH, run_cli
 
 STEPS = 40
 CORPUS = DEMO_CONFIG.parent.parent / "transformer_mt" / "corpora" / "demo_en_it"
@@ -338,3 +338,27 @@ def test_a_config_mistake_is_answered_before_torch_is_imported(command, mistake,
                             text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": PYTHONPATH})
     assert result.stdout.split() == ["2", "False"], (result.stdout, result.stderr)
     assert result.stderr.startswith("tmt: error: ") and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_mistakes_in_naming_a_file_or_an_override_get_the_hint_that_fixes_them(trained: Path, monkeypatch, capsys):
+    (trained / "configs").mkdir(exist_ok=True)
+    (trained / "configs" / "demo.yaml").write_text(DEMO_CONFIG.read_text())
+    (trained / "tabs.yaml").write_text("name: tabs\nmodel:\n\td_model: 64\n")
+    cases = [
+        (["train", "--config", "configs/demo.yml"], 2,
+         "tmt: error: invalid configuration: configs/demo.yml: config file not found (did you mean configs/demo.yaml?)"),
+        (["train", "--config", "tabs.yaml"], 2,
+         "tmt: error: invalid configuration: tabs.yaml:3: YAML syntax error: found character '\\t' that cannot start "
+         "any token (YAML is indented with spaces, never tabs)"),
+        (["train", "--config", "configs/demo.yaml", "--set", "train.max_steps", "200"], 2,
+         "tmt: error: --set train.max_steps 200: write KEY=VALUE as one word: --set train.max_steps=200"),
+        (["translate", "--checkpoint", "runs/demo/checkpoints/step_00002400.pt", "Hello."], 1,
+         "tmt: error: runs/demo/checkpoints/step_00002400.pt: checkpoint not found; runs/demo/checkpoints holds "
+         f"best.pt, step_{STEPS - 20:08d}.pt, step_{STEPS:08d}.pt"),
+    ]
+    for args, code, line in cases:
+        try:
+            got, out, err = run_cli(args, monkeypatch, capsys, trained)
+        except SystemExit as exit_:  # refused while parsing the command line, as argparse refuses
+            got, (out, err) = exit_.code, capsys.readouterr()
+        assert (got, out, err) == (code, "", line + "\n"), args

@@ -7,6 +7,7 @@ import argparse
 import difflib
 import math
 import re
+import sys
 import textwrap
 from pathlib import Path
 
@@ -126,7 +127,15 @@ AVERAGE_EXAMPLES = """examples:
 
 class _Parser(argparse.ArgumentParser):
     """argparse's parser, whose "invalid choice" error also says which choice was probably meant
-    (`tmt trian` -> did you mean 'train'?), as config keys do."""
+    (`tmt trian` -> did you mean 'train'?), as config keys do, and which answers `--set KEY VALUE`
+    (a space for the =) with the word that fixes it."""
+
+    def parse_args(self, args=None, namespace=None):
+        words = list(sys.argv[1:] if args is None else args)
+        for option, key, value in zip(words, words[1:], words[2:]):
+            if option == "--set" and "=" not in key and not value.startswith("-"):
+                self.exit(2, f"tmt: error: --set {key} {value}: write KEY=VALUE as one word: --set {key}={value}\n")
+        return super().parse_args(words, namespace)
 
     def error(self, message: str):
         match = re.match(r"argument .*: invalid choice: '(.*)' \(choose from (.*)\)$", message)

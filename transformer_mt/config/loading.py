@@ -52,7 +52,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     if path.is_dir():
         raise ConfigError([f"{path}: is a directory, not a config file"])
     if not path.is_file():
-        raise ConfigError([f"{path}: config file not found"])
+        raise ConfigError([f"{path}: config file not found{_near(path)}"])
     try:
         raw = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except _DuplicateKey as err:
@@ -63,7 +63,8 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         mark = getattr(err, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         problem = getattr(err, "problem", None) or str(err)
-        raise ConfigError([f"{where}: YAML syntax error: {problem}"]) from None
+        hint = " (YAML is indented with spaces, never tabs)" if "'\\t'" in problem else ""
+        raise ConfigError([f"{where}: YAML syntax error: {problem}{hint}"]) from None
     except UnicodeDecodeError as err:
         raise ConfigError([f"{path}: not valid UTF-8 ({err.reason})"]) from None
     if raw is None:
@@ -86,6 +87,16 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     if init_from and not user_path(init_from).is_absolute():
         init_from = str((base("train.init_from") / user_path(init_from)).resolve())
     return dataclasses.replace(cfg, data=data, train=dataclasses.replace(cfg.train, init_from=init_from))
+
+
+def _near(path: Path) -> str:
+    """` (did you mean configs/demo.yaml?)` when a YAML file beside `path` has a name close to it, else ""."""
+    try:
+        names = [entry.name for entry in path.parent.iterdir() if entry.suffix in (".yaml", ".yml")]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.8)
+    return f" (did you mean {path.with_name(close[0])}?)" if close else ""
 
 
 def user_path(text: str) -> Path:

@@ -88,7 +88,9 @@ class _KeepWriteError:
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict:
     """Load and sanity-check a checkpoint written by `save_atomic`."""
     if not path.is_file():
-        raise CheckpointError(f"{path}: checkpoint not found")
+        others = sorted(entry.name for entry in path.parent.glob("*.pt")) if path.parent.is_dir() else []
+        raise CheckpointError(f"{path}: checkpoint not found" +
+                              (f"; {path.parent} holds {', '.join(others)}" if others else ""))
     if path.stat().st_size == 0:  # torch would only say EOFError
         raise CheckpointError(f"{path}: not a readable checkpoint: the file is empty")
     try:

@@ -181,7 +181,7 @@ def test_a_failed_start_writes_its_error_into_train_log(workdir: Path):
 def test_runs_without_any_run_prints_an_empty_table_and_succeeds(tmp_path: Path, monkeypatch, capsys):
     code, out, err = run_cli(["runs"], monkeypatch, capsys, tmp_path)
     assert code == 0
-    assert out.split() == ["run", "status", "steps", "best", "valid", "BLEU", "test", "BLEU", "updated"]
+    assert out.split() == ["run", "status", "steps", "valid", "BLEU", "test", "BLEU", "updated"]
     assert "no runs" in err
 
 
@@ -193,6 +193,20 @@ def test_a_mistyped_command_or_choice_gets_a_suggestion(tmp_path: Path, monkeypa
     with pytest.raises(SystemExit):
         run_cli(["evaluate", "--device", "cdua"], monkeypatch, capsys, tmp_path)
     assert capsys.readouterr().err.rstrip().endswith("(did you mean 'cuda'?)")
+
+
+@pytest.mark.parametrize("args, line", [
+    (["export", "--format", "onnx", "--run", "r", "--output", "o"],
+     "tmt: error: tmt export: argument --format: invalid choice: 'onnx' (choose from 'ctranslate2', 'hf')"),
+    (["export", "--run", "r"], "tmt: error: tmt export: the following arguments are required: --output"),
+    (["translate", "--beam", "two"], "tmt: error: tmt translate: argument --beam: expected a whole number, got 'two'"),
+    (["runs", "--all"], "tmt: error: unrecognized arguments: --all"),
+])
+def test_a_command_line_mistake_is_one_line(args, line, tmp_path: Path, monkeypatch, capsys):
+    """The line that matters alone, not after argparse's usage lines."""
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(args, monkeypatch, capsys, tmp_path)
+    assert (exit_.value.code, capsys.readouterr().err) == (2, line + "\n")
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:

@@ -138,13 +138,15 @@ class _Parser(argparse.ArgumentParser):
         return super().parse_args(words, namespace)
 
     def error(self, message: str):
+        """One line, `tmt: error: tmt COMMAND: what is wrong`, and exit 2 (argparse's usage lines would come first)."""
         match = re.match(r"argument .*: invalid choice: '(.*)' \(choose from (.*)\)$", message)
         if match:
             choices = re.findall(r"'([^']*)'", match.group(2))
             close = difflib.get_close_matches(match.group(1), choices, n=1)
             if close:
                 message += f" (did you mean {close[0]!r}?)"
-        super().error(message)
+        where = f"{self.prog}: " if " " in self.prog else ""  # `tmt export: `; nothing for tmt itself
+        self.exit(2, f"tmt: error: {where}{message}\n")
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):

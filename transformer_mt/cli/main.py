@@ -95,12 +95,18 @@ def run() -> None:
     SIGTERM ends at once with main's code, not with a traceback from inside an exit handler. A command
     stopped by a signal skips tearing the interpreter down (seconds on a busy machine): it ends at once."""
     code = main()
-    for stream in (sys.stdout, sys.stderr):  # what os._exit would otherwise drop
-        with contextlib.suppress(OSError, ValueError):  # a reader that left, a closed stream
-            stream.flush()
+    _flush_std_streams()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signal_number, frame: os._exit(code))
     if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):  # what it saved is closed: `with`, `finally`
         atexit._run_exitfuncs()  # logging's last flush, multiprocessing's children: what `sys.exit` runs first
+        _flush_std_streams()
         os._exit(code)
     sys.exit(code)
+
+
+def _flush_std_streams() -> None:
+    """What os._exit would otherwise drop."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader that left, a closed stream
+            stream.flush()

@@ -166,3 +166,27 @@ def start_with_output_to_a_pipe(config: Path, run_dir: Path) -> tuple[subprocess
         os.killpg(process.pid, signal.SIGKILL)
         pytest.fail("".join(lines))
     return process, ended, lines
+
+
+def test_a_tokenizing_process_killed_by_the_system_is_one_line_not_a_hang(big_config: Path, tmp_path: Path):
+    """The kernel's OOM killer, say: a SIGKILL to one tokenizing process alone."""
+    run_dir = tmp_path / "run"
+    process, ended, lines = start_with_output_to_a_pipe(big_config, run_dir)
+    try:
+        children, deadline = [], time.monotonic() + 30
+        while len(children) < 2:  # the two tokenizing processes, once started
+            assert process.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.05)
+            children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+        os.kill(int(children[-1]), signal.SIGKILL)
+        code = process.wait(timeout=30)
+        ended.wait(timeout=5)
+    finally:
+        if not group_is_gone(process.pid, 0):
+            os.killpg(process.pid, signal.SIGKILL)
+    text = "".join(lines)
+    assert code == 1, text
+    assert text.splitlines()[-1] == ("tmt: error: tokenizing the train split: process 2 of 2 ended without its shard "
+                                     "(exit code -9; out of memory? data.num_proc sets how many run)"), text
+    assert "Traceback" not in text and group_is_gone(process.pid, 2)
+    assert not run_dir.exists()  # a new run that never trained leaves nothing

@@ -1,4 +1,5 @@
-"""Stopping a training run cleanly: Ctrl-C or SIGTERM ask for a checkpoint, then a stop."""
+"""Stopping cleanly: Ctrl-C or SIGTERM ask a training run for a checkpoint, then a stop; neither is
+lost while processes start."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -98,3 +99,94 @@ def test_tokenizing_processes_die_with_a_killed_parent(big_config: Path, tmp_pat
     finally:
         if not group_is_gone(process.pid, 0):
             os.killpg(process.pid, signal.SIGKILL)
+
+
+def test_a_signal_while_tokenizing_on_a_busy_machine_ends_every_process_within_2_s(big_config: Path, tmp_path: Path):
+    """As a user meets it: output to a pipe, CPU-bound competitors, a signal at moments from
+    the tokenizing processes' start into their work. The pipe's EOF: no process holding it is left.
+    Rounds catch a race: Ctrl-C to the group, SIGTERM to tmt alone (`kill`), SIGTERM to the group."""
+    rounds = [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGTERM, True)] * 2
+    delays = [0.0, 0.0, 0.02, 0.05, 0.4, 1.0]  # after the line; at first the processes are being started
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    latencies = []
+    try:
+        for number, ((sig, group), delay) in enumerate(zip(rounds, delays)):
+            run_dir = tmp_path / f"run{number}"
+            process, ended, lines = start_with_output_to_a_pipe(big_config, run_dir)
+            try:
+                time.sleep(delay)
+                assert process.poll() is None, "".join(lines)
+                sent = time.monotonic()
+                (os.killpg if group else os.kill)(process.pid, sig)
+                gone = ended.wait(timeout=2)  # EOF: no process holds the pipe any more
+                latency = time.monotonic() - sent
+                code = process.wait(timeout=2 if gone else 0.1)
+            except subprocess.TimeoutExpired:
+                code = None
+            finally:
+                left = not group_is_gone(process.pid, 0)
+                if left:
+                    os.killpg(process.pid, signal.SIGKILL)
+            text = "".join(lines)
+            where = f"round {number} ({sig.name} to the {'group' if group else 'process'}, {delay:.1f} s in)"
+            assert gone and not left, f"{where}: processes left 2 s after the signal; output:\n{text}"
+            latencies.append(latency)
+            assert code == 128 + sig, f"{where}:\n{text}"
+            assert "Traceback" not in text and "ForkPoolWorker" not in text, f"{where}:\n{text}"
+            said = "interrupted" if sig == signal.SIGINT else "interrupted by SIGTERM"
+            assert text.strip().splitlines()[-1] == (f"tmt: {said}; continue with: tmt train --config {big_config} "
+                                                     f"--run-dir {run_dir}"), f"{where}:\n{text}"
+            assert list((run_dir / "token_cache").iterdir()) == [], where  # no half-written entry
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    print(f"from the signal to the pipe's EOF: {', '.join(f'{s:.2f}' for s in latencies)} s")
+
+
+def start_with_output_to_a_pipe(config: Path, run_dir: Path) -> tuple[subprocess.Popen, threading.Event, list[str]]:
+    """`tmt train` in a process group of its own, stdout and stderr one pipe read by a thread (its lines
+    collected; the event set at EOF), returned once its tokenizers are trained: tokenizing starts."""
+    process = subprocess.Popen([sys.executable, "-m", "transformer_mt", "train", "--config", str(config),
+                                "--run-dir", str(run_dir), "--no-progress"], cwd=run_dir.parent,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                               env={**os.environ, "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"},
+                               preexec_fn=catch_sigint_as_in_a_terminal)
+    lines, tokenizing, ended = [], threading.Event(), threading.Event()
+
+    def read() -> None:
+        for line in process.stdout:
+            lines.append(line)
+            if "trained BPE tokenizers" in line:
+                tokenizing.set()
+        ended.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not tokenizing.wait(timeout=120):
+        os.killpg(process.pid, signal.SIGKILL)
+        pytest.fail("".join(lines))
+    return process, ended, lines
+
+
+def test_a_tokenizing_process_killed_by_the_system_is_one_line_not_a_hang(big_config: Path, tmp_path: Path):
+    """The kernel's OOM killer, say: a SIGKILL to one tokenizing process alone."""
+    run_dir = tmp_path / "run"
+    process, ended, lines = start_with_output_to_a_pipe(big_config, run_dir)
+    try:
+        children, deadline = [], time.monotonic() + 30
+        while len(children) < 2:  # the two tokenizing processes, once started
+            assert process.poll() is None and time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.05)
+            children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+        os.kill(int(children[-1]), signal.SIGKILL)
+        code = process.wait(timeout=30)
+        ended.wait(timeout=5)
+    finally:
+        if not group_is_gone(process.pid, 0):
+            os.killpg(process.pid, signal.SIGKILL)
+    text = "".join(lines)
+    assert code == 1, text
+    assert text.splitlines()[-1] == ("tmt: error: tokenizing the train split: process 2 of 2 ended without its shard "
+                                     "(exit code -9; out of memory? data.num_proc sets how many run)"), text
+    assert "Traceback" not in text and group_is_gone(process.pid, 2)
+    assert not run_dir.exists()  # a new run that never trained leaves nothing

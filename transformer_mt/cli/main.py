@@ -5,6 +5,7 @@ line and an exit code: 0 success, 2 bad config or arguments, 1 any other failure
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import logging
 import os
@@ -91,11 +92,21 @@ def _say(line: str, args: argparse.Namespace, every_rank: bool) -> None:
 
 def run() -> None:
     """The `tmt` command (`python -m transformer_mt` too): `main`, then an exit that a late Ctrl-C or
-    SIGTERM ends at once with main's code, not with a traceback from inside an exit handler."""
+    SIGTERM ends at once with main's code, not with a traceback from inside an exit handler. A command
+    stopped by a signal skips tearing the interpreter down (seconds on a busy machine): it ends at once."""
     code = main()
-    for stream in (sys.stdout, sys.stderr):  # what os._exit would otherwise drop
-        with contextlib.suppress(OSError, ValueError):  # a reader that left, a closed stream
-            stream.flush()
+    _flush_std_streams()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signal_number, frame: os._exit(code))
+    if code in (128 + signal.SIGINT, 128 + signal.SIGTERM):  # what it saved is closed: `with`, `finally`
+        atexit._run_exitfuncs()  # logging's last flush, multiprocessing's children: what `sys.exit` runs first
+        _flush_std_streams()
+        os._exit(code)
     sys.exit(code)
+
+
+def _flush_std_streams() -> None:
+    """What os._exit would otherwise drop."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader that left, a closed stream
+            stream.flush()

@@ -1,4 +1,5 @@
-"""Stopping a training run cleanly: Ctrl-C or SIGTERM ask for a checkpoint, then a stop."""
+"""Stopping cleanly: Ctrl-C or SIGTERM ask a training run for a checkpoint, then a stop; neither is
+lost while processes start."""
 
 from __future__ import annotations
 
@@ -56,3 +57,23 @@ def sigterm_interrupts():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """While inside, SIGINT and SIGTERM are only noted, then raised again on leaving, where their handlers run as
+    usual. For `os.fork`: a handler that raises in its at-fork callbacks is reported as "Exception ignored" and
+    the signal is lost (the command goes on as if Ctrl-C had not been pressed)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signal_number, frame: received.append(signal_number))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signal_number in received:
+            signal.raise_signal(signal_number)

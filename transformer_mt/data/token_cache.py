@@ -22,6 +22,7 @@ import numpy as np
 
 from transformer_mt.core.errors import DataError, missing_from_rank0
 from transformer_mt.core.files import removed_on_failure
+from transformer_mt.core.signals import signals_deferred
 from transformer_mt.data.batching import Batch, PackShape, make_batch_from_flat, make_pack_from_flat, padded_length
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
 
@@ -38,6 +39,7 @@ MIN_ROWS_PER_PROCESS = 50_000
 MAX_AUTO_PROCESSES = 8
 # A split of at most this many ids a side is also held in memory (256 MB), so a batch is a fast numpy gather.
 IN_MEMORY_MAX_IDS = 2 ** 26
+STOP_WAIT_S = 1.0  # the most a killed tokenizing process is waited for
 
 
 class TokenizedSplit:
@@ -238,21 +240,68 @@ def _encode(split: datasets.Dataset, tokenizers: TokenizerPair, max_len: int, dr
         shards = [(split.shard(num_proc, index, contiguous=True), encode,
                    cache_file.with_name(f"{cache_file.stem}_{index:05d}_of_{num_proc:05d}.arrow"),
                    f"tokenize {name} (1 of {num_proc} shards)" if index == 0 else None) for index in range(num_proc)]
-        # fork where it is safe (Linux): no re-import per process; macOS's system libraries are not fork-safe.
-        context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-        with (mock.patch.dict(os.environ, TOKENIZERS_PARALLELISM="false"),  # one Rust thread per process
-              context.Pool(num_proc, initializer=_worker_setup) as pool):
-            files = pool.starmap(_encode_shard, shards)  # Ctrl-C here: `with` terminates the pool
+        with mock.patch.dict(os.environ, TOKENIZERS_PARALLELISM="false"):  # one Rust thread per process
+            files = _encode_in_processes(shards, name)
     return datasets.concatenate_datasets([datasets.Dataset.from_file(file) for file in files])
 
 
-def _worker_setup() -> None:
-    """In each tokenizing process: leave Ctrl-C to the parent, end at its SIGTERM, and (Linux) die with it."""
+def _encode_in_processes(shards: list[tuple], name: str) -> list[str]:
+    """`_encode_shard` of each shard in a process of its own, their files in shard order. Whatever ends this
+    early (Ctrl-C, SIGTERM, a failed shard) first kills every process and waits for it: none outlives it,
+    none writes on into the folder the caller removes next."""
+    # fork where it is safe (Linux): no re-import per process; macOS's system libraries are not fork-safe.
+    context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    processes, answers = [], []
+    try:
+        with signals_deferred():  # a signal now would be lost in `os.fork`; it is raised once all have started
+            for shard in shards:
+                answer, send = context.Pipe(duplex=False)
+                process = context.Process(target=_shard_process, args=(send, os.getpid(), *shard), daemon=True)
+                processes.append(process)
+                answers.append(answer)
+                process.start()
+                send.close()  # the process holds the only writing end: its death is the reader's EOF
+        files = []
+        for number, (process, answer) in enumerate(zip(processes, answers), 1):
+            try:
+                outcome = answer.recv()
+            except EOFError:  # it died without answering: killed (out of memory?) or crashed
+                process.join(STOP_WAIT_S)
+                raise DataError(f"tokenizing the {name} split: process {number} of {len(processes)} ended without "
+                                f"its shard (exit code {process.exitcode}; out of memory? data.num_proc "
+                                f"sets how many run)") from None
+            if isinstance(outcome, BaseException):
+                raise outcome
+            files.append(outcome)
+        for process in processes:
+            process.join(STOP_WAIT_S)  # each has answered and is ending
+        return files
+    finally:
+        for process in processes:
+            if process.pid is not None and process.exitcode is None:
+                process.kill()  # what it wrote is in the folder the caller removes
+        for process in processes:
+            if process.pid is not None:
+                process.join(STOP_WAIT_S)  # SIGKILL'ed: gone at once, unless stuck in the kernel (a dead disk)
+
+
+def _shard_process(send, parent: int, split: datasets.Dataset, encode, cache_file: Path, desc: str | None) -> None:
+    """A tokenizing process: its shard's file name, or the exception that stopped it, sent to the parent."""
+    _worker_setup(parent)
+    try:
+        outcome = _encode_shard(split, encode, cache_file, desc)
+    except Exception as err:  # raised again in the parent (an OSError keeps its errno and file name)
+        outcome = err
+    send.send(outcome)
+
+
+def _worker_setup(parent: int) -> None:
+    """In each tokenizing process: leave Ctrl-C to the parent, end at SIGTERM, and (Linux) die with the parent."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:  # the parent died before the call
+        if os.getppid() != parent:  # the parent died before the call (reparented to init or a subreaper)
             os._exit(1)
 
 

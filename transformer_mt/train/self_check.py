@@ -98,7 +98,8 @@ def run_checks(engine: Engine, cfg: Config, device: torch.device, precision: Pre
         if engine.packed:
             backend = transformer.varlen_backend(device, 0.0, precision.dtype or torch.float32)
             kernel = {transformer._flash_varlen: "FlashAttention's variable-length kernel",
-                      transformer._reference_varlen: "the SDPA reference"}.get(backend, backend.__name__)
+                      transformer._reference_varlen: "the SDPA reference"}.get(
+                          backend, getattr(backend, "__name__", str(backend)))
             results["packed"] = attempt(f"packed batches ({kernel})", "packed", tolerance, lambda: check_packed(
                 model_cfg, device, precision, attention, cfg.train.label_smoothing))
         if engine.graphed:

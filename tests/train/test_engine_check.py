@@ -164,3 +164,16 @@ def test_a_resumed_run_checks_again_and_trains_what_an_uninterrupted_one_does(ti
     a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "step_00000004.pt")
     b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "step_00000004.pt")
     assert all(torch.equal(t, b["model"][name]) for name, t in a["model"].items())
+
+
+def test_the_check_leaves_the_random_streams_where_they_were(tmp_path: Path):
+    # Trainer seeds after the check; the check puts the streams back all the same, wherever it runs.
+    from transformer_mt.core.runtime import AttentionKernels, Precision
+    from transformer_mt.train.self_check import Engine, run_checks
+
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    results = run_checks(Engine(packed=True, graphed=True), tiny_config(tmp_path), torch.device("cpu"),
+                         Precision(None, "cpu"), AttentionKernels())
+    assert results["packed"]["passed"] and results["captured"]["passed"]
+    assert torch.equal(torch.get_rng_state(), before)

@@ -2,7 +2,7 @@
 the variable-length attention, the captured update) runs once on a tiny synthetic model beside its
 reference (the same sentences padded; the eager update). An exception, or a loss or gradients
 outside the precision's tolerance, falls back to the reference with one warning. The run's model,
-optimizer and random streams are not touched: the check builds its own, under a forked RNG."""
+optimizer and random streams are not touched: the check builds its own, and puts the RNG states back."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 
 from transformer_mt.config.schema import Config, ModelConfig
 from transformer_mt.core.distributed import Distributed
-from transformer_mt.core.runtime import AttentionKernels, Precision, device_description
+from transformer_mt.core.runtime import AttentionKernels, Precision, device_description, load_rng_state, rng_state
 from transformer_mt.data.batching import Batch, PackShape, make_batch_from_flat, make_pack_from_flat
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.model import transformer
@@ -94,7 +94,8 @@ def run_checks(engine: Engine, cfg: Config, device: torch.device, precision: Pre
     tolerance = TOLERANCE[precision.name]
     model_cfg = check_model_config(cfg.model)
     results = {}
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    saved = rng_state()  # every device's generator: the check seeds its own model
+    try:
         if engine.packed:
             backend = transformer.varlen_backend(device, 0.0, precision.dtype or torch.float32)
             kernel = {transformer._flash_varlen: "FlashAttention's variable-length kernel",
@@ -108,6 +109,8 @@ def run_checks(engine: Engine, cfg: Config, device: torch.device, precision: Pre
             results["captured"] = attempt(
                 "captured update" + (" (CUDA graph)" if capture else " (run eagerly)"), "captured", tolerance,
                 lambda: check_captured(model_cfg, cfg, device, precision, attention, packs=packs, capture=capture))
+    finally:
+        load_rng_state(saved)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the check's graphs and tensors
     return results

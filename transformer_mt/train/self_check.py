@@ -59,6 +59,10 @@ def check_engine(cfg: Config, device: torch.device, precision: Precision, attent
     (on every rank of a torchrun run). Warns once (rank 0) when anything falls back."""
     if not (packed or graphed):
         return Engine(False, False)
+    # torch's optimizers import dynamo when the first one is made (seconds, once per process, which
+    # the run's optimizer pays otherwise): not part of the check's cost.
+    import torch._dynamo  # noqa: F401
+
     started = time.perf_counter()
     results = run_checks(Engine(packed, graphed), cfg, device, precision, attention)
     failed = torch.tensor([not results.get(part, {}).get("passed", True) for part in FALLBACK],

@@ -177,3 +177,18 @@ def test_the_check_leaves_the_random_streams_where_they_were(tmp_path: Path):
                          Precision(None, "cpu"), AttentionKernels())
     assert results["packed"]["passed"] and results["captured"]["passed"]
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_a_packed_run_resumed_where_the_check_fails_goes_on_padded(tiny_corpus: Path, tmp_path: Path, monkeypatch,
+                                                                   capsys):
+    code, err, summary = train_cli(tmp_path, tiny_corpus, monkeypatch, capsys, batching="packed", max_steps=2)
+    assert code == 0, err
+    assert summary["engine_check"]["packed"]["passed"]
+    monkeypatch.setattr(transformer, "varlen_backend", lambda *args: raising_backend)
+    code, _, err = run_cli(["train", "--config", "tiny.yaml", "--run-dir", "run", "--resume", "--set",
+                            "train.max_steps=4"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    assert "resuming from" in err and len(warnings_in(err)) == 1
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text(encoding="utf-8"))
+    assert summary["status"] == "finished" and summary["step"] == 4
+    assert summary["engine_check"]["packed"]["fallback"] == "padded batches"

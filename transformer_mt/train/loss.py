@@ -1,4 +1,5 @@
-"""The training loss: label-smoothed cross-entropy, and the module a training step differentiates."""
+"""The training loss: label-smoothed cross-entropy, the module a training step differentiates,
+and what that module takes of a batch."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformer_mt.data.batching import Batch
 from transformer_mt.model.transformer import Transformer
 
 
@@ -35,3 +37,8 @@ class StepLoss(nn.Module):
         targets = tgt_out_ids[tgt_in_ids != self.model.pad_id] if rows_only else tgt_out_ids.flatten()  # (Nt,)
         with torch.autocast(device_type=src_ids.device.type, enabled=False):
             return label_smoothed_loss(logits, targets, self.model.pad_id, label_smoothing)
+
+
+def batch_offsets(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+    """What `StepLoss` takes of a packed batch (None: padded)."""
+    return (batch.src_offsets, batch.tgt_offsets, batch.longest) if batch.packed else None

@@ -23,7 +23,7 @@ from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.model import transformer
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.train.cuda_graphs import GraphedStep
-from transformer_mt.train.loss import StepLoss
+from transformer_mt.train.loss import StepLoss, batch_offsets
 
 logger = logging.getLogger(__name__)
 
@@ -157,10 +157,6 @@ def synthetic_batches(update: int, device: torch.device) -> tuple[Batch, Batch]:
     return pack.to(device), padded.to(device)
 
 
-def offsets_of(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int] | None:
-    return (batch.src_offsets, batch.tgt_offsets, batch.longest) if batch.packed else None
-
-
 def relative_error(got: list[torch.Tensor], want: list[torch.Tensor]) -> float:
     """‖got - want‖ / ‖want‖ over all the tensors together (L2 norms, fp32)."""
     flat = lambda tensors: torch.cat([t.detach().float().flatten() for t in tensors])  # noqa: E731
@@ -179,7 +175,7 @@ def check_packed(model_cfg: ModelConfig, device: torch.device, precision: Precis
     def loss_and_grads(batch: Batch) -> tuple[torch.Tensor, list[torch.Tensor]]:
         with precision.autocast(), attention.enabled():
             loss = step_loss(batch.src_ids, batch.tgt_in_ids, batch.tgt_out_ids, label_smoothing, True,
-                             offsets_of(batch))
+                             batch_offsets(batch))
         grads = torch.autograd.grad(loss, params, allow_unused=True)
         return loss.detach(), [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
 
@@ -216,7 +212,7 @@ def check_captured(model_cfg: ModelConfig, cfg: Config, device: torch.device, pr
         eager_optimizer.zero_grad(set_to_none=True)
         with precision.autocast(), attention.enabled():
             loss = eager_loss(batch.src_ids, batch.tgt_in_ids, batch.tgt_out_ids, t.label_smoothing, False,
-                              offsets_of(batch))
+                              batch_offsets(batch))
         loss = loss / batch.n_tgt_tokens
         loss.backward()
         torch.nn.utils.clip_grad_norm_(eager_params, max_norm)

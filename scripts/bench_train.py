@@ -299,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     trainer = trainers["padded"]  # its sampler draws the sentences every engine trains on
     if trainer.tokenizers.src.to_str() != trainers["packed"].tokenizers.src.to_str():
         raise SystemExit("bench_train: the two tmt engines trained different tokenizers on the same corpus")
+    if not trainers["packed"].engine.packed:  # its self-check failed here (the warning above says why)
+        raise SystemExit("bench_train: packed batches fell back to padded ones in the engine's self-check on this "
+                         "device: no packed engine to measure")
     device, cfg = trainer.device, trainer.cfg
     auto_engine = "tmt_packed" if packed_batches(replace(cfg, train=replace(cfg.train, batching="auto")),
                                                  device) else "tmt_padded"

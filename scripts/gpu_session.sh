@@ -56,7 +56,12 @@
 #                  1 and 32 against HF MarianMTModel.generate of the same size (and CTranslate2 where it is
 #                  installed), then 1,000 test sentences with beam 5 (`decode_1000_beam5_s`, start-up not
 #                  counted); with CUDNN=1 then the same with cuDNN's attention forced, the kernel auto avoids.
-#   check          the GPU tests (tests/test_gpu.py), the compiled ones included (TMT_TEST_COMPILE=1).
+#   check          the engine's self-check for real: two tiny `tmt train` runs of configs/demo.yaml on the
+#                  GPU engine (bf16, CUDA graphs, attention dropout 0), one with packed batches, one
+#                  padded; figures self-check-packed, self-check-padded (summary.json's engine_check:
+#                  each path's loss, gradient and update errors against its reference); the stage fails
+#                  if any path fell back or was not checked. Then the GPU tests (tests/test_gpu.py), the
+#                  compiled ones included (TMT_TEST_COMPILE=1).
 #   suite          the rest of the test suite on the machine's torch (CI runs it too, on CPU).
 #   multi30k       trains configs/multi30k-en-de.yaml into runs/gpu-multi30k-en-de, then prints its
 #                  figure (scripts/recipe_figures.py): ms per update, seconds from the command to the
@@ -143,8 +148,33 @@ EOF
 }
 
 check() {  # with the compiled tests (the compiled and captured update; about a minute of compiling)
+    local rc=0
+    self_check || rc=1
     log "GPU tests"
-    TMT_TEST_COMPILE=1 "$PY" -m pytest tests/test_gpu.py -rs -s -p no:cacheprovider
+    TMT_TEST_COMPILE=1 "$PY" -m pytest tests/test_gpu.py -rs -s -p no:cacheprovider || rc=1
+    return $rc
+}
+
+self_check() {  # a few steps each, no test: the self-check runs before the first step
+    local rc=0 batching run
+    for batching in packed padded; do
+        run=runs/gpu-self-check-$batching
+        log "engine self-check: train.batching $batching, CUDA graphs on"
+        "$PY" -m transformer_mt train --config configs/demo.yaml --run-dir "$run" --overwrite --no-progress \
+            --set train.batching=$batching --set model.attention_dropout=0 --set train.max_steps=4 \
+            --set train.eval_every_steps=4 --set train.save_every_steps=4 --set train.test_at_end=false \
+            || { rc=1; continue; }
+        "$PY" - "$run/summary.json" "$batching" <<'EOF' || rc=1
+import json, os, sys
+check = json.load(open(sys.argv[1], encoding="utf-8"))["engine_check"] or {}
+print(json.dumps({"figure": f"self-check-{sys.argv[2]}", "commit": os.environ["COMMIT"], **check}))
+expected = ["packed", "captured"] if sys.argv[2] == "packed" else ["captured"]
+failed = [part for part in expected if not check.get(part, {}).get("passed")]
+if failed:
+    sys.exit(f"gpu_session: the engine self-check fell back or did not run: {', '.join(failed)}")
+EOF
+    done
+    return $rc
 }
 
 suite() {

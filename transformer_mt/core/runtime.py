@@ -53,6 +53,13 @@ class Precision:
         return torch.autocast(device_type=self.device_type, dtype=self.dtype, cache_enabled=cache_enabled)
 
 
+def device_description(device: torch.device) -> str:
+    """The device as a bug report names it: `cuda: NVIDIA H100 80GB HBM3`, `cpu: x86_64`."""
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    return f"{device.type}: {platform.processor() or platform.machine()}"
+
+
 def machine_memory_bytes() -> int:
     """The machine's physical memory in bytes (2**62 where the system does not say)."""
     try:

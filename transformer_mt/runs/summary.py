@@ -30,7 +30,7 @@ PACKAGES = ("transformer-mt", "torch", "tokenizers", "datasets", "sacrebleu")
 
 def provenance(cfg: Config, run_dir: Path, device: torch.device, config_dir: Path | None) -> dict:
     """What the run was made from: data, split seed, tokenizers, software, device, config's git commit."""
-    import torch  # here alone: listing runs (`tmt runs`) does without it
+    from transformer_mt.core.runtime import device_description  # imports torch: listing runs does without it
 
     return {
         "data": {"format": cfg.data.format, "path": cfg.data.path, "hub_config": cfg.data.hub_config,
@@ -40,8 +40,7 @@ def provenance(cfg: Config, run_dir: Path, device: torch.device, config_dir: Pat
         "tokenizers_sha256": {path.name: hashlib.sha256(path.read_bytes()).hexdigest()
                               for path in sorted(run_dir.glob("tokenizer*.json"))},
         "versions": {**{name: _version(name) for name in PACKAGES}, "python": platform.python_version()},
-        "device": (f"cuda: {torch.cuda.get_device_name(device)}" if device.type == "cuda"
-                   else f"{device.type}: {platform.processor() or platform.machine()}"),
+        "device": device_description(device),
         "config_git_commit": git_commit(config_dir) if config_dir else None,
         "host": socket.gethostname(),
     }

@@ -112,14 +112,13 @@ class BatchSource:
     every checkpoint), `draw` takes one update's worth, `load` puts one on the device."""
 
     def __init__(self, cfg: Config, train_data: TokenizedSplit, *, device: torch.device, dist: Distributed,
-                 pad_to_multiple: int, fixed_rows: bool):
+                 pad_to_multiple: int, fixed_rows: bool, packed: bool):
         self.cfg, self.train_data, self.device, self.dist = cfg, train_data, device, dist
         self.pad_to_multiple = pad_to_multiple
         self.fixed_rows = fixed_rows  # the GPU engine: a fixed row count per padded length; packs of fixed offsets
         pair_lengths = (train_data.src_len + 1, train_data.tgt_len + 1)  # with EOS, BOS
         # Packed: the pack's shape, a pair too long for it refused now, before any step.
-        self.pack = pack_shape(*pair_lengths, cfg.train.batch_tokens, pad_to_multiple) \
-            if packed_batches(cfg, device) else None
+        self.pack = pack_shape(*pair_lengths, cfg.train.batch_tokens, pad_to_multiple) if packed else None
         self.sampler = TokenBatchSampler(train_data.lengths(), cfg.train.batch_tokens, cfg.seed,
                                          tie_break=train_data.tgt_len, world_size=dist.world_size,
                                          pad_to_multiple=pad_to_multiple, max_length=cfg.model.max_len,

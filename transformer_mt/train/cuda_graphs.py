@@ -47,7 +47,7 @@ class GraphedStep:
     def __init__(self, step_loss: nn.Module, params: list[nn.Parameter], optimizer: torch.optim.Optimizer, *,
                  precision: Precision, attention: AttentionKernels, label_smoothing: float, max_norm: float,
                  capture: bool, max_graphs: int = MAX_GRAPHS, uncaptured_loss: nn.Module | None = None):
-        self.step_loss = step_loss  # a `step.StepLoss`, or it compiled (`compiled_for_graphs`)
+        self.step_loss = step_loss  # a `loss.StepLoss`, or it compiled (`compiled_for_graphs`)
         self.uncaptured_loss = step_loss if uncaptured_loss is None else uncaptured_loss
         self.compiled = self.uncaptured_loss is not step_loss  # a compiled step_loss comes with its plain module
         self.params, self.optimizer, self.precision, self.attention = params, optimizer, precision, attention

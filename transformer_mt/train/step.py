@@ -1,4 +1,4 @@
-"""One training update: the label-smoothed loss, forward and backward over the update's micro-batches
+"""One training update: forward and backward over the update's micro-batches
 (gradient accumulation, DDP), clipping, the NaN/inf and out-of-memory guards, and the AdamW step."""
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from transformer_mt.config.schema import Config
 from transformer_mt.core.distributed import Distributed
@@ -20,45 +18,24 @@ from transformer_mt.core.runtime import AttentionKernels, Precision
 from transformer_mt.data.batching import Batch
 from transformer_mt.data.token_cache import TokenizedSplit
 from transformer_mt.model.transformer import Transformer
-from transformer_mt.train.batches import BatchSource
+from transformer_mt.train.batches import BatchSource, packed_batches
 from transformer_mt.train.cuda_graphs import GraphedStep, compiled_for_graphs, graphs_apply
+from transformer_mt.train.loss import StepLoss, batch_offsets, label_smoothed_loss  # noqa: F401  (from here too)
 from transformer_mt.train.schedule import lr_at
+from transformer_mt.train.self_check import Engine, check_engine
 from transformer_mt.train.state import TrainState
 
 logger = logging.getLogger(__name__)
 
 
-def label_smoothed_loss(logits: torch.Tensor, target_ids: torch.Tensor, pad_id: int, epsilon: float) -> torch.Tensor:
-    """Summed label-smoothed cross-entropy over non-pad targets in fp32: logits (..., V), target_ids
-    (...) -> scalar, (1-ε)·NLL + ε·mean_v(-log p_v) (ε spread over all V classes, the gold one included)."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), target_ids.flatten(), ignore_index=pad_id,
-                           label_smoothing=epsilon, reduction="sum")
-
-
-class StepLoss(nn.Module):
-    """What a training step differentiates: the summed label-smoothed loss of a batch under `model`
-    (DDP and torch.compile wrap this module, so that the loss runs inside their forward)."""
-
-    def __init__(self, model: Transformer):
-        super().__init__()
-        self.model = model
-
-    def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, tgt_out_ids: torch.Tensor,
-                label_smoothing: float, pack: bool = True,
-                offsets: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> torch.Tensor:
-        """(B, S), (B, T), (B, T) long -> fp32 scalar sum over the real targets; `pack`: the model
-        computes at the real tokens only; `offsets`: a packed batch's (`Transformer.forward`). The
-        model follows the caller's autocast, the loss not."""
-        logits = self.model(src_ids, tgt_in_ids, pack=pack, offsets=offsets)  # (Nt, V)
-        rows_only = pack and offsets is None
-        targets = tgt_out_ids[tgt_in_ids != self.model.pad_id] if rows_only else tgt_out_ids.flatten()  # (Nt,)
-        with torch.autocast(device_type=src_ids.device.type, enabled=False):
-            return label_smoothed_loss(logits, targets, self.model.pad_id, label_smoothing)
-
-
-def batch_offsets(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, int] | None:
-    """What `StepLoss` takes of a packed batch (None: padded)."""
-    return (batch.src_offsets, batch.tgt_offsets, batch.longest) if batch.packed else None
+def choose_engine(cfg: Config, device: torch.device, precision: Precision, attention: AttentionKernels,
+                  dist: Distributed) -> Engine:
+    """The paths training takes: packed batches (`train.batching`) and the captured update
+    (`train.cuda_graphs`, where it applies), each kept if the self-check passes on this device."""
+    graphed = cfg.train.cuda_graphs and graphs_apply(device, distributed=dist.enabled,
+                                                     grad_scaler=precision.needs_grad_scaler)
+    return check_engine(cfg, device, precision, attention, packed=packed_batches(cfg, device), graphed=graphed,
+                        dist=dist)
 
 
 @dataclass(frozen=True)
@@ -79,7 +56,7 @@ class TrainStep:
 
     def __init__(self, cfg: Config, model: Transformer, train_data: TokenizedSplit, state: TrainState, *,
                  device: torch.device, precision: Precision, attention: AttentionKernels, dist: Distributed,
-                 pad_to_multiple: int):
+                 pad_to_multiple: int, engine: Engine):
         t = cfg.train
         self.cfg, self.model, self.state, self.device, self.dist = cfg, model, state, device, dist
         self.precision, self.attention = precision, attention  # attention: the SDPA kernels of forward and backward
@@ -95,10 +72,9 @@ class TrainStep:
             self.ddp_model = ddp(StepLoss(model), device_ids=[device] if device.type == "cuda" else None,
                                  **{no_sync: False})
         self.step_model = plain_step_model = self.ddp_model or StepLoss(model)
-        # The GPU engine (`train.cuda_graphs`): each batch shape's whole update replayed as a CUDA graph;
-        # its AdamW is capturable and reads the rate from a device tensor.
-        graphed = t.cuda_graphs and graphs_apply(device, distributed=dist.enabled,
-                                                 grad_scaler=precision.needs_grad_scaler)
+        # The GPU engine (`train.cuda_graphs`, `choose_engine`): each batch shape's whole update replayed
+        # as a CUDA graph; its AdamW is capturable and reads the rate from a device tensor.
+        graphed = engine.graphed
         if t.compile:  # under the engine: static shapes, each compiled before its capture
             self.step_model = compiled_for_graphs(self.step_model) if graphed else torch.compile(self.step_model)
         self.fused_optimizer = device.type in ("cuda", "cpu")  # one kernel per group; MPS keeps foreach
@@ -110,7 +86,7 @@ class TrainStep:
                                            capturable=graphed)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
         self.batches = BatchSource(cfg, train_data, device=device, dist=dist, pad_to_multiple=pad_to_multiple,
-                                   fixed_rows=graphed)
+                                   fixed_rows=graphed, packed=engine.packed)
         # The layers compute at the real tokens only, except where shapes must stay fixed (captured, compiled).
         self.pack = not (graphed or t.compile)
         self.graphs = GraphedStep(self.step_model, list(model.parameters()), self.optimizer, precision=precision,

@@ -29,13 +29,13 @@ from transformer_mt.model.transformer import build_model
 from transformer_mt.runs import summary
 from transformer_mt.runs.init_from import Parent, load_parent
 from transformer_mt.runs.run_dir import check_saved_config
-from transformer_mt.train.batches import StepBatches, packed_batches, resolve_batch_tokens
+from transformer_mt.train.batches import StepBatches, resolve_batch_tokens
 from transformer_mt.train.ema import WeightEMA
 from transformer_mt.train.interval import BAR_FORMAT, Interval, peak_flops_per_s
 from transformer_mt.train.optional_outputs import OptionalWriter, quiet_tensorboard_thread
 from transformer_mt.train.preparation import batch_padding, prepare_data
 from transformer_mt.train.state import RunCheckpoint, TrainState, improves
-from transformer_mt.train.step import TrainStep
+from transformer_mt.train.step import TrainStep, choose_engine
 from transformer_mt.train.validation import Evaluator
 
 logger = logging.getLogger(__name__)
@@ -69,11 +69,13 @@ class Trainer:
                                                    "decode.attention_backend": cfg.decode.attention_backend})
         attention = pick_attention(cfg.train.attention_backend, self.device, "train")  # SDPA kernels of steps
         pad_to_multiple = batch_padding(cfg.train, self.device.type)
+        # Packed batches and the captured update, each checked once here and kept if it passes.
+        self.engine = choose_engine(cfg, self.device, self.precision, attention, dist)
         torch.manual_seed(cfg.seed)  # CPU and CUDA generators; tmt draws nothing from random or numpy
         with dist.main_first():  # rank 0 trains the tokenizers, carves the splits, fills the token cache
             self.tokenizers, self.train_data, valid_data, self.data_report = prepare_data(
                 cfg, run_dir, self.progress, dist.world_size, pad_to_multiple, prepared=not dist.is_main,
-                packed=packed_batches(cfg, self.device))
+                packed=self.engine.packed)
         model_args = {"src_vocab_size": self.tokenizers.src.get_vocab_size(),
                       "tgt_vocab_size": self.tokenizers.tgt.get_vocab_size(), "pad_id": PAD_ID}
         self.model = build_model(cfg.model, **model_args).to(self.device)  # the same initial weights on every rank
@@ -85,7 +87,7 @@ class Trainer:
         self.state = TrainState(parent=parent.record if parent is not None else None)
         self.train_step = TrainStep(cfg, self.model, self.train_data, self.state, device=self.device,
                                     precision=self.precision, attention=attention, dist=dist,
-                                    pad_to_multiple=pad_to_multiple)
+                                    pad_to_multiple=pad_to_multiple, engine=self.engine)
         self.sampler = self.train_step.batches.sampler
         self.checkpoint = RunCheckpoint(cfg, run_dir, model=self.model, update=self.train_step, state=self.state,
                                         sampler=self.sampler, model_args=model_args, dist=dist, device=self.device,
@@ -135,7 +137,7 @@ class Trainer:
             "skipped_nonfinite": s.skipped_nonfinite, "skipped_oom": s.skipped_oom, "init_from": s.parent,
             "parameters": self.model.num_parameters(), "data": self.data_report.to_dict(),
             "provenance": {**self.provenance, "processes": self.dist.world_size},  # what --resume must start again
-            "cuda_graphs": self.train_step.engine_report()}
+            "cuda_graphs": self.train_step.engine_report(), "engine_check": self.engine.report}
         try:
             summary.write_summary(self.run_dir, content)
         except OSError as err:

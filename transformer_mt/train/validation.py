@@ -30,7 +30,7 @@ from transformer_mt.model.transformer import Transformer
 from transformer_mt.runs.checkpoint import (CheckpointDir, average_checkpoints, load_checkpoint, save_atomic,
                                             translation_weights)
 from transformer_mt.train.optional_outputs import OptionalWriter
-from transformer_mt.train.step import label_smoothed_loss
+from transformer_mt.train.loss import label_smoothed_loss
 
 logger = logging.getLogger(__name__)
 

@@ -176,7 +176,7 @@ def test_breaking_length_ties_by_target_length_keeps_every_example_and_pads_targ
 
 def test_filler_rows_up_to_a_static_shape_change_neither_the_loss_nor_the_gradients():
     from tests.helpers import random_model
-    from transformer_mt.train.step import label_smoothed_loss
+    from transformer_mt.train.loss import label_smoothed_loss
 
     model = random_model(0).train()  # dropout 0.0 in random_model: the two passes see the same network
     gen = torch.Generator().manual_seed(3)

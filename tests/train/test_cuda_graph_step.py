@@ -20,7 +20,7 @@ from transformer_mt.train import step as train_step_module
 from transformer_mt.train.batches import packed_batches
 from transformer_mt.train.cuda_graphs import MAX_GRAPHS, GraphedStep, compiled_for_graphs, graphs_apply
 from transformer_mt.train.schedule import lr_at
-from transformer_mt.train.step import StepLoss
+from transformer_mt.train.loss import StepLoss
 from transformer_mt.train.trainer import train
 
 CUDA = torch.device("cuda")

@@ -27,7 +27,7 @@ from transformer_mt.runs.checkpoint import load_checkpoint, save_atomic
 from transformer_mt.runs.run_dir import MARKER, check_saved_config, prepare_run_dir
 from transformer_mt.train import interval as interval_module
 from transformer_mt.train.schedule import lr_at
-from transformer_mt.train.step import label_smoothed_loss
+from transformer_mt.train.loss import label_smoothed_loss
 from transformer_mt.train.trainer import Trainer, train
 
 

@@ -28,7 +28,7 @@ from transformer_mt.runs.run_dir import prepare_run_dir
 from transformer_mt.train import interval as interval_module
 from transformer_mt.train.batches import activation_bytes_per_token, device_batch_tokens, resolve_batch_tokens
 from transformer_mt.train.interval import peak_flops_of, peak_flops_per_s
-from transformer_mt.train.step import label_smoothed_loss
+from transformer_mt.train.loss import label_smoothed_loss
 from transformer_mt.train.trainer import Trainer
 
 

@@ -20,7 +20,7 @@ from transformer_mt.data.token_cache import TokenizedSplit
 from transformer_mt.model.transformer import Transformer
 from transformer_mt.train.batches import BatchSource, packed_batches
 from transformer_mt.train.cuda_graphs import GraphedStep, compiled_for_graphs, graphs_apply
-from transformer_mt.train.loss import StepLoss, batch_offsets, label_smoothed_loss  # noqa: F401  (from here too)
+from transformer_mt.train.loss import StepLoss, batch_offsets
 from transformer_mt.train.schedule import lr_at
 from transformer_mt.train.self_check import Engine, check_engine
 from transformer_mt.train.state import TrainState

@@ -136,6 +136,9 @@ def test_runs_are_grouped_by_config_with_mean_and_sd_over_seeds(workdir: Path, m
     (["weak.txt", "better.txt"], "hypothesis files need their references: add --ref FILE"),
     (["weak.txt", "short.txt", "--ref", "ref.txt"], "short.txt has 3 translations but --ref"),
     (["weak.txt", "empty_dir", "--ref", "ref.txt"], "empty_dir: a directory but not a run"),
+    (["weak.txt", "better.txt", "weak.txt", "--ref", "ref.txt"], "weak.txt is given twice: give each run or file once"),
+    (["weak.txt", "empty_dir/../weak.txt", "--ref", "ref.txt"],
+     "empty_dir/../weak.txt is weak.txt again: give each run or file once"),
 ])
 def test_bad_compare_input_gets_one_line(files, tmp_path: Path, monkeypatch, capsys, args, message):
     (tmp_path / "short.txt").write_text("a\nb\nc\n", encoding="utf-8")

@@ -36,6 +36,11 @@ def run_compare(args: argparse.Namespace) -> None:
     if len(args.systems) < 2:
         raise UsageError("compare needs two systems or more: run directories or hypothesis files, the first the "
                          "baseline")
+    seen = {}
+    for path in args.systems:  # twice the same system would make a seed group of one run with itself
+        if (first := seen.setdefault(path.resolve(), path)) is not path:
+            again = "given twice" if first == path else f"{first} again"
+            raise UsageError(f"{path} is {again}: give each run or file once")
     if args.tokenize and (problem := bleu_tokenizer_problem(args.tokenize)):
         raise UsageError(f"--tokenize: {problem}")
     if args.comet:  # the package and the model, before anything is read

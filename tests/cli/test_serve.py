@@ -152,7 +152,7 @@ def test_bad_requests_get_a_4xx_with_one_line_and_the_server_keeps_answering(ser
         (b"[1, 2]", 422, 'the body must be a JSON object such as {"sentences"'),
         ({}, 422, "sentences: field required"),
         ({"sentences": "Good morning."}, 422, "sentences: input should be a valid list"),
-        ({"sentences": []}, 422, "sentences: list should have at least 1 item"),
+        ({"sentences": []}, 422, "sentences: an empty list; give one sentence or more"),
         ({"sentences": ["Good morning.", 7]}, 422, "sentences[1]: input should be a valid string"),
         ({"sentences": ["a"], "beam_size": "2"}, 422, "beam_size: input should be a valid integer"),
         ({"sentences": ["a"], "beam_size": 0}, 422, "beam_size: input should be greater than or equal to 1"),

@@ -300,6 +300,8 @@ def _validation_message(err) -> str:
     where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"]).lstrip(".")
     if first["type"] == "extra_forbidden":
         message = f"{where}: not a field of a translation request (sentences, beam_size, n_best, scores)"
+    elif first["type"] == "too_short":  # the only list with a least length: sentences
+        message = f"{where}: an empty list; give one sentence or more"
     elif not where:
         message = 'the body must be a JSON object such as {"sentences": ["Good morning."]}'
     else:

@@ -84,11 +84,12 @@ SCORE_EXAMPLES = """examples:
 """
 
 COMPARE_EXAMPLES = """examples:
-  # runs' final tests; the first is the baseline
-  tmt compare runs/demo runs/demo-seed2 runs/demo-dropout
+  # the demo against another seed of it (the first is the baseline)
+  tmt train --config configs/demo.yaml --run-dir runs/demo-seed2 --set seed=2
+  tmt compare runs/demo runs/demo-seed2
   tmt compare base.it new.it --ref test.it        # hypothesis files
   # tables to paste into a report
-  tmt compare runs/demo runs/demo-long --format markdown
+  tmt compare runs/demo runs/demo-seed2 --format markdown
 """
 
 EXPORT_EXAMPLES = """examples:

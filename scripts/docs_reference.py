@@ -14,6 +14,7 @@ import ast
 import dataclasses
 import inspect
 import json
+import re
 import types
 import typing
 
@@ -131,8 +132,10 @@ GENERATED = {"<!-- reference:config -->": config_reference, "<!-- reference:cli 
 
 
 def on_page_markdown(markdown: str, **kwargs) -> str:
-    """MkDocs hook: put each generated reference where its marker stands."""
+    """MkDocs hook: put each generated reference where its marker stands, and unescape the pipes of
+    code spans in table rows (`\\|`, which GitHub needs there and the site would show)."""
     for marker, make in GENERATED.items():
-        if marker in markdown:
-            markdown = markdown.replace(marker, make())
-    return markdown
+        if marker in markdown:  # in a block the stylesheet gives the tables' layout (assets/extra.css)
+            markdown = markdown.replace(marker, f'<div class="reference" markdown>\n\n{make()}\n\n</div>')
+    return "\n".join(re.sub(r"`[^`]*`", lambda span: span[0].replace("\\|", "|"), line) if line.startswith("|")
+                     else line for line in markdown.split("\n"))

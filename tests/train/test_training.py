@@ -747,3 +747,15 @@ def test_a_run_directory_that_cannot_be_created_is_a_usage_error(tmp_path: Path)
     (tmp_path / "file").write_text("not a folder", encoding="utf-8")
     with pytest.raises(UsageError, match="cannot create the run directory"):
         prepare_run_dir(tmp_path / "file" / "run", resume=False, overwrite=False)
+
+
+def test_a_resume_with_changed_settings_says_so_before_the_work_starts(tiny_corpus: Path, tmp_path: Path, caplog):
+    run = tmp_path / "run"
+    prepare_run_dir(run, resume=False, overwrite=False)
+    train(tiny_config(tiny_corpus, train={"max_steps": 3}), run, progress=False)
+    with caplog.at_level("INFO", logger="transformer_mt"):
+        train(tiny_config(tiny_corpus, train={"max_steps": 6, "lr": 2e-3}), run, resume=True, progress=False)
+    messages = [(record.levelname, record.getMessage()) for record in caplog.records]
+    first = messages[0]
+    assert first == ("WARNING", "resuming with settings that differ from the run's config.yaml: "
+                                "train.lr: 0.001 -> 0.002; train.max_steps: 3 -> 6"), messages[:3]

@@ -251,12 +251,14 @@ def _names(names: list[str]) -> str:
     return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
-def check_saved_config(cfg: Config, run_dir: Path) -> None:
+def check_saved_config(cfg: Config, run_dir: Path) -> list[str]:
     """Refuse a resume whose model, vocabulary or data settings differ from the run's `config.yaml`,
-    before a large corpus is prepared (the checkpoint's own config is checked again on resume)."""
+    before a large corpus is prepared (the checkpoint's own config is checked again on resume); the
+    settings that may change and do, as `key: old -> new` lines."""
     path = RunDir(run_dir).config
     if (saved := read_saved_config(path)) is not None:
-        resume_config_changes(saved, config_to_dict(cfg), path)
+        return resume_config_changes(saved, config_to_dict(cfg), path)
+    return []
 
 
 def resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:

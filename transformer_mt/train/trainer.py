@@ -288,7 +288,8 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
             raise CheckpointError(f"{run_dir}: the tokenizer files are missing, so its checkpoints cannot be "
                                   "resumed; restore them or start a new run")
         if resume:  # refused before the data is prepared: that costs nothing, changes nothing
-            check_saved_config(cfg, run_dir)
+            if changes := check_saved_config(cfg, run_dir):  # what the user changed, said before any work
+                logger.warning("resuming with settings that differ from the run's config.yaml: %s", "; ".join(changes))
             steps = checkpoint_steps(RunDir(run_dir).checkpoints)  # the run was finished at "30/20" before
             if steps and steps[-1] > cfg.train.max_steps:
                 raise ConfigError([f"train.max_steps: {cfg.train.max_steps} is below the run's step {steps[-1]}; a "

@@ -17,7 +17,7 @@ from pathlib import Path
 from transformer_mt.config.loading import load_config, read_saved_config
 from transformer_mt.config.schema import Config, config_changes, config_to_dict
 from transformer_mt.core.errors import CheckpointError, ConfigError, TmtError, UsageError
-from transformer_mt.core.files import make_parent_dir, read_json, temp_file_target, write_new_dir
+from transformer_mt.core.files import make_parent_dir, read_json, temp_file_target, write_error, write_new_dir
 from transformer_mt.core.run_layout import RunDir, best_or_latest, checkpoint_steps
 from transformer_mt.data.tokenization import TokenizerPair
 from transformer_mt.runs.init_from import parent_paths
@@ -128,7 +128,7 @@ def write_export(run_dir: Path, output_dir: Path, target: Path, write, what: str
         try:
             write_new_dir(target, write)
         except OSError as err:
-            raise TmtError(f"{output_dir}: could not write the {what} ({err.strerror or err})") from None
+            raise write_error(err, f"the {what}") from None
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, init_from: str | None = None) -> RunLock:

@@ -138,6 +138,37 @@ def test_a_tokenizer_on_a_full_disk_is_named_and_leaves_no_run(tmp_path: Path):
     assert left == []
 
 
+# `tmt train` in a mount namespace where `run/FOLDER` is a full tmpfs, mounted once the run directory is prepared.
+FOLDER_ON_A_FULL_DISK = """
+import subprocess, sys
+from pathlib import Path
+from transformer_mt.cli import main as cli
+from transformer_mt.runs import run_dir as run_dir_module
+
+config, run, folder = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+prepare = run_dir_module.prepare_run_dir
+
+def prepare_then_fill(*args, **kwargs):
+    lock = prepare(*args, **kwargs)
+    (run / folder).mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(run / folder)], check=True)
+    subprocess.run(["dd", "if=/dev/zero", f"of={run / folder}/filler", "bs=4k"], capture_output=True)
+    return lock
+
+run_dir_module.prepare_run_dir = prepare_then_fill
+sys.exit(cli.main(["train", "--config", config, "--run-dir", str(run), "--no-progress"]))
+"""
+
+
+@needs_tmpfs
+@pytest.mark.parametrize("folder", ["validation", "evaluation"])
+def test_hypotheses_on_a_full_disk_stop_training_naming_the_file(folder, tmp_path: Path):
+    config, run = corpus_config(tmp_path), tmp_path / "run"
+    result = subprocess.run(["unshare", "-rm", sys.executable, "-c", FOLDER_ON_A_FULL_DISK, str(config), str(run),
+                             folder], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
+    assert_one_line(result, rf"tmt: error: {run}/{folder}/\S+: {NO_SPACE}")
+
+
 def test_ctrl_c_while_a_first_start_prepares_its_data_leaves_no_run(tmp_path: Path):
     config = corpus_config(tmp_path, copies=3000)  # seconds of data preparation
     run = tmp_path / "run"

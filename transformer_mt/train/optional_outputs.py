@@ -41,7 +41,7 @@ class OptionalWriter:
         except OSError as err:
             self._writer = None  # its thread has stopped: nothing more can be written
             logger.warning("TensorBoard: cannot write %s (%s); training goes on without TensorBoard logs",
-                           err.filename or self.where, os_error_reason(err))
+                           err.filename or self.where, os_error_reason(err, err.filename or self.where))
 
 
 @contextlib.contextmanager

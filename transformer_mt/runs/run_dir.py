@@ -128,6 +128,8 @@ def write_export(run_dir: Path, output_dir: Path, target: Path, write, what: str
         try:
             write_new_dir(target, write)
         except OSError as err:
+            if err.filename and Path(err.filename).is_relative_to(target):  # named as the user gave --output
+                err.filename = str(output_dir / Path(err.filename).relative_to(target))
             raise write_error(err, f"the {what}") from None
 
 

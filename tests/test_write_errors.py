@@ -130,6 +130,15 @@ def test_a_corpus_cache_on_a_full_disk_is_named_and_leaves_no_run(tmp_path: Path
 
 
 @needs_tmpfs
+def test_a_first_start_on_a_disk_full_from_the_outset_is_named_and_leaves_no_run(tmp_path: Path):
+    config = corpus_config(tmp_path)
+    disk = tmp_path / "disk"
+    result, left = tmt_on_full_disk(*train_args(config, disk / "run"), cwd=tmp_path, disk=disk)
+    assert_one_line(result, rf"tmt: error: {disk}/run/\.tmt-(lock|run): {NO_SPACE}")
+    assert left == []
+
+
+@needs_tmpfs
 def test_a_tokenizer_on_a_full_disk_is_named_and_leaves_no_run(tmp_path: Path):
     config = corpus_config(tmp_path)
     disk = tmp_path / "disk"  # 40 KB: the run's first files and its corpus cache, not its tokenizer (12 KB)
@@ -161,12 +170,15 @@ sys.exit(cli.main(["train", "--config", config, "--run-dir", str(run), "--no-pro
 
 
 @needs_tmpfs
-@pytest.mark.parametrize("folder", ["validation", "evaluation"])
-def test_hypotheses_on_a_full_disk_stop_training_naming_the_file(folder, tmp_path: Path):
+@pytest.mark.parametrize("folder, what", [
+    ("token_cache", "cannot write the token cache of the train split: "), ("validation", ""), ("evaluation", ""),
+    ("checkpoints", "could not write checkpoint ")])
+def test_a_folder_of_the_run_on_a_full_disk_stops_training_naming_the_file(folder, what, tmp_path: Path):
     config, run = corpus_config(tmp_path), tmp_path / "run"
     result = subprocess.run(["unshare", "-rm", sys.executable, "-c", FOLDER_ON_A_FULL_DISK, str(config), str(run),
                              folder], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
-    assert_one_line(result, rf"tmt: error: {run}/{folder}/\S+: {NO_SPACE}")
+    # The line ends with the free bytes: the first checkpoint has no earlier ones to call intact.
+    assert_one_line(result, rf"tmt: error: {what}{run}/{folder}/\S+: {NO_SPACE}")
 
 
 @needs_tmpfs

@@ -45,8 +45,13 @@ def run_train(args: argparse.Namespace) -> None:
     taken_back = False
     try:
         if dist.is_main:  # rank 0 prepares the directory; the others wait for it
-            lock = prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite,
-                                   init_from=cfg.train.init_from)
+            try:
+                lock = prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite,
+                                       init_from=cfg.train.init_from)
+            except WriteError:  # a full disk before the lock was ours: what this start created goes too
+                if new_run is not None:
+                    new_run.remove()
+                raise
         dist.barrier()
         log_file = setup_logging(logging.INFO if dist.is_main else logging.WARNING,
                                   RunDir(run_dir).train_log if dist.is_main else None)

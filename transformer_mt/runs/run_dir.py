@@ -49,8 +49,12 @@ class RunLock:
         if lock.held:
             owner = {"pid": os.getpid(), "host": socket.gethostname(),
                      "started": time.strftime("%Y-%m-%d %H:%M:%S"), "purpose": purpose, "argv": sys.argv}
-            os.ftruncate(lock._fd, 0)
-            os.pwrite(lock._fd, (json.dumps(owner) + "\n").encode("utf-8"), 0)
+            try:
+                os.ftruncate(lock._fd, 0)
+                os.pwrite(lock._fd, (json.dumps(owner) + "\n").encode("utf-8"), 0)
+            except OSError as err:  # a full disk, say
+                lock.release()
+                raise write_error(err, folder=lock.path) from None
         return lock
 
     @classmethod
@@ -236,7 +240,7 @@ def _clear(run_dir: Path, entries: list[str]) -> None:
     try:
         RunDir(run_dir).marker.write_text("a run directory made by tmt train\n", encoding="utf-8")
     except OSError as err:
-        raise UsageError(f"cannot create the run directory {run_dir} ({err.strerror or err})") from None
+        raise write_error(err, folder=RunDir(run_dir).marker) from None
 
 
 def _finished_run_results(run_dir: Path, entries: list[str]) -> list[str]:

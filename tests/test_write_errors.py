@@ -86,7 +86,8 @@ def train_args(config: Path, run: Path) -> list[str]:
 def test_a_corpus_cache_past_a_file_size_limit_is_named_and_leaves_no_run(tmp_path: Path):
     config = corpus_config(tmp_path, copies=16)  # its corpus cache (9 KB) is the first file past 4 KB
     result = tmt_limited(*train_args(config, tmp_path / "run"), cwd=tmp_path, limit=4096)
-    assert_one_line(result, rf"tmt: error: cannot write the corpus cache: {tmp_path}/run/\S+\.arrow: {re.escape(FILE_TOO_LARGE)}")
+    assert_one_line(result, rf"tmt: error: cannot write the corpus cache: {tmp_path}/run/\S+\.arrow: "
+                            f"{re.escape(FILE_TOO_LARGE)}")
     assert not (tmp_path / "run").exists()
 
 
@@ -208,7 +209,8 @@ def test_ctrl_c_while_a_first_start_prepares_its_data_leaves_no_run(tmp_path: Pa
         process.kill()
     assert process.returncode == 130, err
     assert "Traceback" not in err, err
-    assert err.strip().splitlines()[-1] == f"tmt: interrupted; continue with: tmt train --config {config} --run-dir {run}"
+    again = f"tmt train --config {config} --run-dir {run}"  # without --resume: no run to resume
+    assert err.strip().splitlines()[-1] == f"tmt: interrupted; continue with: {again}"
     assert not run.exists()
 
 

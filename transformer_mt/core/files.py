@@ -78,7 +78,8 @@ def os_error_reason(err: OSError, path: Path | str | None = None) -> str:
     if number in WRITE_ERRNOS:
         reason = _WORDING.get(number, os.strerror(number))
     else:
-        reason = err.strerror if err.errno is not None and err.strerror else (os.strerror(number) if number else str(err))
+        reason = (err.strerror if err.errno is not None and err.strerror
+                  else os.strerror(number) if number else str(err))
     if number in (errno.ENOSPC, errno.EDQUOT) and path is not None:
         free = _free_bytes(Path(path))
         if free is not None:

@@ -55,13 +55,18 @@ def test_training_on_a_filesystem_that_fills_up_stops_with_the_file_and_resumes(
 
 def test_a_checkpoint_write_that_torch_reports_as_unexpected_pos_names_the_full_disk(tmp_path: Path, monkeypatch):
     """torch.save swallows the OSError of a failed write and raises `RuntimeError: ... unexpected pos`."""
+    save_atomic({"weights": torch.zeros(10)}, tmp_path / "step_00000001.pt")
+    (tmp_path / "first").mkdir()
     real_fdopen = os.fdopen
     monkeypatch.setattr(os, "fdopen", lambda fd, mode: (os.close(fd), real_fdopen(os.open("/dev/full", os.O_WRONLY),
                                                                                   mode))[1])
-    with pytest.raises(CheckpointError, match=r"step_00000001.pt: No space left on device; [\d,]+ bytes free there; "
-                                              "earlier checkpoints are intact"):
-        save_atomic({"weights": torch.zeros(10_000)}, tmp_path / "step_00000001.pt")
-    assert list(tmp_path.iterdir()) == []  # the temp file is gone
+    with pytest.raises(CheckpointError, match=r"step_00000002.pt: No space left on device; [\d,]+ bytes free there; "
+                                              "earlier checkpoints are intact$"):
+        save_atomic({"weights": torch.zeros(10_000)}, tmp_path / "step_00000002.pt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["first", "step_00000001.pt"]  # the temp file is gone
+    with pytest.raises(CheckpointError, match=r"first/step_00000001.pt: No space left on device; [\d,]+ bytes free "
+                                              "there$"):  # no earlier checkpoint to speak of
+        save_atomic({"weights": torch.zeros(10_000)}, tmp_path / "first" / "step_00000001.pt")
 
 
 @pytest.mark.parametrize("number", [errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO])
@@ -79,7 +84,7 @@ def test_a_failed_write_outside_the_checkpoints_is_one_line_naming_the_file(numb
     assert err.strip().splitlines()[-1].startswith(f"tmt: error: {tmp_path / 'run' / 'config.yaml'}: "
                                                    f"{os.strerror(number)}"), err
     assert "Traceback" not in err and "internal error" not in err
-    assert not [p for p in (tmp_path / "run").iterdir() if p.name.endswith(".tmp")]
+    assert not (tmp_path / "run").exists()  # a failed first start leaves nothing, temp files included
 
 
 def test_tensorboard_and_summary_failures_warn_once_and_training_goes_on(tiny_corpus: Path, tmp_path: Path,

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from transformer_mt.cli.log_setup import setup_logging
-from transformer_mt.core.errors import DataError, TmtError, TrainingStopped, error_line, interrupted
+from transformer_mt.core.errors import DataError, TmtError, TrainingStopped, WriteError, error_line, interrupted
 from transformer_mt.core.run_layout import RunDir
 
 logger = logging.getLogger("transformer_mt")
@@ -40,13 +40,20 @@ def run_train(args: argparse.Namespace) -> None:
     dist = Distributed.from_environment()  # a world of one unless started by torchrun
     dist.start(device)
     lock = None  # rank 0's on the run directory, held while it trains
-    # What a new start adds, taken back when its data turns out unusable: no run is left behind that never trained.
+    # What a new start adds, taken back when it stops before training on its data, a file it cannot write
+    # (a full disk, a file-size limit) or Ctrl-C: no run is left behind that never trained. Other failures
+    # keep the run's train.log, which records them.
     new_run = NewRunDir(run_dir) if dist.is_main and not args.resume else None
-    bad_data = False
+    taken_back = False
     try:
         if dist.is_main:  # rank 0 prepares the directory; the others wait for it
-            lock = prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite,
-                                   init_from=cfg.train.init_from)
+            try:
+                lock = prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite,
+                                       init_from=cfg.train.init_from)
+            except WriteError:  # a full disk before the lock was ours: what this start created goes too
+                if new_run is not None:
+                    new_run.remove()
+                raise
         dist.barrier()
         log_file = setup_logging(logging.INFO if dist.is_main else logging.WARNING,
                                   RunDir(run_dir).train_log if dist.is_main else None)
@@ -65,7 +72,7 @@ def run_train(args: argparse.Namespace) -> None:
                          if dist.enabled else _resume_command(args, resume=resume))
                 raise TrainingStopped(f"{interrupted(signal_number)}; continue with: {again}", signal_number) from None
         except BaseException as err:
-            bad_data = isinstance(err, DataError)
+            taken_back = isinstance(err, (DataError, WriteError, TrainingStopped, KeyboardInterrupt))
             if log_file is not None:  # a run read under nohup or in CI ends with why it stopped
                 log_file.handle(_error_record(err))
             raise
@@ -76,7 +83,7 @@ def run_train(args: argparse.Namespace) -> None:
     finally:
         dist.stop()
         if lock is not None:
-            if bad_data and new_run is not None:
+            if taken_back and new_run is not None:
                 new_run.remove()
             lock.release()
     if not dist.is_main:

@@ -15,7 +15,7 @@ from pathlib import Path
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.cli.parser import STDIO
 from transformer_mt.core.errors import DataError, TmtError, UsageError
-from transformer_mt.core.files import check_parent_dir, lines_to_text, make_parent_dir, write_text_atomic
+from transformer_mt.core.files import check_parent_dir, lines_to_text, make_parent_dir, write_error, write_text_atomic
 from transformer_mt.core.run_layout import RunDir, latest_run
 
 
@@ -186,7 +186,7 @@ def _draw_attention(translator, line: str, args: argparse.Namespace) -> str:
         attention_figure(attention.weights, attention.src_pieces, attention.tgt_pieces, title).savefig(
             args.show_attention, format=args.show_attention.suffix[1:].lower())
     except OSError as err:
-        raise TmtError(f"cannot write {args.show_attention} ({err.strerror or err})") from None
+        raise write_error(err, folder=args.show_attention) from None
     print(f"attention drawn to {args.show_attention}", file=sys.stderr)
     return attention.translation
 
@@ -347,7 +347,7 @@ def _write_lines(path: Path, lines: list[str]) -> None:
     try:
         write_text_atomic(path, lines_to_text(lines))
     except OSError as err:
-        raise TmtError(f"cannot write {path} ({err.strerror or err})") from None
+        raise write_error(err) from None
 
 
 def _argument_lines(texts: list[str]) -> list[str]:

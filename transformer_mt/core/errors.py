@@ -56,6 +56,10 @@ class DataError(TmtError):
     """The corpus cannot be read or is unusable (missing file, misaligned lines, no pairs left)."""
 
 
+class WriteError(TmtError):
+    """A file could not be written (a full disk, a file-size limit, a quota, permissions): its name and why."""
+
+
 class CheckpointError(TmtError):
     """A checkpoint or run directory is missing, corrupt or incompatible."""
 

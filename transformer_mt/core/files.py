@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
-from transformer_mt.core.errors import TmtError, UsageError
+from transformer_mt.core.errors import TmtError, UsageError, WriteError
 
 T = TypeVar("T")
 
@@ -41,45 +41,75 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     Ctrl-C included, it is removed and the error propagates, `path` untouched."""
     fd, tmp = _create_beside(path, lambda tmp: os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
-        with os.fdopen(fd, "wb") as handle:
+        with naming(path), os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException as err:
+    except BaseException:
         tmp.unlink(missing_ok=True)
-        if isinstance(err, OSError) and err.filename is None:  # a write or fsync names no file: name it
+        raise
+
+
+@contextlib.contextmanager
+def naming(path: Path | str) -> Iterator[None]:
+    """While inside, an OSError that names no file (a write, an fsync, pyarrow's) names `path`."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is None:
             err.filename = str(path)
         raise
 
 
-# Write failures the user can act on (free space, a quota, permissions, a failing disk).
-WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO})
+# Write failures the user can act on (free space, a file-size limit, a quota, permissions, a failing
+# disk), and how each is worded: the system's words, or these.
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EFBIG, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
+                          errno.EIO})
+_WORDING = {errno.EFBIG: "File too large (a file-size limit)"}  # `ulimit -f`, a FAT or quota'd filesystem
 
 
-def describe_os_error(err: OSError, path: Path | str | None = None) -> str:
-    """`err` as one line naming its file (`path`, else the error's own), with the free space for ENOSPC
-    and EDQUOT: `runs/x/summary.json: No space left on device; 0 bytes free there`."""
+def os_error_reason(err: OSError, path: Path | str | None = None) -> str:
+    """Why `err` failed, in the same words wherever it was raised (pyarrow's "Error writing bytes to
+    file. Detail: ..." included), with the free space at `path` (else its own file) for ENOSPC and
+    EDQUOT: `No space left on device; 0 bytes free there`."""
     path = path if path is not None else err.filename
     number = os_errno(err)
-    reason = err.strerror if err.errno is not None and err.strerror else (os.strerror(number) if number else str(err))
+    if number in WRITE_ERRNOS:
+        reason = _WORDING.get(number, os.strerror(number))
+    else:
+        reason = (err.strerror if err.errno is not None and err.strerror
+                  else os.strerror(number) if number else str(err))
     if number in (errno.ENOSPC, errno.EDQUOT) and path is not None:
         free = _free_bytes(Path(path))
         if free is not None:
             reason += f"; {free:,} bytes free there"
+    return reason
+
+
+def describe_os_error(err: OSError, path: Path | str | None = None) -> str:
+    """`err` as one line naming its file (`path`, else the error's own) and `os_error_reason`:
+    `runs/x/summary.json: No space left on device; 0 bytes free there`."""
+    path = path if path is not None else err.filename
+    reason = os_error_reason(err, path)
     return f"{path}: {reason}" if path is not None else reason
+
+
+def write_error(err: OSError, what: str = "", folder: Path | str | None = None) -> WriteError:
+    """The one-line error of a failed write: its file (else `folder`) and the reason, after
+    `cannot write {what}: ` when given: `cannot write the corpus cache: runs/x/...: File too large (...)`."""
+    prefix = f"cannot write {what}: " if what else ""
+    return WriteError(prefix + describe_os_error(err, err.filename or folder))
 
 
 @contextlib.contextmanager
 def os_errors_named(what: str = "", folder: Path | None = None) -> Iterator[None]:
-    """While inside, an OSError the user can act on (`WRITE_ERRNOS`) becomes a one-line `TmtError`
-    naming its file (else `folder`) and the reason, after `cannot write {what}: ` when given."""
+    """While inside, an OSError the user can act on (`WRITE_ERRNOS`) becomes `write_error`'s `WriteError`."""
     try:
         yield
     except OSError as err:
         if os_errno(err) in WRITE_ERRNOS:
-            prefix = f"cannot write {what}: " if what else ""
-            raise TmtError(prefix + describe_os_error(err, err.filename or folder)) from None
+            raise write_error(err, what, folder) from None
         raise
 
 
@@ -153,8 +183,12 @@ def write_new_dir(target: Path, write: Callable[[Path], object]) -> None:
         if target.is_dir() and not any(target.iterdir()):
             target.rmdir()
         tmp.rename(target)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError):  # named as the file it was to become (or the folder), not the temp one
+            written = Path(err.filename) if err.filename else None
+            err.filename = str(target / written.relative_to(tmp) if written and written.is_relative_to(tmp) else
+                               err.filename or target)
         raise
 
 

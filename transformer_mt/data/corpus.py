@@ -17,7 +17,7 @@ import numpy as np
 
 from transformer_mt.config.schema import CorpusEntry, DataConfig
 from transformer_mt.core.errors import DataError, missing_from_rank0
-from transformer_mt.core.files import removed_on_failure, write_text_atomic
+from transformer_mt.core.files import naming, removed_on_failure, write_text_atomic
 from transformer_mt.core.run_layout import RunDir
 from transformer_mt.data.sources import SPLITS, SplitSource, hub_sources, local_sources
 
@@ -232,7 +232,8 @@ def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key
     manifest = {"format": CORPUS_FORMAT, "key": key, "rows": rows, "removed": removed, "digests": digests,
                 "train_parts": train_parts,
                 "carved": list(plan), "splits_digest": _file_digest(RunDir(run_dir).splits) if plan else None}
-    (build / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    with naming(build / MANIFEST_FILE):
+        (build / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
     old = RunDir(run_dir).corpus_old  # old files are unlinked, never overwritten: a process may map them
     shutil.rmtree(old, ignore_errors=True)
     if target.exists():
@@ -248,7 +249,7 @@ def _write_raw(sources: tuple[SplitSource, ...], path: Path, cfg: DataConfig) ->
 
     schema = pa.schema([("src", pa.string()), ("tgt", pa.string())])
     verdicts = []
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+    with naming(path), pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
         for source in sources:
             own = []
             for src, tgt in source.chunks():
@@ -323,7 +324,7 @@ def _write_selected(raw_path: Path, selected: np.ndarray, path: Path) -> None:
     import pyarrow as pa
 
     schema = pa.schema([("src", pa.string()), ("tgt", pa.string())])
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+    with naming(path), pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
         start = 0
         for batch in _arrow_batches(raw_path):
             keep = selected[start:start + batch.num_rows]

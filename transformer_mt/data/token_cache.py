@@ -21,7 +21,7 @@ from unittest import mock
 import numpy as np
 
 from transformer_mt.core.errors import DataError, missing_from_rank0
-from transformer_mt.core.files import removed_on_failure
+from transformer_mt.core.files import naming, removed_on_failure
 from transformer_mt.core.signals import signals_deferred
 from transformer_mt.data.batching import Batch, PackShape, make_batch_from_flat, make_pack_from_flat, padded_length
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
@@ -212,7 +212,8 @@ def _encode_to_entry(split: datasets.Dataset, tokenizers: TokenizerPair, max_len
             shutil.rmtree(temp, ignore_errors=True)
             return dataset
         files = [Path(f["filename"]).name for f in dataset.cache_files]  # in row order
-        (temp / ENTRY_FILE).write_text(json.dumps({"files": files, "rows": len(dataset)}) + "\n", encoding="utf-8")
+        with naming(temp / ENTRY_FILE):
+            (temp / ENTRY_FILE).write_text(json.dumps({"files": files, "rows": len(dataset)}) + "\n", encoding="utf-8")
         del dataset
         if path.exists():  # an entry `_load_entry` rejected (damaged): replace it
             shutil.rmtree(path)
@@ -315,9 +316,16 @@ def _encode_shard(split: datasets.Dataset, encode, cache_file: Path, desc: str |
                                   "tgt_ids": datasets.Sequence(datasets.Value("int32")),
                                   "src_len": datasets.Value("int32"), "tgt_len": datasets.Value("int32")})
     # A batched map may return fewer rows than it gets, because it replaces every input column.
-    with _bars_cleared_when_done():
-        split.map(encode, batched=True, batch_size=ENCODE_BATCH_ROWS, remove_columns=split.column_names,
-                  features=features, cache_file_name=str(cache_file), load_from_cache_file=False, desc=desc)
+    try:
+        with naming(cache_file), _bars_cleared_when_done():
+            split.map(encode, batched=True, batch_size=ENCODE_BATCH_ROWS, remove_columns=split.column_names,
+                      features=features, cache_file_name=str(cache_file), load_from_cache_file=False, desc=desc)
+    except ValueError as err:  # datasets writes to the file it closed after a failed write: that write's error
+        if isinstance(err.__context__, OSError):
+            context = err.__context__
+            context.filename = context.filename or str(cache_file)
+            raise context from None
+        raise
     return str(cache_file)
 
 

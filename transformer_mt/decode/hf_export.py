@@ -13,7 +13,7 @@ from torch import nn
 
 from transformer_mt.config.schema import Config
 from transformer_mt.core.errors import TmtError, UsageError
-from transformer_mt.core.files import check_new_dir
+from transformer_mt.core.files import check_new_dir, naming
 from transformer_mt.data.tokenization import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, TokenizerPair
 from transformer_mt.decode.ct2_conversion import FORBIDDEN_LOGIT_BIAS
 from transformer_mt.model.transformer import Transformer, sinusoidal_positions
@@ -48,10 +48,12 @@ def export_hf(run_dir: Path, output_dir: Path, checkpoint: Path | None = None) -
              "custom_generate/generate.py": GENERATE_SOURCE.read_text(encoding="utf-8")}
 
     def write(folder: Path) -> None:
-        (folder / "model.safetensors").write_bytes(save(weights, metadata={"format": "pt"}))
+        with naming(folder / "model.safetensors"):
+            (folder / "model.safetensors").write_bytes(save(weights, metadata={"format": "pt"}))
         for name, text in files.items():
             (folder / name).parent.mkdir(exist_ok=True)
-            (folder / name).write_text(text, encoding="utf-8")
+            with naming(folder / name):
+                (folder / name).write_text(text, encoding="utf-8")
 
     write_export(run_dir, output_dir, target, write, "model")
     logger.info("exported %s to %s (transformers %s)", run_dir, output_dir, MODEL_CLASSES[run.cfg.model.norm][1])

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 from transformer_mt.config.loading import config_from_dict
 from transformer_mt.config.schema import Config, DecodeConfig
 from transformer_mt.core.errors import CheckpointError, ConfigError, DataError, TmtError, UsageError
+from transformer_mt.core.files import describe_os_error
 from transformer_mt.core.run_layout import find_checkpoint
 from transformer_mt.data.tokenization import EOS, TokenizerPair
 from transformer_mt.decode.ct2_engine import CT2Engine, conversion_dir, convert, find_conversion
@@ -133,7 +134,7 @@ class Translator:
                 return cls._on_ctranslate2(cache, convert(run_dir, run, cache), tokenizers, run.cfg, run_dir,
                                            checkpoint, device)
             except OSError as err:  # a run directory this user cannot write, say
-                problem = f"cannot cache a CTranslate2 conversion in {run_dir} ({err.strerror or err})"
+                problem = f"cannot cache a CTranslate2 conversion in {run_dir} ({describe_os_error(err)})"
                 if setting == "ctranslate2":
                     raise TmtError(f"{problem}; translate with --engine torch") from None
                 logger.warning("%s; translating with torch", problem)

@@ -62,8 +62,10 @@ def save_atomic(state: dict, path: Path) -> None:
         err = sink.error if sink is not None and sink.error is not None else err
         if not isinstance(err, OSError):
             raise
-        raise CheckpointError(f"could not write checkpoint {describe_os_error(err, path)}; "
-                              "earlier checkpoints are intact") from None
+        earlier = [step_file_name(step) for step in checkpoint_steps(path.parent)] + [BEST_NAME]
+        intact = any((path.parent / name).is_file() for name in earlier if name != path.name)
+        raise CheckpointError(f"could not write checkpoint {describe_os_error(err, path)}"
+                              + ("; earlier checkpoints are intact" if intact else "")) from None
 
 
 class _KeepWriteError:
@@ -197,7 +199,7 @@ class CheckpointDir:
             os.replace(tmp, target)
         except OSError as err:
             tmp.unlink(missing_ok=True)
-            raise CheckpointError(f"{target}: could not write checkpoint ({err.strerror or err})") from None
+            raise CheckpointError(f"could not write checkpoint {describe_os_error(err, target)}") from None
 
 
 def average_checkpoints(paths: list[Path]) -> dict:

@@ -17,7 +17,7 @@ from pathlib import Path
 from transformer_mt.config.loading import load_config, read_saved_config
 from transformer_mt.config.schema import Config, config_changes, config_to_dict
 from transformer_mt.core.errors import CheckpointError, ConfigError, TmtError, UsageError
-from transformer_mt.core.files import make_parent_dir, read_json, temp_file_target, write_new_dir
+from transformer_mt.core.files import make_parent_dir, read_json, temp_file_target, write_error, write_new_dir
 from transformer_mt.core.run_layout import RunDir, best_or_latest, checkpoint_steps
 from transformer_mt.data.tokenization import TokenizerPair
 from transformer_mt.runs.init_from import parent_paths
@@ -49,8 +49,12 @@ class RunLock:
         if lock.held:
             owner = {"pid": os.getpid(), "host": socket.gethostname(),
                      "started": time.strftime("%Y-%m-%d %H:%M:%S"), "purpose": purpose, "argv": sys.argv}
-            os.ftruncate(lock._fd, 0)
-            os.pwrite(lock._fd, (json.dumps(owner) + "\n").encode("utf-8"), 0)
+            try:
+                os.ftruncate(lock._fd, 0)
+                os.pwrite(lock._fd, (json.dumps(owner) + "\n").encode("utf-8"), 0)
+            except OSError as err:  # a full disk, say
+                lock.release()
+                raise write_error(err, folder=lock.path) from None
         return lock
 
     @classmethod
@@ -128,7 +132,9 @@ def write_export(run_dir: Path, output_dir: Path, target: Path, write, what: str
         try:
             write_new_dir(target, write)
         except OSError as err:
-            raise TmtError(f"{output_dir}: could not write the {what} ({err.strerror or err})") from None
+            if err.filename and Path(err.filename).is_relative_to(target):  # named as the user gave --output
+                err.filename = str(output_dir / Path(err.filename).relative_to(target))
+            raise write_error(err, f"the {what}") from None
 
 
 def prepare_run_dir(run_dir: Path, *, resume: bool, overwrite: bool, init_from: str | None = None) -> RunLock:
@@ -234,7 +240,7 @@ def _clear(run_dir: Path, entries: list[str]) -> None:
     try:
         RunDir(run_dir).marker.write_text("a run directory made by tmt train\n", encoding="utf-8")
     except OSError as err:
-        raise UsageError(f"cannot create the run directory {run_dir} ({err.strerror or err})") from None
+        raise write_error(err, folder=RunDir(run_dir).marker) from None
 
 
 def _finished_run_results(run_dir: Path, entries: list[str]) -> list[str]:

@@ -9,6 +9,8 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 
+from transformer_mt.core.files import os_error_reason
+
 logger = logging.getLogger(__name__)
 
 
@@ -39,7 +41,7 @@ class OptionalWriter:
         except OSError as err:
             self._writer = None  # its thread has stopped: nothing more can be written
             logger.warning("TensorBoard: cannot write %s (%s); training goes on without TensorBoard logs",
-                           err.filename or self.where, err.strerror or err)
+                           err.filename or self.where, os_error_reason(err, err.filename or self.where))
 
 
 @contextlib.contextmanager
@@ -88,4 +90,4 @@ class OptionalFileHandler(logging.FileHandler):
             return  # warned already
         self.setLevel(logging.CRITICAL + 1)
         logger.warning("cannot write the log file %s (%s); logging goes on on the console only",
-                       self.baseFilename, err.strerror or err)
+                       self.baseFilename, os_error_reason(err))

@@ -18,7 +18,7 @@ from transformer_mt.config.schema import Config
 from transformer_mt.core.distributed import Distributed
 from transformer_mt.core.errors import (CheckpointError, ConfigError, TmtError, TrainingError, TrainingStopped,
                                         interrupted, missing_from_rank0)
-from transformer_mt.core.files import os_errors_named
+from transformer_mt.core.files import os_error_reason, os_errors_named
 from transformer_mt.core.run_layout import RunDir, checkpoint_steps
 from transformer_mt.core.runtime import (Precision, pick_attention, pick_device, pick_precision,
                                          warn_attention_fallbacks, warn_if_bf16_emulated)
@@ -143,7 +143,7 @@ class Trainer:
         except OSError as err:
             if not self._summary_warned:
                 logger.warning("could not update %s (%s); training goes on", err.filename or "summary.json",
-                               err.strerror or err)
+                               os_error_reason(err))
             self._summary_warned = True
 
     def validate(self, writer: SummaryWriter) -> dict:

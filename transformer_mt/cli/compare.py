@@ -36,11 +36,6 @@ def run_compare(args: argparse.Namespace) -> None:
     if len(args.systems) < 2:
         raise UsageError("compare needs two systems or more: run directories or hypothesis files, the first the "
                          "baseline")
-    seen = {}
-    for path in args.systems:  # twice the same system would make a seed group of one run with itself
-        if (first := seen.setdefault(path.resolve(), path)) is not path:
-            again = "given twice" if first == path else f"{first} again"
-            raise UsageError(f"{path} is {again}: give each run or file once")
     if args.tokenize and (problem := bleu_tokenizer_problem(args.tokenize)):
         raise UsageError(f"--tokenize: {problem}")
     if args.comet:  # the package and the model, before anything is read
@@ -59,7 +54,9 @@ def run_compare(args: argparse.Namespace) -> None:
     tokenize = args.tokenize or next((s.tokenize for s in systems if s.tokenize), "13a")
     named = [(system.name, system.hypotheses) for system in systems]
     comparison = paired_tests(named, references, tokenize=tokenize, n_bootstrap=args.bootstrap, n_trials=args.trials)
-    groups = seed_groups([s.config for s in systems],
+    first = {}  # a run given again is no seed of its own group: it would be counted twice
+    groups = seed_groups([s.config if first.setdefault(path.resolve(), i) == i else None
+                          for i, (path, s) in enumerate(zip(args.systems, systems))],
                          {metric: [r.score for r in comparison.results[metric]] for metric in METRICS})
     differences = config_differences([s.config for s in systems])
     segments = [winning_segments(s.hypotheses, systems[0].hypotheses, references, args.examples)

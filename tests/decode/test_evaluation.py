@@ -147,7 +147,7 @@ def evaluate_test_split(run_dir: Path, monkeypatch, capsys) -> tuple[int, str, s
 
 def test_evaluate_scores_the_runs_copy_of_a_corpus_that_was_moved(tiny_run: Path, monkeypatch, capsys):
     code, scores, err, hypotheses = evaluate_test_split(tiny_run, monkeypatch, capsys)
-    assert code == 0 and "WARNING" not in err, err  # the data is where the run read it: nothing to say
+    assert code == 0 and "warning" not in err, err  # the data is where the run read it: nothing to say
     before = run_files(tiny_run)
     corpus = tiny_run.parent / "corpus"
     corpus.rename(tiny_run.parent / "moved")
@@ -155,7 +155,7 @@ def test_evaluate_scores_the_runs_copy_of_a_corpus_that_was_moved(tiny_run: Path
     code, moved_scores, err, moved_hypotheses = evaluate_test_split(tiny_run, monkeypatch, capsys)
     assert code == 0, err
     assert (moved_scores, moved_hypotheses) == (scores, hypotheses)
-    assert f"WARNING data.path {str(corpus)!r} of the run's config ({tiny_run / 'config.yaml'})" in err
+    assert f"tmt: warning: data.path {str(corpus)!r} of the run's config ({tiny_run / 'config.yaml'})" in err
     assert f"own copy of its data in {tiny_run / 'corpus_cache'} is scored" in err
     assert run_files(tiny_run) == before
 
@@ -170,7 +170,7 @@ def test_evaluate_scores_the_split_the_run_read_not_the_edited_files(tiny_run: P
     code, edited_scores, err, edited_hypotheses = evaluate_test_split(tiny_run, monkeypatch, capsys)
     assert code == 0, err
     assert (edited_scores, edited_hypotheses) == (scores, hypotheses) and len(hypotheses.splitlines()) == 2
-    assert "WARNING the data files of data.path" in err and "may have changed since the run read them" in err
+    assert "tmt: warning: the data files of data.path" in err and "may have changed since the run read them" in err
     assert "--src FILE --ref FILE" in err
     assert run_files(tiny_run) == before  # corpus_cache/ neither rebuilt nor touched
 

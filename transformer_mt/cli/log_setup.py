@@ -24,13 +24,23 @@ class _BarAwareHandler(logging.StreamHandler):
             self.handleError(record)
 
 
-def setup_logging(level: int, log_path: Path | None = None) -> logging.Handler | None:
-    """Log to stderr at `level`, and everything at INFO and above to `log_path` if given."""
+class _CommandFormatter(logging.Formatter):
+    """A short command's records as its other lines read: `tmt: message`, `tmt: warning: message`."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = f"{record.levelname.lower()}: " if record.levelno >= logging.WARNING else ""
+        return f"tmt: {level}{record.getMessage()}"
+
+
+def setup_logging(level: int, log_path: Path | None = None, timestamps: bool = False) -> logging.Handler | None:
+    """Log to stderr at `level` (with `timestamps`, as a long run's log; else as `tmt:` lines), and
+    everything at INFO and above to `log_path` if given."""
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     console = _BarAwareHandler(sys.stderr)
     console.setLevel(level)
-    console.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    console.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S") if timestamps
+                         else _CommandFormatter())
     root.handlers = [console]
     for noisy in ("datasets", "urllib3", "filelock", "fsspec", "huggingface_hub"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

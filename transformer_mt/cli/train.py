@@ -56,7 +56,7 @@ def run_train(args: argparse.Namespace) -> None:
                 raise
         dist.barrier()
         log_file = setup_logging(logging.INFO if dist.is_main else logging.WARNING,
-                                  RunDir(run_dir).train_log if dist.is_main else None)
+                                 RunDir(run_dir).train_log if dist.is_main else None, timestamps=True)
         try:
             try:
                 state = train(cfg, run_dir, resume=args.resume, progress=not args.no_progress,

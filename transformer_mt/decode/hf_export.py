@@ -193,6 +193,7 @@ def tokenizer_config(max_len: int) -> dict:
     (max_len - 1 tokens, then EOS) under `truncation=True`."""
     return {"tokenizer_class": "PreTrainedTokenizerFast", **SPECIAL_TOKENS_MAP, "model_max_length": max_len,
             "clean_up_tokenization_spaces": False, "padding_side": "right",
+            "model_input_names": ["input_ids", "attention_mask"],  # no token_type_ids, which generate refuses
             "split_special_tokens": True}  # a "</s>" typed in a sentence is text, as in tmt
 
 

@@ -106,11 +106,11 @@ class Evaluator:
                         i + 1, src, references[i], hypotheses[i])
         diagnostics = diagnose(sources_text, hypotheses, references)
         for name, rate in diagnostics.rates().items():  # the share of the sentences each check flags
-            writer.add_scalar(f"diag/{name}", rate, step)
+            writer.add_scalar(f"valid_diag/{name}", rate, step)
         for label, _, chrf in diagnostics.buckets:
-            writer.add_scalar(f"diag/chrf_source_words_{label}", chrf, step)
+            writer.add_scalar(f"valid_diag/chrf_source_words_{label}", chrf, step)
         if flagged := diagnostics.examples(sources_text, hypotheses):
-            writer.add_text("diag/examples", flagged, step)
+            writer.add_text("valid_diag/examples", flagged, step)
         if examples:
             writer.add_text("valid/examples", "\n\n".join(f"    {e}".replace("\n", "\n    ") for e in examples), step)
         comet = f", COMET {values['comet']:.4f}" if "comet" in values else ""

@@ -42,11 +42,10 @@ class Limits:
 JSON_CHARACTER_BYTES, JSON_OVERHEAD_BYTES = 6, 1024
 
 
-def sentence_character_bound(tokenizers, max_tokens: int) -> tuple[int, int]:
-    """The most characters `max_tokens` source tokens can spell, and the longest token's length: every
-    character of a sentence, spaces included (Metaspace), belongs to one token (NFC composition aside)."""
-    longest = max(len(piece) for piece in tokenizers.src.get_vocab(with_added_tokens=True))
-    return max_tokens * longest, longest
+def sentence_character_bound(tokenizers, max_tokens: int) -> int:
+    """The most characters `max_tokens` source tokens can spell: every character of a sentence, spaces
+    included (Metaspace), belongs to one token, of at most the longest token's length (NFC aside)."""
+    return max_tokens * max(len(piece) for piece in tokenizers.src.get_vocab(with_added_tokens=True))
 
 
 class RequestError(Exception):
@@ -79,7 +78,7 @@ def run_serve(args: argparse.Namespace) -> None:
         # request, and settings it cannot decode with (--quantize on torch) are refused here, in one line.
         translator.translate([""], beam_size=default_beam)
         max_tokens = translator.max_len - 1
-        max_characters = sentence_character_bound(translator.tokenizers, max_tokens)[0]
+        max_characters = sentence_character_bound(translator.tokenizers, max_tokens)
         # By default, a body as large as the largest request the other limits take, and no larger.
         max_body = args.max_body_bytes or (args.max_sentences * max_characters * JSON_CHARACTER_BYTES
                                            + JSON_OVERHEAD_BYTES)

@@ -10,7 +10,7 @@ import sys
 
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.cli.parser import STDIO
-from transformer_mt.cli.translate import _check_not_kept, _check_output, _load_translator, _write_lines
+from transformer_mt.cli.translate import _check_not_kept, _check_output, _load_translator, _run_dir_of, _write_lines
 from transformer_mt.core.errors import DataError, UsageError
 
 
@@ -22,8 +22,8 @@ def run_score(args: argparse.Namespace) -> None:
         args.output = None
     _check_output(args.output, inputs={"--source": args.source, "--target": args.target})
     sources, targets = _read_pairs(args)
+    _check_not_kept(args.output, "--output", _run_dir_of(args))  # before loading, which may write into the run
     translator = _load_translator(args)
-    _check_not_kept(args.output, "--output", translator.run_dir)
     scored = translator.score(sources, targets, progress=bool(args.source) and not args.quiet)
     if args.format == "jsonl":
         lines = [json.dumps({"source": src, "target": tgt, "log_prob": round(pair.log_prob, 4),

@@ -51,9 +51,9 @@ def run_translate(args: argparse.Namespace) -> None:
     files = {"--output": args.output, "--show-attention": args.show_attention}
     for option, path in files.items():
         _check_output(path, option, inputs={"--input": args.input})
+    for option, path in files.items():  # before loading: that may convert the run (into <run>/ctranslate2/)
+        _check_not_kept(path, option, _run_dir_of(args))
     translator = _load_translator(args)
-    for option, path in files.items():
-        _check_not_kept(path, option, translator.run_dir)
     if args.show_attention:
         outputs = [_draw_attention(translator, lines[0], args)]
     else:
@@ -210,8 +210,8 @@ def run_evaluate(args: argparse.Namespace) -> None:
         from transformer_mt.decode.comet import Comet
 
         comet = Comet.load(args.comet)
+    _check_not_kept(args.output, "--output", _run_dir_of(args))  # before loading, which may write into the run
     translator = _load_translator(args)
-    _check_not_kept(args.output, "--output", translator.run_dir)
     tokenize = args.tokenize or translator.cfg.train.bleu_tokenize
     problem = bleu_tokenizer_problem(tokenize)  # before translating
     if problem:
@@ -271,13 +271,7 @@ def _load_translator(args: argparse.Namespace):
     from transformer_mt.decode.translator import Translator
     from transformer_mt.runs.summary import training_now
 
-    run_dir = args.run
-    if args.checkpoint:
-        if args.checkpoint.resolve().parent.name != RunDir.CHECKPOINTS:
-            raise UsageError(f"--checkpoint {args.checkpoint}: give a checkpoint inside a run's checkpoints/ "
-                             "folder (the run's tokenizers and config are found from there)")
-        run_dir = args.checkpoint.resolve().parent.parent  # <run>/checkpoints/<file>.pt
-    run_dir = run_dir or latest_run(Path("runs"))
+    run_dir = _run_dir_of(args)
     engine = args.engine
     if getattr(args, "show_attention", None):
         if engine == "ctranslate2":
@@ -331,6 +325,16 @@ def _check_output(path: Path | None, option: str = "--output", inputs: dict[str,
         if source is not None and path.exists() and source.exists() and os.path.samefile(path, source):
             raise UsageError(f"{option} {path} is the {name} file; writing it would destroy the input")
     check_parent_dir(path, option)
+
+
+def _run_dir_of(args: argparse.Namespace) -> Path:
+    """The run --run or --checkpoint names, else the most recently updated run under ./runs."""
+    if args.checkpoint:
+        if args.checkpoint.resolve().parent.name != RunDir.CHECKPOINTS:
+            raise UsageError(f"--checkpoint {args.checkpoint}: give a checkpoint inside a run's checkpoints/ "
+                             "folder (the run's tokenizers and config are found from there)")
+        return args.checkpoint.resolve().parent.parent  # <run>/checkpoints/<file>.pt
+    return args.run or latest_run(Path("runs"))
 
 
 def _check_not_kept(path: Path | None, option: str, run_dir: Path) -> None:

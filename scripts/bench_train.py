@@ -101,7 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--label", default="bench",
-                        help="the JSON line's `figure` name, e.g. bench-multi30k (scripts/gpu_session.sh sets it)")
+                        help="the JSON line's `figure` name, e.g. bench-multi30k (scripts/gpu_runbook.sh sets it)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="after timing, profile one more round of tmt and of Marian with torch.profiler "
                              "and print their N costliest operators side by side (self CPU ms)")

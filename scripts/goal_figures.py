@@ -1,4 +1,4 @@
-"""The GPU engine's goals, one JSON line each, from the figure lines `scripts/gpu_session.sh` stages
+"""The GPU engine's goals, one JSON line each, from the figure lines `scripts/gpu_runbook.sh` stages
 wrote into their logs: `goal-bench` (scripts/bench_train.py, base preset on Multi30k) and the
 `configs/multi30k-en-de.yaml` runs of seeds 1 to 3 (scripts/recipe_figures.py). A goal whose
 figure is missing says so (`met`: null, `open`: why), so a loan that ended early still reports

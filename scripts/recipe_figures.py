@@ -1,6 +1,6 @@
 """One JSON line of a training run's figures, from its summary.json and train.log: what the
 results pages report of a recipe such as `configs/multi30k-en-de.yaml` (ms per update, seconds from
-the command to the test score, test BLEU). `scripts/gpu_session.sh` calls it after a training stage.
+the command to the test score, test BLEU). `scripts/gpu_runbook.sh` calls it after a training stage.
 
     python scripts/recipe_figures.py RUN_DIR --label multi30k --stage-seconds 118 [--resumed]
 

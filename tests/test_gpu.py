@@ -156,7 +156,7 @@ def test_tmt_trains_and_translates_on_the_device(tmp_path: Path, monkeypatch, ca
         assert engine is None
     known_gpu = DEVICE == "cuda" and "NVIDIA H" in torch.cuda.get_device_name()
     mfu = read_scalars(tmp_path / "run", "train/perf/mfu") if known_gpu else "not measured on this device"
-    with capsys.disabled():  # to the terminal (gpu_session.sh runs pytest -s), not into the stdout compared below
+    with capsys.disabled():  # to the terminal (gpu_runbook.sh runs pytest -s), not into the stdout compared below
         print(f"\nMFU of the tiny model on {DEVICE}: {mfu}")
     code, out, err = run_cli(["translate", "--run", "run", "--device", DEVICE, "Good morning."],
                              monkeypatch, capsys, tmp_path)
@@ -313,7 +313,7 @@ def test_packed_attention_on_the_device_computes_the_reference_per_segment(causa
 
 
 @pytest.mark.skipif(not os.environ.get("TMT_TEST_COMPILE"),
-                    reason="torch.compile takes minutes here; set TMT_TEST_COMPILE=1 (gpu_session.sh check does)")
+                    reason="torch.compile takes minutes here; set TMT_TEST_COMPILE=1 (gpu_runbook.sh check does)")
 def test_the_compiled_and_captured_update_makes_the_compiled_eager_steps_updates(tiny_corpus: Path, tmp_path: Path,
                                                                                 monkeypatch):
     # train.compile under the GPU engine: each shape's inductor kernels (static shapes, compiled in
@@ -332,7 +332,7 @@ def test_the_compiled_and_captured_update_makes_the_compiled_eager_steps_updates
     if DEVICE == "cuda":  # each shape compiled in its warm-up, then captured: compiling is part of capturing
         assert 2 <= report["captured_shapes"] <= len(UPDATES) + 1
         assert 0 < report["compile_seconds"] < report["capture_seconds"]
-        print(f"\ncompiled and captured: {report}")  # gpu_session.sh runs pytest -s: for the log
+        print(f"\ncompiled and captured: {report}")  # gpu_runbook.sh runs pytest -s: for the log
 
 
 def test_a_replayed_update_with_a_non_finite_loss_changes_nothing(tiny_corpus: Path, tmp_path: Path, monkeypatch):

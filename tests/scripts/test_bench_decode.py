@@ -1,6 +1,6 @@
 """scripts/bench_decode.py runs with or without its comparison engines (CTranslate2, Hugging Face
-Marian) and ends in one JSON line, so the GPU session's `decode` stage cannot break on the machine;
-scripts/gpu_session.sh lists that stage."""
+Marian) and ends in one JSON line, so the GPU runbook's `decode` stage cannot break on the machine;
+scripts/gpu_runbook.sh lists that stage."""
 
 import importlib.util
 import json
@@ -91,8 +91,8 @@ def test_an_unknown_engine_to_leave_out_is_one_clear_line(bench):
         bench.main(SMALL + ["--without", "ct3"])
 
 
-def test_the_gpu_session_usage_lists_every_stage_it_accepts(tmp_path: Path):
-    script = SCRIPT.parent / "gpu_session.sh"
+def test_the_gpu_runbook_usage_lists_every_stage_it_accepts(tmp_path: Path):
+    script = SCRIPT.parent / "gpu_runbook.sh"
     usage = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=tmp_path)
     assert usage.returncode == 2
     accepted = re.search(r"^\s+(check\|[a-z0-9|-]+)\) ;;$", script.read_text(), re.MULTILINE).group(1).split("|")

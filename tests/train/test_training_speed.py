@@ -328,7 +328,7 @@ def test_a_pair_longer_than_the_longest_batch_length_is_left_out_not_cut_naming_
                        "tokens, the most model.max_len=6 leaves (not truncated; raise model.max_len to train on them)"]
 
 
-# --- the GPU runbook (scripts/gpu_session.sh) ------------------------------------------------------
+# --- the GPU runbook (scripts/gpu_runbook.sh) ------------------------------------------------------
 
 SCRIPTS = REPO / "scripts"
 
@@ -388,7 +388,7 @@ def test_the_figure_scores_validation_as_tmt_evaluate_does_and_says_when_it_cann
 
 
 def test_the_runbook_parses_and_skips_variants_that_no_longer_fit(tmp_path: Path):
-    script = SCRIPTS / "gpu_session.sh"
+    script = SCRIPTS / "gpu_runbook.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     env = {**os.environ, "BUDGET": "0", "OUT": str(tmp_path / "out"), "COMMIT": "abc1234",
            "PYTHON": sys.executable}
@@ -405,7 +405,7 @@ def test_the_runbook_parses_and_skips_variants_that_no_longer_fit(tmp_path: Path
 def test_tag_names_a_runbook_training_stage_apart_from_the_plain_recipe(tmp_path: Path):
     """Seeds of a variant run with TAG=levers: a warm machine must not resume the plain recipe's run."""
     env = {**os.environ, "BUDGET": "0", "OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "TAG": "levers"}
-    result = subprocess.run(["bash", str(SCRIPTS / "gpu_session.sh"), "multi30k-seed3"], capture_output=True,
+    result = subprocess.run(["bash", str(SCRIPTS / "gpu_runbook.sh"), "multi30k-seed3"], capture_output=True,
                             text=True, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "multi30k-en-de-seed3-levers: NO CHECKPOINT in runs/gpu-multi30k-en-de-seed3-levers" in result.stdout
@@ -415,7 +415,7 @@ def test_the_runbook_compare_stage_says_when_there_is_nothing_to_compare(tmp_pat
     if any((REPO / "runs").glob("gpu-multi30k-en-de*/evaluation/test_scores.json")):
         pytest.skip("this checkout holds finished GPU runs: the stage would compare them")
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "COMMIT": "abc1234"}
-    result = subprocess.run(["bash", str(SCRIPTS / "gpu_session.sh"), "compare"], capture_output=True, text=True,
+    result = subprocess.run(["bash", str(SCRIPTS / "gpu_runbook.sh"), "compare"], capture_output=True, text=True,
                             env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"figure"')]
@@ -433,7 +433,7 @@ def test_runbook_stages_joined_by_commas_run_at_once_each_into_its_own_log(tmp_p
     (fake / "nproc").write_text("#!/bin/sh\necho 5\n", encoding="utf-8")
     (fake / "nproc").chmod(0o755)
     env["PATH"] = f"{fake}{os.pathsep}{env['PATH']}"
-    script = str(SCRIPTS / "gpu_session.sh")
+    script = str(SCRIPTS / "gpu_runbook.sh")
     result = subprocess.run(["bash", script, "variants,multi30k-seed2"], capture_output=True, text=True, env=env,
                             cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -449,7 +449,7 @@ def test_runbook_scout_runs_each_recipe_under_its_own_name_into_one_log(tmp_path
     out = tmp_path / "out"
     env = {**os.environ, "BUDGET": "0", "OUT": str(out), "PYTHON": sys.executable,
            "SCOUT": "pre:model.norm=pre;pre-s2:seed=2 model.norm=pre", "OMP_NUM_THREADS": "3"}
-    script = str(SCRIPTS / "gpu_session.sh")
+    script = str(SCRIPTS / "gpu_runbook.sh")
     result = subprocess.run(["bash", script, "scout"], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     log = (out / "scout.log").read_text(encoding="utf-8")
@@ -498,7 +498,7 @@ def test_the_runbook_states_every_goal_as_one_json_line_and_what_is_not_measured
     (out / "multi30k-seed2.log").write_text(json.dumps({"figure": "multi30k-en-de-seed2", "test_bleu": 40.9}) + "\n"
                                             + '{"figure": "cut off', encoding="utf-8")  # a stage stopped mid-line
     env = {**os.environ, "OUT": str(out), "COMMIT": "abc1234", "PYTHON": sys.executable}
-    result = subprocess.run(["bash", str(SCRIPTS / "gpu_session.sh"), "goals"], capture_output=True, text=True,
+    result = subprocess.run(["bash", str(SCRIPTS / "gpu_runbook.sh"), "goals"], capture_output=True, text=True,
                             env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = {line["figure"]: line for line in map(json.loads, (x for x in result.stdout.splitlines()

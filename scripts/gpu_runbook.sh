@@ -6,26 +6,26 @@
 # Each figure is one JSON line, `{"figure": ..., "commit": ...}`: `grep -h '^{"figure"' OUT/*.log`
 # collects them. COMMIT=<hash> names the version in them where the GPU machine's copy of the tree
 # has no .git. From a bare machine:
-#   DATA=/path/to/corpora bash scripts/gpu_session.sh prepare            # beside the corpora: data and wheels into .gpu/
-#   COMMIT=abc1234 bash scripts/gpu_session.sh check decode              # GPU tests; decoding speed against HF Marian
-#   COMMIT=abc1234 bash scripts/gpu_session.sh multi30k bench            # the recipe end to end; training speed, base model
-#   COMMIT=abc1234 bash scripts/gpu_session.sh variants                  # what each piece of the training engine buys
-#   COMMIT=abc1234 bash scripts/gpu_session.sh check multi30k-seed2      # GPU tests; the recipe's second seed
+#   DATA=/path/to/corpora bash scripts/gpu_runbook.sh prepare            # beside the corpora: data and wheels into .gpu/
+#   COMMIT=abc1234 bash scripts/gpu_runbook.sh check decode              # GPU tests; decoding speed against HF Marian
+#   COMMIT=abc1234 bash scripts/gpu_runbook.sh multi30k bench            # the recipe end to end; training speed, base model
+#   COMMIT=abc1234 bash scripts/gpu_runbook.sh variants                  # what each piece of the training engine buys
+#   COMMIT=abc1234 bash scripts/gpu_runbook.sh check multi30k-seed2      # GPU tests; the recipe's second seed
 # Stages joined by commas run at the same time (the tiny recipe leaves most of the GPU and the
 # host's cores idle), so the GPU tests and three seeds of a recipe variant share one command; their
 # times are then not those of a machine alone. TAG names the runs apart from the plain recipe's, so
 # a warm machine never resumes one as the other:
 #   COMMIT=abc1234 BUDGET=420 TAG=levers SETS="train.lr_schedule=cosine train.ema_decay=0.9999" \
-#       bash scripts/gpu_session.sh check,multi30k,multi30k-seed2,multi30k-seed3 decode   # again to resume
+#       bash scripts/gpu_runbook.sh check,multi30k,multi30k-seed2,multi30k-seed3 decode   # again to resume
 # and `scout` trains several variants of the recipe at once, one run each (below).
 # The training engine's goals (docs/benchmarks/training.md, "Open on a GPU"), every figure in two commands of at
 # most 8 minutes, the engine as it stands measured first (a loan that ends early still leaves figures):
-#   COMMIT=abc1234 BUDGET=420 bash scripts/gpu_session.sh goal-bench multi30k goals
-#   COMMIT=abc1234 BUDGET=420 bash scripts/gpu_session.sh multi30k-seed2,multi30k-seed3 goals compare
+#   COMMIT=abc1234 BUDGET=420 bash scripts/gpu_runbook.sh goal-bench multi30k goals
+#   COMMIT=abc1234 BUDGET=420 bash scripts/gpu_runbook.sh multi30k-seed2,multi30k-seed3 goals compare
 # Other stages:
-#   SETS="train.max_steps=10000" bash scripts/gpu_session.sh tatoeba   # again at once to resume
-#   bash scripts/gpu_session.sh profile bench-large                      # host time per update; 64k-token batches
-#   bash scripts/gpu_session.sh bench-more suite                         # if time is left
+#   SETS="train.max_steps=10000" bash scripts/gpu_runbook.sh tatoeba   # again at once to resume
+#   bash scripts/gpu_runbook.sh profile bench-large                      # host time per update; 64k-token batches
+#   bash scripts/gpu_runbook.sh bench-more suite                         # if time is left
 #
 # Stages:
 #   prepare        copies Multi30k and Tatoeba from DATA (required; it must hold
@@ -77,7 +77,7 @@
 #                  SCOUT="name:key=value key=value;name:..." (each run's sets after SETS), into
 #                  runs/gpu-multi30k-en-de-NAME; one log, each line tagged [NAME], figures at its end:
 #                    SCOUT="post:model.norm=post;drop:tokenizer.bpe_dropout=0.1" \
-#                        bash scripts/gpu_session.sh scout
+#                        bash scripts/gpu_runbook.sh scout
 # A training stage stops with SIGTERM (a checkpoint; the stage still exits 0) before BUDGET seconds
 # (default 480, for a 10-minute command) have passed since the command started, and resumes from
 # its newest checkpoint when run again on the same machine while runs/ is still there (a fresh
@@ -104,13 +104,13 @@ prepare() {
     local data=${DATA:?"set DATA to the folder holding multi30k_en_de, tatoeba_anki_en_it and iwslt14_de_en_eval"}
     mkdir -p .gpu/data .gpu/wheels
     for corpus in multi30k_en_de tatoeba_anki_en_it; do
-        [ -d "$data/$corpus" ] || { echo "gpu_session: no corpus at $data/$corpus (set DATA)" >&2; return 2; }
+        [ -d "$data/$corpus" ] || { echo "gpu_runbook: no corpus at $data/$corpus (set DATA)" >&2; return 2; }
         rm -rf ".gpu/data/$corpus" && cp -r "$data/$corpus" .gpu/data/
     done
     # For scouting data.corpora: IWSLT'14's evaluation sets (TED talks, lowercased and tokenized as
     # Multi30k's tok/ files are) as a second en->de training corpus, without the lines holding <unk>.
     local iwslt=$data/iwslt14_de_en_eval extra=.gpu/data/iwslt14_eval_as_train
-    [ -d "$iwslt" ] || { echo "gpu_session: no corpus at $iwslt (set DATA)" >&2; return 2; }
+    [ -d "$iwslt" ] || { echo "gpu_runbook: no corpus at $iwslt (set DATA)" >&2; return 2; }
     mkdir -p "$extra"
     paste <(cat "$iwslt/valid.en" "$iwslt/test.en") <(cat "$iwslt/valid.de" "$iwslt/test.de") | grep -v '<unk>' \
         > "$extra/pairs.tsv" || return 1
@@ -122,7 +122,7 @@ prepare() {
     "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .gpu/wheels \
         datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0 || return 1
-    git check-ignore -q .gpu || echo "gpu_session: .gpu is not git-ignored; add /.gpu/ to .gitignore" >&2
+    git check-ignore -q .gpu || echo "gpu_runbook: .gpu is not git-ignored; add /.gpu/ to .gitignore" >&2
     du -sh .gpu
 }
 
@@ -134,7 +134,7 @@ setup() {  # on the GPU machine: the carried wheels where `datasets` is missing,
         export PYTHONPATH=/tmp/site:$PWD  # the tests' subprocesses keep it (tests/helpers.py PYTHONPATH)
     fi
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
-    "$PY" - <<'EOF' || { echo "gpu_session: a package tmt needs does not import (above); datasets 5.2.0 needs pyarrow >= 24" >&2; return 1; }
+    "$PY" - <<'EOF' || { echo "gpu_runbook: a package tmt needs does not import (above); datasets 5.2.0 needs pyarrow >= 24" >&2; return 1; }
 from importlib import metadata
 import torch
 print("torch", torch.__version__, "cuda", torch.cuda.is_available())
@@ -171,7 +171,7 @@ print(json.dumps({"figure": f"self-check-{sys.argv[2]}", "commit": os.environ["C
 expected = ["packed", "captured"] if sys.argv[2] == "packed" else ["captured"]
 failed = [part for part in expected if not check.get(part, {}).get("passed")]
 if failed:
-    sys.exit(f"gpu_session: the engine self-check fell back or did not run: {', '.join(failed)}")
+    sys.exit(f"gpu_runbook: the engine self-check fell back or did not run: {', '.join(failed)}")
 EOF
     done
     return $rc
@@ -330,14 +330,14 @@ train_stage() {  # name config data-path [extra --set ...]
 
 scout() {  # several Multi30k recipes at once, each from SCOUT="name:key=value ...;name:...", into one log
     local entry name pids=() names=() rc=0 i
-    [ -n "${SCOUT:-}" ] || { echo "gpu_session: scout needs SCOUT=\"name:key=value ...;name:...\"" >&2; return 2; }
+    [ -n "${SCOUT:-}" ] || { echo "gpu_runbook: scout needs SCOUT=\"name:key=value ...;name:...\"" >&2; return 2; }
     case $SCOUT in *$'\n'*)  # `read` would keep the first line only
-        echo "gpu_session: SCOUT holds a line break; continue its lines with a backslash" >&2; return 2 ;;
+        echo "gpu_runbook: SCOUT holds a line break; continue its lines with a backslash" >&2; return 2 ;;
     esac
     IFS=';' read -ra entries <<< "$SCOUT"
     for entry in "${entries[@]}"; do
         [[ ${entry%%:*} =~ ^[A-Za-z0-9._-]+$ && $entry == *:* ]] || {
-            echo "gpu_session: SCOUT entry '$entry' is not name:key=value ... (a name of letters, digits, . _ -)" >&2
+            echo "gpu_runbook: SCOUT entry '$entry' is not name:key=value ... (a name of letters, digits, . _ -)" >&2
             return 2; }
     done
     log "scout: ${#entries[@]} runs at once, $(threads_each ${#entries[@]}) CPU threads each (their times are not those of a machine alone)"
@@ -390,7 +390,7 @@ for group in "$@"; do
     for stage in "${stages[@]}"; do
         case $stage in
             check|suite|bench|variants|bench-large|goal-bench|goals|bench-more|decode|profile|multi30k|multi30k-seed2|multi30k-seed3|tatoeba|scout|compare) ;;
-            *) echo "gpu_session: unknown stage '$stage' (bench, bench-large, bench-more, decode, profile, variants, check," \
+            *) echo "gpu_runbook: unknown stage '$stage' (bench, bench-large, bench-more, decode, profile, variants, check," \
                     "suite, multi30k, multi30k-seed2, multi30k-seed3, tatoeba, scout, compare, goal-bench, goals; joined by commas to run at once;" \
                     "prepare runs alone)" >&2
                exit 2 ;;

@@ -66,7 +66,7 @@ from transformer_mt.data.sources import read_aligned_files
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
 from transformer_mt.decode import ct2_conversion
 from transformer_mt.decode.torch_engine import translate_ids
-from transformer_mt.decode.ct2_conversion import export_ctranslate2
+from transformer_mt.export.ct2_conversion import export_ctranslate2
 from transformer_mt.decode.generator import StepGraphs, beam_search, greedy_decode
 from transformer_mt.decode.translator import Translator
 from transformer_mt.model.transformer import Transformer, build_model

@@ -29,8 +29,8 @@ class System:
 
 def run_compare(args: argparse.Namespace) -> None:
     from transformer_mt.data.sources import read_lines
-    from transformer_mt.decode.comparison import config_differences, paired_tests, seed_groups, winning_segments
-    from transformer_mt.decode.metrics import METRICS, bleu_tokenizer_problem
+    from transformer_mt.evaluate.comparison import config_differences, paired_tests, seed_groups, winning_segments
+    from transformer_mt.evaluate.metrics import METRICS, bleu_tokenizer_problem
 
     setup_logging(logging.WARNING)
     if len(args.systems) < 2:
@@ -39,7 +39,7 @@ def run_compare(args: argparse.Namespace) -> None:
     if args.tokenize and (problem := bleu_tokenizer_problem(args.tokenize)):
         raise UsageError(f"--tokenize: {problem}")
     if args.comet:  # the package and the model, before anything is read
-        from transformer_mt.decode.comet import comet_checkpoint
+        from transformer_mt.evaluate.comet import comet_checkpoint
 
         comet_checkpoint(args.comet)
     systems = [_load_system(path) for path in args.systems]
@@ -47,7 +47,7 @@ def run_compare(args: argparse.Namespace) -> None:
                              args.ref or [])
     sources, comet = None, None
     if args.comet:  # loaded once for every system, once the inputs are known to be there
-        from transformer_mt.decode.comet import Comet
+        from transformer_mt.evaluate.comet import Comet
 
         sources = _sources(systems, args.src, len(references[0]))
         comet = Comet.load(args.comet)
@@ -147,7 +147,7 @@ def _sources(systems: list[System], path: Path | None, count: int) -> list[str]:
 
 def _report(systems, references, tokenize, comparison, groups, differences, segments) -> dict:
     """Everything `compare` found, as JSON-ready values (scores rounded to 2 decimals, p to 4)."""
-    from transformer_mt.decode.metrics import METRICS
+    from transformer_mt.evaluate.metrics import METRICS
 
     def result(r) -> dict:
         entry = {"score": round(r.score, 2), "ci95": [round(r.mean - r.ci, 2), round(r.mean + r.ci, 2)]}
@@ -179,8 +179,8 @@ def _plain(value):
 
 def _tables(report: dict, markdown: bool) -> str:
     """The report as aligned text tables, or as markdown tables."""
-    from transformer_mt.decode.comparison import metric_name
-    from transformer_mt.decode.metrics import METRICS
+    from transformer_mt.evaluate.comparison import metric_name
+    from transformer_mt.evaluate.metrics import METRICS
 
     test = report["test_set"]
     out = [f"{test['sentences']} sentences, {test['references']} reference(s), BLEU tokenizer {test['tokenize']}; "

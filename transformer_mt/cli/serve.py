@@ -1,5 +1,5 @@
 """`tmt serve`: a run's translations over HTTP (FastAPI on uvicorn): `POST /translate`, `GET /health`
-and a web page at `/`; concurrent requests share batches (`decode.batcher`), SIGTERM stops it cleanly.
+and a web page at `/`; concurrent requests share batches (`serve.batcher`), SIGTERM stops it cleanly.
 The event loop only reads bodies (within a limit) and answers: checking a request (JSON, tokens) runs
 on a thread, translating on the batcher's worker, so that no request can stall the others."""
 
@@ -63,7 +63,7 @@ def run_serve(args: argparse.Namespace) -> None:
                        "pip install 'transformer-mt[serve]'")
     import uvicorn
 
-    from transformer_mt.decode.batcher import Batcher
+    from transformer_mt.serve.batcher import Batcher
 
     setup_logging(logging.WARNING)
     listener = _listen(args.host, args.port)  # before loading: a port in use fails at once
@@ -258,7 +258,7 @@ async def _read_body(request, limit: int) -> bytes:
 def _check(asked, translator, limits: Limits):
     """The request's decoding `Options` and source tokens, or a `RequestError` naming what is too much.
     A sentence longer than `limits.max_sentence_characters` is refused before it is tokenized."""
-    from transformer_mt.decode.batcher import Options
+    from transformer_mt.serve.batcher import Options
 
     if len(asked.sentences) > limits.max_sentences:
         raise RequestError(413, f"sentences: {len(asked.sentences)} sentences; this server takes at most "

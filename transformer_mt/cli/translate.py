@@ -195,7 +195,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
     from transformer_mt.data.corpus import load_run_corpus
     from transformer_mt.data.sources import read_aligned_files
     from transformer_mt.data.sources import read_lines
-    from transformer_mt.decode.metrics import METRICS, bleu_tokenizer_problem, score
+    from transformer_mt.evaluate.metrics import METRICS, bleu_tokenizer_problem, score
 
     setup_logging(logging.WARNING)
     if bool(args.src) != bool(args.ref):
@@ -207,7 +207,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
         raise UsageError(f"--tokenize: {problem}")
     comet = None
     if args.comet:  # the package and the model, before hours of translating
-        from transformer_mt.decode.comet import Comet
+        from transformer_mt.evaluate.comet import Comet
 
         comet = Comet.load(args.comet)
     _check_not_kept(args.output, "--output", _run_dir_of(args))  # before loading, which may write into the run
@@ -254,7 +254,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
         result = comet.score(sources, hypotheses, references[0], device=translator.device)
         print(f"COMET = {result.score:.4f}  model:{result.model}")
     if args.diagnostics:
-        from transformer_mt.decode.diagnostics import diagnose
+        from transformer_mt.evaluate.diagnostics import diagnose
 
         print(f"\ndiagnostics of {len(hypotheses)} translations (line numbers from 1):")
         for line in diagnose(sources, hypotheses, references[0]).lines():

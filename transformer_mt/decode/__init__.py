@@ -1,1 +1,1 @@
-"""Translation with a trained model: search, its driver and CUDA-graph replay, engines, scoring, export."""
+"""Translation with a trained model: the search, its driver and CUDA-graph replay, the engines that run them."""

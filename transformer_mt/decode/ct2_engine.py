@@ -41,7 +41,7 @@ def find_conversion(path: Path) -> dict | None:
 def convert(run_dir: Path, run: LoadedRun, path: Path) -> dict:
     """Convert `run`'s checkpoint (loaded with torch) into the run's cache at `path`; its info. The
     folder is written beside and renamed into place; a writer that finishes first wins."""
-    from transformer_mt.decode.ct2_conversion import ctranslate2_spec, save_model_dir
+    from transformer_mt.export.ct2_conversion import ctranslate2_spec, save_model_dir
 
     info = {"config": run.config, "model_args": run.model_args, "step": run.step, "which": run.which,
             "checkpoint": run.checkpoint.name}

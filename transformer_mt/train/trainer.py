@@ -24,7 +24,7 @@ from transformer_mt.core.runtime import (Precision, pick_attention, pick_device,
                                          warn_attention_fallbacks, warn_if_bf16_emulated)
 from transformer_mt.core.signals import StopRequest, sigterm_interrupts
 from transformer_mt.data.tokenization import PAD_ID, TokenizerPair
-from transformer_mt.decode.metrics import bleu_tokenizer_problem
+from transformer_mt.evaluate.metrics import bleu_tokenizer_problem
 from transformer_mt.model.transformer import build_model
 from transformer_mt.runs import summary
 from transformer_mt.runs.init_from import Parent, load_parent
@@ -49,7 +49,7 @@ class Trainer:
         if problem := bleu_tokenizer_problem(cfg.train.bleu_tokenize):  # before hours of training
             raise ConfigError([f"train.bleu_tokenize: {problem}"])
         if cfg.train.valid_comet and dist.is_main:  # the package and the model, as early
-            from transformer_mt.decode.comet import comet_checkpoint
+            from transformer_mt.evaluate.comet import comet_checkpoint
 
             comet_checkpoint(cfg.train.valid_comet, key="train.valid_comet")
         self.run_dir, self.dist = run_dir, dist

@@ -22,8 +22,8 @@ from transformer_mt.data import corpus as data_module
 from transformer_mt.data.batching import sorted_batches
 from transformer_mt.data.token_cache import TokenizedSplit
 from transformer_mt.data.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair
-from transformer_mt.decode.diagnostics import diagnose
-from transformer_mt.decode.metrics import METRICS, score
+from transformer_mt.evaluate.diagnostics import diagnose
+from transformer_mt.evaluate.metrics import METRICS, score
 from transformer_mt.decode.plotting import attention_figure, cross_attention_labels, cross_attention_map
 from transformer_mt.decode.torch_engine import translate_ids
 from transformer_mt.model.transformer import Transformer
@@ -52,7 +52,7 @@ class Evaluator:
         self.pad_to_multiple = pad_to_multiple
         self.comet = None  # train.valid_comet's model, on rank 0, which scores for all ranks
         if cfg.train.valid_comet and dist.is_main:
-            from transformer_mt.decode.comet import Comet
+            from transformer_mt.evaluate.comet import Comet
 
             self.comet = Comet.load(cfg.train.valid_comet, key="train.valid_comet")
         n, limit = len(valid_data), cfg.train.eval_max_sentences  # the sentences translated: a seeded subset

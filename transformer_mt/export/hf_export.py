@@ -15,7 +15,7 @@ from transformer_mt.config.schema import Config
 from transformer_mt.core.errors import TmtError, UsageError
 from transformer_mt.core.files import check_new_dir, naming
 from transformer_mt.data.tokenization import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, TokenizerPair
-from transformer_mt.decode.ct2_conversion import FORBIDDEN_LOGIT_BIAS
+from transformer_mt.export.ct2_conversion import FORBIDDEN_LOGIT_BIAS
 from transformer_mt.model.transformer import Transformer, sinusoidal_positions
 from transformer_mt.runs.checkpoint import load_run
 from transformer_mt.runs.run_dir import write_export

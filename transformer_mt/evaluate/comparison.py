@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from transformer_mt.decode.metrics import METRICS, NAMES, reference_streams, sacrebleu_metrics
+from transformer_mt.evaluate.metrics import METRICS, NAMES, reference_streams, sacrebleu_metrics
 
 SIGNIFICANT = 0.05  # p below this: the difference from the first system is called significant
 

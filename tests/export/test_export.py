@@ -9,7 +9,7 @@ from tokenizers import Tokenizer
 from tests.helpers import SOURCES, TARGETS, encode_pairs, make_run
 from transformer_mt.core.errors import TmtError, UsageError
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
-from transformer_mt.decode.ct2_conversion import export_ctranslate2
+from transformer_mt.export.ct2_conversion import export_ctranslate2
 from transformer_mt.decode.generator import greedy_decode
 from transformer_mt.runs.checkpoint import load_checkpoint, save_atomic
 

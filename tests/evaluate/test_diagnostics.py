@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from transformer_mt.decode.diagnostics import (CHECKS, diagnose, end_punctuation, has_loop, is_copy, is_untranslated,
+from transformer_mt.evaluate.diagnostics import (CHECKS, diagnose, end_punctuation, has_loop, is_copy, is_untranslated,
                                                length_ratio, numbers, script, urls)
 
 SOURCE, GOOD = "Where is the station?", "Dov'è la stazione?"

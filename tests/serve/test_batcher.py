@@ -1,4 +1,4 @@
-"""`decode.batcher.Batcher` on a translator that records its calls: which requests share a call
+"""`serve.batcher.Batcher` on a translator that records its calls: which requests share a call
 (same options, the token budget, the wait), and failures that stay in their batch."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from transformer_mt.decode.batcher import Batcher, Options
+from transformer_mt.serve.batcher import Batcher, Options
 from transformer_mt.decode.translator import Translation
 
 WAIT = 30  # seconds a future may take: far more than any batch here needs

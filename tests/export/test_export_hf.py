@@ -9,7 +9,7 @@ from tests.helpers import SOURCES, encode_pairs, make_run, run_cli
 from transformer_mt.core.errors import UsageError
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.decode.generator import greedy_decode, max_target_lengths
-from transformer_mt.decode.hf_export import export_hf
+from transformer_mt.export.hf_export import export_hf
 from transformer_mt.decode.translator import Translator
 from transformer_mt.runs.checkpoint import load_checkpoint, save_atomic
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import TINY_PAIRS, run_cli, tmt, train_tiny_run, write_corpus
 from transformer_mt.core.run_layout import RunDir
-from transformer_mt.decode.metrics import score
+from transformer_mt.evaluate.metrics import score
 from transformer_mt.decode.plotting import cross_attention_labels
 
 # Lowercased, tokenized text as in Multi30k's tok/ files: every line ends in " ." (sacreBLEU
@@ -85,7 +85,7 @@ def test_several_references_are_scored_as_sacrebleu_scores_them(tmp_path: Path):
 
 
 def test_an_interval_is_shown_as_its_two_bounds_even_below_zero():
-    from transformer_mt.decode.metrics import MetricScore
+    from transformer_mt.evaluate.metrics import MetricScore
 
     near_zero = MetricScore(1.78, "sig", mean=1.71, ci=1.72)  # sacreBLEU's mean ± half-width can dip below 0
     assert near_zero.shown("bleu") == "BLEU = 1.78 (95% CI [-0.01, 3.43])"
@@ -273,7 +273,7 @@ def test_comet_without_its_model_names_what_is_missing(workdir: Path, monkeypatc
 
 def test_a_comet_checkpoint_that_does_not_load_is_named(tmp_path: Path, monkeypatch):
     from transformer_mt.core.errors import UsageError
-    from transformer_mt.decode.comet import Comet
+    from transformer_mt.evaluate.comet import Comet
 
     fake = UnreachableHub()
     monkeypatch.setitem(sys.modules, "comet", fake)

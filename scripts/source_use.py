@@ -6,10 +6,10 @@ target-side language model (a stalled post-norm run, docs/results/multi30k-en-de
     python scripts/source_use.py --checkpoint runs/x/checkpoints/step_00004096.pt \
         --src /path/to/multi30k/tok/valid.en --tgt /path/to/multi30k/tok/valid.de
 
-Prints one JSON line: the mean negative log-likelihood in nats per target token (plain cross
-entropy, no label smoothing) with the true sources (`true`) and the shifted ones (`shifted`), and
+Prints one JSON line: the mean negative log-likelihood in nats per target token (EOS included)
+that `tmt score` gives, with the true sources (`true`) and the shifted ones (`shifted`), and
 `source_use` = shifted - true. `--weights trained` scores a checkpoint's trained weights even when
-it also holds an EMA of them (`train.ema_decay`), which `tmt translate` would use.
+it also holds an EMA of them (`train.ema_decay`), which `tmt translate` and `tmt score` use.
 """
 
 from __future__ import annotations
@@ -19,41 +19,25 @@ import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from transformer_mt.core.errors import TmtError
-from transformer_mt.data.batching import make_batch
-from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.decode.translator import Translator
+from transformer_mt.decode.translator import ScoredPair, Translator
 from transformer_mt.runs.checkpoint import load_checkpoint
 
-BATCH_SENTENCES = 64
 
-
-def mean_nll(model: torch.nn.Module, src: list[list[int]], tgt: list[list[int]]) -> float:
-    """Nats per target token (EOS included) of `tgt` given `src`, teacher-forced."""
-    total, tokens = 0.0, 0
-    with torch.no_grad():
-        for start in range(0, len(src), BATCH_SENTENCES):
-            batch = make_batch(src[start:start + BATCH_SENTENCES], tgt[start:start + BATCH_SENTENCES],
-                               PAD_ID, BOS_ID, EOS_ID)
-            logits = model(batch.src_ids, batch.tgt_in_ids).float()  # (N, V) at the real target tokens
-            total += F.cross_entropy(logits, batch.tgt_out_ids[batch.tgt_in_ids != PAD_ID], ignore_index=PAD_ID,
-                                     reduction="sum").item()
-            tokens += batch.n_tgt_tokens
-    return total / tokens
+def nats_per_token(scored: list[ScoredPair]) -> float:
+    return -sum(pair.log_prob for pair in scored) / sum(len(pair.token_log_probs) for pair in scored)
 
 
 def source_use(checkpoint: Path, src_lines: list[str], tgt_lines: list[str], weights: str = "translation") -> dict:
+    """`tmt score`'s figures (`Translator.score`, torch engine) of the pairs, and of the targets with
+    each sentence given the next sentence's source."""
     translator = Translator.from_run(checkpoint.parent.parent, checkpoint, device="cpu", engine="torch")
-    model = translator.engine.model.eval()
     if weights == "trained":
-        model.load_state_dict(load_checkpoint(checkpoint)["model"])
-    keep = model.positions.shape[0] - 1  # room for EOS / BOS
-    src = [ids[:keep] for ids in translator.tokenizers.encode_src(src_lines)]
-    tgt = [ids[:keep] for ids in translator.tokenizers.encode_tgt(tgt_lines)]
-    true, shifted = mean_nll(model, src, tgt), mean_nll(model, src[1:] + src[:1], tgt)
-    return {"checkpoint": str(checkpoint), "weights": weights, "sentences": len(src), "true": round(true, 4),
+        translator.engine.model.load_state_dict(load_checkpoint(checkpoint)["model"])
+    true = nats_per_token(translator.score(src_lines, tgt_lines))
+    shifted = nats_per_token(translator.score(src_lines[1:] + src_lines[:1], tgt_lines))
+    return {"checkpoint": str(checkpoint), "weights": weights, "sentences": len(src_lines), "true": round(true, 4),
             "shifted": round(shifted, 4), "source_use": round(shifted - true, 4)}
 
 
@@ -73,7 +57,7 @@ def main() -> None:
                          f"(got {len(src_lines)} and {len(tgt_lines)})")
     try:
         print(json.dumps(source_use(args.checkpoint, src_lines, tgt_lines, args.weights)))
-    except TmtError as err:  # a missing or damaged checkpoint, a run without its tokenizers
+    except TmtError as err:  # a missing or damaged checkpoint, a run without its tokenizers, a target too long
         raise SystemExit(f"source_use.py: {err}") from None
 
 

@@ -13,7 +13,7 @@ from transformer_mt.core.run_layout import RunDir
 from tests.helpers import train_tiny_run
 
 REPO = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("docs_reference", REPO / "scripts" / "docs_reference.py")
+spec = importlib.util.spec_from_file_location("docs_reference", REPO / "tools" / "docs_reference.py")
 docs_reference = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(docs_reference)
 

@@ -1,1 +1,1 @@
-"""Tests of the scripts in scripts/."""
+"""Tests of the scripts in scripts/ (users run them on their data), benchmarks/ and tools/."""

@@ -1,6 +1,6 @@
-"""scripts/bench_decode.py runs with or without its comparison engines (CTranslate2, Hugging Face
+"""benchmarks/decode.py runs with or without its comparison engines (CTranslate2, Hugging Face
 Marian) and ends in one JSON line, so the GPU runbook's `decode` stage cannot break on the machine;
-scripts/gpu_runbook.sh lists that stage."""
+benchmarks/gpu_runbook.sh lists that stage."""
 
 import importlib.util
 import json
@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import REPO
 
-SCRIPT = REPO / "scripts" / "bench_decode.py"
+SCRIPT = REPO / "benchmarks" / "decode.py"
 SMALL = ["--n-sentences", "64", "--n-batch1", "8", "--gen-tokens", "10", "--batch-sizes", "1,32"]
 
 
@@ -22,6 +22,7 @@ def bench():
     spec = importlib.util.spec_from_file_location("bench_decode", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(SCRIPT.parent))  # where `python benchmarks/decode.py` finds common.py
         patch.setitem(sys.modules, "bench_decode", module)  # where @dataclass looks its module up
         spec.loader.exec_module(module)
         yield module

@@ -1,4 +1,4 @@
-"""scripts/bench_serve.py serves a run, times its clients and ends in one JSON line with each client
+"""benchmarks/serve.py serves a run, times its clients and ends in one JSON line with each client
 count's latency, throughput and batching, and what other requests met while a huge one was refused."""
 
 import json
@@ -7,7 +7,7 @@ import sys
 
 from tests.helpers import PYTHONPATH, REPO
 
-SCRIPT = REPO / "scripts" / "bench_serve.py"
+SCRIPT = REPO / "benchmarks" / "serve.py"
 
 
 def test_each_client_count_gets_its_latencies_throughput_and_batches(workdir):

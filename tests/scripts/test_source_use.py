@@ -1,11 +1,14 @@
 """scripts/source_use.py: the loss with true and with swapped sources, from a run's checkpoint."""
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.helpers import REPO, TINY_PAIRS, tiny_config
+import pytest
+
+from tests.helpers import PYTHONPATH, REPO, TINY_PAIRS, tiny_config, tmt
 from transformer_mt.runs.run_dir import prepare_run_dir
 from transformer_mt.train.trainer import train
 
@@ -41,3 +44,43 @@ def test_texts_of_different_lengths_are_one_line_and_an_exit_code(tmp_path: Path
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [f"source_use.py: {tmp_path / 'a.en'} and {tmp_path / 'a.de'} need "
                                                   "the same number of lines, at least 2 (got 2 and 1)"]
+
+
+def nats_per_token(scored: str) -> float:
+    """Mean negative log-likelihood per target token (EOS included) of `tmt score --format jsonl` lines."""
+    pairs = [json.loads(line) for line in scored.splitlines()]
+    return -sum(sum(pair["token_log_probs"]) for pair in pairs) / sum(len(pair["token_log_probs"]) for pair in pairs)
+
+
+def test_the_losses_are_what_tmt_score_gives_the_true_and_the_shifted_sources(workdir: Path):
+    checkpoint = sorted((workdir / "runs" / "tiny" / "checkpoints").glob("step_*.pt"))[-1]
+    src, tgt = [s for s, _ in TINY_PAIRS[:6]], [t for _, t in TINY_PAIRS[:6]]
+    files = {}
+    for name, lines in (("true.en", src), ("shifted.en", src[1:] + src[:1]), ("ref.de", tgt)):
+        files[name] = workdir / name
+        files[name].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = subprocess.run([sys.executable, str(SCRIPT), "--checkpoint", str(checkpoint), "--src", str(files["true.en"]),
+                             "--tgt", str(files["ref.de"])], capture_output=True, text=True, cwd=workdir,
+                            env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": PYTHONPATH})
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    for key in ("true", "shifted"):
+        scored = tmt("score", "--checkpoint", str(checkpoint), "--engine", "torch", "--format", "jsonl",
+                     "--source", str(files[f"{key}.en"]), "--target", str(files["ref.de"]), cwd=workdir)
+        assert scored.returncode == 0, scored.stderr
+        assert figures[key] == pytest.approx(nats_per_token(scored.stdout), abs=1e-3), key
+    assert figures["source_use"] == round(figures["shifted"] - figures["true"], 4)
+
+
+def test_a_target_longer_than_the_model_scores_is_refused_naming_its_line(workdir: Path):
+    checkpoint = sorted((workdir / "runs" / "tiny" / "checkpoints").glob("step_*.pt"))[-1]
+    (workdir / "long.en").write_text("hello\nhello world\n", encoding="utf-8")
+    (workdir / "long.de").write_text("hallo\n" + "hallo welt " * 60 + "\n", encoding="utf-8")
+    result = subprocess.run([sys.executable, str(SCRIPT), "--checkpoint", str(checkpoint), "--src",
+                             str(workdir / "long.en"), "--tgt", str(workdir / "long.de")], capture_output=True,
+                            text=True, cwd=workdir, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1",
+                                                         "PYTHONPATH": PYTHONPATH})
+    assert result.returncode == 1 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("source_use.py: line 2: the target is "), result.stderr
+    assert "this model scores at most 63" in lines[0]

@@ -2,7 +2,7 @@
 and the captured update run once on a tiny synthetic model beside their references; a kernel that
 raises or computes something else falls back (packed -> padded, captured -> eager) with one warning,
 recorded in summary.json. On the CPU the engine runs eagerly, so failures are injected here; a GPU
-runs the check for real (scripts/gpu_runbook.sh check)."""
+runs the check for real (benchmarks/gpu_runbook.sh check)."""
 
 import json
 from pathlib import Path

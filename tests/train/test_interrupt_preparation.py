@@ -23,7 +23,7 @@ PAIRS = 110_000  # two tokenizing processes need 2 × token_cache.MIN_ROWS_PER_P
 @pytest.fixture(scope="module")
 def big_config(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("big")
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_synthetic_corpus.py"), "--pairs", str(PAIRS),
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "make_synthetic_corpus.py"), "--pairs", str(PAIRS),
                     "--out", str(root / "corpus"), "--vocab", "2000"], check=True, capture_output=True)
     config = root / "big.yaml"
     save_config(tiny_config(root / "corpus", data={"num_proc": 2, "max_words": 1000}, model={"max_len": 128},

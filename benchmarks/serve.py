@@ -2,10 +2,10 @@
 clients (each a closed loop on a kept-alive connection), and report per-request latency (p50, p99)
 and sentences per second for each client count, with how the server batched them (`GET /health`).
 
-    OMP_NUM_THREADS=1 python scripts/bench_serve.py --run runs/demo                  # 1 and 8 clients
-    python scripts/bench_serve.py --run runs/demo --clients 1,4,16 --beam 5 --max-wait-ms 20
+    OMP_NUM_THREADS=1 python benchmarks/serve.py --run runs/demo                  # 1 and 8 clients
+    python benchmarks/serve.py --run runs/demo --clients 1,4,16 --beam 5 --max-wait-ms 20
 
-`--bench-model cpu-small` serves instead the model `scripts/bench_decode.py` times: its preset's
+`--bench-model cpu-small` serves instead the model `benchmarks/decode.py` times: its preset's
 dimensions, random weights, BPE trained on the demo corpus, written as a run in a temporary folder
 (a random model seldom ends a sentence: each runs to the length cap, more work than a trained one).
 
@@ -18,16 +18,14 @@ does, and sending all of it) and, while it is under way, asks `GET /health` and 
 sentence again and again on other connections: their latencies say whether the huge request stalls
 the server for everyone else.
 
-    OMP_NUM_THREADS=1 python scripts/bench_serve.py --run runs/demo --clients 1 --huge-body-mb 20"""
+    OMP_NUM_THREADS=1 python benchmarks/serve.py --run runs/demo --clients 1 --huge-body-mb 20"""
 
 from __future__ import annotations
 
 import argparse
 import http.client
-import importlib.util
 import json
 import os
-import platform
 import re
 import signal
 import subprocess
@@ -38,13 +36,14 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-REPO = Path(__file__).resolve().parents[1]
-DEMO_TEST = REPO / "transformer_mt" / "corpora" / "demo_en_it" / "test.en"
+from common import DECODE_PRESETS, DEMO_CORPUS, build_run, checkout_env, cpu_name
+
+DEMO_TEST = DEMO_CORPUS / "test.en"
 
 
 def start_server(run: Path, options: list[str]) -> tuple[subprocess.Popen, str]:
     """`tmt serve --run RUN --port 0 OPTIONS` and the URL it serves at."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    env = checkout_env()
     process = subprocess.Popen([sys.executable, "-m", "transformer_mt", "serve", "--run", str(run), "--port", "0",
                                 *options], stderr=subprocess.PIPE, text=True, env=env)
     lines: list[str] = []
@@ -79,17 +78,6 @@ class Client:
         if response.status != 200:
             raise SystemExit(f"bench_serve: {method} {path} answered {response.status}: {answer}")
         return answer
-
-
-def cpu_name() -> str:
-    """The processor's model name (Linux), else the machine type."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -141,7 +129,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", type=Path, help="the run to serve")
-    source.add_argument("--bench-model", metavar="PRESET", help="serve a random model of this bench_decode.py preset")
+    source.add_argument("--bench-model", metavar="PRESET", choices=sorted(DECODE_PRESETS),
+                        help="serve a random model of this benchmarks/decode.py preset")
     parser.add_argument("--input", type=Path, default=DEMO_TEST, help="sentences, one a line (default: the demo "
                                                                        "corpus's test.en)")
     parser.add_argument("--requests", type=int, default=400, help="requests per client count (default 400)")
@@ -174,7 +163,7 @@ def main() -> None:
         print(f"a {huge['body_mb']} MB request: {huge['status']} after {huge['answered_s']} s "
               f"({huge['error']}); meanwhile {huge['probes']} /health + translate probes, slowest "
               f"{huge['slowest_health_ms']} ms and {huge['slowest_translate_ms']} ms")
-    print(json.dumps({"run": str(args.run or f"bench_decode.py --preset {args.bench_model}"),
+    print(json.dumps({"run": str(args.run or f"benchmarks/decode.py --preset {args.bench_model}"),
                       "checkpoint": health["checkpoint"], "step": health["step"],
                       "engine": health["engine"], "device": health["device"],
                       "beam": args.beam or health["beam_size"], "sentences_per_request": per,
@@ -185,12 +174,9 @@ def main() -> None:
 
 
 def bench_model_run(run_dir: Path, preset: str) -> Path:
-    """A run directory holding bench_decode.py's random model of `preset` (its default corpus and seed)."""
-    spec = importlib.util.spec_from_file_location("bench_decode", REPO / "scripts" / "bench_decode.py")
-    bench_decode = sys.modules["bench_decode"] = importlib.util.module_from_spec(spec)  # its dataclasses look it up
-    spec.loader.exec_module(bench_decode)
+    """A run directory holding decode.py's random model of `preset` (its default corpus and seed)."""
     run_dir.mkdir(parents=True)
-    bench_decode.build_run(run_dir, bench_decode.parse_args(["--preset", preset]))
+    build_run(run_dir, preset)
     return run_dir
 
 

@@ -1,10 +1,10 @@
-"""The GPU engine's goals, one JSON line each, from the figure lines `scripts/gpu_runbook.sh` stages
-wrote into their logs: `goal-bench` (scripts/bench_train.py, base preset on Multi30k) and the
-`configs/multi30k-en-de.yaml` runs of seeds 1 to 3 (scripts/recipe_figures.py). A goal whose
+"""The GPU engine's goals, one JSON line each, from the figure lines `benchmarks/gpu_runbook.sh` stages
+wrote into their logs: `goal-bench` (benchmarks/train.py, base preset on Multi30k) and the
+`configs/multi30k-en-de.yaml` runs of seeds 1 to 3 (benchmarks/recipe_figures.py). A goal whose
 figure is missing says so (`met`: null, `open`: why), so a loan that ended early still reports
 what it measured.
 
-    python scripts/goal_figures.py gpu-out/*.log
+    python benchmarks/goal_figures.py gpu-out/*.log
 
 Each line: `{"figure": "goal-...", "commit", "value", "goal", "met", "source"}`; the last line of a
 figure in the files given (in that order) counts.

@@ -1,8 +1,8 @@
 """Peak memory of preparing a large corpus and starting to train on it (corpora larger than memory).
 
-    python scripts/bench_memory.py --pairs 10000000 --work /tmp/tmt-memory
+    python benchmarks/memory.py --pairs 10000000 --work /tmp/tmt-memory
 
-Makes (once) a synthetic corpus of --pairs pairs with scripts/make_synthetic_corpus.py in
+Makes (once) a synthetic corpus of --pairs pairs with benchmarks/make_synthetic_corpus.py in
 --work, then runs `python -m transformer_mt train` on it for --steps steps with a small model
 and samples the memory of the training process (and of its tokenizing worker processes) from
 /proc every 0.2 s. Reported:
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -34,7 +33,8 @@ from pathlib import Path
 
 from transformer_mt.core.run_layout import RunDir
 
-REPO = Path(__file__).resolve().parents[1]
+from common import checkout_env
+
 SAMPLE_EVERY_S = 0.2
 
 
@@ -101,13 +101,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     corpus = args.work / f"synthetic-{args.pairs}"
     if not (corpus / "train.it").is_file():
-        subprocess.run([sys.executable, str(REPO / "scripts" / "make_synthetic_corpus.py"), "--pairs",
+        subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "make_synthetic_corpus.py"), "--pairs",
                         str(args.pairs), "--out", str(corpus)], check=True)
     config, run_dir = args.work / "memory.yaml", args.work / "run"
     write_config(config, corpus, args.steps, args.num_proc)
-    # This checkout first, then the caller's path (e.g. wheels carried to a GPU machine).
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
-           "OMP_NUM_THREADS": "1"}
+    env = checkout_env(OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "transformer_mt", "train", "--config", str(config), "--run-dir", str(run_dir),
                "--overwrite"]
     started = time.perf_counter()

@@ -2,7 +2,7 @@
 graph waits for. Prepares a config's data in a scratch run directory, then times
 `TokenizedSplit.batch` over the sampler's first batches, in memory and from the Arrow rows.
 
-    python scripts/bench_batches.py --config configs/multi30k-en-de.yaml \\
+    python benchmarks/batches.py --config configs/multi30k-en-de.yaml \\
         --set data.path=/path/to/multi30k/tok
 
 The last line is one JSON object.

@@ -25,10 +25,10 @@ target tokens per step, in thousands. The engines run interleaved, `--repeats`
 rounds of each, and the reported figure is each engine's median round: on a shared machine a
 neighbour's burst then hits one round, not one engine.
 
-    python scripts/bench_train.py                                   # demo corpus, cpu-small, 1 thread
-    python scripts/bench_train.py --data path/to/multi30k_en_de
-    python scripts/bench_train.py --data path/to/multi30k_en_de --profile 25   # where the time goes
-    python scripts/bench_train.py --device cuda --preset base --data path/to/multi30k_en_de
+    python benchmarks/train.py                                   # demo corpus, cpu-small, 1 thread
+    python benchmarks/train.py --data path/to/multi30k_en_de
+    python benchmarks/train.py --data path/to/multi30k_en_de --profile 25   # where the time goes
+    python benchmarks/train.py --device cuda --preset base --data path/to/multi30k_en_de
 
 The last line of output is one JSON object.
 """
@@ -40,10 +40,7 @@ import importlib.util
 import json
 import logging
 import math
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -63,7 +60,8 @@ from transformer_mt.train.batches import packed_batches
 from transformer_mt.train.interval import peak_flops_per_s
 from transformer_mt.train.trainer import Trainer
 
-DEMO_CORPUS = Path(__file__).resolve().parents[1] / "transformer_mt" / "corpora" / "demo_en_it"
+from common import DEMO_CORPUS, build_marian, commit, cpu_name, print_profile, synchronize, target_lang
+
 PRESETS = {
     "cpu-small": {"model": ModelConfig(d_model=256, n_heads=4, n_layers=3, d_ff=1024, dropout=0.1, max_len=256),
                   "vocab_size": 8000, "batch_tokens": 2048, "steps": 6, "warmup": 2},
@@ -101,20 +99,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--label", default="bench",
-                        help="the JSON line's `figure` name, e.g. bench-multi30k (scripts/gpu_runbook.sh sets it)")
+                        help="the JSON line's `figure` name, e.g. bench-multi30k (benchmarks/gpu_runbook.sh sets it)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="after timing, profile one more round of tmt and of Marian with torch.profiler "
                              "and print their N costliest operators side by side (self CPU ms)")
     return parser.parse_args(argv)
-
-
-def target_lang(data: Path, src_lang: str) -> str:
-    langs = sorted({p.name.split(".")[1] for p in data.iterdir()
-                    if p.name.startswith("train.") and len(p.name.split(".")) >= 2})
-    others = [lang for lang in langs if lang != src_lang]
-    if src_lang not in langs or len(others) != 1:
-        raise SystemExit(f"{data}: expected train.{src_lang} and one other train.<lang> file, found {langs}")
-    return others[0]
 
 
 def build_trainer(args: argparse.Namespace, run_dir: Path, batching: str = "auto") -> Trainer:
@@ -238,21 +227,6 @@ def tutorial_batches(pairs: list[tuple[list[int], list[int]]], n_sentences: int,
 
 # --- Hugging Face Marian ------------------------------------------------------------------------
 
-def build_marian(cfg: ModelConfig, vocab_size: int):
-    from transformers import MarianConfig, MarianMTModel
-    config = MarianConfig(
-        vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=cfg.d_model,
-        encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers,
-        encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
-        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu",
-        dropout=cfg.dropout, activation_dropout=cfg.dropout if cfg.activation_dropout is None else cfg.activation_dropout,
-        attention_dropout=cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout,  # as tmt applies it
-        max_position_embeddings=cfg.max_len, scale_embedding=True, share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True, pad_token_id=PAD_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID,
-        forced_eos_token_id=EOS_ID)
-    return MarianMTModel(config)
-
-
 def marian_inputs(batch: Batch) -> dict[str, torch.Tensor]:
     labels = batch.tgt_out_ids.masked_fill(batch.tgt_out_ids == PAD_ID, -100)  # HF's ignore index
     return {"input_ids": batch.src_ids, "attention_mask": (batch.src_ids != PAD_ID).long(),
@@ -266,11 +240,6 @@ def resident_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     tensors = [p for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
     tensors += [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
     return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def timed(device: torch.device, steps: list[Callable[[], int]]) -> tuple[float, float, int]:
@@ -460,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
           f"layers={cfg.model.n_encoder_layers}+{cfg.model.n_decoder_layers} "
           f"heads={cfg.model.n_heads} d_ff={cfg.model.d_ff} vocab={vocab_size}; device {device}, "
           f"tmt precision {trainer.precision.name}, {torch.get_num_threads()} thread(s), torch {torch.__version__}, "
-          f"{platform.processor() or platform.machine()}")
+          f"{cpu_name()}")
     print(f"# corpus {args.data}: {len(sentence_order)} sentences per round in {len(timed_indices)} tmt/Marian "
           f"batches (batch_tokens {cfg.train.batch_tokens}, {tgt_tokens_per_step:.0f} target tokens per step), "
           f"packed: {len(engines['tmt_packed'][1])} packs of {pack.src_tokens} source and {pack.tgt_tokens} target "
@@ -519,36 +488,6 @@ def main(argv: list[str] | None = None) -> int:
         print_profile({name: engines[name][1] for name in ("tmt_padded", "tmt_packed", "hf_marian")}, args.profile)
     print(json.dumps(result))
     return 0
-
-
-def commit() -> str | None:
-    """The commit measured: $COMMIT (a copy of the tree without .git, as on a lent GPU), else git's."""
-    if os.environ.get("COMMIT"):
-        return os.environ["COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip() or None
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def print_profile(rounds: dict[str, list[Callable[[], int]]], top: int) -> None:
-    """One round of each engine under torch.profiler: self CPU milliseconds and calls per operator."""
-    from torch.profiler import ProfilerActivity, profile
-    costs: dict[str, dict[str, tuple[float, int]]] = {}
-    for name, steps in rounds.items():
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            for step in steps:
-                step()
-        costs[name] = {e.key: (e.self_cpu_time_total / 1e3, e.count) for e in prof.key_averages()}
-    names = list(costs)
-    ops = sorted(set().union(*costs.values()), key=lambda op: -max(costs[n].get(op, (0.0, 0))[0] for n in names))
-    print("# profile of one round (self CPU ms, calls)")
-    print(f"{'operator':<48}" + "".join(f" {n + ' ms':>12} {'calls':>6}" for n in names))
-    for op in ops[:top]:
-        print(f"{op[:48]:<48}" + "".join(f" {costs[n].get(op, (0.0, 0))[0]:>12.1f} {costs[n].get(op, (0.0, 0))[1]:>6}"
-                                        for n in names))
-    print(f"{'total':<48}" + "".join(f" {sum(c for c, _ in costs[n].values()):>12.1f} {'':>6}" for n in names))
 
 
 if __name__ == "__main__":

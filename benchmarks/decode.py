@@ -22,10 +22,10 @@ cached conversion), against raw CTranslate2 on token strings: `tmt_vs_ct2` and
 On a CPU, greedy decoding is also timed with int8 weights: `tmt translate --quantize int8`
 against CTranslate2's `compute_type="int8"` (`--no-int8` leaves them out).
 
-    python scripts/bench_decode.py                                   # demo corpus, cpu-small, 1 thread
-    python scripts/bench_decode.py --data /path/to/multi30k
-    python scripts/bench_decode.py --device cuda --preset base --precision bf16 --threads 4
-    python scripts/bench_decode.py --device cuda --preset base --precision bf16 \
+    python benchmarks/decode.py                                   # demo corpus, cpu-small, 1 thread
+    python benchmarks/decode.py --data /path/to/multi30k
+    python benchmarks/decode.py --device cuda --preset base --precision bf16 --threads 4
+    python benchmarks/decode.py --device cuda --preset base --precision bf16 \
         --data .gpu/data/multi30k_en_de --test-beam 5       # also: 1,000 test sentences, beam 5
 
 `--test-beam K` also times `translate_ids` (what `tmt translate` runs after start-up: length-sorted
@@ -39,9 +39,9 @@ the figures at the largest batch size, with every batch size under `by_batch_siz
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -52,8 +52,7 @@ from pathlib import Path
 
 import torch
 
-from transformer_mt.config.schema import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, config_to_dict
-from transformer_mt.core.run_layout import RunDir
+from transformer_mt.config.schema import DecodeConfig
 from transformer_mt.core.runtime import (
     AttentionKernels,
     pick_attention,
@@ -62,26 +61,20 @@ from transformer_mt.core.runtime import (
     warn_attention_fallbacks,
 )
 from transformer_mt.data.batching import pad_sequences
-from transformer_mt.data.sources import read_aligned_files
-from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
-from transformer_mt.decode import ct2_conversion
+from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
 from transformer_mt.decode.torch_engine import translate_ids
-from transformer_mt.export.ct2_conversion import export_ctranslate2
 from transformer_mt.decode.generator import StepGraphs, beam_search, greedy_decode
 from transformer_mt.decode.translator import Translator
-from transformer_mt.model.transformer import Transformer, build_model
-from transformer_mt.runs.checkpoint import FORMAT_VERSION, save_atomic
+from transformer_mt.export import ct2_conversion
+from transformer_mt.export.ct2_conversion import export_ctranslate2
+from transformer_mt.model.transformer import Transformer
 
-DEMO_CORPUS = Path(__file__).resolve().parents[1] / "transformer_mt" / "corpora" / "demo_en_it"
-PRESETS = {
-    "cpu-small": {"model": ModelConfig(d_model=256, n_heads=4, n_layers=3, d_ff=1024, dropout=0.0), "vocab_size": 8000},
-    "base": {"model": ModelConfig(d_model=512, n_heads=8, n_layers=6, d_ff=2048, dropout=0.0), "vocab_size": 8000},
-    # Deep encoder, shallow decoder (Kasai et al. 2021): base's width with the decoder's work cut to a sixth.
-    "base-12-1": {"model": ModelConfig(d_model=512, n_heads=8, encoder_layers=12, decoder_layers=1, d_ff=2048,
-                                       dropout=0.0), "vocab_size": 8000},
-}
+from common import (DECODE_PRESETS, DEMO_CORPUS, build_marian, build_run, cpu_name, print_profile, read_corpus,
+                    synchronize)
+
 CT2_COMPUTE_TYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 BEAM = 4
+PROFILE_TOP = 15  # operators in the --profile table
 # Comparison engines: the module each needs, and the name the figures use.
 OPTIONAL_ENGINES = {"ct2": "ctranslate2", "hf_marian": "transformers"}
 ATTENTION_CHOICES = typing.get_args(typing.get_type_hints(DecodeConfig)["attention_backend"])
@@ -92,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", type=Path, default=DEMO_CORPUS,
                         help="corpus directory with train.<lang>[.gz] and test.<lang> (default: the demo corpus)")
     parser.add_argument("--src-lang", default="en", help="source language suffix (default en; the other is the target)")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu-small", help="model dimensions")
+    parser.add_argument("--preset", choices=sorted(DECODE_PRESETS), default="cpu-small", help="model dimensions")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--precision", choices=sorted(CT2_COMPUTE_TYPE), default="fp32",
                         help="tmt autocast dtype and CTranslate2 compute type (default fp32)")
@@ -147,42 +140,6 @@ class Timing:
 
 
 # --- setup -------------------------------------------------------------------------------------
-
-def read_corpus(directory: Path, src_lang: str) -> tuple[str, list[tuple[str, str]], list[str]]:
-    """(target language, train pairs, test sources) from a corpus folder (train.<lang>, test.<lang>)."""
-    langs = sorted({p.name.split(".")[1] for p in directory.glob("train.*")})
-    if src_lang not in langs or len(langs) != 2:
-        sys.exit(f"{directory}: expected train.{src_lang} and one other train.<lang> file, found {langs}")
-    tgt_lang = next(lang for lang in langs if lang != src_lang)
-    train = read_aligned_files(_existing(directory / f"train.{src_lang}"), _existing(directory / f"train.{tgt_lang}"))
-    test = read_aligned_files(_existing(directory / f"test.{src_lang}"), _existing(directory / f"test.{tgt_lang}"))
-    return tgt_lang, train, [src for src, _ in test if src]
-
-
-def _existing(path: Path) -> Path:
-    gz = path.with_name(path.name + ".gz")
-    return path if path.is_file() else gz
-
-
-def build_run(run_dir: Path, args: argparse.Namespace) -> tuple[Transformer, TokenizerPair]:
-    """A run directory (tokenizer + checkpoint) with a random model, as `tmt train` would leave one."""
-    tgt_lang, train_pairs, _ = read_corpus(args.data, args.src_lang)
-    preset = PRESETS[args.preset]
-    cfg = Config(name="bench", seed=args.seed,
-                 data=DataConfig(format="text", path=str(args.data), src_lang=args.src_lang, tgt_lang=tgt_lang),
-                 tokenizer=TokenizerConfig(vocab_size=preset["vocab_size"], joint=True, min_frequency=2),
-                 model=preset["model"])
-    tokenizers = train_tokenizers(cfg.tokenizer, [s for s, _ in train_pairs], [t for _, t in train_pairs])
-    tokenizers.save(run_dir)
-    torch.manual_seed(args.seed)
-    vocab_size = tokenizers.src.get_vocab_size()
-    model = build_model(cfg.model, vocab_size, vocab_size, PAD_ID)
-    RunDir(run_dir).checkpoints.mkdir()
-    save_atomic({"model": model.state_dict(), "config": config_to_dict(cfg), "format_version": FORMAT_VERSION,
-                 "model_args": {"src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size, "pad_id": PAD_ID}},
-                RunDir(run_dir).checkpoints / "best.pt")
-    return model.eval(), tokenizers
-
 
 def source_batches(sources: list[str], tokenizers: TokenizerPair, n: int, batch_size: int,
                    max_len: int) -> list[tuple[list[list[int]], list[list[str]], list[str]]]:
@@ -296,21 +253,6 @@ def ct2_engine(translator, n_tokens: int, *, beam: int) -> Callable:
     return run
 
 
-def build_marian(cfg: ModelConfig, vocab_size: int):
-    """A randomly initialised `MarianMTModel` of tmt's dimensions and vocabulary (no download)."""
-    from transformers import MarianConfig, MarianMTModel
-    config = MarianConfig(
-        vocab_size=vocab_size, decoder_vocab_size=vocab_size, d_model=cfg.d_model,
-        encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers,
-        encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
-        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function="relu", dropout=0.0,
-        attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=cfg.max_len, scale_embedding=True,
-        share_encoder_decoder_embeddings=True, tie_word_embeddings=True, pad_token_id=PAD_ID, bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID,
-        forced_eos_token_id=None)  # no forced EOS at the cap: every engine generates n tokens of its choice
-    return MarianMTModel(config).eval()
-
-
 def hf_engine(marian, device: torch.device, precision, attention: AttentionKernels, n_tokens: int, *,
               beam: int) -> Callable:
     """`MarianMTModel.generate` with exactly `n_tokens` new tokens (min = max: EOS is held back until then)."""
@@ -335,10 +277,10 @@ def time_engines(runs: list[tuple[str, Callable]], batches: list, batch_size: in
     lengths: dict[str, list[int]] = {name: [] for name, _ in runs}
     for i, batch in enumerate(batches):
         for name, run in runs[i % len(runs):] + runs[:i % len(runs)]:
-            _sync(device)
+            synchronize(device)
             started, cpu_started = time.perf_counter(), time.process_time()
             lengths[name] += run(*batch)
-            _sync(device)
+            synchronize(device)
             wall[name] += time.perf_counter() - started
             cpu[name] += time.process_time() - cpu_started
     for name, got in lengths.items():
@@ -346,21 +288,6 @@ def time_engines(runs: list[tuple[str, Callable]], batches: list, batch_size: in
             sys.exit(f"{name}: expected {n_tokens} tokens per sentence, got lengths {sorted(set(got))}")
     return [Timing(name, batch_size, len(lengths[name]), sum(lengths[name]), wall[name], cpu[name])
             for name, _ in runs]
-
-
-def print_profile(run: Callable, batches: list) -> None:
-    """Operator self-times of `run` over `batches`, largest first (wall clock, so on a shared
-    machine read the shares, not the absolute times)."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for batch in batches:
-            run(*batch)
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 def greedy_outputs(model: Transformer, batch: tuple, device: torch.device, precision, n_tokens: int) -> list[list[int]]:
@@ -439,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
         run_dir = Path(tmp) / "run"
         run_dir.mkdir()
         setup_started = time.perf_counter()
-        model, tokenizers = build_run(run_dir, args)
+        model, tokenizers = build_run(run_dir, args.preset, args.data, args.src_lang, args.seed)
         model.to(device)
         decoder = model  # tmt torch: what the torch engine decodes with (`torch_engine.translate_ids`)
         int8 = args.int8 and device.type == "cpu"  # decode.quantize applies to CPUs only
@@ -462,7 +389,7 @@ def main(argv: list[str] | None = None) -> None:
                 tmt_int8 = tmt_translator(run_dir, args, device, n_tokens)
                 tmt_int8.set_decoding(quantize="int8")
         vocab_size = tokenizers.src.get_vocab_size()
-        marian = build_marian(model.cfg, vocab_size).to(device) if with_hf else None
+        marian = build_marian(model.cfg, vocab_size).eval().to(device) if with_hf else None
         _, _, sources = read_corpus(args.data, args.src_lang)
         setup_s = time.perf_counter() - setup_started
         print(f"# {args.preset}: d_model={model.cfg.d_model} "
@@ -519,9 +446,10 @@ def main(argv: list[str] | None = None) -> None:
                               f"  (CPU {timing.cpu_seconds:8.2f} s  {timing.tokens_per_cpu_s:10.1f} tokens/CPU-s)",
                               flush=True)
             if args.profile:
-                print_profile(tmt_engine(decoder, device, precision, attention, n_tokens, beam=1, use_cache=True),
-                              source_batches(sources, tokenizers, args.profile * batch_sizes[-1], batch_sizes[-1],
-                                             model.cfg.max_len))
+                run = tmt_engine(decoder, device, precision, attention, n_tokens, beam=1, use_cache=True)
+                profiled = source_batches(sources, tokenizers, args.profile * batch_sizes[-1], batch_sizes[-1],
+                                          model.cfg.max_len)
+                print_profile({"tmt greedy": [functools.partial(run, *batch) for batch in profiled]}, PROFILE_TOP)
         finally:
             for hook in hooks:
                 hook.remove()
@@ -541,10 +469,10 @@ def time_test_split(model: Transformer, tokenizers: TokenizerPair, sources: list
     run = lambda seqs: translate_ids(model, seqs, decode_cfg, bos_id=BOS_ID, eos_id=EOS_ID, device=device,  # noqa: E731
                                      precision=precision)
     run(src_ids[:32])  # warm-up: CUDA context, kernels, allocator
-    _sync(device)
+    synchronize(device)
     started = time.perf_counter()
     hyps = run(src_ids)
-    _sync(device)
+    synchronize(device)
     seconds = time.perf_counter() - started
     return {"figure": f"decode_{n}_beam{beam}_s", "seconds": round(seconds, 2), "sentences": n, "beam_size": beam,
             "generated_tokens": sum(len(h) for h in hyps), "source_tokens": sum(len(s) for s in src_ids),
@@ -621,15 +549,6 @@ def summary(args, device, precision, attention, vocab_size, model, timings, batc
         **({test_figure["figure"]: test_figure["seconds"]} if test_figure else {}),
         "by_batch_size": by_batch,
     }
-
-
-def cpu_name() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":

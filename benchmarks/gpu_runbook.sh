@@ -6,26 +6,26 @@
 # Each figure is one JSON line, `{"figure": ..., "commit": ...}`: `grep -h '^{"figure"' OUT/*.log`
 # collects them. COMMIT=<hash> names the version in them where the GPU machine's copy of the tree
 # has no .git. From a bare machine:
-#   DATA=/path/to/corpora bash scripts/gpu_runbook.sh prepare            # beside the corpora: data and wheels into .gpu/
-#   COMMIT=abc1234 bash scripts/gpu_runbook.sh check decode              # GPU tests; decoding speed against HF Marian
-#   COMMIT=abc1234 bash scripts/gpu_runbook.sh multi30k bench            # the recipe end to end; training speed, base model
-#   COMMIT=abc1234 bash scripts/gpu_runbook.sh variants                  # what each piece of the training engine buys
-#   COMMIT=abc1234 bash scripts/gpu_runbook.sh check multi30k-seed2      # GPU tests; the recipe's second seed
+#   DATA=/path/to/corpora bash benchmarks/gpu_runbook.sh prepare        # beside the corpora: data and wheels into .gpu/
+#   COMMIT=abc1234 bash benchmarks/gpu_runbook.sh check decode          # GPU tests; decoding speed against HF Marian
+#   COMMIT=abc1234 bash benchmarks/gpu_runbook.sh multi30k bench        # the recipe end to end; training speed, base model
+#   COMMIT=abc1234 bash benchmarks/gpu_runbook.sh variants              # what each piece of the training engine buys
+#   COMMIT=abc1234 bash benchmarks/gpu_runbook.sh check multi30k-seed2  # GPU tests; the recipe's second seed
 # Stages joined by commas run at the same time (the tiny recipe leaves most of the GPU and the
 # host's cores idle), so the GPU tests and three seeds of a recipe variant share one command; their
 # times are then not those of a machine alone. TAG names the runs apart from the plain recipe's, so
 # a warm machine never resumes one as the other:
 #   COMMIT=abc1234 BUDGET=420 TAG=levers SETS="train.lr_schedule=cosine train.ema_decay=0.9999" \
-#       bash scripts/gpu_runbook.sh check,multi30k,multi30k-seed2,multi30k-seed3 decode   # again to resume
+#       bash benchmarks/gpu_runbook.sh check,multi30k,multi30k-seed2,multi30k-seed3 decode   # again to resume
 # and `scout` trains several variants of the recipe at once, one run each (below).
 # The training engine's goals (docs/benchmarks/training.md, "Open on a GPU"), every figure in two commands of at
 # most 8 minutes, the engine as it stands measured first (a loan that ends early still leaves figures):
-#   COMMIT=abc1234 BUDGET=420 bash scripts/gpu_runbook.sh goal-bench multi30k goals
-#   COMMIT=abc1234 BUDGET=420 bash scripts/gpu_runbook.sh multi30k-seed2,multi30k-seed3 goals compare
+#   COMMIT=abc1234 BUDGET=420 bash benchmarks/gpu_runbook.sh goal-bench multi30k goals
+#   COMMIT=abc1234 BUDGET=420 bash benchmarks/gpu_runbook.sh multi30k-seed2,multi30k-seed3 goals compare
 # Other stages:
-#   SETS="train.max_steps=10000" bash scripts/gpu_runbook.sh tatoeba   # again at once to resume
-#   bash scripts/gpu_runbook.sh profile bench-large                      # host time per update; 64k-token batches
-#   bash scripts/gpu_runbook.sh bench-more suite                         # if time is left
+#   SETS="train.max_steps=10000" bash benchmarks/gpu_runbook.sh tatoeba   # again at once to resume
+#   bash benchmarks/gpu_runbook.sh profile bench-large                  # host time per update; 64k-token batches
+#   bash benchmarks/gpu_runbook.sh bench-more suite                     # if time is left
 #
 # Stages:
 #   prepare        copies Multi30k and Tatoeba from DATA (required; it must hold
@@ -33,7 +33,7 @@
 #                  sets as a second training corpus (.gpu/data/iwslt14_eval_as_train, for scouting
 #                  `data.corpora`) and the wheels the GPU image lacks (datasets and what it needs) into
 #                  .gpu/, which git ignores. Copy `.gpu` into the GPU machine's checkout.
-#   bench          scripts/bench_train.py, preset base, on Multi30k and on the demo corpus, at the
+#   bench          benchmarks/train.py, preset base, on Multi30k and on the demo corpus, at the
 #                  batch size tmt chooses for the device (`train.batch_tokens: auto`): tokens/s, MFU,
 #                  `tmt_vs_hf_marian`, peak memory; figures bench-multi30k, bench-demo.
 #   variants       the same on Multi30k (3 rounds of 30 steps), one piece changed at a time:
@@ -45,14 +45,14 @@
 #   goal-bench     the same on Multi30k (3 rounds of 30 steps, attention dropout 0 for tmt and Marian, as
 #                  the recipe has it: the variable-length kernel has none): the packed and the padded engine
 #                  side by side with HF Marian, MFU and real-token share each; figure goal-bench.
-#   goals          one JSON line per goal (scripts/goal_figures.py) from the figures in OUT's logs:
+#   goals          one JSON line per goal (benchmarks/goal_figures.py) from the figures in OUT's logs:
 #                  MFU, x HF Marian, real-token share (goal-bench), ms per update, seconds to the test
 #                  score, captures and capture seconds (multi30k), the mean test BLEU of seeds 1-3;
 #                  a figure not measured yet is a line with "met": null and why.
 #   profile        cProfile of 1,500 updates of configs/multi30k-en-de.yaml (where the host's time
 #                  goes per update), its top functions into the log and the .prof file into OUT.
 #   bench-more     on Multi30k: without padding to 8, then with torch.compile (compiling takes minutes).
-#   decode         scripts/bench_decode.py, preset base, bf16, on Multi30k: tmt greedy and beam 4 at batch
+#   decode         benchmarks/decode.py, preset base, bf16, on Multi30k: tmt greedy and beam 4 at batch
 #                  1 and 32 against HF MarianMTModel.generate of the same size (and CTranslate2 where it is
 #                  installed), then 1,000 test sentences with beam 5 (`decode_1000_beam5_s`, start-up not
 #                  counted); with CUDNN=1 then the same with cuDNN's attention forced, the kernel auto avoids.
@@ -64,7 +64,7 @@
 #                  compiled ones included (TMT_TEST_COMPILE=1).
 #   suite          the rest of the test suite on the machine's torch (CI runs it too, on CPU).
 #   multi30k       trains configs/multi30k-en-de.yaml into runs/gpu-multi30k-en-de, then prints its
-#                  figure (scripts/recipe_figures.py): ms per update, seconds from the command to the
+#                  figure (benchmarks/recipe_figures.py): ms per update, seconds from the command to the
 #                  test score, test BLEU, and the validation BLEU (beam 5) of the test's checkpoint
 #                  and of the last step's EMA, the measure recipe variants are compared on.
 #   multi30k-seed2 the same with seed 2, in runs/gpu-multi30k-en-de-seed2.
@@ -77,7 +77,7 @@
 #                  SCOUT="name:key=value key=value;name:..." (each run's sets after SETS), into
 #                  runs/gpu-multi30k-en-de-NAME; one log, each line tagged [NAME], figures at its end:
 #                    SCOUT="post:model.norm=post;drop:tokenizer.bpe_dropout=0.1" \
-#                        bash scripts/gpu_runbook.sh scout
+#                        bash benchmarks/gpu_runbook.sh scout
 # A training stage stops with SIGTERM (a checkpoint; the stage still exits 0) before BUDGET seconds
 # (default 480, for a 10-minute command) have passed since the command started, and resumes from
 # its newest checkpoint when run again on the same machine while runs/ is still there (a fresh
@@ -95,7 +95,7 @@ export PYTHONUNBUFFERED=1
 # The GPU image's interpreter; here, whatever python3 the caller's environment gives.
 PY=${PYTHON:-python3}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-export COMMIT  # bench_train.py and recipe_figures.py put it in their JSON lines
+export COMMIT  # train.py and recipe_figures.py put it in their JSON lines
 
 log() { echo "== $(date -u +%H:%M:%S) $*"; }
 threads_each() { echo "${OMP_NUM_THREADS:-$(( ($(nproc) + $1 - 1) / $1 ))}"; }  # the host's cores shared by $1 runs, unless OMP_NUM_THREADS says
@@ -187,10 +187,10 @@ suite() {
 bench() {  # fails if any run fails; each prints its JSON line last
     local rc=0
     log "bench: base, Multi30k, train.batch_tokens auto (tmt's choice for this device)"
-    "$PY" scripts/bench_train.py --device cuda --preset base --data .gpu/data/multi30k_en_de \
+    "$PY" benchmarks/train.py --device cuda --preset base --data .gpu/data/multi30k_en_de \
         --label bench-multi30k || rc=1
     log "bench: base, demo corpus"
-    "$PY" scripts/bench_train.py --device cuda --preset base --label bench-demo || rc=1
+    "$PY" benchmarks/train.py --device cuda --preset base --label bench-demo || rc=1
     return $rc
 }
 
@@ -211,7 +211,7 @@ variants() {  # one piece at a time, Multi30k base; later ones are skipped when 
             continue
         fi
         log "bench: base, Multi30k, $name (${args[*]}), at most ${left}s"
-        timeout -s TERM --kill-after=15 "$left" "$PY" scripts/bench_train.py --device cuda --preset base \
+        timeout -s TERM --kill-after=15 "$left" "$PY" benchmarks/train.py --device cuda --preset base \
             --data .gpu/data/multi30k_en_de --repeats 3 --steps 30 --label "$name" "${args[@]}"
         code=$?
         if [ "$code" -eq 124 ] || [ "$code" -eq 137 ]; then
@@ -224,7 +224,7 @@ variants() {  # one piece at a time, Multi30k base; later ones are skipped when 
 
 goal-bench() {
     log "bench: base, Multi30k, packed and padded engines, train.batch_tokens auto"
-    "$PY" scripts/bench_train.py --device cuda --preset base --data .gpu/data/multi30k_en_de \
+    "$PY" benchmarks/train.py --device cuda --preset base --data .gpu/data/multi30k_en_de \
         --attention-dropout 0 --repeats 3 --steps 30 --tutorial-steps 5 --label goal-bench
 }
 
@@ -234,12 +234,12 @@ goals() {  # from every stage's log in OUT so far (this one's aside)
         [ -f "$f" ] && [ "$f" != "$OUT/goals.log" ] && logs+=("$f")
     done
     log "goals: from ${#logs[@]} logs in $OUT"
-    "$PY" scripts/goal_figures.py "${logs[@]}"
+    "$PY" benchmarks/goal_figures.py "${logs[@]}"
 }
 
 bench-large() {
     log "bench: base, Multi30k, 65,536 tokens per batch"
-    "$PY" scripts/bench_train.py --device cuda --preset base --data .gpu/data/multi30k_en_de \
+    "$PY" benchmarks/train.py --device cuda --preset base --data .gpu/data/multi30k_en_de \
         --batch-tokens 65536 --repeats 3 --label bench-large
 }
 
@@ -256,10 +256,10 @@ profile() {  # the host's time per update of the tiny model, which a CUDA graph 
 bench-more() {  # what the multiple of 8 buys (MFU counts real tokens only), and what compile does
     local rc=0
     log "bench: base, Multi30k, pad_to_multiple 1"
-    "$PY" scripts/bench_train.py --device cuda --preset base --data .gpu/data/multi30k_en_de \
+    "$PY" benchmarks/train.py --device cuda --preset base --data .gpu/data/multi30k_en_de \
         --set train.pad_to_multiple=1 || rc=1
     log "bench: base, Multi30k, compiled"
-    "$PY" scripts/bench_train.py --device cuda --preset base --data .gpu/data/multi30k_en_de \
+    "$PY" benchmarks/train.py --device cuda --preset base --data .gpu/data/multi30k_en_de \
         --set train.compile=true --repeats 3 || rc=1
     return $rc
 }
@@ -267,11 +267,11 @@ bench-more() {  # what the multiple of 8 buys (MFU counts real tokens only), and
 decode() {  # each run prints JSON lines: the beam-5 test figure, then the summary last
     local rc=0 data=.gpu/data/multi30k_en_de
     log "decode: base, bf16, Multi30k, decode.attention_backend auto"
-    "$PY" scripts/bench_decode.py --device cuda --preset base --precision bf16 --data "$data" \
+    "$PY" benchmarks/decode.py --device cuda --preset base --precision bf16 --data "$data" \
         --test-beam 5 --test-sentences 1000 || rc=1
     [ "${CUDNN:-0}" = 1 ] || return $rc  # its figures: docs/benchmarks/decoding.md; CUDNN=1 measures it again
     log "decode: the same at batch 32, cuDNN's attention forced (a new execution plan per shape)"
-    "$PY" scripts/bench_decode.py --device cuda --preset base --precision bf16 --data "$data" \
+    "$PY" benchmarks/decode.py --device cuda --preset base --precision bf16 --data "$data" \
         --attention-backend cudnn --batch-sizes 32 --n-sentences 320 --n-uncached 32 --without hf_marian \
         --test-beam 5 --test-sentences 1000 || rc=1
     return $rc
@@ -317,7 +317,7 @@ train_stage() {  # name config data-path [extra --set ...]
     # The stage's figure, one JSON line, from a summary this command wrote: on a warm machine an
     # older run of the same name (refused, or already finished) must not pass for this one.
     if [ "$run/summary.json" -nt "$STAMPS/$name" ]; then
-        "$PY" scripts/recipe_figures.py "$run" --label "$name" --stage-seconds $((SECONDS - started)) \
+        "$PY" benchmarks/recipe_figures.py "$run" --label "$name" --stage-seconds $((SECONDS - started)) \
             ${resume[0]:+--resumed} --score-valid || code=1
     elif [ -f "$run/summary.json" ]; then
         log "$name: no figure: $run/summary.json is older than this command (tmt exited $code)"

@@ -4,7 +4,7 @@ lists back from the page; they must be what `POST /translate` answers. Then a re
 refuses (a beam above its largest): the page must show the error alone, the earlier result cleared.
 A screenshot of the translated page is kept.
 
-    python scripts/check_serve_page.py --run runs/demo [--sentence "..." ...] [--out serve-page.png]
+    python tools/check_serve_page.py --run runs/demo [--sentence "..." ...] [--out serve-page.png]
 
 Chromium is driven over its DevTools protocol on a pipe (`--remote-debugging-pipe`): no driver,
 no websocket library, nothing from the network."""

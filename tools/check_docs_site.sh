@@ -2,7 +2,7 @@
 # Build the documentation site, serve it, and open it in headless Chromium: the home page must
 # render its navigation and content; screenshots of the home page and the configuration
 # reference are written to OUT (default: docs-screenshots/).
-#   bash scripts/check_docs_site.sh [OUT]      (needs `pip install -e '.[docs]'` and chromium)
+#   bash tools/check_docs_site.sh [OUT]      (needs `pip install -e '.[docs]'` and chromium)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-docs-screenshots}

@@ -1,8 +1,8 @@
 """One JSON line of a training run's figures, from its summary.json and train.log: what the
 results pages report of a recipe such as `configs/multi30k-en-de.yaml` (ms per update, seconds from
-the command to the test score, test BLEU). `scripts/gpu_runbook.sh` calls it after a training stage.
+the command to the test score, test BLEU). `benchmarks/gpu_runbook.sh` calls it after a training stage.
 
-    python scripts/recipe_figures.py RUN_DIR --label multi30k --stage-seconds 118 [--resumed]
+    python benchmarks/recipe_figures.py RUN_DIR --label multi30k --stage-seconds 118 [--resumed]
 
 `ms_per_update`: the run's target tokens per update ÷ the median of the log lines' target
 tokens/s (which leave out validation, checkpoints and CUDA-graph capture), so the steady state.

@@ -1,6 +1,6 @@
 """Write an N-pair synthetic parallel corpus in the layout tmt reads (train.<lang>, valid.<lang>, test.<lang>), for scale tests.
 
-    python scripts/make_synthetic_corpus.py --pairs 10000000 --out /tmp/synth-10m
+    python benchmarks/make_synthetic_corpus.py --pairs 10000000 --out /tmp/synth-10m
 
 writes `train.en` / `train.it` (N lines each) and `valid.*` / `test.*` (1,000 lines each) into
 --out. The "languages" are made up: a source word list of pronounceable words drawn with a

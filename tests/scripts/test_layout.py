@@ -2,6 +2,7 @@
 benchmarks/common.py), what users run on their data in scripts/, the docs checkers in tools/."""
 
 import ast
+import re
 import subprocess
 import sys
 
@@ -50,3 +51,14 @@ def test_the_docs_site_builds_with_the_reference_hook_in_tools():
     config = yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8"))
     assert config["hooks"] == ["tools/docs_reference.py"]
     assert (REPO / config["hooks"][0]).is_file()
+
+
+def test_every_script_the_docs_name_is_where_they_say():
+    named = set()
+    pages = [REPO / "README.md", REPO / "mkdocs.yml", REPO / "pyproject.toml", REPO / ".ci" / "run",
+             *(REPO / "docs").rglob("*.md"), *(REPO / "configs").glob("*.yaml")]
+    for page in pages:
+        named |= set(re.findall(r"(?<![\w/.])((?:scripts|benchmarks|tools)/[\w./-]+\.(?:py|sh))",
+                                page.read_text(encoding="utf-8")))
+    assert {"benchmarks/train.py", "benchmarks/gpu_runbook.sh", "tools/docs_reference.py"} <= named
+    assert sorted(path for path in named if not (REPO / path).is_file()) == []

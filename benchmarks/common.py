@@ -5,6 +5,7 @@ the import path: they import this module as `common`, never each other."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import subprocess
@@ -33,6 +34,15 @@ DECODE_PRESETS = {
 
 
 # --- corpora and runs ----------------------------------------------------------------------------
+
+def add_setup_arguments(parser: argparse.ArgumentParser, presets: dict, data_help: str) -> None:
+    """The options every timing benchmark takes: its corpus, the model preset, the device, the seed."""
+    parser.add_argument("--data", type=Path, default=DEMO_CORPUS, help=f"{data_help} (default: the demo corpus)")
+    parser.add_argument("--src-lang", default="en", help="source language suffix (default en; the other is the target)")
+    parser.add_argument("--preset", choices=sorted(presets), default="cpu-small", help="model dimensions")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--seed", type=int, default=1)
+
 
 def target_lang(data: Path, src_lang: str) -> str:
     """The other language of a corpus folder holding train.<src_lang> and one other train.<lang>."""

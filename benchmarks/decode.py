@@ -69,8 +69,8 @@ from transformer_mt.export import ct2_conversion
 from transformer_mt.export.ct2_conversion import export_ctranslate2
 from transformer_mt.model.transformer import Transformer
 
-from common import (DECODE_PRESETS, DEMO_CORPUS, build_marian, build_run, cpu_name, print_profile, read_corpus,
-                    synchronize)
+from common import (DECODE_PRESETS, add_setup_arguments, build_marian, build_run, cpu_name, print_profile,
+                    read_corpus, synchronize)
 
 CT2_COMPUTE_TYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 BEAM = 4
@@ -82,11 +82,7 @@ ATTENTION_CHOICES = typing.get_args(typing.get_type_hints(DecodeConfig)["attenti
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=DEMO_CORPUS,
-                        help="corpus directory with train.<lang>[.gz] and test.<lang> (default: the demo corpus)")
-    parser.add_argument("--src-lang", default="en", help="source language suffix (default en; the other is the target)")
-    parser.add_argument("--preset", choices=sorted(DECODE_PRESETS), default="cpu-small", help="model dimensions")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    add_setup_arguments(parser, DECODE_PRESETS, "corpus directory with train.<lang>[.gz] and test.<lang>")
     parser.add_argument("--precision", choices=sorted(CT2_COMPUTE_TYPE), default="fp32",
                         help="tmt autocast dtype and CTranslate2 compute type (default fp32)")
     parser.add_argument("--threads", type=int, default=1,
@@ -100,7 +96,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="sentences for the slow uncached reference at every batch size: evenly spaced "
                         "batches of the length-sorted set (default 64)")
     parser.add_argument("--warmup-batches", type=int, default=2, help="untimed batches before each timing (default 2)")
-    parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--without", default="", metavar="ENGINES",
                         help=f"comma-separated comparison engines to leave out: {', '.join(OPTIONAL_ENGINES)} "
                         "(default: none; one whose package is not installed is left out anyway)")

@@ -60,7 +60,7 @@ from transformer_mt.train.batches import packed_batches
 from transformer_mt.train.interval import peak_flops_per_s
 from transformer_mt.train.trainer import Trainer
 
-from common import DEMO_CORPUS, build_marian, commit, cpu_name, print_profile, synchronize, target_lang
+from common import add_setup_arguments, build_marian, commit, cpu_name, print_profile, synchronize, target_lang
 
 PRESETS = {
     "cpu-small": {"model": ModelConfig(d_model=256, n_heads=4, n_layers=3, d_ff=1024, dropout=0.1, max_len=256),
@@ -75,11 +75,7 @@ TUTORIAL_ROUNDS = 3
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=DEMO_CORPUS,
-                        help="corpus directory: train.<lang>, valid.<lang>, test.<lang> (default: the demo corpus)")
-    parser.add_argument("--src-lang", default="en", help="source language suffix (the other is the target)")
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu-small", help="model dimensions")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    add_setup_arguments(parser, PRESETS, "corpus directory: train.<lang>, valid.<lang>, test.<lang>")
     parser.add_argument("--steps", type=int, default=None,
                         help="timed tmt/Marian steps per round (default: the preset's)")
     parser.add_argument("--repeats", type=int, default=5,
@@ -97,7 +93,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="tutorial steps timed per round (default 2 on a CPU, where each takes seconds; "
                              "20 on a GPU)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
-    parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--label", default="bench",
                         help="the JSON line's `figure` name, e.g. bench-multi30k (benchmarks/gpu_runbook.sh sets it)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",

@@ -170,7 +170,7 @@ def checkout_env(**extra: str) -> dict[str, str]:
 
 
 def commit() -> str | None:
-    """The commit measured: $COMMIT (a copy of the tree without .git, as on a lent GPU), else git's."""
+    """The commit measured: $COMMIT (a copy of the tree without .git, as a GPU machine may get), else git's."""
     if os.environ.get("COMMIT"):
         return os.environ["COMMIT"]
     try:

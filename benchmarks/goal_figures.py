@@ -1,7 +1,7 @@
 """The GPU engine's goals, one JSON line each, from the figure lines `benchmarks/gpu_runbook.sh` stages
 wrote into their logs: `goal-bench` (benchmarks/train.py, base preset on Multi30k) and the
 `configs/multi30k-en-de.yaml` runs of seeds 1 to 3 (benchmarks/recipe_figures.py). A goal whose
-figure is missing says so (`met`: null, `open`: why), so a loan that ended early still reports
+figure is missing says so (`met`: null, `open`: why), so a GPU machine stopped early still reports
 what it measured.
 
     python benchmarks/goal_figures.py gpu-out/*.log

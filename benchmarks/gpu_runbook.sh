@@ -19,7 +19,7 @@
 #       bash benchmarks/gpu_runbook.sh check,multi30k,multi30k-seed2,multi30k-seed3 decode   # again to resume
 # and `scout` trains several variants of the recipe at once, one run each (below).
 # The training engine's goals (docs/benchmarks/training.md, "Open on a GPU"), every figure in two commands of at
-# most 8 minutes, the engine as it stands measured first (a loan that ends early still leaves figures):
+# most 8 minutes, the engine as it stands measured first (a machine stopped early still leaves figures):
 #   COMMIT=abc1234 BUDGET=420 bash benchmarks/gpu_runbook.sh goal-bench multi30k goals
 #   COMMIT=abc1234 BUDGET=420 bash benchmarks/gpu_runbook.sh multi30k-seed2,multi30k-seed3 goals compare
 # Other stages:

@@ -109,7 +109,7 @@ def test_the_runbook_compare_stage_says_when_there_is_nothing_to_compare(tmp_pat
 
 
 def test_runbook_stages_joined_by_commas_run_at_once_each_into_its_own_log(tmp_path: Path):
-    """`check,multi30k,...` shares one lease between stages: each keeps its own log and status."""
+    """`check,multi30k,...` shares one GPU machine between stages: each keeps its own log and status."""
     out = tmp_path / "out"
     env = {**os.environ, "BUDGET": "0", "OUT": str(out), "PYTHON": sys.executable, "COMMIT": "abc1234"}
     env.pop("OMP_NUM_THREADS", None)  # unset: the host's cores shared out, rounded up

@@ -33,6 +33,17 @@ FORMAT_VERSION = 2
 REQUIRED_KEYS = ("model", "config", "model_args", "format_version")
 
 
+def checkpoint_state(model: dict, config: dict, model_args: dict, *, tokenizers: str | None = None,
+                     ema: dict | None = None, **more) -> dict:
+    """A checkpoint of this tmt's format: `model` weights, `config` (`config_to_dict`), `model_args`
+    (`build_model`'s), the `tokenizers` fingerprint and an `ema` when given, and `more`: what a
+    training run resumes from (optimizer, scheduler, scaler, train_state, sampler, rng), or an
+    average's `train_state` and `averaged_from`."""
+    return {"model": model, **more, "config": config, "model_args": model_args,
+            **({"tokenizers": tokenizers} if tokenizers is not None else {}), "format_version": FORMAT_VERSION,
+            **({"ema": ema} if ema is not None else {})}
+
+
 def translation_weights(state: dict) -> tuple[dict, str]:
     """The weights to translate with, and which: the EMA's (`"ema"`) if any, else the trained ones (`"model"`)."""
     return (state["ema"]["model"], "ema") if state.get("ema") else (state["model"], "model")
@@ -222,10 +233,8 @@ def average_checkpoints(paths: list[Path]) -> dict:
                 total[name] += tensor.double()
     model = {name: (tensor / len(paths)).to(newest["model"][name].dtype) if tensor.is_floating_point() else tensor
              for name, tensor in total.items()}
-    return {"model": model, "config": newest["config"], "model_args": newest["model_args"],
-            **({"tokenizers": newest["tokenizers"]} if newest.get("tokenizers") else {}),
-            "format_version": FORMAT_VERSION, "train_state": newest.get("train_state", {}),
-            "averaged_from": [path.name for path in paths]}
+    return checkpoint_state(model, newest["config"], newest["model_args"], tokenizers=newest.get("tokenizers") or None,
+                            train_state=newest.get("train_state", {}), averaged_from=[path.name for path in paths])
 
 
 def is_average_checkpoint(path: Path) -> bool:

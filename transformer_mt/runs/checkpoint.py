@@ -3,7 +3,8 @@ translate with), averaging.
 
 A checkpoint is one dict of tensors and plain containers (loadable with `weights_only=True`):
 model, optimizer, scheduler, scaler, train_state, sampler, rng, config, model_args, tokenizers
-(a fingerprint), format_version, and `ema` when the run keeps an EMA of its weights.
+(a fingerprint), format_version, and `ema` when the run keeps an EMA of its weights; built by
+`checkpoint_state` alone.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from transformer_mt.core.errors import TrainingStopped
 from transformer_mt.data.batching import pad_sequences
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, train_tokenizers
 from transformer_mt.model.transformer import Transformer
-from transformer_mt.runs.checkpoint import FORMAT_VERSION, save_atomic
+from transformer_mt.runs.checkpoint import checkpoint_state, save_atomic
 from transformer_mt.runs.run_dir import prepare_run_dir
 from transformer_mt.train.trainer import Trainer, train
 
@@ -203,9 +203,9 @@ def make_run(run_dir: Path, norm: str, share: bool, **model) -> tuple[Transforme
         loss.backward()
         optimizer.step()
     model.eval()
-    state = {"model": model.state_dict(), "config": config_to_dict(cfg), "format_version": FORMAT_VERSION,
-             "model_args": {"src_vocab_size": tokenizers.src.get_vocab_size(),
-                            "tgt_vocab_size": tokenizers.tgt.get_vocab_size(), "pad_id": PAD_ID}}
+    state = checkpoint_state(model.state_dict(), config_to_dict(cfg),
+                             {"src_vocab_size": tokenizers.src.get_vocab_size(),
+                              "tgt_vocab_size": tokenizers.tgt.get_vocab_size(), "pad_id": PAD_ID})
     (run_dir / "checkpoints").mkdir()
     save_atomic(state, run_dir / "checkpoints" / "best.pt")
     return model, tokenizers

@@ -110,3 +110,13 @@ def test_a_bpe_dropout_copy_splits_words_smaller_and_decodes_the_same_leaving_th
     assert pair.decode_tgt(dropped) == pair.decode_tgt(plain) == TGT
     assert pair.encode_tgt(TGT) == plain  # the original never drops
     assert json.loads(pair.src.to_str())["model"]["dropout"] is None  # what `save` writes
+
+
+def test_a_source_is_cut_to_all_but_one_position_then_eos():
+    from transformer_mt.data.tokenization import EOS_ID, model_source, token_room
+
+    assert token_room(8) == 7  # one position is the sentence's EOS (source) or BOS (target input)
+    assert model_source([5, 6, 7], max_len=8) == [5, 6, 7, EOS_ID]
+    assert model_source(list(range(10, 20)), max_len=8) == [10, 11, 12, 13, 14, 15, 16, EOS_ID]
+    assert model_source((), max_len=8) == [EOS_ID]
+    assert model_source(list("abcdefghij"), max_len=4, eos="</s>") == ["a", "b", "c", "</s>"]  # pieces too

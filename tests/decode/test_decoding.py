@@ -251,3 +251,57 @@ def test_beam_search_over_a_large_vocabulary_gives_the_reference_output():
     src = torch.randint(4, 2100, (5, 7), generator=torch.Generator().manual_seed(0))
     settings_ = dict(bos_id=BOS, eos_id=EOS, beam_size=4, max_len_a=1.0, max_len_b=5, n_best=3)
     assert_same_hypotheses(beam_search(model, src, **settings_), reference_beam_search(model, src, **settings_))
+
+
+# --- BeamState.advance's three parts ----------------------------------------------------------
+
+def beam_state_after_a_step(K: int = 2, n_best: int = 2, V: int = 6):
+    """One sentence's beam state whose K beams have distinct scores, and log-probs (K, V) for its next step."""
+    from transformer_mt.decode.search import BeamState
+
+    state = BeamState.start(torch.tensor([6]), 6, torch.zeros(1, dtype=torch.long), beam_size=K, n_best=n_best,
+                            bos_id=BOS, eos_id=EOS, pad_id=PAD, alpha=1.0)
+    state.scores.copy_(torch.tensor([-0.5, -1.25, -2.0][:K]))
+    state.tokens[:, 1] = torch.tensor([5, 4, 6][:K])
+    state.position += 1
+    log_probs = torch.log_softmax(torch.randn(K, V, generator=torch.Generator().manual_seed(1)), dim=-1)
+    return state, log_probs
+
+
+def test_the_candidates_are_the_2k_best_continuations_of_all_beams():
+    state, log_probs = beam_state_after_a_step()
+    candidates = state.best_candidates(log_probs)
+    every = (state.scores[:, None] + log_probs).flatten()  # (K·V,): beam k's token t at k·V + t
+    best, where = every.topk(4)
+    assert torch.equal(candidates.scores, best[None]) and candidates.scores.shape == (1, 4)
+    assert torch.equal(candidates.rows, (where // 6)[None]) and torch.equal(candidates.tokens, (where % 6)[None])
+
+
+def test_the_top_k_candidates_that_end_are_set_aside_and_the_best_others_live_on():
+    from transformer_mt.decode.hypotheses import length_penalty
+    from transformer_mt.decode.search import Candidates
+
+    state, _ = beam_state_after_a_step()
+    # Best first: beam 1 then EOS (ends, in the top K), beam 0 then 7, beam 0 then EOS (beyond the top K), beam 1 then 8.
+    candidates = Candidates(torch.tensor([[-1.0, -1.5, -2.0, -2.5]]), torch.tensor([[1, 0, 0, 1]]),
+                            torch.tensor([[EOS, 7, EOS, 8]]))
+    at_cap = torch.tensor([False])
+    state.set_aside_finished(candidates, at_cap)
+    assert state.count.tolist() == [1]
+    assert state.best_scores[0].tolist() == [-1.0 / length_penalty(2, 1.0), float("-inf")]
+    assert state.best_log_probs[0, 0].item() == -1.0 and state.best_tokens[0, 0, :2].tolist() == [4, EOS]
+    rows = state.continue_live(candidates, at_cap)
+    assert rows.tolist() == [0, 1] and state.scores.tolist() == [-1.5, -2.5] and state.position.tolist() == [2]
+    assert state.tokens[:, :3].tolist() == [[BOS, 5, 7], [BOS, 4, 8]] and state.done.tolist() == [False]
+
+
+def test_advance_is_its_three_parts_in_turn():
+    state, log_probs = beam_state_after_a_step(K=3, n_best=2, V=8)
+    parts, _ = beam_state_after_a_step(K=3, n_best=2, V=8)
+    rows = state.advance(log_probs)
+    candidates = parts.best_candidates(torch.log_softmax(log_probs, dim=-1))
+    at_cap = parts.position + 1 >= parts.limits
+    parts.set_aside_finished(candidates, at_cap)
+    assert torch.equal(parts.continue_live(candidates, at_cap), rows)
+    for name in ("tokens", "scores", "position", "done", "count", "best_tokens", "best_log_probs", "best_scores"):
+        assert torch.equal(getattr(parts, name), getattr(state, name)), name

@@ -283,3 +283,50 @@ def test_a_comet_checkpoint_that_does_not_load_is_named(tmp_path: Path, monkeypa
     with pytest.raises(UsageError, match="cannot load .*model.ckpt \\(RuntimeError: not a COMET checkpoint\\)"):
         Comet.load(str(tmp_path / "model"))
     assert fake.loaded == [str(checkpoint)]
+
+
+# --- one test-set evaluation: training's final test and `tmt evaluate` -------------------------
+
+def test_a_test_set_is_translated_scored_against_every_reference_and_its_hypotheses_written(tmp_path: Path):
+    from transformer_mt.evaluate.diagnostics import diagnose
+    from transformer_mt.evaluate.test_set import evaluate_test_set
+
+    sources = [src for src, _ in TINY_PAIRS[:4]]
+    references = [[tgt for _, tgt in TINY_PAIRS[:4]], ["Buon giorno.", "Buona sera.", "Grazie.", "Dov'è?"]]
+    translated = []
+
+    def translate(lines: list[str]) -> list[str]:
+        translated.append(list(lines))
+        return [tgt if number % 2 else src for number, (src, tgt) in enumerate(zip(lines, references[0]))]
+
+    class FakeComet:  # COMET's interface: sources, hypotheses, the first reference, a device
+        def score(self, sources, hypotheses, references, *, device):
+            self.seen = (sources, hypotheses, references, device)
+            return types.SimpleNamespace(model="fake", score=0.5)
+
+    comet = FakeComet()
+    output = tmp_path / "new" / "hyps.txt"
+    result = evaluate_test_set(translate, sources, references, output, tokenize="13a", n_bootstrap=20, comet=comet,
+                               device="cpu", diagnostics=True)
+    hypotheses = translate(sources)
+    assert translated[0] == sources and result.hypotheses == hypotheses and result.output == output
+    assert output.read_text("utf-8") == "".join(h + "\n" for h in hypotheses)
+    expected = score(hypotheses, references, tokenize="13a", n_bootstrap=20)
+    assert result.scores.report() == expected.report() and "nrefs:2|bs:20" in result.scores.bleu_signature
+    assert comet.seen == (sources, hypotheses, references[0], "cpu") and result.comet.score == 0.5
+    assert result.diagnostics.lines() == diagnose(sources, hypotheses, references[0]).lines()
+    assert result.seconds >= 0
+
+    plain = evaluate_test_set(translate, sources, references[:1], output, tokenize="13a", n_bootstrap=1)
+    assert plain.comet is None and plain.diagnostics is None and "nrefs:1" in plain.scores.bleu_signature
+
+
+def test_a_test_set_whose_hypotheses_cannot_be_written_names_the_file_in_one_line(tmp_path: Path):
+    from transformer_mt.core.errors import TmtError
+    from transformer_mt.evaluate.test_set import evaluate_test_set
+
+    (tmp_path / "file").write_text("kept\n", encoding="utf-8")
+    with pytest.raises(TmtError, match=f"^{tmp_path / 'file' / 'hyps.txt'}: ") as raised:
+        evaluate_test_set(lambda lines: lines, ["a"], [["a"]], tmp_path / "file" / "hyps.txt", tokenize="13a",
+                          n_bootstrap=1)
+    assert "\n" not in str(raised.value) and (tmp_path / "file").read_text("utf-8") == "kept\n"

@@ -11,7 +11,7 @@ from transformer_mt.data.batching import PackShape, make_batch, make_pack_from_f
 from transformer_mt.decode.generator import greedy_decode
 from transformer_mt.model import transformer
 from transformer_mt.model.transformer import Packing, Transformer, build_model
-from transformer_mt.runs.checkpoint import FORMAT_VERSION, load_checkpoint, save_atomic
+from transformer_mt.runs.checkpoint import FORMAT_VERSION, checkpoint_state, load_checkpoint, save_atomic
 
 
 def padded_logits(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
@@ -180,8 +180,7 @@ def test_fused_projections_compute_what_separate_ones_do():
 @pytest.mark.parametrize("version", [1, 99])
 def test_a_checkpoint_of_another_format_version_is_refused_in_one_line_naming_the_file(version, tmp_path):
     model = tiny_model()
-    save_atomic({"model": model.state_dict(), "config": {}, "model_args": {}, "format_version": version},
-                tmp_path / "other.pt")
+    save_atomic({**checkpoint_state(model.state_dict(), {}, {}), "format_version": version}, tmp_path / "other.pt")
     with pytest.raises(CheckpointError) as caught:
         load_checkpoint(tmp_path / "other.pt")
     assert str(caught.value) == (f"{tmp_path / 'other.pt'}: checkpoint format version {version} is not supported "
@@ -367,3 +366,22 @@ def test_the_cache_follows_reordered_and_selected_rows():
         expected.position += 1
     torch.testing.assert_close(model.decode_step(tgt[1:2, 2], kept), model.decode_step(tgt[1:2, 2], expected),
                                atol=1e-5, rtol=1e-5)
+
+
+def test_one_function_builds_the_checkpoint_dict_that_loading_accepts(tmp_path):
+    from transformer_mt.runs.checkpoint import checkpoint_state
+
+    model = tiny_model()
+    args = {"src_vocab_size": 30, "tgt_vocab_size": 30, "pad_id": 0}
+    plain = checkpoint_state(model.state_dict(), {"seed": 3}, args)
+    assert set(plain) == {"model", "config", "model_args", "format_version"}
+    assert plain["format_version"] == FORMAT_VERSION and plain["model_args"] == args
+    save_atomic(plain, tmp_path / "plain.pt")
+    loaded = load_checkpoint(tmp_path / "plain.pt")
+    assert set(loaded) == set(plain) and torch.equal(loaded["model"]["output_proj.weight"],
+                                                     model.state_dict()["output_proj.weight"])
+    full = checkpoint_state(model.state_dict(), {}, args, tokenizers="abc", ema={"model": model.state_dict()},
+                            optimizer={"state": {}}, train_state={"step": 4})
+    assert full["tokenizers"] == "abc" and full["ema"]["model"] is not None
+    assert full["optimizer"] == {"state": {}} and full["train_state"] == {"step": 4}
+    assert "ema" not in checkpoint_state({}, {}, {}, ema=None) and "tokenizers" not in checkpoint_state({}, {}, {})

@@ -8,6 +8,7 @@ import errno
 import fcntl
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -113,3 +114,25 @@ def test_a_filesystem_without_locks_gets_a_warning(tmp_path: Path, monkeypatch, 
         lock = prepare_run_dir(tmp_path / "run", resume=False, overwrite=False)
     assert not lock.held
     assert "does not support locks" in caplog.text and "No locks available" in caplog.text
+
+
+# --- the names of the hypotheses files a test-set evaluation writes ---------------------------
+
+def test_hypotheses_files_are_named_after_the_set_the_checkpoint_and_the_decoding(tmp_path: Path):
+    from transformer_mt.core.run_layout import RunDir
+
+    run = RunDir(tmp_path)
+    assert run.hypotheses("test", "best", 4) == tmp_path / "evaluation" / "test.best.beam4.txt"
+    assert run.hypotheses("test", "average_steps_00000002-00000006", 3).name == \
+        "test.average_steps_00000002-00000006.beam3.txt"
+    assert run.hypotheses("valid", "best", 4, alpha=0.6, quantized="int8").name == "valid.best.beam4.lp0.6.int8.txt"
+    assert run.hypotheses("test", "best", 3, alpha=1.5).name == "test.best.beam3.lp1.5.txt"
+    assert run.hypotheses("test", "best", 1, alpha=1.5).name == "test.best.beam1.txt"  # greedy: no length penalty
+    assert run.hypotheses("test", "best", 2, alpha=0.0).name == "test.best.beam2.lp0.txt"
+    assert run.hypotheses("test", "step_00000004", 1, quantized="int8").name == "test.step_00000004.beam1.int8.txt"
+    # A file of sentences: its name and a digest of where it is, never a split's name.
+    name = RunDir.source_file_name(tmp_path / "a" / "test.en")
+    assert re.fullmatch(r"file-test\.en-[0-9a-f]{8}", name), name
+    assert RunDir.source_file_name(tmp_path / "b" / "test.en") != name
+    assert RunDir.source_file_name(tmp_path / "a" / "x" / ".." / "test.en") == name  # the same file, however named
+    assert run.hypotheses(name, "step_00000004", 1).name == f"{name}.step_00000004.beam1.txt"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
+import functools
 import json
 import logging
 import os
@@ -192,10 +192,8 @@ def _draw_attention(translator, line: str, args: argparse.Namespace) -> str:
 
 
 def run_evaluate(args: argparse.Namespace) -> None:
-    from transformer_mt.data.corpus import load_run_corpus
-    from transformer_mt.data.sources import read_aligned_files
-    from transformer_mt.data.sources import read_lines
-    from transformer_mt.evaluate.metrics import METRICS, bleu_tokenizer_problem, score
+    from transformer_mt.evaluate.metrics import METRICS, bleu_tokenizer_problem
+    from transformer_mt.evaluate.test_set import evaluate_test_set
 
     setup_logging(logging.WARNING)
     if bool(args.src) != bool(args.ref):
@@ -217,51 +215,51 @@ def run_evaluate(args: argparse.Namespace) -> None:
     if problem:
         where = "--tokenize" if args.tokenize else "the run's train.bleu_tokenize (choose another with --tokenize)"
         raise UsageError(f"{where}: {problem}")
-    if args.src:
-        pairs = read_aligned_files(args.src, args.ref[0])
-        if not any(src.strip() for src, _ in pairs):  # no lines, or only empty ones: BLEU 0 of nothing
-            raise UsageError(f"{args.src}: no sentences to evaluate (the file is empty or every line is blank)")
-        sources, references = [src for src, _ in pairs], [[ref for _, ref in pairs]]
-        for path in args.ref[1:]:  # more references of the same sentences
-            lines = [line.strip() for line in read_lines(path)]
-            if len(lines) != len(sources):
-                raise DataError(f"{args.src} has {len(sources)} lines but {path} has {len(lines)}; each --ref "
-                                "needs one line per source sentence")
-            references.append(lines)
-        # Never a split's name (the final test's hypotheses are test.*), and never another folder's
-        # file of the same name: the digest of where it is tells them apart.
-        where = hashlib.blake2b(str(args.src.resolve()).encode("utf-8", "surrogateescape"), digest_size=4).hexdigest()
-        name = f"file-{args.src.name}-{where}"
-    else:
-        # The split as the run read it (its corpus_cache/), even if the data files moved or changed since
-        corpus = load_run_corpus(translator.cfg.data, translator.cfg.seed, translator.run_dir)
-        split = getattr(corpus, args.split)
-        sources, references, name = split["src"], [split["tgt"]], args.split
+    sources, references, name = _evaluation_set(args, translator)
     beam = args.beam or translator.cfg.decode.beam_size
-    hypotheses = translator.translate(sources, beam_size=beam, progress=not args.quiet)
-    scores = score(hypotheses, references, tokenize=tokenize, n_bootstrap=args.bootstrap)
-    # Named after the checkpoint (and a --length-penalty, with a beam), like the final
-    # test's file: scoring another checkpoint or setting never overwrites the hypotheses behind
-    # the run's own evaluation/test_scores.json.
     alpha = translator.cfg.decode.length_penalty
-    settings = f"beam{beam}" + (f".lp{alpha:g}" if args.length_penalty is not None and beam > 1 else "") + \
-        (f".{translator.quantized}" if translator.quantized else "")  # never replacing the fp32 hypotheses
-    output = args.output or RunDir(translator.run_dir).evaluation / f"{name}.{translator.checkpoint.stem}.{settings}.txt"
-    _write_lines(output, hypotheses)
+    output = args.output or RunDir(translator.run_dir).hypotheses(
+        name, translator.checkpoint.stem, beam, alpha=alpha if args.length_penalty is not None else None,
+        quantized=translator.quantized)
+    result = evaluate_test_set(functools.partial(translator.translate, beam_size=beam, progress=not args.quiet),
+                               sources, references, output, tokenize=tokenize, n_bootstrap=args.bootstrap,
+                               comet=comet, device=translator.device, diagnostics=args.diagnostics)
     for metric in METRICS:
-        print(f"{scores[metric].shown(metric)}  {scores[metric].signature}")
-    if comet is not None:
-        result = comet.score(sources, hypotheses, references[0], device=translator.device)
-        print(f"COMET = {result.score:.4f}  model:{result.model}")
-    if args.diagnostics:
-        from transformer_mt.evaluate.diagnostics import diagnose
-
-        print(f"\ndiagnostics of {len(hypotheses)} translations (line numbers from 1):")
-        for line in diagnose(sources, hypotheses, references[0]).lines():
+        print(f"{result.scores[metric].shown(metric)}  {result.scores[metric].signature}")
+    if result.comet is not None:
+        print(f"COMET = {result.comet.score:.4f}  model:{result.comet.model}")
+    if result.diagnostics is not None:
+        print(f"\ndiagnostics of {len(result.hypotheses)} translations (line numbers from 1):")
+        for line in result.diagnostics.lines():
             print(f"  {line}")
     penalty = f", length penalty {alpha:g}" if beam > 1 else ""  # greedy decoding has none
     penalty += f", {translator.quantized} weights" if translator.quantized else ""
-    print(f"{len(hypotheses)} sentences, beam {beam}{penalty}; hypotheses in {_shown(output)}", file=sys.stderr)
+    print(f"{len(result.hypotheses)} sentences, beam {beam}{penalty}; hypotheses in {_shown(output)}",
+          file=sys.stderr)
+
+
+def _evaluation_set(args: argparse.Namespace, translator) -> tuple[list[str], list[list[str]], str]:
+    """The sentences `tmt evaluate` scores, their references (one list per reference) and the name
+    of their hypotheses: --src and each --ref, else the run's --split as the run read it."""
+    from transformer_mt.data.corpus import load_run_corpus
+    from transformer_mt.data.sources import read_aligned_files, read_lines
+
+    if not args.src:
+        # The split as the run read it (its corpus_cache/), even if the data files moved or changed since
+        corpus = load_run_corpus(translator.cfg.data, translator.cfg.seed, translator.run_dir)
+        split = getattr(corpus, args.split)
+        return split["src"], [split["tgt"]], args.split
+    pairs = read_aligned_files(args.src, args.ref[0])
+    if not any(src.strip() for src, _ in pairs):  # no lines, or only empty ones: BLEU 0 of nothing
+        raise UsageError(f"{args.src}: no sentences to evaluate (the file is empty or every line is blank)")
+    sources, references = [src for src, _ in pairs], [[ref for _, ref in pairs]]
+    for path in args.ref[1:]:  # more references of the same sentences
+        lines = [line.strip() for line in read_lines(path)]
+        if len(lines) != len(sources):
+            raise DataError(f"{args.src} has {len(sources)} lines but {path} has {len(lines)}; each --ref "
+                            "needs one line per source sentence")
+        references.append(lines)
+    return sources, references, RunDir.source_file_name(args.src)
 
 
 def _load_translator(args: argparse.Namespace):

@@ -3,6 +3,7 @@ their checkpoints on disk. Torch-free: the CTranslate2 engine finds its checkpoi
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,25 @@ class RunDir:
 
     def validation_hypotheses(self, step: int) -> Path:
         return self.validation / f"step_{step:08d}.txt"
+
+    def hypotheses(self, name: str, checkpoint_stem: str, beam: int, alpha: float | None = None,
+                   quantized: str | None = None) -> Path:
+        """A test-set evaluation's hypotheses (training's final test: `name` "test"; `tmt evaluate`: a
+        split or `source_file_name`): `{name}.{checkpoint_stem}.beam{beam}[.lp{alpha}][.{quantized}].txt`.
+        Named after the checkpoint and decoding, so scoring another checkpoint or setting never
+        overwrites the hypotheses behind test_scores.json. `alpha`, a length penalty chosen for this
+        evaluation, is named only with a beam (greedy decoding has none); `quantized` ("int8") never
+        replaces the fp32 hypotheses."""
+        settings = f"beam{beam}" + (f".lp{alpha:g}" if alpha is not None and beam > 1 else "")
+        settings += f".{quantized}" if quantized else ""
+        return self.evaluation / f"{name}.{checkpoint_stem}.{settings}.txt"
+
+    @staticmethod
+    def source_file_name(source: Path) -> str:
+        """The `name` of a file of sentences' hypotheses: `file-{its name}-{digest of where it is}`, never
+        a split's name (the final test's are test.*), nor another folder's file of the same name."""
+        where = hashlib.blake2b(str(source.resolve()).encode("utf-8", "surrogateescape"), digest_size=4).hexdigest()
+        return f"file-{source.name}-{where}"
 
     def tokenizer_file(self, joint: bool) -> Path:
         """The tokenizer file a run writes first: its joint one, else the source one."""

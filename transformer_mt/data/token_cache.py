@@ -24,7 +24,7 @@ from transformer_mt.core.errors import DataError, missing_from_rank0
 from transformer_mt.core.files import naming, removed_on_failure
 from transformer_mt.core.signals import signals_deferred
 from transformer_mt.data.batching import Batch, PackShape, make_batch_from_flat, make_pack_from_flat, padded_length
-from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair
+from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, token_room
 
 if TYPE_CHECKING:
     import datasets
@@ -233,7 +233,7 @@ def _encode(split: datasets.Dataset, tokenizers: TokenizerPair, max_len: int, dr
     import datasets
 
     dropping = tokenizers.with_bpe_dropout(bpe_dropout) if bpe_dropout else None
-    encode = functools.partial(_encode_rows, tokenizers=tokenizers, keep=max_len - 1, drop_long=drop_long,
+    encode = functools.partial(_encode_rows, tokenizers=tokenizers, keep=token_room(max_len), drop_long=drop_long,
                                dropping=dropping)
     if num_proc == 1:
         files = [_encode_shard(split, encode, cache_file, f"tokenize {name}")]

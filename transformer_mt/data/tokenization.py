@@ -6,11 +6,11 @@ import hashlib
 import json
 import logging
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -23,10 +23,23 @@ if TYPE_CHECKING:
     from tqdm import tqdm
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)  # their position here is their id
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = range(4)
+
+
+def token_room(max_len: int) -> int:
+    """The tokens of one sentence a model of `max_len` positions reads: all but the position of its
+    EOS (a source) or BOS (a target's input)."""
+    return max_len - 1
+
+
+def model_source(ids: Sequence[T], max_len: int, eos: T = EOS_ID) -> list[T]:
+    """A source as the model reads it: cut to `token_room(max_len)` tokens (ids, or pieces with
+    `eos` the EOS piece), then EOS."""
+    return [*ids[:token_room(max_len)], eos]
 
 # Lines with a longer run of non-space characters are left out of BPE training (its time grows with
 # the square of a word's length); they are still tokenized.

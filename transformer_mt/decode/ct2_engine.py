@@ -17,6 +17,7 @@ import numpy as np
 from transformer_mt.core.errors import UsageError
 from transformer_mt.core.files import write_text_atomic
 from transformer_mt.core.run_layout import RunDir
+from transformer_mt.data.tokenization import token_room
 from transformer_mt.decode.hypotheses import Hypothesis, Sampling, length_penalty
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ class CT2Engine:
 
     def score(self, src_ids: list[list[int]], tgt_ids: list[list[int]], decode: DecodeConfig,
               progress: bool) -> list[list[float]]:
-        keep = self.max_len - 1  # as the torch engine cuts sources
+        keep = token_room(self.max_len)  # as the torch engine cuts sources (CTranslate2 appends the EOS)
         results = self._translator(decode).score_batch(
             [[self.src_tokens[i] for i in ids[:keep]] for ids in src_ids],
             [[self.tgt_tokens[t] for t in ids] for ids in tgt_ids],
@@ -144,7 +145,7 @@ class CT2Engine:
         """Each source's `n_best` translations as ids, with the sources as tokens and their length
         caps. CTranslate2 caps a whole call at one length: sources are grouped by their cap
         a·S + b (S with EOS, as `decode.generator.max_target_lengths` computes it in fp32)."""
-        keep = self.max_len - 1  # room for the EOS CTranslate2 appends
+        keep = token_room(self.max_len)  # room for the EOS CTranslate2 appends
         sources = [[self.src_tokens[i] for i in ids[:keep]] for ids in src_ids]
         lengths = np.array([len(s) + 1 for s in sources], dtype=np.float32)
         limits = np.floor(np.float32(decode.max_len_a) * lengths + np.float32(decode.max_len_b))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from transformer_mt.core.cuda_graphs import capture_graph
 from transformer_mt.data.batching import round_up
 from transformer_mt.decode.hypotheses import Hypothesis, Sampling
 from transformer_mt.decode.search import BeamState, SampleState
@@ -184,18 +185,7 @@ def _tensors(obj) -> list[torch.Tensor]:
 
 
 def _captured(step: Callable[[], None], state: list[torch.Tensor]) -> Callable[[], None]:
-    """Run `step` once on a side stream (warm-up, which a capture may not do), put `state` back,
-    capture the step, then replay the capture for the real first step."""
-    saved = [t.clone() for t in state]
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    for tensor, before in zip(state, saved):
-        tensor.copy_(before)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    """`step` captured (warmed up once, `state` then put back), replayed for the real first step."""
+    graph = capture_graph(step, state)
     graph.replay()
     return graph.replay

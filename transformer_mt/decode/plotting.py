@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from matplotlib.figure import Figure
 
+from transformer_mt.data.tokenization import model_source, token_room
 from transformer_mt.model.transformer import Transformer
 
 
@@ -13,9 +14,8 @@ def cross_attention_map(model: Transformer, src_ids: list[int], hyp_ids: list[in
                         device: torch.device, layer: int = -1) -> torch.Tensor:
     """Head-averaged cross-attention of decoder `layer` while producing `hyp_ids` + EOS from
     `src_ids` + EOS (teacher-forced on the hypothesis): (T + 1, S + 1), fp32 on the CPU."""
-    keep = model.cfg.max_len - 1
-    src = torch.tensor([list(src_ids[:keep]) + [eos_id]], device=device)  # (1, S+1)
-    tgt_in = torch.tensor([[bos_id] + list(hyp_ids[:keep])], device=device)  # (1, T+1)
+    src = torch.tensor([model_source(src_ids, model.cfg.max_len, eos_id)], device=device)  # (1, S+1)
+    tgt_in = torch.tensor([[bos_id, *hyp_ids[:token_room(model.cfg.max_len)]]], device=device)  # (1, T+1)
     was_training = model.training
     model.eval()
     try:
@@ -28,8 +28,8 @@ def cross_attention_labels(src_pieces: list[str], hyp_pieces: list[str], eos: st
                            ) -> tuple[list[str], list[str]]:
     """Axis labels of `cross_attention_map`: the source pieces and EOS, and the pieces each decoder
     position produced, then EOS; both cut as the map is (a hypothesis filling max_len has no EOS row)."""
-    keep = max_len - 1
-    return src_pieces[:keep] + [eos], (hyp_pieces + [eos])[: min(len(hyp_pieces), keep) + 1]
+    hyp_rows = min(len(hyp_pieces), token_room(max_len)) + 1
+    return model_source(src_pieces, max_len, eos), (hyp_pieces + [eos])[:hyp_rows]
 
 
 def attention_figure(weights: torch.Tensor, src_tokens: list[str], tgt_tokens: list[str], title: str) -> Figure:

@@ -5,10 +5,19 @@ generated tokens; `tokens` holds BOS, then each row's generated ids, pad beyond.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from transformer_mt.decode.hypotheses import Hypothesis, Sampling, length_penalty, strip_generated
+
+
+class Candidates(NamedTuple):
+    """A beam step's 2K best continuations of each sentence, best first: (B, 2K) each."""
+
+    scores: torch.Tensor  # fp32: the summed log-probability with the token
+    rows: torch.Tensor  # long: the live beam's row (b·K + k) each continues
+    tokens: torch.Tensor  # long: the token it adds
 
 
 @dataclass
@@ -60,26 +69,34 @@ class BeamState:
         cap) go, scored log-prob / length penalty, into the M best finished; the K best that do not
         end live on. A sentence is done with K finished, or M that no live beam can beat (at best its
         log-prob over the penalty at its cap), or at its cap."""
-        log_probs = torch.log_softmax(logits, dim=-1)
+        candidates = self.best_candidates(torch.log_softmax(logits, dim=-1))
+        at_cap = self.position + 1 >= self.limits  # (B,)
+        self.set_aside_finished(candidates, at_cap)
+        return self.continue_live(candidates, at_cap)
+
+    def best_candidates(self, log_probs: torch.Tensor) -> Candidates:
+        """Each sentence's 2K best continuations of its live beams by summed log-prob, from log_probs (B·K, V)."""
         BK, V = log_probs.shape
-        B, M, C = self.best_tokens.shape
+        B = self.best_tokens.shape[0]
         K = BK // B
         W = min(2 * K, V)  # a sentence's 2K best continuations are among each beam's 2K best tokens
         row_scores, row_tokens = log_probs.topk(W, dim=1)  # (B·K, W) each
         candidates = (self.scores[:, None] + row_scores).view(B, K * W)
         cand_scores, cand_flat = candidates.topk(2 * K, dim=1)  # (B, 2K), best first
-        cand_beam, cand_token = cand_flat // W, row_tokens.view(B, K * W).gather(1, cand_flat)  # (B, 2K) each
         first_row = torch.arange(0, BK, K, device=log_probs.device)[:, None]  # (B, 1)
+        return Candidates(cand_scores, first_row + cand_flat // W, row_tokens.view(B, K * W).gather(1, cand_flat))
 
-        # Set aside the top K candidates that end, into the M best finished.
-        at_cap = self.position + 1 >= self.limits  # (B,)
-        top_scores = cand_scores[:, :K]
-        ends = (((cand_token[:, :K] == self.eos_id) | at_cap[:, None]) & (top_scores > float("-inf"))
-                & ~self.done[:, None])
+    def set_aside_finished(self, candidates: Candidates, at_cap: torch.Tensor) -> None:
+        """Put the top K candidates that end (EOS, or any at the cap: at_cap (B,) bool) into each
+        sentence's M best finished, scored log-prob / length penalty; count them."""
+        B, M, C = self.best_tokens.shape
+        K = self.rows_per_sentence
+        top_scores, top_tokens = candidates.scores[:, :K], candidates.tokens[:, :K]  # (B, K) each
+        ends = (((top_tokens == self.eos_id) | at_cap[:, None]) & (top_scores > float("-inf")) & ~self.done[:, None])
         penalty_now = self.penalties.index_select(0, self.position + 1)  # (1,): every candidate has position + 1 tokens
         new_scores = (top_scores.to(self.best_scores.dtype) / penalty_now).masked_fill(~ends, float("-inf"))
-        new_tokens = self.tokens.index_select(0, (first_row + cand_beam[:, :K]).flatten())[:, 1:].view(B, K, C)
-        new_tokens.index_copy_(2, self.position, cand_token[:, :K, None])  # the EOS, or the last token at the cap
+        new_tokens = self.tokens.index_select(0, candidates.rows[:, :K].flatten())[:, 1:].view(B, K, C)
+        new_tokens.index_copy_(2, self.position, top_tokens[:, :, None])  # the EOS, or the last token at the cap
         pool_scores = torch.cat([self.best_scores, new_scores], dim=1)  # (B, M + K)
         keep = stable_descending_order(pool_scores)[:, :M]  # (B, M)
         self.best_scores.copy_(pool_scores.gather(1, keep))
@@ -88,14 +105,17 @@ class BeamState:
             1, keep[:, :, None].expand(B, M, C)))
         self.count += ends.sum(dim=1)
 
-        # The K best candidates that did not end become the live beams.
-        live_scores, pick = cand_scores.masked_fill(cand_token == self.eos_id, float("-inf")).topk(K, dim=1)
-        rows = (first_row + cand_beam.gather(1, pick)).flatten()  # (B·K,)
+    def continue_live(self, candidates: Candidates, at_cap: torch.Tensor) -> torch.Tensor:
+        """Make the K best candidates that do not end the live beams, mark the sentences done, and
+        return the rows (B·K,) the new beams continue. at_cap (B,) bool."""
+        K = self.rows_per_sentence
+        live_scores, pick = candidates.scores.masked_fill(candidates.tokens == self.eos_id, float("-inf")).topk(K, dim=1)
+        rows = candidates.rows.gather(1, pick).flatten()  # (B·K,)
         beaten = (live_scores[:, 0].to(self.best_scores.dtype) / self.penalties.index_select(0, self.limits)
                   <= self.best_scores[:, -1])
-        self.done |= at_cap | (self.count >= K) | ((self.count >= M) & beaten)
+        self.done |= at_cap | (self.count >= K) | ((self.count >= self.best_scores.shape[1]) & beaten)
         self.tokens.copy_(self.tokens.index_select(0, rows))
-        self.tokens.index_copy_(1, self.position + 1, cand_token.gather(1, pick).view(BK, 1))
+        self.tokens.index_copy_(1, self.position + 1, candidates.tokens.gather(1, pick).view(-1, 1))
         self.scores.copy_(live_scores.flatten())
         self.position += 1
         return rows

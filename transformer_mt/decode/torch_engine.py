@@ -10,7 +10,7 @@ import torch
 from transformer_mt.config.schema import DecodeConfig
 from transformer_mt.core.runtime import Precision, pick_attention
 from transformer_mt.data.batching import pad_sequences, sorted_batches
-from transformer_mt.data.tokenization import BOS_ID, EOS_ID
+from transformer_mt.data.tokenization import BOS_ID, EOS_ID, model_source
 from transformer_mt.decode.generator import StepGraphs, beam_search, sample_decode
 from transformer_mt.decode.hypotheses import Hypothesis, Sampling
 from transformer_mt.model.transformer import Transformer
@@ -81,8 +81,7 @@ def translate_hypotheses(model: Transformer, src_seqs: list[list[int]], decode_c
                            capture=capture, **common)
 
     attention = pick_attention(decode_cfg.attention_backend, device, "decode")
-    keep = model.cfg.max_len - 1  # room for the EOS appended to every source
-    sources = [list(s[:keep]) + [eos_id] for s in src_seqs]
+    sources = [model_source(s, model.cfg.max_len, eos_id) for s in src_seqs]
     rows = n_best if sampling is not None else beam_size
     batches = sorted_batches([len(s) * rows for s in sources], decode_cfg.batch_tokens)
     if progress and sys.stderr.isatty():
@@ -109,9 +108,8 @@ def score_ids(model: Transformer, src_seqs: list[list[int]], tgt_seqs: list[list
               progress: bool = False) -> list[list[float]]:
     """Each target's per-token log-probabilities given its source (teacher-forced, the target's
     tokens then EOS) under the distribution the search draws from (padding and BOS excluded), in length-sorted batches of `decode_cfg.batch_tokens`, in input order.
-    Sources are cut to `model.cfg.max_len - 1` tokens; targets must fit (`max_len - 1`)."""
-    keep = model.cfg.max_len - 1
-    sources = [list(s[:keep]) + [eos_id] for s in src_seqs]
+    Sources are cut as `model_source` cuts them; targets must fit (`token_room(max_len)`)."""
+    sources = [model_source(s, model.cfg.max_len, eos_id) for s in src_seqs]
     batches = sorted_batches([max(len(s), len(t) + 1) for s, t in zip(sources, tgt_seqs)], decode_cfg.batch_tokens)
     if progress and sys.stderr.isatty():
         from tqdm import tqdm

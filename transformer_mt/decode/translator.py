@@ -16,7 +16,7 @@ from transformer_mt.config.schema import Config, DecodeConfig
 from transformer_mt.core.errors import CheckpointError, ConfigError, DataError, TmtError, UsageError
 from transformer_mt.core.files import describe_os_error
 from transformer_mt.core.run_layout import find_checkpoint
-from transformer_mt.data.tokenization import EOS, TokenizerPair
+from transformer_mt.data.tokenization import EOS, TokenizerPair, token_room
 from transformer_mt.decode.ct2_engine import CT2Engine, conversion_dir, convert, find_conversion
 from transformer_mt.decode.hypotheses import Hypothesis
 
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 
 class Engine(Protocol):
-    """Decodes source ids (no special tokens; cut to `model.max_len - 1` and given an EOS inside) in
+    """Decodes source ids (no special tokens; cut and given an EOS inside, as `model_source` does) in
     length-sorted batches of `decode.batch_tokens`, results in input order: each source's best
     translation (`translate`; beam 1: greedy), its `n_best` best, best first, or with `sampling`
     `n_best` samples (`hypotheses`); the head-averaged cross-attention (T + 1, S + 1) of decoder
@@ -91,7 +91,7 @@ class Translator:
         self.run_dir = run_dir
         self.checkpoint = checkpoint  # the weights' file, which names `tmt evaluate`'s output
         self.step = step  # the training step the checkpoint was saved at
-        self.max_len = cfg.model.max_len  # sources are cut to max_len - 1 tokens and EOS
+        self.max_len = cfg.model.max_len  # sources are cut to `token_room(max_len)` tokens and EOS
         self._warn_quantize_ignored()
 
     @classmethod
@@ -218,9 +218,9 @@ class Translator:
         src_ids = self._sources(sources)[1]
         tgt_ids = self.tokenizers.encode_tgt([target.strip() for target in targets])
         for number, ids in enumerate(tgt_ids, start=1):
-            if len(ids) >= self.max_len:
+            if len(ids) > token_room(self.max_len):
                 raise DataError(f"line {number}: the target is {len(ids)} tokens; this model scores at most "
-                                f"{self.max_len - 1} (model.max_len={self.max_len} with BOS)")
+                                f"{token_room(self.max_len)} (model.max_len={self.max_len} with BOS)")
         scored = self.engine.score(src_ids, tgt_ids, self.cfg.decode, progress)
         return [ScoredPair(self.tokenizers.tgt_pieces(ids) + [EOS], log_probs)
                 for ids, log_probs in zip(tgt_ids, scored)]
@@ -230,7 +230,7 @@ class Translator:
         engine's model looked; a line too long is truncated with a warning, as in `translate`."""
         from transformer_mt.decode.plotting import cross_attention_labels
 
-        src_ids = self._sources([line])[1][0][: self.max_len - 1]  # as the engines cut it
+        src_ids = self._sources([line])[1][0][:token_room(self.max_len)]  # as the engines cut it
         hyp_ids = self.engine.translate([src_ids], self.cfg.decode, self._beam(beam_size), False)[0]
         weights = self.engine.cross_attention(src_ids, hyp_ids, layer)
         src_pieces, tgt_pieces = cross_attention_labels(
@@ -247,7 +247,7 @@ class Translator:
                              "ctranslate2); the torch engine decodes in fp32: leave out --engine torch or --quantize")
         texts = [line.strip() for line in lines]
         src_ids = self.tokenizers.encode_src(texts)
-        too_long = sum(len(ids) >= self.max_len for ids in src_ids)
+        too_long = sum(len(ids) > token_room(self.max_len) for ids in src_ids)
         if too_long:
             logger.warning("%d input(s) longer than model.max_len=%d tokens were truncated", too_long, self.max_len)
         return texts, src_ids

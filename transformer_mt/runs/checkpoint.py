@@ -3,7 +3,8 @@ translate with), averaging.
 
 A checkpoint is one dict of tensors and plain containers (loadable with `weights_only=True`):
 model, optimizer, scheduler, scaler, train_state, sampler, rng, config, model_args, tokenizers
-(a fingerprint), format_version, and `ema` when the run keeps an EMA of its weights.
+(a fingerprint), format_version, and `ema` when the run keeps an EMA of its weights; built by
+`checkpoint_state` alone.
 """
 
 from __future__ import annotations
@@ -31,6 +32,17 @@ logger = logging.getLogger(__name__)
 # 2: `nn.Linear` weights (out, in) named `weight`. 1: the same matrices stored (in, out) as `kernel`.
 FORMAT_VERSION = 2
 REQUIRED_KEYS = ("model", "config", "model_args", "format_version")
+
+
+def checkpoint_state(model: dict, config: dict, model_args: dict, *, tokenizers: str | None = None,
+                     ema: dict | None = None, **more) -> dict:
+    """A checkpoint of this tmt's format: `model` weights, `config` (`config_to_dict`), `model_args`
+    (`build_model`'s), the `tokenizers` fingerprint and an `ema` when given, and `more`: what a
+    training run resumes from (optimizer, scheduler, scaler, train_state, sampler, rng), or an
+    average's `train_state` and `averaged_from`."""
+    return {"model": model, **more, "config": config, "model_args": model_args,
+            **({"tokenizers": tokenizers} if tokenizers is not None else {}), "format_version": FORMAT_VERSION,
+            **({"ema": ema} if ema is not None else {})}
 
 
 def translation_weights(state: dict) -> tuple[dict, str]:
@@ -222,10 +234,8 @@ def average_checkpoints(paths: list[Path]) -> dict:
                 total[name] += tensor.double()
     model = {name: (tensor / len(paths)).to(newest["model"][name].dtype) if tensor.is_floating_point() else tensor
              for name, tensor in total.items()}
-    return {"model": model, "config": newest["config"], "model_args": newest["model_args"],
-            **({"tokenizers": newest["tokenizers"]} if newest.get("tokenizers") else {}),
-            "format_version": FORMAT_VERSION, "train_state": newest.get("train_state", {}),
-            "averaged_from": [path.name for path in paths]}
+    return checkpoint_state(model, newest["config"], newest["model_args"], tokenizers=newest.get("tokenizers") or None,
+                            train_state=newest.get("train_state", {}), averaged_from=[path.name for path in paths])
 
 
 def is_average_checkpoint(path: Path) -> bool:

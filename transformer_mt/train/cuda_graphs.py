@@ -12,6 +12,7 @@ import warnings
 import torch
 from torch import nn
 
+from transformer_mt.core.cuda_graphs import capture_graph
 from transformer_mt.core.runtime import AttentionKernels, Precision
 from transformer_mt.data.batching import Batch
 
@@ -141,35 +142,29 @@ class GraphedStep:
         inputs = tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in _inputs(batch))
         args = (inputs, torch.ones((), device=device), last)
         rng = torch.cuda.get_rng_state(device)
-        saved = [g.clone() for g in self.grads], self.loss_sum.clone()
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        self._warming_up = True
         run_seconds = []  # the first run of a compiled module compiles this shape (forward and backward)
-        try:
-            with torch.cuda.stream(side), _uncaptured_capturable_step():
-                for _ in range(WARMUP_RUNS):
-                    run_started = time.perf_counter()
+
+        def warm_up() -> None:  # on the capture's side stream, the update forced off
+            self._warming_up = True
+            try:
+                run_started = time.perf_counter()
+                with _uncaptured_capturable_step():
                     self._micro_step(*args)
-                    side.synchronize()
-                    run_seconds.append(time.perf_counter() - run_started)
-        finally:
-            self._warming_up = False
-        compiling = max(run_seconds[0] - run_seconds[-1], 0.0) if self.compiled else 0.0
-        self.compile_seconds += compiling
-        torch.cuda.current_stream(device).wait_stream(side)
-        torch._foreach_copy_(self.grads, saved[0])
-        self.loss_sum.copy_(saved[1])
-        del saved
-        graph = torch.cuda.CUDAGraph()
+                torch.cuda.current_stream(device).synchronize()
+                run_seconds.append(time.perf_counter() - run_started)
+            finally:
+                self._warming_up = False
+
         try:
-            with torch.cuda.graph(graph, pool=self.pool):
-                self._micro_step(*args)
+            graph = capture_graph(lambda: self._micro_step(*args), [*self.grads, self.loss_sum], warmup=warm_up,
+                                  warmup_runs=WARMUP_RUNS, pool=self.pool, device=device)
         except RuntimeError as err:
             # Out of memory inside a capture can surface as the error of ending the capture.
             if isinstance(err.__context__, torch.OutOfMemoryError):
                 raise err.__context__ from None
             raise
+        compiling = max(run_seconds[0] - run_seconds[-1], 0.0) if self.compiled else 0.0
+        self.compile_seconds += compiling
         torch.cuda.set_rng_state(rng, device)
         torch.cuda.synchronize(device)  # the warm-up runs' GPU time belongs to the capture, not the steps after it
         seconds = time.perf_counter() - started

@@ -17,7 +17,7 @@ from transformer_mt.core.errors import CheckpointError, UsageError
 from transformer_mt.core.run_layout import RunDir
 from transformer_mt.core.runtime import load_rng_state, rng_state
 from transformer_mt.data.batching import TokenBatchSampler
-from transformer_mt.runs.checkpoint import FORMAT_VERSION, CheckpointDir, check_tokenizers, load_checkpoint
+from transformer_mt.runs.checkpoint import CheckpointDir, check_tokenizers, checkpoint_state, load_checkpoint
 from transformer_mt.runs.run_dir import resume_config_changes
 from transformer_mt.train.ema import WeightEMA
 
@@ -87,14 +87,13 @@ class RunCheckpoint:
         self.sampler_state = sampler.state_dict()
 
     def state_dict(self) -> dict:
-        return {
-            "model": self.model.state_dict(), **self.update.state_dict(),  # optimizer, scaler
-            "train_state": self.state.state_dict(), "sampler": self.sampler_state,
+        return checkpoint_state(
+            self.model.state_dict(), config_to_dict(self.cfg), self.model_args, tokenizers=self.tokenizer_fingerprint,
+            ema=self.ema.state_dict() if self.ema is not None else None,
+            **self.update.state_dict(),  # optimizer, scaler
+            train_state=self.state.state_dict(), sampler=self.sampler_state,
             # Every rank's RNG state (dropout differs per rank); a collective, so all ranks call this.
-            "rng": rng_state() if not self.dist.enabled else {"ranks": self.dist.gather(rng_state())},
-            "config": config_to_dict(self.cfg), "model_args": self.model_args, "tokenizers": self.tokenizer_fingerprint,
-            "format_version": FORMAT_VERSION, **({"ema": self.ema.state_dict()} if self.ema is not None else {}),
-        }
+            rng=rng_state() if not self.dist.enabled else {"ranks": self.dist.gather(rng_state())})
 
     def save(self, *, is_best: bool) -> None:
         """Write a step checkpoint, and `best.pt` (rank 0); every rank calls this at the same step."""

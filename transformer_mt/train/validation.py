@@ -24,6 +24,7 @@ from transformer_mt.data.token_cache import TokenizedSplit
 from transformer_mt.data.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair
 from transformer_mt.evaluate.diagnostics import diagnose
 from transformer_mt.evaluate.metrics import METRICS, score
+from transformer_mt.evaluate.test_set import evaluate_test_set
 from transformer_mt.decode.plotting import attention_figure, cross_attention_labels, cross_attention_map
 from transformer_mt.decode.torch_engine import translate_ids
 from transformer_mt.model.transformer import Transformer
@@ -219,21 +220,23 @@ class Evaluator:
         weights_steps = steps or [checkpoint.get("train_state", {}).get("step")]
         test = data_module.load_corpus(cfg.data, cfg.seed, self.run_dir).test
         beam = cfg.decode.beam_size
-        started = time.perf_counter()
-        hyp_ids = translate_ids(self.model, self.tokenizers.encode_src(test["src"]), cfg.decode, bos_id=BOS_ID,
-                                eos_id=EOS_ID, device=self.device, precision=self.precision, beam_size=beam,
-                                progress=self.progress)
-        hypotheses = self.tokenizers.decode_tgt(hyp_ids)
-        scores = score(hypotheses, test["tgt"], tokenize=cfg.train.bleu_tokenize, n_bootstrap=BOOTSTRAP_SAMPLES)
-        self.paths.evaluation.mkdir(exist_ok=True)
-        hypotheses_file = f"test.{path.stem}.beam{beam}.txt"
-        write_text_atomic(self.paths.evaluation / hypotheses_file, lines_to_text(hypotheses))
+
+        def translate(sources: list[str]) -> list[str]:  # the loaded (averaged, EMA) weights, in torch
+            hyp_ids = translate_ids(self.model, self.tokenizers.encode_src(sources), cfg.decode, bos_id=BOS_ID,
+                                    eos_id=EOS_ID, device=self.device, precision=self.precision, beam_size=beam,
+                                    progress=self.progress)
+            return self.tokenizers.decode_tgt(hyp_ids)
+
+        output = self.paths.hypotheses("test", path.stem, beam)
+        result = evaluate_test_set(translate, test["src"], [test["tgt"]], output,
+                                   tokenize=cfg.train.bleu_tokenize, n_bootstrap=BOOTSTRAP_SAMPLES)
+        scores = result.scores
         # step: the run's when tested; checkpoint_steps: those of the weights; weights: "ema" or "model"
         report = {"checkpoint": path.name, "checkpoint_steps": weights_steps, "weights": which,
-                  "hypotheses": hypotheses_file, "step": step, "sentences": len(hypotheses), "beam_size": beam,
-                  "length_penalty": cfg.decode.length_penalty, **scores.report(),
-                  "seconds": round(time.perf_counter() - started, 1)}
+                  "hypotheses": result.output.name, "step": step, "sentences": len(result.hypotheses),
+                  "beam_size": beam, "length_penalty": cfg.decode.length_penalty, **scores.report(),
+                  "seconds": round(result.seconds, 1)}
         logger.info("test (%s%s, beam %d, %d sentences): %s [%s]", path.name,
-                    ", EMA weights" if which == "ema" else "", beam, len(hypotheses),
+                    ", EMA weights" if which == "ema" else "", beam, len(result.hypotheses),
                     ", ".join(scores[name].shown(name) for name in METRICS), scores.bleu_signature)
         return report

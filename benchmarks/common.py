@@ -79,7 +79,7 @@ def build_run(run_dir: Path, preset: str, data: Path = DEMO_CORPUS, src_lang: st
     from transformer_mt.core.run_layout import RunDir
     from transformer_mt.data.tokenization import PAD_ID, train_tokenizers
     from transformer_mt.model.transformer import build_model
-    from transformer_mt.runs.checkpoint import FORMAT_VERSION, save_atomic
+    from transformer_mt.runs.checkpoint import checkpoint_state, save_atomic
 
     tgt_lang, train_pairs, _ = read_corpus(data, src_lang)
     chosen = DECODE_PRESETS[preset]
@@ -93,9 +93,9 @@ def build_run(run_dir: Path, preset: str, data: Path = DEMO_CORPUS, src_lang: st
     vocab_size = tokenizers.src.get_vocab_size()
     model = build_model(cfg.model, vocab_size, vocab_size, PAD_ID)
     RunDir(run_dir).checkpoints.mkdir()
-    save_atomic({"model": model.state_dict(), "config": config_to_dict(cfg), "format_version": FORMAT_VERSION,
-                 "model_args": {"src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size, "pad_id": PAD_ID}},
-                RunDir(run_dir).checkpoints / "best.pt")
+    model_args = {"src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size, "pad_id": PAD_ID}
+    save_atomic(checkpoint_state(model.state_dict(), config_to_dict(cfg), model_args,
+                                 tokenizers=tokenizers.fingerprint()), RunDir(run_dir).checkpoints / "best.pt")
     return model.eval(), tokenizers
 
 

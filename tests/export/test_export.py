@@ -211,3 +211,20 @@ def test_the_documented_tokenizer_recipe_keeps_special_token_strings_as_text(ct2
     tokens = exported.encode(text, add_special_tokens=False).tokens
     assert [exported.token_to_id(token) for token in tokens] == tokenizers.encode_src([text])[0]
     assert not {"</s>", "<s>", "<pad>"} & set(tokens)
+
+
+@pytest.mark.parametrize("fmt", ["ctranslate2", "hf"])
+def test_an_export_into_a_run_being_trained_is_refused_before_its_checkpoints_are_read(ct2, tmp_path: Path,
+                                                                                     monkeypatch, fmt):
+    # The trainer deletes old step checkpoints as it goes: reading one first could fail on a file
+    # that vanished, instead of saying that the run is in use.
+    from transformer_mt.export import ct2_conversion, hf_export
+    from transformer_mt.runs.run_dir import RunLock
+
+    make_run(tmp_path / "run", "post", True)
+    module, export = (ct2_conversion, export_ctranslate2) if fmt == "ctranslate2" else (hf_export, hf_export.export_hf)
+    monkeypatch.setattr(module, "load_run", lambda *args: pytest.fail("read the run's checkpoint"))
+    with RunLock.acquire(tmp_path / "run", "tmt train"):
+        with pytest.raises(UsageError, match="is in use by tmt train"):
+            export(tmp_path / "run", tmp_path / "run" / "exported")
+    assert not (tmp_path / "run" / "exported").exists()

@@ -16,7 +16,7 @@ from transformer_mt.core.files import check_new_dir, write_new_dir
 from transformer_mt.data.tokenization import BOS, BOS_ID, EOS, PAD_ID, UNK, TokenizerPair
 from transformer_mt.model.transformer import Transformer, sinusoidal_positions
 from transformer_mt.runs.checkpoint import load_run
-from transformer_mt.runs.run_dir import write_export
+from transformer_mt.runs.run_dir import check_free_if_inside, write_export
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ def export_ctranslate2(run_dir: Path, output_dir: Path, checkpoint: Path | None 
                          f"{', '.join(model_spec.ACCEPTED_MODEL_TYPES)}")
     target = check_new_dir(output_dir, "--output")
 
+    check_free_if_inside(run_dir, output_dir)  # before reading a checkpoint its trainer may delete
     run = load_run(run_dir, checkpoint)
     spec = ctranslate2_spec(run.model, run.tokenizers, run_dir, quantization)
     write_export(run_dir, output_dir, target, lambda folder: spec.save(str(folder)), "CTranslate2 model")

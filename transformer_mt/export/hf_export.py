@@ -18,7 +18,7 @@ from transformer_mt.data.tokenization import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_
 from transformer_mt.export.ct2_conversion import FORBIDDEN_LOGIT_BIAS
 from transformer_mt.model.transformer import Transformer, sinusoidal_positions
 from transformer_mt.runs.checkpoint import load_run
-from transformer_mt.runs.run_dir import write_export
+from transformer_mt.runs.run_dir import check_free_if_inside, write_export
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +36,7 @@ def export_hf(run_dir: Path, output_dir: Path, checkpoint: Path | None = None) -
     from safetensors.torch import save
 
     target = check_new_dir(output_dir, "--output")
+    check_free_if_inside(run_dir, output_dir)  # before reading a checkpoint its trainer may delete
     run = load_run(run_dir, checkpoint)
     check_exportable(run.cfg)
     weights = hf_state_dict(run.model)

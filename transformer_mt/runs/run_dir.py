@@ -116,12 +116,23 @@ def describe_owner(lock_path: Path) -> str:
         return "another tmt process (its lock file names no owner yet)"
 
 
+def _inside(run_dir: Path, output: Path) -> bool:
+    return RunDir(run_dir).checkpoints.is_dir() and output.resolve().is_relative_to(run_dir.resolve())
+
+
 def lock_if_inside(run_dir: Path, output: Path, purpose: str) -> RunLock:
     """`run_dir`'s lock, taken for `purpose` (`tmt average`, say), when `output` lies inside that run
     (a command writing into a run may not run beside its trainer); else a lock that holds nothing."""
-    if RunDir(run_dir).checkpoints.is_dir() and output.resolve().is_relative_to(run_dir.resolve()):
+    if _inside(run_dir, output):
         return RunLock.acquire(run_dir, purpose)
     return RunLock(RunDir(run_dir).lock, None)
+
+
+def check_free_if_inside(run_dir: Path, output: Path) -> None:
+    """Refuse at once, before the run is read, an `output` inside a run that another process writes:
+    its trainer may delete the very checkpoint being read (`lock_if_inside` would refuse it later)."""
+    if _inside(run_dir, output):
+        RunLock.check_free(run_dir)
 
 
 def write_export(run_dir: Path, output_dir: Path, target: Path, write, what: str) -> None:

@@ -8,9 +8,9 @@ import json
 import logging
 import sys
 
+from transformer_mt.cli.common import check_not_kept, check_output, load_translator, run_dir_of, write_lines
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.cli.parser import STDIO
-from transformer_mt.cli.translate import _check_not_kept, _check_output, _load_translator, _run_dir_of, _write_lines
 from transformer_mt.core.errors import DataError, UsageError
 
 
@@ -20,10 +20,10 @@ def run_score(args: argparse.Namespace) -> None:
         raise UsageError("--source and --target go together (or give source<TAB>target lines on stdin)")
     if args.output == STDIO:
         args.output = None
-    _check_output(args.output, inputs={"--source": args.source, "--target": args.target})
+    check_output(args.output, inputs={"--source": args.source, "--target": args.target})
     sources, targets = _read_pairs(args)
-    _check_not_kept(args.output, "--output", _run_dir_of(args))  # before loading, which may write into the run
-    translator = _load_translator(args)
+    check_not_kept(args.output, "--output", run_dir_of(args))  # before loading, which may write into the run
+    translator = load_translator(args)
     scored = translator.score(sources, targets, progress=bool(args.source) and not args.quiet)
     if args.format == "jsonl":
         lines = [json.dumps({"source": src, "target": tgt, "log_prob": round(pair.log_prob, 4),
@@ -33,7 +33,7 @@ def run_score(args: argparse.Namespace) -> None:
     else:
         lines = [f"{pair.log_prob:.4f}\t{pair.per_token:.4f}" for pair in scored]
     if args.output:
-        _write_lines(args.output, lines)
+        write_lines(args.output, lines)
     else:
         for line in lines:
             print(line)

@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass
 from importlib import resources
 
+from transformer_mt.cli.common import load_translator, shown
 from transformer_mt.cli.log_setup import setup_logging
-from transformer_mt.cli.translate import _load_translator, _shown
 from transformer_mt.core.errors import TmtError, UsageError
 
 logger = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def run_serve(args: argparse.Namespace) -> None:
     setup_logging(logging.WARNING)
     listener = _listen(args.host, args.port)  # before loading: a port in use fails at once
     try:
-        translator = _load_translator(args)
+        translator = load_translator(args)
         default_beam = args.beam or translator.cfg.decode.beam_size
         if default_beam > args.max_beam:
             where = "--beam" if args.beam else "the run's decode.beam_size"
@@ -90,7 +90,7 @@ def run_serve(args: argparse.Namespace) -> None:
     data = translator.cfg.data
     host, port = listener.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"
-    started = (f"tmt: serving {_shown(translator.run_dir)} ({data.src_lang}->{data.tgt_lang}, "
+    started = (f"tmt: serving {shown(translator.run_dir)} ({data.src_lang}->{data.tgt_lang}, "
                f"{translator.checkpoint.name}, {translator.engine.name} on {translator.device}) at {url}; "
                "Ctrl-C or SIGTERM stops it")
     config = uvicorn.Config(build_app(translator, batcher, limits), log_config=None, access_log=False, lifespan="off",

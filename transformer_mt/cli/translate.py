@@ -8,15 +8,14 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
 import sys
-from pathlib import Path
 
+from transformer_mt.cli.common import check_not_kept, check_output, load_translator, run_dir_of, shown, write_lines
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.cli.parser import STDIO
-from transformer_mt.core.errors import DataError, TmtError, UsageError
-from transformer_mt.core.files import check_parent_dir, lines_to_text, make_parent_dir, write_error, write_text_atomic
-from transformer_mt.core.run_layout import RunDir, latest_run
+from transformer_mt.core.errors import DataError, UsageError
+from transformer_mt.core.files import write_error
+from transformer_mt.core.run_layout import RunDir
 
 
 def run_translate(args: argparse.Namespace) -> None:
@@ -32,7 +31,7 @@ def run_translate(args: argparse.Namespace) -> None:
     if args.output == STDIO:
         args.output = None  # `--output -`: stdout, as without --output
     if interactive:
-        _translate_interactively(_load_translator(args), args)
+        _translate_interactively(load_translator(args), args)
         return
     if args.input:
         lines = read_lines(args.input)
@@ -50,16 +49,16 @@ def run_translate(args: argparse.Namespace) -> None:
             raise UsageError(f"--output and --show-attention are the same file ({args.output}); give two names")
     files = {"--output": args.output, "--show-attention": args.show_attention}
     for option, path in files.items():
-        _check_output(path, option, inputs={"--input": args.input})
+        check_output(path, option, inputs={"--input": args.input})
     for option, path in files.items():  # before loading: that may convert the run (into <run>/ctranslate2/)
-        _check_not_kept(path, option, _run_dir_of(args))
-    translator = _load_translator(args)
+        check_not_kept(path, option, run_dir_of(args))
+    translator = load_translator(args)
     if args.show_attention:
         outputs = [_draw_attention(translator, lines[0], args)]
     else:
         outputs = _translate_lines(translator, lines, args, progress=bool(args.input) and not args.quiet)
     if args.output:
-        _write_lines(args.output, outputs)
+        write_lines(args.output, outputs)
     else:
         for output in outputs:
             print(output)
@@ -139,7 +138,7 @@ def _translate_interactively(translator, args: argparse.Namespace) -> None:
     data = translator.cfg.data
     at_terminal = sys.stdin.isatty()
     if at_terminal:
-        print(f"tmt: translating {data.src_lang}->{data.tgt_lang} with {_shown(translator.checkpoint)}, a line at a "
+        print(f"tmt: translating {data.src_lang}->{data.tgt_lang} with {shown(translator.checkpoint)}, a line at a "
               "time; Ctrl-D to quit", file=sys.stderr)
     number = 0
     while (line := _prompt(f"{data.src_lang}> " if at_terminal else "", number + 1)) is not None:
@@ -202,7 +201,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
         raise UsageError("--src and --ref go together")
     if args.output == STDIO:
         raise UsageError("--output -: evaluate prints its scores on stdout; give a file for the hypotheses")
-    _check_output(args.output, inputs={"--src": args.src, **{f"--ref {ref}": ref for ref in args.ref or []}})
+    check_output(args.output, inputs={"--src": args.src, **{f"--ref {ref}": ref for ref in args.ref or []}})
     if args.tokenize and (problem := bleu_tokenizer_problem(args.tokenize)):  # before the run is loaded (converted)
         raise UsageError(f"--tokenize: {problem}")
     comet = None
@@ -210,8 +209,8 @@ def run_evaluate(args: argparse.Namespace) -> None:
         from transformer_mt.evaluate.comet import Comet
 
         comet = Comet.load(args.comet)
-    _check_not_kept(args.output, "--output", _run_dir_of(args))  # before loading, which may write into the run
-    translator = _load_translator(args)
+    check_not_kept(args.output, "--output", run_dir_of(args))  # before loading, which may write into the run
+    translator = load_translator(args)
     tokenize = args.tokenize or translator.cfg.train.bleu_tokenize
     problem = bleu_tokenizer_problem(tokenize)  # before translating
     if problem:
@@ -247,7 +246,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
     settings = f"beam{beam}" + (f".lp{alpha:g}" if args.length_penalty is not None and beam > 1 else "") + \
         (f".{translator.quantized}" if translator.quantized else "")  # never replacing the fp32 hypotheses
     output = args.output or RunDir(translator.run_dir).evaluation / f"{name}.{translator.checkpoint.stem}.{settings}.txt"
-    _write_lines(output, hypotheses)
+    write_lines(output, hypotheses)
     for metric in METRICS:
         print(f"{scores[metric].shown(metric)}  {scores[metric].signature}")
     if comet is not None:
@@ -261,97 +260,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
             print(f"  {line}")
     penalty = f", length penalty {alpha:g}" if beam > 1 else ""  # greedy decoding has none
     penalty += f", {translator.quantized} weights" if translator.quantized else ""
-    print(f"{len(hypotheses)} sentences, beam {beam}{penalty}; hypotheses in {_shown(output)}", file=sys.stderr)
-
-
-def _load_translator(args: argparse.Namespace):
-    """The run's (or checkpoint's, or newest run's) `Translator` on --engine, else the run's
-    decode.engine; --show-attention draws from the torch engine's model, which auto then picks."""
-    from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
-    from transformer_mt.decode.translator import Translator
-    from transformer_mt.runs.summary import training_now
-
-    run_dir = _run_dir_of(args)
-    engine = args.engine
-    if getattr(args, "show_attention", None):
-        if engine == "ctranslate2":
-            raise UsageError("--show-attention draws from the torch engine's model; leave out --engine ctranslate2")
-        engine = "torch"
-    translator = Translator.from_run(run_dir, checkpoint=args.checkpoint, device=args.device, engine=engine)
-    data = translator.cfg.data
-    using = f"{_shown(run_dir)} ({data.src_lang}->{data.tgt_lang}, {translator.checkpoint.name}"
-    if (training := training_now(run_dir)) is not None:  # a better model is coming: say so, run given or not
-        step, max_steps = training.get("step"), training.get("max_steps")
-        at = f", at step {step} of {max_steps}" if isinstance(step, int) and isinstance(max_steps, int) else ""
-        using += f" of step {translator.step}; still training{at}"
-    if not (args.run or args.checkpoint):  # say which run answers: it may be of another language pair
-        print(f"tmt: using {using}), the most recently updated run under runs/; choose another with --run DIR "
-              "(`tmt runs` lists them)", file=sys.stderr)
-    elif training is not None:
-        print(f"tmt: using {using})", file=sys.stderr)
-    chosen = {"length_penalty": args.length_penalty, "quantize": args.quantize}
-    translator.set_decoding(**{key: value for key, value in chosen.items() if value is not None})
-    # A beam wider than the target tokens a hypothesis can continue with (all but PAD, BOS and EOS)
-    # could not be filled at the first step, and a huge one runs out of memory.
-    size = args.beam or translator.cfg.decode.beam_size
-    vocabulary = translator.tokenizers.tgt.get_vocab_size()
-    most = vocabulary - len((PAD_ID, BOS_ID, EOS_ID))
-    if size > most:
-        where = f"--beam {size}" if args.beam else f"the run's decode.beam_size={size} (choose another with --beam)"
-        raise UsageError(f"{where}: beam search keeps at most {most} hypotheses with this run's target vocabulary "
-                         f"of {vocabulary} tokens (all but PAD, BOS and EOS)")
-    return translator
-
-
-def _shown(path: Path) -> str:
-    """`path` as messages show it: relative to the working folder when it lies under it (as the
-    paths users type), else absolute; the same file reads the same however it was reached."""
-    absolute = Path(os.path.abspath(path))
-    try:
-        return str(absolute.relative_to(Path.cwd()))
-    except ValueError:
-        return str(absolute)
-
-
-def _check_output(path: Path | None, option: str = "--output", inputs: dict[str, Path | None] | None = None) -> None:
-    """Refuse, before translating rather than after, an output that cannot be a file or that is
-    one of the command's `inputs` (option -> path): writing it would destroy what was read, or
-    that lies under a file (`in.txt/out.txt`). Creates nothing: the writer makes the folder."""
-    if path is None:
-        return
-    if path.is_dir():
-        raise UsageError(f"{option} {path} is a directory; give a file name")
-    for name, source in (inputs or {}).items():
-        if source is not None and path.exists() and source.exists() and os.path.samefile(path, source):
-            raise UsageError(f"{option} {path} is the {name} file; writing it would destroy the input")
-    check_parent_dir(path, option)
-
-
-def _run_dir_of(args: argparse.Namespace) -> Path:
-    """The run --run or --checkpoint names, else the most recently updated run under ./runs."""
-    if args.checkpoint:
-        if args.checkpoint.resolve().parent.name != RunDir.CHECKPOINTS:
-            raise UsageError(f"--checkpoint {args.checkpoint}: give a checkpoint inside a run's checkpoints/ "
-                             "folder (the run's tokenizers and config are found from there)")
-        return args.checkpoint.resolve().parent.parent  # <run>/checkpoints/<file>.pt
-    return args.run or latest_run(Path("runs"))
-
-
-def _check_not_kept(path: Path | None, option: str, run_dir: Path) -> None:
-    """Refuse an output that would replace a file the run keeps (`RunDir.keeps`): a checkpoint,
-    its tokenizers or config written over would leave the run unusable."""
-    if path is not None and RunDir(run_dir).keeps(path):
-        raise UsageError(f"{option} {path} is part of the run {run_dir} (its checkpoints, tokenizers, config, caches "
-                         "or records); writing it would break the run: give a file outside them")
-
-
-def _write_lines(path: Path, lines: list[str]) -> None:
-    """Write one line each, atomically: a failure never leaves a half-written file."""
-    make_parent_dir(path)
-    try:
-        write_text_atomic(path, lines_to_text(lines))
-    except OSError as err:
-        raise write_error(err) from None
+    print(f"{len(hypotheses)} sentences, beam {beam}{penalty}; hypotheses in {shown(output)}", file=sys.stderr)
 
 
 def _argument_lines(texts: list[str]) -> list[str]:

@@ -9,9 +9,46 @@ import logging
 import signal
 import sys
 
+from transformer_mt.cli.arguments import add_command, add_model_arguments, non_negative_float, port_number, positive_int
 from transformer_mt.cli.common import load_translator, shown
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.core.errors import TmtError, UsageError
+
+SERVE_EXAMPLES = """examples:
+  tmt serve --run runs/demo              # a web page at http://127.0.0.1:8000/
+  curl -s localhost:8000/translate -d '{"sentences": ["Where is the station?"]}'
+  curl -s localhost:8000/translate \\
+      -d '{"sentences": ["Good morning."], "beam_size": 5, "n_best": 3}'
+  tmt serve --run runs/demo --host 0.0.0.0 --port 8080 --max-wait-ms 20 \\
+      --batch-tokens 8192
+
+Requests that arrive together are translated in one batch; SIGTERM or Ctrl-C answers the requests
+already received, then stops (exit 0). The guide "Serving" describes the API.
+"""
+
+
+def add_parser(commands) -> None:
+    """`tmt serve`: its options, help and examples."""
+    serve = add_command(commands, "serve", "serve a run's translations over HTTP, with a web page to try them",
+                         SERVE_EXAMPLES)
+    add_model_arguments(serve, progress=False)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="the address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every network)")
+    serve.add_argument("--port", type=port_number, default=8000, help="the TCP port (default 8000; 0: any free port, "
+                                                                "which the line tmt prints names)")
+    serve.add_argument("--max-wait-ms", type=non_negative_float, default=0.0, metavar="MS",
+                       help="how long an idle server lets a request wait for others to share its batch (default 0: "
+                            "none); a busy server batches what queued meanwhile in any case")
+    serve.add_argument("--batch-tokens", type=positive_int, metavar="N",
+                       help="source tokens that send a batch at once when reached (default: the run's "
+                            "decode.batch_tokens); a larger request goes alone")
+    serve.add_argument("--max-sentences", type=positive_int, default=64, metavar="N",
+                       help="the most sentences one request may hold (default 64)")
+    serve.add_argument("--max-beam", type=positive_int, default=16, metavar="K",
+                       help="the largest beam_size a request may ask for (default 16)")
+    serve.add_argument("--max-body-bytes", type=positive_int, metavar="N",
+                       help="the largest request body, refused (413) before it is read (default: what "
+                            "--max-sentences sentences of the longest the model translates take as JSON)")
 
 
 def run_serve(args: argparse.Namespace) -> None:

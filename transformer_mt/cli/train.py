@@ -10,11 +10,33 @@ import signal
 import sys
 from pathlib import Path
 
+from transformer_mt.cli.arguments import add_command
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.core.errors import DataError, TmtError, TrainingStopped, WriteError, error_line, interrupted
 from transformer_mt.core.run_layout import RunDir
 
 logger = logging.getLogger("transformer_mt")
+
+TRAIN_EXAMPLES = """examples:
+  tmt train --config configs/demo.yaml
+  tmt train --config configs/demo.yaml --set train.max_steps=2000 \\
+      --set model.dropout=0.2
+  tmt train --config configs/demo.yaml --resume   # from the newest checkpoint
+  tensorboard --logdir runs                       # watch the curves
+"""
+
+
+def add_parser(commands) -> None:
+    """`tmt train`: its options, help and examples."""
+    train = add_command(commands, "train", "train a model from a YAML config", TRAIN_EXAMPLES)
+    train.add_argument("--config", required=True, type=Path, help="YAML config file")
+    train.add_argument("--run-dir", type=Path, help="where the run is written (default: runs/<name from config>)")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config value, e.g. --set train.lr=3e-4 (repeatable)")
+    train.add_argument("--resume", action="store_true", help="continue from the run's newest checkpoint")
+    train.add_argument("--overwrite", action="store_true", help="delete an existing run in --run-dir and start over")
+    train.add_argument("--quiet", "--no-progress", dest="no_progress", action="store_true",
+                       help="no progress bars (the log lines stay)")
 
 
 def run_train(args: argparse.Namespace) -> None:

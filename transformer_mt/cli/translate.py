@@ -9,13 +9,113 @@ import hashlib
 import json
 import logging
 import sys
+from pathlib import Path
 
+from transformer_mt.cli.arguments import (STDIO, add_command, add_model_arguments, non_negative_int, path_or_dash,
+                                          positive_float, positive_int, probability, seed_number)
 from transformer_mt.cli.common import check_not_kept, check_output, load_translator, run_dir_of, shown, write_lines
 from transformer_mt.cli.log_setup import setup_logging
-from transformer_mt.cli.parser import STDIO
+from transformer_mt.config.schema import BLEU_TOKENIZERS
 from transformer_mt.core.errors import DataError, UsageError
 from transformer_mt.core.files import write_error
 from transformer_mt.core.run_layout import RunDir
+
+TRANSLATE_EXAMPLES = """examples:
+  tmt translate "Where is the station?"           # the newest run under ./runs
+  tmt translate --run runs/demo "Good morning." "Thank you!"
+  tmt translate --run runs/demo --beam 5 --input test.en --output test.it
+  tmt translate --checkpoint runs/demo/checkpoints/step_00001200.pt \\
+      < input.en > output.it
+  tmt translate --run runs/demo --show-attention attention.png \\
+      "Where is the station?"
+  # at a terminal: type a sentence, get its translation
+  tmt translate --run runs/demo
+  tmt translate --run runs/demo --beam 5 --n-best 3 --scores \\
+      "Where is the station?"
+  tmt translate --run runs/demo --beam 5 --n-best 5 --format jsonl \\
+      --input transformer_mt/corpora/demo_en_it/test.en > test.nbest.jsonl
+  tmt translate --run runs/demo --sample --top-p 0.9 --seed 1 --n-best 2 \\
+      "Where is the station?"
+"""
+
+EVALUATE_EXAMPLES = """examples:
+  tmt evaluate --run runs/demo                    # the run's test split, greedy
+  tmt evaluate --run runs/demo --split valid --beam 5
+  # pre-tokenized text
+  tmt evaluate --run runs/m30k --src test.en --ref test.de --tokenize none
+  # two references of each sentence
+  tmt evaluate --run runs/demo --src test.en --ref test.it other.it
+"""
+
+
+def add_parser(commands) -> None:
+    """`tmt translate`: its options, help and examples."""
+    translate = add_command(commands, "translate", "translate sentences with a trained run", TRANSLATE_EXAMPLES)
+    translate.add_argument("text", nargs="*", help="sentences to translate (default: one per line from stdin)")
+    add_model_arguments(translate)
+    translate.add_argument("--input", type=path_or_dash, help="translate this file, one sentence per line (- = stdin)")
+    translate.add_argument("--output", type=path_or_dash,
+                           help="write translations here instead of stdout (- = stdout)")
+    translate.add_argument("--show-attention", type=Path, metavar="FILE.png",
+                           help="draw the cross-attention of the (single) sentence's translation to FILE.png "
+                                "(or .jpg, .pdf, .svg, ...: the format the suffix names)")
+    translate.add_argument("--attention-layer", type=int, metavar="N",
+                           help="decoder layer to draw for --show-attention: 0 is the first, -1 (default) the last")
+    translate.add_argument("--interactive", action="store_true",
+                           help="translate each line as it is typed (the default when stdin is a terminal and "
+                                "no sentence, --input or --output is given)")
+    lists = translate.add_argument_group("n-best lists, scores and sampling (the Translating guide)")
+    lists.add_argument("--n-best", type=positive_int, default=1, metavar="K",
+                       help="the K best translations of each sentence (K at most the beam size), best first; "
+                            "text output: one line each, '<sentence number from 0><TAB>[<score><TAB>]<translation>'")
+    lists.add_argument("--scores", action="store_true",
+                       help="put each translation's score before it and a TAB: its log-probability over the GNMT "
+                            "length penalty ((5 + length) / 6)^alpha, as beam search ranks them")
+    lists.add_argument("--format", choices=["text", "jsonl"], default="text",
+                       help="text (default), or jsonl: one JSON object per sentence with source, hypotheses, "
+                            "scores and tokens (BPE pieces)")
+    lists.add_argument("--sample", action="store_true",
+                       help="draw translations from the model instead of searching (back-translation); "
+                            "--n-best K draws K per sentence")
+    lists.add_argument("--temperature", type=positive_float, metavar="T",
+                       help="with --sample: divide the logits by T (default 1; below 1 sharper, above flatter)")
+    lists.add_argument("--top-k", type=non_negative_int, metavar="K",
+                       help="with --sample: draw from the K most probable tokens only (default 0: all)")
+    lists.add_argument("--top-p", type=probability, metavar="P",
+                       help="with --sample: draw from the most probable tokens that together reach probability P "
+                            "(nucleus sampling; default 1: all)")
+    lists.add_argument("--seed", type=seed_number, metavar="N",
+                       help="with --sample: the random seed (default 0); the same input (lines and their order), "
+                            "options and seed give the same samples on the same device")
+
+
+def add_evaluate_parser(commands) -> None:
+    """`tmt evaluate`: its options, help and examples."""
+    evaluate = add_command(commands, "evaluate", "translate a test set and score it with sacreBLEU: BLEU, chrF, "
+                                                  "chrF++ and TER with confidence intervals", EVALUATE_EXAMPLES)
+    add_model_arguments(evaluate)
+    evaluate.add_argument("--split", choices=["valid", "test"], default="test",
+                          help="which split of the run's own data to score (default: test)")
+    evaluate.add_argument("--src", type=Path, help="source file to translate instead of a split (needs --ref)")
+    evaluate.add_argument("--ref", type=Path, nargs="+", metavar="REF",
+                          help="reference translations of --src, line by line; several files: several references "
+                               "of each sentence (sacreBLEU's multi-reference scores)")
+    evaluate.add_argument("--bootstrap", type=non_negative_int, default=1000, metavar="N",
+                          help="bootstrap resamples for each score's 95%% confidence interval, sacreBLEU's "
+                               "(seed: SACREBLEU_SEED, default 12345); 0 = no interval (default 1000)")
+    evaluate.add_argument("--comet", metavar="MODEL",
+                          help="also score with COMET: a Hub model name (Unbabel/wmt22-comet-da) or a downloaded "
+                               "model folder; needs the comet extra (pip install 'transformer-mt[comet]')")
+    evaluate.add_argument("--no-diagnostics", dest="diagnostics", action="store_false",
+                          help="leave out the diagnostics printed after the scores: copies of the source, untranslated "
+                               "output, another script, n-gram loops, length outliers, numbers, URLs and end "
+                               "punctuation that differ from the source, chrF by source length")
+    evaluate.add_argument("--tokenize", choices=BLEU_TOKENIZERS, metavar="TOKENIZER",
+                          help=f"sacreBLEU tokenizer for BLEU: {', '.join(BLEU_TOKENIZERS)} (default: the run's "
+                               "train.bleu_tokenize, normally 13a; none for pre-tokenized text)")
+    evaluate.add_argument("--output", type=path_or_dash,
+                          help="where to write the hypotheses (default: in <run>/evaluation/, named "
+                               "<name>.<checkpoint>.beam<K>[.lp<ALPHA>][.int8].txt)")
 
 
 def run_translate(args: argparse.Namespace) -> None:

@@ -33,8 +33,9 @@ def test_each_command_module_declares_its_own_subcommands(module: str, monkeypat
     declared = importlib.import_module(f"transformer_mt.cli.{module}")
     parser = argparse.ArgumentParser(prog="tmt")
     commands = parser.add_subparsers()
-    for add in [getattr(declared, name) for name in dir(declared) if name.startswith("add_") and name.endswith("parser")]:
-        add(commands)
+    for name in dir(declared):  # add_parser, and translate.py's add_evaluate_parser
+        if name.startswith("add_") and name.endswith("_parser"):
+            getattr(declared, name)(commands)
     assert sorted(subcommands(parser)) == sorted(DECLARED[module])
     whole = subcommands(build_parser())
     for name, command in subcommands(parser).items():  # the very parser tmt uses: declared in one place

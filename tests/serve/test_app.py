@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import os
-import socket
 import subprocess
 import sys
 from importlib import resources
@@ -17,7 +16,12 @@ import pytest
 from tests.helpers import PYTHONPATH, REPO
 from transformer_mt.core.errors import UsageError
 
-tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+def package_data() -> list[str]:
+    """pyproject.toml's patterns of the files beside the modules that ship with them."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    return tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"][
+        "package-data"]["transformer_mt"]
 
 
 def test_a_sentence_over_the_character_bound_is_refused_without_tokenizing_it():
@@ -81,8 +85,7 @@ def test_listening_where_it_cannot_is_one_usage_error():
 def test_the_page_is_the_servers_and_ships_in_the_package():
     page = resources.files("transformer_mt.serve").joinpath("serve_page.html")
     assert page.is_file() and 'id="source"' in page.read_text(encoding="utf-8")
-    patterns = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"][
-        "package-data"]["transformer_mt"]
+    patterns = package_data()
     assert any(fnmatch.fnmatch("serve/serve_page.html", pattern) for pattern in patterns), patterns
 
 
@@ -97,8 +100,7 @@ def test_the_server_imports_without_fastapi_or_uvicorn():
 
 def test_no_file_of_the_package_is_left_out_of_it():
     """Every file beside the modules that is no Python ships with them (pyproject's package-data)."""
-    patterns = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"][
-        "package-data"]["transformer_mt"]
+    patterns = package_data()
     package = REPO / "transformer_mt"
     data = [path.relative_to(package).as_posix() for path in package.rglob("*")
             if path.is_file() and path.suffix not in (".py", ".pyc") and "__pycache__" not in path.parts]

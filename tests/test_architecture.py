@@ -70,3 +70,14 @@ def test_no_module_imports_in_a_cycle():
 
     for name in sorted(graph):
         visit(name, [])
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """What modules share is public (`cli/common.py`'s `load_translator`), never another module's `_helper`."""
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("transformer_mt"):
+                wrong += [f"{path.relative_to(PACKAGE)} imports {node.module}.{alias.name}" for alias in node.names
+                          if alias.name.startswith("_") and not alias.name.endswith("__")]
+    assert not wrong, "; ".join(wrong)

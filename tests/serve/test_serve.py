@@ -16,7 +16,6 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 import pytest
@@ -286,18 +285,3 @@ def test_the_default_body_limit_takes_every_request_the_other_limits_take(server
     assert server.post(body[:-2] + b" " * (health["max_body_bytes"] - len(body) + 1) + b"]}")[0] == 413
     server.stop()
 
-
-def test_a_sentence_over_the_character_bound_is_refused_without_tokenizing_it():
-    from transformer_mt.cli.serve import Limits, RequestError, _check
-
-    def no_tokenizing(lines):
-        raise AssertionError("tokenized")
-
-    translator = SimpleNamespace(tokenizers=SimpleNamespace(encode_src=no_tokenizing))
-    limits = Limits(max_sentences=4, max_beam=4, max_tokens=63, default_beam=1, max_sentence_characters=630,
-                    max_body_bytes=20_000)
-    asked = SimpleNamespace(sentences=["Good morning.", "  " + "x" * 631 + "  "], beam_size=None, n_best=1,
-                            scores=False)
-    with pytest.raises(RequestError) as refused:
-        _check(asked, translator, limits)
-    assert refused.value.status == 413 and str(refused.value).startswith("sentences[1]: 631 characters; ")

@@ -5,11 +5,31 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
+from transformer_mt.cli.arguments import add_command, positive_int
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.core.errors import CheckpointError, UsageError
 from transformer_mt.core.files import make_parent_dir
 from transformer_mt.core.run_layout import RunDir, find_checkpoint
+
+AVERAGE_EXAMPLES = """examples:
+  tmt average --run runs/m30k            # the last 5 step checkpoints
+  tmt average --run runs/demo --last 2   # the demo keeps 2 (train.keep_last)
+  tmt evaluate --beam 5 \\
+      --checkpoint runs/demo/checkpoints/average_steps_00000900-00001200.pt
+"""
+
+
+def add_parser(commands) -> None:
+    """`tmt average`: its options, help and examples."""
+    average = add_command(commands, "average", "average the weights of a run's last step checkpoints", AVERAGE_EXAMPLES)
+    average.add_argument("--run", type=Path, required=True, help="run directory")
+    average.add_argument("--last", type=positive_int, default=5, metavar="N",
+                         help="how many of the newest step checkpoints to average (default 5)")
+    average.add_argument("--output", type=Path,
+                         help="default: <run>/checkpoints/average_steps_<first>-<last>.pt (keep it in "
+                              "<run>/checkpoints/ so that --checkpoint finds the run's tokenizers)")
 
 
 def run_average(args: argparse.Namespace) -> None:

@@ -10,9 +10,49 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from transformer_mt.cli.arguments import add_command, non_negative_int, positive_int
 from transformer_mt.cli.log_setup import setup_logging
+from transformer_mt.config.schema import BLEU_TOKENIZERS
 from transformer_mt.core.errors import DataError, UsageError
 from transformer_mt.core.run_layout import RunDir
+
+COMPARE_EXAMPLES = """examples:
+  # the demo against another seed of it (the first is the baseline)
+  tmt train --config configs/demo.yaml --run-dir runs/demo-seed2 --set seed=2
+  tmt compare runs/demo runs/demo-seed2
+  tmt compare base.it new.it --ref test.it        # hypothesis files
+  # tables to paste into a report
+  tmt compare runs/demo runs/demo-seed2 --format markdown
+"""
+
+
+def add_parser(commands) -> None:
+    """`tmt compare`: its options, help and examples."""
+    compare = add_command(commands, "compare", "compare runs or hypothesis files on one test set: intervals, "
+                                                "significance, seed groups, config differences, sentences",
+                           COMPARE_EXAMPLES)
+    compare.add_argument("systems", nargs="+", type=Path, metavar="RUN_OR_FILE",
+                         help="run directories (their final test: evaluation/test_scores.json and its hypotheses) "
+                              "or hypothesis files, one line per test sentence; the first is the baseline")
+    compare.add_argument("--ref", type=Path, nargs="+", metavar="REF",
+                         help="reference file(s) of the test set, line by line (default: the runs' own test split; "
+                              "needed for hypothesis files alone)")
+    compare.add_argument("--format", choices=["text", "markdown", "json"], default="text",
+                         help="text tables (default), markdown tables, or JSON with every figure")
+    compare.add_argument("--tokenize", choices=BLEU_TOKENIZERS, metavar="TOKENIZER",
+                         help=f"sacreBLEU tokenizer for BLEU: {', '.join(BLEU_TOKENIZERS)} (default: the first "
+                              "run's train.bleu_tokenize, else 13a)")
+    compare.add_argument("--bootstrap", type=positive_int, default=1000, metavar="N",
+                         help="paired bootstrap resamples, which also give the 95%% intervals (default 1000)")
+    compare.add_argument("--trials", type=positive_int, default=10000, metavar="N",
+                         help="approximate randomisation trials (default 10000)")
+    compare.add_argument("--comet", metavar="MODEL",
+                         help="add each system's COMET score (no test of its difference): a Hub model name or a "
+                              "downloaded model folder; needs the comet extra (pip install 'transformer-mt[comet]')")
+    compare.add_argument("--src", type=Path, help="the test set's sources, for --comet with hypothesis files")
+    compare.add_argument("--examples", type=non_negative_int, default=3, metavar="K",
+                         help="sentences shown where each system gains most over the first by sentence chrF, and "
+                              "where it loses most (default 3)")
 
 
 @dataclass

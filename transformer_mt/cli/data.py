@@ -7,8 +7,33 @@ import logging
 import sys
 from pathlib import Path
 
+from transformer_mt.cli.arguments import add_command
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.core.errors import TmtError
+
+DATA_EXAMPLES = """examples:
+  # the report tmt train logs before its first step
+  tmt data --config configs/demo.yaml
+  tmt data --config configs/demo.yaml --set tokenizer.vocab_size=2000 \\
+      --set model.max_len=32
+  # steps per epoch at another token budget
+  tmt data --config configs/demo.yaml --set train.batch_tokens=4096
+
+Nothing is written: tokenizers are trained in a temporary folder, or reused from the run
+directory (--run-dir, default runs/<name>) when its data and tokenizer settings are the same.
+"""
+
+
+def add_parser(commands) -> None:
+    """`tmt data`: its options, help and examples."""
+    data = add_command(commands, "data", "report on the data before training: pairs, filters, lengths, "
+                                             "unknown tokens, steps per epoch", DATA_EXAMPLES)
+    data.add_argument("--config", required=True, type=Path, help="YAML config file")
+    data.add_argument("--run-dir", type=Path, help="a run whose tokenizers and data split to reuse, read only "
+                                                   "(default: runs/<name from config>, if it exists)")
+    data.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config value, e.g. --set model.max_len=64 (repeatable)")
+    data.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bars")
 
 
 def run_data(args: argparse.Namespace) -> None:

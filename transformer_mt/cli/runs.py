@@ -7,7 +7,22 @@ import shutil
 import sys
 from pathlib import Path
 
+from transformer_mt.cli.arguments import add_command
 from transformer_mt.core.errors import UsageError
+
+RUNS_EXAMPLES = """examples:
+  tmt runs                          # the runs under ./runs, newest first
+  tmt runs --dir /data/experiments
+  cat runs/demo/summary.json        # one run's provenance, metrics, speed
+"""
+
+
+def add_parser(commands) -> None:
+    """`tmt runs`: its options, help and examples."""
+    runs = add_command(commands, "runs", "list training runs: status, steps, best BLEU, last update", RUNS_EXAMPLES)
+    runs.add_argument("--dir", type=Path,
+                      help="folder holding run directories, also grouped one folder deeper (runs/<group>/<name>), "
+                           "or one run directory (default: runs)")
 
 
 def run_runs(args: argparse.Namespace) -> None:

@@ -7,11 +7,48 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
+from transformer_mt.cli.arguments import STDIO, add_command, path_or_dash
+from transformer_mt.cli.common import check_not_kept, check_output, load_translator, run_dir_of, write_lines
 from transformer_mt.cli.log_setup import setup_logging
-from transformer_mt.cli.parser import STDIO
-from transformer_mt.cli.translate import _check_not_kept, _check_output, _load_translator, _run_dir_of, _write_lines
 from transformer_mt.core.errors import DataError, UsageError
+
+SCORE_EXAMPLES = """examples:
+  # one line each: log-prob<TAB>per token
+  tmt score --run runs/demo --source test.en --target test.it
+  # source<TAB>target lines on stdin
+  paste test.en test.it | tmt score --run runs/demo
+  # every token's log-prob
+  tmt score --run runs/demo --source test.en --target test.it --format jsonl
+"""
+
+
+def add_parser(commands) -> None:
+    """`tmt score`: its options, help and examples."""
+    scoring = add_command(commands, "score", "the model's log-probability of given translations (source, target "
+                                              "pairs)", SCORE_EXAMPLES)
+    source = scoring.add_mutually_exclusive_group()
+    source.add_argument("--run", type=Path, help="run directory (default: the most recently updated run under ./runs)")
+    source.add_argument("--checkpoint", type=Path, help="a checkpoint file inside a run's checkpoints/ folder")
+    scoring.add_argument("--source", type=Path, help="source sentences, one per line (needs --target; default: "
+                                                     "source<TAB>target lines on stdin)")
+    scoring.add_argument("--target", type=Path, help="the translations to score, line by line with --source")
+    scoring.add_argument("--format", choices=["text", "jsonl"], default="text",
+                         help="text (default): '<log-probability><TAB><per token>' a line, the sum over the "
+                              "target's tokens and EOS, then divided by their number; jsonl: an object a line "
+                              "with source, target, log_prob, per_token, tokens and token_log_probs")
+    scoring.add_argument("--output", type=path_or_dash, help="write the scores here instead of stdout (- = stdout)")
+    scoring.add_argument("--quantize", choices=["none", "int8"],
+                         help="int8: score with CTranslate2's int8 weights on a CPU (default: the run's "
+                              "decode.quantize, none)")
+    scoring.add_argument("--engine", choices=["auto", "torch", "ctranslate2"],
+                         help="engine (default: the run's decode.engine, auto: CTranslate2's score_batch on a CPU, "
+                              "torch elsewhere); both give the same log-probabilities up to float rounding")
+    scoring.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
+                         help="where to score (default auto: CUDA, else MPS, else the CPU)")
+    scoring.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bar")
+    scoring.set_defaults(beam=None, length_penalty=None)  # what the shared run loader reads
 
 
 def run_score(args: argparse.Namespace) -> None:
@@ -20,10 +57,10 @@ def run_score(args: argparse.Namespace) -> None:
         raise UsageError("--source and --target go together (or give source<TAB>target lines on stdin)")
     if args.output == STDIO:
         args.output = None
-    _check_output(args.output, inputs={"--source": args.source, "--target": args.target})
+    check_output(args.output, inputs={"--source": args.source, "--target": args.target})
     sources, targets = _read_pairs(args)
-    _check_not_kept(args.output, "--output", _run_dir_of(args))  # before loading, which may write into the run
-    translator = _load_translator(args)
+    check_not_kept(args.output, "--output", run_dir_of(args))  # before loading, which may write into the run
+    translator = load_translator(args)
     scored = translator.score(sources, targets, progress=bool(args.source) and not args.quiet)
     if args.format == "jsonl":
         lines = [json.dumps({"source": src, "target": tgt, "log_prob": round(pair.log_prob, 4),
@@ -33,7 +70,7 @@ def run_score(args: argparse.Namespace) -> None:
     else:
         lines = [f"{pair.log_prob:.4f}\t{pair.per_token:.4f}" for pair in scored]
     if args.output:
-        _write_lines(args.output, lines)
+        write_lines(args.output, lines)
     else:
         for line in lines:
             print(line)

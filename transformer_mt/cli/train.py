@@ -1,20 +1,44 @@
 """`tmt train`: load the config, prepare the run directory (rank 0 under torchrun), train, and say
-how to continue after a stop; `tmt data`: the data report of a config, writing nothing."""
+how to continue after a stop."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import shlex
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+from transformer_mt.cli.arguments import add_command
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.core.errors import DataError, TmtError, TrainingStopped, WriteError, error_line, interrupted
 from transformer_mt.core.run_layout import RunDir
 
 logger = logging.getLogger("transformer_mt")
+
+TRAIN_EXAMPLES = """examples:
+  tmt train --config configs/demo.yaml
+  tmt train --config configs/demo.yaml --set train.max_steps=2000 \\
+      --set model.dropout=0.2
+  tmt train --config configs/demo.yaml --resume   # from the newest checkpoint
+  tensorboard --logdir runs                       # watch the curves
+"""
+
+
+def add_parser(commands) -> None:
+    """`tmt train`: its options, help and examples."""
+    train = add_command(commands, "train", "train a model from a YAML config", TRAIN_EXAMPLES)
+    train.add_argument("--config", required=True, type=Path, help="YAML config file")
+    train.add_argument("--run-dir", type=Path, help="where the run is written (default: runs/<name from config>)")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config value, e.g. --set train.lr=3e-4 (repeatable)")
+    train.add_argument("--resume", action="store_true", help="continue from the run's newest checkpoint")
+    train.add_argument("--overwrite", action="store_true", help="delete an existing run in --run-dir and start over")
+    train.add_argument("--quiet", "--no-progress", dest="no_progress", action="store_true",
+                       help="no progress bars (the log lines stay)")
 
 
 def run_train(args: argparse.Namespace) -> None:
@@ -24,9 +48,7 @@ def run_train(args: argparse.Namespace) -> None:
 
     from transformer_mt.core.distributed import Distributed
     from transformer_mt.core.runtime import machine_memory_bytes, pick_device, pick_precision
-    from transformer_mt.runs.checkpoint import CheckpointDir
     from transformer_mt.runs.init_from import check_parent
-    from transformer_mt.runs.run_dir import NewRunDir, prepare_run_dir
     from transformer_mt.train.batches import check_model_fits
     from transformer_mt.train.trainer import train
 
@@ -39,57 +61,81 @@ def run_train(args: argparse.Namespace) -> None:
         check_parent(cfg)  # so is a parent that cannot be started from: nothing created, nothing emptied
     dist = Distributed.from_environment()  # a world of one unless started by torchrun
     dist.start(device)
-    lock = None  # rank 0's on the run directory, held while it trains
-    # What a new start adds, taken back when it stops before training on its data, a file it cannot write
-    # (a full disk, a file-size limit) or Ctrl-C: no run is left behind that never trained. Other failures
-    # keep the run's train.log, which records them.
-    new_run = NewRunDir(run_dir) if dist.is_main and not args.resume else None
-    taken_back = False
-    try:
+    with contextlib.ExitStack() as stack:  # left in reverse: train.log's last record, the run, the process group
+        stack.callback(dist.stop)
         if dist.is_main:  # rank 0 prepares the directory; the others wait for it
-            try:
-                lock = prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite,
-                                       init_from=cfg.train.init_from)
-            except WriteError:  # a full disk before the lock was ours: what this start created goes too
-                if new_run is not None:
-                    new_run.remove()
-                raise
+            stack.enter_context(_claimed_run(run_dir, args, cfg.train.init_from))
         dist.barrier()
-        log_file = setup_logging(logging.INFO if dist.is_main else logging.WARNING,
-                                 RunDir(run_dir).train_log if dist.is_main else None, timestamps=True)
-        try:
-            try:
-                state = train(cfg, run_dir, resume=args.resume, progress=not args.no_progress,
-                              config_dir=args.config.resolve().parent, dist=dist)
-            except TrainingStopped as err:
-                again = "the same torchrun command with --resume" if dist.enabled else _resume_command(args)
-                raise TrainingStopped(f"{err}; continue with: {again}", err.exit_code - 128) from None
-            except KeyboardInterrupt as err:  # a second Ctrl-C, or a signal outside the training loop
-                signal_number = getattr(err, "exit_code", 128 + signal.SIGINT) - 128
-                # Resume from the newest checkpoint, or before the first one start again (same directory).
-                resume = CheckpointDir(RunDir(run_dir).checkpoints, keep_last=1).latest() is not None
-                again = (f"the same torchrun command{' with --resume' if resume else ' (without --resume)'}"
-                         if dist.enabled else _resume_command(args, resume=resume))
-                raise TrainingStopped(f"{interrupted(signal_number)}; continue with: {again}", signal_number) from None
-        except BaseException as err:
-            taken_back = isinstance(err, (DataError, WriteError, TrainingStopped, KeyboardInterrupt))
-            if log_file is not None:  # a run read under nohup or in CI ends with why it stopped
-                log_file.handle(_error_record(err))
-            raise
-        finally:
-            if log_file is not None:
-                logging.getLogger().removeHandler(log_file)
-                log_file.close()
-    finally:
-        dist.stop()
-        if lock is not None:
-            if taken_back and new_run is not None:
-                new_run.remove()
-            lock.release()
+        stack.enter_context(_logging_to_train_log(run_dir, dist.is_main))
+        stack.enter_context(_saying_how_to_continue(args, run_dir, torchrun=dist.enabled))
+        state = train(cfg, run_dir, resume=args.resume, progress=not args.no_progress,
+                      config_dir=args.config.resolve().parent, dist=dist)
     if not dist.is_main:
         return
     best = f", best validation BLEU {state.best_bleu:.2f}" if state.best_bleu >= 0 else ""
     print(f"tmt: finished at step {state.step}{best}; run directory {run_dir}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _claimed_run(run_dir: Path, args: argparse.Namespace, init_from: str | None) -> Iterator[None]:
+    """The run directory prepared for this start and locked while it trains. What a new start adds is
+    taken back when it stops before training on its data, a file it cannot write (a full disk, a
+    file-size limit) or Ctrl-C: no run is left behind that never trained. Other failures keep the
+    run's train.log, which records them."""
+    from transformer_mt.runs.run_dir import NewRunDir, prepare_run_dir
+
+    new_run = None if args.resume else NewRunDir(run_dir)
+    try:
+        lock = prepare_run_dir(run_dir, resume=args.resume, overwrite=args.overwrite, init_from=init_from)
+    except WriteError:  # a full disk before the lock was ours: what this start created goes too
+        if new_run is not None:
+            new_run.remove()
+        raise
+    with lock:
+        try:
+            yield
+        except (DataError, WriteError, TrainingStopped, KeyboardInterrupt):
+            if new_run is not None:
+                new_run.remove()  # while the lock is still held
+            raise
+
+
+@contextlib.contextmanager
+def _logging_to_train_log(run_dir: Path, is_main: bool) -> Iterator[None]:
+    """Log lines with timestamps on the console and, on rank 0, into the run's train.log, which ends
+    with the line that says why training stopped (a run read under nohup or in CI)."""
+    log_file = setup_logging(logging.INFO if is_main else logging.WARNING,
+                             RunDir(run_dir).train_log if is_main else None, timestamps=True)
+    if log_file is None:
+        yield
+        return
+    try:
+        yield
+    except BaseException as err:
+        log_file.handle(_error_record(err))
+        raise
+    finally:
+        logging.getLogger().removeHandler(log_file)
+        log_file.close()
+
+
+@contextlib.contextmanager
+def _saying_how_to_continue(args: argparse.Namespace, run_dir: Path, torchrun: bool) -> Iterator[None]:
+    """A stop of training (a signal, a time limit) as `TrainingStopped`, ending with the command that continues it."""
+    from transformer_mt.runs.checkpoint import CheckpointDir
+
+    try:
+        yield
+    except TrainingStopped as err:
+        again = "the same torchrun command with --resume" if torchrun else _resume_command(args)
+        raise TrainingStopped(f"{err}; continue with: {again}", err.exit_code - 128) from None
+    except KeyboardInterrupt as err:  # a second Ctrl-C, or a signal outside the training loop
+        signal_number = getattr(err, "exit_code", 128 + signal.SIGINT) - 128
+        # Resume from the newest checkpoint, or before the first one start again (same directory).
+        resume = CheckpointDir(RunDir(run_dir).checkpoints, keep_last=1).latest() is not None
+        again = (f"the same torchrun command{' with --resume' if resume else ' (without --resume)'}"
+                 if torchrun else _resume_command(args, resume=resume))
+        raise TrainingStopped(f"{interrupted(signal_number)}; continue with: {again}", signal_number) from None
 
 
 def _error_record(err: BaseException) -> logging.LogRecord:

@@ -8,15 +8,114 @@ import contextlib
 import functools
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 
+from transformer_mt.cli.arguments import (STDIO, add_command, add_model_arguments, non_negative_int, path_or_dash,
+                                          positive_float, positive_int, probability, seed_number)
+from transformer_mt.cli.common import check_not_kept, check_output, load_translator, run_dir_of, shown, write_lines
 from transformer_mt.cli.log_setup import setup_logging
-from transformer_mt.cli.parser import STDIO
-from transformer_mt.core.errors import DataError, TmtError, UsageError
-from transformer_mt.core.files import check_parent_dir, lines_to_text, make_parent_dir, write_error, write_text_atomic
-from transformer_mt.core.run_layout import RunDir, latest_run
+from transformer_mt.config.schema import BLEU_TOKENIZERS
+from transformer_mt.core.errors import DataError, UsageError
+from transformer_mt.core.files import write_error
+from transformer_mt.core.run_layout import RunDir
+
+TRANSLATE_EXAMPLES = """examples:
+  tmt translate "Where is the station?"           # the newest run under ./runs
+  tmt translate --run runs/demo "Good morning." "Thank you!"
+  tmt translate --run runs/demo --beam 5 --input test.en --output test.it
+  tmt translate --checkpoint runs/demo/checkpoints/step_00001200.pt \\
+      < input.en > output.it
+  tmt translate --run runs/demo --show-attention attention.png \\
+      "Where is the station?"
+  # at a terminal: type a sentence, get its translation
+  tmt translate --run runs/demo
+  tmt translate --run runs/demo --beam 5 --n-best 3 --scores \\
+      "Where is the station?"
+  tmt translate --run runs/demo --beam 5 --n-best 5 --format jsonl \\
+      --input transformer_mt/corpora/demo_en_it/test.en > test.nbest.jsonl
+  tmt translate --run runs/demo --sample --top-p 0.9 --seed 1 --n-best 2 \\
+      "Where is the station?"
+"""
+
+EVALUATE_EXAMPLES = """examples:
+  tmt evaluate --run runs/demo                    # the run's test split, greedy
+  tmt evaluate --run runs/demo --split valid --beam 5
+  # pre-tokenized text
+  tmt evaluate --run runs/m30k --src test.en --ref test.de --tokenize none
+  # two references of each sentence
+  tmt evaluate --run runs/demo --src test.en --ref test.it other.it
+"""
+
+
+def add_parser(commands) -> None:
+    """`tmt translate`: its options, help and examples."""
+    translate = add_command(commands, "translate", "translate sentences with a trained run", TRANSLATE_EXAMPLES)
+    translate.add_argument("text", nargs="*", help="sentences to translate (default: one per line from stdin)")
+    add_model_arguments(translate)
+    translate.add_argument("--input", type=path_or_dash, help="translate this file, one sentence per line (- = stdin)")
+    translate.add_argument("--output", type=path_or_dash,
+                           help="write translations here instead of stdout (- = stdout)")
+    translate.add_argument("--show-attention", type=Path, metavar="FILE.png",
+                           help="draw the cross-attention of the (single) sentence's translation to FILE.png "
+                                "(or .jpg, .pdf, .svg, ...: the format the suffix names)")
+    translate.add_argument("--attention-layer", type=int, metavar="N",
+                           help="decoder layer to draw for --show-attention: 0 is the first, -1 (default) the last")
+    translate.add_argument("--interactive", action="store_true",
+                           help="translate each line as it is typed (the default when stdin is a terminal and "
+                                "no sentence, --input or --output is given)")
+    lists = translate.add_argument_group("n-best lists, scores and sampling (the Translating guide)")
+    lists.add_argument("--n-best", type=positive_int, default=1, metavar="K",
+                       help="the K best translations of each sentence (K at most the beam size), best first; "
+                            "text output: one line each, '<sentence number from 0><TAB>[<score><TAB>]<translation>'")
+    lists.add_argument("--scores", action="store_true",
+                       help="put each translation's score before it and a TAB: its log-probability over the GNMT "
+                            "length penalty ((5 + length) / 6)^alpha, as beam search ranks them")
+    lists.add_argument("--format", choices=["text", "jsonl"], default="text",
+                       help="text (default), or jsonl: one JSON object per sentence with source, hypotheses, "
+                            "scores and tokens (BPE pieces)")
+    lists.add_argument("--sample", action="store_true",
+                       help="draw translations from the model instead of searching (back-translation); "
+                            "--n-best K draws K per sentence")
+    lists.add_argument("--temperature", type=positive_float, metavar="T",
+                       help="with --sample: divide the logits by T (default 1; below 1 sharper, above flatter)")
+    lists.add_argument("--top-k", type=non_negative_int, metavar="K",
+                       help="with --sample: draw from the K most probable tokens only (default 0: all)")
+    lists.add_argument("--top-p", type=probability, metavar="P",
+                       help="with --sample: draw from the most probable tokens that together reach probability P "
+                            "(nucleus sampling; default 1: all)")
+    lists.add_argument("--seed", type=seed_number, metavar="N",
+                       help="with --sample: the random seed (default 0); the same input (lines and their order), "
+                            "options and seed give the same samples on the same device")
+
+
+def add_evaluate_parser(commands) -> None:
+    """`tmt evaluate`: its options, help and examples."""
+    evaluate = add_command(commands, "evaluate", "translate a test set and score it with sacreBLEU: BLEU, chrF, "
+                                                  "chrF++ and TER with confidence intervals", EVALUATE_EXAMPLES)
+    add_model_arguments(evaluate)
+    evaluate.add_argument("--split", choices=["valid", "test"], default="test",
+                          help="which split of the run's own data to score (default: test)")
+    evaluate.add_argument("--src", type=Path, help="source file to translate instead of a split (needs --ref)")
+    evaluate.add_argument("--ref", type=Path, nargs="+", metavar="REF",
+                          help="reference translations of --src, line by line; several files: several references "
+                               "of each sentence (sacreBLEU's multi-reference scores)")
+    evaluate.add_argument("--bootstrap", type=non_negative_int, default=1000, metavar="N",
+                          help="bootstrap resamples for each score's 95%% confidence interval, sacreBLEU's "
+                               "(seed: SACREBLEU_SEED, default 12345); 0 = no interval (default 1000)")
+    evaluate.add_argument("--comet", metavar="MODEL",
+                          help="also score with COMET: a Hub model name (Unbabel/wmt22-comet-da) or a downloaded "
+                               "model folder; needs the comet extra (pip install 'transformer-mt[comet]')")
+    evaluate.add_argument("--no-diagnostics", dest="diagnostics", action="store_false",
+                          help="leave out the diagnostics printed after the scores: copies of the source, untranslated "
+                               "output, another script, n-gram loops, length outliers, numbers, URLs and end "
+                               "punctuation that differ from the source, chrF by source length")
+    evaluate.add_argument("--tokenize", choices=BLEU_TOKENIZERS, metavar="TOKENIZER",
+                          help=f"sacreBLEU tokenizer for BLEU: {', '.join(BLEU_TOKENIZERS)} (default: the run's "
+                               "train.bleu_tokenize, normally 13a; none for pre-tokenized text)")
+    evaluate.add_argument("--output", type=path_or_dash,
+                          help="where to write the hypotheses (default: in <run>/evaluation/, named "
+                               "<name>.<checkpoint>.beam<K>[.lp<ALPHA>][.int8].txt)")
 
 
 def run_translate(args: argparse.Namespace) -> None:
@@ -32,7 +131,7 @@ def run_translate(args: argparse.Namespace) -> None:
     if args.output == STDIO:
         args.output = None  # `--output -`: stdout, as without --output
     if interactive:
-        _translate_interactively(_load_translator(args), args)
+        _translate_interactively(load_translator(args), args)
         return
     if args.input:
         lines = read_lines(args.input)
@@ -50,16 +149,16 @@ def run_translate(args: argparse.Namespace) -> None:
             raise UsageError(f"--output and --show-attention are the same file ({args.output}); give two names")
     files = {"--output": args.output, "--show-attention": args.show_attention}
     for option, path in files.items():
-        _check_output(path, option, inputs={"--input": args.input})
+        check_output(path, option, inputs={"--input": args.input})
     for option, path in files.items():  # before loading: that may convert the run (into <run>/ctranslate2/)
-        _check_not_kept(path, option, _run_dir_of(args))
-    translator = _load_translator(args)
+        check_not_kept(path, option, run_dir_of(args))
+    translator = load_translator(args)
     if args.show_attention:
         outputs = [_draw_attention(translator, lines[0], args)]
     else:
         outputs = _translate_lines(translator, lines, args, progress=bool(args.input) and not args.quiet)
     if args.output:
-        _write_lines(args.output, outputs)
+        write_lines(args.output, outputs)
     else:
         for output in outputs:
             print(output)
@@ -139,7 +238,7 @@ def _translate_interactively(translator, args: argparse.Namespace) -> None:
     data = translator.cfg.data
     at_terminal = sys.stdin.isatty()
     if at_terminal:
-        print(f"tmt: translating {data.src_lang}->{data.tgt_lang} with {_shown(translator.checkpoint)}, a line at a "
+        print(f"tmt: translating {data.src_lang}->{data.tgt_lang} with {shown(translator.checkpoint)}, a line at a "
               "time; Ctrl-D to quit", file=sys.stderr)
     number = 0
     while (line := _prompt(f"{data.src_lang}> " if at_terminal else "", number + 1)) is not None:
@@ -200,7 +299,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
         raise UsageError("--src and --ref go together")
     if args.output == STDIO:
         raise UsageError("--output -: evaluate prints its scores on stdout; give a file for the hypotheses")
-    _check_output(args.output, inputs={"--src": args.src, **{f"--ref {ref}": ref for ref in args.ref or []}})
+    check_output(args.output, inputs={"--src": args.src, **{f"--ref {ref}": ref for ref in args.ref or []}})
     if args.tokenize and (problem := bleu_tokenizer_problem(args.tokenize)):  # before the run is loaded (converted)
         raise UsageError(f"--tokenize: {problem}")
     comet = None
@@ -208,8 +307,8 @@ def run_evaluate(args: argparse.Namespace) -> None:
         from transformer_mt.evaluate.comet import Comet
 
         comet = Comet.load(args.comet)
-    _check_not_kept(args.output, "--output", _run_dir_of(args))  # before loading, which may write into the run
-    translator = _load_translator(args)
+    check_not_kept(args.output, "--output", run_dir_of(args))  # before loading, which may write into the run
+    translator = load_translator(args)
     tokenize = args.tokenize or translator.cfg.train.bleu_tokenize
     problem = bleu_tokenizer_problem(tokenize)  # before translating
     if problem:
@@ -234,7 +333,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
             print(f"  {line}")
     penalty = f", length penalty {alpha:g}" if beam > 1 else ""  # greedy decoding has none
     penalty += f", {translator.quantized} weights" if translator.quantized else ""
-    print(f"{len(result.hypotheses)} sentences, beam {beam}{penalty}; hypotheses in {_shown(output)}",
+    print(f"{len(result.hypotheses)} sentences, beam {beam}{penalty}; hypotheses in {shown(output)}",
           file=sys.stderr)
 
 
@@ -260,96 +359,6 @@ def _evaluation_set(args: argparse.Namespace, translator) -> tuple[list[str], li
                             "needs one line per source sentence")
         references.append(lines)
     return sources, references, RunDir.source_file_name(args.src)
-
-
-def _load_translator(args: argparse.Namespace):
-    """The run's (or checkpoint's, or newest run's) `Translator` on --engine, else the run's
-    decode.engine; --show-attention draws from the torch engine's model, which auto then picks."""
-    from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
-    from transformer_mt.decode.translator import Translator
-    from transformer_mt.runs.summary import training_now
-
-    run_dir = _run_dir_of(args)
-    engine = args.engine
-    if getattr(args, "show_attention", None):
-        if engine == "ctranslate2":
-            raise UsageError("--show-attention draws from the torch engine's model; leave out --engine ctranslate2")
-        engine = "torch"
-    translator = Translator.from_run(run_dir, checkpoint=args.checkpoint, device=args.device, engine=engine)
-    data = translator.cfg.data
-    using = f"{_shown(run_dir)} ({data.src_lang}->{data.tgt_lang}, {translator.checkpoint.name}"
-    if (training := training_now(run_dir)) is not None:  # a better model is coming: say so, run given or not
-        step, max_steps = training.get("step"), training.get("max_steps")
-        at = f", at step {step} of {max_steps}" if isinstance(step, int) and isinstance(max_steps, int) else ""
-        using += f" of step {translator.step}; still training{at}"
-    if not (args.run or args.checkpoint):  # say which run answers: it may be of another language pair
-        print(f"tmt: using {using}), the most recently updated run under runs/; choose another with --run DIR "
-              "(`tmt runs` lists them)", file=sys.stderr)
-    elif training is not None:
-        print(f"tmt: using {using})", file=sys.stderr)
-    chosen = {"length_penalty": args.length_penalty, "quantize": args.quantize}
-    translator.set_decoding(**{key: value for key, value in chosen.items() if value is not None})
-    # A beam wider than the target tokens a hypothesis can continue with (all but PAD, BOS and EOS)
-    # could not be filled at the first step, and a huge one runs out of memory.
-    size = args.beam or translator.cfg.decode.beam_size
-    vocabulary = translator.tokenizers.tgt.get_vocab_size()
-    most = vocabulary - len((PAD_ID, BOS_ID, EOS_ID))
-    if size > most:
-        where = f"--beam {size}" if args.beam else f"the run's decode.beam_size={size} (choose another with --beam)"
-        raise UsageError(f"{where}: beam search keeps at most {most} hypotheses with this run's target vocabulary "
-                         f"of {vocabulary} tokens (all but PAD, BOS and EOS)")
-    return translator
-
-
-def _shown(path: Path) -> str:
-    """`path` as messages show it: relative to the working folder when it lies under it (as the
-    paths users type), else absolute; the same file reads the same however it was reached."""
-    absolute = Path(os.path.abspath(path))
-    try:
-        return str(absolute.relative_to(Path.cwd()))
-    except ValueError:
-        return str(absolute)
-
-
-def _check_output(path: Path | None, option: str = "--output", inputs: dict[str, Path | None] | None = None) -> None:
-    """Refuse, before translating rather than after, an output that cannot be a file or that is
-    one of the command's `inputs` (option -> path): writing it would destroy what was read, or
-    that lies under a file (`in.txt/out.txt`). Creates nothing: the writer makes the folder."""
-    if path is None:
-        return
-    if path.is_dir():
-        raise UsageError(f"{option} {path} is a directory; give a file name")
-    for name, source in (inputs or {}).items():
-        if source is not None and path.exists() and source.exists() and os.path.samefile(path, source):
-            raise UsageError(f"{option} {path} is the {name} file; writing it would destroy the input")
-    check_parent_dir(path, option)
-
-
-def _run_dir_of(args: argparse.Namespace) -> Path:
-    """The run --run or --checkpoint names, else the most recently updated run under ./runs."""
-    if args.checkpoint:
-        if args.checkpoint.resolve().parent.name != RunDir.CHECKPOINTS:
-            raise UsageError(f"--checkpoint {args.checkpoint}: give a checkpoint inside a run's checkpoints/ "
-                             "folder (the run's tokenizers and config are found from there)")
-        return args.checkpoint.resolve().parent.parent  # <run>/checkpoints/<file>.pt
-    return args.run or latest_run(Path("runs"))
-
-
-def _check_not_kept(path: Path | None, option: str, run_dir: Path) -> None:
-    """Refuse an output that would replace a file the run keeps (`RunDir.keeps`): a checkpoint,
-    its tokenizers or config written over would leave the run unusable."""
-    if path is not None and RunDir(run_dir).keeps(path):
-        raise UsageError(f"{option} {path} is part of the run {run_dir} (its checkpoints, tokenizers, config, caches "
-                         "or records); writing it would break the run: give a file outside them")
-
-
-def _write_lines(path: Path, lines: list[str]) -> None:
-    """Write one line each, atomically: a failure never leaves a half-written file."""
-    make_parent_dir(path)
-    try:
-        write_text_atomic(path, lines_to_text(lines))
-    except OSError as err:
-        raise write_error(err) from None
 
 
 def _argument_lines(texts: list[str]) -> list[str]:

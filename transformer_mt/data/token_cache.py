@@ -174,7 +174,7 @@ def tokenize_split(split: datasets.Dataset, text_digest: str, tokenizers: Tokeni
     if removed and not bpe_dropout:  # a variant drops the plain entry's pairs, logged once
         logger.info("filter too_many_tokens: removed %d %s pairs with a side longer than %d tokens, the most "
                     "model.max_len=%d leaves (not truncated; raise model.max_len to train on them)",
-                    removed, name, max_len - 1, max_len)
+                    removed, name, token_room(max_len), max_len)
     src_text, tgt_text = (split["src"][:], split["tgt"][:]) if keep_text else (None, None)
     return TokenizedSplit(dataset, max_len, src_text, tgt_text)
 

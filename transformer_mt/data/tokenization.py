@@ -41,6 +41,7 @@ def model_source(ids: Sequence[T], max_len: int, eos: T = EOS_ID) -> list[T]:
     `eos` the EOS piece), then EOS."""
     return [*ids[:token_room(max_len)], eos]
 
+
 # Lines with a longer run of non-space characters are left out of BPE training (its time grows with
 # the square of a word's length); they are still tokenized.
 MAX_WORD_CHARS = 1000

@@ -225,3 +225,21 @@ def test_generate_cuts_a_source_longer_than_max_len_as_tmt_does(hf_dir: Path, tr
     lines = [" ".join(SOURCES * 20), SOURCES[0]]  # the first over max_len tokens, uncut by the tokenizer
     assert len(tokenizer(lines[0]).input_ids) > 2 * model.cfg.max_len
     assert hf_translate(tokenizer, hf_model, 4, lines) == tmt_translate(tmp_path / "run", 4, lines)
+
+
+def test_a_greedy_run_loads_without_warnings_and_beam_search_keeps_its_length_penalty(hf_dir: Path, transformers,
+                                                                                    tmp_path: Path):
+    # transformers warns that length_penalty and early_stopping "may be ignored" when num_beams is 1;
+    # the run's α must still rank the beams of a generate(num_beams=4).
+    make_run(tmp_path / "run", "post", True)
+    best = tmp_path / "run" / "checkpoints" / "best.pt"
+    state = load_checkpoint(best)
+    state["config"]["decode"].update(beam_size=1, length_penalty=2.0)
+    save_atomic(state, best)
+    export_hf(tmp_path / "run", hf_dir)
+    transformers.GenerationConfig.from_pretrained(hf_dir).validate(strict=True)  # raises on flags "ignored"
+    tokenizer, model = load_folder(transformers, hf_dir)
+    assert hf_translate(tokenizer, model, 1, **CAP) == tmt_translate(tmp_path / "run", 1, **CAP)
+    beam = hf_translate(tokenizer, model, 4, **CAP)
+    assert beam == tmt_translate(tmp_path / "run", 4, length_penalty=2.0, **CAP)
+    assert beam != tmt_translate(tmp_path / "run", 4, length_penalty=0.0, **CAP)  # α ranks these beams

@@ -164,11 +164,15 @@ def hf_config(model: Transformer, cfg: Config) -> dict:
 
 def generation_config(cfg: Config) -> dict:
     """generation_config.json: the run's decoding. `length_penalty` is tmt's GNMT α, which
-    custom_generate/generate.py applies as tmt does; `max_len_a`/`max_len_b` its per-sentence cap."""
+    custom_generate/generate.py applies as tmt does; `max_len_a`/`max_len_b` its per-sentence cap.
+    A greedy run keeps α as `gnmt_length_penalty`, for a generate() asked for beams: transformers
+    warns of a `length_penalty` or `early_stopping` beside `num_beams` 1."""
     d = cfg.decode
+    beams = {"length_penalty": d.length_penalty, "early_stopping": True} if d.beam_size > 1 else \
+        {"gnmt_length_penalty": d.length_penalty}
     return {"decoder_start_token_id": BOS_ID, "bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID,
-            "forced_eos_token_id": None, "num_beams": d.beam_size, "length_penalty": d.length_penalty,
-            "early_stopping": True, "max_length": cfg.model.max_len + 1,  # the start token and max_len tokens
+            "forced_eos_token_id": None, "num_beams": d.beam_size, **beams,
+            "max_length": cfg.model.max_len + 1,  # the start token and max_len tokens
             "max_len_a": d.max_len_a, "max_len_b": d.max_len_b}
 
 

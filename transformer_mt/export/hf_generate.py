@@ -33,11 +33,14 @@ def gnmt_penalty(lengths: torch.Tensor, alpha: float) -> torch.Tensor:
 def generate(inputs: torch.Tensor | None = None, *, model, generation_config: GenerationConfig | None = None,
              **kwargs) -> torch.Tensor:
     """transformers' `generate` with tmt's rules; returns the generated ids (B·n, L) as it does.
-    The generation config's `length_penalty` is GNMT's α, `max_len_a` and `max_len_b` the cap;
+    The generation config's `length_penalty` (a greedy run's `gnmt_length_penalty`) is GNMT's α,
+    `max_len_a` and `max_len_b` the cap;
     an explicit `max_new_tokens` or `max_length` replaces the cap."""
     config = copy.deepcopy(generation_config or model.generation_config)
     explicit_cap = "max_new_tokens" in kwargs or "max_length" in kwargs
     model_kwargs = config.update(**kwargs)
+    if config.num_beams > 1 and "length_penalty" not in kwargs and hasattr(config, "gnmt_length_penalty"):
+        config.length_penalty = config.gnmt_length_penalty  # a greedy run's α, for the beams asked
     input_ids = model_kwargs.pop("input_ids", inputs)
     pad_id, eos_id = model.config.pad_token_id, model.config.eos_token_id
     mask = model_kwargs.pop("attention_mask", None)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "transformer_mt"
 # Each package may import the ones before it, never one after it.
-LAYERS = ["core", "config", "data", "model", "runs", "export", "decode", "evaluate", "train", "serve", "cli"]
+LAYERS = ["core", "config", "data", "model", "runs", "export", "pretrained", "decode", "evaluate", "train", "serve", "cli"]
 
 
 def imported_packages(path: Path) -> set[str]:

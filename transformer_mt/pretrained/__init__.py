@@ -1,0 +1,1 @@
+"""Runs started from others' pretrained models: OPUS-MT (Marian) folders read into tmt's format."""

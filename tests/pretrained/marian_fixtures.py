@@ -26,7 +26,8 @@ def train_spm(lines: list[str], prefix: Path, vocab_size: int) -> Path:
 
 
 def marian_vocab(*spm_paths: Path) -> dict[str, int]:
-    """Marian's vocabulary of these models: `</s>` 0, `<unk>` 1, their normal pieces in order, each once, `<pad>` last."""
+    """Marian's vocabulary of these models: `</s>` 0, `<unk>` 1, their normal pieces in order, each once,
+    `<pad>` last."""
     import sentencepiece
 
     pieces = ["</s>", "<unk>"]
@@ -49,7 +50,8 @@ def marian_tokenizer_folder(folder: Path, src_lang: str = "en", tgt_lang: str = 
     work.mkdir(parents=True, exist_ok=True)
     src = train_spm(demo_lines(src_lang), work / "source", vocab_size)
     tgt = train_spm(demo_lines(tgt_lang), work / "target", vocab_size)
-    (work / "vocab.json").write_text(json.dumps(vocab or marian_vocab(src, tgt), ensure_ascii=False), encoding="utf-8")
+    vocab = vocab or marian_vocab(src, tgt)
+    (work / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     tokenizer = MarianTokenizer(source_spm=str(src), target_spm=str(tgt), vocab=str(work / "vocab.json"),
                                 source_lang=src_lang, target_lang=tgt_lang)
     tokenizer.save_pretrained(str(folder))

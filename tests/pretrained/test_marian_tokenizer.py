@@ -19,8 +19,9 @@ from transformer_mt.pretrained.marian_tokenizer import marian_tokenizers
 from transformer_mt.pretrained.marian_vocab import MarianVocab
 
 # Characters neither model saw, digits, punctuation, runs of spaces, tabs, no-break and full-width forms.
-HARD_LINES = ["", "   ", "  Two   spaces  and\ta tab. ", "12345, 3.14 e 1/2!?", "Straße 中文 😀 x", "«Perché?» — disse.",
-              "ＦＵＬＬ ｗｉｄｔｈ ½ ﬁ", "a\u00a0b\u2009c", "...!!!;;", "città è perché più", "L'1 e l' 2"]
+HARD_LINES = ["", "   ", "  Two   spaces  and\ta tab. ", "12345, 3.14 e 1/2!?", "Straße 中文 😀 x",
+              "«Perché?» — disse.", "ＦＵＬＬ ｗｉｄｔｈ ½ ﬁ", "a\u00a0b\u2009c", "...!!!;;", "città è perché più",
+              "L'1 e l' 2"]
 
 
 @pytest.fixture(scope="module")
@@ -192,14 +193,17 @@ def test_folders_tmt_cannot_read_exactly_are_refused_in_one_line(marian, tmp_pat
     copy = folder_copy(folder, tmp_path)
     (copy / "config.json").write_text(json.dumps({"pad_token_id": None}), encoding="utf-8")
     assert "config.json: pad_token_id is None" in refusal(copy)
+    (copy / "config.json").write_text(json.dumps({"eos_token_id": 5}), encoding="utf-8")
+    assert "config.json: eos_token_id is 5, but vocab.json has </s> at 0" in refusal(copy)
     shutil.rmtree(copy)
 
 
 def test_a_sentencepiece_bpe_model_is_refused(tmp_path):
     import sentencepiece
 
-    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(demo_lines("en")), model_prefix=str(tmp_path / "bpe"),
-                                             vocab_size=200, model_type="bpe", num_threads=1, minloglevel=2)
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(demo_lines("en")), model_type="bpe",
+                                             model_prefix=str(tmp_path / "bpe"), vocab_size=200, num_threads=1,
+                                             minloglevel=2)
     folder = tmp_path / "folder"
     folder.mkdir()
     for name in ("source.spm", "target.spm"):

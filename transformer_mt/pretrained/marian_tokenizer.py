@@ -1,27 +1,18 @@
-"""A Marian (OPUS-MT) folder's SentencePiece tokenizers as tmt tokenizers, giving `MarianTokenizer`'s ids.
+"""A Marian (OPUS-MT) folder's SentencePiece tokenizers as tmt tokenizers, with `MarianTokenizer`'s ids.
 
-A Marian folder holds `source.spm` and `target.spm` (SentencePiece unigram models) and one `vocab.json`
-(piece -> Marian id, shared by both sides). `MarianTokenizer` segments a line with its side's
-SentencePiece model, looks each piece up in `vocab.json` (a piece it lacks, and a run of characters
-the model does not know, is `<unk>` unless that very string is in `vocab.json`), then appends `</s>`.
-
-Each side becomes a HF `tokenizers` Unigram tokenizer, the one tokenizer type the rest of tmt knows
-(encoding, decoding, fingerprints, exports). Its vocabulary lists the pieces in tmt's id order
-(`MarianVocab`): this side's SentencePiece pieces keep their scores and normalizer (the precompiled
-character map, e.g. nmt_nfkc), so the Viterbi segmentation and its unknown runs are SentencePiece's;
-a piece of `vocab.json` that this side's model lacks (the other side's pieces) gets a score below any
-segmentation SentencePiece could choose, so it is chosen only where SentencePiece finds no piece, and
-then only for a run of exactly its characters, whose surface `MarianTokenizer` looks up as well.
-Identical ids on every line but two kinds, where a Unigram tokenizer (a lattice of its own
-vocabulary) cannot follow a lookup in another vocabulary:
-- a run of characters this side's model does not know, of which some are pieces of the other side
-  and the whole run is not (`MarianTokenizer` gives one `<unk>`, tmt those pieces); e.g. Italian
-  "àè" in an English source whose model never saw "à" nor "è";
-- a literal special token ("<pad>", "</s>", "<unk>") in the text: `MarianTokenizer` gives its
-  special id; tmt reads it as text, as everywhere (`data.tokenization`).
-A SentencePiece piece that `vocab.json` lacks would need a second id, `<unk>`, beside its own: such
-folders are refused, as are byte-fallback and user-defined pieces. Reading a folder needs
-`sentencepiece` (its model file format); the converted tokenizers do not.
+`MarianTokenizer` segments a line with its side's SentencePiece model (`source.spm`, `target.spm`) and
+looks each piece, and each run of characters the model does not know, up in the one `vocab.json`
+(`<unk>` when absent). Each side here becomes a HF `tokenizers` Unigram tokenizer, the one tokenizer
+type the rest of tmt knows, rather than SentencePiece at run time: its vocabulary lists the pieces in
+tmt's id order (`MarianVocab`); this side's pieces keep their SentencePiece scores and normalizer, so
+the segmentation is SentencePiece's; the other side's pieces score below any segmentation of the
+same characters, so they match only where SentencePiece finds no piece, as `MarianTokenizer`'s
+lookup does. The ids are `MarianTokenizer`'s but in two cases a lattice over one vocabulary cannot
+follow (docs/development/architecture.md): an unknown run of characters that are the other side's
+pieces while the run is not one, and a literal "<pad>", "</s>" or "<unk>" whose characters the model
+knows (text for tmt, the special id for `MarianTokenizer`). Folders whose model has pieces that
+`vocab.json` lacks (they would need `<unk>`'s id beside their own), byte fallback or user-defined
+pieces are refused. Reading a folder needs `sentencepiece`; the tokenizers made do not.
 """
 
 from __future__ import annotations
@@ -51,7 +42,8 @@ def marian_tokenizers(folder: Path) -> tuple[TokenizerPair, MarianVocab]:
                            "tmt reads Marian's SentencePiece tokenizers)")
     settings = _read_json(folder / "tokenizer_config.json", required=False)
     if settings.get("separate_vocabs") or (folder / "target_vocab.json").is_file():
-        raise TmtError(f"{folder}: separate source and target vocabularies (target_vocab.json) are not supported")
+        raise TmtError(f"{folder}: separate source and target vocabularies (target_vocab.json) "
+                       "are not supported")
     pieces = _vocabulary(folder / "vocab.json")
     marian = _marian_vocab(folder, pieces, _read_json(folder / "config.json", required=False))
     names = _tmt_names(folder, pieces, marian)
@@ -84,7 +76,8 @@ def _vocabulary(path: Path) -> list[str]:
     by_id: dict[int, str] = {}
     for piece, marian_id in vocab.items():
         if not isinstance(marian_id, int) or isinstance(marian_id, bool) or marian_id < 0 or marian_id in by_id:
-            raise TmtError(f"{path}: piece {piece!r} has id {marian_id!r}; ids must be 0..{len(vocab) - 1}, each once")
+            raise TmtError(f"{path}: piece {piece!r} has id {marian_id!r}; "
+                           f"ids must be 0..{len(vocab) - 1}, each once")
         by_id[marian_id] = piece
     if sorted(by_id) != list(range(len(by_id))):
         raise TmtError(f"{path}: ids must be 0..{len(vocab) - 1}, each once")
@@ -99,6 +92,10 @@ def _marian_vocab(folder: Path, pieces: list[str], config: dict) -> MarianVocab:
     for key, value in special.items():
         if not isinstance(value, int) or isinstance(value, bool):
             raise TmtError(f"{folder / 'config.json'}: {key}_token_id is {value!r}, not a token id")
+    for key, token in (("pad", PAD), ("eos", EOS)):
+        if special[key] != ids[token]:
+            raise TmtError(f"{folder / 'config.json'}: {key}_token_id is {special[key]}, but vocab.json has "
+                           f"{token} at {ids[token]}")
     try:
         return MarianVocab.of(len(pieces), unk=ids[UNK], **special)
     except ValueError as err:
@@ -131,9 +128,9 @@ def _convert(path: Path, names: list[str]) -> Tokenizer:
                        "tmt cannot give them <unk>'s id as MarianTokenizer does")
     lowest = min(scores.values()) - FOREIGN_PENALTY
     bonus = 1.0 / (max(map(len, names)) + 1)
-    tokenizer = Tokenizer(models.Unigram(
-        [(name, scores[name] if name in scores else len(name) * lowest + (len(name) - 1) * bonus) for name in names],
-        unk_id=SPECIAL_TOKENS.index(UNK), byte_fallback=False))
+    foreign = {name: len(name) * lowest + (len(name) - 1) * bonus for name in names if name not in scores}
+    tokenizer = Tokenizer(models.Unigram([(name, scores.get(name, foreign.get(name))) for name in names],
+                                         unk_id=SPECIAL_TOKENS.index(UNK), byte_fallback=False))
     spec = proto.normalizer_spec
     steps = [normalizers.Precompiled(spec.precompiled_charsmap)] if spec.precompiled_charsmap else []
     if spec.remove_extra_whitespaces:

@@ -215,6 +215,10 @@ def edited(marian, tmp_path: Path, **changes) -> Path:
     ({"activation_function": "tanh"}, r"activation_function 'tanh' .*relu, gelu, swish"),
     ({"decoder_ffn_dim": 256}, r"encoder_ffn_dim 128 and decoder_ffn_dim 256"),
     ({"model_type": None}, r"no model_type"),
+    ({"d_model": "64"}, r"d_model: '64' is not an integer"),
+    ({"eos_token_id": [0, 5]}, r"eos_token_id: \[0, 5\] is not an integer"),
+    ({"scale_embedding": 1}, r"scale_embedding: 1 is not true or false"),
+    ({"encoder_attention_heads": 5, "decoder_attention_heads": 5}, r"model.n_heads: 5 does not divide"),
 ])
 def test_what_tmt_cannot_compute_is_refused_in_one_line_naming_it(marian, tmp_path: Path, changes, message):
     folder = edited(marian, tmp_path, **changes)

@@ -27,6 +27,15 @@ MARIAN_DEFAULTS = {"vocab_size": 58101, "decoder_vocab_size": None, "d_model": 1
                    "activation_dropout": 0.0, "scale_embedding": False, "pad_token_id": 58100, "eos_token_id": 0,
                    "decoder_start_token_id": 58100, "share_encoder_decoder_embeddings": True,
                    "tie_word_embeddings": True, "normalize_before": False}
+# The type each of those keys must have (bool is no integer here)
+INTEGERS = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim",
+            "encoder_attention_heads", "decoder_attention_heads", "max_position_embeddings", "pad_token_id",
+            "eos_token_id", "decoder_start_token_id")
+KINDS = {**{key: (int,) for key in INTEGERS}, "decoder_vocab_size": (int, type(None)),
+         **{key: (int, float) for key in ("dropout", "attention_dropout", "activation_dropout")},
+         "activation_function": (str,), **{key: (bool,) for key in (
+             "scale_embedding", "share_encoder_decoder_embeddings", "tie_word_embeddings", "normalize_before")}}
+KIND_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
 # transformers' activation names (ACT2FN) -> tmt's `model.activation`
 ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
 MARIAN_UNK = 1  # Marian's own vocabularies put <unk> at 1 (</s> at 0); a folder's vocab.json says so too
@@ -64,7 +73,7 @@ def read_marian(folder: Path) -> MarianModel:
     if weights_path is None:
         raise TmtError(f"{folder}: no {' or '.join(WEIGHT_FILES)} (the model's weights)")
     weights = _read_weights(weights_path)
-    if not cfg.tie_output:  # one embedding or two: what the file holds (transformers 4 kept them equal)
+    if not cfg.tie_output:  # transformers 5 then unties each side's embedding too (4 kept them equal)
         sides = [weights.get(f"model.{side}.embed_tokens.weight", weights.get("model.shared.weight"))
                  for side in ("encoder", "decoder")]
         if not any(side is None for side in sides) and not torch.equal(*sides):
@@ -82,6 +91,10 @@ def model_config(settings: dict, path: Path) -> ModelConfig:
         raise TmtError(f"{path}: no model_type; tmt reads Marian (OPUS-MT) models")
     if model_type != "marian":
         raise TmtError(f"{path}: model_type {model_type!r} is not supported; tmt reads only Marian (OPUS-MT) models")
+    for key, kinds in KINDS.items():
+        value = settings[key]
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise TmtError(f"{path}: {key}: {value!r} is not {' or '.join(KIND_NAMES[k] for k in kinds)}")
     if settings["normalize_before"]:
         raise TmtError(f"{path}: normalize_before: true (a pre-norm Marian model) is not supported; tmt reads "
                        "post-norm Marian models")

@@ -322,3 +322,9 @@ def test_a_section_validates_its_own_fields_against_the_rest_of_the_config():
     problems = Problems(defaulted=["tokenizer.joint"])  # its value was unusable: no judgement on its default
     ModelConfig().validate(problems, Config(tokenizer=TokenizerConfig(joint=False)))
     assert problems.found == []
+
+
+def test_an_unknown_activation_is_refused_naming_the_choices():
+    problems = problems_of({"data": {"path": "x"}, "model": {"activation": "tanh", "output_bias": "yes"}})
+    assert problems[0] == "model.activation: 'tanh' (str) is not one of relu, gelu, swish"
+    assert problems[1] == "model.output_bias: expected true or false, got 'yes' (str)"

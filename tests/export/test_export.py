@@ -228,3 +228,15 @@ def test_an_export_into_a_run_being_trained_is_refused_before_its_checkpoints_ar
         with pytest.raises(UsageError, match="is in use by tmt train"):
             export(tmp_path / "run", tmp_path / "run" / "exported")
     assert not (tmp_path / "run" / "exported").exists()
+
+
+@pytest.mark.parametrize("model", [{"activation": "swish", "output_bias": True},
+                                   {"activation": "gelu", "output_bias": True, "scale_embedding": False}],
+                         ids=["swish-bias", "gelu-bias-unscaled"])
+def test_model_options_convert_to_ctranslate2_and_decode_as_tmt(ct2, tmp_path: Path, model: dict):
+    tmt_model, tokenizers = make_run(tmp_path / "run", "post", True, **model)
+    assert tmt_model.output_proj.bias.abs().min() > 0  # perturbed: a dropped bias would change the outputs
+    export_ctranslate2(tmp_path / "run", tmp_path / "ct2")
+    src_ids, _, _ = encode_pairs(tokenizers)
+    expected = greedy_decode(tmt_model, src_ids, bos_id=BOS_ID, eos_id=EOS_ID, max_len_a=0, max_len_b=MAX_TOKENS)
+    assert ct2_greedy(ct2, tmp_path / "ct2", tokenizers) == expected

@@ -243,3 +243,16 @@ def test_a_greedy_run_loads_without_warnings_and_beam_search_keeps_its_length_pe
     beam = hf_translate(tokenizer, model, 4, **CAP)
     assert beam == tmt_translate(tmp_path / "run", 4, length_penalty=2.0, **CAP)
     assert beam != tmt_translate(tmp_path / "run", 4, length_penalty=0.0, **CAP)  # α ranks these beams
+
+
+@pytest.mark.parametrize("norm, model", [("post", {"activation": "swish", "output_bias": True}),
+                                         ("pre", {"activation": "gelu", "output_bias": True, "scale_embedding": False})],
+                         ids=["post-swish-bias", "pre-gelu-bias-unscaled"])
+def test_model_options_export_and_translate_as_tmt(transformers, tmp_path: Path, hf_dir: Path, norm: str, model: dict):
+    make_run(tmp_path / "run", norm, True, **model)
+    export_hf(tmp_path / "run", hf_dir)
+    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    assert config["activation_function"] == model["activation"]
+    assert config["scale_embedding"] == model.get("scale_embedding", True)
+    tokenizer, hf_model = load_folder(transformers, hf_dir)
+    assert hf_translate(tokenizer, hf_model, 1, **CAP) == tmt_translate(tmp_path / "run", 1, **CAP)

@@ -385,3 +385,32 @@ def test_one_function_builds_the_checkpoint_dict_that_loading_accepts(tmp_path):
     assert full["tokenizers"] == "abc" and full["ema"]["model"] is not None
     assert full["optimizer"] == {"state": {}} and full["train_state"] == {"step": 4}
     assert "ema" not in checkpoint_state({}, {}, {}, ema=None) and "tokenizers" not in checkpoint_state({}, {}, {})
+
+
+# --- options a pretrained (Marian) model needs: activation, output bias, embedding scale -------------
+
+@pytest.mark.parametrize("activation, function", [("relu", F.relu), ("gelu", F.gelu), ("swish", F.silu)])
+def test_the_ffn_applies_the_configured_activation(activation, function):
+    model = tiny_model(activation=activation)
+    ffn = model.encoder_layers[0].ffn
+    x = torch.randn(5, 16)
+    torch.testing.assert_close(ffn(x), ffn.linear2(function(ffn.linear1(x))))
+    assert ModelConfig().activation == "relu"
+
+
+def test_an_output_bias_is_a_parameter_only_when_asked_and_adds_to_every_logit():
+    plain, biased = tiny_model(seed=1), tiny_model(seed=1, output_bias=True)
+    assert "output_proj.bias" not in plain.state_dict() and not ModelConfig().output_bias
+    assert set(biased.state_dict()) == set(plain.state_dict()) | {"output_proj.bias"}
+    assert biased.output_proj.bias.requires_grad and not biased.output_proj.bias.any()  # starts at zero
+    biased.load_state_dict({**plain.state_dict(), "output_proj.bias": torch.randn(V)})
+    src, tgt = padded_pairs()
+    torch.testing.assert_close(padded_logits(biased, src, tgt), padded_logits(plain, src, tgt) + biased.output_proj.bias)
+    with torch.no_grad():
+        step = biased.decode_step(tgt[:, 0], biased.new_cache(src, 4))  # (B, V): incremental decoding too
+    torch.testing.assert_close(step, padded_logits(biased, src, tgt)[:, 0])
+
+
+def test_embeddings_are_scaled_by_sqrt_d_model_unless_scale_embedding_is_false():
+    assert tiny_model().embed_scale == 4.0 and ModelConfig().scale_embedding
+    assert tiny_model(scale_embedding=False).embed_scale == 1.0

@@ -154,7 +154,10 @@ class ModelConfig:
     attention_dropout: float | None = None
     """Dropout on attention probabilities; unset: `dropout`. fairseq's Transformer recipes use 0."""
     activation_dropout: float | None = None
-    """Dropout on the FFN's hidden activations (after ReLU); unset: `dropout`. fairseq's recipes use 0."""
+    """Dropout on the FFN's hidden activations (after `activation`); unset: `dropout`. fairseq's recipes use 0."""
+    activation: Literal["relu", "gelu", "swish"] = "relu"
+    """The FFN's activation: `relu` (Vaswani et al. 2017), `gelu` (exact, erf-based) or `swish`
+    (SiLU, x·sigmoid(x); OPUS-MT's Marian models use it)."""
     norm: Literal["pre", "post"] = "pre"
     """`pre`: LayerNorm before each sublayer (stable without long warmup); `post`: the
     original paper's LayerNorm after the residual sum."""
@@ -165,6 +168,10 @@ class ModelConfig:
     """Share source and target embeddings (requires `tokenizer.joint`)."""
     tie_output: bool = True
     """Tie the output projection to the target embedding (Press & Wolf 2017)."""
+    output_bias: bool = False
+    """A trained bias on the output logits, one per target token (Marian's `final_logits_bias`)."""
+    scale_embedding: bool = True
+    """Multiply token embeddings by sqrt(`d_model`) before adding positions (§3.4); `false`: as they are."""
 
     # Unset depths stay None in saved configs: `n_layers` alone sets both.
     @property

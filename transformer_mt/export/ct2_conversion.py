@@ -24,6 +24,8 @@ CT2_PAD = "<blank>"  # CTranslate2's (OpenNMT's) padding token; its other specia
 # Rows of the exported position table: CTranslate2's default caps (inputs 1024, outputs 256), past
 # which a position would fail a whole batch; the first max_len rows are the trained model's own.
 CT2_POSITIONS = 1024
+# `model.activation` -> CTranslate2's (common_spec.Activation); GELU is the exact, erf-based one
+CT2_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "swish": "SWISH"}
 FORBIDDEN_LOGIT_BIAS = -1e4  # on padding and a second BOS: far below any logit, finite in fp16
 
 
@@ -89,14 +91,14 @@ def ctranslate2_vocabulary(tokenizer) -> list[str]:
 def build_ctranslate2_spec(model: Transformer):
     """A `ctranslate2.specs.TransformerSpec` holding `model`'s weights (fp32 numpy arrays): fused
     projections as CTranslate2's, in `nn.Linear`'s layout; each `Residual`'s LayerNorm as the
-    sublayer's; tmt's own position table (CTranslate2's differs); an output bias forbidding
-    padding and BOS, which tmt's search never emits."""
+    sublayer's; tmt's own position table (CTranslate2's differs); the FFN's activation; the output
+    bias (`model.output_bias`'s, else zeros) forbidding padding and BOS, which tmt's search never emits."""
     from ctranslate2.specs import common_spec, transformer_spec
 
     cfg = model.cfg
     spec = transformer_spec.TransformerSpec.from_config(
         (len(model.encoder_layers), len(model.decoder_layers)), cfg.n_heads, pre_norm=cfg.norm == "pre",
-        activation=common_spec.Activation.RELU)
+        activation=getattr(common_spec.Activation, CT2_ACTIVATIONS[cfg.activation]))
     spec.config.layer_norm_epsilon = model.decoder_layers[0].ffn_block.norm.eps  # nn.LayerNorm's 1e-5
     spec.config.add_source_eos = True  # tmt appends EOS to every source
     spec.config.decoder_start_token = BOS
@@ -104,15 +106,15 @@ def build_ctranslate2_spec(model: Transformer):
 
     # (P, D): row i is position i, as in `Transformer.embed`; P >= max_len (see CT2_POSITIONS)
     positions = _array(sinusoidal_positions(max(cfg.max_len, CT2_POSITIONS), cfg.d_model))
-    if not math.isclose(model.embed_scale, math.sqrt(cfg.d_model)):
-        raise TmtError(f"unexpected embedding scale {model.embed_scale}; the exporter assumes sqrt(d_model)")
+    if not math.isclose(model.embed_scale, math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0):
+        raise TmtError(f"unexpected embedding scale {model.embed_scale} for model.scale_embedding: {cfg.scale_embedding}")
 
     encoder, decoder = spec.encoder, spec.decoder
     for stack, embeddings, embed, layers, norm in (
             (encoder, encoder.embeddings[0], model.src_embed, model.encoder_layers, model.encoder_norm),
             (decoder, decoder.embeddings, model.tgt_embed, model.decoder_layers, model.decoder_norm)):
         embeddings.weight = _array(embed.weight)
-        stack.scale_embeddings = True  # CTranslate2 multiplies by sqrt(D)
+        stack.scale_embeddings = cfg.scale_embedding  # CTranslate2 multiplies by sqrt(D) when True
         stack.position_encodings.encodings = positions
         if cfg.norm == "pre":
             _set(stack.layer_norm, norm)
@@ -133,7 +135,8 @@ def build_ctranslate2_spec(model: Transformer):
             for part_spec, module in parts:
                 _set(part_spec, module)
     decoder.projection.weight = _array(model.output_proj.weight)  # (V, D), tied weights alias on save
-    bias = np.zeros(model.output_proj.weight.shape[0], dtype=np.float32)
+    bias = np.zeros(model.output_proj.weight.shape[0], dtype=np.float32) if model.output_proj.bias is None \
+        else _array(model.output_proj.bias)  # model.output_bias
     bias[[PAD_ID, BOS_ID]] = FORBIDDEN_LOGIT_BIAS
     decoder.projection.bias = bias
     return spec

@@ -80,7 +80,8 @@ def residual_order(d_model: int) -> torch.Tensor:
 
 def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     """`model`'s weights under transformers' names (fp32, contiguous, none shared), the residual
-    stream in `residual_order`; an output bias forbidding padding and BOS, as tmt's search does."""
+    stream in `residual_order`; the output bias (`model.output_bias`'s, else zeros) forbidding
+    padding and BOS, as tmt's search does."""
     cfg = model.cfg
     order = residual_order(cfg.d_model)
     out: dict[str, torch.Tensor] = {}
@@ -133,6 +134,8 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         for name in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"):
             del out[name]
     bias = torch.zeros(1, model.output_proj.weight.shape[0])
+    if model.output_proj.bias is not None:  # model.output_bias
+        bias[0] = model.output_proj.bias.detach().float()
     bias[0, [PAD_ID, BOS_ID]] = FORBIDDEN_LOGIT_BIAS
     put("final_logits_bias", bias)
     return out
@@ -142,15 +145,15 @@ def hf_config(model: Transformer, cfg: Config) -> dict:
     """config.json: the architecture, sizes and special ids."""
     m = cfg.model
     model_type, architecture = MODEL_CLASSES[m.norm]
-    if not math.isclose(model.embed_scale, math.sqrt(m.d_model)):
-        raise TmtError(f"unexpected embedding scale {model.embed_scale}; the exporter assumes sqrt(d_model)")
+    if not math.isclose(model.embed_scale, math.sqrt(m.d_model) if m.scale_embedding else 1.0):
+        raise TmtError(f"unexpected embedding scale {model.embed_scale} for model.scale_embedding: {m.scale_embedding}")
     vocab_size = model.src_embed.weight.shape[0]
     config = {
         "architectures": [architecture], "model_type": model_type, "vocab_size": vocab_size,
         "d_model": m.d_model, "encoder_layers": m.n_encoder_layers, "decoder_layers": m.n_decoder_layers,
         "encoder_attention_heads": m.n_heads, "decoder_attention_heads": m.n_heads,
-        "encoder_ffn_dim": m.d_ff, "decoder_ffn_dim": m.d_ff, "activation_function": "relu",
-        "max_position_embeddings": m.max_len, "scale_embedding": True,
+        "encoder_ffn_dim": m.d_ff, "decoder_ffn_dim": m.d_ff, "activation_function": m.activation,
+        "max_position_embeddings": m.max_len, "scale_embedding": m.scale_embedding,
         "dropout": m.dropout, "attention_dropout": m.dropout if m.attention_dropout is None else m.attention_dropout,
         "activation_dropout": m.dropout if m.activation_dropout is None else m.activation_dropout,
         "pad_token_id": PAD_ID, "bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "decoder_start_token_id": BOS_ID,

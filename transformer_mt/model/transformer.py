@@ -282,17 +282,21 @@ class CrossAttention(MultiHeadAttention):
         return scores.float().softmax(dim=-1)
 
 
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}  # `model.activation` -> its function
+
+
 class FeedForward(nn.Module):
-    """Position-wise feed-forward network (§3.3): Linear -> ReLU -> dropout -> Linear."""
+    """Position-wise feed-forward network (§3.3): Linear -> activation -> dropout -> Linear."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.linear1 = linear(cfg.d_model, cfg.d_ff)
         self.linear2 = linear(cfg.d_ff, cfg.d_model)
+        self.activation = ACTIVATIONS[cfg.activation]
         self.dropout = nn.Dropout(cfg.dropout if cfg.activation_dropout is None else cfg.activation_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear2(self.dropout(F.relu(self.linear1(x))))
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
 
 class Residual(nn.Module):
@@ -349,7 +353,7 @@ def linear(in_features: int, out_features: int, blocks: int = 1) -> nn.Linear:
 
 
 class Transformer(nn.Module):
-    """Encoder-decoder Transformer with scaled embeddings and sinusoidal positions."""
+    """Encoder-decoder Transformer with (scaled) embeddings and sinusoidal positions."""
 
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int):
         super().__init__()
@@ -360,7 +364,7 @@ class Transformer(nn.Module):
         self.src_embed = nn.Embedding(src_vocab_size, cfg.d_model, padding_idx=pad_id)
         self.tgt_embed = self.src_embed if cfg.share_embeddings else nn.Embedding(
             tgt_vocab_size, cfg.d_model, padding_idx=pad_id)
-        self.embed_scale = math.sqrt(cfg.d_model)  # §3.4: embeddings are multiplied by sqrt(D)
+        self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0  # §3.4: multiplied by sqrt(D)
         self.register_buffer("positions", sinusoidal_positions(cfg.max_len, cfg.d_model), persistent=False)
         self.embed_dropout = nn.Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
@@ -368,7 +372,7 @@ class Transformer(nn.Module):
         # Pre-norm stacks end with a LayerNorm, otherwise the last residual sum is unnormalised.
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm == "pre" else nn.Identity()
-        self.output_proj = nn.Linear(cfg.d_model, tgt_vocab_size, bias=False)  # (V, D)
+        self.output_proj = nn.Linear(cfg.d_model, tgt_vocab_size, bias=cfg.output_bias)  # (V, D), bias (V,)
         self._init_weights()
         if cfg.tie_output:
             self.output_proj.weight = self.tgt_embed.weight

@@ -259,6 +259,13 @@ def _coerce(value: Any, hint: Any) -> tuple[Any, str | None]:
             if problem is None:
                 return converted, None
         return None, f"expected {' or '.join(map(_describe, inner))}, got {_show(value)}"
+    if origin is tuple and args[1:] == (Ellipsis,):  # a list of any length
+        if not isinstance(value, (list, tuple)):
+            return None, f"expected a list, got {_show(value)}"
+        items = [_coerce(item, args[0]) for item in value]
+        if problems := [problem for _, problem in items if problem]:
+            return None, problems[0]
+        return tuple(item for item, _ in items), None
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             return None, f"expected a list of {len(args)} numbers, got {_show(value)}"

@@ -4,6 +4,8 @@ docstring (the documentation's configuration reference is generated from them), 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -307,7 +309,14 @@ class TrainConfig:
     init_from: str | None = None
     """Start a new run from another run's weights (fine-tuning): a run directory (its `best.pt`,
     else its newest checkpoint) or a checkpoint file; its tokenizers come along, and `model.*` and
-    `tokenizer.*` must match. Unset: a fresh model."""
+    `tokenizer.*` default to its settings (keys given must equal them, but for dropout and
+    `model.max_len`). Unset: a fresh model."""
+    freeze: tuple[str, ...] = ()
+    """Parts of the model not trained (no gradient, no optimizer state): `embeddings` (the source
+    and target tables, and an output projection tied to them), `encoder`, `decoder` (each with its
+    final LayerNorm), `output` (the projection and its bias; tied, the target table too), or
+    layers such as `encoder.layers.3` or `decoder.layers.0-2` (counted from 0, ranges inclusive).
+    Kept on resume. Empty: everything trains."""
 
     def validate(self, p: Problems, cfg: Config) -> None:
         for key in ("max_steps", "eval_every_steps", "save_every_steps", "log_every_steps", "keep_last",
@@ -345,9 +354,50 @@ class TrainConfig:
         p.fraction("train.ema_decay", self.ema_decay, " (0 = no EMA; 0.999 or 0.9999 are usual)")
         if self.init_from and "\0" in self.init_from:
             p.add(f"train.init_from: {self.init_from!r} must be the path of a run directory or a checkpoint")
+        for problem in freeze_problems(self.freeze, cfg.model):
+            p.add(f"train.freeze: {problem}")
         p.at_least("train.patience", self.patience, 0, " (0 = no early stopping)")
         p.at_least("train.eval_max_sentences", self.eval_max_sentences, 0, " (0 = all)")
         p.at_least("train.n_examples", self.n_examples, 0)
+
+
+FREEZE_PARTS = {"embeddings": ("src_embed.", "tgt_embed."), "encoder": ("encoder_layers.", "encoder_norm."),
+                "decoder": ("decoder_layers.", "decoder_norm."), "output": ("output_proj.",)}
+_FREEZE_LAYERS = re.compile(r"(encoder|decoder)\.layers\.(\d+)(?:-(\d+))?")
+
+
+def freeze_problems(names: tuple[str, ...], model: ModelConfig) -> list[str]:
+    """What is wrong with each of `train.freeze`'s names (`frozen_prefixes` reads them)."""
+    problems = []
+    for name in names:
+        if name in FREEZE_PARTS:
+            continue
+        if not (match := _FREEZE_LAYERS.fullmatch(name)):
+            examples = [*FREEZE_PARTS, "encoder.layers.0", "decoder.layers.0"]
+            close = difflib.get_close_matches(name, examples, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"the parts are {', '.join(FREEZE_PARTS)}, or layers " \
+                                                               "such as encoder.layers.0-2"
+            problems.append(f"{name!r} is not a part of the model ({hint})")
+            continue
+        stack, first, last = match[1], int(match[2]), int(match[3] or match[2])
+        depth = model.n_encoder_layers if stack == "encoder" else model.n_decoder_layers
+        if last < first:
+            problems.append(f"{name!r}: a range goes from the lower layer to the higher, e.g. {stack}.layers."
+                            f"{last}-{first}")
+        elif last >= depth:
+            problems.append(f"{name!r}: the {stack} has layers 0-{depth - 1}")
+    return problems
+
+
+def frozen_prefixes(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The parameter-name prefixes (as in the model's state dict) of `train.freeze`'s valid names."""
+    prefixes = []
+    for name in names:
+        if name in FREEZE_PARTS:
+            prefixes += FREEZE_PARTS[name]
+        elif match := _FREEZE_LAYERS.fullmatch(name):
+            prefixes += [f"{match[1]}_layers.{i}." for i in range(int(match[2]), int(match[3] or match[2]) + 1)]
+    return tuple(prefixes)
 
 
 BLEU_TOKENIZERS: tuple[str, ...] = typing.get_args(typing.get_type_hints(TrainConfig)["bleu_tokenize"])

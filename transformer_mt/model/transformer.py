@@ -473,6 +473,15 @@ class Transformer(nn.Module):
             hook.remove()
         return captured[0]
 
+    def freeze(self, prefixes: tuple[str, ...]) -> int:
+        """Stop training the parameters whose state-dict names start with one of `prefixes`
+        (`config.schema.frozen_prefixes`); a tied weight is frozen under any of its names. Returns
+        the parameters frozen, tied weights counted once."""
+        for name, param in self.named_parameters(remove_duplicate=False):
+            if name.startswith(prefixes):
+                param.requires_grad_(False)
+        return sum(p.numel() for p in self.parameters() if not p.requires_grad)
+
     def num_parameters(self) -> int:
         """Trainable parameters, counting tied weights once."""
         return sum(p.numel() for p in self.parameters())

@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 # Sections that define what a checkpoint's weights mean; they may not change on resume.
 FROZEN_ON_RESUME = ("seed", "data", "tokenizer", "model")
 CHANGEABLE_ON_RESUME = ("data.num_proc",)  # how fast the cache is filled, not what it holds
+# Training settings a resume keeps: the optimizer state holds the trainable parameters train.freeze leaves.
+FIXED_ON_RESUME = ("train.freeze",)
 
 MARKER = RunDir.MARKER
 # flock's answers on a filesystem that cannot lock (NFS without lockd, some FUSE and SMB mounts).
@@ -280,14 +282,16 @@ def check_saved_config(cfg: Config, run_dir: Path) -> list[str]:
 
 def resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:
     """The settings that differ from the saved ones, as `key: old -> new` lines; a `ConfigError`
-    listing them when any is in `FROZEN_ON_RESUME` (less `CHANGEABLE_ON_RESUME`)."""
+    listing them when any is in `FROZEN_ON_RESUME` (less `CHANGEABLE_ON_RESUME`) or `FIXED_ON_RESUME`."""
     frozen, allowed = [], []
     for key, old, new in config_changes(saved, current):
-        is_frozen = key.partition(".")[0] in FROZEN_ON_RESUME and key not in CHANGEABLE_ON_RESUME
+        is_frozen = (key.partition(".")[0] in FROZEN_ON_RESUME and key not in CHANGEABLE_ON_RESUME
+                     or key in FIXED_ON_RESUME)
         (frozen if is_frozen else allowed).append(f"{key}: {old!r} -> {new!r}")
     if frozen:
         raise ConfigError([f"cannot resume from {path.name}: these settings differ from the run's "
-                           "(only train.*, decode.* and data.num_proc may change)"] + frozen)
+                           "(only train.* but train.freeze, decode.* and data.num_proc may change; to train "
+                           "other parts, start a new run with train.init_from)"] + frozen)
     return allowed
 
 

@@ -81,7 +81,9 @@ class TrainStep:
         # The CUDA kernel reads the rate tensor as fp32 (6e-8 from the eager double at most), the CPU one as double.
         self.lr = torch.zeros((), dtype=torch.float32 if device.type == "cuda" else torch.float64,
                               device=device) if graphed else None
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr if self.lr is None else self.lr, betas=t.betas,
+        # Parameters frozen by train.freeze have no gradient and no optimizer state (under DDP, no bucket).
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=t.lr if self.lr is None else self.lr, betas=t.betas,
                                            eps=1e-9, weight_decay=t.weight_decay, fused=self.fused_optimizer,
                                            capturable=graphed)
         self.scaler = torch.amp.GradScaler(device.type, enabled=precision.needs_grad_scaler)
@@ -89,7 +91,7 @@ class TrainStep:
                                    fixed_rows=graphed, packed=engine.packed)
         # The layers compute at the real tokens only, except where shapes must stay fixed (captured, compiled).
         self.pack = not (graphed or t.compile)
-        self.graphs = GraphedStep(self.step_model, list(model.parameters()), self.optimizer, precision=precision,
+        self.graphs = GraphedStep(self.step_model, self.params, self.optimizer, precision=precision,
                                   attention=attention, label_smoothing=t.label_smoothing,
                                   max_norm=t.clip_grad_norm or float("inf"), capture=device.type == "cuda",
                                   uncaptured_loss=plain_step_model) if graphed else None
@@ -144,7 +146,7 @@ class TrainStep:
             total = self._forward_backward(batches, n_tgt_tokens)
             self.scaler.unscale_(self.optimizer)
             max_norm = self.cfg.train.clip_grad_norm or float("inf")
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
             nonfinite = (~(torch.isfinite(total) & torch.isfinite(grad_norm))).float()
         if while_device_works is not None:
             while_device_works()

@@ -14,7 +14,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from transformer_mt.config.loading import save_config
-from transformer_mt.config.schema import Config
+from transformer_mt.config.schema import Config, frozen_prefixes
 from transformer_mt.core.distributed import Distributed
 from transformer_mt.core.errors import (CheckpointError, ConfigError, TmtError, TrainingError, TrainingStopped,
                                         interrupted, missing_from_rank0)
@@ -81,6 +81,10 @@ class Trainer:
         self.model = build_model(cfg.model, **model_args).to(self.device)  # the same initial weights on every rank
         if parent is not None:  # train.init_from
             self.model.load_state_dict(parent.weights)
+        self.frozen = self.model.freeze(frozen_prefixes(cfg.train.freeze))
+        if cfg.train.freeze and not any(p.requires_grad for p in self.model.parameters()):
+            raise ConfigError([f"train.freeze: {', '.join(cfg.train.freeze)} freezes every parameter of the model; "
+                               "nothing would be trained"])
         self.ema = WeightEMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
         if dist.enabled:
             torch.manual_seed(cfg.seed + dist.rank)  # different dropout masks on each rank
@@ -159,6 +163,10 @@ class Trainer:
         t, state = self.cfg.train, self.state
         logger.info("device %s, precision %s, %d parameters, %d training pairs", self.device,
                     self.precision.name, self.model.num_parameters(), len(self.train_data))
+        if t.freeze:
+            total = self.model.num_parameters()
+            logger.info("train.freeze %s: %s of the %s parameters frozen, %s trained", ", ".join(t.freeze),
+                        f"{self.frozen:,}", f"{total:,}", f"{total - self.frozen:,}")
         tensorboard = str(RunDir(self.run_dir).tensorboard)  # a failed write warns once, then training goes on
         writer = OptionalWriter(lambda: SummaryWriter(tensorboard, purge_step=state.step + 1)
                                 if self.dist.is_main else None, tensorboard)

@@ -1,0 +1,99 @@
+"""train.freeze: parts of the model that are not trained: no gradient, no optimizer state, the same
+weights bit for bit, kept on resume."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import tiny_config
+from transformer_mt.config.loading import config_from_dict
+from transformer_mt.config.schema import config_to_dict
+from transformer_mt.core.errors import ConfigError
+from transformer_mt.runs.checkpoint import load_checkpoint
+from transformer_mt.runs.run_dir import check_saved_config, prepare_run_dir
+from transformer_mt.train.trainer import Trainer, train
+
+
+def frozen_trainer(tiny_corpus: Path, run: Path, freeze: list[str], model: dict | None = None, **train_options):
+    cfg = tiny_config(tiny_corpus, model=model or {}, train={"freeze": freeze, "max_steps": 4, **train_options})
+    prepare_run_dir(run, resume=False, overwrite=False)
+    return Trainer(cfg, run, progress=False)
+
+
+@pytest.mark.parametrize(("freeze", "model", "frozen_prefixes"), [
+    (["embeddings"], {}, ["src_embed."]),  # shared source and target tables, and the tied output
+    (["encoder"], {}, ["encoder_layers.", "encoder_norm."]),
+    (["encoder.layers.0-1", "decoder.layers.1"], {}, ["encoder_layers.0.", "encoder_layers.1.", "decoder_layers.1."]),
+    (["output"], {"tie_output": False, "output_bias": True}, ["output_proj."]),
+])
+def test_frozen_parameters_stay_bit_identical_and_have_no_gradient_or_optimizer_state(
+        tiny_corpus: Path, tmp_path: Path, caplog, freeze, model, frozen_prefixes):
+    trainer = frozen_trainer(tiny_corpus, tmp_path / "run", freeze, model, ema_decay=0.9)
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    with caplog.at_level("INFO", logger="transformer_mt"):
+        trainer.run()
+    frozen = {name for name in before if name.startswith(tuple(frozen_prefixes))}
+    assert frozen
+    params = dict(trainer.model.named_parameters())
+    for name, tensor in before.items():
+        if name in frozen:
+            assert torch.equal(params[name], tensor) and not params[name].requires_grad, name
+            assert params[name].grad is None and params[name] not in trainer.train_step.optimizer.state, name
+            assert torch.equal(dict(trainer.ema.model.named_parameters())[name], tensor), name  # the average too
+        else:
+            assert not torch.equal(params[name], tensor), name
+            assert params[name] in trainer.train_step.optimizer.state, name
+    n_frozen = sum(before[name].numel() for name in frozen)
+    total = trainer.model.num_parameters()
+    assert f"train.freeze {', '.join(freeze)}: {n_frozen:,} of the {total:,} parameters frozen, " \
+           f"{total - n_frozen:,} trained" in caplog.text
+
+
+def test_a_frozen_run_resumes_exactly_and_may_not_change_what_is_frozen(tiny_corpus: Path, tmp_path: Path):
+    options = {"freeze": ["decoder", "embeddings"], "eval_every_steps": 4, "save_every_steps": 3}
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    prepare_run_dir(straight, resume=False, overwrite=False)
+    train(tiny_config(tiny_corpus, train={**options, "max_steps": 6}), straight, progress=False)
+    prepare_run_dir(interrupted, resume=False, overwrite=False)
+    train(tiny_config(tiny_corpus, train={**options, "max_steps": 3}), interrupted, progress=False)
+    assert len(load_checkpoint(interrupted / "checkpoints" / "step_00000003.pt")["optimizer"]["state"]) == \
+        len([name for name, _ in Trainer(tiny_config(tiny_corpus, train=options), tmp_path / "scratch",
+                                         progress=False).model.named_parameters()
+             if name.startswith(("encoder_layers.", "encoder_norm."))])  # the trained parameters' state only
+
+    changed = tiny_config(tiny_corpus, train={**options, "max_steps": 6, "freeze": ["decoder"]})
+    with pytest.raises(ConfigError) as err:
+        check_saved_config(changed, interrupted)  # what `tmt train --resume` checks first
+    assert err.value.problems[1:] == ["train.freeze: ['decoder', 'embeddings'] -> ['decoder']"]
+
+    prepare_run_dir(interrupted, resume=True, overwrite=False)
+    train(tiny_config(tiny_corpus, train={**options, "max_steps": 6}), interrupted, resume=True, progress=False)
+    a = load_checkpoint(straight / "checkpoints" / "step_00000006.pt")
+    b = load_checkpoint(interrupted / "checkpoints" / "step_00000006.pt")
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    for index, state in a["optimizer"]["state"].items():
+        assert torch.equal(state["exp_avg"], b["optimizer"]["state"][index]["exp_avg"]), index
+
+
+def test_unknown_or_impossible_freeze_names_are_refused_with_did_you_mean(tiny_corpus: Path):
+    raw = config_to_dict(tiny_config(tiny_corpus))
+    raw["train"]["freeze"] = ["embedding", "encoder.layers.2", "decoder.layers.1-0", "decoder.layer.0", "encoder"]
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(raw)
+    assert err.value.problems == [
+        "train.freeze: 'embedding' is not a part of the model (did you mean 'embeddings'?)",
+        "train.freeze: 'encoder.layers.2': the encoder has layers 0-1",
+        "train.freeze: 'decoder.layers.1-0': a range goes from the lower layer to the higher, e.g. decoder.layers.0-1",
+        "train.freeze: 'decoder.layer.0' is not a part of the model (did you mean 'decoder.layers.0'?)"]
+    raw["train"]["freeze"] = "encoder"
+    with pytest.raises(ConfigError, match=r"train.freeze: expected a list"):
+        config_from_dict(raw)
+
+
+def test_freezing_every_parameter_is_refused(tiny_corpus: Path, tmp_path: Path):
+    """The output projection is tied to the embeddings: with them, the encoder and the decoder, nothing is left."""
+    with pytest.raises(ConfigError, match="^invalid configuration: train.freeze: embeddings, encoder, decoder "
+                                          "freezes every parameter of the model; nothing would be trained$"):
+        frozen_trainer(tiny_corpus, tmp_path / "run", ["embeddings", "encoder", "decoder"])

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from tests.helpers import run_cli, tiny_config, write_corpus
 from transformer_mt.config.loading import load_config, save_config
@@ -202,3 +203,96 @@ def test_a_relative_init_from_is_read_from_the_config_files_folder_or_from_the_c
     overridden = load_config(config, ["train.init_from=runs/base"])
     assert overridden.train.init_from == str(tmp_path.resolve() / "elsewhere" / "runs" / "base")
     assert load_config(config, ["train.init_from="]).train.init_from is None  # off again
+
+
+def write_fine_tuning_config(tmp_path: Path, parent: Path, *, model: dict | None = None, tokenizer: dict | None = None,
+                             train: dict | None = None) -> Path:
+    """A fine-tuning config as a user writes one: data and train (plus any sections given), nothing of the model."""
+    corpus = write_corpus(tmp_path / "child_corpus", {"train": CHILD_PAIRS, "valid": CHILD_PAIRS[:2],
+                                                      "test": CHILD_PAIRS[2:4]})
+    # batch_tokens 64 is below the default model.max_len (256): valid only with the parent's max_len (64).
+    raw = {"data": {"path": str(corpus), "valid_size": 2, "test_size": 2},
+           "train": {"init_from": str(parent), "max_steps": 4, "batch_tokens": 64, "lr": 5e-4, "warmup_steps": 2,
+                     "eval_every_steps": 2, "save_every_steps": 2, "precision": "fp32", "device": "cpu",
+                     "test_at_end": False, **(train or {})}}
+    raw.update({key: value for key, value in (("model", model), ("tokenizer", tokenizer)) if value is not None})
+    config = tmp_path / "finetune.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    return config
+
+
+def test_a_config_of_data_and_train_only_fine_tunes_with_the_parents_model_and_tokenizers(parent: Path,
+                                                                                         tmp_path: Path,
+                                                                                         monkeypatch, capsys):
+    """model.* and tokenizer.* default to the parent's; the run's config.yaml holds them, so a resume
+    needs neither the parent's folder nor those sections; no BPE is trained."""
+    config = write_fine_tuning_config(tmp_path, parent, train={"freeze": ["embeddings"]})
+    child = tmp_path / "child"
+    code, _, err = run_cli(["train", "--config", str(config), "--run-dir", str(child), "--quiet"], monkeypatch,
+                           capsys, tmp_path)
+    assert code == 0, err
+    saved = yaml.safe_load((child / "config.yaml").read_text(encoding="utf-8"))
+    parents = yaml.safe_load((parent / "config.yaml").read_text(encoding="utf-8"))
+    assert saved["model"] == parents["model"] and saved["tokenizer"] == parents["tokenizer"]
+    assert (child / "tokenizer.json").read_bytes() == (parent / "tokenizer.json").read_bytes()
+    train_log = (child / "train.log").read_text(encoding="utf-8")
+    assert "trained BPE" not in train_log and "copied the tokenizers of" in train_log
+    # The frozen embeddings are the parent's EMA weights, bit for bit; the rest has trained.
+    parent_weights = load_checkpoint(parent / "checkpoints" / "best.pt")["ema"]["model"]
+    child_weights = load_checkpoint(child / "checkpoints" / "step_00000004.pt")["model"]
+    assert torch.equal(child_weights["src_embed.weight"], parent_weights["src_embed.weight"])
+    assert not torch.equal(child_weights["encoder_layers.0.ffn.linear1.weight"],
+                           parent_weights["encoder_layers.0.ffn.linear1.weight"])
+
+    shutil.rmtree(parent)
+    code, _, err = run_cli(["train", "--config", str(config), "--run-dir", str(child), "--resume", "--quiet",
+                            "--set", "train.max_steps=6"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    assert load_checkpoint(child / "checkpoints" / "step_00000006.pt")["train_state"]["step"] == 6
+
+
+def test_a_model_key_given_is_checked_against_the_parents_and_tmt_data_reports_as_training_would(
+        parent: Path, tmp_path: Path, monkeypatch, capsys):
+    config = write_fine_tuning_config(tmp_path, parent, model={"d_model": 16, "dropout": 0.2})
+    code, out, err = run_cli(["data", "--config", str(config), "--quiet"], monkeypatch, capsys, tmp_path)
+    assert code == 0 and "per epoch" in out, err
+    assert err.endswith(f"with the tokenizers of {parent.resolve()} (train.init_from)\n")
+
+    config = write_fine_tuning_config(tmp_path, parent, model={"d_model": 16, "d_ff": 64},
+                                      tokenizer={"vocab_size": 200})
+    for command in ("data", "train"):
+        run_dir = ["--run-dir", str(tmp_path / "run")] if command == "train" else []
+        code, out, err = run_cli([command, "--config", str(config), *run_dir, "--quiet"], monkeypatch, capsys,
+                                 tmp_path)
+        assert code == 2 and not (tmp_path / "run").exists() and not out, command
+        assert "model.d_ff: 32 in the parent, 64 here" in err and "d_model" not in err and "vocab_size" not in err
+        assert "Traceback" not in err
+
+
+def as_unigram(run_dir: Path) -> None:
+    """Replace a run's BPE tokenizer by a Unigram one with the same vocabulary (an imported run's kind):
+    the same ids, so the same fingerprint as its checkpoints'."""
+    settings = json.loads((run_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    pieces = sorted(settings["model"]["vocab"].items(), key=lambda item: item[1])
+    settings["model"] = {"type": "Unigram", "unk_id": 1, "vocab": [[piece, -1.0] for piece, _ in pieces],
+                         "byte_fallback": False}
+    settings["decoder"] = None
+    (run_dir / "tokenizer.json").write_text(json.dumps(settings), encoding="utf-8")
+
+
+def test_bpe_dropout_is_refused_in_one_line_when_the_parents_tokenizers_are_not_bpe(parent: Path, tmp_path: Path,
+                                                                                    monkeypatch, capsys):
+    as_unigram(parent)
+    config = write_fine_tuning_config(tmp_path, parent, tokenizer={"bpe_dropout": 0.1})
+    for command in ("data", "train"):
+        run_dir = ["--run-dir", str(tmp_path / "run")] if command == "train" else []
+        code, out, err = run_cli([command, "--config", str(config), *run_dir, "--quiet"], monkeypatch, capsys,
+                                 tmp_path)
+        assert code == 2 and not out and not (tmp_path / "run").exists(), err
+        assert err == (f"tmt: error: invalid configuration: tokenizer.bpe_dropout: 0.1 does nothing with the Unigram tokenizers of "
+                       f"{parent.resolve()} (train.init_from); BPE-dropout needs BPE tokenizers: set it to 0\n")
+    config = write_fine_tuning_config(tmp_path, parent, train={"max_steps": 2})
+    code, _, err = run_cli(["train", "--config", str(config), "--run-dir", str(tmp_path / "run"), "--quiet"],
+                           monkeypatch, capsys, tmp_path)
+    assert code == 0, err  # without BPE-dropout, a Unigram parent fine-tunes
+    assert TokenizerPair.load(tmp_path / "run").fingerprint() == TokenizerPair.load(parent).fingerprint()

@@ -42,7 +42,13 @@ def run_data(args: argparse.Namespace) -> None:
     from transformer_mt.config.loading import load_config
 
     setup_logging(logging.WARNING)
-    cfg = load_config(args.config, args.overrides)  # before torch is imported: a config mistake is answered at once
+    def inherit(written):  # train.init_from: the settings the config leaves to the parent, read when it names one
+        from transformer_mt.runs.init_from import inherited_settings
+
+        return inherited_settings(written)
+
+    # Before torch is imported (but for a parent's settings): a config mistake is answered at once
+    cfg = load_config(args.config, args.overrides, inherit)
 
     from transformer_mt.core.run_layout import run_dir_problem
     from transformer_mt.runs.init_from import check_parent

@@ -44,7 +44,13 @@ def add_parser(commands) -> None:
 def run_train(args: argparse.Namespace) -> None:
     from transformer_mt.config.loading import load_config
 
-    cfg = load_config(args.config, args.overrides)  # before torch is imported: a config mistake is answered at once
+    def inherit(written):  # train.init_from: the settings the config leaves to the parent, read when it names one
+        from transformer_mt.runs.init_from import inherited_settings
+
+        return inherited_settings(written, (args.run_dir or Path("runs") / written.name) if args.resume else None)
+
+    # Before torch is imported (but for a parent's settings): a config mistake is answered at once
+    cfg = load_config(args.config, args.overrides, inherit)
 
     from transformer_mt.core.distributed import Distributed
     from transformer_mt.core.runtime import machine_memory_bytes, pick_device, pick_precision

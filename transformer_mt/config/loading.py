@@ -10,6 +10,7 @@ import math
 import re
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,10 +45,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (),
+                inherit: Callable[[Config], dict] | None = None) -> Config:
     """Read a YAML config file, apply `a.b=value` overrides, and validate it. A relative local
     `data.path`, `data.corpora` path or `train.init_from` is resolved against the config file's
-    directory, or, when an override sets that key (or its section), against the current directory."""
+    directory, or, when an override sets that key (or its section), against the current directory.
+    `inherit`: when the config sets `train.init_from`, called with the config as written (unchecked,
+    its paths resolved) -> sections of settings (`{"model": {...}}`) whose keys the config does not
+    give are taken from there (fine-tuning: the parent's), before the config is checked."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError([f"{path}: is a directory, not a config file"])
@@ -71,15 +76,37 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError([f"{path}: the top level must be a mapping of sections, not {type(raw).__name__}"])
-    try:
-        cfg = config_from_dict(apply_overrides(raw, overrides))
-    except RecursionError:  # `a: &a [*a]`: a value that contains itself
-        raise ConfigError([f"{path}: a YAML alias refers to the value that contains it"]) from None
     overridden = {item.partition("=")[0].strip() for item in overrides}  # keys as `apply_overrides` reads them
 
     def base(key: str) -> Path:  # where a relative path read from `key` (or from its section) is
         return Path.cwd() if overridden & {key, key.partition(".")[0]} else path.parent
 
+    try:
+        raw = apply_overrides(raw, overrides)
+        if inherit is not None:
+            written = _resolved_paths(_build(Config, raw, "", Problems()), base)  # unchecked: the checks come below
+            if written.train.init_from:
+                raw = _with_inherited(raw, inherit(written))
+        cfg = config_from_dict(raw)
+    except RecursionError:  # `a: &a [*a]`: a value that contains itself
+        raise ConfigError([f"{path}: a YAML alias refers to the value that contains it"]) from None
+    return _resolved_paths(cfg, base)
+
+
+def _with_inherited(raw: dict, inherited: dict) -> dict:
+    """`raw` with each key of `inherited`'s sections that `raw` does not give (and this tmt knows)."""
+    raw = dict(raw)
+    known = {f.name: [key.name for key in dataclasses.fields(f.default_factory)] for f in dataclasses.fields(Config)
+             if dataclasses.is_dataclass(f.default_factory)}
+    for section, values in inherited.items():
+        written = {} if raw.get(section) is None else raw[section]
+        if isinstance(values, dict) and isinstance(written, dict):  # else `_build` reports the mapping
+            raw[section] = {**{k: v for k, v in values.items() if k in known.get(section, ())}, **written}
+    return raw
+
+
+def _resolved_paths(cfg: Config, base: Callable[[str], Path]) -> Config:
+    """`cfg` with its relative local paths resolved against `base(key)`."""
     data, init_from = cfg.data, cfg.train.init_from
     corpora = tuple(dataclasses.replace(entry, path=_resolved(entry.path, entry.format or data.format,
                                                               base("data.corpora"))) for entry in data.corpora)

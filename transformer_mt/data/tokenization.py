@@ -64,6 +64,12 @@ class TokenizerPair:
         _text_is_text(self.src)
         _text_is_text(self.tgt)
 
+    @property
+    def kind(self) -> str:
+        """The tokenizers' model: "BPE" (trained by tmt), "Unigram" (SentencePiece's, imported), ..."""
+        kinds = dict.fromkeys(type(t.model).__name__ for t in (self.src, self.tgt))
+        return " and ".join(kinds)
+
     def encode_src(self, lines: list[str]) -> list[list[int]]:
         """Token ids of each source line, without special tokens."""
         return [e.ids for e in self.src.encode_batch(lines, add_special_tokens=False)]

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformer_mt.config.loading import user_path
+from transformer_mt.config.loading import read_saved_config, user_path
 from transformer_mt.config.schema import Config, config_changes, config_to_dict
 from transformer_mt.core.errors import CheckpointError, ConfigError, UsageError
 from transformer_mt.core.run_layout import RunDir, best_or_latest
@@ -68,6 +68,16 @@ def load_parent(cfg: Config) -> Parent:
     return Parent(run_dir, path, weights, record)
 
 
+def inherited_settings(cfg: Config, resumed_run: Path | None = None) -> dict:
+    """The model and tokenizer settings of `cfg`'s parent (`train.init_from`), which a config that
+    gives none takes (`load_config`'s `inherit`): those of its checkpoint, or for a resumed run those
+    of `resumed_run`'s own config.yaml, which holds them from its start (the parent may be gone)."""
+    saved = read_saved_config(RunDir(resumed_run).config) if resumed_run is not None else None
+    if saved is None:
+        saved = load_checkpoint(parent_paths(cfg.train.init_from)[1])["config"]
+    return {section: saved[section] for section in SHARED_SECTIONS if isinstance(saved.get(section), dict)}
+
+
 def check_parent(cfg: Config) -> tuple[Path, Path, dict]:
     """The parent's run directory, checkpoint file and loaded checkpoint; refused when its model or
     tokenizer settings differ from `cfg`'s (every key listed) or its run lacks tokenizers. `tmt train`
@@ -80,7 +90,12 @@ def check_parent(cfg: Config) -> tuple[Path, Path, dict]:
     if conflicts:
         raise ConfigError([f"train.init_from: the model and tokenizer settings must be those of the parent "
                            f"{path} (see {RunDir(run_dir).config}); these differ:", *conflicts])
-    check_tokenizers(state, _parent_tokenizers(run_dir).fingerprint(), path, run_dir)
+    tokenizers = _parent_tokenizers(run_dir)
+    check_tokenizers(state, tokenizers.fingerprint(), path, run_dir)
+    if cfg.tokenizer.bpe_dropout and tokenizers.kind != "BPE":  # it would change nothing
+        raise ConfigError([f"tokenizer.bpe_dropout: {cfg.tokenizer.bpe_dropout} does nothing with the "
+                           f"{tokenizers.kind} tokenizers of {run_dir} (train.init_from); BPE-dropout needs BPE "
+                           "tokenizers: set it to 0"])
     return run_dir, path, state
 
 

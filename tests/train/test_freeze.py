@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import tiny_config
-from transformer_mt.config.loading import config_from_dict
+from tests.helpers import run_cli, tiny_config
+from transformer_mt.config.loading import config_from_dict, save_config
 from transformer_mt.config.schema import config_to_dict
 from transformer_mt.core.errors import ConfigError
 from transformer_mt.runs.checkpoint import load_checkpoint
@@ -92,8 +92,13 @@ def test_unknown_or_impossible_freeze_names_are_refused_with_did_you_mean(tiny_c
         config_from_dict(raw)
 
 
-def test_freezing_every_parameter_is_refused(tiny_corpus: Path, tmp_path: Path):
+def test_freezing_every_parameter_is_refused_and_leaves_no_run_behind(tiny_corpus: Path, tmp_path: Path,
+                                                                      monkeypatch, capsys):
     """The output projection is tied to the embeddings: with them, the encoder and the decoder, nothing is left."""
-    with pytest.raises(ConfigError, match="^invalid configuration: train.freeze: embeddings, encoder, decoder "
-                                          "freezes every parameter of the model; nothing would be trained$"):
-        frozen_trainer(tiny_corpus, tmp_path / "run", ["embeddings", "encoder", "decoder"])
+    config = tmp_path / "tiny.yaml"
+    save_config(tiny_config(tiny_corpus, train={"freeze": ["embeddings", "encoder", "decoder"]}), config)
+    code, _, err = run_cli(["train", "--config", str(config), "--run-dir", str(tmp_path / "run"), "--quiet"],
+                           monkeypatch, capsys, tmp_path)
+    assert code == 2 and not (tmp_path / "run").exists()
+    assert err.endswith("tmt: error: invalid configuration: train.freeze: embeddings, encoder, decoder freezes every "
+                        "parameter of the model; nothing would be trained\n")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from transformer_mt.cli.arguments import add_command
 from transformer_mt.cli.log_setup import setup_logging
-from transformer_mt.core.errors import DataError, TmtError, TrainingStopped, WriteError, error_line, interrupted
+from transformer_mt.core.errors import ConfigError, DataError, TmtError, TrainingStopped, WriteError, error_line, interrupted
 from transformer_mt.core.run_layout import RunDir
 
 logger = logging.getLogger("transformer_mt")
@@ -85,8 +85,8 @@ def run_train(args: argparse.Namespace) -> None:
 @contextlib.contextmanager
 def _claimed_run(run_dir: Path, args: argparse.Namespace, init_from: str | None) -> Iterator[None]:
     """The run directory prepared for this start and locked while it trains. What a new start adds is
-    taken back when it stops before training on its data, a file it cannot write (a full disk, a
-    file-size limit) or Ctrl-C: no run is left behind that never trained. Other failures keep the
+    taken back when it stops before training on its data, a setting refused once the model is built
+    (train.freeze), a file it cannot write (a full disk, a file-size limit) or Ctrl-C: no run is left behind that never trained. Other failures keep the
     run's train.log, which records them."""
     from transformer_mt.runs.run_dir import NewRunDir, prepare_run_dir
 
@@ -100,7 +100,7 @@ def _claimed_run(run_dir: Path, args: argparse.Namespace, init_from: str | None)
     with lock:
         try:
             yield
-        except (DataError, WriteError, TrainingStopped, KeyboardInterrupt):
+        except (ConfigError, DataError, WriteError, TrainingStopped, KeyboardInterrupt):
             if new_run is not None:
                 new_run.remove()  # while the lock is still held
             raise

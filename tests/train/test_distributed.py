@@ -265,3 +265,17 @@ def test_torchrun_environment_is_read_and_checked(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE")
     with pytest.raises(UsageError, match="WORLD_SIZE=None"):
         Distributed.from_environment()
+
+
+def test_ddp_trains_with_frozen_parts_and_leaves_them_as_they_were(tmp_path: Path):
+    """DDP all-reduces the trainable parameters only: frozen ones have no gradient to wait for."""
+    config = write_config(tmp_path, "ddp.yaml", max_steps=2, eval_every_steps=2, save_every_steps=2,
+                          freeze=["embeddings", "encoder.layers.0"])
+    run = tmp_path / "run"
+    result = torchrun(config, run)
+    assert result.returncode == 0, result.stderr[-3000:]
+    initial = Trainer(tiny_config(tmp_path / "corpus"), tmp_path / "initial", progress=False).model.state_dict()
+    trained = load_checkpoint(run / "checkpoints" / "step_00000002.pt")["model"]
+    for name, tensor in initial.items():
+        frozen = name.startswith(("src_embed.", "tgt_embed.", "output_proj.", "encoder_layers.0."))
+        assert torch.equal(trained[name], tensor) == frozen, name

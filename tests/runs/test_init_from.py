@@ -289,8 +289,9 @@ def test_bpe_dropout_is_refused_in_one_line_when_the_parents_tokenizers_are_not_
         code, out, err = run_cli([command, "--config", str(config), *run_dir, "--quiet"], monkeypatch, capsys,
                                  tmp_path)
         assert code == 2 and not out and not (tmp_path / "run").exists(), err
-        assert err == (f"tmt: error: invalid configuration: tokenizer.bpe_dropout: 0.1 does nothing with the Unigram tokenizers of "
-                       f"{parent.resolve()} (train.init_from); BPE-dropout needs BPE tokenizers: set it to 0\n")
+        assert err == (f"tmt: error: invalid configuration: tokenizer.bpe_dropout: 0.1 does nothing with the "
+                       f"Unigram tokenizers of {parent.resolve()} (train.init_from); BPE-dropout needs BPE "
+                       "tokenizers: set it to 0\n")
     config = write_fine_tuning_config(tmp_path, parent, train={"max_steps": 2})
     code, _, err = run_cli(["train", "--config", str(config), "--run-dir", str(tmp_path / "run"), "--quiet"],
                            monkeypatch, capsys, tmp_path)

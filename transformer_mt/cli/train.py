@@ -14,7 +14,8 @@ from pathlib import Path
 
 from transformer_mt.cli.arguments import add_command
 from transformer_mt.cli.log_setup import setup_logging
-from transformer_mt.core.errors import ConfigError, DataError, TmtError, TrainingStopped, WriteError, error_line, interrupted
+from transformer_mt.core.errors import (ConfigError, DataError, TmtError, TrainingStopped, WriteError, error_line,
+                                        interrupted)
 from transformer_mt.core.run_layout import RunDir
 
 logger = logging.getLogger("transformer_mt")
@@ -86,8 +87,8 @@ def run_train(args: argparse.Namespace) -> None:
 def _claimed_run(run_dir: Path, args: argparse.Namespace, init_from: str | None) -> Iterator[None]:
     """The run directory prepared for this start and locked while it trains. What a new start adds is
     taken back when it stops before training on its data, a setting refused once the model is built
-    (train.freeze), a file it cannot write (a full disk, a file-size limit) or Ctrl-C: no run is left behind that never trained. Other failures keep the
-    run's train.log, which records them."""
+    (train.freeze), a file it cannot write (a full disk, a file-size limit) or Ctrl-C: no run is left
+    behind that never trained. Other failures keep the run's train.log, which records them."""
     from transformer_mt.runs.run_dir import NewRunDir, prepare_run_dir
 
     new_run = None if args.resume else NewRunDir(run_dir)

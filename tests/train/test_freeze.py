@@ -12,6 +12,7 @@ from transformer_mt.config.schema import config_to_dict
 from transformer_mt.core.errors import ConfigError
 from transformer_mt.runs.checkpoint import load_checkpoint
 from transformer_mt.runs.run_dir import check_saved_config, prepare_run_dir
+from transformer_mt.train import step as train_step_module
 from transformer_mt.train.trainer import Trainer, train
 
 
@@ -102,3 +103,17 @@ def test_freezing_every_parameter_is_refused_and_leaves_no_run_behind(tiny_corpu
     assert code == 2 and not (tmp_path / "run").exists()
     assert err.endswith("tmt: error: invalid configuration: train.freeze: embeddings, encoder, decoder freezes every "
                         "parameter of the model; nothing would be trained\n")
+
+
+def test_the_gpu_engines_update_run_eagerly_trains_only_what_is_not_frozen(tiny_corpus: Path, tmp_path: Path,
+                                                                          monkeypatch):
+    """The captured update (`train.cuda_graphs`) differentiates, clips and steps the trainable parameters only."""
+    monkeypatch.setattr(train_step_module, "graphs_apply", lambda *args, **kwargs: True)  # its path, on the CPU
+    trainer = frozen_trainer(tiny_corpus, tmp_path / "run", ["decoder", "embeddings"], clip_grad_norm=0.5)
+    assert trainer.train_step.graphs is not None
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters()}
+    trainer.run()
+    for name, param in trainer.model.named_parameters():
+        frozen = name.startswith(("src_embed.", "decoder_layers.", "decoder_norm."))
+        assert torch.equal(param, before[name]) == frozen, name
+        assert (param in trainer.train_step.optimizer.state) != frozen, name

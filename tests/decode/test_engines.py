@@ -16,7 +16,7 @@ import torch
 
 from tests.helpers import PYTHONPATH, TINY_PAIRS, run_cli, tiny_config, write_corpus
 from transformer_mt.core.errors import CheckpointError
-from transformer_mt.decode import ct2_conversion
+from transformer_mt.export import ct2_conversion
 from transformer_mt.decode.generator import Sampling
 from transformer_mt.decode.translator import Translator
 from transformer_mt.runs.checkpoint import load_checkpoint, save_atomic

@@ -91,10 +91,10 @@ def test_score_command_reads_files_and_stdin_and_writes_jsonl(workdir: Path):
     ({}, [], "Good morning.\t" + "Buongiorno " * 80 + "\n", "line 1: the target is"),
 ])
 def test_bad_score_input_gets_one_line(workdir: Path, tmp_path: Path, files: dict, args: list, stdin: str | None,
-                                       message: str):
+                                       message: str, tmt_here):
     for name, text in files.items():
         (tmp_path / name).write_text(text, encoding="utf-8")
-    result = tmt("score", "--run", str(workdir / "runs" / "tiny"), "--engine", "torch", *args, cwd=tmp_path,
-                 stdin=stdin or "")
+    result = tmt_here("score", "--run", str(workdir / "runs" / "tiny"), "--engine", "torch", *args, cwd=tmp_path,
+                      stdin=stdin or "")
     assert result.returncode != 0 and result.stdout == ""
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr

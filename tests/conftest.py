@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import inspect
 import shutil
-import subprocess
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 import torch
@@ -52,14 +52,14 @@ def workdir(trained_workdir: Path, tmp_path_factory) -> Path:
 def tmt_here(monkeypatch, capsys):
     """`tmt(*args, cwd=, stdin=)` run in this process: the same exit code, stdout and stderr as the
     subprocess gives, without seconds of Python start-up and imports."""
-    def call(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    def call(*args: str, cwd: Path, stdin: str | None = None) -> CompletedProcess:
         capsys.readouterr()
         with monkeypatch.context() as patch:
             try:
                 code, out, err = run_cli(list(args), patch, capsys, cwd, None if stdin is None else stdin.encode())
             except SystemExit as exit_:  # refused while parsing the command line, as argparse refuses
                 code, (out, err) = exit_.code, capsys.readouterr()
-        return subprocess.CompletedProcess(["tmt", *args], code, out, err)
+        return CompletedProcess(["tmt", *args], code, out, err)
     return call
 
 
@@ -93,7 +93,9 @@ def pytest_collection_modifyitems(items):
         slow = {name for name, fixture in fixtures.items() if calls_slow(fixture.func)}
         if slow or calls_slow(getattr(item, "function", None)):
             item.add_marker(pytest.mark.integration)
-        # The users of a module-scoped trained run share one worker (`--dist loadgroup`): it trains once.
-        shared = sorted(name for name in slow if fixtures[name].scope == "module")
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}.{shared[0]}"))
+        # The users of a module's trained runs share one worker (`--dist loadgroup`): each trains once.
+        if any(fixtures[name].scope == "module" for name in slow):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    # The longest first, then the other integration tests, the quick ones last to fill the workers' gaps:
+    # a test of minutes started last would end the run alone.
+    items.sort(key=lambda item: (not item.get_closest_marker("longest"), not item.get_closest_marker("integration")))

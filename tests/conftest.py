@@ -89,13 +89,9 @@ def calls_slow(*functions) -> bool:
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        fixtures = {name: defs[-1] for name, defs in item._fixtureinfo.name2fixturedefs.items()}
-        slow = {name for name, fixture in fixtures.items() if calls_slow(fixture.func)}
-        if slow or calls_slow(getattr(item, "function", None)):
+        fixtures = [defs[-1].func for defs in item._fixtureinfo.name2fixturedefs.values()]
+        if calls_slow(getattr(item, "function", None), *fixtures):
             item.add_marker(pytest.mark.integration)
-        # The users of a module's trained runs share one worker (`--dist loadgroup`): each trains once.
-        if any(fixtures[name].scope == "module" for name in slow):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
     # The longest first, then the other integration tests, the quick ones last to fill the workers' gaps:
     # a test of minutes started last would end the run alone.
     items.sort(key=lambda item: (not item.get_closest_marker("longest"), not item.get_closest_marker("integration")))

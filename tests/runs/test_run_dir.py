@@ -72,7 +72,7 @@ def test_a_second_trainer_on_a_training_run_is_refused_naming_the_first(training
 
     result = tmt_here("translate", "--run", str(run_dir), "--device", "cpu", "Good morning.", cwd=tmp_path)  # a reader
     assert result.returncode == 0, result.stderr
-    result = tmt("runs", "--dir", str(run_dir), cwd=tmp_path)  # the one subprocess: `tmt runs` as users start it
+    result = tmt("runs", "--dir", str(run_dir), cwd=tmp_path)  # a subprocess: `tmt runs` as started
     assert result.returncode == 0 and "running" in result.stdout, result.stderr
 
 
@@ -87,10 +87,10 @@ def test_a_killed_trainer_leaves_no_lock_to_clean(training, tmp_path: Path, tmt_
     assert result.returncode == 0, result.stderr
 
 
-def test_an_average_outside_the_run_does_not_need_its_lock(training, tmp_path: Path, tmt_here):
+def test_an_average_outside_the_run_does_not_need_its_lock(training, tmp_path: Path):
     _, run_dir, process = training
-    result = tmt_here("average", "--run", str(run_dir), "--last", "1", "--output", str(tmp_path / "avg.pt"),
-                      cwd=tmp_path)
+    # A subprocess: `tmt average` as it is started, once in the suite.
+    result = tmt("average", "--run", str(run_dir), "--last", "1", "--output", str(tmp_path / "avg.pt"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert process.poll() is None
 

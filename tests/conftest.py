@@ -3,6 +3,7 @@ trained run. Plain functions and constants are in helpers.py."""
 
 from __future__ import annotations
 
+import dis
 import inspect
 import shutil
 from pathlib import Path
@@ -65,7 +66,7 @@ def tmt_here(monkeypatch, capsys):
 
 # What makes a test slow: a `tmt` or other subprocess, or training, called by the test or by a fixture or
 # helper of tests/ it uses. `python -m pytest -m "not integration"` runs the rest in seconds.
-SLOW_CALLS = {"tmt", "subprocess", "Popen", "train", "make_trainer"}
+SLOW_CALLS = {"tmt", "subprocess", "Popen", "train", "make_trainer", "Trainer"}
 
 
 def calls_slow(*functions) -> bool:
@@ -76,10 +77,11 @@ def calls_slow(*functions) -> bool:
         if code in seen:
             continue
         seen.add(code)
-        if SLOW_CALLS & set(code.co_names):
+        names = {op.argval for op in dis.get_instructions(code) if op.opname == "LOAD_GLOBAL"}  # not attributes
+        if SLOW_CALLS & names:
             return True
         todo += [(const, namespace) for const in code.co_consts if inspect.iscode(const)]  # nested functions
-        for name in code.co_names:
+        for name in names:
             value = namespace.get(name)
             if getattr(value, "__module__", "").startswith("tests") and callable(value):
                 methods = vars(value).values() if inspect.isclass(value) else [value]

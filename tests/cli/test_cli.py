@@ -38,7 +38,7 @@ def trained(tmp_path_factory) -> Path:
     return workdir
 
 
-def test_train_then_translate_gives_the_validation_translations(trained: Path):
+def test_train_then_translate_gives_the_validation_translations(trained: Path, tmt_here):
     tmp_path, run = trained, trained / "runs" / "demo"
     for name in ("config.yaml", "tokenizer.json", "train.log", f"checkpoints/step_{STEPS:08d}.pt", "checkpoints/best.pt"):
         assert (run / name).is_file(), name
@@ -53,13 +53,13 @@ def test_train_then_translate_gives_the_validation_translations(trained: Path):
     assert result.stdout == validation
 
     # No --run: the newest run under ./runs; arguments instead of stdin; one line each.
-    result = tmt("translate", "Good morning.", "Where is the station?", cwd=tmp_path)
+    result = tmt_here("translate", "Good morning.", "Where is the station?", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 2
 
     # Training again into the same directory refuses and keeps everything.
     before = sorted(p.name for p in (run / "checkpoints").iterdir())
-    result = tmt("train", "--config", str(DEMO_CONFIG), cwd=tmp_path)
+    result = tmt_here("train", "--config", str(DEMO_CONFIG), cwd=tmp_path)
     assert result.returncode == 2
     assert "--resume" in result.stderr and "Traceback" not in result.stderr
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
@@ -111,7 +111,7 @@ def test_translate_files_with_beam_search_keeps_input_order_and_empty_lines(trai
     assert alone.stdout == out[2] + "\n"
 
 
-def test_evaluate_scores_a_split_and_files_with_the_sacrebleu_signature(trained: Path):
+def test_evaluate_scores_a_split_and_files_with_the_sacrebleu_signature(trained: Path, tmt_here):
     result = tmt("evaluate", "--run", "runs/demo", "--split", "valid", "--quiet", cwd=trained)
     assert result.returncode == 0, result.stderr
     bleu_line, chrf_line, chrf_pp_line, ter_line = result.stdout.splitlines()[:4]
@@ -122,8 +122,8 @@ def test_evaluate_scores_a_split_and_files_with_the_sacrebleu_signature(trained:
     best_step = torch.load(trained / "runs/demo/checkpoints/best.pt", weights_only=True)["train_state"]["step"]
     assert hyps == (trained / "runs/demo/validation" / f"step_{best_step:08d}.txt").read_text("utf-8")
 
-    result = tmt("evaluate", "--run", "runs/demo", "--src", str(VALID_EN), "--ref", str(VALID_IT),
-                 "--tokenize", "none", "--quiet", cwd=trained)
+    result = tmt_here("evaluate", "--run", "runs/demo", "--src", str(VALID_EN), "--ref", str(VALID_IT),
+                      "--tokenize", "none", "--quiet", cwd=trained)
     assert result.returncode == 0, result.stderr
     assert "tok:none" in result.stdout
 

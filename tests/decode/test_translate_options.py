@@ -164,9 +164,9 @@ def translator_process(args: list[str], cwd: Path, stdin) -> subprocess.Popen:
                             env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": PYTHONPATH})
 
 
-def test_interactive_translates_each_line_as_it_comes_with_the_model_loaded_once(workdir: Path):
-    expected = tmt("translate", "--run", "runs/tiny", "--scores", "Good morning.", "Thank you very much.",
-                   cwd=workdir).stdout.splitlines()
+def test_interactive_translates_each_line_as_it_comes_with_the_model_loaded_once(workdir: Path, tmt_here):
+    expected = tmt_here("translate", "--run", "runs/tiny", "--scores", "Good morning.", "Thank you very much.",
+                        cwd=workdir).stdout.splitlines()
     process = translator_process(["--run", "runs/tiny", "--interactive", "--scores"], workdir, subprocess.PIPE)
     try:
         for sentence, translation in zip(["Good morning.", "Thank you very much."], expected):
@@ -180,8 +180,8 @@ def test_interactive_translates_each_line_as_it_comes_with_the_model_loaded_once
         process.kill()
 
 
-def test_a_terminal_on_stdin_gets_a_prompt_and_a_translation_per_line(workdir: Path):
-    expected = tmt("translate", "--run", "runs/tiny", "Good morning.", cwd=workdir).stdout
+def test_a_terminal_on_stdin_gets_a_prompt_and_a_translation_per_line(workdir: Path, tmt_here):
+    expected = tmt_here("translate", "--run", "runs/tiny", "Good morning.", cwd=workdir).stdout
     main_fd, child_fd = pty.openpty()
     process = translator_process(["--run", "runs/tiny"], workdir, child_fd)
     os.close(child_fd)

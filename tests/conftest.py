@@ -1,5 +1,6 @@
 """Shared fixtures: one torch thread (the CI machine's two cores are shared), a tiny corpus, a tiny
-trained run. Plain functions and constants are in helpers.py."""
+trained run (trained once per test process, copied for each test), `tmt` in-process; the integration
+marker and the order the tests run in. Plain functions and constants are in helpers.py."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def tmt_here(monkeypatch, capsys):
 
 
 # What makes a test slow: a `tmt` or other subprocess, or training, called by the test or by a fixture or
-# helper of tests/ it uses. `python -m pytest -m "not integration"` runs the rest in seconds.
+# helper of tests/ it uses. `python -m pytest -m "not integration"` runs the rest in under a minute.
 SLOW_CALLS = {"tmt", "subprocess", "Popen", "train", "make_trainer", "Trainer"}
 
 

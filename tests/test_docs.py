@@ -10,8 +10,6 @@ from pathlib import Path
 from transformer_mt.config.schema import Config, config_to_dict
 from transformer_mt.core.run_layout import RunDir
 
-from tests.helpers import train_tiny_run
-
 REPO = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("docs_reference", REPO / "tools" / "docs_reference.py")
 docs_reference = importlib.util.module_from_spec(spec)
@@ -59,10 +57,10 @@ def test_the_generated_pages_replace_their_markers():
         assert "<!-- reference:" not in out and out.count("| --- |") >= 7
 
 
-def test_the_run_directory_page_names_every_entry_and_summary_key(tmp_path):
+def test_the_run_directory_page_names_every_entry_and_summary_key(trained_workdir: Path):
     page = (REPO / "docs" / "reference" / "run-directory.md").read_text(encoding="utf-8")
     assert not [name for name in RunDir.ENTRIES if f"`{name}" not in page]
-    run = train_tiny_run(tmp_path, tmp_path / "run")
+    run = trained_workdir / "runs" / "tiny"
     summary = json.loads(RunDir(run).summary.read_text(encoding="utf-8"))
     scores = json.loads(RunDir(run).test_scores.read_text(encoding="utf-8"))
     keys = set(summary) | set(summary["provenance"]) | set(summary["data"]) | set(scores)

@@ -68,6 +68,7 @@ def test_the_shape_of_a_line_is_its_text_with_any_numbers():
     assert not shape(["tmt: using runs/demo"]).fullmatch("Dov'è la stazione?\n")
 
 
+@pytest.mark.longest
 def test_every_runnable_transcript_reads_as_tmt_prints_it(tmp_path: Path):
     """One test, in the pages' order (the README's trains the demo the others use): one training."""
     (tmp_path / "configs").symlink_to(REPO / "configs")

@@ -38,7 +38,7 @@ def trained(tmp_path_factory) -> Path:
     return workdir
 
 
-def test_train_then_translate_gives_the_validation_translations(trained: Path):
+def test_train_then_translate_gives_the_validation_translations(trained: Path, tmt_here):
     tmp_path, run = trained, trained / "runs" / "demo"
     for name in ("config.yaml", "tokenizer.json", "train.log", f"checkpoints/step_{STEPS:08d}.pt", "checkpoints/best.pt"):
         assert (run / name).is_file(), name
@@ -53,22 +53,22 @@ def test_train_then_translate_gives_the_validation_translations(trained: Path):
     assert result.stdout == validation
 
     # No --run: the newest run under ./runs; arguments instead of stdin; one line each.
-    result = tmt("translate", "Good morning.", "Where is the station?", cwd=tmp_path)
+    result = tmt_here("translate", "Good morning.", "Where is the station?", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 2
 
     # Training again into the same directory refuses and keeps everything.
     before = sorted(p.name for p in (run / "checkpoints").iterdir())
-    result = tmt("train", "--config", str(DEMO_CONFIG), cwd=tmp_path)
+    result = tmt_here("train", "--config", str(DEMO_CONFIG), cwd=tmp_path)
     assert result.returncode == 2
     assert "--resume" in result.stderr and "Traceback" not in result.stderr
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
 
 
-def test_bad_config_exits_2_naming_every_key_without_a_traceback(tmp_path: Path):
+def test_bad_config_exits_2_naming_every_key_without_a_traceback(tmp_path: Path, tmt_here):
     config = tmp_path / "bad.yaml"
     config.write_text("name: x\ndata: {path: .}\ntrian: {}\nmodel: {d_model: 30, n_heads: 4}\n", encoding="utf-8")
-    result = tmt("train", "--config", str(config), "--set", "train.lr=fast", cwd=tmp_path)
+    result = tmt_here("train", "--config", str(config), "--set", "train.lr=fast", cwd=tmp_path)
     assert result.returncode == 2
     assert "trian: unknown key (did you mean 'train'?)" in result.stderr
     assert "train.lr: expected a number" in result.stderr
@@ -76,41 +76,42 @@ def test_bad_config_exits_2_naming_every_key_without_a_traceback(tmp_path: Path)
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_precision_the_device_lacks_is_refused_before_the_run_directory_exists(tmp_path: Path):
-    result = tmt("train", "--config", str(DEMO_CONFIG), "--set", "train.device=cpu", "--set", "train.precision=fp16",
-                 cwd=tmp_path)
+def test_a_precision_the_device_lacks_is_refused_before_the_run_directory_exists(tmp_path: Path, tmt_here):
+    result = tmt_here("train", "--config", str(DEMO_CONFIG), "--set", "train.device=cpu",
+                      "--set", "train.precision=fp16", cwd=tmp_path)
     assert result.returncode == 2 and "train.precision: fp16 needs a CUDA GPU" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "runs").exists()
 
 
-def test_translate_without_any_run_exits_1_with_a_clear_message(tmp_path: Path):
-    result = tmt("translate", "hello", cwd=tmp_path)
+def test_translate_without_any_run_exits_1_with_a_clear_message(tmp_path: Path, tmt_here):
+    result = tmt_here("translate", "hello", cwd=tmp_path)
     assert result.returncode == 1
     assert "no trained run found" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_resume_without_a_checkpoint_exits_1(tmp_path: Path):
-    result = tmt("train", "--config", str(DEMO_CONFIG), "--resume", "--run-dir", str(tmp_path / "empty"), cwd=tmp_path)
+def test_resume_without_a_checkpoint_exits_1(tmp_path: Path, tmt_here):
+    result = tmt_here("train", "--config", str(DEMO_CONFIG), "--resume", "--run-dir", str(tmp_path / "empty"),
+                      cwd=tmp_path)
     assert result.returncode == 1
     assert "no checkpoint to resume from" in result.stderr
 
 
-def test_translate_files_with_beam_search_keeps_input_order_and_empty_lines(trained: Path):
+def test_translate_files_with_beam_search_keeps_input_order_and_empty_lines(trained: Path, tmt_here):
     lines = ["Good morning.", "", "The city is very beautiful and the coffee is hot, isn't it?", "Yes."]
     (trained / "in.en").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    result = tmt("translate", "--run", "runs/demo", "--beam", "3", "--input", "in.en", "--output", "out/it.txt",
-                 cwd=trained)
+    result = tmt_here("translate", "--run", "runs/demo", "--beam", "3", "--input", "in.en", "--output", "out/it.txt",
+                      cwd=trained)
     assert result.returncode == 0, result.stderr
     assert result.stdout == ""
     out = (trained / "out" / "it.txt").read_text("utf-8").split("\n")
     assert len(out) == len(lines) + 1 and out[-1] == ""  # one line each, newline-terminated
     assert out[1] == ""
     # Each line translated alone gives the same result: order is restored after length sorting.
-    alone = tmt("translate", "--run", "runs/demo", "--beam", "3", lines[2], cwd=trained)
+    alone = tmt_here("translate", "--run", "runs/demo", "--beam", "3", lines[2], cwd=trained)
     assert alone.stdout == out[2] + "\n"
 
 
-def test_evaluate_scores_a_split_and_files_with_the_sacrebleu_signature(trained: Path):
+def test_evaluate_scores_a_split_and_files_with_the_sacrebleu_signature(trained: Path, tmt_here):
     result = tmt("evaluate", "--run", "runs/demo", "--split", "valid", "--quiet", cwd=trained)
     assert result.returncode == 0, result.stderr
     bleu_line, chrf_line, chrf_pp_line, ter_line = result.stdout.splitlines()[:4]
@@ -121,32 +122,32 @@ def test_evaluate_scores_a_split_and_files_with_the_sacrebleu_signature(trained:
     best_step = torch.load(trained / "runs/demo/checkpoints/best.pt", weights_only=True)["train_state"]["step"]
     assert hyps == (trained / "runs/demo/validation" / f"step_{best_step:08d}.txt").read_text("utf-8")
 
-    result = tmt("evaluate", "--run", "runs/demo", "--src", str(VALID_EN), "--ref", str(VALID_IT),
-                 "--tokenize", "none", "--quiet", cwd=trained)
+    result = tmt_here("evaluate", "--run", "runs/demo", "--src", str(VALID_EN), "--ref", str(VALID_IT),
+                      "--tokenize", "none", "--quiet", cwd=trained)
     assert result.returncode == 0, result.stderr
     assert "tok:none" in result.stdout
 
 
-def test_evaluate_with_misaligned_files_names_both_counts(trained: Path, tmp_path: Path):
+def test_evaluate_with_misaligned_files_names_both_counts(trained: Path, tmp_path: Path, tmt_here):
     (tmp_path / "ref.it").write_text("uno\n", encoding="utf-8")
-    result = tmt("evaluate", "--run", str(trained / "runs" / "demo"), "--src", str(VALID_EN),
-                 "--ref", str(tmp_path / "ref.it"), cwd=tmp_path)
+    result = tmt_here("evaluate", "--run", str(trained / "runs" / "demo"), "--src", str(VALID_EN),
+                      "--ref", str(tmp_path / "ref.it"), cwd=tmp_path)
     assert result.returncode == 1
     assert "has 60 lines but" in result.stderr and "has 1" in result.stderr
 
 
-def test_an_output_under_a_file_is_refused_naming_that_file(trained: Path, tmp_path: Path):
+def test_an_output_under_a_file_is_refused_naming_that_file(trained: Path, tmp_path: Path, tmt_here):
     (tmp_path / "in.en").write_text("Good morning.\n", encoding="utf-8")
     run = str(trained / "runs" / "demo")
     for args in (["translate", "--run", run, "--input", "in.en", "--output", "in.en/out.it"],
                  ["translate", "--run", run, "--input", "in.en", "--output", "in.en/sub/out.it"],
                  ["evaluate", "--run", run, "--quiet", "--output", "in.en/out.it"]):
-        result = tmt(*args, cwd=tmp_path)
+        result = tmt_here(*args, cwd=tmp_path)
         assert result.returncode == 2, result.stderr
         assert f"--output {args[-1]}: in.en is not a directory" in result.stderr, result.stderr
         assert (tmp_path / "in.en").read_text("utf-8") == "Good morning.\n"
     # The check creates nothing: a command that then fails leaves no folder behind.
-    result = tmt("translate", "--run", "no-such-run", "--output", "a/b/out.it", "Hello.", cwd=tmp_path)
+    result = tmt_here("translate", "--run", "no-such-run", "--output", "a/b/out.it", "Hello.", cwd=tmp_path)
     assert result.returncode == 1 and "no-such-run: no such run directory" in result.stderr
     assert not (tmp_path / "a").exists()
 
@@ -238,7 +239,7 @@ def test_a_signal_while_translating_says_so_and_leaves_the_output_alone(command,
 
 
 @pytest.mark.parametrize("bad", ["missing data path", "missing language file"])
-def test_a_start_that_fails_on_its_data_leaves_no_run_behind(bad, tmp_path: Path):
+def test_a_start_that_fails_on_its_data_leaves_no_run_behind(bad, tmp_path: Path, tmt_here):
     corpus = tmp_path / "corpus"
     if bad == "missing language file":
         corpus.mkdir()
@@ -246,51 +247,52 @@ def test_a_start_that_fails_on_its_data_leaves_no_run_behind(bad, tmp_path: Path
             (corpus / f"{split}.en").write_text(f"Hello from {split}.\n", encoding="utf-8")
             (corpus / f"{split}.it").write_text(f"Ciao da {split}.\n", encoding="utf-8")
         (corpus / "train.it").unlink()
-    result = tmt("train", "--config", str(DEMO_CONFIG), "--run-dir", "runs/m3", "--set", f"data.path={corpus}",
-                 "--no-progress", cwd=tmp_path)
+    result = tmt_here("train", "--config", str(DEMO_CONFIG), "--run-dir", "runs/m3", "--set", f"data.path={corpus}",
+                      "--no-progress", cwd=tmp_path)
     assert result.returncode == 1 and result.stderr.splitlines()[-1].startswith("tmt: error: "), result.stderr
     assert not (tmp_path / "runs").exists()  # nor the folder created to hold it
-    listed = tmt("runs", cwd=tmp_path)
+    listed = tmt_here("runs", cwd=tmp_path)
     assert listed.returncode == 0 and listed.stdout.splitlines()[1:] == [], listed.stdout
 
     # A folder the user made is theirs: left in place, as it was.
     (tmp_path / "mine").mkdir()
-    result = tmt("train", "--config", str(DEMO_CONFIG), "--run-dir", "mine", "--set", f"data.path={corpus}",
-                 "--no-progress", cwd=tmp_path)
+    result = tmt_here("train", "--config", str(DEMO_CONFIG), "--run-dir", "mine", "--set", f"data.path={corpus}",
+                      "--no-progress", cwd=tmp_path)
     assert result.returncode == 1, result.stderr
     assert (tmp_path / "mine").is_dir() and list((tmp_path / "mine").iterdir()) == []
 
 
-def test_show_attention_draws_a_png_of_one_sentence(trained: Path):
-    result = tmt("translate", "--run", "runs/demo", "--show-attention", "att/a.png", "--attention-layer", "0",
-                 "Where is the station?", cwd=trained)
+def test_show_attention_draws_a_png_of_one_sentence(trained: Path, tmt_here):
+    result = tmt_here("translate", "--run", "runs/demo", "--show-attention", "att/a.png", "--attention-layer", "0",
+                      "Where is the station?", cwd=trained)
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 1  # the translation, as without --show-attention
     assert (trained / "att" / "a.png").read_bytes().startswith(b"\x89PNG")
-    result = tmt("translate", "--run", "runs/demo", "--show-attention", "b.png", "One.", "Two.", cwd=trained)
+    result = tmt_here("translate", "--run", "runs/demo", "--show-attention", "b.png", "One.", "Two.", cwd=trained)
     assert result.returncode == 2 and "one sentence" in result.stderr
-    result = tmt("translate", "--run", "runs/demo", "--show-attention", "b.png", "--attention-layer", "7", "One.",
-                 cwd=trained)
+    result = tmt_here("translate", "--run", "runs/demo", "--show-attention", "b.png", "--attention-layer", "7", "One.",
+                      cwd=trained)
     assert result.returncode == 2 and "decoder layers" in result.stderr
 
 
-def test_show_attention_writes_to_output_warns_on_truncation_and_refuses_an_empty_sentence(trained: Path):
-    result = tmt("translate", "--run", "runs/demo", "--show-attention", "c.png", "--output", "o/c.txt",
-                 "Where is the station?", cwd=trained)
+def test_show_attention_writes_to_output_warns_on_truncation_and_refuses_an_empty_sentence(trained: Path,
+                                                                                            tmt_here):
+    result = tmt_here("translate", "--run", "runs/demo", "--show-attention", "c.png", "--output", "o/c.txt",
+                      "Where is the station?", cwd=trained)
     assert result.returncode == 0, result.stderr
     assert result.stdout == ""  # the translation went to --output, as without --show-attention
-    plain = tmt("translate", "--run", "runs/demo", "Where is the station?", cwd=trained)
+    plain = tmt_here("translate", "--run", "runs/demo", "Where is the station?", cwd=trained)
     assert (trained / "o" / "c.txt").read_text("utf-8") == plain.stdout
 
     long_sentence = " ".join(["the city is beautiful"] * 40)  # 160 words: past the demo's model.max_len=64
-    result = tmt("translate", "--run", "runs/demo", "--show-attention", "d.png", long_sentence, cwd=trained)
+    result = tmt_here("translate", "--run", "runs/demo", "--show-attention", "d.png", long_sentence, cwd=trained)
     assert result.returncode == 0, result.stderr
     assert "longer than model.max_len=64 tokens were truncated" in result.stderr
 
-    result = tmt("translate", "--run", "runs/demo", "--show-attention", "e.png", " ", cwd=trained)
+    result = tmt_here("translate", "--run", "runs/demo", "--show-attention", "e.png", " ", cwd=trained)
     assert result.returncode == 2 and "the sentence is empty" in result.stderr and "Traceback" not in result.stderr
-    result = tmt("translate", "--run", "runs/demo", "--show-attention", "c.png", "--output", "./c.png", "One.",
-                 cwd=trained)
+    result = tmt_here("translate", "--run", "runs/demo", "--show-attention", "c.png", "--output", "./c.png", "One.",
+                      cwd=trained)
     assert result.returncode == 2 and "same file" in result.stderr
     assert not (trained / "e.png").exists() and (trained / "c.png").read_bytes().startswith(b"\x89PNG")
 

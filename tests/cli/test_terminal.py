@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DEMO_CONFIG, PYTHONPATH, run_cli, tmt
+from tests.helpers import DEMO_CONFIG, PYTHONPATH, run_cli
 from transformer_mt.cli.parser import build_parser
 from transformer_mt.config.loading import load_config
 
@@ -152,27 +152,27 @@ def test_every_step_line_of_the_log_file_says_how_far_and_how_long_is_left(workd
     assert steps[-1][2] == "0s"
 
 
-def test_translate_without_run_says_on_stderr_which_run_and_languages_it_used(workdir: Path):
-    result = tmt("translate", "Good morning.", cwd=workdir)
+def test_translate_without_run_says_on_stderr_which_run_and_languages_it_used(workdir: Path, tmt_here):
+    result = tmt_here("translate", "Good morning.", cwd=workdir)
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 1  # stdout holds the translation alone
     assert "using runs/tiny (en->it, best.pt)" in result.stderr and "--run DIR" in result.stderr
     # Named with --run, the run needs no introduction.
-    result = tmt("translate", "--run", "runs/tiny", "Good morning.", cwd=workdir)
+    result = tmt_here("translate", "--run", "runs/tiny", "Good morning.", cwd=workdir)
     assert result.returncode == 0 and result.stderr == "", result.stderr
 
 
-def test_evaluate_names_its_output_relative_to_the_working_folder_however_the_run_was_given(workdir: Path):
+def test_evaluate_names_its_output_relative_to_the_working_folder_however_the_run_was_given(workdir: Path, tmt_here):
     for model in (["--run", "runs/tiny"], ["--checkpoint", "runs/tiny/checkpoints/best.pt"]):
-        result = tmt("evaluate", *model, "--quiet", cwd=workdir)
+        result = tmt_here("evaluate", *model, "--quiet", cwd=workdir)
         assert result.returncode == 0, result.stderr
         assert result.stderr.rstrip().endswith("hypotheses in runs/tiny/evaluation/test.best.beam1.txt"), result.stderr
 
 
-def test_a_failed_start_writes_its_error_into_train_log(workdir: Path):
+def test_a_failed_start_writes_its_error_into_train_log(workdir: Path, tmt_here):
     # A sacreBLEU tokenizer this machine lacks is found once the run directory and its log exist.
-    result = tmt("train", "--config", "tiny.yaml", "--run-dir", "runs/failed", "--set", "train.bleu_tokenize=ja-mecab",
-                 cwd=workdir)
+    result = tmt_here("train", "--config", "tiny.yaml", "--run-dir", "runs/failed",
+                      "--set", "train.bleu_tokenize=ja-mecab", cwd=workdir)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     stderr_error = next(line for line in result.stderr.splitlines() if line.startswith("tmt: error:"))
     assert f"ERROR transformer_mt: {stderr_error}" in (workdir / "runs" / "failed" / "train.log").read_text("utf-8")

@@ -66,6 +66,7 @@ def engines(run: Path) -> tuple[Translator, Translator]:
     return torch_translator, ct2_translator
 
 
+@pytest.mark.usefixtures("pre_norm_run", "post_norm_run")  # declared: tests/conftest.py marks by fixture
 @pytest.mark.parametrize("run_name", ["pre_norm_run", "post_norm_run"])
 def test_torch_and_ctranslate2_greedy_translations_are_identical(run_name: str, request):
     torch_translator, ct2_translator = engines(request.getfixturevalue(run_name))

@@ -56,20 +56,20 @@ def test_score_equals_the_models_log_softmax_on_torch_and_ctranslate2(workdir: P
     assert on_torch[3].per_token > on_torch[len(SOURCES) + 1].per_token
 
 
-def test_score_command_reads_files_and_stdin_and_writes_jsonl(workdir: Path):
+def test_score_command_reads_files_and_stdin_and_writes_jsonl(workdir: Path, tmt_here):
     (workdir / "pairs.en").write_text("".join(s + "\n" for s, _ in PAIRS), encoding="utf-8")
     (workdir / "pairs.it").write_text("".join(t + "\n" for _, t in PAIRS), encoding="utf-8")
     common = ["score", "--run", "runs/tiny", "--engine", "torch"]
-    from_files = tmt(*common, "--source", "pairs.en", "--target", "pairs.it", cwd=workdir)
+    from_files = tmt(*common, "--source", "pairs.en", "--target", "pairs.it", cwd=workdir)  # as started: a process
     assert from_files.returncode == 0, from_files.stderr
     rows = [line.split("\t") for line in from_files.stdout.splitlines()]
     expected = reference_log_probs(workdir / "runs" / "tiny")
     assert [float(total) for total, _ in rows] == pytest.approx([sum(e) for e in expected], abs=1e-3)
     assert [float(mean) for _, mean in rows] == pytest.approx([sum(e) / len(e) for e in expected], abs=1e-3)
-    from_stdin = tmt(*common, cwd=workdir, stdin="".join(f"{s}\t{t}\n" for s, t in PAIRS))
+    from_stdin = tmt_here(*common, cwd=workdir, stdin="".join(f"{s}\t{t}\n" for s, t in PAIRS))
     assert from_stdin.returncode == 0 and from_stdin.stdout == from_files.stdout
-    jsonl = tmt(*common, "--source", "pairs.en", "--target", "pairs.it", "--format", "jsonl",
-                "--output", "scores.jsonl", cwd=workdir)
+    jsonl = tmt_here(*common, "--source", "pairs.en", "--target", "pairs.it", "--format", "jsonl",
+                     "--output", "scores.jsonl", cwd=workdir)
     assert jsonl.returncode == 0, jsonl.stderr
     records = [json.loads(line) for line in (workdir / "scores.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [(r["source"], r["target"]) for r in records] == PAIRS
@@ -91,10 +91,10 @@ def test_score_command_reads_files_and_stdin_and_writes_jsonl(workdir: Path):
     ({}, [], "Good morning.\t" + "Buongiorno " * 80 + "\n", "line 1: the target is"),
 ])
 def test_bad_score_input_gets_one_line(workdir: Path, tmp_path: Path, files: dict, args: list, stdin: str | None,
-                                       message: str):
+                                       message: str, tmt_here):
     for name, text in files.items():
         (tmp_path / name).write_text(text, encoding="utf-8")
-    result = tmt("score", "--run", str(workdir / "runs" / "tiny"), "--engine", "torch", *args, cwd=tmp_path,
-                 stdin=stdin or "")
+    result = tmt_here("score", "--run", str(workdir / "runs" / "tiny"), "--engine", "torch", *args, cwd=tmp_path,
+                      stdin=stdin or "")
     assert result.returncode != 0 and result.stdout == ""
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -83,10 +83,10 @@ def test_top_k_and_top_p_cut_the_distribution_where_they_say():
 SENTENCES = ["Good morning.", "", "Where is the station?"]
 
 
-def test_n_best_lists_with_scores_number_each_sentence_and_start_with_the_plain_translation(workdir: Path):
-    plain = tmt("translate", "--run", "runs/tiny", "--beam", "4", *SENTENCES, cwd=workdir)
-    result = tmt("translate", "--run", "runs/tiny", "--beam", "4", "--n-best", "3", "--scores", *SENTENCES,
-                 cwd=workdir)
+def test_n_best_lists_with_scores_number_each_sentence_and_start_with_the_plain_translation(workdir: Path, tmt_here):
+    plain = tmt_here("translate", "--run", "runs/tiny", "--beam", "4", *SENTENCES, cwd=workdir)
+    result = tmt_here("translate", "--run", "runs/tiny", "--beam", "4", "--n-best", "3", "--scores", *SENTENCES,
+                      cwd=workdir)
     assert result.returncode == 0, result.stderr
     rows = [line.split("\t") for line in result.stdout.splitlines()]
     assert all(len(row) == 3 for row in rows)
@@ -98,14 +98,14 @@ def test_n_best_lists_with_scores_number_each_sentence_and_start_with_the_plain_
         assert scores == sorted(scores, reverse=True) and all(score < 0 for score in scores)
     best = [row[2] for row in rows if row[0] in ("0", "2")][::3]
     assert best == [plain.stdout.splitlines()[0], plain.stdout.splitlines()[2]]
-    scored = tmt("translate", "--run", "runs/tiny", "--scores", *SENTENCES, cwd=workdir)  # greedy, scored
+    scored = tmt_here("translate", "--run", "runs/tiny", "--scores", *SENTENCES, cwd=workdir)  # greedy, scored
     assert [line.split("\t")[1] for line in scored.stdout.splitlines()] == \
-        tmt("translate", "--run", "runs/tiny", *SENTENCES, cwd=workdir).stdout.splitlines()
+        tmt_here("translate", "--run", "runs/tiny", *SENTENCES, cwd=workdir).stdout.splitlines()
 
 
-def test_jsonl_gives_source_hypotheses_scores_and_tokens_per_sentence(workdir: Path):
-    result = tmt("translate", "--run", "runs/tiny", "--beam", "3", "--n-best", "2", "--format", "jsonl", *SENTENCES,
-                 cwd=workdir)
+def test_jsonl_gives_source_hypotheses_scores_and_tokens_per_sentence(workdir: Path, tmt_here):
+    result = tmt_here("translate", "--run", "runs/tiny", "--beam", "3", "--n-best", "2", "--format", "jsonl",
+                      *SENTENCES, cwd=workdir)
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in result.stdout.splitlines()]
     assert [r["source"] for r in records] == SENTENCES
@@ -116,13 +116,13 @@ def test_jsonl_gives_source_hypotheses_scores_and_tokens_per_sentence(workdir: P
     assert len(records[0]["hypotheses"]) == 2 and all(isinstance(t, str) for t in records[0]["tokens"][0])
 
 
-def test_sampling_from_the_command_line_repeats_with_its_seed(workdir: Path):
+def test_sampling_from_the_command_line_repeats_with_its_seed(workdir: Path, tmt_here):
     args = ["translate", "--run", "runs/tiny", "--sample", "--temperature", "3", "--n-best", "4", "--scores"]
-    first = tmt(*args, "--seed", "5", *SENTENCES, cwd=workdir)
+    first = tmt_here(*args, "--seed", "5", *SENTENCES, cwd=workdir)
     assert first.returncode == 0, first.stderr
     assert len(first.stdout.splitlines()) == 4 + 1 + 4
-    assert tmt(*args, "--seed", "5", *SENTENCES, cwd=workdir).stdout == first.stdout
-    assert tmt(*args, "--seed", "6", *SENTENCES, cwd=workdir).stdout != first.stdout
+    assert tmt_here(*args, "--seed", "5", *SENTENCES, cwd=workdir).stdout == first.stdout
+    assert tmt_here(*args, "--seed", "6", *SENTENCES, cwd=workdir).stdout != first.stdout
 
 
 @pytest.mark.parametrize("args, message", [
@@ -137,15 +137,16 @@ def test_sampling_from_the_command_line_repeats_with_its_seed(workdir: Path):
     (["--show-attention", "a.bmp"], "tmt: error: --show-attention a.bmp: name a picture file ending in"),
     (["--attention-layer", "0"], "tmt: error: --attention-layer picks the layer --show-attention draws"),
 ])
-def test_list_sampling_and_picture_options_that_cannot_work_are_refused_in_one_line(workdir: Path, args, message):
-    result = tmt("translate", "--run", "runs/tiny", *args, "Good morning.", cwd=workdir)
+def test_list_sampling_and_picture_options_that_cannot_work_are_refused_in_one_line(workdir: Path, tmt_here, args,
+                                                                                    message):
+    result = tmt_here("translate", "--run", "runs/tiny", *args, "Good morning.", cwd=workdir)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert message in result.stderr.splitlines()[-1], result.stderr
 
 
-def test_attention_is_drawn_in_the_format_the_file_name_asks_for(workdir: Path):
+def test_attention_is_drawn_in_the_format_the_file_name_asks_for(workdir: Path, tmt_here):
     for name, magic in (("a.jpg", b"\xff\xd8\xff"), ("a.svg", b"<?xml"), ("a.pdf", b"%PDF")):
-        result = tmt("translate", "--run", "runs/tiny", "--show-attention", name, "Good morning.", cwd=workdir)
+        result = tmt_here("translate", "--run", "runs/tiny", "--show-attention", name, "Good morning.", cwd=workdir)
         assert result.returncode == 0, result.stderr
         assert (workdir / name).read_bytes().startswith(magic), name
 
@@ -163,9 +164,9 @@ def translator_process(args: list[str], cwd: Path, stdin) -> subprocess.Popen:
                             env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": PYTHONPATH})
 
 
-def test_interactive_translates_each_line_as_it_comes_with_the_model_loaded_once(workdir: Path):
-    expected = tmt("translate", "--run", "runs/tiny", "--scores", "Good morning.", "Thank you very much.",
-                   cwd=workdir).stdout.splitlines()
+def test_interactive_translates_each_line_as_it_comes_with_the_model_loaded_once(workdir: Path, tmt_here):
+    expected = tmt_here("translate", "--run", "runs/tiny", "--scores", "Good morning.", "Thank you very much.",
+                        cwd=workdir).stdout.splitlines()
     process = translator_process(["--run", "runs/tiny", "--interactive", "--scores"], workdir, subprocess.PIPE)
     try:
         for sentence, translation in zip(["Good morning.", "Thank you very much."], expected):
@@ -179,8 +180,8 @@ def test_interactive_translates_each_line_as_it_comes_with_the_model_loaded_once
         process.kill()
 
 
-def test_a_terminal_on_stdin_gets_a_prompt_and_a_translation_per_line(workdir: Path):
-    expected = tmt("translate", "--run", "runs/tiny", "Good morning.", cwd=workdir).stdout
+def test_a_terminal_on_stdin_gets_a_prompt_and_a_translation_per_line(workdir: Path, tmt_here):
+    expected = tmt_here("translate", "--run", "runs/tiny", "Good morning.", cwd=workdir).stdout
     main_fd, child_fd = pty.openpty()
     process = translator_process(["--run", "runs/tiny"], workdir, child_fd)
     os.close(child_fd)

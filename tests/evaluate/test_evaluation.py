@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY_PAIRS, run_cli, tmt, train_tiny_run, write_corpus
+from tests.helpers import TINY_PAIRS, run_cli, train_tiny_run, write_corpus
 from transformer_mt.core.run_layout import RunDir
 from transformer_mt.evaluate.metrics import score
 from transformer_mt.decode.plotting import cross_attention_labels
@@ -92,12 +92,12 @@ def test_an_interval_is_shown_as_its_two_bounds_even_below_zero():
     assert MetricScore(31.2, "sig").shown("chrf++") == "chrF++ = 31.20"
 
 
-def test_evaluate_prints_four_metrics_with_intervals_and_takes_several_references(workdir: Path):
+def test_evaluate_prints_four_metrics_with_intervals_and_takes_several_references(workdir: Path, tmt_here):
     (workdir / "s.en").write_text("Good morning.\nThe city is beautiful.\n", encoding="utf-8")
     (workdir / "r1.it").write_text("Buongiorno.\nLa città è bella.\n", encoding="utf-8")
     (workdir / "r2.it").write_text("Buon giorno.\nÈ bella la città.\n", encoding="utf-8")
-    result = tmt("evaluate", "--run", "runs/tiny", "--src", "s.en", "--ref", "r1.it", "r2.it", "--bootstrap", "50",
-                 "--quiet", cwd=workdir)
+    result = tmt_here("evaluate", "--run", "runs/tiny", "--src", "s.en", "--ref", "r1.it", "r2.it", "--bootstrap", "50",
+                      "--quiet", cwd=workdir)
     assert result.returncode == 0, result.stderr
     lines, diagnostics = result.stdout.split("\n\n")
     lines = lines.splitlines()
@@ -106,11 +106,11 @@ def test_evaluate_prints_four_metrics_with_intervals_and_takes_several_reference
     assert "chrF by source length: 1-5 words" in diagnostics
     assert all("(95% CI " in line and "nrefs:2|bs:50|seed:12345" in line for line in lines), lines
     (workdir / "r3.it").write_text("Buongiorno.\n", encoding="utf-8")
-    bad = tmt("evaluate", "--run", "runs/tiny", "--src", "s.en", "--ref", "r1.it", "r3.it", cwd=workdir)
+    bad = tmt_here("evaluate", "--run", "runs/tiny", "--src", "s.en", "--ref", "r1.it", "r3.it", cwd=workdir)
     assert bad.returncode == 1 and bad.stderr.strip() == ("tmt: error: s.en has 2 lines but r3.it has 1; each --ref "
                                                           "needs one line per source sentence")
-    plain = tmt("evaluate", "--run", "runs/tiny", "--src", "s.en", "--ref", "r1.it", "--bootstrap", "0", "--quiet",
-                "--no-diagnostics", cwd=workdir)
+    plain = tmt_here("evaluate", "--run", "runs/tiny", "--src", "s.en", "--ref", "r1.it", "--bootstrap", "0", "--quiet",
+                     "--no-diagnostics", cwd=workdir)
     assert plain.returncode == 0 and "CI" not in plain.stdout and "nrefs:1|case" in plain.stdout
     assert len(plain.stdout.splitlines()) == 4  # the scores alone
 

@@ -52,10 +52,10 @@ def training(tmp_path: Path):
     process.wait()
 
 
-def test_a_second_trainer_on_a_training_run_is_refused_naming_the_first(training, tmp_path: Path):
+def test_a_second_trainer_on_a_training_run_is_refused_naming_the_first(training, tmp_path: Path, tmt_here):
     config, run_dir, process = training
     for extra in (["--resume"], ["--overwrite"], []):
-        result = tmt("train", "--config", str(config), "--run-dir", str(run_dir), *extra, cwd=tmp_path)
+        result = tmt_here("train", "--config", str(config), "--run-dir", str(run_dir), *extra, cwd=tmp_path)
         assert result.returncode == 2, (extra, result.stderr)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"tmt: error: {run_dir} is in use by tmt train "
@@ -64,32 +64,33 @@ def test_a_second_trainer_on_a_training_run_is_refused_naming_the_first(training
     assert process.poll() is None  # the first trainer goes on, its files untouched (--overwrite deleted nothing)
     assert (run_dir / "config.yaml").is_file() and (run_dir / "tokenizer.json").is_file()
 
-    result = tmt("average", "--run", str(run_dir), "--last", "1", cwd=tmp_path)  # writes into the run
+    result = tmt_here("average", "--run", str(run_dir), "--last", "1", cwd=tmp_path)  # writes into the run
     assert result.returncode == 2 and f"is in use by tmt train (PID {process.pid}" in result.stderr, result.stderr
 
-    result = tmt("export", "--format", "ctranslate2", "--run", str(run_dir), "--output", str(run_dir / "ct2"),
-                 cwd=tmp_path)
+    result = tmt_here("export", "--format", "ctranslate2", "--run", str(run_dir), "--output", str(run_dir / "ct2"),
+                      cwd=tmp_path)
     assert result.returncode == 2 and f"is in use by tmt train (PID {process.pid}" in result.stderr, result.stderr
 
-    result = tmt("translate", "--run", str(run_dir), "--device", "cpu", "Good morning.", cwd=tmp_path)  # a reader
+    result = tmt_here("translate", "--run", str(run_dir), "--device", "cpu", "Good morning.", cwd=tmp_path)  # a reader
     assert result.returncode == 0, result.stderr
-    result = tmt("runs", "--dir", str(run_dir), cwd=tmp_path)
+    result = tmt("runs", "--dir", str(run_dir), cwd=tmp_path)  # a subprocess: `tmt runs` as started
     assert result.returncode == 0 and "running" in result.stdout, result.stderr
 
 
-def test_a_killed_trainer_leaves_no_lock_to_clean(training, tmp_path: Path):
+def test_a_killed_trainer_leaves_no_lock_to_clean(training, tmp_path: Path, tmt_here):
     config, run_dir, process = training
     process.send_signal(signal.SIGKILL)
     process.wait()
     # Resumed with train.max_steps at its newest checkpoint: nothing left to train, the final test alone.
     newest = max(int(path.stem.split("_")[1]) for path in run_dir.glob("checkpoints/step_*.pt"))
-    result = tmt("train", "--config", str(config), "--run-dir", str(run_dir), "--resume",
-                 "--set", f"train.max_steps={newest}", cwd=tmp_path)
+    result = tmt_here("train", "--config", str(config), "--run-dir", str(run_dir), "--resume",
+                      "--set", f"train.max_steps={newest}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
 
 
 def test_an_average_outside_the_run_does_not_need_its_lock(training, tmp_path: Path):
     _, run_dir, process = training
+    # A subprocess: `tmt average` as it is started, once in the suite.
     result = tmt("average", "--run", str(run_dir), "--last", "1", "--output", str(tmp_path / "avg.pt"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert process.poll() is None

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.helpers import PYTHONPATH, SOURCES, run_cli, tmt
+from tests.helpers import PYTHONPATH, SOURCES, run_cli
 
 TIMEOUT = 60  # seconds any one request or stop may take: far more than the tiny run needs
 
@@ -102,19 +102,19 @@ def server(request, workdir):
     started.kill()
 
 
-def translate_file(workdir: Path, lines: list[str], *args: str) -> list[str]:
-    """`tmt translate --run runs/tiny ARGS` of `lines`: one output line each."""
+def translate_file(tmt_here, workdir: Path, lines: list[str], *args: str) -> list[str]:
+    """`tmt translate --run runs/tiny ARGS` of `lines` (in this process): one output line each."""
     (workdir / "serve-input.txt").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    result = tmt("translate", "--run", "runs/tiny", "--input", "serve-input.txt", *args, cwd=workdir)
+    result = tmt_here("translate", "--run", "runs/tiny", "--input", "serve-input.txt", *args, cwd=workdir)
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()
 
 
 @pytest.mark.parametrize("server", [("--max-wait-ms", "100")], indirect=True)
-def test_concurrent_clients_get_translates_translations_in_shared_batches(server, workdir):
-    greedy = dict(zip(SOURCES, translate_file(workdir, SOURCES)))
-    nbest = [json.loads(line) for line in translate_file(workdir, SOURCES, "--beam", "3", "--n-best", "2",
-                                                         "--format", "jsonl")]
+def test_concurrent_clients_get_translates_translations_in_shared_batches(server, workdir, tmt_here):
+    greedy = dict(zip(SOURCES, translate_file(tmt_here, workdir, SOURCES)))
+    nbest = [json.loads(line) for line in translate_file(tmt_here, workdir, SOURCES, "--beam", "3", "--n-best", "2",
+                                                                   "--format", "jsonl")]
     nbest = {entry["source"]: list(zip(entry["hypotheses"], entry["scores"])) for entry in nbest}
     # 200 requests of 1 to 3 sentences, every fourth asking for a 2-best list with beam 3
     requests = [[SOURCES[(i + k) % len(SOURCES)] for k in range(1 + i % 3)] for i in range(200)]
@@ -181,9 +181,9 @@ def test_bad_requests_get_a_4xx_with_one_line_and_the_server_keeps_answering(ser
 
 
 @pytest.mark.parametrize("server", [("--max-wait-ms", "600000", "--engine", "torch")], indirect=True)
-def test_sigterm_answers_the_requests_in_flight_then_exits_0(server, workdir):
+def test_sigterm_answers_the_requests_in_flight_then_exits_0(server, workdir, tmt_here):
     assert server.get("health")[1]["engine"] == "torch"  # the engine translate's --engine names, as there
-    expected = dict(zip(SOURCES, translate_file(workdir, SOURCES, "--engine", "torch")))
+    expected = dict(zip(SOURCES, translate_file(tmt_here, workdir, SOURCES, "--engine", "torch")))
     with ThreadPoolExecutor(max_workers=4) as clients:
         pending = [clients.submit(server.post, {"sentences": [source]}) for source in SOURCES[:4]]
         # they wait ten minutes for others to join: in flight until the stop

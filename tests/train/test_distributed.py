@@ -195,6 +195,7 @@ def test_a_ddp_step_equals_one_process_on_the_union_of_the_ranks_batches(tmp_pat
     assert [p.name for p in (run / "validation").iterdir()] == ["step_00000003.txt"]
 
 
+@pytest.mark.longest
 def test_ddp_stopped_by_sigterm_resumes_to_the_uninterrupted_result(tmp_path: Path):
     # Dropout on: each rank's own random stream must be saved and restored; so must the EMA.
     steps = 30

@@ -170,12 +170,17 @@ def test_evaluate_names_its_output_relative_to_the_working_folder_however_the_ru
 
 
 def test_a_failed_start_writes_its_error_into_train_log(workdir: Path, tmt_here):
-    # A sacreBLEU tokenizer this machine lacks is found once the run directory and its log exist.
-    result = tmt_here("train", "--config", "tiny.yaml", "--run-dir", "runs/failed",
+    # A sacreBLEU tokenizer this machine lacks is found once the run directory and its log exist:
+    # a resumed run keeps the error in its log; a first start leaves no run directory behind.
+    result = tmt_here("train", "--config", "tiny.yaml", "--run-dir", "runs/tiny", "--resume",
                       "--set", "train.bleu_tokenize=ja-mecab", cwd=workdir)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     stderr_error = next(line for line in result.stderr.splitlines() if line.startswith("tmt: error:"))
-    assert f"ERROR transformer_mt: {stderr_error}" in (workdir / "runs" / "failed" / "train.log").read_text("utf-8")
+    assert f"ERROR transformer_mt: {stderr_error}" in (workdir / "runs" / "tiny" / "train.log").read_text("utf-8")
+    result = tmt_here("train", "--config", "tiny.yaml", "--run-dir", "runs/failed",
+                      "--set", "train.bleu_tokenize=ja-mecab", cwd=workdir)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("tmt: error:") == 1 and not (workdir / "runs" / "failed").exists()
 
 
 def test_runs_without_any_run_prints_an_empty_table_and_succeeds(tmp_path: Path, monkeypatch, capsys):

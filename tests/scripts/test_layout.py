@@ -23,7 +23,7 @@ def files(folder: str) -> list[str]:
 def test_scripts_keeps_what_users_run_on_their_data_and_benchmarks_and_tools_the_rest():
     assert files("scripts") == ["multi30k_tokenize.py", "prepare_tatoeba.py", "source_use.py"]
     assert files("benchmarks") == sorted(HARNESS + ["common.py", "gpu_runbook.sh"])
-    assert files("tools") == ["check_docs_site.sh", "check_serve_page.py", "docs_reference.py"]
+    assert files("tools") == ["check_docs_site.sh", "check_serve_page.py", "count_assertions.py", "docs_reference.py"]
 
 
 def test_a_helper_two_benchmarks_use_is_written_once_in_common():

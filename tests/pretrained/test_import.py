@@ -32,7 +32,7 @@ class Opus:
 
 
 def train_marian(folder: Path) -> Opus:
-    """A small OPUS-MT-like model trained 300 AdamW steps on the demo corpus, saved to `folder`."""
+    """A small OPUS-MT-like model trained 500 AdamW steps on the demo corpus, saved to `folder`."""
     tokenizer = marian_tokenizer_folder(folder)
     config = transformers.MarianConfig(
         vocab_size=len(tokenizer), d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
@@ -54,7 +54,7 @@ def train_marian(folder: Path) -> Opus:
     torch.set_num_threads(1)
     try:
         model.train()
-        for _ in range(300):
+        for _ in range(500):
             rows = torch.randint(0, len(src), (32,), generator=generator)
             model(input_ids=batch["input_ids"][rows], attention_mask=batch["attention_mask"][rows],
                   labels=labels[rows]).loss.backward()
@@ -167,8 +167,8 @@ def test_runs_evaluate_score_and_average_use_the_imported_run(imported, monkeypa
                               str(DEMO / "test.it"), "--beam", "1", "--quiet", "--no-diagnostics", "--bootstrap", "0",
                               "--output", str(tmp_path / "hyp.txt")], monkeypatch, capsys, tmp_path)
     assert code == 0 and "BLEU" in out + err, err
-    code, out, err = run_cli(["score", "--run", str(imported), "--src", str(TEST_SOURCES), "--hyp",
-                              str(tmp_path / "hyp.txt")], monkeypatch, capsys, tmp_path)
+    code, out, err = run_cli(["score", "--run", str(imported), "--source", str(TEST_SOURCES), "--target",
+                              str(tmp_path / "hyp.txt"), "--output", str(tmp_path / "scores.txt")], monkeypatch, capsys, tmp_path)
     assert code == 0, err
     code, _, err = run_cli(["average", "--run", str(imported)], monkeypatch, capsys, tmp_path)
     assert code != 0 and err.count("\n") == 1 and "no step checkpoint" in err

@@ -38,7 +38,7 @@ def export_hf(run_dir: Path, output_dir: Path, checkpoint: Path | None = None) -
     target = check_new_dir(output_dir, "--output")
     check_free_if_inside(run_dir, output_dir)  # before reading a checkpoint its trainer may delete
     run = load_run(run_dir, checkpoint)
-    check_exportable(run.cfg)
+    check_exportable(run.cfg, run.tokenizers)
     weights = hf_state_dict(run.model)
     files = {"config.json": _json(hf_config(run.model, run.cfg)),
              "generation_config.json": _json(generation_config(run.cfg)),
@@ -60,9 +60,10 @@ def export_hf(run_dir: Path, output_dir: Path, checkpoint: Path | None = None) -
     logger.info("exported %s to %s (transformers %s)", run_dir, output_dir, MODEL_CLASSES[run.cfg.model.norm][1])
 
 
-def check_exportable(cfg: Config) -> None:
-    """Refuse, in one line naming the setting, what no transformers class computes as tmt does."""
-    if not cfg.tokenizer.joint:
+def check_exportable(cfg: Config, tokenizers: TokenizerPair) -> None:
+    """Refuse, in one line naming the setting, what no transformers class computes as tmt does. Two
+    tokenizers over one vocabulary (an imported Marian model's) export the source one."""
+    if not cfg.tokenizer.joint and tokenizers.src.get_vocab() != tokenizers.tgt.get_vocab():
         raise UsageError("tokenizer.joint: false (one vocabulary per side) cannot be exported to Hugging Face: "
                          "AutoTokenizer loads one tokenizer for both sides")
     if cfg.model.norm == "pre" and not cfg.model.share_embeddings:

@@ -19,6 +19,7 @@ from transformer_mt.core.errors import ConfigError, TmtError
 from transformer_mt.core.files import check_new_dir, make_parent_dir, write_error, write_new_dir
 from transformer_mt.core.run_layout import BEST_NAME, RunDir
 from transformer_mt.data.tokenization import PAD_ID, TokenizerPair
+from transformer_mt.model.transformer import build_model
 from transformer_mt.pretrained.marian import read_marian
 from transformer_mt.pretrained.marian_tokenizer import marian_tokenizers
 from transformer_mt.runs.checkpoint import checkpoint_state, save_atomic
@@ -86,7 +87,7 @@ def import_marian(model: str, run_dir: Path) -> Imported:
     state = checkpoint_state(marian.state, config_to_dict(cfg),
                              {"src_vocab_size": len(vocab), "tgt_vocab_size": len(vocab), "pad_id": PAD_ID},
                              tokenizers=tokenizers.fingerprint(), train_state={"step": 0})
-    parameters = marian.build().num_parameters()
+    parameters = build_model(cfg.model, len(vocab), len(vocab), PAD_ID).num_parameters()  # as the run builds it
     summary = {"name": cfg.name, "status": "imported", "step": 0, "max_steps": 0, "origin": origin,
                "parameters": parameters}
 

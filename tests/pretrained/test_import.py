@@ -228,3 +228,12 @@ def test_a_hub_id_offline_says_so_and_asks_for_a_folder(monkeypatch, capsys, tmp
     assert code != 0 and err.count("\n") == 1, err
     assert "Helsinki-NLP/opus-mt-en-it" in err and "offline" in err and "folder" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_write_that_fails_midway_is_named_and_leaves_nothing(opus, tmp_path):
+    from tests.test_write_errors import tmt_limited
+
+    done = tmt_limited("import", str(opus.folder), "--run-dir", "runs/opus", cwd=tmp_path, limit=500_000)
+    assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
+    assert "runs/opus/checkpoints/best.pt" in done.stderr and "File too large" in done.stderr, done.stderr
+    assert list((tmp_path / "runs").iterdir()) == []  # no run, no temp folder

@@ -7,22 +7,25 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from transformer_mt.config.loading import config_from_dict, save_config
 from transformer_mt.config.schema import Config, DataConfig, DecodeConfig, TokenizerConfig, config_to_dict
 from transformer_mt.core.errors import ConfigError, TmtError
-from transformer_mt.core.files import check_new_dir, make_parent_dir, write_error, write_new_dir
+from transformer_mt.core.files import check_new_dir, make_parent_dir, naming, write_error, write_new_dir
 from transformer_mt.core.run_layout import BEST_NAME, RunDir
 from transformer_mt.data.tokenization import PAD_ID, TokenizerPair
 from transformer_mt.model.transformer import build_model
 from transformer_mt.pretrained.marian import read_marian
 from transformer_mt.pretrained.marian_tokenizer import marian_tokenizers
-from transformer_mt.runs.checkpoint import checkpoint_state, save_atomic
+from transformer_mt.runs.checkpoint import checkpoint_state
 from transformer_mt.runs.run_dir import RunLock
 from transformer_mt.runs.summary import write_summary
 
@@ -87,6 +90,9 @@ def import_marian(model: str, run_dir: Path) -> Imported:
     state = checkpoint_state(marian.state, config_to_dict(cfg),
                              {"src_vocab_size": len(vocab), "tgt_vocab_size": len(vocab), "pad_id": PAD_ID},
                              tokenizers=tokenizers.fingerprint(), train_state={"step": 0})
+    buffer = io.BytesIO()
+    torch.save(state, buffer)  # in memory: the folder is renamed into place only once all is written
+    checkpoint = buffer.getvalue()
     parameters = build_model(cfg.model, len(vocab), len(vocab), PAD_ID).num_parameters()  # as the run builds it
     summary = {"name": cfg.name, "status": "imported", "step": 0, "max_steps": 0, "origin": origin,
                "parameters": parameters}
@@ -98,7 +104,8 @@ def import_marian(model: str, run_dir: Path) -> Imported:
             save_config(cfg, layout.config)
             tokenizers.save(tmp)
             layout.checkpoints.mkdir()
-            save_atomic(state, layout.checkpoints / BEST_NAME)
+            with naming(layout.checkpoints / BEST_NAME):  # a plain write: its OSError names the file
+                (layout.checkpoints / BEST_NAME).write_bytes(checkpoint)
             write_summary(tmp, summary)
         layout.lock.unlink()
 
@@ -106,6 +113,8 @@ def import_marian(model: str, run_dir: Path) -> Imported:
     try:
         write_new_dir(target, write)
     except OSError as err:
+        if err.filename and Path(err.filename).is_relative_to(target):  # named as the user gave --run-dir
+            err.filename = str(run_dir / Path(err.filename).relative_to(target))
         raise write_error(err, "the run") from None
     return Imported(run_dir, cfg, parameters)
 

@@ -237,3 +237,24 @@ def test_a_write_that_fails_midway_is_named_and_leaves_nothing(opus, tmp_path):
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert "runs/opus/checkpoints/best.pt" in done.stderr and "File too large" in done.stderr, done.stderr
     assert list((tmp_path / "runs").iterdir()) == []  # no run, no temp folder
+
+
+def test_a_hub_id_is_downloaded_and_recorded_with_its_commit(opus, monkeypatch, capsys, tmp_path):
+    import shutil
+
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    snapshot = tmp_path / "cache" / "snapshots" / "0123abcd"
+    shutil.copytree(opus.folder, snapshot)
+    asked = []
+
+    def snapshot_download(repo_id, allow_patterns=None, **_):
+        asked.append((repo_id, allow_patterns))
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    code, _, err = run_cli(["import", "Helsinki-NLP/opus-mt-en-it", "--run-dir", "runs/hub"], monkeypatch, capsys,
+                           tmp_path)
+    assert code == 0, err
+    assert asked[0][0] == "Helsinki-NLP/opus-mt-en-it" and "model.safetensors" in asked[0][1]
+    origin = json.loads((tmp_path / "runs" / "hub" / "summary.json").read_text(encoding="utf-8"))["origin"]
+    assert origin["model"] == "Helsinki-NLP/opus-mt-en-it" and origin["revision"] == "0123abcd"

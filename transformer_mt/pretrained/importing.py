@@ -81,11 +81,13 @@ def import_marian(model: str, run_dir: Path) -> Imported:
     marian = read_marian(folder)
     tokenizers, vocab = marian_tokenizers(folder)
     if vocab != marian.vocab:
-        raise TmtError(f"{folder}: vocab.json and config.json disagree on the special tokens' ids "
-                       f"({vocab} against {marian.vocab})")
+        ids = [f"{name} {getattr(vocab, name)} and {getattr(marian.vocab, name)}" for name in ("pad", "unk", "eos")]
+        raise TmtError(f"{folder}: vocab.json and config.json disagree on the special tokens' ids ({', '.join(ids)}; "
+                       "the decoder start counts too)")
     cfg = run_config(folder, model, run_dir, marian.config, tokenizers, len(vocab))
-    origin = {"model": model if not Path(model).expanduser().is_dir() else str(folder.resolve()),
-              "folder": str(folder.resolve()),
+    local = Path(model).expanduser().is_dir()
+    origin = {"model": str(folder.resolve()) if local else model, "folder": str(folder.resolve()),
+              "revision": None if local else folder.name,  # the Hub cache names each snapshot by its commit
               "files_sha256": {name: _sha256(folder / name) for name in READ_FILES if (folder / name).is_file()}}
     state = checkpoint_state(marian.state, config_to_dict(cfg),
                              {"src_vocab_size": len(vocab), "tgt_vocab_size": len(vocab), "pad_id": PAD_ID},

@@ -157,6 +157,9 @@ def test_the_hf_export_of_the_imported_run_generates_as_the_original(opus, impor
     with torch.no_grad():
         out = model.generate(**batch, num_beams=1, do_sample=False, max_new_tokens=MAX_NEW)
     assert tokenizer.batch_decode(out, skip_special_tokens=True) == generate(opus, lines, num_beams=1)
+    card = (tmp_path / "hf" / "README.md").read_text(encoding="utf-8")
+    assert "imported into tmt from `opus-mt-en-it` with `tmt import`" in card and "trained with tmt" not in card
+    assert "language: [en, it]" in card
     code, _, err = run_cli(["export", "--run", str(imported), "--output", str(tmp_path / "ct2")],
                            monkeypatch, capsys, tmp_path)
     assert code == 0 and (tmp_path / "ct2" / "model.bin").is_file(), err
@@ -258,3 +261,16 @@ def test_a_hub_id_is_downloaded_and_recorded_with_its_commit(opus, monkeypatch, 
     assert asked[0][0] == "Helsinki-NLP/opus-mt-en-it" and "model.safetensors" in asked[0][1]
     origin = json.loads((tmp_path / "runs" / "hub" / "summary.json").read_text(encoding="utf-8"))["origin"]
     assert origin["model"] == "Helsinki-NLP/opus-mt-en-it" and origin["revision"] == "0123abcd"
+
+
+@pytest.mark.parametrize("data, key", [({"format": "none", "path": "corpus"}, "data.path"),
+                                       ({"format": "none", "corpora": [{"path": "a"}]}, "data.corpora")])
+def test_data_format_none_names_no_corpus(data, key):
+    from transformer_mt.config.loading import config_from_dict
+    from transformer_mt.core.errors import ConfigError
+
+    assert config_from_dict({"data": {"format": "none"}}).data.path == ""
+    with pytest.raises(ConfigError) as refused:
+        config_from_dict({"data": data})
+    assert refused.value.problems == [f"data.format: none names no corpus; set data.format to text, tsv, jsonl or "
+                                      f"hub for {key}"]

@@ -229,7 +229,7 @@ def test_a_hub_id_offline_says_so_and_asks_for_a_folder(monkeypatch, capsys, tmp
     code, _, err = run_cli(["import", "Helsinki-NLP/opus-mt-en-it", "--run-dir", "runs/opus-en-it"],
                            monkeypatch, capsys, tmp_path)
     assert code != 0 and err.count("\n") == 1, err
-    assert "Helsinki-NLP/opus-mt-en-it" in err and "offline" in err and "folder" in err
+    assert "Helsinki-NLP/opus-mt-en-it" in err and "offline (HF_HUB_OFFLINE is set)" in err and "folder" in err
     assert not (tmp_path / "runs").exists()
 
 
@@ -250,7 +250,7 @@ def test_a_hub_id_is_downloaded_and_recorded_with_its_commit(opus, monkeypatch, 
     shutil.copytree(opus.folder, snapshot)
     asked = []
 
-    def snapshot_download(repo_id, allow_patterns=None, **_):
+    def snapshot_download(repo_id, allow_patterns=None, local_files_only=False):
         asked.append((repo_id, allow_patterns))
         return str(snapshot)
 

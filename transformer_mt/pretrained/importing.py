@@ -60,11 +60,11 @@ def model_folder(model: str) -> Path:
     except ImportError:
         raise TmtError(f"{model}: downloading from the Hugging Face Hub needs huggingface_hub "
                        "(pip install huggingface_hub), or pass a folder the model was saved to") from None
+    offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")  # as huggingface_hub reads it
     try:
-        return Path(snapshot_download(model, allow_patterns=list(READ_FILES)))
+        return Path(snapshot_download(model, allow_patterns=list(READ_FILES), local_files_only=offline))
     except LocalEntryNotFoundError:  # HF_HUB_OFFLINE, or no network, and nothing in the local cache
-        offline = "HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE") \
-            else "the Hub cannot be reached"
+        offline = "HF_HUB_OFFLINE is set" if offline else "the Hub cannot be reached"
         raise TmtError(f"{model}: offline ({offline}) and not in the local Hub cache; download the model where "
                        "there is a network (save_pretrained, or `hf download`) and pass its folder") from None
     except RepositoryNotFoundError:

@@ -274,3 +274,20 @@ def test_data_format_none_names_no_corpus(data, key):
         config_from_dict({"data": data})
     assert refused.value.problems == [f"data.format: none names no corpus; set data.format to text, tsv, jsonl or "
                                       f"hub for {key}"]
+
+
+def test_serve_translates_with_the_imported_run_as_translate_does(imported, monkeypatch, capsys, tmp_path):
+    import shutil
+
+    from tests.serve.test_serve import Server
+
+    shutil.copytree(imported, tmp_path / "runs" / "tiny")  # where the serving helper looks
+    lines = TEST_SOURCES.read_text(encoding="utf-8").splitlines()[:8]
+    code, out, err = run_cli(["translate", "--run", "runs/tiny", *lines], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    server = Server(tmp_path)
+    try:
+        status, body = server.post({"sentences": lines})
+    finally:
+        server.stop()
+    assert status == 200 and body["translations"] == out.splitlines()

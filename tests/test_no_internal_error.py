@@ -117,6 +117,7 @@ OPTIONS = {
     "export": ["--format", "--run", "--output", "--checkpoint", "--quantization"],
     "runs": ["--dir"],
     "average": ["--run", "--last", "--output"],
+    "import": ["--run-dir"],  # its MODEL: a stray word (a Hub id is looked up offline)
     "serve": ["--run", "--checkpoint", "--port", "--max-wait-ms", "--batch-tokens", "--max-sentences", "--max-beam",
               "--beam"],  # no --host: a name looked up in DNS could wait
 }
@@ -143,6 +144,7 @@ def test_any_command_line_ends_in_a_result_or_one_error_line(argv, raw, stdin):
     handlers, level = root.handlers[:], root.level
     with tempfile.TemporaryDirectory() as folder, pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.chdir(folder)
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
         Path("config.yaml").write_text(dump(raw), encoding="utf-8")
         Path("good.yaml").write_text(DEMO_CONFIG.read_text(encoding="utf-8").replace(
             "path: ", "path: " + str(DEMO_CONFIG.parent) + "/", 1), encoding="utf-8")

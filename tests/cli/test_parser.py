@@ -19,7 +19,7 @@ from transformer_mt.cli.parser import build_parser
 CLI = Path(__file__).resolve().parents[2] / "transformer_mt" / "cli"
 # Each command module and the subcommands it declares, in `tmt --help`'s order.
 DECLARED = {"train": ["train"], "data": ["data"], "translate": ["translate", "evaluate"], "score": ["score"],
-            "compare": ["compare"], "export": ["export"], "runs": ["runs"], "average": ["average"],
+            "compare": ["compare"], "export": ["export"], "import_model": ["import"], "runs": ["runs"], "average": ["average"],
             "serve": ["serve"]}
 
 
@@ -56,7 +56,7 @@ def test_reading_the_grammar_imports_no_heavy_package(tmp_path: Path):
             "parser = build_parser()\n"
             "for argv in (['train', '--config', 'c.yaml'], ['translate', 'x'], ['serve'], ['evaluate'],\n"
             "             ['score'], ['compare', 'a', 'b'], ['export', '--run', 'r', '--output', 'o'], ['runs'],\n"
-            "             ['average', '--run', 'r'], ['data', '--config', 'c.yaml']):\n"
+            "             ['average', '--run', 'r'], ['data', '--config', 'c.yaml'], ['import', 'm', '--run-dir', 'r']):\n"
             "    parser.parse_args(argv)\n"
             f"print([name for name in {heavy!r} if name in sys.modules])")
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,

@@ -17,6 +17,7 @@ from transformer_mt.cli.average import run_average
 from transformer_mt.cli.compare import run_compare
 from transformer_mt.cli.data import run_data
 from transformer_mt.cli.export import run_export
+from transformer_mt.cli.import_model import run_import
 from transformer_mt.cli.runs import run_runs
 from transformer_mt.cli.score import run_score
 from transformer_mt.cli.serve import run_serve
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # exits with 2 on bad arguments
     try:
         commands = {"train": run_train, "data": run_data, "translate": run_translate, "evaluate": run_evaluate,
-                    "export": run_export, "average": run_average, "runs": run_runs,
+                    "export": run_export, "import": run_import, "average": run_average, "runs": run_runs,
                     "score": run_score, "compare": run_compare, "serve": run_serve}
         with sigterm_interrupts():  # SIGTERM ends any command as Ctrl-C does: one line, not a silent death
             commands[args.command](args)

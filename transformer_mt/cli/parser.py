@@ -10,7 +10,7 @@ import re
 import sys
 
 from transformer_mt import __version__
-from transformer_mt.cli import average, compare, data, export, runs, score, serve, train, translate
+from transformer_mt.cli import average, compare, data, export, import_model, runs, score, serve, train, translate
 from transformer_mt.cli.arguments import Formatter
 
 MAIN_EXAMPLES = """a first run (CPU, a few minutes):
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--traceback", action="store_true", help="show the full Python traceback on errors")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (train.add_parser, data.add_parser, translate.add_parser, translate.add_evaluate_parser,
-                score.add_parser, compare.add_parser, export.add_parser, runs.add_parser, average.add_parser,
-                serve.add_parser):  # in the order `tmt --help` lists them
+                score.add_parser, compare.add_parser, export.add_parser, import_model.add_parser, runs.add_parser,
+                average.add_parser, serve.add_parser):  # in the order `tmt --help` lists them
         add(commands)
     return parser

@@ -42,10 +42,11 @@ class CorpusEntry:
 class DataConfig:
     """Where the parallel corpus comes from and how it is filtered."""
 
-    format: Literal["hub", "text", "tsv", "jsonl"] = "text"
+    format: Literal["hub", "text", "tsv", "jsonl", "none"] = "text"
     """`hub`: a HuggingFace Hub dataset with a `translation` column or a text column per language;
     `text`: aligned files `{split}.{lang}[.gz]`; `tsv`: `{split}.tsv` (source, a tab, target);
-    `jsonl`: `{split}.jsonl`."""
+    `jsonl`: `{split}.jsonl`; `none`: no corpus (a run written by `tmt import`, whose model was
+    trained elsewhere; `path` stays empty)."""
     path: str = ""
     """Hub dataset name (e.g. `Helsinki-NLP/opus_books`) or a local directory; a relative
     directory is resolved against the config file's directory, or, given with `--set`, against
@@ -78,7 +79,11 @@ class DataConfig:
     come from the first corpus (see the data guide)."""
 
     def validate(self, p: Problems, cfg: Config) -> None:
-        if self.corpora:
+        if self.format == "none":
+            if self.path or self.corpora:
+                p.add("data.format: none names no corpus; set data.format to text, tsv, jsonl or hub for "
+                      f"data.{'path' if self.path else 'corpora'}", "data.path", "data.corpora")
+        elif self.corpora:
             if self.path:
                 p.add("data.corpora: given together with data.path; list every corpus under data.corpora (the first "
                       "gives validation and test), or use data.path alone (on the command line: --set data.path=null)",

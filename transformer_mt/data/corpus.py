@@ -132,6 +132,9 @@ def _paths(cfg: DataConfig) -> str:
 
 def open_corpora(cfg: DataConfig) -> OpenedCorpora:
     """Open every corpus's sources (local files or a hub dataset); with one corpus, its own sources."""
+    if cfg.format == "none":
+        raise DataError("data.format: none: this run has no corpus (its model was imported with tmt import); "
+                        "name one with data.format and data.path (tmt evaluate: --src and --ref)")
     # One DataConfig per corpus: each `data.corpora` entry's source keys over `cfg`'s.
     configs = [dataclasses.replace(cfg, path=entry.path, corpora=(), format=entry.format or cfg.format,
                                    hub_config=entry.hub_config if entry.hub_config is not None else cfg.hub_config,

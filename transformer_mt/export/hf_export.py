@@ -38,7 +38,7 @@ def export_hf(run_dir: Path, output_dir: Path, checkpoint: Path | None = None) -
     target = check_new_dir(output_dir, "--output")
     check_free_if_inside(run_dir, output_dir)  # before reading a checkpoint its trainer may delete
     run = load_run(run_dir, checkpoint)
-    check_exportable(run.cfg)
+    check_exportable(run.cfg, run.tokenizers)
     weights = hf_state_dict(run.model)
     files = {"config.json": _json(hf_config(run.model, run.cfg)),
              "generation_config.json": _json(generation_config(run.cfg)),
@@ -60,9 +60,10 @@ def export_hf(run_dir: Path, output_dir: Path, checkpoint: Path | None = None) -
     logger.info("exported %s to %s (transformers %s)", run_dir, output_dir, MODEL_CLASSES[run.cfg.model.norm][1])
 
 
-def check_exportable(cfg: Config) -> None:
-    """Refuse, in one line naming the setting, what no transformers class computes as tmt does."""
-    if not cfg.tokenizer.joint:
+def check_exportable(cfg: Config, tokenizers: TokenizerPair) -> None:
+    """Refuse, in one line naming the setting, what no transformers class computes as tmt does. Two
+    tokenizers over one vocabulary (an imported Marian model's) export the source one."""
+    if not cfg.tokenizer.joint and tokenizers.src.get_vocab() != tokenizers.tgt.get_vocab():
         raise UsageError("tokenizer.joint: false (one vocabulary per side) cannot be exported to Hugging Face: "
                          "AutoTokenizer loads one tokenizer for both sides")
     if cfg.model.norm == "pre" and not cfg.model.share_embeddings:
@@ -227,13 +228,24 @@ def model_card(summary: dict, cfg: Config, model: Transformer, checkpoint: str) 
     else:  # a local folder: its name, not where it was on the training machine
         corpus = f"local {source.get('format', 'text')} files (`{Path(str(source.get('path', '?'))).name}`)"
     pairs = data.get("pairs") or {}
+    intro = (f"A Transformer encoder-decoder trained with tmt (transformer-mt {versions.get('transformer-mt', '')}) "
+             f"and exported as `{architecture}`, which computes the same function ({m.norm}-norm layers, sinusoidal "
+             f"positions); weights of checkpoint `{checkpoint}`.")
+    about_data = f"{src} → {tgt} sentence pairs from {corpus}: " + (", ".join(
+        f"{pairs[split]:,} {split}" for split in ("train", "valid", "test") if split in pairs) or "not recorded") + "."
+    origin = summary.get("origin") if isinstance(summary.get("origin"), dict) else None  # `tmt import`'s
+    if origin:  # what tmt knows of a model trained elsewhere
+        src, tgt = cfg.data.src_lang, cfg.data.tgt_lang
+        model_name = str(origin.get("model")) if origin.get("revision") else Path(str(origin.get("model"))).name
+        where = f"`{model_name}`" + (f" (revision {origin['revision']})" if origin.get("revision") else "")
+        intro = (f"A Marian (OPUS-MT) model imported into tmt from {where} with `tmt import` and exported as "
+                 f"`{architecture}`; weights of checkpoint `{checkpoint}`.")
+        about_data = "Trained elsewhere: see the original model's card for its data."
     lines = [
         "---", "library_name: transformers", "pipeline_tag: translation", f"language: [{src}, {tgt}]",
         "tags: [translation, tmt]", "---", "",
         f"# {name}: {src} → {tgt} translation", "",
-        f"A Transformer encoder-decoder trained with tmt (transformer-mt {versions.get('transformer-mt', '')}) and "
-        f"exported as `{architecture}`, which computes the same function ({m.norm}-norm layers, sinusoidal "
-        f"positions); weights of checkpoint `{checkpoint}`.", "",
+        intro, "",
         "## Model", "",
         "| d_model | heads | encoder layers | decoder layers | FFN | vocabulary (joint BPE) | parameters "
         "| max tokens |",
@@ -241,13 +253,13 @@ def model_card(summary: dict, cfg: Config, model: Transformer, checkpoint: str) 
         f"| {m.d_model} | {m.n_heads} | {m.n_encoder_layers} | {m.n_decoder_layers} | {m.d_ff} | "
         f"{model.src_embed.weight.shape[0]} | {model.num_parameters():,} | {m.max_len} |", "",
         "## Data", "",
-        f"{src} → {tgt} sentence pairs from {corpus}: " + (", ".join(
-            f"{pairs[split]:,} {split}" for split in ("train", "valid", "test") if split in pairs) or "not recorded")
-        + ".", "",
+        about_data, "",
         "## Training", "",
     ]
     seconds = summary.get("train_seconds")
-    if summary.get("step") is not None and seconds is not None:
+    if origin:
+        lines.append("Not trained by tmt: the weights are those imported (step 0).")
+    elif summary.get("step") is not None and seconds is not None:
         processes = provenance.get("processes") or 1
         hardware = provenance.get("device", "an unrecorded device") + (
             f" × {processes} processes" if processes > 1 else "")

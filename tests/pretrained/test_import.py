@@ -291,3 +291,31 @@ def test_serve_translates_with_the_imported_run_as_translate_does(imported, monk
     finally:
         server.stop()
     assert status == 200 and body["translations"] == out.splitlines()
+
+
+def _valid_log_prob(run: Path, monkeypatch, capsys, cwd: Path) -> float:
+    """The demo validation targets' summed log-probability under `run` (tmt score, torch)."""
+    code, out, err = run_cli(["score", "--run", str(run), "--engine", "torch", "--source", str(DEMO / "valid.en"),
+                              "--target", str(DEMO / "valid.it"), "--quiet"], monkeypatch, capsys, cwd)
+    assert code == 0, err
+    return sum(float(line.split("\t")[0]) for line in out.splitlines())
+
+
+def test_a_fine_tuning_config_naming_only_data_and_train_starts_from_the_import(imported, monkeypatch, capsys,
+                                                                               tmp_path):
+    # model.* and tokenizer.* come from the imported run; no tokenizer is trained; 50 steps on
+    # the demo corpus raise the validation targets' log-probability.
+    (tmp_path / "ft.yaml").write_text(
+        f"name: opus-ft\ndata: {{path: {DEMO}}}\n"
+        f"train: {{init_from: {imported}, max_steps: 50, lr: 1.0e-3, warmup_steps: 10, eval_every_steps: 50, "
+        "save_every_steps: 50, log_every_steps: 10, freeze: [embeddings], test_at_end: false}\n", encoding="utf-8")
+    before = _valid_log_prob(imported, monkeypatch, capsys, tmp_path)
+    code, _, err = run_cli(["train", "--config", "ft.yaml", "--run-dir", "runs/ft", "--no-progress"],
+                           monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    assert "trained BPE" not in err and "embeddings" in err
+    saved = (tmp_path / "runs" / "ft" / "config.yaml").read_text(encoding="utf-8")
+    assert "activation: swish" in saved and "output_bias: true" in saved
+    for name in ("tokenizer.src.json", "tokenizer.tgt.json"):
+        assert (tmp_path / "runs" / "ft" / name).read_bytes() == (imported / name).read_bytes()
+    assert _valid_log_prob(tmp_path / "runs" / "ft", monkeypatch, capsys, tmp_path) > before

@@ -10,7 +10,8 @@ from pathlib import Path
 from transformer_mt.config.loading import read_saved_config, user_path
 from transformer_mt.config.schema import Config, config_changes, config_to_dict
 from transformer_mt.core.errors import CheckpointError, ConfigError, UsageError
-from transformer_mt.core.run_layout import RunDir, best_or_latest
+from transformer_mt.core.files import write_text_atomic
+from transformer_mt.core.run_layout import JOINT_FILE, SRC_FILE, TGT_FILE, RunDir, best_or_latest
 from transformer_mt.data.tokenization import TokenizerPair
 from transformer_mt.runs.checkpoint import check_tokenizers, load_checkpoint, translation_weights
 
@@ -100,9 +101,12 @@ def check_parent(cfg: Config) -> tuple[Path, Path, dict]:
 
 
 def copy_tokenizers(init_from: str, run_dir: Path) -> TokenizerPair:
-    """Copy the parent run's tokenizers into `run_dir` (a new run's, or `tmt data`'s scratch folder)."""
-    tokenizers = _parent_tokenizers(parent_paths(init_from)[0])
-    tokenizers.save(run_dir)
+    """Copy the parent run's tokenizer files into `run_dir` (a new run's, or `tmt data`'s scratch
+    folder) as they are: loading and saving again may change a Unigram score in its last digit."""
+    parent = parent_paths(init_from)[0]
+    tokenizers = _parent_tokenizers(parent)
+    for name in [JOINT_FILE] if tokenizers.joint else [TGT_FILE, SRC_FILE]:  # as TokenizerPair.save orders them
+        write_text_atomic(run_dir / name, (parent / name).read_text(encoding="utf-8"))
     return tokenizers
 
 

@@ -247,3 +247,22 @@ def read_scalars(run_dir: Path, tag: str) -> dict[int, float]:
         events = EventAccumulator(ordered)
         events.Reload()
         return {event.step: event.value for event in events.Scalars(tag)}
+
+
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """The folder `name` that `build(folder)` fills once for the whole test session: the xdist workers
+    share it (the first builds under a file lock, the others wait for it), so a slow fixture is not
+    built again in each worker. Read-only to tests: a test that writes takes a copy."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above each worker's own
+    folder, done = root / name, root / f"{name}.built"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder

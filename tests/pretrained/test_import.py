@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import run_cli, tmt
+from tests.helpers import built_once, run_cli, tmt
 from tests.pretrained.marian_fixtures import DEMO, marian_tokenizer_folder
 
 transformers = pytest.importorskip("transformers")
@@ -72,7 +72,10 @@ def train_marian(folder: Path) -> Opus:
 
 @pytest.fixture(scope="module")
 def opus(tmp_path_factory) -> Opus:
-    return train_marian(tmp_path_factory.mktemp("opus") / "opus-mt-en-it")
+    """The test model, trained once for the session and loaded from its folder in each worker."""
+    folder = built_once(tmp_path_factory, "opus", lambda root: train_marian(root / "opus-mt-en-it")) / "opus-mt-en-it"
+    return Opus(folder, transformers.MarianMTModel.from_pretrained(folder).eval(),
+                transformers.MarianTokenizer.from_pretrained(folder))
 
 
 @pytest.fixture(scope="module")

@@ -175,7 +175,7 @@ def test_folders_tmt_cannot_read_exactly_are_refused_in_one_line(marian, tmp_pat
 
     copy = folder_copy(folder, tmp_path)
     (copy / "vocab.json").write_text("{not json", encoding="utf-8")
-    assert "vocab.json: cannot read" in refusal(copy)
+    assert "vocab.json: not readable as JSON" in refusal(copy)
     (copy / "vocab.json").unlink()
     assert "vocab.json: missing" in refusal(copy)
     shutil.rmtree(copy)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from transformer_mt.core.files import check_new_dir, make_parent_dir, naming, wr
 from transformer_mt.core.run_layout import BEST_NAME, RunDir
 from transformer_mt.data.tokenization import PAD_ID, TokenizerPair
 from transformer_mt.model.transformer import build_model
-from transformer_mt.pretrained.marian import read_marian
+from transformer_mt.pretrained.marian import read_json_object, read_marian
 from transformer_mt.pretrained.marian_tokenizer import marian_tokenizers
 from transformer_mt.runs.checkpoint import checkpoint_state
 from transformer_mt.runs.run_dir import RunLock
@@ -128,7 +127,7 @@ def run_config(folder: Path, model: str, run_dir: Path, model_cfg, tokenizers: T
     if not tokenizers.joint:  # two SentencePiece models over one vocabulary: tmt's embeddings per side
         model_cfg = dataclasses.replace(model_cfg, share_embeddings=False)
     src, tgt = languages(folder, model)
-    generation = _json_object(folder / "generation_config.json")
+    generation = read_json_object(folder / "generation_config.json")
     beams = generation.get("num_beams")
     decode = DecodeConfig(**({"beam_size": beams} if isinstance(beams, int) and not isinstance(beams, bool)
                              and beams >= 1 else {}))
@@ -144,7 +143,7 @@ def run_config(folder: Path, model: str, run_dir: Path, model_cfg, tokenizers: T
 
 def languages(folder: Path, model: str) -> tuple[str, str]:
     """The source and target language: tokenizer_config.json's, else an OPUS-MT name's, else src/tgt."""
-    settings = _json_object(folder / "tokenizer_config.json")
+    settings = read_json_object(folder / "tokenizer_config.json")
     pair = settings.get("source_lang"), settings.get("target_lang")
     if all(isinstance(lang, str) and re.fullmatch(r"[\w-]+", lang) for lang in pair) and pair[0] != pair[1]:
         return pair
@@ -153,14 +152,6 @@ def languages(folder: Path, model: str) -> tuple[str, str]:
             if match[1] != match[2]:
                 return match[1], match[2]
     return "src", "tgt"
-
-
-def _json_object(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _sha256(path: Path) -> str:

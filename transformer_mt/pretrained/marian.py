@@ -66,7 +66,8 @@ def read_marian(folder: Path) -> MarianModel:
     if not folder.is_dir():
         raise TmtError(f"{folder}: not a folder; give the folder a Marian model was saved to (save_pretrained)")
     config_path = folder / "config.json"
-    settings = {**MARIAN_DEFAULTS, **_read_json(config_path, "config.json", "not a transformers model folder")}
+    missing = f"{config_path.parent}: no config.json (not a transformers model folder)"
+    settings = {**MARIAN_DEFAULTS, **read_json_object(config_path, missing)}
     cfg = model_config(settings, config_path)
     vocab = marian_vocab(settings, folder, config_path)
     weights_path = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
@@ -133,7 +134,7 @@ def marian_vocab(settings: dict, folder: Path, config_path: Path) -> MarianVocab
     unk = MARIAN_UNK
     vocab_path = folder / "vocab.json"
     if vocab_path.is_file():
-        pieces = _read_json(vocab_path, "vocab.json", "")
+        pieces = read_json_object(vocab_path, f"{vocab_path.parent}: no vocab.json")
         if not isinstance(pieces.get("<unk>"), int):
             raise TmtError(f"{vocab_path}: no '<unk>' piece")
         unk = pieces["<unk>"]
@@ -209,9 +210,13 @@ def tmt_state(weights: dict[str, torch.Tensor], cfg: ModelConfig, vocab: MarianV
     return {name: tensor.contiguous() for name, tensor in state.items()}
 
 
-def _read_json(path: Path, name: str, why: str) -> dict:
+def read_json_object(path: Path, missing: str | None = None) -> dict:
+    """`path`'s JSON object: {} when the file is absent and `missing` is None, else one line, the
+    `missing` message or what is wrong with the file."""
     if not path.is_file():
-        raise TmtError(f"{path.parent}: no {name}" + (f" ({why})" if why else ""))
+        if missing is None:
+            return {}
+        raise TmtError(missing)
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as err:

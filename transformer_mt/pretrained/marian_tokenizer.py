@@ -17,13 +17,13 @@ pieces are refused. Reading a folder needs `sentencepiece`; the tokenizers made 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
 
 from transformer_mt.core.errors import TmtError
 from transformer_mt.data.tokenization import BOS, EOS, PAD, SPECIAL_TOKENS, UNK, TokenizerPair
+from transformer_mt.pretrained.marian import read_json_object
 from transformer_mt.pretrained.marian_vocab import MarianVocab
 
 SIDES = ("source.spm", "target.spm")
@@ -40,12 +40,12 @@ def marian_tokenizers(folder: Path) -> tuple[TokenizerPair, MarianVocab]:
         if not (folder / name).is_file():
             raise TmtError(f"{folder}: a tokenizer without spm files is not supported (no {name}; "
                            "tmt reads Marian's SentencePiece tokenizers)")
-    settings = _read_json(folder / "tokenizer_config.json", required=False)
+    settings = read_json_object(folder / "tokenizer_config.json")
     if settings.get("separate_vocabs") or (folder / "target_vocab.json").is_file():
         raise TmtError(f"{folder}: separate source and target vocabularies (target_vocab.json) "
                        "are not supported")
     pieces = _vocabulary(folder / "vocab.json")
-    marian = _marian_vocab(folder, pieces, _read_json(folder / "config.json", required=False))
+    marian = _marian_vocab(folder, pieces, read_json_object(folder / "config.json"))
     names = _tmt_names(folder, pieces, marian)
     src, tgt = (_convert(folder / name, names) for name in SIDES)
     if src.to_str() == tgt.to_str():
@@ -53,23 +53,9 @@ def marian_tokenizers(folder: Path) -> tuple[TokenizerPair, MarianVocab]:
     return TokenizerPair(src, tgt), marian
 
 
-def _read_json(path: Path, required: bool = True) -> dict:
-    if not path.is_file():
-        if required:
-            raise TmtError(f"{path}: missing (a Marian folder has vocab.json, source.spm and target.spm)")
-        return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise TmtError(f"{path}: cannot read ({err})") from None
-    if not isinstance(value, dict):
-        raise TmtError(f"{path}: expected a JSON object")
-    return value
-
-
 def _vocabulary(path: Path) -> list[str]:
     """vocab.json's pieces by Marian id; its ids must be 0..n-1, each once."""
-    vocab = _read_json(path)
+    vocab = read_json_object(path, f"{path}: missing (a Marian folder has vocab.json, source.spm and target.spm)")
     for token in (PAD, UNK, EOS):
         if token not in vocab:
             raise TmtError(f"{path}: no {token} piece (Marian vocabularies have {PAD}, {UNK} and {EOS})")

@@ -103,6 +103,17 @@ def test_freezing_every_parameter_is_refused_and_leaves_no_run_behind(tiny_corpu
     assert code == 2 and not (tmp_path / "run").exists()
     assert err.endswith("tmt: error: invalid configuration: train.freeze: embeddings, encoder, decoder freezes every "
                         "parameter of the model; nothing would be trained\n")
+    # Found before the run directory is claimed: --overwrite of a run there deletes nothing.
+    save_config(tiny_config(tiny_corpus, train={"max_steps": 2, "eval_every_steps": 2, "save_every_steps": 2}),
+                tmp_path / "plain.yaml")
+    code, _, err = run_cli(["train", "--config", str(tmp_path / "plain.yaml"), "--run-dir", str(tmp_path / "run"),
+                            "--quiet"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    kept = sorted(str(path.relative_to(tmp_path / "run")) for path in (tmp_path / "run").rglob("*"))
+    code, _, err = run_cli(["train", "--config", str(config), "--run-dir", str(tmp_path / "run"), "--overwrite",
+                            "--quiet"], monkeypatch, capsys, tmp_path)
+    assert code == 2 and "freezes every parameter" in err
+    assert sorted(str(path.relative_to(tmp_path / "run")) for path in (tmp_path / "run").rglob("*")) == kept
 
 
 def test_the_gpu_engines_update_run_eagerly_trains_only_what_is_not_frozen(tiny_corpus: Path, tmp_path: Path,

@@ -57,7 +57,7 @@ def run_train(args: argparse.Namespace) -> None:
     from transformer_mt.core.runtime import machine_memory_bytes, pick_device, pick_precision
     from transformer_mt.runs.init_from import check_parent
     from transformer_mt.train.batches import check_model_fits
-    from transformer_mt.train.trainer import train
+    from transformer_mt.train.trainer import check_freeze, train
 
     run_dir = args.run_dir or Path("runs") / cfg.name
     device = pick_device(cfg.train.device)
@@ -66,6 +66,7 @@ def run_train(args: argparse.Namespace) -> None:
     check_model_fits(cfg.model, cfg.tokenizer.vocab_size, machine_memory_bytes())
     if cfg.train.init_from and not args.resume:
         check_parent(cfg)  # so is a parent that cannot be started from: nothing created, nothing emptied
+    check_freeze(cfg)  # and a train.freeze that leaves nothing to train
     dist = Distributed.from_environment()  # a world of one unless started by torchrun
     dist.start(device)
     with contextlib.ExitStack() as stack:  # left in reverse: train.log's last record, the run, the process group

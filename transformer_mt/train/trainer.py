@@ -25,7 +25,7 @@ from transformer_mt.core.runtime import (Precision, pick_attention, pick_device,
 from transformer_mt.core.signals import StopRequest, sigterm_interrupts
 from transformer_mt.data.tokenization import PAD_ID, TokenizerPair
 from transformer_mt.evaluate.metrics import bleu_tokenizer_problem
-from transformer_mt.model.transformer import build_model
+from transformer_mt.model.transformer import Transformer, build_model
 from transformer_mt.runs import summary
 from transformer_mt.runs.init_from import Parent, load_parent
 from transformer_mt.runs.run_dir import check_saved_config
@@ -81,10 +81,7 @@ class Trainer:
         self.model = build_model(cfg.model, **model_args).to(self.device)  # the same initial weights on every rank
         if parent is not None:  # train.init_from
             self.model.load_state_dict(parent.weights)
-        self.frozen = self.model.freeze(frozen_prefixes(cfg.train.freeze))
-        if cfg.train.freeze and not any(p.requires_grad for p in self.model.parameters()):
-            raise ConfigError([f"train.freeze: {', '.join(cfg.train.freeze)} freezes every parameter of the model; "
-                               "nothing would be trained"])
+        self.frozen = freeze(self.model, cfg.train.freeze)
         self.ema = WeightEMA(self.model, cfg.train.ema_decay) if cfg.train.ema_decay else None
         if dist.enabled:
             torch.manual_seed(cfg.seed + dist.rank)  # different dropout masks on each rank
@@ -333,6 +330,23 @@ def train(cfg: Config, run_dir: Path, *, resume: bool = False, progress: bool = 
             raise
         trainer.write_summary("stopped early" if state.stopped_early else "finished")
         return state
+
+
+def freeze(model: Transformer, names: tuple[str, ...]) -> int:
+    """`train.freeze` applied to `model`: the parameters frozen; a `ConfigError` when nothing is left to train."""
+    frozen = model.freeze(frozen_prefixes(names))
+    if names and not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError([f"train.freeze: {', '.join(names)} freezes every parameter of the model; "
+                           "nothing would be trained"])
+    return frozen
+
+
+def check_freeze(cfg: Config) -> None:
+    """Refuse a `train.freeze` that leaves nothing to train before the run directory is claimed
+    (`--overwrite` would have emptied it), on a model that holds no memory."""
+    if cfg.train.freeze:
+        with torch.device("meta"):
+            freeze(build_model(cfg.model, 8, 8, PAD_ID), cfg.train.freeze)
 
 
 def _trained_out(state: TrainState, cfg: Config) -> bool:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from transformer_mt.config.loading import load_config, read_saved_config
-from transformer_mt.config.schema import Config, config_changes, config_to_dict
+from transformer_mt.config.schema import Config, config_changes, config_to_dict, frozen_prefixes
 from transformer_mt.core.errors import CheckpointError, ConfigError, TmtError, UsageError
 from transformer_mt.core.files import make_parent_dir, read_json, temp_file_target, write_error, write_new_dir
 from transformer_mt.core.run_layout import RunDir, best_or_latest, checkpoint_steps
@@ -285,6 +285,8 @@ def resume_config_changes(saved: dict, current: dict, path: Path) -> list[str]:
     listing them when any is in `FROZEN_ON_RESUME` (less `CHANGEABLE_ON_RESUME`) or `FIXED_ON_RESUME`."""
     frozen, allowed = [], []
     for key, old, new in config_changes(saved, current):
+        if key == "train.freeze" and set(frozen_prefixes(tuple(old or ()))) == set(frozen_prefixes(tuple(new or ()))):
+            continue  # the same parameters, named in another order or way
         is_frozen = (key.partition(".")[0] in FROZEN_ON_RESUME and key not in CHANGEABLE_ON_RESUME
                      or key in FIXED_ON_RESUME)
         (frozen if is_frozen else allowed).append(f"{key}: {old!r} -> {new!r}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -253,16 +254,45 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
     """The folder `name` that `build(folder)` fills once for the whole test session: the xdist workers
     share it (the first builds under a file lock, the others wait for it), so a slow fixture is not
     built again in each worker. Read-only to tests: a test that writes takes a copy."""
-    from filelock import FileLock
+    import fcntl
 
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the session's folder, above each worker's own
     folder, done = root / name, root / f"{name}.built"
-    with FileLock(str(root / f"{name}.lock")):
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if not done.exists():
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir()
             build(folder)
             done.touch()
     return folder
+
+# --- limits on what a process may write ------------------------------------------------
+
+# No bytecode written: under a file-size limit Python would leave truncated .pyc files behind.
+LIMITED_ENV = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": PYTHONPATH,
+               "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def size_limited(limit: int):
+    """A `preexec_fn`: files may not grow past `limit` bytes, and a write past it fails with EFBIG
+    (SIGXFSZ ignored) instead of killing the process."""
+    def limit_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    return limit_files
+
+
+def tmt_limited(*args: str, cwd: Path, limit: int) -> subprocess.CompletedProcess:
+    """`tmt ARGS` as a user runs it under `ulimit -f` (in bytes)."""
+    return subprocess.run([sys.executable, "-m", "transformer_mt", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env=LIMITED_ENV, preexec_fn=size_limited(limit))
+
+
+def can_mount_a_small_filesystem() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
+                          capture_output=True).returncode == 0

@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,18 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import PYTHONPATH, run_cli, tiny_config
+from tests.helpers import PYTHONPATH, can_mount_a_small_filesystem, run_cli, tiny_config
 from transformer_mt.config.loading import save_config
 from transformer_mt.core.errors import CheckpointError
 from transformer_mt.runs import summary
 from transformer_mt.runs.checkpoint import load_checkpoint, save_atomic
-
-
-def can_mount_a_small_filesystem() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    return subprocess.run(["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
-                          capture_output=True).returncode == 0
 
 
 @pytest.mark.skipif(not can_mount_a_small_filesystem(), reason="needs unshare -rm to mount a tmpfs")

@@ -14,7 +14,7 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 # unbabel-comet 2.2.7's (the newest release's) requirement on transformers.
 COMET_TRANSFORMERS = SpecifierSet(">=4.17,<5.0")
-# The transformers versions tests/decode/test_export_hf.py passed with (docs/guides/exporting.md names them).
+# The transformers versions tests/export/test_export_hf.py passed with (docs/guides/exporting.md names them).
 TESTED = [Version(v) for v in ("4.52.4", "4.56.2", "4.57.6", "5.25.0")]
 
 

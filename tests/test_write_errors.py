@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import re
-import resource
 import shlex
 import signal
 import subprocess
@@ -17,32 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import PYTHONPATH, TINY_PAIRS, tiny_config, write_corpus
-from tests.test_disk_full import can_mount_a_small_filesystem
+from tests.helpers import (LIMITED_ENV as ENV, TINY_PAIRS, can_mount_a_small_filesystem,
+                           size_limited, tiny_config, tmt_limited, write_corpus)
 from transformer_mt.config.loading import save_config
 from transformer_mt.core.files import describe_os_error
 
 FILE_TOO_LARGE = "File too large (a file-size limit)"
 NO_SPACE = r"No space left on device; [\d,]+ bytes free there"
-# No bytecode written: under a file-size limit Python would leave truncated .pyc files behind.
-ENV = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": PYTHONPATH,
-       "PYTHONDONTWRITEBYTECODE": "1"}
 needs_tmpfs = pytest.mark.skipif(not can_mount_a_small_filesystem(), reason="needs unshare -rm to mount a tmpfs")
-
-
-def size_limited(limit: int):
-    """A `preexec_fn`: files may not grow past `limit` bytes, and a write past it fails with EFBIG
-    (SIGXFSZ ignored) instead of killing the process."""
-    def limit_files() -> None:
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
-    return limit_files
-
-
-def tmt_limited(*args: str, cwd: Path, limit: int) -> subprocess.CompletedProcess:
-    """`tmt ARGS` as a user runs it under `ulimit -f` (in bytes)."""
-    return subprocess.run([sys.executable, "-m", "transformer_mt", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env=ENV, preexec_fn=size_limited(limit))
 
 
 def tmt_on_full_disk(*args: str, cwd: Path, disk: Path, size: str = "64k", fill: bool = True

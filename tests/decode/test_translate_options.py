@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import PYTHONPATH, tiny_model, tmt
+from tests.helpers import PYTHONPATH, tiny_model
 from transformer_mt.decode.generator import greedy_decode, sample_decode
 from transformer_mt.decode.hypotheses import Sampling, length_penalty
 from transformer_mt.model.transformer import Transformer

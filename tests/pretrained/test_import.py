@@ -7,14 +7,13 @@ its sentences, saved with its MarianTokenizer."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import built_once, run_cli, tmt
+from tests.helpers import built_once, run_cli, tmt, tmt_limited
 from tests.pretrained.marian_fixtures import DEMO, marian_tokenizer_folder
 
 transformers = pytest.importorskip("transformers")
@@ -237,8 +236,6 @@ def test_a_hub_id_offline_says_so_and_asks_for_a_folder(monkeypatch, capsys, tmp
 
 
 def test_a_write_that_fails_midway_is_named_and_leaves_nothing(opus, tmp_path):
-    from tests.test_write_errors import tmt_limited
-
     done = tmt_limited("import", str(opus.folder), "--run-dir", "runs/opus", cwd=tmp_path, limit=500_000)
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert "runs/opus/checkpoints/best.pt" in done.stderr and "File too large" in done.stderr, done.stderr
@@ -262,6 +259,7 @@ def test_a_hub_id_is_downloaded_and_recorded_with_its_commit(opus, monkeypatch, 
                            tmp_path)
     assert code == 0, err
     assert asked[0][0] == "Helsinki-NLP/opus-mt-en-it" and "model.safetensors" in asked[0][1]
+    assert len(asked) == 1 and "pytorch_model.bin" not in asked[0][1]  # one weights file, not both
     origin = json.loads((tmp_path / "runs" / "hub" / "summary.json").read_text(encoding="utf-8"))["origin"]
     assert origin["model"] == "Helsinki-NLP/opus-mt-en-it" and origin["revision"] == "0123abcd"
 
@@ -322,3 +320,24 @@ def test_a_fine_tuning_config_naming_only_data_and_train_starts_from_the_import(
     for name in ("tokenizer.src.json", "tokenizer.tgt.json"):
         assert (tmp_path / "runs" / "ft" / name).read_bytes() == (imported / name).read_bytes()
     assert _valid_log_prob(tmp_path / "runs" / "ft", monkeypatch, capsys, tmp_path) > before
+
+
+def test_a_hub_model_without_safetensors_downloads_its_pytorch_weights(opus, monkeypatch, capsys, tmp_path):
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    snapshot = tmp_path / "cache" / "snapshots" / "4567cdef"
+    snapshot.mkdir(parents=True)
+    torch.save(opus.model.state_dict(), snapshot / "pytorch_model.bin")  # as older transformers saved weights
+    for name in ("config.json", "generation_config.json", "vocab.json", "source.spm", "target.spm",
+                 "tokenizer_config.json"):
+        (snapshot / name).write_bytes((opus.folder / name).read_bytes())
+    asked = []
+
+    def snapshot_download(repo_id, allow_patterns=None, local_files_only=False):
+        asked.append(allow_patterns)
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    code, _, err = run_cli(["import", "Helsinki-NLP/opus-mt-en-it", "--run-dir", "runs/hub"], monkeypatch, capsys,
+                           tmp_path)
+    assert code == 0, err
+    assert "pytorch_model.bin" not in asked[0] and asked[1] == ["pytorch_model.bin"]

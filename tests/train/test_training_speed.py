@@ -2,7 +2,6 @@
 
 import dataclasses
 import os
-import statistics
 import types
 from pathlib import Path
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from transformer_mt.core.errors import UsageError
-from transformer_mt.core.files import check_parent_dir, lines_to_text, make_parent_dir, write_error, write_text_atomic
+from transformer_mt.core.files import check_parent_dir
 from transformer_mt.core.run_layout import RunDir, latest_run
 
 
@@ -93,12 +93,3 @@ def check_not_kept(path: Path | None, option: str, run_dir: Path) -> None:
     if path is not None and RunDir(run_dir).keeps(path):
         raise UsageError(f"{option} {path} is part of the run {run_dir} (its checkpoints, tokenizers, config, caches "
                          "or records); writing it would break the run: give a file outside them")
-
-
-def write_lines(path: Path, lines: list[str]) -> None:
-    """Write one line each, atomically: a failure never leaves a half-written file."""
-    make_parent_dir(path)
-    try:
-        write_text_atomic(path, lines_to_text(lines))
-    except OSError as err:
-        raise write_error(err) from None

@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 from transformer_mt.cli.arguments import STDIO, add_command, path_or_dash
-from transformer_mt.cli.common import check_not_kept, check_output, load_translator, run_dir_of, write_lines
+from transformer_mt.cli.common import check_not_kept, check_output, load_translator, run_dir_of
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.core.errors import DataError, UsageError
+from transformer_mt.core.files import write_lines
 
 SCORE_EXAMPLES = """examples:
   # one line each: log-prob<TAB>per token

@@ -13,11 +13,11 @@ from pathlib import Path
 
 from transformer_mt.cli.arguments import (STDIO, add_command, add_model_arguments, non_negative_int, path_or_dash,
                                           positive_float, positive_int, probability, seed_number)
-from transformer_mt.cli.common import check_not_kept, check_output, load_translator, run_dir_of, shown, write_lines
+from transformer_mt.cli.common import check_not_kept, check_output, load_translator, run_dir_of, shown
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.config.schema import BLEU_TOKENIZERS
 from transformer_mt.core.errors import DataError, UsageError
-from transformer_mt.core.files import write_error
+from transformer_mt.core.files import write_error, write_lines
 from transformer_mt.core.run_layout import RunDir
 
 TRANSLATE_EXAMPLES = """examples:

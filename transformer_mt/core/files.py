@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import hashlib
 import os
 import re
 import secrets
@@ -217,3 +218,22 @@ def temp_file_target(name: str) -> str | None:
 def lines_to_text(lines: list[str]) -> str:
     """One line each, newline-terminated (the format of every hypotheses file)."""
     return "".join(line + "\n" for line in lines)
+
+
+def write_lines(path: Path, lines: list[str]) -> None:
+    """Write one line each (its folder made first), atomically: a failure never leaves a half-written
+    file, and is one `WriteError` naming it."""
+    make_parent_dir(path)
+    try:
+        write_text_atomic(path, lines_to_text(lines))
+    except OSError as err:
+        raise write_error(err) from None
+
+
+def sha256_of(path: Path) -> str:
+    """The file's SHA-256 (hex), read a block at a time: a model's weights never whole in memory."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

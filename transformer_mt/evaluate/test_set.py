@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformer_mt.core.files import lines_to_text, make_parent_dir, write_error, write_text_atomic
+from transformer_mt.core.files import write_lines
 from transformer_mt.evaluate.comet import Comet, CometScore
 from transformer_mt.evaluate.diagnostics import Diagnostics, diagnose
 from transformer_mt.evaluate.metrics import Scores, score
@@ -37,11 +37,7 @@ def evaluate_test_set(translate: Callable[[list[str]], list[str]], sources: list
     started = time.perf_counter()
     hypotheses = translate(sources)
     scores = score(hypotheses, references, tokenize=tokenize, n_bootstrap=n_bootstrap)
-    make_parent_dir(output)
-    try:
-        write_text_atomic(output, lines_to_text(hypotheses))  # atomic: never a half-written file
-    except OSError as err:
-        raise write_error(err) from None
+    write_lines(output, hypotheses)
     seconds = time.perf_counter() - started
     comet_score = comet.score(sources, hypotheses, references[0], device=device) if comet is not None else None
     found = diagnose(sources, hypotheses, references[0]) if diagnostics else None

@@ -6,7 +6,6 @@ written; the run directory is written as a new folder beside it and renamed into
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 import os
 import re
@@ -18,7 +17,7 @@ import torch
 from transformer_mt.config.loading import config_from_dict, save_config
 from transformer_mt.config.schema import Config, DataConfig, DecodeConfig, TokenizerConfig, config_to_dict
 from transformer_mt.core.errors import ConfigError, TmtError
-from transformer_mt.core.files import check_new_dir, make_parent_dir, naming, write_error, write_new_dir
+from transformer_mt.core.files import check_new_dir, make_parent_dir, naming, sha256_of, write_error, write_new_dir
 from transformer_mt.core.run_layout import BEST_NAME, RunDir
 from transformer_mt.data.tokenization import PAD_ID, TokenizerPair
 from transformer_mt.model.transformer import build_model
@@ -29,7 +28,8 @@ from transformer_mt.runs.run_dir import RunLock
 from transformer_mt.runs.summary import write_summary
 
 # What a Marian folder holds that the import reads (the weights: one of the two).
-READ_FILES = ("config.json", "generation_config.json", "model.safetensors", "pytorch_model.bin", "vocab.json",
+WEIGHTS_BIN = "pytorch_model.bin"
+READ_FILES = ("config.json", "generation_config.json", "model.safetensors", WEIGHTS_BIN, "vocab.json",
               "source.spm", "target.spm", "tokenizer_config.json")
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 OPUS_NAME = re.compile(r"opus-mt-([a-z]{2,3})-([a-z]{2,3})$")  # Helsinki-NLP/opus-mt-en-it: en -> it
@@ -50,7 +50,7 @@ def model_folder(model: str) -> Path:
     path = Path(model).expanduser()
     if path.is_dir():
         return path
-    if path.exists() or not HUB_ID.fullmatch(model) or path.parent.is_dir() and str(path.parent) != ".":
+    if path.exists() or not HUB_ID.fullmatch(model):
         raise TmtError(f"{model}: no such folder (give the folder a Marian model was saved to, or a Hub id such "
                        "as Helsinki-NLP/opus-mt-en-it)")
     try:
@@ -61,13 +61,18 @@ def model_folder(model: str) -> Path:
                        "(pip install huggingface_hub), or pass a folder the model was saved to") from None
     offline = os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")  # as huggingface_hub reads it
     try:
-        return Path(snapshot_download(model, allow_patterns=list(READ_FILES), local_files_only=offline))
+        # The safetensors weights when the model has them, else pytorch_model.bin: never both.
+        folder = Path(snapshot_download(model, allow_patterns=[name for name in READ_FILES if name != WEIGHTS_BIN],
+                                        local_files_only=offline))
+        if not (folder / "model.safetensors").is_file():
+            folder = Path(snapshot_download(model, allow_patterns=[WEIGHTS_BIN], local_files_only=offline))
+        return folder
     except LocalEntryNotFoundError:  # HF_HUB_OFFLINE, or no network, and nothing in the local cache
         offline = "HF_HUB_OFFLINE is set" if offline else "the Hub cannot be reached"
         raise TmtError(f"{model}: offline ({offline}) and not in the local Hub cache; download the model where "
                        "there is a network (save_pretrained, or `hf download`) and pass its folder") from None
     except RepositoryNotFoundError:
-        raise TmtError(f"{model}: no such model on the Hugging Face Hub (or it is private)") from None
+        raise TmtError(f"{model}: no such folder, nor a model on the Hugging Face Hub (or it is private)") from None
     except (HfHubHTTPError, OSError) as err:
         raise TmtError(f"{model}: cannot download from the Hugging Face Hub ({str(err).splitlines()[0]}); "
                        "pass a folder the model was saved to") from None
@@ -87,7 +92,7 @@ def import_marian(model: str, run_dir: Path) -> Imported:
     local = Path(model).expanduser().is_dir()
     origin = {"model": str(folder.resolve()) if local else model, "folder": str(folder.resolve()),
               "revision": None if local else folder.name,  # the Hub cache names each snapshot by its commit
-              "files_sha256": {name: _sha256(folder / name) for name in READ_FILES if (folder / name).is_file()}}
+              "files_sha256": {name: sha256_of(folder / name) for name in READ_FILES if (folder / name).is_file()}}
     state = checkpoint_state(marian.state, config_to_dict(cfg),
                              {"src_vocab_size": len(vocab), "tgt_vocab_size": len(vocab), "pad_id": PAD_ID},
                              tokenizers=tokenizers.fingerprint(), train_state={"step": 0})
@@ -152,11 +157,3 @@ def languages(folder: Path, model: str) -> tuple[str, str]:
             if match[1] != match[2]:
                 return match[1], match[2]
     return "src", "tgt"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

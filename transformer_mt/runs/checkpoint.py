@@ -99,8 +99,9 @@ class _KeepWriteError:
         return getattr(self.handle, name)
 
 
-def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict:
-    """Load and sanity-check a checkpoint written by `save_atomic`."""
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict:
+    """Load and sanity-check a checkpoint written by `save_atomic`; `mmap`: its tensors read from the
+    file only when used (for a look at its config)."""
     if not path.is_file():
         others = sorted(entry.name for entry in path.parent.glob("*.pt")) if path.parent.is_dir() else []
         raise CheckpointError(f"{path}: checkpoint not found" +
@@ -108,7 +109,7 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     if path.stat().st_size == 0:  # torch would only say EOFError
         raise CheckpointError(f"{path}: not a readable checkpoint: the file is empty")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as err:  # torch raises many types for truncated or foreign files
         # Never torch's advice of weights_only=False (it would run code from the file); else its first sentence.
         text = str(err).strip()

@@ -75,7 +75,7 @@ def inherited_settings(cfg: Config, resumed_run: Path | None = None) -> dict:
     of `resumed_run`'s own config.yaml, which holds them from its start (the parent may be gone)."""
     saved = read_saved_config(RunDir(resumed_run).config) if resumed_run is not None else None
     if saved is None:
-        saved = load_checkpoint(parent_paths(cfg.train.init_from)[1])["config"]
+        saved = load_checkpoint(parent_paths(cfg.train.init_from)[1], mmap=True)["config"]
     return {section: saved[section] for section in SHARED_SECTIONS if isinstance(saved.get(section), dict)}
 
 
@@ -84,7 +84,7 @@ def check_parent(cfg: Config) -> tuple[Path, Path, dict]:
     tokenizer settings differ from `cfg`'s (every key listed) or its run lacks tokenizers. `tmt train`
     and `tmt data` call it before creating anything."""
     run_dir, path = parent_paths(cfg.train.init_from)
-    state = load_checkpoint(path)
+    state = load_checkpoint(path, mmap=True)  # its config and fingerprint: the weights stay on disk
     conflicts = [f"{key}: {old!r} in the parent, {new!r} here" for key, old, new in
                  config_changes(state["config"], config_to_dict(cfg))
                  if key.partition(".")[0] in SHARED_SECTIONS and key not in TRAINING_ONLY]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
-import hashlib
 import json
 import os
 import platform
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from transformer_mt.config.loading import read_saved_config
 from transformer_mt.config.schema import Config
-from transformer_mt.core.files import read_json, write_text_atomic
+from transformer_mt.core.files import read_json, sha256_of, write_text_atomic
 from transformer_mt.core.run_layout import RunDir, run_folders
 
 if TYPE_CHECKING:
@@ -37,7 +36,7 @@ def provenance(cfg: Config, run_dir: Path, device: torch.device, config_dir: Pat
                  "revision": cfg.data.revision, "src_lang": cfg.data.src_lang, "tgt_lang": cfg.data.tgt_lang,
                  **({"corpora": [dataclasses.asdict(entry) for entry in cfg.data.corpora]} if cfg.data.corpora else {})},
         "split_seed": cfg.seed,
-        "tokenizers_sha256": {path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+        "tokenizers_sha256": {path.name: sha256_of(path)
                               for path in sorted(run_dir.glob("tokenizer*.json"))},
         "versions": {**{name: _version(name) for name in PACKAGES}, "python": platform.python_version()},
         "device": device_description(device),

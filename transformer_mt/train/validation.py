@@ -147,8 +147,8 @@ class Evaluator:
                               attention_figure(weights, src_pieces, tgt_pieces, title), step)
 
     def log_hparams(self, writer: OptionalWriter, step: int, best_bleu: float, last_bleu: float) -> None:
-        """The config beside the best and final validation BLEU, for TensorBoard's HParams tab: a session
-        in the run's own events (no run of its own), whose metrics are its `valid/` scalars."""
+        """The config beside the best and final validation BLEU, for TensorBoard's HParams tab: one
+        HParams record in the run's own events (no run of its own), whose metrics are its `valid/` scalars."""
         hparam_values = {}
         for section, values in config_to_dict(self.cfg).items():
             for key, value in (values.items() if isinstance(values, dict) else [("", values)]):

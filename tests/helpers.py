@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import io
 import logging
 import os
@@ -11,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -269,11 +272,162 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
             done.touch()
     return folder
 
-# --- limits on what a process may write ------------------------------------------------
+# --- processes of their own, started in a moment ---------------------------------------------
 
 # No bytecode written: under a file-size limit Python would leave truncated .pyc files behind.
 LIMITED_ENV = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": PYTHONPATH,
                "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def forked(function, *, cwd: Path, env: dict[str, str] = LIMITED_ENV, limit: int | None = None,
+           namespace: bool = False, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`function()` in a child forked from this test process, its return value (or `sys.exit`'s) the exit
+    code: a process of its own (its exit code or killing signal, limits, mounts, nothing it changes
+    reaches this one), without the seconds a fresh interpreter takes to import torch, tmt and their
+    libraries (imported here first). Its stdin is empty; stdout and stderr are returned as text.
+    `limit`: files may not grow past `limit` bytes (`size_limited`); `namespace`: it runs as root in user
+    and mount namespaces of its own (as `unshare -rm`), where `mount_tmpfs` mounts. What a fresh
+    interpreter does itself (imports, start-up, the console script) is tested with `tmt` instead."""
+    importlib.import_module("torch._dynamo")  # what an optimizer imports: imported once, here
+
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(out_r)
+        os.close(err_r)
+        _run_child(function, cwd, env, limit, namespace, out_w, err_w)
+    os.close(out_w)
+    os.close(err_w)
+    try:
+        out, err = _read_until_closed(out_r, err_r, deadline=time.monotonic() + timeout)
+    except subprocess.TimeoutExpired:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise subprocess.TimeoutExpired(getattr(function, "__name__", "forked"), timeout) from None
+    _, status = os.waitpid(pid, 0)
+    return subprocess.CompletedProcess([getattr(function, "__name__", "forked")], os.waitstatus_to_exitcode(status),
+                                       out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+
+def _read_until_closed(*fds: int, deadline: float) -> list[bytes]:
+    """Everything written to the pipes `fds` until every writer closed them."""
+    import selectors
+
+    chunks = {fd: [] for fd in fds}
+    with selectors.DefaultSelector() as selector:
+        for fd in fds:
+            selector.register(fd, selectors.EVENT_READ)
+        while selector.get_map():
+            ready = selector.select(timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                for fd in fds:
+                    os.close(fd)
+                raise subprocess.TimeoutExpired("forked", 0)
+            for key, _ in ready:
+                data = os.read(key.fd, 65536)
+                if data:
+                    chunks[key.fd].append(data)
+                else:
+                    selector.unregister(key.fd)
+                    os.close(key.fd)
+    return [b"".join(chunks[fd]) for fd in fds]
+
+
+def _run_child(function, cwd: Path, env: dict[str, str], limit: int | None, namespace: bool, out_w: int,
+               err_w: int) -> None:
+    """The forked child: made to look like a fresh process (standard streams on the pipes, default
+    signals, the given environment, no logging handlers, none of the parent's exit handlers), then
+    `function()`; it ends with os._exit, so nothing of the test process runs twice."""
+    import atexit
+
+    code = 70
+    try:
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.close(out_w)
+        os.close(err_w)
+        sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", closefd=False)
+        sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False)
+        sys.stderr = sys.__stderr__ = open(2, "w", encoding="utf-8", errors="backslashreplace", buffering=1,
+                                           closefd=False)
+        atexit._clear()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig in (signal.SIGTERM, signal.SIGXFSZ, signal.SIGALRM):
+            signal.signal(sig, signal.SIG_DFL)
+        logging.root.handlers.clear()
+        logging.root.setLevel(logging.WARNING)
+        logging.Logger.manager._clear_cache()
+        os.environ.clear()
+        os.environ.update(env)
+        if env.get("OMP_NUM_THREADS", "").isdigit():  # what a fresh process's torch reads at start
+            torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+        sys.dont_write_bytecode = True
+        os.chdir(cwd)
+        if namespace:
+            _enter_namespaces()
+        if limit is not None:
+            size_limited(limit)()
+        result = function()
+        code = 0 if result is None else result
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        if stop.code is not None and not isinstance(stop.code, int):
+            print(stop.code, file=sys.stderr)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code if isinstance(code, int) else 70)
+
+
+def _libc_call(name: str, *args) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if getattr(libc, name)(*args) != 0:
+        number = ctypes.get_errno()
+        raise OSError(number, f"{name}: {os.strerror(number)}")
+
+
+def _enter_namespaces() -> None:
+    """Root in new user and mount namespaces, mounts private (what `unshare -rm` does)."""
+    uid, gid = os.getuid(), os.getgid()
+    _libc_call("unshare", 0x10000000 | 0x00020000)  # CLONE_NEWUSER | CLONE_NEWNS
+    Path("/proc/self/setgroups").write_text("deny")
+    Path("/proc/self/uid_map").write_text(f"0 {uid} 1")
+    Path("/proc/self/gid_map").write_text(f"0 {gid} 1")
+    _libc_call("mount", b"none", b"/", None, 1 << 14 | 1 << 18, None)  # MS_REC | MS_PRIVATE
+
+
+def mount_tmpfs(folder: Path, size: str, fill: bool = False) -> None:
+    """A tmpfs of `size` (e.g. "64k") at `folder`, in a child `forked` with `namespace`; `fill`: filled up
+    by a file named `filler`."""
+    folder.mkdir(exist_ok=True)
+    _libc_call("mount", b"tmpfs", str(folder).encode(), b"tmpfs", 0, f"size={size}".encode())
+    if fill:
+        with open(folder / "filler", "wb", buffering=0) as filler:
+            with contextlib.suppress(OSError):  # no space left
+                while True:
+                    filler.write(bytes(4096))
+
+
+def run_tmt(*args: str) -> int:
+    """`tmt ARGS` as the console script runs it, in this process (for `forked`): its exit code."""
+    sys.argv = ["tmt", *args]
+    try:
+        cli.run()
+    except SystemExit as stop:
+        return stop.code
+    return 0
 
 
 def size_limited(limit: int):
@@ -286,9 +440,8 @@ def size_limited(limit: int):
 
 
 def tmt_limited(*args: str, cwd: Path, limit: int) -> subprocess.CompletedProcess:
-    """`tmt ARGS` as a user runs it under `ulimit -f` (in bytes)."""
-    return subprocess.run([sys.executable, "-m", "transformer_mt", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env=LIMITED_ENV, preexec_fn=size_limited(limit))
+    """`tmt ARGS` as a user runs it under `ulimit -f` (in bytes), in a forked process."""
+    return forked(lambda: run_tmt(*args), cwd=cwd, limit=limit)
 
 
 def can_mount_a_small_filesystem() -> bool:

@@ -7,19 +7,19 @@ console script calls; cli/test_cli.py covers the same path in subprocesses.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import sacrebleu
 import torch
 
-from tests.helpers import (DEMO_CONFIG, PYTHONPATH, TINY_PAIRS, read_scalars, run_cli, tiny_config, train_tiny_run,
-                           write_corpus)
+from tests.helpers import (DEMO_CONFIG, PYTHONPATH, TINY_PAIRS, forked, read_scalars, run_cli, tiny_config,
+                           train_tiny_run, write_corpus)
 from transformer_mt.config.loading import load_config, save_config
 from transformer_mt.core.errors import CheckpointError, DataError, Terminated, TrainingError, TrainingStopped
 from transformer_mt.core.files import write_text_atomic
@@ -660,67 +660,63 @@ def test_an_interrupted_train_command_says_how_to_go_on(checkpoint, tiny_run: Pa
 # Runs `train` in a child process that SIGKILLs itself at a chosen point: `step@N` before
 # update N+1, `write@N` half-way through writing the N-th checkpoint file, `rename@N` just
 # before the N-th checkpoint rename (the temp file complete), `validate@N` inside the N-th
-# validation. With `resume`, it continues the run instead (and is not killed).
-DRIVER = r"""
-import logging, os, signal, sys
-from pathlib import Path
-import torch
-torch.set_num_threads(1)
-logging.basicConfig(level=logging.INFO)
-from transformer_mt.runs import checkpoint
-from transformer_mt.train import trainer as training
-from transformer_mt.train import step as train_step_module
-from transformer_mt.runs import run_dir as run_dir_module
-from transformer_mt.config.loading import load_config
+# validation. With `resume`, it continues the run instead (and is not killed). The patches
+# are made in the child, whose memory is its own.
+def train_killed_at(config: Path, run_dir: Path, mode: str) -> None:
+    from transformer_mt.runs import checkpoint
+    from transformer_mt.runs import run_dir as run_dir_module
 
-config, run_dir, mode = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-point, _, n = mode.partition("@")
-n, calls = int(n or 0), []
+    logging.basicConfig(level=logging.INFO)
+    point, _, n = mode.partition("@")
+    n, calls = int(n or 0), []
 
-def kill_on_nth_call():
-    calls.append(1)
-    if len(calls) == n:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-if point == "step":
-    real_step = train_step_module.TrainStep.run
-    def train_step(self, *args, **kwargs):
-        if self.state.step == n:
+    def kill_on_nth_call():
+        calls.append(1)
+        if len(calls) == n:
             os.kill(os.getpid(), signal.SIGKILL)
-        return real_step(self, *args, **kwargs)
-    train_step_module.TrainStep.run = train_step
-elif point == "write":
-    real_save = torch.save
-    def save(obj, handle):
-        real_save(obj, handle)
-        if len(calls) + 1 == n:
-            handle.flush()
-            handle.truncate(handle.tell() // 2)  # what the disk holds when the process dies mid-write
-        kill_on_nth_call()
-    torch.save = save
-elif point == "rename":
-    real_replace = os.replace
-    def replace(src, dst):
-        if str(dst).endswith(".pt"):
-            kill_on_nth_call()
-        real_replace(src, dst)
-    checkpoint.os.replace = replace
-elif point == "validate":
-    real_validate = training.Trainer.validate
-    def validate(self, writer):
-        kill_on_nth_call()
-        return real_validate(self, writer)
-    training.Trainer.validate = validate
 
-resume = point == "resume"
-run_dir_module.prepare_run_dir(run_dir, resume=resume, overwrite=False)
-training.train(load_config(config), run_dir, resume=resume, progress=False)
-"""
+    if point == "step":
+        real_step = train_step_module.TrainStep.run
+
+        def train_step(self, *args, **kwargs):
+            if self.state.step == n:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real_step(self, *args, **kwargs)
+        train_step_module.TrainStep.run = train_step
+    elif point == "write":
+        real_save = torch.save
+
+        def save(obj, handle):
+            real_save(obj, handle)
+            if len(calls) + 1 == n:
+                handle.flush()
+                handle.truncate(handle.tell() // 2)  # what the disk holds when the process dies mid-write
+            kill_on_nth_call()
+        torch.save = save
+    elif point == "rename":
+        real_replace = os.replace
+
+        def replace(src, dst):
+            if str(dst).endswith(".pt"):
+                kill_on_nth_call()
+            real_replace(src, dst)
+        checkpoint.os.replace = replace
+    elif point == "validate":
+        real_validate = training.Trainer.validate
+
+        def validate(self, writer):
+            kill_on_nth_call()
+            return real_validate(self, writer)
+        training.Trainer.validate = validate
+
+    resume = point == "resume"
+    run_dir_module.prepare_run_dir(run_dir, resume=resume, overwrite=False)
+    training.train(load_config(config), run_dir, resume=resume, progress=False)
 
 
 def drive(config: Path, run_dir: Path, mode: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", DRIVER, str(config), str(run_dir), mode], capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"})
+    return forked(lambda: train_killed_at(config, run_dir, mode), cwd=run_dir.parent,
+                  env={**os.environ, "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"})
 
 
 @pytest.fixture(scope="module")

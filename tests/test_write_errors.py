@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -16,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import (LIMITED_ENV as ENV, TINY_PAIRS, can_mount_a_small_filesystem,
-                           size_limited, tiny_config, tmt_limited, write_corpus)
+from tests.helpers import (LIMITED_ENV as ENV, TINY_PAIRS, can_mount_a_small_filesystem, forked, mount_tmpfs,
+                           run_tmt, size_limited, tiny_config, tmt_limited, write_corpus)
 from transformer_mt.config.loading import save_config
 from transformer_mt.core.files import describe_os_error
+from transformer_mt.runs import run_dir as run_dir_module
 
 FILE_TOO_LARGE = "File too large (a file-size limit)"
 NO_SPACE = r"No space left on device; [\d,]+ bytes free there"
@@ -30,14 +30,14 @@ def tmt_on_full_disk(*args: str, cwd: Path, disk: Path, size: str = "64k", fill:
                      ) -> tuple[subprocess.CompletedProcess, list[str]]:
     """`tmt ARGS` with a tmpfs of `size` mounted at `disk` (filled first, unless `fill` is false);
     and what it holds afterwards (relative paths, the filler left out)."""
-    disk.mkdir(exist_ok=True)
     listing = cwd / "left_on_disk.txt"
-    filler = f"dd if=/dev/zero of={disk}/filler bs=4k 2>/dev/null; " if fill else ""
-    command = shlex.join([sys.executable, "-m", "transformer_mt", *args])
-    script = (f"mount -t tmpfs -o size={size} tmpfs {disk} && {{ {filler}{command}; rc=$?; "
-              f"(cd {disk} && find . -mindepth 1 ! -name filler) > {listing}; exit $rc; }}")
-    result = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=cwd, capture_output=True, text=True,
-                            timeout=300, env=ENV)
+
+    def on_a_small_disk() -> int:
+        mount_tmpfs(disk, size, fill)
+        code = run_tmt(*args)
+        listing.write_text("\n".join(str(p.relative_to(disk)) for p in disk.rglob("*") if p.name != "filler"))
+        return code
+    result = forked(on_a_small_disk, cwd=cwd, namespace=True)
     return result, sorted(listing.read_text().split()) if listing.exists() else ["(not listed)"]
 
 
@@ -129,26 +129,17 @@ def test_a_tokenizer_on_a_full_disk_is_named_and_leaves_no_run(tmp_path: Path):
     assert left == []
 
 
-# `tmt train` in a mount namespace where `run/FOLDER` is a full tmpfs, mounted once the run directory is prepared.
-FOLDER_ON_A_FULL_DISK = """
-import subprocess, sys
-from pathlib import Path
-from transformer_mt.cli import main as cli
-from transformer_mt.runs import run_dir as run_dir_module
+def train_with_a_full_folder(config: Path, run: Path, folder: str) -> int:
+    """`tmt train` where `run/FOLDER` is a full tmpfs, mounted once the run directory is prepared (in a
+    child `forked` with a namespace of its own: the patch is the child's alone)."""
+    prepare = run_dir_module.prepare_run_dir
 
-config, run, folder = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-prepare = run_dir_module.prepare_run_dir
-
-def prepare_then_fill(*args, **kwargs):
-    lock = prepare(*args, **kwargs)
-    (run / folder).mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(run / folder)], check=True)
-    subprocess.run(["dd", "if=/dev/zero", f"of={run / folder}/filler", "bs=4k"], capture_output=True)
-    return lock
-
-run_dir_module.prepare_run_dir = prepare_then_fill
-sys.exit(cli.main(["train", "--config", config, "--run-dir", str(run), "--no-progress"]))
-"""
+    def prepare_then_fill(*args, **kwargs):
+        lock = prepare(*args, **kwargs)
+        mount_tmpfs(run / folder, "4k", fill=True)
+        return lock
+    run_dir_module.prepare_run_dir = prepare_then_fill
+    return run_tmt(*train_args(config, run))
 
 
 @needs_tmpfs
@@ -157,8 +148,7 @@ sys.exit(cli.main(["train", "--config", config, "--run-dir", str(run), "--no-pro
     ("checkpoints", "could not write checkpoint ")])
 def test_a_folder_of_the_run_on_a_full_disk_stops_training_naming_the_file(folder, what, tmp_path: Path):
     config, run = corpus_config(tmp_path), tmp_path / "run"
-    result = subprocess.run(["unshare", "-rm", sys.executable, "-c", FOLDER_ON_A_FULL_DISK, str(config), str(run),
-                             folder], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
+    result = forked(lambda: train_with_a_full_folder(config, run, folder), cwd=tmp_path, namespace=True)
     # The line ends with the free bytes: the first checkpoint has no earlier ones to call intact.
     assert_one_line(result, rf"tmt: error: {what}{run}/{folder}/\S+: {NO_SPACE}")
 
@@ -166,8 +156,7 @@ def test_a_folder_of_the_run_on_a_full_disk_stops_training_naming_the_file(folde
 @needs_tmpfs
 def test_tensorboard_events_on_a_full_disk_warn_once_naming_them_and_training_goes_on(tmp_path: Path):
     config, run = corpus_config(tmp_path), tmp_path / "run"
-    result = subprocess.run(["unshare", "-rm", sys.executable, "-c", FOLDER_ON_A_FULL_DISK, str(config), str(run),
-                             "tensorboard"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
+    result = forked(lambda: train_with_a_full_folder(config, run, "tensorboard"), cwd=tmp_path, namespace=True)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     assert len(re.findall(rf"TensorBoard: cannot write {run}/tensorboard\S* \({NO_SPACE}\); training goes on",

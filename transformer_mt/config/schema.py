@@ -435,6 +435,11 @@ class DecodeConfig:
     faster, close to fp32. Validation and the final test decode as `none`."""
     engine: Literal["auto", "torch", "ctranslate2"] = "auto"
     """Inference engine for translate/evaluate: auto = CTranslate2 on a CPU when installed, else torch."""
+    target_lang: str | None = None
+    """The target language of a multilingual model (one whose vocabulary has target-language tags
+    such as `>>ita<<`, OPUS-MT's or `data.corpora`'s `target_lang`): `ita` puts the token `>>ita<<`
+    before each source of translate, evaluate, score and serve. Needed when the model knows two
+    tags or more; a source line that begins with a tag of the model keeps its own. Unset: none."""
 
     def validate(self, p: Problems, cfg: Config) -> None:
         p.at_least("decode.max_len_a", self.max_len_a, 0)
@@ -451,6 +456,17 @@ class DecodeConfig:
                   f"keep with tokenizer.vocab_size={vocab_size} (all tokens but PAD, BOS and EOS)",
                   "tokenizer.vocab_size")
         p.at_least("decode.length_penalty", self.length_penalty, 0)
+        if self.target_lang is not None and (problem := language_code_problem(self.target_lang)):
+            p.add(f"decode.target_lang: {problem}")
+
+
+def language_code_problem(lang: str) -> str | None:
+    """What is wrong with `lang` as the language code of a target-language tag (`ita`, not `>>ita<<`), or None."""
+    if lang.startswith(">>") or lang.endswith("<<"):
+        return f"give the language code alone, e.g. {lang.strip('<>')!r} for the tag {lang!r}"
+    if not lang or any(c.isspace() or c in "<>" for c in lang):
+        return f"{lang!r} must be a language code such as 'ita' (it names the tag >>ita<<)"
+    return None
 
 
 @dataclass(frozen=True)

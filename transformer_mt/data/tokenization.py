@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -42,6 +43,21 @@ def model_source(ids: Sequence[T], max_len: int, eos: T = EOS_ID) -> list[T]:
     return [*ids[:token_room(max_len)], eos]
 
 
+def language_tag(lang: str) -> str:
+    """The source token that asks a multilingual model for target language `lang`: `>>lang<<` (OPUS-MT's)."""
+    return f">>{lang}<<"
+
+
+def is_language_tag(piece: str) -> bool:
+    return len(piece) > 4 and piece.startswith(">>") and piece.endswith("<<")
+
+
+def leading_tag(line: str) -> tuple[str | None, str]:
+    """A line's leading `>>xxx<<` and the text after it, as `MarianTokenizer` splits one off; (None, line) without."""
+    end = line.find("<<", 2) if line.startswith(">>") else -1
+    return (line[:end + 2], line[end + 2:]) if end > 2 else (None, line)
+
+
 # Lines with a longer run of non-space characters are left out of BPE training (its time grows with
 # the square of a word's length); they are still tokenized.
 MAX_WORD_CHARS = 1000
@@ -70,9 +86,26 @@ class TokenizerPair:
         kinds = dict.fromkeys(type(t.model).__name__ for t in (self.src, self.tgt))
         return " and ".join(kinds)
 
-    def encode_src(self, lines: list[str]) -> list[list[int]]:
-        """Token ids of each source line, without special tokens."""
-        return [e.ids for e in self.src.encode_batch(lines, add_special_tokens=False)]
+    @cached_property
+    def language_tags(self) -> dict[str, int]:
+        """The target-language tags of the source vocabulary (`>>ita<<` -> its id), by id."""
+        vocab = self.src.get_vocab(with_added_tokens=True)
+        return {piece: i for piece, i in sorted(vocab.items(), key=lambda item: item[1]) if is_language_tag(piece)}
+
+    def encode_src(self, lines: list[str], tag: str | None = None) -> list[list[int]]:
+        """Token ids of each source line, without special tokens. A line that begins with one of
+        `language_tags` keeps it as its first token (the rest encoded as `MarianTokenizer` does);
+        the others begin with `tag`'s token when a tag is given (one of `language_tags`)."""
+        tags = self.language_tags
+        if not tags:
+            return [e.ids for e in self.src.encode_batch(lines, add_special_tokens=False)]
+        firsts, texts = [], []
+        for line in lines:
+            lead, rest = leading_tag(line)
+            known = lead in tags
+            firsts.append([tags[lead]] if known else [tags[tag]] if tag else [])
+            texts.append(rest if known else line)
+        return [first + e.ids for first, e in zip(firsts, self.src.encode_batch(texts, add_special_tokens=False))]
 
     def encode_tgt(self, lines: list[str]) -> list[list[int]]:
         """Token ids of each target line, without special tokens."""

@@ -43,11 +43,6 @@ def model_source(ids: Sequence[T], max_len: int, eos: T = EOS_ID) -> list[T]:
     return [*ids[:token_room(max_len)], eos]
 
 
-def language_tag(lang: str) -> str:
-    """The source token that asks a multilingual model for target language `lang`: `>>lang<<` (OPUS-MT's)."""
-    return f">>{lang}<<"
-
-
 def is_language_tag(piece: str) -> bool:
     return len(piece) > 4 and piece.startswith(">>") and piece.endswith("<<")
 
@@ -166,18 +161,26 @@ class TokenizerPair:
 
 
 def train_tokenizers(cfg: TokenizerConfig, src_lines: Iterable[str], tgt_lines: Iterable[str],
-                     progress: bool = False, n_lines: int | None = None) -> TokenizerPair:
-    """Train BPE, joint or one per language, reading the lines once; `n_lines` per side sizes the progress bar."""
+                     progress: bool = False, n_lines: int | None = None, tags: Sequence[str] = ()) -> TokenizerPair:
+    """Train BPE, joint or one per language, reading the lines once; `n_lines` per side sizes the progress bar.
+    The target-language `tags` (`>>ita<<`) are special tokens of the source side, which learns from
+    its lines without their leading tag."""
     n = len(src_lines) if n_lines is None else n_lines  # type: ignore[arg-type]
+    if tags:
+        def untagged(line: str) -> str:
+            lead, rest = leading_tag(line)
+            return rest.lstrip() if lead in tags else line
+
+        src_lines = map(untagged, src_lines)
     if cfg.joint:
-        joint = _train_bpe(cfg, chain(src_lines, tgt_lines), 2 * n, "BPE (joint)", progress)
+        joint = _train_bpe(cfg, chain(src_lines, tgt_lines), 2 * n, "BPE (joint)", progress, tags)
         return TokenizerPair(joint, joint)
-    return TokenizerPair(_train_bpe(cfg, iter(src_lines), n, "BPE (source)", progress),
+    return TokenizerPair(_train_bpe(cfg, iter(src_lines), n, "BPE (source)", progress, tags),
                          _train_bpe(cfg, iter(tgt_lines), n, "BPE (target)", progress))
 
 
 def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int, desc: str = "BPE",
-               progress: bool = False) -> Tokenizer:
+               progress: bool = False, tags: Sequence[str] = ()) -> Tokenizer:
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
     _text_is_text(tokenizer)
     tokenizer.normalizer = normalizers.NFC()
@@ -187,7 +190,7 @@ def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int, desc: s
     ])
     tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
     trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
-                                  special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+                                  special_tokens=[*SPECIAL_TOKENS, *tags], show_progress=False)
     from tqdm import tqdm  # not on `tmt translate`'s path
 
     # A bar on stderr when it is a terminal, gone once done.

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from transformer_mt.config.loading import config_from_dict
-from transformer_mt.config.schema import Config, DecodeConfig
+from transformer_mt.config.schema import Config, DecodeConfig, language_tag
 from transformer_mt.core.errors import CheckpointError, ConfigError, DataError, TmtError, UsageError
 from transformer_mt.core.files import describe_os_error
 from transformer_mt.core.run_layout import find_checkpoint
-from transformer_mt.data.tokenization import EOS, TokenizerPair, language_tag, leading_tag, token_room
+from transformer_mt.data.tokenization import EOS, TokenizerPair, leading_tag, token_room
 from transformer_mt.decode.ct2_engine import CT2Engine, conversion_dir, convert, find_conversion
 from transformer_mt.decode.hypotheses import Hypothesis
 

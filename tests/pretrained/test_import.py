@@ -455,3 +455,23 @@ def test_serve_takes_a_target_language_per_request(imported_tagged, monkeypatch,
     assert default == (200, {"translations": answers["fra"]})
     assert asked["spa"][0] == 422 and "no tag >>spa<<" in asked["spa"][1]["error"]
     assert health["target_lang"] == "fra" and health["target_tags"] == list(TAGS)
+
+
+def test_the_hf_export_of_a_multilingual_run_reads_a_leading_tag_as_one_token(opus_tagged, imported_tagged,
+                                                                             monkeypatch, capsys, tmp_path):
+    from transformer_mt.data.tokenization import EOS_ID
+    from transformer_mt.decode.translator import Translator
+
+    code, _, err = run_cli(["export", "--format", "hf", "--run", str(imported_tagged), "--output",
+                            str(tmp_path / "hf")], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf").eval()
+    lines = TEST_SOURCES.read_text(encoding="utf-8").splitlines()[:10]
+    tagged = [">>ita<< " + line for line in lines]
+    expected = Translator.from_run(imported_tagged, engine="torch").source_ids(lines, "ita")
+    assert tokenizer(tagged).input_ids == [ids + [EOS_ID] for ids in expected]
+    with torch.no_grad():
+        out = model.generate(**tokenizer(tagged, padding=True, return_tensors="pt"), num_beams=1, do_sample=False,
+                             max_new_tokens=MAX_NEW)
+    assert tokenizer.batch_decode(out, skip_special_tokens=True) == generate(opus_tagged, tagged, num_beams=1)

@@ -116,7 +116,45 @@ def test_the_data_report_gives_each_corpus_its_pairs_tokens_and_share(corpora, t
     assert report.corpora[0].tgt_share == pytest.approx(first_share)
     assert report.to_dict()["corpora"][1] == {"path": str(corpora[1]), "pairs": 8, "weight": 0.5, "share": 0.25,
                                                "tgt_tokens": report.corpora[1].tgt_tokens,
-                                               "tgt_share": pytest.approx(1 - first_share)}
+                                               "tgt_share": pytest.approx(1 - first_share), "pair": None}
+
+
+def test_tagged_corpora_train_a_multilingual_model_scored_per_language_pair(tmp_path: Path, monkeypatch, capsys):
+    # Johnson et al. 2017: each corpus's sources begin with its target-language tag, a token of the
+    # trained tokenizer; validation and test come from both corpora and are scored per pair too.
+    french = [(f"Number {i} is here.", f"Le numéro {i} est ici.") for i in range(8)]
+    ita = write_corpus(tmp_path / "ita", {"train": TINY_PAIRS, "valid": TINY_PAIRS[:3], "test": TINY_PAIRS[3:5]})
+    fra = write_corpus(tmp_path / "fra", {"train": french, "valid": french[:2], "test": french[2:4]})
+    cfg = tiny_config("", data={"path": "", "corpora": [{"path": str(ita), "target_lang": "ita"},
+                                                        {"path": str(fra), "target_lang": "fra"}]},
+                      train={"batch_tokens": 128, "max_steps": 3, "eval_every_steps": 3, "save_every_steps": 3})
+    save_config(cfg, tmp_path / "multi.yaml")
+    code, out, err = run_cli(["data", "--config", "multi.yaml"], monkeypatch, capsys, tmp_path)
+    assert code == 0 and f"{ita} (en-ita)" in out and f"{fra} (en-fra)" in out, out + err
+    code, _, err = run_cli(["train", "--config", "multi.yaml", "--run-dir", "runs/multi", "--no-progress"],
+                           monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    run = tmp_path / "runs" / "multi"
+    corpus = load_corpus(cfg.data, cfg.seed, run)
+    assert corpus.train["src"] == [f">>ita<< {s}" for s, _ in TINY_PAIRS] + [f">>fra<< {s}" for s, _ in french]
+    assert corpus.valid["src"] == [f">>ita<< {s}" for s, _ in TINY_PAIRS[:3]] + [f">>fra<< {s}" for s, _ in french[:2]]
+    from transformer_mt.data.tokenization import TokenizerPair
+
+    tokenizers = TokenizerPair.load(run)
+    assert set(tokenizers.language_tags) == {">>ita<<", ">>fra<<"}
+    first = tokenizers.encode_src(corpus.train["src"][:1])[0]  # the tag is one token, the rest as untagged
+    assert first == [tokenizers.language_tags[">>ita<<"], *tokenizers.encode_src([TINY_PAIRS[0][0]])[0]]
+    summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    valid, test = summary["last_valid"]["pairs"], summary["test"]["pairs"]
+    assert {pair: scores["sentences"] for pair, scores in valid.items()} == {"en-fra": 2, "en-ita": 3}
+    assert {pair: scores["sentences"] for pair, scores in test.items()} == {"en-fra": 2, "en-ita": 2}
+    assert all(set(scores) == {"sentences", "bleu", "chrf"} for scores in (*valid.values(), *test.values()))
+    assert "validation at step 3 per language pair: en-fra BLEU" in err and "test per language pair: en-fra" in err
+    code, _, err = run_cli(["translate", "--run", str(run), "Good morning."], monkeypatch, capsys, tmp_path)
+    assert code == 2 and "this model translates into 2 languages (ita, fra)" in err, err
+    code, out, err = run_cli(["translate", "--run", str(run), "--target-lang", "fra", "Good morning."], monkeypatch,
+                             capsys, tmp_path)
+    assert code == 0, err
 
 
 def test_training_on_mixed_corpora_resumes_exactly(corpora, tmp_path: Path):
@@ -143,6 +181,11 @@ def test_training_on_mixed_corpora_resumes_exactly(corpora, tmp_path: Path):
     ({"corpora": [{"path": "a", "weight": -1}]}, "data.corpora[0].weight: must be positive, got -1.0"),
     ({"corpora": [{"path": "a", "wieght": 2}]}, "data.corpora[0].wieght: unknown key (did you mean 'weight'?)"),
     ({"corpora": ["a"]}, "data.corpora[0]: expected a mapping, got 'a' (str)"),
+    ({"corpora": [{"path": "a", "target_lang": "ita"}, {"path": "b"}]},
+     "data.corpora[1].target_lang: missing; with target-language tags every corpus names its target_lang (its "
+     "sources carry the tag)"),
+    ({"corpora": [{"path": "a", "target_lang": ">>ita<<"}]},
+     "data.corpora[0].target_lang: give the language code alone, e.g. 'ita' for the tag '>>ita<<'"),
     ({"corpora": {"path": "a"}}, "data.corpora: expected a list of mappings, got {'path': 'a'} (dict)"),
     ({"path": "x", "corpora": [{"path": "a"}]},
      "data.corpora: given together with data.path; list every corpus under data.corpora (the first gives "

@@ -341,3 +341,137 @@ def test_a_hub_model_without_safetensors_downloads_its_pytorch_weights(opus, mon
                            tmp_path)
     assert code == 0, err
     assert "pytorch_model.bin" not in asked[0] and asked[1] == ["pytorch_model.bin"]
+
+
+# --- a multilingual model: target-language tags -------------------------------------------------
+
+TAGS = (">>fra<<", ">>ita<<")
+
+
+@pytest.fixture(scope="module")
+def opus_tagged(opus: Opus, tmp_path_factory) -> Opus:
+    """The test model made multilingual as OPUS-MT's en-roa: the tags >>fra<< and >>ita<< added to its
+    vocab.json, with new embedding rows (built once for the session)."""
+    def build(root: Path) -> None:
+        import shutil
+
+        folder = root / "opus-mt-en-roa"
+        shutil.copytree(opus.folder, folder)
+        vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+        vocab.update({tag: len(vocab) + i for i, tag in enumerate(TAGS)})
+        (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+        model = transformers.MarianMTModel.from_pretrained(opus.folder)
+        torch.manual_seed(0)
+        model.resize_token_embeddings(len(vocab), mean_resizing=False)
+        with torch.no_grad():  # rows that change the translations: each tag asks for other ones
+            model.get_input_embeddings().weight[-len(TAGS):].normal_(0, 0.1)
+        model.save_pretrained(folder)
+
+    folder = built_once(tmp_path_factory, "opus-tagged", build) / "opus-mt-en-roa"
+    return Opus(folder, transformers.MarianMTModel.from_pretrained(folder).eval(),
+                transformers.MarianTokenizer.from_pretrained(folder))
+
+
+@pytest.fixture(scope="module")
+def imported_tagged(opus_tagged: Opus, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    done = tmt("import", str(opus_tagged.folder), "--run-dir", "runs/roa", cwd=root)
+    assert done.returncode == 0, done.stderr
+    return root / "runs" / "roa"
+
+
+def test_a_multilingual_model_needs_a_target_language_it_knows(imported_tagged, monkeypatch, capsys):
+    def refusal(*options: str) -> str:
+        code, _, err = run_cli(["translate", "--run", str(imported_tagged), *options, "Good morning."],
+                               monkeypatch, capsys, imported_tagged.parent)
+        assert code == 2 and err.count("\n") == 1, err
+        return err
+
+    assert "this model translates into 2 languages (fra, ita): choose one with --target-lang" in refusal()
+    assert "target language 'spa': this model has no tag >>spa<< (it knows fra, ita)" in refusal("--target-lang", "spa")
+    assert "did you mean 'ita'?" in refusal("--target-lang", "itl")
+    with pytest.raises(SystemExit):  # argparse's refusal
+        run_cli(["translate", "--run", str(imported_tagged), "--target-lang", ">>ita<<", "Good morning."],
+                monkeypatch, capsys, imported_tagged.parent)
+    assert "--target-lang: give the language code alone, e.g. 'ita'" in capsys.readouterr().err
+    code, out, err = run_cli(["translate", "--run", str(imported_tagged), ">>spa<< Good morning."],
+                             monkeypatch, capsys, imported_tagged.parent)
+    assert code == 2 and "line 1 begins with >>spa<<, not a tag of this model" in err, err
+
+
+def test_tagged_sources_get_marian_tokenizers_ids(opus_tagged, imported_tagged):
+    from transformer_mt.decode.translator import Translator
+    from transformer_mt.pretrained.marian_tokenizer import marian_tokenizers
+
+    tmt_id = marian_tokenizers(opus_tagged.folder)[1].tmt_ids()
+    translator = Translator.from_run(imported_tagged, engine="torch")
+    lines = TEST_SOURCES.read_text(encoding="utf-8").splitlines()
+    assert list(translator.tokenizers.language_tags) == list(TAGS)
+
+    def marian(texts: list[str]) -> list[list[int]]:
+        return [[tmt_id[i] for i in ids[:-1]] for ids in opus_tagged.tokenizer(texts).input_ids]  # no </s>
+
+    assert translator.source_ids(lines, "ita") == marian([">>ita<< " + line for line in lines])
+    # A line's own tag wins over --target-lang's, and is one token however it is spaced.
+    own = [">>fra<< " + lines[0], ">>fra<<" + lines[1], lines[2]]
+    assert translator.source_ids(own, "ita") == marian([own[0], own[1], ">>ita<< " + lines[2]])
+    assert translator.source_ids(own[:2]) == marian(own[:2])  # no --target-lang needed
+
+
+@pytest.mark.parametrize("engine", ["torch", "ctranslate2"])
+def test_translate_with_a_target_language_equals_generate_on_tagged_sources(opus_tagged, imported_tagged, engine,
+                                                                            monkeypatch, capsys):
+    if engine == "ctranslate2":
+        pytest.importorskip("ctranslate2")
+    lines = TEST_SOURCES.read_text(encoding="utf-8").splitlines()[:20]
+    code, out, err = run_cli(["translate", "--run", str(imported_tagged), "--engine", engine, "--beam", "1",
+                              "--target-lang", "ita", "--quiet", *lines], monkeypatch, capsys, imported_tagged.parent)
+    assert code == 0, err
+    assert out.splitlines() == generate(opus_tagged, [">>ita<< " + line for line in lines], num_beams=1)
+
+
+def test_serve_takes_a_target_language_per_request(imported_tagged, monkeypatch, capsys, tmp_path):
+    import shutil
+
+    from tests.serve.test_serve import Server
+
+    shutil.copytree(imported_tagged, tmp_path / "runs" / "tiny")  # where the serving helper looks
+    lines = TEST_SOURCES.read_text(encoding="utf-8").splitlines()[:8]
+    answers = {}
+    for lang in ("ita", "fra"):
+        code, out, err = run_cli(["translate", "--run", "runs/tiny", "--target-lang", lang, *lines], monkeypatch,
+                                 capsys, tmp_path)
+        assert code == 0, err
+        answers[lang] = out.splitlines()
+    assert answers["ita"] != answers["fra"]
+    server = Server(tmp_path, "--target-lang", "fra")  # the server's default
+    try:
+        asked = {lang: server.post({"sentences": lines, "target_lang": lang}) for lang in ("ita", "spa")}
+        default = server.post({"sentences": lines})
+        status, health = server.get("health")
+    finally:
+        server.stop()
+    assert asked["ita"] == (200, {"translations": answers["ita"]})
+    assert default == (200, {"translations": answers["fra"]})
+    assert asked["spa"][0] == 422 and "no tag >>spa<<" in asked["spa"][1]["error"]
+    assert health["target_lang"] == "fra" and health["target_tags"] == list(TAGS)
+
+
+def test_the_hf_export_of_a_multilingual_run_reads_a_leading_tag_as_one_token(opus_tagged, imported_tagged,
+                                                                             monkeypatch, capsys, tmp_path):
+    from transformer_mt.data.tokenization import EOS_ID
+    from transformer_mt.decode.translator import Translator
+
+    code, _, err = run_cli(["export", "--format", "hf", "--run", str(imported_tagged), "--output",
+                            str(tmp_path / "hf")], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "hf").eval()
+    lines = TEST_SOURCES.read_text(encoding="utf-8").splitlines()[:10]
+    tagged = [">>ita<< " + line for line in lines]
+    expected = Translator.from_run(imported_tagged, engine="torch").source_ids(lines, "ita")
+    assert tokenizer(tagged).input_ids == [ids + [EOS_ID] for ids in expected]
+    with torch.no_grad():
+        out = model.generate(**tokenizer(tagged, padding=True, return_tensors="pt"), num_beams=1, do_sample=False,
+                             max_new_tokens=MAX_NEW)
+    assert tokenizer.batch_decode(out, skip_special_tokens=True) == generate(opus_tagged, tagged, num_beams=1)

@@ -29,12 +29,12 @@ class RecordingTranslator:
         if "boom" in lines:
             raise RuntimeError("the engine failed")
 
-    def translate(self, lines, beam_size):
-        self._record(lines, Options(beam_size))
+    def translate(self, lines, beam_size, target_lang=None):
+        self._record(lines, Options(beam_size, target_lang=target_lang))
         return [f"{line}/{beam_size}" for line in lines]
 
-    def translate_n_best(self, lines, n_best, beam_size):
-        self._record(lines, Options(beam_size, n_best, True))
+    def translate_n_best(self, lines, n_best, beam_size, target_lang=None):
+        self._record(lines, Options(beam_size, n_best, True, target_lang))
         return [[Translation(f"{line}/{beam_size}#{k}", -float(k), []) for k in range(n_best)] for line in lines]
 
 
@@ -60,6 +60,17 @@ def test_requests_queued_meanwhile_share_a_call_with_their_own_options():
     assert [[t.text for t in sentence] for sentence in results[3]] == [["e/4#0", "e/4#1"]]
     stats = batcher.stats()
     assert (stats.requests, stats.sentences, stats.batches, stats.largest_batch_requests) == (5, 6, 3, 2)
+
+
+def test_requests_for_another_target_language_go_in_their_own_call():
+    batcher, translator = busy_batcher()
+    ita, fra = Options(1, target_lang="ita"), Options(1, target_lang="fra")
+    futures = [batcher.submit(["a"], 2, ita), batcher.submit(["b"], 2, fra), batcher.submit(["c"], 2, ita)]
+    translator.release.set()
+    for future in futures:
+        future.result(WAIT)
+    batcher.close()
+    assert translator.calls[1:] == [(["a", "c"], ita), (["b"], fra)]
 
 
 def test_the_token_budget_splits_batches_and_a_large_request_goes_alone():

@@ -158,7 +158,9 @@ def test_bad_requests_get_a_4xx_with_one_line_and_the_server_keeps_answering(ser
         ({"sentences": ["a"], "scores": "yes"}, 422, "scores: input should be a valid boolean"),
         ({"sentences": ["a"], "beam": 2}, 422, "beam: not a field of a translation request"),
         ({"sentence": "a"}, 422, "sentence: not a field of a translation request (sentences, beam_size, n_best, "
-                                 "scores) (and 1 more problem)"),
+                                 "scores, target_lang) (and 1 more problem)"),
+        ({"sentences": ["a"], "target_lang": "ita"}, 422, "target language 'ita': this model has no target-language "
+                                                          "tags (>>xxx<<); it translates into it: leave out target_lang"),
         ({"sentences": ["a", "b", "c", "d"]}, 413, "sentences: 4 sentences; this server takes at most 3"),
         ({"sentences": ["a", too_long]}, 413, "sentences[1]: 80 tokens; this model translates at most 63"),
         ({"sentences": ["a"], "beam_size": 5}, 422, "beam_size: 5 is above this server's largest, 4"),

@@ -39,8 +39,8 @@ def add_command(commands, name: str, summary: str, epilog: str) -> argparse.Argu
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, progress: bool = True) -> None:
-    """--run / --checkpoint, --beam, --length-penalty, --quantize, --engine and --device, shared by translate,
-    evaluate and serve (with --quiet where a progress bar is drawn)."""
+    """--run / --checkpoint, --beam, --length-penalty, --quantize, --engine, --device and --target-lang, shared
+    by translate, evaluate and serve (with --quiet where a progress bar is drawn)."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--run", type=Path, help="run directory (default: the most recently updated run under ./runs)")
     source.add_argument("--checkpoint", type=Path, help="a checkpoint file inside a run's checkpoints/ folder")
@@ -59,8 +59,17 @@ def add_model_arguments(parser: argparse.ArgumentParser, progress: bool = True) 
     parser.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
                         help="where to translate (default auto: CUDA, else MPS, else the CPU; another GPU: "
                              "CUDA_VISIBLE_DEVICES=N)")
+    add_target_lang(parser)
     if progress:
         parser.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bar")
+
+
+def add_target_lang(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target-lang", metavar="LANG", type=language_code,
+                        help="the target language of a multilingual model (OPUS-MT's en-roa, or one trained on tagged "
+                             "data.corpora): puts its tag >>LANG<< before each source; needed when the model knows "
+                             "several; a line that begins with a tag of the model keeps its own (default: the run's "
+                             "decode.target_lang)")
 
 
 def _number(convert: type, accept, requirement: str):
@@ -86,6 +95,15 @@ probability = _number(float, lambda v: 0 < v <= 1, "above 0 and at most 1")
 non_negative_float = _number(float, lambda v: 0 <= v < math.inf, "a finite number of at least 0")
 port_number = _number(int, lambda v: 0 <= v <= 65535, "a port number from 0 to 65535")
 seed_number = _number(int, lambda v: -2 ** 63 <= v < 2 ** 63, "a whole number that fits in 64 bits (torch's seeds)")
+
+
+def language_code(text: str) -> str:
+    """A language code for a target-language tag: `ita` (for >>ita<<), refused as the tag itself or with spaces."""
+    from transformer_mt.config.schema import language_code_problem
+
+    if problem := language_code_problem(text):
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def path_or_dash(text: str) -> Path | str:

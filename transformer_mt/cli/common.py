@@ -39,7 +39,7 @@ def load_translator(args: argparse.Namespace):
               "(`tmt runs` lists them)", file=sys.stderr)
     elif training is not None:
         print(f"tmt: using {using})", file=sys.stderr)
-    chosen = {"length_penalty": args.length_penalty, "quantize": args.quantize}
+    chosen = {"length_penalty": args.length_penalty, "quantize": args.quantize, "target_lang": args.target_lang}
     translator.set_decoding(**{key: value for key, value in chosen.items() if value is not None})
     # A beam wider than the target tokens a hypothesis can continue with (all but PAD, BOS and EOS)
     # could not be filled at the first step, and a huge one runs out of memory.

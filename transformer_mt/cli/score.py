@@ -9,7 +9,7 @@ import logging
 import sys
 from pathlib import Path
 
-from transformer_mt.cli.arguments import STDIO, add_command, path_or_dash
+from transformer_mt.cli.arguments import STDIO, add_command, add_target_lang, path_or_dash
 from transformer_mt.cli.common import check_not_kept, check_output, load_translator, run_dir_of
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.core.errors import DataError, UsageError
@@ -48,6 +48,7 @@ def add_parser(commands) -> None:
                               "torch elsewhere); both give the same log-probabilities up to float rounding")
     scoring.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda", "mps"],
                          help="where to score (default auto: CUDA, else MPS, else the CPU)")
+    add_target_lang(scoring)
     scoring.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bar")
     scoring.set_defaults(beam=None, length_penalty=None)  # what the shared run loader reads
 

@@ -27,6 +27,11 @@ class CorpusEntry:
     """As `data.hub_config`; unset: `data.hub_config`."""
     revision: str | None = None
     """As `data.revision`; unset: `data.revision`."""
+    target_lang: str | None = None
+    """A multilingual model's target language for this corpus (Johnson et al. 2017): `ita` puts the
+    token `>>ita<<` before each of its sources, and the tags become tokens of the trained tokenizer;
+    validation and test then come from every corpus, scored per language pair too. Set on every
+    corpus or none; translating then takes `--target-lang` (`decode.target_lang`)."""
 
     def validate(self, p: Problems, key: str) -> None:
         """Check this entry, `key` being `data.corpora[i]`."""
@@ -36,6 +41,8 @@ class CorpusEntry:
             p.add(f"{key}.path: {self.path!r} must name a hub dataset or a local directory")
         if self.weight <= 0:
             p.add(f"{key}.weight: must be positive, got {self.weight}")
+        if self.target_lang is not None and (problem := language_code_problem(self.target_lang)):
+            p.add(f"{key}.target_lang: {problem}")
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,12 @@ class DataConfig:
     corpora: tuple[CorpusEntry, ...] = ()
     """Several corpora trained on together, instead of `path`: a list of `{path: ..., weight: 2.0}`
     entries, each drawing round(weight × its pairs) pairs per epoch (seeded). Validation and test
-    come from the first corpus (see the data guide)."""
+    come from the first corpus, or with `target_lang` tags from every corpus (see the data guide)."""
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """The target-language tags of `corpora` (`>>ita<<`), each once, in order."""
+        return tuple(dict.fromkeys(language_tag(entry.target_lang) for entry in self.corpora if entry.target_lang))
 
     def validate(self, p: Problems, cfg: Config) -> None:
         if self.format == "none":
@@ -90,6 +102,10 @@ class DataConfig:
                       "data.path")
             for i, entry in enumerate(self.corpora):
                 entry.validate(p, f"data.corpora[{i}]")
+            untagged = [i for i, entry in enumerate(self.corpora) if entry.target_lang is None]
+            if self.tags and untagged:
+                p.add(f"data.corpora[{untagged[0]}].target_lang: missing; with target-language tags every corpus "
+                      "names its target_lang (its sources carry the tag)")
         elif not self.path or "\0" in self.path:
             p.add(f"data.path: {self.path!r} must name a hub dataset or a local directory (or list corpora in "
                   "data.corpora)", "data.corpora")
@@ -435,6 +451,11 @@ class DecodeConfig:
     faster, close to fp32. Validation and the final test decode as `none`."""
     engine: Literal["auto", "torch", "ctranslate2"] = "auto"
     """Inference engine for translate/evaluate: auto = CTranslate2 on a CPU when installed, else torch."""
+    target_lang: str | None = None
+    """The target language of a multilingual model (one whose vocabulary has target-language tags
+    such as `>>ita<<`, OPUS-MT's or `data.corpora`'s `target_lang`): `ita` puts the token `>>ita<<`
+    before each source of translate, evaluate, score and serve. Needed when the model knows two
+    tags or more; a source line that begins with a tag of the model keeps its own. Unset: none."""
 
     def validate(self, p: Problems, cfg: Config) -> None:
         p.at_least("decode.max_len_a", self.max_len_a, 0)
@@ -451,6 +472,22 @@ class DecodeConfig:
                   f"keep with tokenizer.vocab_size={vocab_size} (all tokens but PAD, BOS and EOS)",
                   "tokenizer.vocab_size")
         p.at_least("decode.length_penalty", self.length_penalty, 0)
+        if self.target_lang is not None and (problem := language_code_problem(self.target_lang)):
+            p.add(f"decode.target_lang: {problem}")
+
+
+def language_tag(lang: str) -> str:
+    """The source token that asks a multilingual model for target language `lang`: `>>lang<<` (OPUS-MT's)."""
+    return f">>{lang}<<"
+
+
+def language_code_problem(lang: str) -> str | None:
+    """What is wrong with `lang` as the language code of a target-language tag (`ita`, not `>>ita<<`), or None."""
+    if lang.startswith(">>") or lang.endswith("<<"):
+        return f"give the language code alone, e.g. {lang.strip('<>')!r} for the tag {lang!r}"
+    if not lang or any(c.isspace() or c in "<>" for c in lang):
+        return f"{lang!r} must be a language code such as 'ita' (it names the tag >>ita<<)"
+    return None
 
 
 @dataclass(frozen=True)

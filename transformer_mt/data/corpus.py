@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from transformer_mt.config.schema import CorpusEntry, DataConfig
+from transformer_mt.config.schema import CorpusEntry, DataConfig, language_tag
 from transformer_mt.core.errors import DataError, missing_from_rank0
 from transformer_mt.core.files import naming, removed_on_failure, write_text_atomic
 from transformer_mt.core.run_layout import RunDir
@@ -35,7 +35,7 @@ HASH_BLOCK_BYTES = 8 << 20
 _UNSPACED = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f]")
 # `data.path`, `data.format`, ... in a message about one corpus: the keys its entry sets for itself.
 _SOURCE_KEYS = re.compile(r"\bdata\.(%s)\b" % "|".join(
-    field.name for field in dataclasses.fields(CorpusEntry) if field.name != "weight"))
+    field.name for field in dataclasses.fields(CorpusEntry) if field.name not in ("weight", "target_lang")))
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,8 @@ class Corpus:
 
 @dataclass(frozen=True)
 class OpenedCorpora:
-    """The sources a run reads: train from every corpus in turn, valid and test from the first (None: carved)."""
+    """The sources a run reads: train from every corpus in turn, valid and test from the first, or with
+    target-language tags from every corpus (None: carved)."""
 
     sources: dict[str, SplitSource | None]
     train_parts: tuple[SplitSource, ...]  # each corpus's own training source, in `data.corpora` order
@@ -142,17 +143,46 @@ def open_corpora(cfg: DataConfig) -> OpenedCorpora:
                for entry in cfg.corpora] or [cfg]
     opened = [_opened(one, f"data.corpora[{i}]" if cfg.corpora else "") for i, one in enumerate(configs)]
     labels = tuple(one.path for one in configs)
-    if len(opened) == 1:
+    if len(opened) == 1 and not cfg.tags:
         return OpenedCorpora(opened[0], (opened[0]["train"],), labels)
-    ignored = [f"{label} ({split})" for label, sources in zip(labels[1:], opened[1:])
-               for split in ("valid", "test") if sources[split] is not None]
-    if ignored:
-        logger.info("validation and test come from the first corpus, %s; not read: %s", labels[0], ", ".join(ignored))
+    if cfg.tags:  # every corpus's sources begin with its tag; valid and test come from all of them
+        opened = [{split: source and _tagged(source, entry.target_lang) for split, source in sources.items()}
+                  for entry, sources in zip(cfg.corpora, opened)]
+        evaluation = {split: _joined([sources[split] for sources in opened], configs) for split in ("valid", "test")}
+        ignored = [f"{label} ({split})" for label, sources in zip(labels, opened) for split in evaluation
+                   if evaluation[split] is None and sources[split] is not None]
+        if ignored:
+            logger.info("a split that not every corpus has is carved from the training pairs of all; not read: %s",
+                        ", ".join(ignored))
+    else:
+        evaluation = {"valid": opened[0]["valid"], "test": opened[0]["test"]}
+        ignored = [f"{label} ({split})" for label, sources in zip(labels[1:], opened[1:])
+                   for split in ("valid", "test") if sources[split] is not None]
+        if ignored:
+            logger.info("validation and test come from the first corpus, %s; not read: %s", labels[0],
+                        ", ".join(ignored))
     parts = tuple(sources["train"] for sources in opened)
-    train = SplitSource(description=" + ".join(part.description for part in parts),
-                        key="corpora:" + json.dumps([[one.format, part.key] for one, part in zip(configs, parts)]),
-                        chunks=lambda: (chunk for part in parts for chunk in part.chunks()))
-    return OpenedCorpora({"train": train, "valid": opened[0]["valid"], "test": opened[0]["test"]}, parts, labels)
+    return OpenedCorpora({"train": _joined(list(parts), configs), **evaluation}, parts, labels)
+
+
+def _joined(parts: list[SplitSource | None], configs: list[DataConfig]) -> SplitSource | None:
+    """One source of `parts` in turn (each corpus's, `configs` theirs); None if any is missing."""
+    if any(part is None for part in parts):
+        return None
+    return SplitSource(description=" + ".join(part.description for part in parts),
+                       key="corpora:" + json.dumps([[one.format, part.key] for one, part in zip(configs, parts)]),
+                       chunks=lambda: (chunk for part in parts for chunk in part.chunks()))
+
+
+def _tagged(source: SplitSource, lang: str) -> SplitSource:
+    """`source` with the target-language tag of `lang` before each non-empty source sentence."""
+    tag = language_tag(lang)
+
+    def chunks():
+        for src, tgt in source.chunks():
+            yield [f"{tag} {text}" if text else text for text in src], tgt
+
+    return SplitSource(description=f"{source.description} ({tag})", key=f"{source.key} tag:{tag}", chunks=chunks)
 
 
 def _opened(cfg: DataConfig, entry: str) -> dict[str, SplitSource | None]:
@@ -210,7 +240,9 @@ def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key
         if len(own) == 0:
             raise DataError(f"the training data in {label} is empty (data.format: {cfg.format})")
     verdicts = {split: np.concatenate(own) for split, own in parts.items()}
-    plan = carving_plan(cfg, seed, len(parts["train"][0]), {s for s in SPLITS if sources[s] is None}, run_dir)
+    # Carved from the first corpus's training pairs, or with tags from every corpus's.
+    carve_from = sum(map(len, parts["train"])) if cfg.tags else len(parts["train"][0])
+    plan = carving_plan(cfg, seed, carve_from, {s for s in SPLITS if sources[s] is None}, run_dir)
     removed = dict.fromkeys(FILTERS, 0)
     rows, digests = {}, {}
     for split in SPLITS:

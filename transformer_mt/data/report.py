@@ -39,6 +39,7 @@ class CorpusShare:
     weight: float
     share: float  # of an epoch's pairs
     tgt_share: float  # of the first epoch's target tokens: the corpus's weight in the loss, which averages tokens
+    pair: str | None = None  # its language pair, `en-ita`, when it has a target-language tag
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ class DataReport:
                          for split in SPLITS)]],
             self.corpora is not None and (
                 [["corpora", "pairs", "target tokens", "weight", "share of an epoch: pairs", "tokens"]]
-                + [[f"  {c.path}", f"{c.pairs:,}", f"{c.tgt_tokens:,}", f"{c.weight:g}", f"{100 * c.share:.1f}%",
+                + [[f"  {c.path}" + (f" ({c.pair})" if c.pair else ""), f"{c.pairs:,}", f"{c.tgt_tokens:,}", f"{c.weight:g}", f"{100 * c.share:.1f}%",
                     f"{100 * c.tgt_share:.1f}%"] for c in self.corpora]),
             [["removed by filters", *(f"{name} {count:,}" for name, count in self.removed.items())]],
             [["BPE tokens per sentence", *(f"p{p}" for p in PERCENTILES), "max"]]
@@ -198,7 +199,8 @@ def _corpus_shares(cfg: Config, train: TokenizedSplit, train_tgt: np.ndarray,
     epoch_tokens = np.bincount(corpus_of, weights=np.asarray(train.tgt_len[first_epoch], dtype=np.int64) + 1,
                                minlength=len(counts))
     return tuple(CorpusShare(entry.path, n, int(train_tgt[end - n:end].sum()) + n, entry.weight,
-                             drawn / max(sum(per_epoch), 1), float(tokens / max(epoch_tokens.sum(), 1)))
+                             drawn / max(sum(per_epoch), 1), float(tokens / max(epoch_tokens.sum(), 1)),
+                             entry.target_lang and f"{cfg.data.src_lang}-{entry.target_lang}")
                  for entry, n, end, drawn, tokens in zip(cfg.data.corpora, counts, ends, per_epoch, epoch_tokens))
 
 

@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -42,6 +43,16 @@ def model_source(ids: Sequence[T], max_len: int, eos: T = EOS_ID) -> list[T]:
     return [*ids[:token_room(max_len)], eos]
 
 
+def is_language_tag(piece: str) -> bool:
+    return len(piece) > 4 and piece.startswith(">>") and piece.endswith("<<")
+
+
+def leading_tag(line: str) -> tuple[str | None, str]:
+    """A line's leading `>>xxx<<` and the text after it, as `MarianTokenizer` splits one off; (None, line) without."""
+    end = line.find("<<", 2) if line.startswith(">>") else -1
+    return (line[:end + 2], line[end + 2:]) if end > 2 else (None, line)
+
+
 # Lines with a longer run of non-space characters are left out of BPE training (its time grows with
 # the square of a word's length); they are still tokenized.
 MAX_WORD_CHARS = 1000
@@ -70,9 +81,26 @@ class TokenizerPair:
         kinds = dict.fromkeys(type(t.model).__name__ for t in (self.src, self.tgt))
         return " and ".join(kinds)
 
-    def encode_src(self, lines: list[str]) -> list[list[int]]:
-        """Token ids of each source line, without special tokens."""
-        return [e.ids for e in self.src.encode_batch(lines, add_special_tokens=False)]
+    @cached_property
+    def language_tags(self) -> dict[str, int]:
+        """The target-language tags of the source vocabulary (`>>ita<<` -> its id), by id."""
+        vocab = self.src.get_vocab(with_added_tokens=True)
+        return {piece: i for piece, i in sorted(vocab.items(), key=lambda item: item[1]) if is_language_tag(piece)}
+
+    def encode_src(self, lines: list[str], tag: str | None = None) -> list[list[int]]:
+        """Token ids of each source line, without special tokens. A line that begins with one of
+        `language_tags` keeps it as its first token (the rest encoded as `MarianTokenizer` does);
+        the others begin with `tag`'s token when a tag is given (one of `language_tags`)."""
+        tags = self.language_tags
+        if not tags:
+            return [e.ids for e in self.src.encode_batch(lines, add_special_tokens=False)]
+        firsts, texts = [], []
+        for line in lines:
+            lead, rest = leading_tag(line)
+            known = lead in tags
+            firsts.append([tags[lead]] if known else [tags[tag]] if tag else [])
+            texts.append(rest if known else line)
+        return [first + e.ids for first, e in zip(firsts, self.src.encode_batch(texts, add_special_tokens=False))]
 
     def encode_tgt(self, lines: list[str]) -> list[list[int]]:
         """Token ids of each target line, without special tokens."""
@@ -133,18 +161,26 @@ class TokenizerPair:
 
 
 def train_tokenizers(cfg: TokenizerConfig, src_lines: Iterable[str], tgt_lines: Iterable[str],
-                     progress: bool = False, n_lines: int | None = None) -> TokenizerPair:
-    """Train BPE, joint or one per language, reading the lines once; `n_lines` per side sizes the progress bar."""
+                     progress: bool = False, n_lines: int | None = None, tags: Sequence[str] = ()) -> TokenizerPair:
+    """Train BPE, joint or one per language, reading the lines once; `n_lines` per side sizes the progress bar.
+    The target-language `tags` (`>>ita<<`) are special tokens of the source side, which learns from
+    its lines without their leading tag."""
     n = len(src_lines) if n_lines is None else n_lines  # type: ignore[arg-type]
+    if tags:
+        def untagged(line: str) -> str:
+            lead, rest = leading_tag(line)
+            return rest.lstrip() if lead in tags else line
+
+        src_lines = map(untagged, src_lines)
     if cfg.joint:
-        joint = _train_bpe(cfg, chain(src_lines, tgt_lines), 2 * n, "BPE (joint)", progress)
+        joint = _train_bpe(cfg, chain(src_lines, tgt_lines), 2 * n, "BPE (joint)", progress, tags)
         return TokenizerPair(joint, joint)
-    return TokenizerPair(_train_bpe(cfg, iter(src_lines), n, "BPE (source)", progress),
+    return TokenizerPair(_train_bpe(cfg, iter(src_lines), n, "BPE (source)", progress, tags),
                          _train_bpe(cfg, iter(tgt_lines), n, "BPE (target)", progress))
 
 
 def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int, desc: str = "BPE",
-               progress: bool = False) -> Tokenizer:
+               progress: bool = False, tags: Sequence[str] = ()) -> Tokenizer:
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
     _text_is_text(tokenizer)
     tokenizer.normalizer = normalizers.NFC()
@@ -154,7 +190,7 @@ def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int, desc: s
     ])
     tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
     trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
-                                  special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+                                  special_tokens=[*SPECIAL_TOKENS, *tags], show_progress=False)
     from tqdm import tqdm  # not on `tmt translate`'s path
 
     # A bar on stderr when it is a terminal, gone once done.

@@ -5,6 +5,7 @@ sampling) on the engine `decode.engine` picks: CTranslate2 on a CPU (`ct2_engine
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import logging
 from dataclasses import dataclass
@@ -12,11 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from transformer_mt.config.loading import config_from_dict
-from transformer_mt.config.schema import Config, DecodeConfig
+from transformer_mt.config.schema import Config, DecodeConfig, language_tag
 from transformer_mt.core.errors import CheckpointError, ConfigError, DataError, TmtError, UsageError
 from transformer_mt.core.files import describe_os_error
 from transformer_mt.core.run_layout import find_checkpoint
-from transformer_mt.data.tokenization import EOS, TokenizerPair, token_room
+from transformer_mt.data.tokenization import EOS, TokenizerPair, leading_tag, token_room
 from transformer_mt.decode.ct2_engine import CT2Engine, conversion_dir, convert, find_conversion
 from transformer_mt.decode.hypotheses import Hypothesis
 
@@ -185,20 +186,23 @@ class Translator:
             logger.warning("decode.quantize: %s applies to CPU decoding only; decoding on %s unquantised",
                            self.cfg.decode.quantize, self.device)
 
-    def translate(self, lines: list[str], beam_size: int | None = None, progress: bool = False) -> list[str]:
-        """Translate each line (beam size: `beam_size`, else the run's `decode.beam_size`); an empty
-        line gives an empty line, one longer than the model allows is truncated with a warning."""
-        texts, src_ids = self._sources(lines)
+    def translate(self, lines: list[str], beam_size: int | None = None, progress: bool = False,
+                  target_lang: str | None = None) -> list[str]:
+        """Translate each line (beam size: `beam_size`, else the run's `decode.beam_size`; into
+        `target_lang`, else `decode.target_lang`, see `source_ids`); an empty line gives an empty
+        line, one longer than the model allows is truncated with a warning."""
+        texts, src_ids = self._sources(lines, target_lang)
         hyp_ids = self.engine.translate(src_ids, self.cfg.decode, self._beam(beam_size), progress)
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         return [hyp if text else "" for text, hyp in zip(texts, hypotheses)]
 
     def translate_n_best(self, lines: list[str], n_best: int = 1, beam_size: int | None = None,
-                         sampling: Sampling | None = None, progress: bool = False) -> list[list[Translation]]:
+                         sampling: Sampling | None = None, progress: bool = False,
+                         target_lang: str | None = None) -> list[list[Translation]]:
         """Each line's `n_best` translations with their scores: the best of beam search, best first
         (beam 1: greedy; the first is what `translate` gives), or with `sampling`, samples in the order
         drawn. An empty line gets one empty translation, scored 0."""
-        texts, src_ids = self._sources(lines)
+        texts, src_ids = self._sources(lines, target_lang)
         hypotheses = self.engine.hypotheses(src_ids, self.cfg.decode, self._beam(beam_size), n_best, sampling,
                                             progress)
         results = []
@@ -240,17 +244,49 @@ class Translator:
     def _beam(self, beam_size: int | None) -> int:
         return self.cfg.decode.beam_size if beam_size is None else beam_size
 
-    def _sources(self, lines: list[str]) -> tuple[list[str], list[list[int]]]:
+    def source_ids(self, lines: list[str], target_lang: str | None = None,
+                   asked_as: str = "--target-lang (decode.target_lang)") -> list[list[int]]:
+        """The source ids of stripped `lines`. A multilingual model's target-language tag comes first:
+        a line's own leading tag (`>>ita<<`, as `MarianTokenizer` reads it), else that of `target_lang`
+        (else `decode.target_lang`). Refused in one line: a tag the model does not know, and no tag
+        for a non-empty line when the model knows two or more (the message names `asked_as`)."""
+        tags = self.tokenizers.language_tags
+        lang = target_lang or self.cfg.decode.target_lang
+        codes = [tag[2:-2] for tag in tags]
+        if lang is not None and language_tag(lang) not in tags:
+            if not tags:
+                raise UsageError(f"target language {lang!r}: this model has no target-language tags (>>xxx<<); it "
+                                 f"translates into {self.cfg.data.tgt_lang}: leave out {asked_as.split()[0]}")
+            close = difflib.get_close_matches(lang, codes, n=1)
+            raise UsageError(f"target language {lang!r}: this model has no tag {language_tag(lang)} ("
+                             + (f"did you mean {close[0]!r}? " if close else "") + f"it knows {_few(codes)})")
+        for number, line in enumerate(lines, start=1):
+            lead = leading_tag(line)[0] if tags else None
+            if lead is not None and lead not in tags:
+                raise UsageError(f"line {number} begins with {lead}, not a tag of this model (it knows "
+                                 f"{_few(codes)}, written >>xxx<<)")
+            if line and lead is None and lang is None and len(tags) >= 2:
+                raise UsageError(f"this model translates into {len(tags)} languages ({_few(codes)}): choose one with "
+                                 f"{asked_as}, or begin each line with its tag such as "
+                                 f"{next(iter(tags))} (line {number} has none)")
+        return self.tokenizers.encode_src(lines, None if lang is None else language_tag(lang))
+
+    def _sources(self, lines: list[str], target_lang: str | None = None) -> tuple[list[str], list[list[int]]]:
         """The stripped lines and their source ids, warning of those longer than model.max_len (cut)."""
         if self.quantized and self.engine.name == "torch":
             raise UsageError(f"decode.quantize: {self.quantized} decodes on the ctranslate2 engine (pip install "
                              "ctranslate2); the torch engine decodes in fp32: leave out --engine torch or --quantize")
         texts = [line.strip() for line in lines]
-        src_ids = self.tokenizers.encode_src(texts)
+        src_ids = self.source_ids(texts, target_lang)
         too_long = sum(len(ids) > token_room(self.max_len) for ids in src_ids)
         if too_long:
             logger.warning("%d input(s) longer than model.max_len=%d tokens were truncated", too_long, self.max_len)
         return texts, src_ids
+
+
+def _few(codes: list[str], shown: int = 6) -> str:
+    """Some language codes for a message: `a, b, c` or `a, b, ... (40 in all)`."""
+    return ", ".join(codes) if len(codes) <= shown else f"{', '.join(codes[:shown])}, ... ({len(codes)} in all)"
 
 
 @dataclass(frozen=True)

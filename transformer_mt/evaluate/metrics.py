@@ -120,3 +120,27 @@ def score(hypotheses: list[str], references: Sequence[str] | Sequence[Sequence[s
         mean, ci = estimate_ci(np.array([float(r.score) for r in resamples]))
         results[name] = MetricScore(float(value), str(metric.get_signature()), float(mean), float(ci))
     return Scores(results)
+
+
+def pair_scores(sources: Sequence[str], hypotheses: list[str], references: Sequence[str], src_lang: str,
+                tokenize: str = "13a") -> dict[str, dict]:
+    """BLEU and chrF of each language pair of a multilingual set, its sources grouped by their leading
+    target-language tag (`en-ita` for `>>ita<<`), by pair name: {pair: {sentences, bleu, chrf}};
+    {} when no source begins with a tag."""
+    from transformer_mt.data.tokenization import is_language_tag, leading_tag
+
+    rows: dict[str, list[int]] = {}
+    for i, source in enumerate(sources):
+        tag = leading_tag(source)[0]
+        if tag is not None and is_language_tag(tag):
+            rows.setdefault(f"{src_lang}-{tag[2:-2]}", []).append(i)
+    pairs = {}
+    for pair, own in sorted(rows.items()):
+        scores = score([hypotheses[i] for i in own], [references[i] for i in own], tokenize, metrics=("bleu", "chrf"))
+        pairs[pair] = {"sentences": len(own), "bleu": round(scores.bleu, 2), "chrf": round(scores.chrf, 2)}
+    return pairs
+
+
+def pair_line(pairs: dict[str, dict]) -> str:
+    """Per-pair scores for a log line: `en-fra BLEU 12.30 chrF 40.10 (50); en-ita ...`."""
+    return "; ".join(f"{pair} BLEU {s['bleu']:.2f} chrF {s['chrf']:.2f} ({s['sentences']})" for pair, s in pairs.items())

@@ -14,7 +14,8 @@ from torch import nn
 from transformer_mt.config.schema import Config
 from transformer_mt.core.errors import TmtError, UsageError
 from transformer_mt.core.files import check_new_dir, naming
-from transformer_mt.data.tokenization import BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, TokenizerPair
+from transformer_mt.data.tokenization import (BOS, BOS_ID, EOS, EOS_ID, PAD, PAD_ID, UNK, TokenizerPair,
+                                              is_language_tag)
 from transformer_mt.export.ct2_conversion import FORBIDDEN_LOGIT_BIAS
 from transformer_mt.model.transformer import Transformer, sinusoidal_positions
 from transformer_mt.runs.checkpoint import load_run
@@ -184,8 +185,12 @@ SPECIAL_TOKENS_MAP = {"bos_token": BOS, "eos_token": EOS, "unk_token": UNK, "pad
 
 
 def hf_tokenizer(tokenizers: TokenizerPair, max_len: int) -> str:
-    """tokenizer.json: the run's BPE tokenizer, appending EOS to each source as tmt does."""
+    """tokenizer.json: the run's BPE tokenizer, appending EOS to each source as tmt does; its
+    target-language tags (>>ita<<) are not special there, so that a sentence written with one reads it."""
     settings = json.loads(tokenizers.src.to_str())
+    for added in settings["added_tokens"]:
+        if is_language_tag(added["content"]):
+            added["special"] = False
     settings["post_processor"] = {
         "type": "TemplateProcessing",
         "single": [{"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": EOS, "type_id": 0}}],

@@ -22,7 +22,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
 
 from transformer_mt.core.errors import TmtError
-from transformer_mt.data.tokenization import BOS, EOS, PAD, SPECIAL_TOKENS, UNK, TokenizerPair
+from transformer_mt.data.tokenization import BOS, EOS, PAD, SPECIAL_TOKENS, UNK, TokenizerPair, is_language_tag
 from transformer_mt.pretrained.marian import read_json_object
 from transformer_mt.pretrained.marian_vocab import MarianVocab
 
@@ -129,7 +129,11 @@ def _convert(path: Path, names: list[str]) -> Tokenizer:
     # MarianTokenizer joins the pieces, spaces for "▁", and strips the ends.
     tokenizer.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.Fuse(),
                                            decoders.Replace(Regex(r"\A +| +\z"), "")])
-    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS])
+    # The target-language tags (>>ita<<) too: one token each, never segmented; a line's leading one is
+    # split off as MarianTokenizer does (`TokenizerPair.encode_src`).
+    tags = [name for name in names if is_language_tag(name)]
+    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False)
+                                  for token in (*SPECIAL_TOKENS, *tags)])
     tokenizer.encode_special_tokens = True  # a literal "</s>" is text, as in tmt's other tokenizers
     return tokenizer
 

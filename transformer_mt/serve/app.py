@@ -38,6 +38,7 @@ def build_app(translator, batcher, limits: Limits):
         beam_size: StrictInt | None = Field(None, ge=1)
         n_best: StrictInt = Field(1, ge=1)
         scores: StrictBool = False
+        target_lang: StrictStr | None = None
 
     page = resources.files("transformer_mt.serve").joinpath(PAGE).read_text(encoding="utf-8")
     app = FastAPI(title="tmt", docs_url=None, redoc_url=None, openapi_url=None)  # no pages from a CDN
@@ -59,7 +60,9 @@ def build_app(translator, batcher, limits: Limits):
         data = translator.cfg.data
         return {"status": "ok", "run": str(translator.run_dir), "checkpoint": translator.checkpoint.name,
                 "step": translator.step, "source_language": data.src_lang, "target_language": data.tgt_lang,
-                "engine": translator.engine.name, "device": translator.device, "beam_size": limits.default_beam,
+                "engine": translator.engine.name, "device": translator.device,
+                "target_lang": translator.cfg.decode.target_lang,
+                "target_tags": list(translator.tokenizers.language_tags), "beam_size": limits.default_beam,
                 "max_beam": limits.max_beam, "max_sentences": limits.max_sentences,
                 "max_sentence_characters": limits.max_sentence_characters, "max_body_bytes": limits.max_body_bytes,
                 **vars(batcher.stats())}
@@ -107,7 +110,8 @@ def _validation_message(err) -> str:
     first = problems[0]
     where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"]).lstrip(".")
     if first["type"] == "extra_forbidden":
-        message = f"{where}: not a field of a translation request (sentences, beam_size, n_best, scores)"
+        message = (f"{where}: not a field of a translation request (sentences, beam_size, n_best, scores, "
+                   "target_lang)")
     elif first["type"] == "too_short":  # the only list with a least length: sentences
         message = f"{where}: an empty list; give one sentence or more"
     elif not where:

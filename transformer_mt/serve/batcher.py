@@ -21,6 +21,7 @@ class Options:
     beam_size: int
     n_best: int = 1
     scores: bool = False  # n-best lists with scores (`Translator.translate_n_best`), else best translations only
+    target_lang: str | None = None  # a multilingual model's target language; None: the server's
 
 
 @dataclass(eq=False)  # a job is itself: two equal requests are two jobs
@@ -127,10 +128,12 @@ class Batcher:
         lines = [sentence for job in jobs for sentence in job.sentences]
         try:
             if options.scores:
-                results = self.translator.translate_n_best(lines, n_best=options.n_best, beam_size=options.beam_size)
+                results = self.translator.translate_n_best(lines, n_best=options.n_best, beam_size=options.beam_size,
+                                                           target_lang=options.target_lang)
             else:
                 results = [[Translation(text, 0.0, [])] for text in
-                           self.translator.translate(lines, beam_size=options.beam_size)]
+                           self.translator.translate(lines, beam_size=options.beam_size,
+                                                     target_lang=options.target_lang)]
         except Exception as err:  # the batch's requests fail with it; the worker goes on with the next
             logger.error("translating a batch of %d request(s) failed: %s", len(jobs), err)
             for job in jobs:

@@ -88,10 +88,15 @@ def check_request(asked, translator, limits: Limits):
             raise RequestError(413, f"sentences[{number}]: {len(sentence):,} characters; this model translates at "
                                     f"most {limits.max_sentence_characters:,} (model.max_len - 1 tokens of at most "
                                     f"{longest} characters)")
-    lengths = [len(ids) for ids in translator.tokenizers.encode_src(sentences)]
+    from transformer_mt.core.errors import UsageError
+
+    try:  # a multilingual model's tag counts as a token
+        lengths = [len(ids) for ids in translator.source_ids(sentences, asked.target_lang, "target_lang")]
+    except UsageError as err:  # an unknown or missing target language
+        raise RequestError(422, str(err)) from None
     for number, length in enumerate(lengths):
         if length > limits.max_tokens:
             raise RequestError(413, f"sentences[{number}]: {length} tokens; this model translates at most "
                                     f"{limits.max_tokens} (model.max_len - 1)")
-    options = Options(beam, asked.n_best, asked.scores or asked.n_best > 1)
+    options = Options(beam, asked.n_best, asked.scores or asked.n_best > 1, asked.target_lang)
     return options, sum(lengths) + len(lengths)  # each with its EOS

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from transformer_mt.config.schema import Config, TrainConfig
-from transformer_mt.core.errors import TmtError, missing_from_rank0
+from transformer_mt.core.errors import DataError, TmtError, missing_from_rank0
 from transformer_mt.core.run_layout import JOINT_FILE, SRC_FILE, TGT_FILE, RunDir
 from transformer_mt.core.runtime import pick_device
 from transformer_mt.data import corpus as data_module
@@ -58,10 +58,15 @@ def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size:
                         len(rows), len(corpus.train))
         tokenizers = train_tokenizers(cfg.tokenizer, data_module.iter_text(corpus.train, "src", rows),
                                       data_module.iter_text(corpus.train, "tgt", rows), progress,
-                                      n_lines=len(corpus.train) if rows is None else len(rows))
+                                      n_lines=len(corpus.train) if rows is None else len(rows), tags=cfg.data.tags)
         tokenizers.save(run_dir)
         logger.info("trained BPE tokenizers (vocabulary %d%s) in %.1fs", tokenizers.src.get_vocab_size(),
                     ", joint" if tokenizers.joint else "", time.perf_counter() - started)
+    missing = [tag for tag in cfg.data.tags if tag not in tokenizers.language_tags]
+    if missing:
+        origin = "train.init_from's" if cfg.train.init_from else "the run's"
+        raise DataError(f"data.corpora: {origin} tokenizers have no token {missing[0]}; a corpus's target_lang needs "
+                        "a tag the vocabulary has (a new run trains its tokenizers with the tags)")
     cache = RunDir(run_dir).token_cache
     # Every corpus's pairs, and with tokenizer.bpe_dropout their cached dropout segmentations.
     train = tokenize_training_split(cfg, corpus, tokenizers, cache, progress=progress, prepared=prepared)

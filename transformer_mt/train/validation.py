@@ -23,7 +23,7 @@ from transformer_mt.data.batching import sorted_batches
 from transformer_mt.data.token_cache import TokenizedSplit
 from transformer_mt.data.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair
 from transformer_mt.evaluate.diagnostics import diagnose
-from transformer_mt.evaluate.metrics import METRICS, score
+from transformer_mt.evaluate.metrics import METRICS, pair_line, pair_scores, score
 from transformer_mt.evaluate.test_set import evaluate_test_set
 from transformer_mt.decode.plotting import attention_figure, cross_attention_labels, cross_attention_map
 from transformer_mt.decode.torch_engine import translate_ids
@@ -114,14 +114,21 @@ class Evaluator:
             writer.add_text("valid_diag/examples", flagged, step)
         if examples:
             writer.add_text("valid/examples", "\n\n".join(f"    {e}".replace("\n", "\n    ") for e in examples), step)
+        pairs = pair_scores(sources_text, hypotheses, references, self.cfg.data.src_lang, self.cfg.train.bleu_tokenize)
+        for pair, pair_values in pairs.items():  # a multilingual model's language pairs (target-language tags)
+            for name in ("bleu", "chrf"):
+                writer.add_scalar(f"valid_pairs/{pair}/{name}", pair_values[name], step)
         comet = f", COMET {values['comet']:.4f}" if "comet" in values else ""
         logger.info("validation at step %d%s: loss %.3f, ppl %.2f, BLEU %.2f, chrF %.2f, chrF++ %.2f, TER %.2f%s "
                     "(%d sentences, %.1fs) [%s]", step, " (EMA weights)" if self.ema else "", loss, ppl, scores.bleu,
                     scores.chrf, scores["chrf++"].value, scores["ter"].value, comet, len(hypotheses),
                     time.perf_counter() - started, scores.bleu_signature)
+        if pairs:
+            logger.info("validation at step %d per language pair: %s", step, pair_line(pairs))
         return {"step": step, "loss": round(loss, 4), "perplexity": round(ppl, 2),
                 **{name: round(scores[name].value, 2) for name in METRICS},
                 **({"comet": round(values["comet"], 4)} if "comet" in values else {}),
+                **({"pairs": pairs} if pairs else {}),
                 **({"weights": "ema"} if self.ema else {})}
 
     def _comet(self, sources: list[str], hypotheses: list[str], references: list[str]) -> float:
@@ -239,4 +246,7 @@ class Evaluator:
         logger.info("test (%s%s, beam %d, %d sentences): %s [%s]", path.name,
                     ", EMA weights" if which == "ema" else "", beam, len(result.hypotheses),
                     ", ".join(scores[name].shown(name) for name in METRICS), scores.bleu_signature)
+        if pairs := pair_scores(test["src"], result.hypotheses, test["tgt"], cfg.data.src_lang, cfg.train.bleu_tokenize):
+            report["pairs"] = pairs
+            logger.info("test per language pair: %s", pair_line(pairs))
         return report

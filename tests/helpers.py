@@ -82,7 +82,7 @@ def tiny_config(data_dir: Path, **sections) -> Config:
         "model": {"d_model": 16, "n_heads": 2, "n_layers": 2, "d_ff": 32, "dropout": 0.1, "max_len": 64},
         "train": {"max_steps": 6, "batch_tokens": 64, "lr": 1e-3, "warmup_steps": 2, "log_every_steps": 1,
                   "eval_every_steps": 3, "save_every_steps": 3, "eval_max_sentences": 0, "precision": "fp32",
-                  "device": "cpu"},
+                  "device": "cpu", "attention_figures": False},
     }
     for section, values in sections.items():
         raw[section] = {**raw.get(section, {}), **values} if isinstance(values, dict) else values

@@ -119,7 +119,8 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tiny_corpus: Path, t
 def test_a_deep_encoder_shallow_decoder_model_trains_resumes_exactly_and_translates(tiny_corpus: Path,
                                                                                     tmp_path: Path):
     depths = {"encoder_layers": 2, "decoder_layers": 1}
-    cfg = tiny_config(tiny_corpus, model=depths, train={"max_steps": 6, "eval_every_steps": 3})
+    cfg = tiny_config(tiny_corpus, model=depths, train={"max_steps": 6, "eval_every_steps": 3,
+                                                        "attention_figures": True})
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     prepare_run_dir(straight, resume=False, overwrite=False)
     train(cfg, straight, progress=False)  # validates at steps 3 and 6: attention pictures of its one decoder layer
@@ -138,6 +139,12 @@ def test_a_deep_encoder_shallow_decoder_model_trains_resumes_exactly_and_transla
     events = EventAccumulator(str(straight / "tensorboard"), size_guidance={"images": 0})
     events.Reload()
     assert set(events.Tags()["images"]) == {"valid/attention_layer_1"}
+    # Its first part drew none (tiny_config's train.attention_figures is off), its resumed part did; drawing
+    # them changed nothing of training (the weights above are equal).
+    assert [image.step for image in events.Images("valid/attention_layer_1")] == [3, 6]
+    events = EventAccumulator(str(interrupted / "tensorboard"), size_guidance={"images": 0})
+    events.Reload()
+    assert [image.step for image in events.Images("valid/attention_layer_1")] == [6]
     translator = Translator.from_run(straight, device="cpu", engine="torch")
     assert (len(translator.engine.model.encoder_layers), len(translator.engine.model.decoder_layers)) == (2, 1)
     assert len(translator.translate([TINY_PAIRS[0][0]])) == 1
@@ -484,7 +491,8 @@ def test_a_checkpoint_skipped_on_resume_is_set_aside_and_never_outranks_the_new_
 def test_tensorboard_has_scalars_examples_attention_images_and_hparams(tiny_corpus: Path, tmp_path: Path):
     run = tmp_path / "run"
     prepare_run_dir(run, resume=False, overwrite=False)
-    train(tiny_config(tiny_corpus, train={"max_steps": 3, "eval_every_steps": 3}), run, progress=False)
+    train(tiny_config(tiny_corpus, train={"max_steps": 3, "eval_every_steps": 3, "attention_figures": True}), run,
+          progress=False)
     events = EventAccumulator(str(run / "tensorboard"), size_guidance={"images": 0, "tensors": 0})
     events.Reload()
     tags = events.Tags()

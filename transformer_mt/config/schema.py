@@ -317,9 +317,13 @@ class TrainConfig:
     average_last: int = 0
     """For the final test, average the newest this-many step checkpoints instead of using `best.pt`
     (0: `best.pt`); see also `tmt average`."""
+    attention_figures: bool = True
+    """Draw the cross-attention over the first validation sentence at each validation (TensorBoard's
+    `valid/attention_layer_*` images); drawing takes a CPU about a tenth of a second per image: turn it
+    off for tiny models validated every few steps."""
     attention_layer: int = 0
     """Decoder layer (0 = first, -1 = last) whose cross-attention over one validation sentence
-    is drawn in TensorBoard at each validation, next to the last layer's."""
+    is drawn in TensorBoard at each validation (`attention_figures`), next to the last layer's."""
     max_nonfinite_steps: int = 25
     """A batch whose loss or gradient is NaN/inf is skipped (no update, not counted as a step);
     this many in a row stop the run. With fp16, gradient-scaler overflows count too."""

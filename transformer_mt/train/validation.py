@@ -89,7 +89,8 @@ class Evaluator:
         references = [self.valid_data.tgt_text[i] for i in self.valid_subset]
         scores = score(hypotheses, references, tokenize=self.cfg.train.bleu_tokenize)
         if self.dist.is_main:
-            self._log_attention(writer, step, sources[0], hyp_ids[0])
+            if self.cfg.train.attention_figures:
+                self._log_attention(writer, step, sources[0], hyp_ids[0])
             self.paths.validation.mkdir(exist_ok=True)
             write_text_atomic(self.paths.validation_hypotheses(step), lines_to_text(hypotheses))
         ppl = math.exp(min(loss, 100.0))

@@ -234,15 +234,19 @@ def stop_at_first_validation(cfg, run_dir: Path, monkeypatch) -> None:
 def read_scalars(run_dir: Path, tag: str) -> dict[int, float]:
     """The run's values of `tag` by step, as TensorBoard shows them after every resume.
 
-    TensorBoard reads a folder's event files in name order, as text. Files are named
-    `...<seconds>.<host>.<pid>.<counter>`: two writers of one test process in the same second
-    (a start and its resume) can sort `.10` before `.8`, and the older file then purges the
-    newer one's steps. A run's own starts are separate processes, seconds apart; here the files
-    are read in the order they were written.
+    TensorBoard reads a folder's event files in name order, as text: `...<seconds>.<host>.<pid>.
+    <counter>`. A run's own starts are separate processes, seconds apart; the starts of one test
+    (in one process, or forked from one) can share a second and a counter, and an older file read
+    after a newer one purges the newer one's steps. Here the files are read in the order they were
+    written: by the time of their first event.
     """
-    def written(path: Path) -> tuple[int, int]:
-        parts = path.name.split(".")
-        return int(parts[3]), int(parts[-1])
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    def written(path: Path) -> float:
+        with open(path, "rb") as events:
+            length = int.from_bytes(events.read(8), "little")  # a TFRecord: length, its CRC, the record
+            events.read(4)
+            return Event.FromString(events.read(length)).wall_time
 
     files = sorted((run_dir / "tensorboard").glob("events.out.tfevents.*"), key=written)
     with tempfile.TemporaryDirectory() as ordered:

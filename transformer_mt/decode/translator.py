@@ -256,8 +256,8 @@ class Translator:
         if len(prefix_ids) < cap:
             return None
         return (f"the prefix is {len(prefix_ids)} tokens; this sentence's translation is capped at {cap} tokens "
-                f"with its EOS (decode.max_len_a × {source_length} source tokens + decode.max_len_b, at most "
-                f"model.max_len={self.max_len}): give a shorter prefix")
+                f"with its EOS (decode.max_len_a={decode.max_len_a:g} × {source_length} source tokens with EOS + "
+                f"decode.max_len_b={decode.max_len_b}, at most model.max_len={self.max_len}): give a shorter prefix")
 
     def _prefixes(self, texts: list[str], src_ids: list[list[int]],
                   prefixes: list[str] | None) -> list[list[int]] | None:

@@ -292,10 +292,11 @@ def test_a_body_too_large_too_deep_or_cut_short_is_one_line_and_the_server_stays
 
 @pytest.mark.parametrize("server", [("--max-sentences", "4")], indirect=True)
 def test_the_default_body_limit_takes_every_request_the_other_limits_take(server):
-    """The most a request may hold: --max-sentences sentences at the character bound, each character
-    escaped as JSON escapes it (\\u00e8, as Python's json.dumps sends it): under the default body limit."""
+    """The most a request may hold: --max-sentences sentences and their prefixes at the character bound,
+    each character escaped as JSON escapes it (\\u00e8, as Python's json.dumps sends it): under the
+    default body limit."""
     health = server.get("health")[1]
-    longest = "è" * health["max_sentence_characters"]
+    longest = {"source": "è" * health["max_sentence_characters"], "prefix": "è" * health["max_prefix_characters"]}
     body = json.dumps({"sentences": [longest] * 4, "beam_size": 1, "n_best": 1, "scores": False}).encode()
     assert len(body) <= health["max_body_bytes"]
     status, answer = server.post(body)

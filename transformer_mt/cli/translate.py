@@ -61,7 +61,7 @@ def add_parser(commands) -> None:
                            help="write translations here instead of stdout (- = stdout)")
     translate.add_argument("--input-format", choices=["text", "jsonl"], default="text",
                            help="text (default): a sentence per line; jsonl: a JSON object per line, "
-                                '{"source": "...", "prefix": "..."}, the prefix optional (empty or null: none)')
+                                '{"source": "...", "prefix": "..."}, the prefix optional ("": none)')
     translate.add_argument("--prefix", metavar="TEXT",
                            help="begin every translation with TEXT (tokenized as target text; the model "
                                 "continues from it); the output is the whole translation, TEXT included")
@@ -218,8 +218,9 @@ def _check_options(args: argparse.Namespace) -> None:
 def _sentences_and_prefixes(lines: list[str], args: argparse.Namespace, where: str,
                             first_number: int = 1) -> tuple[list[str], list[str] | None]:
     """The sentences to translate and the prefix each translation begins with (None: none): the
-    lines and --prefix, or with --input-format jsonl each line's "source" and "prefix" (a blank line:
-    an empty sentence); a line that is not such an object is refused as `<where> line <number>`."""
+    lines and --prefix, or with --input-format jsonl each line's "source" and "prefix" strings (the
+    prefix optional, "": none; a blank line: an empty sentence); a line that is not such an object is
+    refused as `<where> line <number>`."""
     from transformer_mt.data.sources import one_line
 
     if args.input_format == "text":
@@ -235,9 +236,11 @@ def _sentences_and_prefixes(lines: list[str], args: argparse.Namespace, where: s
             raise DataError(f'{place}: not a JSON object such as {{"source": "Good morning.", "prefix": "Buon"}}')
         if unknown := sorted(set(record) - {"source", "prefix"}):
             raise DataError(f'{place}: "{unknown[0]}" is not a field of an input line (source, prefix)')
-        for key in ("source", "prefix"):
-            if not isinstance(record.get(key), (str, type(None))):
-                raise DataError(f'{place}: "{key}" must be a string, got {type(record[key]).__name__}')
+        if line.strip() and "source" not in record:
+            raise DataError(f'{place}: no "source", the sentence to translate')
+        for key, value in record.items():
+            if not isinstance(value, str):
+                raise DataError(f'{place}: "{key}" must be a string, got {json.dumps(value)[:40]}')
         sentences.append(one_line(record.get("source"), "source", place))
         prefixes.append(one_line(record.get("prefix"), "prefix", place))
     return sentences, prefixes

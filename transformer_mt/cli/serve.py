@@ -19,6 +19,9 @@ SERVE_EXAMPLES = """examples:
   curl -s localhost:8000/translate -d '{"sentences": ["Where is the station?"]}'
   curl -s localhost:8000/translate \\
       -d '{"sentences": ["Good morning."], "beam_size": 5, "n_best": 3}'
+  # a sentence whose translation begins with a prefix
+  curl -s localhost:8000/translate \\
+      -d '{"sentences": [{"source": "My sister is at home.", "prefix": "Mia"}]}'
   tmt serve --run runs/demo --host 0.0.0.0 --port 8080 --max-wait-ms 20 \\
       --batch-tokens 8192
 
@@ -48,7 +51,8 @@ def add_parser(commands) -> None:
                        help="the largest beam_size a request may ask for (default 16)")
     serve.add_argument("--max-body-bytes", type=positive_int, metavar="N",
                        help="the largest request body, refused (413) before it is read (default: what "
-                            "--max-sentences sentences of the longest the model translates take as JSON)")
+                            "--max-sentences sentences of the longest the model translates, each with the "
+                            "longest prefix, take as JSON)")
 
 
 def run_serve(args: argparse.Namespace) -> None:

@@ -64,10 +64,10 @@ def sample_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos
     each sentence its samples in the order drawn, scored as beam search scores its hypotheses."""
     start = functools.partial(SampleState.start, sampling=sampling, generator=generator, bos_id=bos_id,
                               eos_id=eos_id, pad_id=model.pad_id, alpha=alpha)
+    # A sentence's samples are neighbours, with its prefix each.
     repeated = None if prefixes is None else prefixes.repeat_interleave(n_samples, dim=0)
     rows = search(model, src_ids.repeat_interleave(n_samples, dim=0), start, rows_per_sentence=1, bos_id=bos_id,
-                  eos_id=eos_id, max_len_a=max_len_a, max_len_b=max_len_b,
-                  prefixes=repeated)  # a sentence's samples are neighbours
+                  eos_id=eos_id, max_len_a=max_len_a, max_len_b=max_len_b, prefixes=repeated)
     return [[hyps[0] for hyps in rows[i:i + n_samples]] for i in range(0, len(rows), n_samples)]
 
 

@@ -142,6 +142,17 @@ def random_sources(seed: int, batch: int = 6, max_len: int = 9, min_len: int = 1
     return src  # (B, S) with padding
 
 
+def random_prefixes(seed: int, batch: int, max_len: int = 4) -> torch.Tensor:
+    """Target prefixes for random_model's sentences: 0 (none) to max_len - 1 tokens each, the first
+    sentence with the longest, padded with PAD: (B, max_len - 1) long."""
+    gen = torch.Generator().manual_seed(seed + 1000)
+    lengths = [max_len - 1] + torch.randint(0, max_len, (batch - 1,), generator=gen).tolist()
+    prefixes = torch.full((batch, max_len - 1), PAD)
+    for i, n in enumerate(lengths):
+        prefixes[i, :n] = torch.randint(4, RANDOM_V, (n,), generator=gen)
+    return prefixes
+
+
 def assert_same_hypotheses(got, expected):
     """The same n-best lists, token for token, with the same log-probs and scores up to rounding
     (the reference drops finished sentences' rows, which changes the batch the products see)."""

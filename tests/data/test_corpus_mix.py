@@ -156,6 +156,29 @@ def test_tagged_corpora_train_a_multilingual_model_scored_per_language_pair(tmp_
                              capsys, tmp_path)
     assert code == 0, err
 
+    # tmt evaluate scores each pair as the final test does; tmt compare sets the runs' pairs side by side.
+    code, out, err = run_cli(["evaluate", "--run", str(run), "--engine", "torch", "--bootstrap", "0",
+                              "--no-diagnostics", "--quiet"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    assert "\n\nper language pair:\n" + "".join(
+        f"  {pair}  BLEU = {s['bleu']:.2f}  chrF = {s['chrf']:.2f}  ({s['sentences']} sentences)\n"
+        for pair, s in test.items()) in out, out
+    (tmp_path / "perfect.txt").write_text("".join(f"{line}\n" for line in corpus.test["tgt"]), encoding="utf-8")
+    compare = ["compare", str(run), "perfect.txt", "--bootstrap", "10", "--trials", "10", "--examples", "0"]
+    code, out, err = run_cli([*compare, "--format", "json"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    systems = json.loads(out)["systems"]
+    assert systems[0]["pairs"] == test
+    assert {pair: s["chrf"] for pair, s in systems[1]["pairs"].items()} == {"en-fra": 100.0, "en-ita": 100.0}
+    code, out, err = run_cli(compare, monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    lines = out.splitlines()
+    header = lines.index(next(line for line in lines if line.startswith("per language pair")))
+    assert lines[header].split() == ["per", "language", "pair", "en-fra", "(2)", "BLEU", "en-fra", "(2)", "chrF",
+                                     "en-ita", "(2)", "BLEU", "en-ita", "(2)", "chrF"]
+    assert lines[header + 1].split() == [str(run), *(f"{s[m]:.2f}" for s in test.values() for m in ("bleu", "chrf"))]
+    assert lines[header + 2].split()[0] == "perfect.txt"
+
 
 def test_training_on_mixed_corpora_resumes_exactly(corpora, tmp_path: Path):
     cfg = mixed_config(corpora, weights=(1.0, 0.5), max_steps=8, eval_every_steps=4, save_every_steps=4)

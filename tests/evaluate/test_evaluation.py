@@ -306,8 +306,8 @@ def test_a_test_set_is_translated_scored_against_every_reference_and_its_hypothe
 
     comet = FakeComet()
     output = tmp_path / "new" / "hyps.txt"
-    result = evaluate_test_set(translate, sources, references, output, tokenize="13a", n_bootstrap=20, comet=comet,
-                               device="cpu", diagnostics=True)
+    result = evaluate_test_set(translate, sources, references, output, tokenize="13a", n_bootstrap=20, src_lang="en",
+                               comet=comet, device="cpu", diagnostics=True)
     hypotheses = translate(sources)
     assert translated[0] == sources and result.hypotheses == hypotheses and result.output == output
     assert output.read_text("utf-8") == "".join(h + "\n" for h in hypotheses)
@@ -315,10 +315,26 @@ def test_a_test_set_is_translated_scored_against_every_reference_and_its_hypothe
     assert result.scores.report() == expected.report() and "nrefs:2|bs:20" in result.scores.bleu_signature
     assert comet.seen == (sources, hypotheses, references[0], "cpu") and result.comet.score == 0.5
     assert result.diagnostics.lines() == diagnose(sources, hypotheses, references[0]).lines()
-    assert result.seconds >= 0
+    assert result.seconds >= 0 and result.pairs == {}  # no target-language tags: no language pairs
 
-    plain = evaluate_test_set(translate, sources, references[:1], output, tokenize="13a", n_bootstrap=1)
+    plain = evaluate_test_set(translate, sources, references[:1], output, tokenize="13a", n_bootstrap=1, src_lang="en")
     assert plain.comet is None and plain.diagnostics is None and "nrefs:1" in plain.scores.bleu_signature
+
+
+def test_a_tagged_test_set_is_scored_per_language_pair_against_every_reference(tmp_path: Path):
+    from transformer_mt.evaluate.test_set import evaluate_test_set
+
+    tags = [">>ita<<", ">>fra<<", ">>ita<<", ">>ita<<"]
+    sources = [f"{tag} {src}" for tag, (src, _) in zip(tags, TINY_PAIRS)]
+    references = [[tgt for _, tgt in TINY_PAIRS[:4]], ["Buon giorno.", "Bonsoir.", "Grazie.", "Dov'è?"]]
+    hypotheses = ["Buon giorno.", "Bonsoir.", TINY_PAIRS[2][1], "Ciao."]
+    result = evaluate_test_set(lambda lines: hypotheses, sources, references, tmp_path / "hyps.txt", tokenize="13a",
+                               n_bootstrap=1, src_lang="en")
+    assert list(result.pairs) == ["en-fra", "en-ita"]
+    for pair, rows in (("en-fra", [1]), ("en-ita", [0, 2, 3])):  # each pair's sentences against both references
+        own = score([hypotheses[i] for i in rows], [[stream[i] for i in rows] for stream in references], "13a")
+        assert result.pairs[pair] == {"sentences": len(rows), "bleu": round(own.bleu, 2), "chrf": round(own.chrf, 2)}
+    assert result.pairs["en-fra"]["chrf"] == 100.0  # the second reference is its own
 
 
 def test_a_test_set_whose_hypotheses_cannot_be_written_names_the_file_in_one_line(tmp_path: Path):
@@ -328,5 +344,5 @@ def test_a_test_set_whose_hypotheses_cannot_be_written_names_the_file_in_one_lin
     (tmp_path / "file").write_text("kept\n", encoding="utf-8")
     with pytest.raises(TmtError, match=f"^{tmp_path / 'file' / 'hyps.txt'}: ") as raised:
         evaluate_test_set(lambda lines: lines, ["a"], [["a"]], tmp_path / "file" / "hyps.txt", tokenize="13a",
-                          n_bootstrap=1)
+                          n_bootstrap=1, src_lang="en")
     assert "\n" not in str(raised.value) and (tmp_path / "file").read_text("utf-8") == "kept\n"

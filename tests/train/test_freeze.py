@@ -1,15 +1,18 @@
 """train.freeze: parts of the model that are not trained: no gradient, no optimizer state, the same
 weights bit for bit, kept on resume."""
 
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.helpers import run_cli, tiny_config
-from transformer_mt.config.loading import config_from_dict, save_config
+from transformer_mt.config.loading import config_from_dict, load_config, save_config
 from transformer_mt.config.schema import config_to_dict
 from transformer_mt.core.errors import ConfigError
+from transformer_mt.data.report import FrozenParts
+from transformer_mt.model.transformer import build_model
 from transformer_mt.runs.checkpoint import load_checkpoint
 from transformer_mt.runs.run_dir import check_saved_config, prepare_run_dir
 from transformer_mt.train import step as train_step_module
@@ -49,6 +52,13 @@ def test_frozen_parameters_stay_bit_identical_and_have_no_gradient_or_optimizer_
     total = trainer.model.num_parameters()
     assert f"train.freeze {', '.join(freeze)}: {n_frozen:,} of the {total:,} parameters frozen, " \
            f"{total - n_frozen:,} trained" in caplog.text
+    # The data report, logged before the first step, says so too (counted on a model without memory).
+    report = trainer.data_report
+    assert report.frozen == FrozenParts(tuple(freeze), n_frozen, total)
+    assert report.to_dict()["frozen"] == {"parts": tuple(freeze), "parameters": n_frozen, "total": total}
+    shown = f"{', '.join(freeze)}: {n_frozen:,} of {total:,} parameters ({100 * n_frozen / total:.1f}%), " \
+            f"{total - n_frozen:,} trained"
+    assert re.search(rf"^frozen \(train\.freeze\) +{re.escape(shown)}$", report.render(), re.M)
 
 
 def test_a_frozen_run_resumes_exactly_and_may_not_change_what_is_frozen(tiny_corpus: Path, tmp_path: Path):
@@ -78,6 +88,21 @@ def test_a_frozen_run_resumes_exactly_and_may_not_change_what_is_frozen(tiny_cor
         assert torch.equal(tensor, b["model"][name]), name
     for index, state in a["optimizer"]["state"].items():
         assert torch.equal(state["exp_avg"], b["optimizer"]["state"][index]["exp_avg"]), index
+
+
+def test_tmt_data_names_what_train_freeze_freezes_and_refuses_to_freeze_everything(tiny_corpus: Path,
+                                                                                    tmp_path: Path, monkeypatch, capsys):
+    config = tmp_path / "frozen.yaml"
+    save_config(tiny_config(tiny_corpus, train={"freeze": ["encoder"]}), config)
+    code, out, err = run_cli(["data", "--config", str(config), "--quiet"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    encoder = sum(p.numel() for name, p in build_model(load_config(config).model, 8, 8, 0).named_parameters()
+                  if name.startswith(("encoder_layers.", "encoder_norm.")))  # no embedding: any vocabulary's
+    assert re.search(rf"^frozen \(train\.freeze\) +encoder: {encoder:,} of [\d,]+ parameters \(\d+\.\d%\), "
+                     r"[\d,]+ trained$", out, re.M), out
+    save_config(tiny_config(tiny_corpus, train={"freeze": ["embeddings", "encoder", "decoder"]}), config)
+    code, out, err = run_cli(["data", "--config", str(config), "--quiet"], monkeypatch, capsys, tmp_path)
+    assert code == 2 and not out and "freezes every parameter of the model; nothing would be trained" in err
 
 
 def test_unknown_or_impossible_freeze_names_are_refused_with_did_you_mean(tiny_corpus: Path):

@@ -70,7 +70,7 @@ class System:
 def run_compare(args: argparse.Namespace) -> None:
     from transformer_mt.data.sources import read_lines
     from transformer_mt.evaluate.comparison import config_differences, paired_tests, seed_groups, winning_segments
-    from transformer_mt.evaluate.metrics import METRICS, bleu_tokenizer_problem
+    from transformer_mt.evaluate.metrics import METRICS, bleu_tokenizer_problem, pair_scores
 
     setup_logging(logging.WARNING)
     if len(args.systems) < 2:
@@ -102,6 +102,12 @@ def run_compare(args: argparse.Namespace) -> None:
     segments = [winning_segments(s.hypotheses, systems[0].hypotheses, references, args.examples)
                 for s in systems[1:]]
     report = _report(systems, references, tokenize, comparison, groups, differences, segments)
+    run = next((s for s in systems if s.sources is not None), None)
+    if run is not None:  # a multilingual test set (its sources begin with target-language tags): each pair's scores
+        for system, entry in zip(systems, report["systems"]):
+            if pairs := pair_scores(run.sources, system.hypotheses, references, run.config["data"]["src_lang"],
+                                    tokenize):
+                entry["pairs"] = pairs
     if comet is not None:
         import torch
 
@@ -240,6 +246,12 @@ def _tables(report: dict, markdown: bool) -> str:
             cells.append(f"{system['scores']['comet']['score']:.4f}")
         rows.append(cells)
     out += _table(rows, markdown) + [""]
+    if pairs := report["systems"][0].get("pairs"):  # BLEU and chrF of each language pair, without tests
+        rows = [["per language pair", *(f"{pair} ({s['sentences']}) {name}" for pair, s in pairs.items()
+                                        for name in ("BLEU", "chrF"))]]
+        rows += [[system["name"], *(f"{s[metric]:.2f}" for s in system["pairs"].values() for metric in ("bleu", "chrf"))]
+                 for system in report["systems"]]
+        out += _table(rows, markdown) + [""]
     groups = [g for g in report["seed_groups"] if len(g["systems"]) > 1]
     if groups:
         rows = [["seed group", "seeds", *[f"{metric_name(m)} mean ± sd" for m in METRICS]]]

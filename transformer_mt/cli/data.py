@@ -54,12 +54,14 @@ def run_data(args: argparse.Namespace) -> None:
     from transformer_mt.runs.init_from import check_parent
     from transformer_mt.runs.run_dir import data_settings_problem
     from transformer_mt.train.preparation import preview_report
+    from transformer_mt.train.trainer import check_freeze
 
     run_dir = args.run_dir or Path("runs") / cfg.name
     if args.run_dir is not None and (problem := run_dir_problem(args.run_dir)):  # a typo is no "not reused"
         raise TmtError(f"--run-dir {args.run_dir}: {problem}")
     if cfg.train.init_from:
         check_parent(cfg)  # a config `tmt train` would refuse gets no report
+    check_freeze(cfg)  # nor one that leaves nothing to train
     report, notes, reuse = preview_report(cfg, run_dir, progress=not args.quiet)
     if args.run_dir is not None and not reuse:
         notes.append(f"--run-dir {args.run_dir} not used: {data_settings_problem(cfg, args.run_dir)}")

@@ -370,11 +370,18 @@ def run_evaluate(args: argparse.Namespace) -> None:
         quantized=translator.quantized)
     result = evaluate_test_set(functools.partial(translator.translate, beam_size=beam, progress=not args.quiet),
                                sources, references, output, tokenize=tokenize, n_bootstrap=args.bootstrap,
-                               comet=comet, device=translator.device, diagnostics=args.diagnostics)
+                               src_lang=translator.cfg.data.src_lang, comet=comet, device=translator.device,
+                               diagnostics=args.diagnostics)
     for metric in METRICS:
         print(f"{result.scores[metric].shown(metric)}  {result.scores[metric].signature}")
     if result.comet is not None:
         print(f"COMET = {result.comet.score:.4f}  model:{result.comet.model}")
+    if result.pairs:  # a multilingual set: its sources begin with target-language tags
+        print("\nper language pair:")
+        width = max(map(len, result.pairs))
+        for pair, values in result.pairs.items():
+            print(f"  {pair.ljust(width)}  BLEU = {values['bleu']:.2f}  chrF = {values['chrf']:.2f}  "
+                  f"({values['sentences']} sentences)")
     if result.diagnostics is not None:
         print(f"\ndiagnostics of {len(result.hypotheses)} translations (line numbers from 1):")
         for line in result.diagnostics.lines():

@@ -43,6 +43,20 @@ class CorpusShare:
 
 
 @dataclass(frozen=True)
+class FrozenParts:
+    """What `train.freeze` leaves untrained."""
+
+    parts: tuple[str, ...]  # train.freeze's names
+    parameters: int  # frozen, tied weights counted once
+    total: int  # the model's parameters
+
+    def shown(self) -> str:
+        """`embeddings, encoder: 3,112,448 of 7,412,224 parameters (42.0%), 4,299,776 trained`."""
+        return (f"{', '.join(self.parts)}: {self.parameters:,} of {self.total:,} parameters "
+                f"({100 * self.parameters / max(self.total, 1):.1f}%), {self.total - self.parameters:,} trained")
+
+
+@dataclass(frozen=True)
 class DataReport:
     """A corpus as the model will see it; per-epoch counts are the first epoch's, train `lengths` plain BPE's."""
 
@@ -65,6 +79,7 @@ class DataReport:
     dropout_batches_per_epoch: int | None = None  # an epoch's batches from a later bpe_dropout_start_epoch on
     corpora: tuple[CorpusShare, ...] | None = None  # with data.corpora
     pack_tokens: tuple[int, int] | None = None  # packed batches (train.batching): source, target tokens of a pack
+    frozen: FrozenParts | None = None  # with train.freeze
 
     @property
     def steps_per_epoch(self) -> float:
@@ -90,7 +105,8 @@ class DataReport:
                 "bpe_dropout": None if self.bpe_dropout is None else dict(zip(
                     ("rate", "variants", "tgt_token_ratio", "start_epoch"), self.bpe_dropout)),
                 "corpora": None if self.corpora is None else [dataclasses.asdict(c) for c in self.corpora],
-                "pack_tokens": None if self.pack_tokens is None else list(self.pack_tokens)}
+                "pack_tokens": None if self.pack_tokens is None else list(self.pack_tokens),
+                "frozen": None if self.frozen is None else dataclasses.asdict(self.frozen)}
 
     def render(self) -> str:
         """The report as a compact text table: a label column, then aligned cells per block."""
@@ -124,6 +140,7 @@ class DataReport:
                            + (f" = {self.steps_per_epoch:,.1f} steps of {self.batches_per_step} batches"
                               if self.batches_per_step > 1 else "")]],
             [["until max_steps", f"{self.max_steps:,} steps = {self.epochs_to_max_steps:,.1f} epochs"]],
+            self.frozen is not None and [["frozen (train.freeze)", self.frozen.shown()]],
         ) if block]
         label_width = max(len(row[0]) for block in blocks for row in block)
         lines = []

@@ -122,13 +122,14 @@ def score(hypotheses: list[str], references: Sequence[str] | Sequence[Sequence[s
     return Scores(results)
 
 
-def pair_scores(sources: Sequence[str], hypotheses: list[str], references: Sequence[str], src_lang: str,
-                tokenize: str = "13a") -> dict[str, dict]:
-    """BLEU and chrF of each language pair of a multilingual set, its sources grouped by their leading
-    target-language tag (`en-ita` for `>>ita<<`), by pair name: {pair: {sentences, bleu, chrf}};
-    {} when no source begins with a tag."""
+def pair_scores(sources: Sequence[str], hypotheses: list[str], references: Sequence[str] | Sequence[Sequence[str]],
+                src_lang: str, tokenize: str = "13a") -> dict[str, dict]:
+    """BLEU and chrF of each language pair of a multilingual set (against one reference each, or
+    several reference lists), its sources grouped by their leading target-language tag (`en-ita`
+    for `>>ita<<`), by pair name: {pair: {sentences, bleu, chrf}}; {} when no source begins with a tag."""
     from transformer_mt.data.tokenization import is_language_tag, leading_tag
 
+    streams = reference_streams(references)
     rows: dict[str, list[int]] = {}
     for i, source in enumerate(sources):
         tag = leading_tag(source)[0]
@@ -136,7 +137,8 @@ def pair_scores(sources: Sequence[str], hypotheses: list[str], references: Seque
             rows.setdefault(f"{src_lang}-{tag[2:-2]}", []).append(i)
     pairs = {}
     for pair, own in sorted(rows.items()):
-        scores = score([hypotheses[i] for i in own], [references[i] for i in own], tokenize, metrics=("bleu", "chrf"))
+        scores = score([hypotheses[i] for i in own], [[stream[i] for i in own] for stream in streams], tokenize,
+                       metrics=("bleu", "chrf"))
         pairs[pair] = {"sentences": len(own), "bleu": round(scores.bleu, 2), "chrf": round(scores.chrf, 2)}
     return pairs
 

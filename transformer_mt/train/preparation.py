@@ -12,15 +12,16 @@ from pathlib import Path
 
 import torch
 
-from transformer_mt.config.schema import Config, TrainConfig
+from transformer_mt.config.schema import Config, TrainConfig, frozen_prefixes
 from transformer_mt.core.errors import DataError, TmtError, missing_from_rank0
 from transformer_mt.core.run_layout import JOINT_FILE, SRC_FILE, TGT_FILE, RunDir
 from transformer_mt.core.runtime import pick_device
 from transformer_mt.data import corpus as data_module
-from transformer_mt.data.report import DataReport, build_report
+from transformer_mt.data.report import DataReport, FrozenParts, build_report
 from transformer_mt.data.token_cache import TokenizedSplit, processes_for, tokenize_split
-from transformer_mt.data.tokenization import TokenizerPair, train_tokenizers
+from transformer_mt.data.tokenization import PAD_ID, TokenizerPair, train_tokenizers
 from transformer_mt.data.training_split import tokenize_training_split
+from transformer_mt.model.transformer import build_model
 from transformer_mt.runs.init_from import copy_tokenizers
 from transformer_mt.runs.run_dir import data_settings_problem
 from transformer_mt.train.batches import packed_batches, resolve_batch_tokens
@@ -77,8 +78,19 @@ def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size:
     if prepared:
         return tokenizers, train, valid, None  # rank 0 reports the data (a pass over all of train)
     report = build_report(cfg, corpus, tokenizers, train, world_size, pad_to_multiple, packed)
+    report = dataclasses.replace(report, frozen=frozen_parts(cfg, tokenizers))
     logger.info("data report:\n%s", report.render())
     return tokenizers, train, valid, report
+
+
+def frozen_parts(cfg: Config, tokenizers: TokenizerPair) -> FrozenParts | None:
+    """What `train.freeze` leaves untrained, counted on a model of `tokenizers`' vocabularies that
+    holds no memory (and draws no random numbers); None without train.freeze."""
+    if not cfg.train.freeze:
+        return None
+    with torch.device("meta"):
+        model = build_model(cfg.model, tokenizers.src.get_vocab_size(), tokenizers.tgt.get_vocab_size(), PAD_ID)
+    return FrozenParts(cfg.train.freeze, model.freeze(frozen_prefixes(cfg.train.freeze)), model.num_parameters())
 
 
 def preview_report(cfg: Config, run_dir: Path, progress: bool) -> tuple[DataReport, list[str], bool]:

@@ -236,8 +236,8 @@ class Evaluator:
             return self.tokenizers.decode_tgt(hyp_ids)
 
         output = self.paths.hypotheses("test", path.stem, beam)
-        result = evaluate_test_set(translate, test["src"], [test["tgt"]], output,
-                                   tokenize=cfg.train.bleu_tokenize, n_bootstrap=BOOTSTRAP_SAMPLES)
+        result = evaluate_test_set(translate, test["src"], [test["tgt"]], output, tokenize=cfg.train.bleu_tokenize,
+                                   n_bootstrap=BOOTSTRAP_SAMPLES, src_lang=cfg.data.src_lang)
         scores = result.scores
         # step: the run's when tested; checkpoint_steps: those of the weights; weights: "ema" or "model"
         report = {"checkpoint": path.name, "checkpoint_steps": weights_steps, "weights": which,
@@ -247,7 +247,7 @@ class Evaluator:
         logger.info("test (%s%s, beam %d, %d sentences): %s [%s]", path.name,
                     ", EMA weights" if which == "ema" else "", beam, len(result.hypotheses),
                     ", ".join(scores[name].shown(name) for name in METRICS), scores.bleu_signature)
-        if pairs := pair_scores(test["src"], result.hypotheses, test["tgt"], cfg.data.src_lang, cfg.train.bleu_tokenize):
-            report["pairs"] = pairs
-            logger.info("test per language pair: %s", pair_line(pairs))
+        if result.pairs:
+            report["pairs"] = result.pairs
+            logger.info("test per language pair: %s", pair_line(result.pairs))
         return report

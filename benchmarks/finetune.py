@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import importlib.util
 import json
 import logging
@@ -326,12 +327,10 @@ def decode(args: argparse.Namespace, folder: Path, run_dir: Path, sources: list[
     from transformer_mt.decode.translator import Translator
 
     device = torch.device(args.device)
-    tmt = {}
-    for name in ("ctranslate2", "torch"):
-        translator = Translator.from_run(run_dir, device=device.type, engine=name)
-        if translator.engine.name == "ctranslate2":
-            translator.engine.threads = args.threads
-        tmt[name] = translator
+    tmt = {"torch": Translator.from_run(run_dir, device=device.type, engine="torch")}
+    if importlib.util.find_spec("ctranslate2"):
+        tmt["ctranslate2"] = Translator.from_run(run_dir, device=device.type, engine="ctranslate2")
+        tmt["ctranslate2"].engine.threads = args.threads
     # One engine batch of each batch, capped at --max-tokens.
     settings = dataclasses.replace(tmt["torch"].cfg.decode, max_len_a=0.0, max_len_b=args.max_tokens,
                                    batch_tokens=1 << 20)
@@ -354,8 +353,9 @@ def decode(args: argparse.Namespace, folder: Path, run_dir: Path, sources: list[
             out = marian.generate(**batch, num_beams=args.beam, max_new_tokens=args.max_tokens, do_sample=False)
         return int(((out[:, 1:] != pad) & (out[:, 1:] != eos)).sum())  # after the start token, without EOS
 
-    engines = {"tmt_ct2": tmt_engine(tmt["ctranslate2"]), "tmt_torch": tmt_engine(tmt["torch"]),
-               "hf_generate": hf_generate}
+    engines = {"tmt_torch": tmt_engine(tmt["torch"]), "hf_generate": hf_generate}
+    if "ctranslate2" in tmt:
+        engines["tmt_ct2"] = tmt_engine(tmt["ctranslate2"])
     spans = [(lo, min(lo + args.batch_size, len(sources))) for lo in range(0, len(sources), args.batch_size)]
     for run in engines.values():  # warm-up
         run(*spans[0])
@@ -371,19 +371,22 @@ def decode(args: argparse.Namespace, folder: Path, run_dir: Path, sources: list[
             seconds[name] += time.perf_counter() - started
     rate = {name: tokens[name] / seconds[name] for name in engines}
     per_sentence = {name: len(sources) / seconds[name] for name in engines}
+    rate["tmt_ct2"], per_sentence["tmt_ct2"] = rate.get("tmt_ct2"), per_sentence.get("tmt_ct2")
     print(f"# decoding: {len(sources)} test sources in batches of {args.batch_size}, beam {args.beam}, at most "
           f"{args.max_tokens} tokens each, after one untimed batch each")
     for name in engines:
         print(f"{name:<14} {seconds[name]:8.2f} s  {tokens[name]:>7} tokens  {rate[name]:10.1f} tokens/s  "
               f"{per_sentence[name]:8.2f} sentences/s")
-    ratio = per_sentence["tmt_ct2"] / per_sentence["hf_generate"]
-    return {"ct2_tokens_per_s": round(rate["tmt_ct2"], 1), "torch_tokens_per_s": round(rate["tmt_torch"], 1),
+    ratio = per_sentence["tmt_ct2"] and per_sentence["tmt_ct2"] / per_sentence["hf_generate"]
+    return {"ct2_tokens_per_s": rate["tmt_ct2"] and round(rate["tmt_ct2"], 1),
+            "torch_tokens_per_s": round(rate["tmt_torch"], 1),
             "hf_generate_tokens_per_s": round(rate["hf_generate"], 1),
-            "ct2_sentences_per_s": round(per_sentence["tmt_ct2"], 2),
+            "ct2_sentences_per_s": per_sentence["tmt_ct2"] and round(per_sentence["tmt_ct2"], 2),
             "torch_sentences_per_s": round(per_sentence["tmt_torch"], 2),
             "hf_generate_sentences_per_s": round(per_sentence["hf_generate"], 2),
-            "ct2_vs_hf": round(ratio, 3), "torch_vs_hf": round(per_sentence["tmt_torch"] / per_sentence["hf_generate"], 3),
-            "goal": GOALS["decode"], "met": ratio >= GOALS["decode"],
+            "ct2_vs_hf": ratio and round(ratio, 3),
+            "torch_vs_hf": round(per_sentence["tmt_torch"] / per_sentence["hf_generate"], 3),
+            "goal": GOALS["decode"], "met": ratio and ratio >= GOALS["decode"],
             "generated_tokens": tokens, "sentences": len(sources), "batch_size": args.batch_size, "beam": args.beam,
             "max_tokens": args.max_tokens}
 
@@ -392,9 +395,11 @@ def decode(args: argparse.Namespace, folder: Path, run_dir: Path, sources: list[
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    missing = [m for m in ("transformers", "sentencepiece", "accelerate", "ctranslate2") if not importlib.util.find_spec(m)]
+    missing = [m for m in ("transformers", "sentencepiece", "accelerate") if not importlib.util.find_spec(m)]
     if missing:
         raise SystemExit(f"finetune: needs {', '.join(missing)}: pip install -e '.[bench,marian]'")
+    if not importlib.util.find_spec("ctranslate2"):
+        print("# tmt's CTranslate2 engine: left out, ctranslate2 is not installed; its figures are null")
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("transformer_mt").setLevel(logging.ERROR)
@@ -430,12 +435,12 @@ def device_name(device: str) -> str:
 
 
 def versions() -> dict:
-    import ctranslate2
     import transformers
 
     import transformer_mt
+    ct2 = importlib.import_module("ctranslate2") if importlib.util.find_spec("ctranslate2") else None
     return {"tmt": transformer_mt.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "ctranslate2": ctranslate2.__version__}
+            "ctranslate2": ct2 and ct2.__version__}
 
 
 if __name__ == "__main__":

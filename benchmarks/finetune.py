@@ -218,15 +218,15 @@ def hf_seq2seq_trainer(folder: Path, work: Path, trainer: Trainer, rows: list[di
     device = trainer.device
 
     class StepClock(TrainerCallback):
-        """perf_counter at the end of the last warm-up step and of the last step."""
+        """(wall, process CPU) clocks at the end of the last warm-up step and of the last step."""
 
         def __init__(self):
-            self.ends: list[float] = []
+            self.ends: list[tuple[float, float]] = []
 
         def on_step_end(self, _args, state, control, **kwargs):
             if state.global_step in (args.warmup_steps, args.warmup_steps + args.steps):
                 synchronize(device)
-                self.ends.append(time.perf_counter())
+                self.ends.append(clocks())
 
     class TmtBatches(Seq2SeqTrainer):
         """The same batches as tmt, in its order (a trainer's own sampler would draw others)."""
@@ -264,10 +264,10 @@ def finetune(args: argparse.Namespace, work: Path, folder: Path, run_dir: Path, 
     for step in steps[:args.warmup_steps]:
         step()
     synchronize(trainer.device)
-    started = time.perf_counter()
+    started = clocks()
     tokens["tmt"] = sum(step() for step in steps[args.warmup_steps:])
     synchronize(trainer.device)
-    tmt_seconds = time.perf_counter() - started
+    tmt_seconds, tmt_cpu = (end - start for end, start in zip(clocks(), started))
 
     # Hugging Face on the same rows, in the same batches.
     vocab = MarianVocab.of(built["vocab_size"], pad=built["pad"], unk=1, eos=built["eos"], decoder_start=built["pad"])
@@ -277,7 +277,7 @@ def finetune(args: argparse.Namespace, work: Path, folder: Path, run_dir: Path, 
     hf.train()
     if len(clock.ends) != 2:
         raise SystemExit(f"finetune: Seq2SeqTrainer ran {hf.state.global_step} steps, not {len(batches)}")
-    hf_seconds = clock.ends[1] - clock.ends[0]
+    hf_seconds, hf_cpu = (end - start for start, end in zip(*clock.ends))
     tokens["hf"] = sum(len(rows[i]["labels"]) for b in batches[args.warmup_steps:] for i in b)
     if tokens["hf"] != tokens["tmt"]:
         raise SystemExit(f"finetune: the engines' batches differ: {tokens['tmt']} target tokens in tmt's, "
@@ -288,14 +288,16 @@ def finetune(args: argparse.Namespace, work: Path, folder: Path, run_dir: Path, 
     print(f"# fine-tuning: {args.steps} timed steps after {args.warmup_steps}, {sentences} sentences, "
           f"{tokens['tmt']} target tokens (tmt's batches of train.batch_tokens {args.batch_tokens}, engine "
           f"{'packed' if trainer.engine.packed else 'padded'})")
-    print(f"tmt              {tmt_seconds:8.2f} s  {rates['tmt']:10.1f} target tokens/s")
-    print(f"Seq2SeqTrainer   {hf_seconds:8.2f} s  {rates['hf']:10.1f} target tokens/s")
+    cpu_rates = {"tmt": tokens["tmt"] / tmt_cpu, "hf": tokens["hf"] / hf_cpu}
+    for name, label, seconds in (("tmt", "tmt", tmt_seconds), ("hf", "Seq2SeqTrainer", hf_seconds)):
+        print(f"{label:<16} {seconds:8.2f} s  {rates[name]:10.1f} target tokens/s  ({cpu_rates[name]:10.1f} per CPU-s)")
     if args.profile:
         profile_training(trainer, timed, hf, batches[args.warmup_steps:], args.profile)
     return {"tmt_tokens_per_s": round(rates["tmt"], 1), "hf_seq2seq_tokens_per_s": round(rates["hf"], 1),
             "tmt_vs_hf": round(rates["tmt"] / rates["hf"], 3), "goal": GOALS["train"],
             "met": rates["tmt"] / rates["hf"] >= GOALS["train"], "tmt_seconds": round(tmt_seconds, 3),
-            "hf_seconds": round(hf_seconds, 3), "timed_steps": args.steps, "warmup_steps": args.warmup_steps,
+            "hf_seconds": round(hf_seconds, 3),
+            "tmt_vs_hf_cpu_time": round(cpu_rates["tmt"] / cpu_rates["hf"], 3), "timed_steps": args.steps, "warmup_steps": args.warmup_steps,
             "sentences": sentences, "tgt_tokens": tokens["tmt"], "batch_tokens": args.batch_tokens,
             "tmt_engine": "packed" if trainer.engine.packed else "padded", "precision": trainer.precision.name}
 
@@ -339,9 +341,11 @@ def decode(args: argparse.Namespace, folder: Path, run_dir: Path, sources: list[
     marian = MarianMTModel.from_pretrained(folder).eval().to(device)
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
 
-    def tmt_engine(translator):
+    def tmt_engine(translator, quantize: str = "none"):
+        decoding = dataclasses.replace(settings, quantize=quantize)
+
         def run(lo: int, hi: int) -> int:
-            hyps = translator.engine.translate(src_ids[lo:hi], settings, args.beam, False)
+            hyps = translator.engine.translate(src_ids[lo:hi], decoding, args.beam, False)
             return sum(len(h) for h in hyps)
         return run
 
@@ -356,6 +360,8 @@ def decode(args: argparse.Namespace, folder: Path, run_dir: Path, sources: list[
     engines = {"tmt_torch": tmt_engine(tmt["torch"]), "hf_generate": hf_generate}
     if "ctranslate2" in tmt:
         engines["tmt_ct2"] = tmt_engine(tmt["ctranslate2"])
+        if device.type == "cpu":  # `tmt translate --quantize int8`: CTranslate2's int8 weights
+            engines["tmt_ct2_int8"] = tmt_engine(tmt["ctranslate2"], "int8")
     spans = [(lo, min(lo + args.batch_size, len(sources))) for lo in range(0, len(sources), args.batch_size)]
     for run in engines.values():  # warm-up
         run(*spans[0])
@@ -371,7 +377,8 @@ def decode(args: argparse.Namespace, folder: Path, run_dir: Path, sources: list[
             seconds[name] += time.perf_counter() - started
     rate = {name: tokens[name] / seconds[name] for name in engines}
     per_sentence = {name: len(sources) / seconds[name] for name in engines}
-    rate["tmt_ct2"], per_sentence["tmt_ct2"] = rate.get("tmt_ct2"), per_sentence.get("tmt_ct2")
+    for name in ("tmt_ct2", "tmt_ct2_int8"):  # null where left out
+        rate[name], per_sentence[name] = rate.get(name), per_sentence.get(name)
     print(f"# decoding: {len(sources)} test sources in batches of {args.batch_size}, beam {args.beam}, at most "
           f"{args.max_tokens} tokens each, after one untimed batch each")
     for name in engines:
@@ -386,6 +393,9 @@ def decode(args: argparse.Namespace, folder: Path, run_dir: Path, sources: list[
             "hf_generate_sentences_per_s": round(per_sentence["hf_generate"], 2),
             "ct2_vs_hf": ratio and round(ratio, 3),
             "torch_vs_hf": round(per_sentence["tmt_torch"] / per_sentence["hf_generate"], 3),
+            "ct2_int8_tokens_per_s": rate["tmt_ct2_int8"] and round(rate["tmt_ct2_int8"], 1),
+            "ct2_int8_vs_hf": per_sentence["tmt_ct2_int8"] and round(per_sentence["tmt_ct2_int8"]
+                                                                     / per_sentence["hf_generate"], 3),
             "goal": GOALS["decode"], "met": ratio and ratio >= GOALS["decode"],
             "generated_tokens": tokens, "sentences": len(sources), "batch_size": args.batch_size, "beam": args.beam,
             "max_tokens": args.max_tokens}
@@ -428,6 +438,12 @@ def main(argv: list[str] | None = None) -> int:
         figure = {"figure": f"{args.label}-decode", **decode(args, folder, run_dir, sources), **context}
         print(json.dumps(figure), flush=True)
     return 0
+
+
+def clocks() -> tuple[float, float]:
+    """Wall seconds and this process's CPU seconds (all its threads): on a machine shared with other
+    work, the second counts this process's work only."""
+    return time.perf_counter(), time.process_time()
 
 
 def device_name(device: str) -> str:

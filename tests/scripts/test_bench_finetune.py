@@ -37,7 +37,7 @@ def test_a_tiny_run_prints_a_train_and_a_decode_figure_of_the_same_work(tmp_path
     assert train["tmt_tokens_per_s"] == pytest.approx(train["tgt_tokens"] / train["tmt_seconds"], rel=0.01)
     assert train["hf_seq2seq_tokens_per_s"] == pytest.approx(train["tgt_tokens"] / train["hf_seconds"], rel=0.01)
     assert train["tmt_vs_hf"] == pytest.approx(train["tmt_tokens_per_s"] / train["hf_seq2seq_tokens_per_s"], rel=0.01)
-    assert train["met"] == (train["tmt_vs_hf"] >= train["goal"] == 1.2)
+    assert train["met"] == (train["tmt_vs_hf"] >= train["goal"] == 1.2) and train["tmt_vs_hf_cpu_time"] > 0
     # Decoding: the same 40 sources, each engine at most 6 tokens a sentence.
     assert decode["sentences"] == 40 and (decode["batch_size"], decode["beam"]) == (16, 2)
     assert all(0 < n <= 40 * 6 for n in decode["generated_tokens"].values())

@@ -20,9 +20,9 @@ One process:
    step (its step callback), so both clocks hold only the training steps and what the loop does
    between them. Speed is real target tokens (with EOS) per second;
 3. decodes the corpus's test sources in batches of `--batch-size` with beam `--beam` and at most
-   `--max-tokens` generated tokens, on tmt's CTranslate2 engine, tmt's torch engine and
-   `MarianMTModel.generate`, after one untimed batch each; the engines take each batch in turn,
-   in rotating order. All start from token ids (tokenization is left out of the clocks); speed is
+   `--max-tokens` generated tokens, on tmt's CTranslate2 engine (fp32, and on a CPU int8 as
+   `tmt translate --quantize int8`), tmt's torch engine and `MarianMTModel.generate`, after one
+   untimed batch each; the engines take each batch in turn, in rotating order. All start from token ids (tokenization is left out of the clocks); speed is
    generated tokens (without EOS) per second and sentences per second. A random model seldom ends
    a sentence, so most run to the cap in every engine.
 
@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 
 from transformer_mt.config.loading import load_config
+from transformer_mt.core.errors import TmtError
 from transformer_mt.pretrained.marian_vocab import MarianVocab
 from transformer_mt.runs.init_from import inherited_settings, load_parent
 from transformer_mt.train.trainer import Trainer
@@ -67,7 +68,8 @@ GOALS = {"train": 1.2, "decode": 3.0}  # tmt ÷ Hugging Face: fine-tuning target
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DEMO_CORPUS,
-                        help="corpus folder: train.<lang>, test.<lang> (valid.<lang> or carved) (default: the demo corpus)")
+                        help="corpus folder: train.<lang>, test.<lang>, valid.<lang> or carved (default: the demo "
+                             "corpus)")
     parser.add_argument("--src-lang", default="en", help="source language suffix (default en; the other is the target)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--threads", type=int, default=1,
@@ -90,7 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     decode = parser.add_argument_group("decoding")
     decode.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default 32)")
     decode.add_argument("--beam", type=int, default=4, help="beam size (default 4)")
-    decode.add_argument("--max-tokens", type=int, default=64, help="generated tokens per sentence, at most (default 64)")
+    decode.add_argument("--max-tokens", type=int, default=64,
+                        help="generated tokens per sentence, at most (default 64)")
     decode.add_argument("--sentences", type=int, default=0, help="test sources decoded (default 0: all)")
     parser.add_argument("--label", default="finetune", help="the figures' name: <label>-train, <label>-decode")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
@@ -297,7 +300,8 @@ def finetune(args: argparse.Namespace, work: Path, folder: Path, run_dir: Path, 
             "tmt_vs_hf": round(rates["tmt"] / rates["hf"], 3), "goal": GOALS["train"],
             "met": rates["tmt"] / rates["hf"] >= GOALS["train"], "tmt_seconds": round(tmt_seconds, 3),
             "hf_seconds": round(hf_seconds, 3),
-            "tmt_vs_hf_cpu_time": round(cpu_rates["tmt"] / cpu_rates["hf"], 3), "timed_steps": args.steps, "warmup_steps": args.warmup_steps,
+            "tmt_vs_hf_cpu_time": round(cpu_rates["tmt"] / cpu_rates["hf"], 3), "timed_steps": args.steps,
+            "warmup_steps": args.warmup_steps,
             "sentences": sentences, "tgt_tokens": tokens["tmt"], "batch_tokens": args.batch_tokens,
             "tmt_engine": "packed" if trainer.engine.packed else "padded", "precision": trainer.precision.name}
 
@@ -331,8 +335,11 @@ def decode(args: argparse.Namespace, folder: Path, run_dir: Path, sources: list[
     device = torch.device(args.device)
     tmt = {"torch": Translator.from_run(run_dir, device=device.type, engine="torch")}
     if importlib.util.find_spec("ctranslate2"):
-        tmt["ctranslate2"] = Translator.from_run(run_dir, device=device.type, engine="ctranslate2")
-        tmt["ctranslate2"].engine.threads = args.threads
+        try:
+            tmt["ctranslate2"] = Translator.from_run(run_dir, device=device.type, engine="ctranslate2")
+            tmt["ctranslate2"].engine.threads = args.threads
+        except TmtError as err:  # e.g. a CTranslate2 build without CUDA
+            print(f"# tmt's CTranslate2 engine: left out on {device.type} ({err}); its figures are null")
     # One engine batch of each batch, capped at --max-tokens.
     settings = dataclasses.replace(tmt["torch"].cfg.decode, max_len_a=0.0, max_len_b=args.max_tokens,
                                    batch_tokens=1 << 20)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # torch and the model load where used: serve.py's client proc
 
     from transformer_mt.data.tokenization import TokenizerPair
     from transformer_mt.model.transformer import Transformer
+    from transformer_mt.train.step import TrainStep
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CORPUS = REPO / "transformer_mt" / "corpora" / "demo_en_it"
@@ -129,6 +130,29 @@ def synchronize(device: torch.device) -> None:
 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def tmt_update_steps(train_step: TrainStep, index_batches: list,
+                     on_batch: Callable[[object], None] | None = None) -> list[Callable[[], int]]:
+    """tmt's update as its training loop runs it, one callable per batch of `index_batches` (each
+    returns the batch's real target tokens): the batch built as the loop builds it (padding, pinned
+    memory), the next one while the device works on this step (`while_device_works`).
+    `on_batch(batch)` sees each batch once it is trained."""
+    prefetched: dict[int, object] = {}
+
+    def step(k: int) -> Callable[[], int]:
+        def load_next() -> None:
+            if k + 1 < len(index_batches):
+                prefetched[k + 1] = train_step.batches.load(index_batches[k + 1])
+
+        def run() -> int:
+            batch = prefetched.pop(k, None) or train_step.batches.load(index_batches[k])
+            train_step.run(batch, while_device_works=load_next)
+            if on_batch is not None:
+                on_batch(batch)
+            return batch.n_tgt_tokens
+        return run
+    return [step(k) for k in range(len(index_batches))]
 
 
 def print_profile(rounds: dict[str, list[Callable[[], object]]], top: int) -> None:

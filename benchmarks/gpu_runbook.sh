@@ -56,6 +56,12 @@
 #                  1 and 32 against HF MarianMTModel.generate of the same size (and CTranslate2 where it is
 #                  installed), then 1,000 test sentences with beam 5 (`decode_1000_beam5_s`, start-up not
 #                  counted); with CUDNN=1 then the same with cuDNN's attention forced, the kernel auto avoids.
+#   finetune       benchmarks/finetune.py: a random Marian of OPUS-MT's size (d_model 512, 6+6 layers,
+#                  58,101 entries) built with transformers, `tmt import`ed, fine-tuned by tmt and by
+#                  Seq2SeqTrainer on the same batches (fp32, AdamW), then decoded at batch 32, beam 4 by
+#                  tmt's CTranslate2 and torch engines and `generate`; on cuda (figures finetune-cuda-train,
+#                  finetune-cuda-decode), then on the host's CPU (finetune-cpu-*). Needs sentencepiece and
+#                  accelerate: `prepare` carries their wheels for an image without them.
 #   check          the engine's self-check for real: two tiny `tmt train` runs of configs/demo.yaml on the
 #                  GPU engine (bf16, CUDA graphs, attention dropout 0), one with packed batches, one
 #                  padded; figures self-check-packed, self-check-padded (summary.json's engine_check:
@@ -122,6 +128,10 @@ prepare() {
     "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .gpu/wheels \
         datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 fsspec==2026.9.0 || return 1
+    # The finetune stage's: the OPUS-MT tokenizer's SentencePiece and Seq2SeqTrainer's accelerate (with psutil).
+    "$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .gpu/wheels/finetune \
+        sentencepiece==0.2.3 accelerate==1.16.0 psutil==7.2.2 || return 1
     git check-ignore -q .gpu || echo "gpu_runbook: .gpu is not git-ignored; add /.gpu/ to .gitignore" >&2
     du -sh .gpu
 }
@@ -277,6 +287,23 @@ decode() {  # each run prints JSON lines: the beam-5 test figure, then the summa
     return $rc
 }
 
+finetune() {  # an imported OPUS-MT-sized model: tmt against Seq2SeqTrainer and generate, then CTranslate2 on the CPU
+    local rc=0
+    if ! "$PY" -c 'import sentencepiece, accelerate' 2>/dev/null; then  # carried by prepare, where the image lacks them
+        compgen -G ".gpu/wheels/finetune/*.whl" > /dev/null || { echo "gpu_runbook: finetune needs sentencepiece" \
+            "and accelerate: run prepare (.gpu/wheels/finetune)" >&2; return 1; }
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-finetune \
+            .gpu/wheels/finetune/*.whl || return 1
+        export PYTHONPATH=$PYTHONPATH:/tmp/site-finetune
+    fi
+    log "finetune: OPUS-MT's size on the demo corpus, fp32 on cuda, 8,192 tokens per batch"
+    "$PY" benchmarks/finetune.py --device cuda --threads "$(threads_each 1)" --batch-tokens 8192 \
+        --warmup-steps 5 --steps 30 --label finetune-cuda || rc=1
+    log "finetune: the same on the host's CPU, as on the development machines"
+    "$PY" benchmarks/finetune.py --threads "$(threads_each 1)" --label finetune-cpu || rc=1
+    return $rc
+}
+
 train_stage() {  # name config data-path [extra --set ...]
     local name=$1${TAG:+-$TAG} config=$2 data=$3 resume=() overrides=() sets=() code started
     local run=runs/gpu-$name
@@ -389,8 +416,8 @@ for group in "$@"; do
     IFS=, read -ra stages <<< "$group"
     for stage in "${stages[@]}"; do
         case $stage in
-            check|suite|bench|variants|bench-large|goal-bench|goals|bench-more|decode|profile|multi30k|multi30k-seed2|multi30k-seed3|tatoeba|scout|compare) ;;
-            *) echo "gpu_runbook: unknown stage '$stage' (bench, bench-large, bench-more, decode, profile, variants, check," \
+            check|suite|bench|variants|bench-large|goal-bench|goals|bench-more|decode|finetune|profile|multi30k|multi30k-seed2|multi30k-seed3|tatoeba|scout|compare) ;;
+            *) echo "gpu_runbook: unknown stage '$stage' (bench, bench-large, bench-more, decode, finetune, profile, variants, check," \
                     "suite, multi30k, multi30k-seed2, multi30k-seed3, tatoeba, scout, compare, goal-bench, goals; joined by commas to run at once;" \
                     "prepare runs alone)" >&2
                exit 2 ;;

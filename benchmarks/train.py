@@ -60,7 +60,8 @@ from transformer_mt.train.batches import packed_batches
 from transformer_mt.train.interval import peak_flops_per_s
 from transformer_mt.train.trainer import Trainer
 
-from common import add_setup_arguments, build_marian, commit, cpu_name, print_profile, synchronize, target_lang
+from common import (add_setup_arguments, build_marian, commit, cpu_name, print_profile, synchronize, target_lang,
+                    tmt_update_steps)
 
 PRESETS = {
     "cpu-small": {"model": ModelConfig(d_model=256, n_heads=4, n_layers=3, d_ff=1024, dropout=0.1, max_len=256),
@@ -289,27 +290,14 @@ def main(argv: list[str] | None = None) -> int:
 
     computed: dict[str, list[int]] = {"tmt_padded": [0, 0], "tmt_packed": [0, 0]}  # real, computed target positions
 
-    # tmt, as its training loop runs: each batch built as the loop builds it (padding, pinned
-    # memory), the next one while the device works on this step (`while_device_works`). Marian's
-    # step never waits for its device at the end, so its next batch overlaps the same way.
+    # tmt, as its training loop runs (`tmt_update_steps`). Marian's step never waits for its device
+    # at the end, so its next batch overlaps the same way.
     def tmt_steps(name: str, index_list: list[np.ndarray], count: bool = False) -> list[Callable[[], int]]:
-        engine = trainers[name.removeprefix("tmt_")]
-        prefetched: dict[int, Batch] = {}
-
-        def step(k: int) -> Callable[[], int]:
-            def load_next() -> None:
-                if k + 1 < len(index_list):
-                    prefetched[k + 1] = engine.train_step.batches.load(index_list[k + 1])
-
-            def run() -> int:
-                batch = prefetched.pop(k, None) or engine.train_step.batches.load(index_list[k])
-                engine.train_step.run(batch, while_device_works=load_next)
-                if count:
-                    computed[name][0] += batch.n_tgt_tokens
-                    computed[name][1] += batch.padded_tgt_slots
-                return batch.n_tgt_tokens
-            return run
-        return [step(k) for k in range(len(index_list))]
+        def counted(batch: Batch) -> None:
+            computed[name][0] += batch.n_tgt_tokens
+            computed[name][1] += batch.padded_tgt_slots
+        return tmt_update_steps(trainers[name.removeprefix("tmt_")].train_step, index_list,
+                                counted if count else None)
 
     # tutorial (its own model, fp32, fixed-length batches of the same sentences)
     torch.manual_seed(args.seed)

@@ -101,4 +101,4 @@ def test_the_gpu_runbook_usage_lists_every_stage_it_accepts(tmp_path: Path):
     for stage in ["prepare", *accepted]:
         assert re.search(rf"^#   {re.escape(stage)} +\S", usage.stdout, re.MULTILINE), stage
     unknown = subprocess.run(["bash", str(script), "nope"], capture_output=True, text=True, cwd=tmp_path)
-    assert unknown.returncode == 2 and "unknown stage 'nope' (bench, bench-large, bench-more, decode, profile," in unknown.stderr
+    assert unknown.returncode == 2 and "unknown stage 'nope' (bench, bench-large, bench-more, decode, finetune, profile," in unknown.stderr

@@ -12,7 +12,7 @@ import yaml
 from tests.helpers import PYTHONPATH, REPO
 
 BENCHMARKS = REPO / "benchmarks"
-HARNESS = ["batches.py", "decode.py", "memory.py", "serve.py", "train.py", "goal_figures.py", "recipe_figures.py",
+HARNESS = ["batches.py", "decode.py", "finetune.py", "memory.py", "serve.py", "train.py", "goal_figures.py", "recipe_figures.py",
            "make_synthetic_corpus.py"]
 
 

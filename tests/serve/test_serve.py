@@ -158,7 +158,7 @@ def test_bad_requests_get_a_4xx_with_one_line_and_the_server_keeps_answering(ser
         ({"sentences": ["a"], "scores": "yes"}, 422, "scores: input should be a valid boolean"),
         ({"sentences": ["a"], "beam": 2}, 422, "beam: not a field of a translation request"),
         ({"sentence": "a"}, 422, "sentence: not a field of a translation request (sentences, beam_size, n_best, "
-                                 "scores, target_lang) (and 1 more problem)"),
+                                 "scores, target_lang, alignments) (and 1 more problem)"),
         ({"sentences": ["a"], "target_lang": "ita"}, 422, "target language 'ita': this model has no target-language "
                                                           "tags (>>xxx<<); it translates into it: leave out target_lang"),
         ({"sentences": ["a", "b", "c", "d"]}, 413, "sentences: 4 sentences; this server takes at most 3"),

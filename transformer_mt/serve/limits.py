@@ -98,5 +98,5 @@ def check_request(asked, translator, limits: Limits):
         if length > limits.max_tokens:
             raise RequestError(413, f"sentences[{number}]: {length} tokens; this model translates at most "
                                     f"{limits.max_tokens} (model.max_len - 1)")
-    options = Options(beam, asked.n_best, asked.scores or asked.n_best > 1, asked.target_lang)
+    options = Options(beam, asked.n_best, asked.scores or asked.n_best > 1, asked.target_lang, asked.alignments)
     return options, sum(lengths) + len(lengths)  # each with its EOS

@@ -5,12 +5,13 @@ engines, in jsonl and `tmt score`, and options that cannot go together refused i
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import TINY_PAIRS
+from tests.helpers import DEMO_CONFIG, REPO, TINY_PAIRS
 from transformer_mt.config.schema import TokenizerConfig
 from transformer_mt.data.tokenization import train_tokenizers
 from transformer_mt.decode.alignment import alignment_layer, pharaoh, word_links
@@ -20,8 +21,34 @@ SENTENCES = ["Good morning.", "", "Where is the station?", "The coffee is  hot .
              "The city " * 30]
 
 
+GOLD = Path(__file__).parent / "alignments" / "demo_test.en-it.align"  # hand-aligned: see its README.md
+DEMO_TEST = REPO / "transformer_mt" / "corpora" / "demo_en_it" / "test"
+
+
 def read_links(line: str) -> list[tuple[int, int]]:
     return [tuple(map(int, link.split("-"))) for link in line.split()]
+
+
+def alignment_error_rate(found: list[list[tuple[int, int]]], sure: list[list[tuple[int, int]]]) -> float:
+    """AER = 1 - (|A∩S| + |A∩P|) / (|A| + |S|) (Och and Ney, 2003), with the possible links P = S."""
+    both = sum(len(set(a) & set(s)) for a, s in zip(found, sure, strict=True))
+    return 1 - 2 * both / (sum(map(len, found)) + sum(map(len, sure)))
+
+
+def test_the_alignment_error_rate_counts_links_found_and_missed():
+    assert alignment_error_rate([[(0, 0), (1, 1)]], [[(0, 0), (1, 1)]]) == 0
+    assert alignment_error_rate([[(0, 1)], []], [[(0, 0)], [(1, 1)]]) == 1
+    assert alignment_error_rate([[(0, 0), (1, 0)], [(2, 2)]], [[(0, 0)], [(2, 2), (1, 1)]]) == pytest.approx(1 - 4 / 6)
+
+
+def test_the_hand_aligned_pairs_link_words_that_exist():
+    gold = GOLD.read_text(encoding="utf-8").splitlines()
+    pairs = zip(*(Path(f"{DEMO_TEST}.{lang}").read_text(encoding="utf-8").splitlines() for lang in ("en", "it")))
+    assert len(gold) == 50
+    for line, (source, target) in zip(gold, pairs):
+        links = read_links(line)
+        assert all(s < len(source.split()) and t < len(target.split()) for s, t in links), line
+        assert {t for _, t in links} == set(range(len(target.split()))), line  # every Italian word is aligned
 
 
 def test_each_piece_belongs_to_the_word_of_the_text_it_came_from():
@@ -123,3 +150,19 @@ def test_alignment_options_that_cannot_work_are_refused_in_one_line(workdir: Pat
         if command == "score" else tmt_here(command, "--run", "runs/tiny", *args, "Good morning.", cwd=workdir)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.splitlines()[-1] == f"tmt: error: {message}", result.stderr
+
+
+@pytest.mark.skipif(not os.environ.get("TMT_TEST_TRANSCRIPTS"), reason="trains the demo (minutes); set "
+                    "TMT_TEST_TRANSCRIPTS=1")
+@pytest.mark.longest
+def test_the_demo_aligns_the_hand_aligned_pairs_with_an_error_rate_below_0_40(tmp_path: Path, tmt_here):
+    result = tmt_here("train", "--config", str(DEMO_CONFIG), "--no-progress", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    translator = Translator.from_run(tmp_path / "runs" / "demo", device="cpu")
+    gold = [read_links(line) for line in GOLD.read_text(encoding="utf-8").splitlines()]
+    sources, targets = (Path(f"{DEMO_TEST}.{lang}").read_text(encoding="utf-8").splitlines()[:len(gold)]
+                        for lang in ("en", "it"))
+    by_layer = [alignment_error_rate(translator.align(sources, targets, layer), gold) for layer in (0, 1)]
+    # Measured: 0.354 from layer 0, the default (second to last), and 0.400 from the last.
+    assert alignment_error_rate(translator.align(sources, targets), gold) == by_layer[0] < 0.40
+    assert by_layer[0] < by_layer[1]

@@ -24,6 +24,8 @@ SCORE_EXAMPLES = """examples:
   paste test.en test.it | tmt score --run runs/demo
   # every token's log-prob
   tmt score --run runs/demo --source test.en --target test.it --format jsonl
+  # and each pair's word alignment after a TAB
+  tmt score --run runs/demo --source test.en --target test.it --alignments
 """
 
 

@@ -37,6 +37,8 @@ TRANSLATE_EXAMPLES = """examples:
       --input transformer_mt/corpora/demo_en_it/test.en > test.nbest.jsonl
   tmt translate --run runs/demo --sample --top-p 0.9 --seed 1 --n-best 2 \\
       "Where is the station?"
+  # translation<TAB>word alignment (Pharaoh links: source word-target word)
+  tmt translate --run runs/demo --alignments "Where is the station?"
 """
 
 EVALUATE_EXAMPLES = """examples:

@@ -137,6 +137,12 @@ def test_concurrent_clients_get_translates_translations_in_shared_batches(server
     assert status == 200 and health["status"] == "ok" and health["engine"] == "ctranslate2"
     assert health["requests"] == 200 and health["sentences"] == sum(map(len, requests)) and health["queued"] == 0
     assert 1 < health["largest_batch_requests"] <= 8 and health["batches"] < 200
+    # word alignments, as `tmt translate --alignments` gives them
+    aligned = [json.loads(line) for line in translate_file(tmt_here, workdir, SOURCES[:3], "--beam", "3", "--n-best",
+                                                           "2", "--format", "jsonl", "--alignments")]
+    status, answer = server.post({"sentences": SOURCES[:3], "beam_size": 3, "n_best": 2, "alignments": True})
+    assert status == 200 and answer["alignments"] == [entry["alignments"][0] for entry in aligned]
+    assert [[h["alignment"] for h in hyps] for hyps in answer["n_best"]] == [entry["alignments"] for entry in aligned]
     code, stderr = server.stop()
     assert code == 0, stderr
 

@@ -142,6 +142,17 @@ def random_sources(seed: int, batch: int = 6, max_len: int = 9, min_len: int = 1
     return src  # (B, S) with padding
 
 
+def random_prefixes(seed: int, batch: int, max_len: int = 4) -> torch.Tensor:
+    """Target prefixes for random_model's sentences: 0 (none) to max_len - 1 tokens each, the first
+    sentence with the longest, padded with PAD: (B, max_len - 1) long."""
+    gen = torch.Generator().manual_seed(seed + 1000)
+    lengths = [max_len - 1] + torch.randint(0, max_len, (batch - 1,), generator=gen).tolist()
+    prefixes = torch.full((batch, max_len - 1), PAD)
+    for i, n in enumerate(lengths):
+        prefixes[i, :n] = torch.randint(4, RANDOM_V, (n,), generator=gen)
+    return prefixes
+
+
 def assert_same_hypotheses(got, expected):
     """The same n-best lists, token for token, with the same log-probs and scores up to rounding
     (the reference drops finished sentences' rows, which changes the batch the products see)."""
@@ -234,15 +245,19 @@ def stop_at_first_validation(cfg, run_dir: Path, monkeypatch) -> None:
 def read_scalars(run_dir: Path, tag: str) -> dict[int, float]:
     """The run's values of `tag` by step, as TensorBoard shows them after every resume.
 
-    TensorBoard reads a folder's event files in name order, as text. Files are named
-    `...<seconds>.<host>.<pid>.<counter>`: two writers of one test process in the same second
-    (a start and its resume) can sort `.10` before `.8`, and the older file then purges the
-    newer one's steps. A run's own starts are separate processes, seconds apart; here the files
-    are read in the order they were written.
+    TensorBoard reads a folder's event files in name order, as text: `...<seconds>.<host>.<pid>.
+    <counter>`. A run's own starts are separate processes, seconds apart; the starts of one test
+    (in one process, or forked from one) can share a second and a counter, and an older file read
+    after a newer one purges the newer one's steps. Here the files are read in the order they were
+    written: by the time of their first event.
     """
-    def written(path: Path) -> tuple[int, int]:
-        parts = path.name.split(".")
-        return int(parts[3]), int(parts[-1])
+    from tensorboard.compat.proto.event_pb2 import Event
+
+    def written(path: Path) -> float:
+        with open(path, "rb") as events:
+            length = int.from_bytes(events.read(8), "little")  # a TFRecord: length, its CRC, the record
+            events.read(4)
+            return Event.FromString(events.read(length)).wall_time
 
     files = sorted((run_dir / "tensorboard").glob("events.out.tfevents.*"), key=written)
     with tempfile.TemporaryDirectory() as ordered:

@@ -751,7 +751,8 @@ def test_a_killed_run_resumes_to_exactly_the_uninterrupted_result(point, resumes
         assert "epoch 2, batch 1 of that epoch" in resumed.stderr
 
     expected, got = read_scalars(straight, "train/loss"), read_scalars(run, "train/loss")
-    assert sorted(got) == sorted(expected) == list(range(1, KILL_RUN["max_steps"] + 1))
+    assert sorted(got) == sorted(expected) == list(range(1, KILL_RUN["max_steps"] + 1)), (
+        sorted(got), sorted(path.name for path in (run / "tensorboard").iterdir()))
     for step in expected:
         assert abs(got[step] - expected[step]) < 1e-6, (step, got[step], expected[step])
     final = f"step_{KILL_RUN['max_steps']:08d}.pt"

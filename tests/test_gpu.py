@@ -16,8 +16,8 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers import (BOS, EOS, TINY_PAIRS, assert_same_hypotheses, make_trainer, random_model, random_sources,
-                           read_scalars, run_cli, tiny_config, write_corpus)
+from tests.helpers import (BOS, EOS, TINY_PAIRS, assert_same_hypotheses, make_trainer, random_model, random_prefixes,
+                           random_sources, read_scalars, run_cli, tiny_config, write_corpus)
 from transformer_mt.decode.generator import StepGraphs, beam_search, greedy_decode
 from transformer_mt.model import transformer
 from transformer_mt.runs.checkpoint import load_checkpoint
@@ -400,6 +400,19 @@ def test_beam_search_replayed_from_a_cuda_graph_gives_the_eager_output():
         # Other attention kernels (masked over the whole cache) round bf16 otherwise: close
         # candidates may swap, but most sentences keep their best translation.
         assert sum(a[0].ids == b[0].ids for a, b in zip(mixed, eager)) >= 3
+
+
+def test_prefixes_replayed_from_a_cuda_graph_give_the_eager_output():
+    for seed in range(2):
+        model, src = random_model(seed).to(DEVICE), random_sources(seed, batch=5, max_len=20).to(DEVICE)
+        prefixes = random_prefixes(seed, batch=5).to(DEVICE)
+        for beam, n_best in [(1, 1), (4, 2)]:
+            settings = {"bos_id": BOS, "eos_id": EOS, "beam_size": beam, "max_len_a": 1.5, "max_len_b": 5,
+                        "n_best": n_best, "prefixes": prefixes}
+            expected = beam_search(model, src, **settings)
+            got = beam_search(model, src, graphs=StepGraphs(), capture=DEVICE == "cuda", **settings)
+            assert_same_hypotheses(got, expected)
+            assert all(h.ids[:3] == prefixes[0].tolist() for h in got[0])  # the first sentence's, 3 tokens
 
 
 def test_batches_of_one_padded_shape_replay_one_captured_step_on_the_device():

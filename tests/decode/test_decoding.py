@@ -5,9 +5,11 @@ from hypothesis import strategies as st
 
 import transformer_mt.decode.generator as decoding
 from tests.decode.beam_reference import reference_beam_search
-from tests.helpers import BOS, EOS, PAD, assert_same_hypotheses, make_run, random_model, random_sources
+from tests.helpers import (BOS, EOS, PAD, assert_same_hypotheses, make_run, random_model, random_prefixes,
+                           random_sources)
 from transformer_mt.config.schema import ModelConfig
-from transformer_mt.decode.generator import StepGraphs, beam_search, greedy_decode
+from transformer_mt.decode.generator import StepGraphs, beam_search, greedy_decode, sample_decode
+from transformer_mt.decode.hypotheses import Sampling
 from transformer_mt.model.transformer import Transformer
 
 def teacher_forced_log_prob(model: Transformer, src: torch.Tensor, ids: list[int], ended: bool) -> float:
@@ -305,3 +307,70 @@ def test_advance_is_its_three_parts_in_turn():
     assert torch.equal(parts.continue_live(candidates, at_cap), rows)
     for name in ("tokens", "scores", "position", "done", "count", "best_tokens", "best_log_probs", "best_scores"):
         assert torch.equal(getattr(parts, name), getattr(state, name)), name
+
+
+# --- target prefixes ---------------------------------------------------------------------------
+
+def prefixed_searches(model: Transformer, src: torch.Tensor, prefixes: torch.Tensor | None, **shape) -> dict:
+    """Every search of `src` whose hypotheses begin with `prefixes` (B, P), by name; `shape`: graphs."""
+    args = dict(bos_id=BOS, eos_id=EOS, max_len_a=1.5, max_len_b=4, prefixes=prefixes)
+    return {"greedy": beam_search(model, src, beam_size=1, alpha=0.0, **args, **shape),
+            "beam": beam_search(model, src, beam_size=4, n_best=3, alpha=0.6, **args, **shape),
+            "samples": sample_decode(model, src, sampling=Sampling(temperature=2.0), n_samples=2,
+                                     generator=torch.Generator().manual_seed(0), **args)}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_prefix_begins_every_hypothesis_and_its_log_probability_counts_it(seed):
+    model, src = random_model(seed), random_sources(seed)
+    prefixes = random_prefixes(seed, src.shape[0])
+    limits = decoding.max_target_lengths(src != PAD, 1.5, 4, model.cfg.max_len).tolist()
+    for name, results in prefixed_searches(model, src, prefixes).items():
+        for i, hyps in enumerate(results):
+            prefix = prefixes[i][prefixes[i] != PAD].tolist()
+            for h in hyps:
+                assert h.ids[:len(prefix)] == prefix, name
+                ended = len(h.ids) < limits[i]  # cut at the cap means no EOS was scored
+                expected = teacher_forced_log_prob(model, src[i][src[i] != PAD], h.ids, ended)
+                assert h.log_prob == pytest.approx(expected, abs=1e-4), name
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_prefixes_on_fixed_shape_steps_give_the_eager_output(seed):
+    model, src = random_model(seed), random_sources(seed, batch=5, max_len=12)
+    prefixes = random_prefixes(seed, src.shape[0])
+    eager = prefixed_searches(model, src, prefixes)
+    fixed = prefixed_searches(model, src, prefixes, graphs=StepGraphs())
+    for name in ("greedy", "beam"):
+        assert_same_hypotheses(fixed[name], eager[name])
+
+
+def test_sentences_without_a_prefix_decode_as_in_a_search_without_prefixes(monkeypatch):
+    model, src = random_model(3), random_sources(3)
+    prefixes = random_prefixes(3, src.shape[0])
+    prefixes[1:3] = PAD  # two sentences without one
+    with_prefixes = prefixed_searches(model, src, prefixes)
+    from transformer_mt.decode import search
+
+    monkeypatch.setattr(search, "allowed_tokens", lambda *args: pytest.fail("a search without prefixes forced one"))
+    monkeypatch.setattr(search.BeamState, "after_prefix", lambda *args: pytest.fail("after_prefix without prefixes"))
+    without = prefixed_searches(model, src, None)
+    for name in ("greedy", "beam"):
+        assert_same_hypotheses([with_prefixes[name][i] for i in (1, 2)], [without[name][i] for i in (1, 2)])
+
+
+def test_right_after_its_prefix_only_a_sentences_best_candidate_may_end():
+    from transformer_mt.decode.search import Candidates
+
+    state, _ = beam_state_after_a_step()  # K = 2, one token generated
+    state.forced = torch.tensor([[9, PAD, PAD, PAD]])  # a prefix of that one token: the next step is free
+    inf = float("-inf")
+    # An EOS second (in the top K) is dropped, and the candidates beyond the top K too: nothing ended.
+    candidates = Candidates(torch.tensor([[-1.0, -2.0, -3.0, -4.0]]), torch.tensor([[0, 0, 0, 0]]),
+                            torch.tensor([[5, EOS, EOS, 7]]))
+    assert state.after_prefix(candidates).scores.tolist() == [[-1.0, inf, inf, inf]]
+    # The best ends: the first candidate beyond the top K that goes on replaces it.
+    candidates = candidates._replace(tokens=torch.tensor([[EOS, 6, EOS, 7]]))
+    assert state.after_prefix(candidates).scores.tolist() == [[-1.0, -2.0, inf, -4.0]]
+    state.forced = torch.tensor([[9, 8, PAD, PAD]])  # still in its prefix: nothing changes
+    assert state.after_prefix(candidates).scores.tolist() == [[-1.0, -2.0, -3.0, -4.0]]

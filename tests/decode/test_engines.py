@@ -112,6 +112,51 @@ def test_sampling_on_ctranslate2_draws_n_scored_samples_repeatably(pre_norm_run:
     assert all(sample.score < 0 for samples in drawn for sample in samples)
 
 
+DEMO_TEST = (Path(__file__).parents[2] / "transformer_mt" / "corpora" / "demo_en_it" / "test.en").read_text(
+    encoding="utf-8").splitlines()
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_prefix_gives_the_same_translations_on_both_engines_scored_as_score_scores_them(pre_norm_run: Path,
+                                                                                          beam: int):
+    from transformer_mt.decode.hypotheses import length_caps, length_penalty
+
+    torch_translator, ct2_translator = engines(pre_norm_run)
+    tokenizers, decode = torch_translator.tokenizers, torch_translator.cfg.decode
+    src_ids = tokenizers.encode_src(DEMO_TEST)
+    caps = length_caps([len(ids) + 1 for ids in src_ids], decode.max_len_a, decode.max_len_b, torch_translator.max_len)
+    for prefix in ("La", "Mio fratello"):
+        prefixes = [prefix] * len(DEMO_TEST)
+        translations = torch_translator.translate(DEMO_TEST, beam_size=beam, prefixes=prefixes)
+        assert ct2_translator.translate(DEMO_TEST, beam_size=beam, prefixes=prefixes) == translations
+        assert translations != torch_translator.translate(DEMO_TEST, beam_size=beam)
+        pieces = tokenizers.tgt_pieces(tokenizers.encode_tgt([prefix])[0])
+        for translator in (torch_translator, ct2_translator):
+            results = translator.translate_n_best(DEMO_TEST, n_best=2 if beam > 1 else 1, beam_size=beam,
+                                                  prefixes=prefixes)
+            assert [best.text for best, *_ in results] == translations
+            hyps = [(i, t) for i, sentence in enumerate(results) for t in sentence]
+            assert all(t.tokens[:len(pieces)] == pieces for _, t in hyps)
+            tgt_ids = [[tokenizers.tgt.token_to_id(piece) for piece in t.tokens] for _, t in hyps]
+            forced = torch_translator.engine.score([src_ids[i] for i, _ in hyps], tgt_ids, decode, False)
+            for (i, t), ids, log_probs in zip(hyps, tgt_ids, forced):
+                ended = len(ids) < caps[i]  # else cut at the cap: no EOS scored
+                log_prob = sum(log_probs if ended else log_probs[:-1])
+                assert t.score == pytest.approx(log_prob / length_penalty(len(ids) + ended, decode.length_penalty),
+                                                abs=1e-4)
+
+
+def test_samples_begin_with_their_prefix_on_both_engines(pre_norm_run: Path):
+    sampling = Sampling(temperature=1.5, seed=3)
+    tokenizers = Translator.from_run(pre_norm_run, device="cpu", engine="torch").tokenizers
+    prefixes = ["Mio fratello", "", "La"]
+    for translator in engines(pre_norm_run):
+        drawn = translator.translate_n_best(SENTENCES[:3], n_best=3, sampling=sampling, prefixes=prefixes)
+        for prefix, samples in zip(prefixes, drawn):
+            pieces = tokenizers.tgt_pieces(tokenizers.encode_tgt([prefix])[0])
+            assert len(samples) == 3 and all(sample.tokens[:len(pieces)] == pieces for sample in samples)
+
+
 def copy_run(run: Path, to: Path) -> Path:
     """A copy of `run`'s config, tokenizers and best checkpoint (no conversion yet)."""
     (to / "checkpoints").mkdir(parents=True)

@@ -208,3 +208,50 @@ def test_translating_imports_nothing_that_only_training_or_scoring_needs(workdir
                             env={**os.environ, "PYTHONPATH": PYTHONPATH})
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "0 []"
+
+
+# --- target prefixes ---------------------------------------------------------------------------
+
+def test_jsonl_input_begins_each_translation_with_its_lines_prefix(workdir: Path, tmt_here):
+    lines = [{"source": "Good morning.", "prefix": "Buon"}, {"source": "Thank you very much."},
+             {"source": "Where is the station?", "prefix": ""}, None, {"source": "I am tired.", "prefix": " Sono "}]
+    (workdir / "in.jsonl").write_text("".join(("" if line is None else json.dumps(line)) + "\n" for line in lines))
+
+    def translated(*args: str) -> list[str]:
+        result = tmt_here("translate", "--run", "runs/tiny", *args, cwd=workdir)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.splitlines()
+
+    expected = [*translated("--prefix", "Buon", "Good morning."),
+                *translated("Thank you very much.", "Where is the station?"), "",
+                *translated("--prefix", "Sono", "I am tired.")]
+    assert expected[0].startswith("Buon") and expected[4].startswith("Sono") and expected[0] != translated(
+        "Good morning.")[0]
+    assert translated("--input-format", "jsonl", "--input", "in.jsonl") == expected
+    listed = [json.loads(line) for line in translated("--input-format", "jsonl", "--input", "in.jsonl", "--format",
+                                                      "jsonl", "--beam", "2", "--n-best", "2")]
+    assert [entry["source"] for entry in listed] == ["Good morning.", "Thank you very much.", "Where is the station?",
+                                                     "", "I am tired."]
+    assert all(hypothesis.startswith("Buon") for hypothesis in listed[0]["hypotheses"])
+    assert all(hypothesis.startswith("Sono") for hypothesis in listed[4]["hypotheses"])
+
+
+@pytest.mark.parametrize("args, stdin, code, message", [
+    (["--input-format", "jsonl"], '{"source": "a"}\n{"source": "b", "prefix": 3}\n', 1,
+     'stdin line 2: "prefix" must be a string, got 3'),
+    (["--input-format", "jsonl"], '{"source": "b", "prefix": null}\n', 1,
+     'stdin line 1: "prefix" must be a string, got null'),
+    (["--input-format", "jsonl"], '{"source": "b", "prefx": "c"}\n', 1,
+     'stdin line 1: "prefx" is not a field of an input line (source, prefix)'),
+    (["--input-format", "jsonl"], '{"prefix": "c"}\n', 1, 'stdin line 1: no "source", the sentence to translate'),
+    (["--input-format", "jsonl"], '["b"]\n', 1, 'stdin line 1: not a JSON object such as {"source"'),
+    (["--input-format", "jsonl"], '{"source": "b",\n', 1, "stdin line 1: not valid JSON (Expecting"),
+    (["--input-format", "jsonl", "--prefix", "a"], '{"source": "b"}\n', 2,
+     '--prefix begins every translation; with --input-format jsonl give each line its "prefix" field instead'),
+    (["--prefix", "la " * 30], "Good morning.\n", 1,
+     "line 1: the prefix is 30 tokens; this sentence's translation is capped at 17 tokens with its EOS"),
+])
+def test_bad_prefixes_are_refused_in_one_line_naming_the_line(workdir: Path, tmt_here, args, stdin, code, message):
+    result = tmt_here("translate", "--run", "runs/tiny", *args, cwd=workdir, stdin=stdin)
+    assert result.returncode == code and result.stdout == "" and len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith(f"tmt: error: {message}"), result.stderr

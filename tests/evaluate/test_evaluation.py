@@ -192,9 +192,9 @@ def test_a_length_penalty_option_reaches_beam_search_and_names_evaluates_output(
 
     seen = []  # (beam size, length penalty) of each call into decoding, on either engine
     for engine in (CT2Engine, TorchEngine):
-        def recording(self, src_ids, decode_cfg, beam_size, progress, real=engine.translate):
+        def recording(self, src_ids, decode_cfg, beam_size, progress, prefixes=None, real=engine.translate):
             seen.append((beam_size, decode_cfg.length_penalty))
-            return real(self, src_ids, decode_cfg, beam_size, progress)
+            return real(self, src_ids, decode_cfg, beam_size, progress, prefixes)
 
         monkeypatch.setattr(engine, "translate", recording)
     code, _, err = run_cli(["evaluate", "--run", str(tiny_run), "--quiet", "--beam", "3", "--length-penalty", "1.5"],

@@ -32,7 +32,7 @@ def test_a_sentence_over_the_character_bound_is_refused_without_tokenizing_it():
 
     translator = SimpleNamespace(tokenizers=SimpleNamespace(encode_src=no_tokenizing))
     limits = Limits(max_sentences=4, max_beam=4, max_tokens=63, default_beam=1, max_sentence_characters=630,
-                    max_body_bytes=20_000)
+                    max_body_bytes=20_000, max_prefix_characters=630)
     asked = SimpleNamespace(sentences=["Good morning.", "  " + "x" * 631 + "  "], beam_size=None, n_best=1,
                             scores=False)
     with pytest.raises(RequestError) as refused:
@@ -67,8 +67,10 @@ def test_a_body_is_refused_by_its_announced_length_or_as_it_arrives():
 def test_the_default_body_limit_holds_the_longest_request_as_json():
     from transformer_mt.serve.limits import largest_request_bytes
 
-    # each character escaped (\u00e8: 6 bytes), plus the rest of the request
-    assert largest_request_bytes(max_sentences=3, max_sentence_characters=10) == 3 * 10 * 6 + 1024
+    # each character of a sentence and its prefix escaped (\u00e8: 6 bytes) in {"source": .., "prefix": ..},
+    # plus the rest of the request
+    assert largest_request_bytes(max_sentences=3, max_sentence_characters=10, max_prefix_characters=7) == (
+        3 * ((10 + 7) * 6 + len('{"source": "", "prefix": ""}, ')) + 1024)
 
 
 def test_listening_where_it_cannot_is_one_usage_error():

@@ -14,8 +14,8 @@ WAIT = 30  # seconds a future may take: far more than any batch here needs
 
 
 class RecordingTranslator:
-    """Translates "x" as "x/beam"; the first call holds until `release` is set, so that requests
-    queue up behind it; a line "boom" fails its call."""
+    """Translates "x" as "x/beam", after its prefix; the first call holds until `release` is set, so
+    that requests queue up behind it; a line "boom" fails its call."""
 
     def __init__(self):
         self.calls: list[tuple[list[str], Options]] = []
@@ -29,13 +29,14 @@ class RecordingTranslator:
         if "boom" in lines:
             raise RuntimeError("the engine failed")
 
-    def translate(self, lines, beam_size, target_lang=None):
+    def translate(self, lines, beam_size, prefixes, target_lang=None):
         self._record(lines, Options(beam_size, target_lang=target_lang))
-        return [f"{line}/{beam_size}" for line in lines]
+        return [f"{prefix}{line}/{beam_size}" for line, prefix in zip(lines, prefixes)]
 
-    def translate_n_best(self, lines, n_best, beam_size, target_lang=None, alignments=False):
+    def translate_n_best(self, lines, n_best, beam_size, prefixes, target_lang=None, alignments=False):
         self._record(lines, Options(beam_size, n_best, True, target_lang, alignments))
-        return [[Translation(f"{line}/{beam_size}#{k}", -float(k), []) for k in range(n_best)] for line in lines]
+        return [[Translation(f"{prefix}{line}/{beam_size}#{k}", -float(k), []) for k in range(n_best)]
+                for line, prefix in zip(lines, prefixes)]
 
 
 def busy_batcher(batch_tokens: int = 100, max_wait: float = 0.0) -> tuple[Batcher, RecordingTranslator]:
@@ -51,13 +52,14 @@ def test_requests_queued_meanwhile_share_a_call_with_their_own_options():
     batcher, translator = busy_batcher()
     greedy, beam = Options(1), Options(4, 2, True)
     futures = [batcher.submit(["a", "b"], 5, greedy), batcher.submit(["c"], 3, beam),
-               batcher.submit(["d"], 3, greedy), batcher.submit(["e"], 3, beam)]
+               batcher.submit(["d"], 3, greedy, ["D:"]), batcher.submit(["e"], 3, beam, ["E:"])]
     translator.release.set()
     results = [future.result(WAIT) for future in futures]
     batcher.close()
     assert translator.calls == [(["first"], greedy), (["a", "b", "d"], greedy), (["c", "e"], beam)]
     assert [[t.text for t in sentence] for sentence in results[0]] == [["a/1"], ["b/1"]]
-    assert [[t.text for t in sentence] for sentence in results[3]] == [["e/4#0", "e/4#1"]]
+    assert [[t.text for t in sentence] for sentence in results[2]] == [["D:d/1"]]  # its prefix, not a neighbour's
+    assert [[t.text for t in sentence] for sentence in results[3]] == [["E:e/4#0", "E:e/4#1"]]
     stats = batcher.stats()
     assert (stats.requests, stats.sentences, stats.batches, stats.largest_batch_requests) == (5, 6, 3, 2)
 

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.helpers import PYTHONPATH, SOURCES, run_cli
+from tests.helpers import PYTHONPATH, SOURCES, TARGETS, run_cli
 
 TIMEOUT = 60  # seconds any one request or stop may take: far more than the tiny run needs
 
@@ -116,12 +116,18 @@ def test_concurrent_clients_get_translates_translations_in_shared_batches(server
     nbest = [json.loads(line) for line in translate_file(tmt_here, workdir, SOURCES, "--beam", "3", "--n-best", "2",
                                                                    "--format", "jsonl")]
     nbest = {entry["source"]: list(zip(entry["hypotheses"], entry["scores"])) for entry in nbest}
-    # 200 requests of 1 to 3 sentences, every fourth asking for a 2-best list with beam 3
+    # Each sentence with its reference's first word as a prefix, as `tmt translate --input-format jsonl` reads it
+    items = [{"source": source, "prefix": target.split()[0]} for source, target in zip(SOURCES, TARGETS)]
+    prefixed = dict(zip(SOURCES, translate_file(tmt_here, workdir, [json.dumps(item) for item in items],
+                                                "--input-format", "jsonl")))
+    # 200 requests of 1 to 3 sentences, every fourth asking for a 2-best list with beam 3, every fifth
+    # other one with prefixes (it may share a batch with sentences without)
     requests = [[SOURCES[(i + k) % len(SOURCES)] for k in range(1 + i % 3)] for i in range(200)]
 
     def ask(i: int) -> tuple[int, dict]:
         options = {"beam_size": 3, "n_best": 2} if i % 4 == 3 else {}
-        return server.post({"sentences": requests[i], **options})
+        sentences = [items[SOURCES.index(s)] for s in requests[i]] if i % 5 == 1 and i % 4 != 3 else requests[i]
+        return server.post({"sentences": sentences, **options})
 
     with ThreadPoolExecutor(max_workers=8) as clients:
         answers = list(clients.map(ask, range(200), timeout=10 * TIMEOUT))
@@ -131,6 +137,10 @@ def test_concurrent_clients_get_translates_translations_in_shared_batches(server
             assert [[(h["translation"], pytest.approx(h["score"], abs=1e-4)) for h in hyps]
                     for hyps in answer["n_best"]] == [nbest[s] for s in requests[i]]
             assert answer["translations"] == [nbest[s][0][0] for s in requests[i]]
+        elif i % 5 == 1:
+            assert answer["translations"] == [prefixed[s] for s in requests[i]]
+            assert all(t.startswith(items[SOURCES.index(s)]["prefix"]) for t, s in zip(answer["translations"],
+                                                                                     requests[i]))
         else:
             assert answer["translations"] == [greedy[s] for s in requests[i]] and "n_best" not in answer
     status, health = server.get("health")
@@ -172,6 +182,14 @@ def test_bad_requests_get_a_4xx_with_one_line_and_the_server_keeps_answering(ser
         ({"sentences": ["a"], "beam_size": 5}, 422, "beam_size: 5 is above this server's largest, 4"),
         ({"sentences": ["a"], "beam_size": 2, "n_best": 3}, 422, "n_best: 3 is more than beam search keeps"),
         (b'{"sentences": ["\\ud800"]}', 422, "sentences[0]: not text (a lone surrogate \\ud800)"),
+        ({"sentences": ["a", {"source": "b", "prefix": 3}]}, 422, "sentences[1].prefix: input should be a valid string"),
+        ({"sentences": [{"source": "b", "prefix": None}]}, 422, "sentences[0].prefix: input should be a valid string"),
+        ({"sentences": [{"source": "b", "prefx": "c"}]}, 422, "sentences[0].prefx: not a field of a sentence (source, "
+                                                              "prefix)"),
+        ({"sentences": [{"prefix": "c"}]}, 422, "sentences[0].source: field required"),
+        ({"sentences": [{"source": "Good morning.", "prefix": "la " * 30}]}, 413,
+         "sentences[0].prefix: the prefix is 30 tokens; this sentence's translation is capped at 17 tokens with its "
+         "EOS (decode.max_len_a=1.5 × 5 source tokens with EOS + decode.max_len_b=10, at most model.max_len=64)"),
     ]
     for body, status, message in cases:
         got, answer = server.post(body)
@@ -282,10 +300,11 @@ def test_a_body_too_large_too_deep_or_cut_short_is_one_line_and_the_server_stays
 
 @pytest.mark.parametrize("server", [("--max-sentences", "4")], indirect=True)
 def test_the_default_body_limit_takes_every_request_the_other_limits_take(server):
-    """The most a request may hold: --max-sentences sentences at the character bound, each character
-    escaped as JSON escapes it (\\u00e8, as Python's json.dumps sends it): under the default body limit."""
+    """The most a request may hold: --max-sentences sentences and their prefixes at the character bound,
+    each character escaped as JSON escapes it (\\u00e8, as Python's json.dumps sends it): under the
+    default body limit."""
     health = server.get("health")[1]
-    longest = "è" * health["max_sentence_characters"]
+    longest = {"source": "è" * health["max_sentence_characters"], "prefix": "è" * health["max_prefix_characters"]}
     body = json.dumps({"sentences": [longest] * 4, "beam_size": 1, "n_best": 1, "scores": False}).encode()
     assert len(body) <= health["max_body_bytes"]
     status, answer = server.post(body)

@@ -19,6 +19,9 @@ SERVE_EXAMPLES = """examples:
   curl -s localhost:8000/translate -d '{"sentences": ["Where is the station?"]}'
   curl -s localhost:8000/translate \\
       -d '{"sentences": ["Good morning."], "beam_size": 5, "n_best": 3}'
+  # a sentence whose translation begins with a prefix
+  curl -s localhost:8000/translate \\
+      -d '{"sentences": [{"source": "My sister is at home.", "prefix": "Mia"}]}'
   tmt serve --run runs/demo --host 0.0.0.0 --port 8080 --max-wait-ms 20 \\
       --batch-tokens 8192
 
@@ -48,7 +51,8 @@ def add_parser(commands) -> None:
                        help="the largest beam_size a request may ask for (default 16)")
     serve.add_argument("--max-body-bytes", type=positive_int, metavar="N",
                        help="the largest request body, refused (413) before it is read (default: what "
-                            "--max-sentences sentences of the longest the model translates take as JSON)")
+                            "--max-sentences sentences of the longest the model translates, each with the "
+                            "longest prefix, take as JSON)")
 
 
 def run_serve(args: argparse.Namespace) -> None:
@@ -59,7 +63,7 @@ def run_serve(args: argparse.Namespace) -> None:
     from transformer_mt.data.tokenization import token_room
     from transformer_mt.serve.app import build_app, listen, serve_until_stopped
     from transformer_mt.serve.batcher import Batcher
-    from transformer_mt.serve.limits import Limits, largest_request_bytes, sentence_character_bound
+    from transformer_mt.serve.limits import Limits, character_bound, largest_request_bytes
 
     setup_logging(logging.WARNING)
     listener = listen(args.host, args.port)  # before loading: a port in use fails at once
@@ -74,9 +78,12 @@ def run_serve(args: argparse.Namespace) -> None:
         # request, and settings it cannot decode with (--quantize on torch) are refused here, in one line.
         translator.translate([""], beam_size=default_beam)
         max_tokens = token_room(translator.max_len)
-        max_characters = sentence_character_bound(translator.tokenizers, max_tokens)
-        max_body = args.max_body_bytes or largest_request_bytes(args.max_sentences, max_characters)
-        limits = Limits(args.max_sentences, args.max_beam, max_tokens, default_beam, max_characters, max_body)
+        max_characters = character_bound(translator.tokenizers.src, max_tokens)
+        max_prefix_characters = character_bound(translator.tokenizers.tgt, max_tokens)  # a prefix: fewer tokens
+        max_body = args.max_body_bytes or largest_request_bytes(args.max_sentences, max_characters,
+                                                                max_prefix_characters)
+        limits = Limits(args.max_sentences, args.max_beam, max_tokens, default_beam, max_characters, max_body,
+                        max_prefix_characters)
         batcher = Batcher(translator, args.batch_tokens or translator.cfg.decode.batch_tokens, args.max_wait_ms / 1000)
     except BaseException:
         listener.close()

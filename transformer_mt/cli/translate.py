@@ -37,6 +37,9 @@ TRANSLATE_EXAMPLES = """examples:
       --input transformer_mt/corpora/demo_en_it/test.en > test.nbest.jsonl
   tmt translate --run runs/demo --sample --top-p 0.9 --seed 1 --n-best 2 \\
       "Where is the station?"
+  # every translation begins with "Mia"; or a prefix per line of a jsonl file
+  tmt translate --run runs/demo --prefix "Mia" "My sister is at home."
+  tmt translate --run runs/demo --input-format jsonl --input requests.jsonl
   # translation<TAB>word alignment (Pharaoh links: source word-target word)
   tmt translate --run runs/demo --alignments "Where is the station?"
 """
@@ -59,6 +62,12 @@ def add_parser(commands) -> None:
     translate.add_argument("--input", type=path_or_dash, help="translate this file, one sentence per line (- = stdin)")
     translate.add_argument("--output", type=path_or_dash,
                            help="write translations here instead of stdout (- = stdout)")
+    translate.add_argument("--input-format", choices=["text", "jsonl"], default="text",
+                           help="text (default): a sentence per line; jsonl: a JSON object per line, "
+                                '{"source": "...", "prefix": "..."}, the prefix optional ("": none)')
+    translate.add_argument("--prefix", metavar="TEXT",
+                           help="begin every translation with TEXT (tokenized as target text; the model "
+                                "continues from it); the output is the whole translation, TEXT included")
     translate.add_argument("--show-attention", type=Path, metavar="FILE.png",
                            help="draw the cross-attention of the (single) sentence's translation to FILE.png "
                                 "(or .jpg, .pdf, .svg, ...: the format the suffix names)")
@@ -138,12 +147,14 @@ def run_translate(args: argparse.Namespace) -> None:
         _translate_interactively(load_translator(args), args)
         return
     if args.input:
-        lines = read_lines(args.input)
+        lines, where = read_lines(args.input), str(args.input)
     else:
         lines = _argument_lines(args.text) if args.text else read_stream_lines(sys.stdin.buffer, "stdin")
+        where = "sentence argument" if args.text else "stdin"
         if not lines:
             raise UsageError("nothing to translate: give sentences as arguments, --input FILE, "
                              "or one per line on stdin")
+    lines, prefixes = _sentences_and_prefixes(lines, args, where)
     if args.show_attention:  # one non-empty sentence, and a file of its own
         if len(lines) != 1:
             raise UsageError(f"--show-attention draws one sentence; got {len(lines)}")
@@ -158,9 +169,9 @@ def run_translate(args: argparse.Namespace) -> None:
         check_not_kept(path, option, run_dir_of(args))
     translator = load_translator(args)
     if args.show_attention:
-        outputs = [_draw_attention(translator, lines[0], args)]
+        outputs = [_draw_attention(translator, lines[0], prefixes[0] if prefixes else "", args)]
     else:
-        outputs = _translate_lines(translator, lines, args, progress=bool(args.input) and not args.quiet)
+        outputs = _translate_lines(translator, lines, prefixes, args, progress=bool(args.input) and not args.quiet)
     if args.output:
         write_lines(args.output, outputs)
     else:
@@ -173,6 +184,9 @@ def _check_options(args: argparse.Namespace) -> None:
     """Refuse `tmt translate` options that cannot go together, naming them, before a model loads."""
     if args.text and args.input:
         raise UsageError("give sentences as arguments or --input FILE, not both")
+    if args.prefix is not None and args.input_format == "jsonl":
+        raise UsageError('--prefix begins every translation; with --input-format jsonl give each line its '
+                         '"prefix" field instead')
     if not args.sample:
         given = [name for name, value in (("--temperature", args.temperature), ("--top-k", args.top_k),
                                           ("--top-p", args.top_p), ("--seed", args.seed)) if value is not None]
@@ -207,13 +221,45 @@ def _check_options(args: argparse.Namespace) -> None:
                              f"leave out {', '.join(given)}")
 
 
-def _translate_lines(translator, lines: list[str], args: argparse.Namespace, progress: bool,
-                     first_number: int = 0) -> list[str]:
-    """The output lines for `lines`: one translation each, or with --n-best, --scores, --format
-    jsonl, --sample or --alignments, the lists the Translating guide describes: jsonl, an object per
-    line; text, a line per translation, `[<number from first_number>\t][<score>\t]<translation>[\t<links>]`."""
+def _sentences_and_prefixes(lines: list[str], args: argparse.Namespace, where: str,
+                            first_number: int = 1) -> tuple[list[str], list[str] | None]:
+    """The sentences to translate and the prefix each translation begins with (None: none): the
+    lines and --prefix, or with --input-format jsonl each line's "source" and "prefix" strings (the
+    prefix optional, "": none; a blank line: an empty sentence); a line that is not such an object is
+    refused as `<where> line <number>`."""
+    from transformer_mt.data.sources import one_line
+
+    if args.input_format == "text":
+        return lines, None if args.prefix is None else [args.prefix] * len(lines)
+    sentences, prefixes = [], []
+    for number, line in enumerate(lines, start=first_number):
+        place = f"{where} {number}" if where == "sentence argument" else f"{where} line {number}"
+        try:
+            record = json.loads(line) if line.strip() else {}
+        except (ValueError, RecursionError) as err:
+            raise DataError(f"{place}: not valid JSON ({err})") from None
+        if not isinstance(record, dict):
+            raise DataError(f'{place}: not a JSON object such as {{"source": "Good morning.", "prefix": "Buon"}}')
+        if unknown := sorted(set(record) - {"source", "prefix"}):
+            raise DataError(f'{place}: "{unknown[0]}" is not a field of an input line (source, prefix)')
+        if line.strip() and "source" not in record:
+            raise DataError(f'{place}: no "source", the sentence to translate')
+        for key, value in record.items():
+            if not isinstance(value, str):
+                raise DataError(f'{place}: "{key}" must be a string, got {json.dumps(value)[:40]}')
+        sentences.append(one_line(record.get("source"), "source", place))
+        prefixes.append(one_line(record.get("prefix"), "prefix", place))
+    return sentences, prefixes
+
+
+def _translate_lines(translator, lines: list[str], prefixes: list[str] | None, args: argparse.Namespace,
+                     progress: bool, first_number: int = 0) -> list[str]:
+    """The output lines for `lines` (their translations beginning with `prefixes`): one translation
+    each, or with --n-best, --scores, --format jsonl, --sample or --alignments, the lists the
+    Translating guide describes: jsonl, an object per line; text, a line per translation,
+    `[<number from first_number>\t][<score>\t]<translation>[\t<links>]`."""
     if args.n_best == 1 and not args.scores and args.format == "text" and not args.sample and not args.alignments:
-        return translator.translate(lines, beam_size=args.beam, progress=progress)
+        return translator.translate(lines, beam_size=args.beam, progress=progress, prefixes=prefixes)
     beam = args.beam or translator.cfg.decode.beam_size
     if not args.sample and args.n_best > beam:  # the run's beam size, when --beam was left out
         raise UsageError(f"--n-best {args.n_best}: beam search keeps only the run's decode.beam_size={beam} "
@@ -225,8 +271,8 @@ def _translate_lines(translator, lines: list[str], args: argparse.Namespace, pro
         sampling = Sampling(temperature=args.temperature or 1.0, top_k=args.top_k or 0, top_p=args.top_p or 1.0,
                             seed=args.seed or 0)
     results = translator.translate_n_best(lines, n_best=args.n_best, beam_size=1 if args.sample else beam,
-                                          sampling=sampling, progress=progress, alignments=args.alignments,
-                                          alignment_layer=args.alignment_layer)
+                                          sampling=sampling, progress=progress, prefixes=prefixes,
+                                          alignments=args.alignments, alignment_layer=args.alignment_layer)
     if args.format == "jsonl":
         return [json.dumps({"source": line, "hypotheses": [t.text for t in translations],
                             "scores": [t.score for t in translations], "tokens": [t.tokens for t in translations],
@@ -251,7 +297,8 @@ def _translate_interactively(translator, args: argparse.Namespace) -> None:
               "time; Ctrl-D to quit", file=sys.stderr)
     number = 0
     while (line := _prompt(f"{data.src_lang}> " if at_terminal else "", number + 1)) is not None:
-        for output in _translate_lines(translator, [line], args, progress=False, first_number=number):
+        lines, prefixes = _sentences_and_prefixes([line], args, "stdin", first_number=number + 1)
+        for output in _translate_lines(translator, lines, prefixes, args, progress=False, first_number=number):
             print(output)
         sys.stdout.flush()
         number += 1
@@ -277,8 +324,9 @@ def _prompt(prompt: str, number: int) -> str | None:
     return decode_line(raw, "stdin", number) if raw else None
 
 
-def _draw_attention(translator, line: str, args: argparse.Namespace) -> str:
-    """Draw `line`'s cross-attention to --show-attention and return its translation."""
+def _draw_attention(translator, line: str, prefix: str, args: argparse.Namespace) -> str:
+    """Draw `line`'s cross-attention (its translation beginning with `prefix`) to --show-attention and
+    return its translation."""
     from transformer_mt.decode.plotting import attention_figure
 
     n_layers = translator.cfg.model.n_decoder_layers
@@ -286,7 +334,7 @@ def _draw_attention(translator, line: str, args: argparse.Namespace) -> str:
     if not -n_layers <= asked < n_layers:
         raise UsageError(f"--attention-layer {asked}: the model has {n_layers} decoder layers "
                          f"(0..{n_layers - 1}, or -1 for the last)")
-    attention = translator.attention(line, layer=asked, beam_size=args.beam)
+    attention = translator.attention(line, layer=asked, beam_size=args.beam, prefix=prefix)
     layer = asked % n_layers
     title = f"cross-attention, decoder layer {layer + 1} of {n_layers}, mean over heads"
     try:

@@ -433,7 +433,8 @@ class DecodeConfig:
     """Decoding for validation, `tmt translate` and `tmt evaluate`."""
 
     max_len_a: float = 1.5
-    """Generated length is capped at `max_len_a * source_length + max_len_b` tokens."""
+    """Generated length is capped at `max_len_a * source_length + max_len_b` tokens (EOS and a target
+    prefix, `tmt translate --prefix`, included)."""
     max_len_b: int = 10
     """See `max_len_a`."""
     batch_tokens: int = 4096

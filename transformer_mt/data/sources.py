@@ -270,15 +270,16 @@ def pair_from_record(record: Any, src_lang: str, tgt_lang: str, where: str) -> P
             raise DataError(f"{where}: missing key {lang!r} ({key}); keys found: {', '.join(map(str, record))}")
         if not isinstance(record[lang], (str, type(None))):
             raise DataError(f"{where}: {lang!r} must be a string, got {type(record[lang]).__name__}")
-    return _one_line(record[src_lang], src_lang, where), _one_line(record[tgt_lang], tgt_lang, where)
+    return one_line(record[src_lang], src_lang, where), one_line(record[tgt_lang], tgt_lang, where)
 
 
-def _one_line(text: str | None, lang: str, where: str) -> str:
+def one_line(text: str | None, key: str, where: str) -> str:
+    """A record's text field (`key`) stripped, on one line (null: ""), refused at `where` if not Unicode."""
     text = LINE_BREAKS.sub(" ", text or "").strip()
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as err:  # JSON's "\ud83d" escape: half of an emoji, cut off
-        raise DataError(f"{where}: {lang!r} is not valid Unicode ({err.reason} at character {err.start})") from None
+        raise DataError(f"{where}: {key!r} is not valid Unicode ({err.reason} at character {err.start})") from None
     return text
 
 

@@ -12,13 +12,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from transformer_mt.core.errors import UsageError
 from transformer_mt.core.files import write_text_atomic
 from transformer_mt.core.run_layout import RunDir
 from transformer_mt.data.tokenization import token_room
-from transformer_mt.decode.hypotheses import Hypothesis, Sampling, length_penalty
+from transformer_mt.decode.hypotheses import Hypothesis, Sampling, length_caps, length_penalty
 
 if TYPE_CHECKING:
     from transformer_mt.config.schema import DecodeConfig
@@ -105,13 +103,14 @@ class CT2Engine:
         self.tgt_ids = {token: i for i, token in enumerate(self.tgt_tokens)}
         self._translators: dict[str, object] = {}  # compute type -> ctranslate2.Translator
 
-    def translate(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int,
-                  progress: bool) -> list[list[int]]:
-        return [hyps[0] for hyps in self._search(src_ids, decode, beam_size, 1, None, progress)[0]]
+    def translate(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, progress: bool,
+                  prefixes: list[list[int]] | None = None) -> list[list[int]]:
+        return [hyps[0] for hyps in self._search(src_ids, decode, beam_size, 1, None, progress, prefixes)[0]]
 
     def hypotheses(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, n_best: int,
-                   sampling: Sampling | None, progress: bool) -> list[list[Hypothesis]]:
-        found, sources, caps = self._search(src_ids, decode, beam_size, n_best, sampling, progress)
+                   sampling: Sampling | None, progress: bool,
+                   prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+        found, sources, caps = self._search(src_ids, decode, beam_size, n_best, sampling, progress, prefixes)
         # CTranslate2 ranks beams with its own length penalty, and samples scores at the sampling
         # temperature: each translation is scored again here, as tmt scores it.
         flat = [(i, ids) for i, hyps in enumerate(found) for ids in hyps]
@@ -141,15 +140,15 @@ class CT2Engine:
         raise UsageError("--show-attention draws from the torch engine's model; use --engine torch")
 
     def _search(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, n_best: int,
-                sampling: Sampling | None, progress: bool) -> tuple[list[list[list[int]]], list[list[str]], list[int]]:
-        """Each source's `n_best` translations as ids, with the sources as tokens and their length
-        caps. CTranslate2 caps a whole call at one length: sources are grouped by their cap
-        a·S + b (S with EOS, as `decode.generator.max_target_lengths` computes it in fp32)."""
+                sampling: Sampling | None, progress: bool, prefixes: list[list[int]] | None
+                ) -> tuple[list[list[list[int]]], list[list[str]], list[int]]:
+        """Each source's `n_best` translations as ids (each beginning with its prefix, as CTranslate2's
+        `target_prefix` forces it), with the sources as tokens and their length caps. CTranslate2
+        caps a whole call at one length (prefix included): sources are grouped by their cap."""
         keep = token_room(self.max_len)  # room for the EOS CTranslate2 appends
         sources = [[self.src_tokens[i] for i in ids[:keep]] for ids in src_ids]
-        lengths = np.array([len(s) + 1 for s in sources], dtype=np.float32)
-        limits = np.floor(np.float32(decode.max_len_a) * lengths + np.float32(decode.max_len_b))
-        caps = [int(cap) for cap in np.clip(limits, 1, self.max_len)]
+        caps = length_caps([len(s) + 1 for s in sources], decode.max_len_a, decode.max_len_b, self.max_len)
+        targets = None if prefixes is None else [[self.tgt_tokens[t] for t in ids] for ids in prefixes]
         groups: dict[int, list[int]] = {}
         for i, cap in enumerate(caps):
             groups.setdefault(cap, []).append(i)
@@ -168,7 +167,9 @@ class CT2Engine:
 
             batches = tqdm(batches, desc="translate", unit="length", file=sys.stderr, leave=False)
         for cap, members in batches:
-            results = translator.translate_batch([sources[i] for i in members], max_decoding_length=cap, **options)
+            prefix = None if targets is None else [targets[i] for i in members]
+            results = translator.translate_batch([sources[i] for i in members], prefix, max_decoding_length=cap,
+                                                 **options)
             for i, result in zip(members, results):
                 found[i] = [[self.tgt_ids[token] for token in tokens] for tokens in result.hypotheses]
         return found, sources, caps

@@ -19,7 +19,8 @@ from transformer_mt.model.transformer import KVCache, Transformer
 
 State = BeamState | SampleState
 CHECK_EVERY = 8  # fixed-shape steps between the host's checks whether every sentence is done
-StartState = Callable[[torch.Tensor, int, torch.Tensor], State]  # (limits, capacity, position) -> state
+# (limits, capacity, position, forced) -> the search's first state
+StartState = Callable[[torch.Tensor, int, torch.Tensor, torch.Tensor | None], State]
 
 
 def max_target_lengths(src_mask: torch.Tensor, max_len_a: float, max_len_b: int, model_max_len: int) -> torch.Tensor:
@@ -31,19 +32,19 @@ def max_target_lengths(src_mask: torch.Tensor, max_len_a: float, max_len_b: int,
 
 
 def greedy_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_id: int, max_len_a: float,
-                  max_len_b: int, graphs: StepGraphs | None = None, capture: bool = False,
-                  drop_finished: float = 0.25) -> list[list[int]]:
+                  max_len_b: int, prefixes: torch.Tensor | None = None, graphs: StepGraphs | None = None,
+                  capture: bool = False, drop_finished: float = 0.25) -> list[list[int]]:
     """The most probable token at each step (beam search with one beam): src_ids (B, S) long,
     padded with `model.pad_id` -> B lists of generated ids, without BOS and EOS."""
     hypotheses = beam_search(model, src_ids, bos_id=bos_id, eos_id=eos_id, beam_size=1, max_len_a=max_len_a,
-                             max_len_b=max_len_b, alpha=0.0, graphs=graphs, capture=capture,
+                             max_len_b=max_len_b, alpha=0.0, prefixes=prefixes, graphs=graphs, capture=capture,
                              drop_finished=drop_finished)
     return [hyps[0].ids for hyps in hypotheses]
 
 
 def beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_id: int, beam_size: int,
                 max_len_a: float, max_len_b: int, alpha: float = 0.6, n_best: int = 1,
-                graphs: StepGraphs | None = None, capture: bool = False,
+                prefixes: torch.Tensor | None = None, graphs: StepGraphs | None = None, capture: bool = False,
                 drop_finished: float | None = None) -> list[list[Hypothesis]]:
     """Beam search with K = `beam_size` beams per sentence (`BeamState.advance`): src_ids (B, S)
     long -> for each sentence its `n_best` hypotheses, best first. Beam size 1 is greedy decoding.
@@ -51,28 +52,32 @@ def beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_i
     start = functools.partial(BeamState.start, beam_size=beam_size, n_best=n_best, bos_id=bos_id, eos_id=eos_id,
                               pad_id=model.pad_id, alpha=alpha)
     return search(model, src_ids, start, rows_per_sentence=beam_size, bos_id=bos_id, eos_id=eos_id,
-                  max_len_a=max_len_a, max_len_b=max_len_b, graphs=graphs, capture=capture,
+                  max_len_a=max_len_a, max_len_b=max_len_b, prefixes=prefixes, graphs=graphs, capture=capture,
                   key=("beam", beam_size, n_best, alpha),
                   drop_finished=(0.25 if beam_size == 1 else 0.0) if drop_finished is None else drop_finished)
 
 
 def sample_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_id: int, max_len_a: float,
                   max_len_b: int, sampling: Sampling, generator: torch.Generator, n_samples: int = 1,
-                  alpha: float = 0.6) -> list[list[Hypothesis]]:
+                  alpha: float = 0.6, prefixes: torch.Tensor | None = None) -> list[list[Hypothesis]]:
     """Draw `n_samples` translations per source (`Sampling` says how): src_ids (B, S) long -> for
     each sentence its samples in the order drawn, scored as beam search scores its hypotheses."""
     start = functools.partial(SampleState.start, sampling=sampling, generator=generator, bos_id=bos_id,
                               eos_id=eos_id, pad_id=model.pad_id, alpha=alpha)
+    # A sentence's samples are neighbours, with its prefix each.
+    repeated = None if prefixes is None else prefixes.repeat_interleave(n_samples, dim=0)
     rows = search(model, src_ids.repeat_interleave(n_samples, dim=0), start, rows_per_sentence=1, bos_id=bos_id,
-                  eos_id=eos_id, max_len_a=max_len_a, max_len_b=max_len_b)  # a sentence's samples are neighbours
+                  eos_id=eos_id, max_len_a=max_len_a, max_len_b=max_len_b, prefixes=repeated)
     return [[hyps[0] for hyps in rows[i:i + n_samples]] for i in range(0, len(rows), n_samples)]
 
 
 @torch.inference_mode()
 def search(model: Transformer, src_ids: torch.Tensor, start: StartState, *, rows_per_sentence: int, bos_id: int,
-           eos_id: int, max_len_a: float, max_len_b: int, graphs: StepGraphs | None = None, capture: bool = False,
-           key: tuple = (), drop_finished: float = 0.25) -> list[list[Hypothesis]]:
-    """Run the search that `start` begins over src_ids (B, S) -> each sentence's hypotheses. Eagerly
+           eos_id: int, max_len_a: float, max_len_b: int, prefixes: torch.Tensor | None = None,
+           graphs: StepGraphs | None = None, capture: bool = False, key: tuple = (),
+           drop_finished: float = 0.25) -> list[list[Hypothesis]]:
+    """Run the search that `start` begins over src_ids (B, S) -> each sentence's hypotheses, each
+    beginning with its row of `prefixes` (B, P) long, padded with `model.pad_id` (None: none). Eagerly
     (no `graphs`, no `capture`), done sentences leave the batch once they are at least `drop_finished`
     of those still decoded (0: at once). With `graphs` or `capture`, every row runs in steps of one
     shape (`capture`: replayed from a CUDA graph); the host checks every `CHECK_EVERY` steps."""
@@ -81,7 +86,8 @@ def search(model: Transformer, src_ids: torch.Tensor, start: StartState, *, rows
         limits = max_target_lengths(src_ids != model.pad_id, max_len_a, max_len_b, model.cfg.max_len)  # (B,)
         capacity = int(limits.max())
         cache = model.new_cache(src_ids, capacity, rows_per_sentence)
-        return _eager(model, start(limits, capacity, cache.position), cache, forbidden, capacity, drop_finished)
+        state = start(limits, capacity, cache.position, _forced(prefixes, src_ids.shape[0], capacity, model.pad_id))
+        return _eager(model, state, cache, forbidden, capacity, drop_finished)
     B, S = src_ids.shape
     if graphs is not None:  # padded to its bucket, which shares a capture; extra sentences are a lone EOS
         rows, width = round_up(B, graphs.multiple), max(S, min(round_up(S, graphs.multiple), model.cfg.max_len))
@@ -96,10 +102,10 @@ def search(model: Transformer, src_ids: torch.Tensor, start: StartState, *, rows
         bucket = int(max_target_lengths(full, max_len_a, max_len_b, model.cfg.max_len)[0])
     capacity = min(round_up(bucket, 8), model.cfg.max_len)
     cache = model.new_cache(src_ids, capacity, rows_per_sentence)
-    state = start(limits, capacity, cache.position)
+    state = start(limits, capacity, cache.position, _forced(prefixes, src_ids.shape[0], capacity, model.pad_id))
     state.done[B:] = True  # the bucket's filler sentences
     (cache, state), step, done = prepared(
-        graphs, (*key, *src_ids.shape, capacity), (cache, state),
+        graphs, (*key, *src_ids.shape, capacity, prefixes is not None), (cache, state),
         lambda c, s: lambda: _step(model, s, c, forbidden), capture)
     while done < max_steps:
         step()
@@ -107,6 +113,16 @@ def search(model: Transformer, src_ids: torch.Tensor, start: StartState, *, rows
         if done % CHECK_EVERY == 0 and bool(state.done.all()):
             break
     return state.results()[:B]
+
+
+def _forced(prefixes: torch.Tensor | None, rows: int, capacity: int, pad_id: int) -> torch.Tensor | None:
+    """prefixes (B, P) long as a search state's `forced` (rows, capacity): padded, or cut at the capacity."""
+    if prefixes is None:
+        return None
+    forced = prefixes.new_full((rows, capacity), pad_id)
+    width = min(prefixes.shape[1], capacity)
+    forced[:prefixes.shape[0], :width] = prefixes[:, :width]
+    return forced
 
 
 def _step(model: Transformer, state: State, cache: KVCache, forbidden: tuple[int, ...],

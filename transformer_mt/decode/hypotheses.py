@@ -1,11 +1,13 @@
-"""What a search returns and how it ranks: `Hypothesis`, the GNMT length penalty, and the settings
-of sampling; torch-free, for every engine."""
+"""What a search returns and how it ranks: `Hypothesis`, the GNMT length penalty, each sentence's
+length cap, and the settings of sampling; torch-free, for every engine."""
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -14,6 +16,14 @@ if TYPE_CHECKING:
 def length_penalty(length: int, alpha: float) -> float:
     """GNMT length penalty ((5 + length) / 6)^α (Wu et al. 2016, §7); α = 0 turns it off."""
     return ((5.0 + length) / 6.0) ** alpha
+
+
+def length_caps(source_lengths: list[int], max_len_a: float, max_len_b: int, model_max_len: int) -> list[int]:
+    """Each sentence's cap on generated tokens, EOS (and a target prefix) included: a·S + b for S
+    source tokens with EOS, in [1, model_max_len]; in fp32, as `generator.max_target_lengths` on tensors."""
+    lengths = np.array(source_lengths, dtype=np.float32)
+    limits = np.floor(np.float32(max_len_a) * lengths + np.float32(max_len_b))
+    return [int(cap) for cap in np.clip(limits, 1, model_max_len)]
 
 
 @dataclass(frozen=True)

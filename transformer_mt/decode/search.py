@@ -1,6 +1,7 @@
 """The search algorithms, one step on tensors with no host sync (a CUDA graph can replay it): beam
 search (greedy is one beam) and sampling. Sentence b's K rows are b·K .. b·K + K - 1; C caps the
-generated tokens; `tokens` holds BOS, then each row's generated ids, pad beyond."""
+generated tokens; `tokens` holds BOS, then each row's generated ids, pad beyond. A state with `forced`
+(B, C) long generates those tokens first (a target prefix; pad beyond each sentence's)."""
 
 from __future__ import annotations
 
@@ -37,12 +38,13 @@ class BeamState:
     penalties: torch.Tensor  # (C + 1,) fp64: length_penalty(n, α) for n = 0..C generated tokens
     eos_id: int
     pad_id: int
+    forced: torch.Tensor | None = None  # (B, C) long: each sentence's first tokens, pad beyond; None: none
 
     @classmethod
-    def start(cls, limits: torch.Tensor, capacity: int, position: torch.Tensor, *, beam_size: int, n_best: int,
-              bos_id: int, eos_id: int, pad_id: int, alpha: float) -> BeamState:
+    def start(cls, limits: torch.Tensor, capacity: int, position: torch.Tensor, forced: torch.Tensor | None = None,
+              *, beam_size: int, n_best: int, bos_id: int, eos_id: int, pad_id: int, alpha: float) -> BeamState:
         """One live beam per sentence (score 0), the other K - 1 at -inf (else all K would pick the
-        same first token). limits (B,) long."""
+        same first token; a forced token keeps them there). limits (B,) long."""
         if not 1 <= n_best <= beam_size:
             raise ValueError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
         B, K, device = limits.shape[0], beam_size, limits.device
@@ -57,7 +59,8 @@ class BeamState:
                    torch.zeros(B, dtype=torch.long, device=device),
                    torch.full((B, n_best, capacity), pad_id, dtype=torch.long, device=device),
                    torch.zeros(B, n_best, device=device),
-                   torch.full((B, n_best), float("-inf"), dtype=fp64, device=device), penalties, eos_id, pad_id)
+                   torch.full((B, n_best), float("-inf"), dtype=fp64, device=device), penalties, eos_id, pad_id,
+                   forced)
 
     @property
     def rows_per_sentence(self) -> int:
@@ -68,8 +71,14 @@ class BeamState:
         Of each sentence's 2K best continuations by log-prob, the top K that end in EOS (all at the
         cap) go, scored log-prob / length penalty, into the M best finished; the K best that do not
         end live on. A sentence is done with K finished, or M that no live beam can beat (at best its
-        log-prob over the penalty at its cap), or at its cap."""
-        candidates = self.best_candidates(torch.log_softmax(logits, dim=-1))
+        log-prob over the penalty at its cap), or at its cap. A forced token is the only continuation."""
+        log_probs = torch.log_softmax(logits, dim=-1)
+        if self.forced is not None:
+            log_probs = log_probs.masked_fill(~allowed_tokens(log_probs, self.forced, self.position, self.pad_id),
+                                              float("-inf"))
+        candidates = self.best_candidates(log_probs)
+        if self.forced is not None:
+            candidates = self.after_prefix(candidates)
         at_cap = self.position + 1 >= self.limits  # (B,)
         self.set_aside_finished(candidates, at_cap)
         return self.continue_live(candidates, at_cap)
@@ -85,6 +94,20 @@ class BeamState:
         cand_scores, cand_flat = candidates.topk(2 * K, dim=1)  # (B, 2K), best first
         first_row = torch.arange(0, BK, K, device=log_probs.device)[:, None]  # (B, 1)
         return Candidates(cand_scores, first_row + cand_flat // W, row_tokens.view(B, K * W).gather(1, cand_flat))
+
+    def after_prefix(self, candidates: Candidates) -> Candidates:
+        """At the first free step after a sentence's prefix, when all its candidates continue one beam,
+        only the best may end (as in CTranslate2, lest the prefix alone win): the others of the top K
+        that end are dropped, and the first non-ending candidate after them stays only to replace the
+        best if it ends. Dropped candidates score -inf: dead beams."""
+        K = self.rows_per_sentence
+        prefix_lengths = (self.forced != self.pad_id).sum(dim=1)  # (B,)
+        free_now = (prefix_lengths > 0) & (prefix_lengths == self.position)  # (B,)
+        ends = candidates.tokens == self.eos_id  # (B, 2K)
+        later = ~ends[:, K:]
+        replacement = later & (later.cumsum(dim=1) == 1) & ends[:, :1]  # (B, K): the first that goes on, if needed
+        drop = torch.cat([torch.zeros_like(ends[:, :1]), ends[:, 1:K], ~replacement], dim=1) & free_now[:, None]
+        return candidates._replace(scores=candidates.scores.masked_fill(drop, float("-inf")))
 
     def set_aside_finished(self, candidates: Candidates, at_cap: torch.Tensor) -> None:
         """Put the top K candidates that end (EOS, or any at the cap: at_cap (B,) bool) into each
@@ -127,7 +150,7 @@ class BeamState:
         return BeamState(self.tokens[rows], self.scores[rows], self.position, self.limits[sentences],
                          self.done[sentences], self.count[sentences], self.best_tokens[sentences],
                          self.best_log_probs[sentences], self.best_scores[sentences], self.penalties, self.eos_id,
-                         self.pad_id)
+                         self.pad_id, None if self.forced is None else self.forced[sentences])
 
     def results(self) -> list[list[Hypothesis]]:
         """Each sentence's finished hypotheses, best first (one copy to the host)."""
@@ -135,6 +158,14 @@ class BeamState:
         return [[Hypothesis(strip_generated(ids, self.eos_id, self.pad_id), log_prob, score)
                  for ids, log_prob, score in zip(*sentence) if score > float("-inf")]
                 for sentence in zip(tokens, log_probs, scores)]
+
+
+def allowed_tokens(log_probs: torch.Tensor, forced: torch.Tensor, position: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Which tokens (R, V) bool each row of log_probs (R, V) may generate now: the forced one of its
+    sentence at `position` (forced (B, C) long, R = B·K), or any where that is padding."""
+    B, K = forced.shape[0], log_probs.shape[0] // forced.shape[0]
+    wanted = forced.index_select(1, position).expand(B, K).reshape(-1, 1)  # (R, 1)
+    return torch.zeros_like(log_probs, dtype=torch.bool).scatter_(1, wanted, True) | (wanted == pad_id)
 
 
 def stable_descending_order(scores: torch.Tensor) -> torch.Tensor:
@@ -162,22 +193,27 @@ class SampleState:
     alpha: float
     eos_id: int
     pad_id: int
+    forced: torch.Tensor | None = None  # (N, C) long: each row's first tokens, pad beyond; None: none
 
     rows_per_sentence = 1
 
     @classmethod
-    def start(cls, limits: torch.Tensor, capacity: int, position: torch.Tensor, sampling: Sampling,
-              generator: torch.Generator, *, bos_id: int, eos_id: int, pad_id: int, alpha: float) -> SampleState:
+    def start(cls, limits: torch.Tensor, capacity: int, position: torch.Tensor, forced: torch.Tensor | None = None,
+              *, sampling: Sampling, generator: torch.Generator, bos_id: int, eos_id: int, pad_id: int,
+              alpha: float) -> SampleState:
         N, device = limits.shape[0], limits.device
         tokens = torch.full((N, capacity + 1), pad_id, dtype=torch.long, device=device)
         tokens[:, 0] = bos_id
         return cls(tokens, position, limits, torch.zeros(N, dtype=torch.bool, device=device),
                    torch.zeros(N, device=device), torch.zeros(N, dtype=torch.long, device=device), sampling,
-                   generator, alpha, eos_id, pad_id)
+                   generator, alpha, eos_id, pad_id, forced)
 
     def advance(self, logits: torch.Tensor) -> None:
-        """Draw each row's next token from logits (N, V) fp32."""
+        """Draw each row's next token from logits (N, V) fp32 (a forced token replaces the draw)."""
         next_ids = torch.multinomial(self.sampling.probabilities(logits), 1, generator=self.generator).squeeze(1)
+        if self.forced is not None:
+            wanted = self.forced.index_select(1, self.position).squeeze(1)  # (N,)
+            next_ids = torch.where(wanted == self.pad_id, next_ids, wanted)
         token_log_probs = torch.log_softmax(logits, dim=-1).gather(1, next_ids[:, None]).squeeze(1)  # (N,)
         self.log_probs += token_log_probs.masked_fill(self.done, 0.0)
         self.lengths += (~self.done).long()
@@ -187,7 +223,8 @@ class SampleState:
 
     def select(self, rows: torch.Tensor) -> SampleState:
         return SampleState(self.tokens[rows], self.position, self.limits[rows], self.done[rows], self.log_probs[rows],
-                           self.lengths[rows], self.sampling, self.generator, self.alpha, self.eos_id, self.pad_id)
+                           self.lengths[rows], self.sampling, self.generator, self.alpha, self.eos_id, self.pad_id,
+                           None if self.forced is None else self.forced[rows])
 
     def results(self) -> list[list[Hypothesis]]:
         """Each row's sample, scored as beam search scores its hypotheses."""

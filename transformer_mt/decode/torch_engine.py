@@ -29,15 +29,17 @@ class TorchEngine:
         self.common = {"bos_id": BOS_ID, "eos_id": EOS_ID, "device": device}
         self.precision = precision
 
-    def translate(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int,
-                  progress: bool) -> list[list[int]]:
+    def translate(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, progress: bool,
+                  prefixes: list[list[int]] | None = None) -> list[list[int]]:
         return translate_ids(self.model, src_ids, decode, precision=self.precision, beam_size=beam_size,
-                             progress=progress, **self.common)
+                             progress=progress, prefixes=prefixes, **self.common)
 
     def hypotheses(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, n_best: int,
-                   sampling: Sampling | None, progress: bool) -> list[list[Hypothesis]]:
+                   sampling: Sampling | None, progress: bool,
+                   prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
         return translate_hypotheses(self.model, src_ids, decode, precision=self.precision, beam_size=beam_size,
-                                    n_best=n_best, sampling=sampling, progress=progress, **self.common)
+                                    n_best=n_best, sampling=sampling, progress=progress, prefixes=prefixes,
+                                    **self.common)
 
     def score(self, src_ids: list[list[int]], tgt_ids: list[list[int]], decode: DecodeConfig,
               progress: bool) -> list[list[float]]:
@@ -56,21 +58,23 @@ class TorchEngine:
 
 def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: DecodeConfig, *,
                   bos_id: int, eos_id: int, device: torch.device, precision: Precision,
-                  beam_size: int | None = None, progress: bool = False) -> list[list[int]]:
+                  beam_size: int | None = None, progress: bool = False,
+                  prefixes: list[list[int]] | None = None) -> list[list[int]]:
     """The best translation of each source id list (no special tokens): greedy when the beam size
     (`beam_size`, else `decode_cfg.beam_size`) is 1, else beam search."""
     return [hyps[0].ids for hyps in translate_hypotheses(
         model, src_seqs, decode_cfg, bos_id=bos_id, eos_id=eos_id, device=device, precision=precision,
-        beam_size=beam_size, progress=progress)]
+        beam_size=beam_size, progress=progress, prefixes=prefixes)]
 
 
 def translate_hypotheses(model: Transformer, src_seqs: list[list[int]], decode_cfg: DecodeConfig, *,
                          bos_id: int, eos_id: int, device: torch.device, precision: Precision,
                          beam_size: int | None = None, n_best: int = 1, sampling: Sampling | None = None,
-                         progress: bool = False) -> list[list[Hypothesis]]:
+                         progress: bool = False, prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
     """Each source's `n_best` best hypotheses of beam search, best first (beam 1: greedy), or with
     `sampling`, `n_best` samples drawn from one generator seeded with `sampling.seed`; decoded in
-    length-sorted batches of `decode_cfg.batch_tokens` (counting each beam or sample), in input order."""
+    length-sorted batches of `decode_cfg.batch_tokens` (counting each beam or sample), in input order.
+    Each hypothesis begins with its source's `prefixes` ids (none where empty or None)."""
     alpha = decode_cfg.length_penalty
     beam_size = decode_cfg.beam_size if beam_size is None else beam_size
     capture = decode_cfg.cuda_graphs and device.type == "cuda"
@@ -79,12 +83,12 @@ def translate_hypotheses(model: Transformer, src_seqs: list[list[int]], decode_c
     common = {"bos_id": bos_id, "eos_id": eos_id, "max_len_a": decode_cfg.max_len_a,
               "max_len_b": decode_cfg.max_len_b}
 
-    def decode(src_ids: torch.Tensor) -> list[list[Hypothesis]]:
+    def decode(src_ids: torch.Tensor, forced: torch.Tensor | None) -> list[list[Hypothesis]]:
         if sampling is not None:
             return sample_decode(model, src_ids, sampling=sampling, generator=generator, n_samples=n_best,
-                                 alpha=alpha, **common)
-        return beam_search(model, src_ids, beam_size=beam_size, alpha=alpha, n_best=n_best, graphs=graphs,
-                           capture=capture, **common)
+                                 alpha=alpha, prefixes=forced, **common)
+        return beam_search(model, src_ids, beam_size=beam_size, alpha=alpha, n_best=n_best, prefixes=forced,
+                           graphs=graphs, capture=capture, **common)
 
     attention = pick_attention(decode_cfg.attention_backend, device, "decode")
     sources = [model_source(s, model.cfg.max_len, eos_id) for s in src_seqs]
@@ -100,8 +104,11 @@ def translate_hypotheses(model: Transformer, src_seqs: list[list[int]], decode_c
     try:
         for chunk in batches:
             src_ids = pad_sequences([sources[i] for i in chunk], model.pad_id).to(device)
+            forced = None  # a batch without prefixes searches as before
+            if prefixes is not None and any(prefixes[i] for i in chunk):
+                forced = pad_sequences([prefixes[i] for i in chunk], model.pad_id).to(device)
             with precision.autocast(), attention.enabled():
-                for i, output in zip(chunk, decode(src_ids)):
+                for i, output in zip(chunk, decode(src_ids, forced)):
                     results[i] = output
     finally:
         model.train(was_training)

@@ -20,7 +20,7 @@ from transformer_mt.core.run_layout import find_checkpoint
 from transformer_mt.data.tokenization import EOS, TokenizerPair, leading_tag, token_room
 from transformer_mt.decode.alignment import alignment_layer, pharaoh, word_links
 from transformer_mt.decode.ct2_engine import CT2Engine, conversion_dir, convert, find_conversion
-from transformer_mt.decode.hypotheses import Hypothesis
+from transformer_mt.decode.hypotheses import Hypothesis, length_caps
 
 if TYPE_CHECKING:
     import torch
@@ -36,18 +36,20 @@ class Engine(Protocol):
     """Decodes source ids (no special tokens; cut and given an EOS inside, as `model_source` does) in
     length-sorted batches of `decode.batch_tokens`, results in input order: each source's best
     translation (`translate`; beam 1: greedy), its `n_best` best, best first, or with `sampling`
-    `n_best` samples (`hypotheses`); the head-averaged cross-attention (T + 1, S + 1) of decoder
+    `n_best` samples (`hypotheses`), each beginning with its source's `prefixes` ids where given (the
+    length cap counts them; they fit, with room for EOS); the head-averaged cross-attention (T + 1, S + 1) of decoder
     `layer` producing `hyp_ids` + EOS; the log-probability of each target id and then EOS given its
     source (`score`, teacher-forced)."""
 
     name: str  # "torch" or "ctranslate2"
     device: str  # "cpu", "cuda" or "mps"
 
-    def translate(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int,
-                  progress: bool) -> list[list[int]]: ...
+    def translate(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, progress: bool,
+                  prefixes: list[list[int]] | None = None) -> list[list[int]]: ...
 
     def hypotheses(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, n_best: int,
-                   sampling: Sampling | None, progress: bool) -> list[list[Hypothesis]]: ...
+                   sampling: Sampling | None, progress: bool,
+                   prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]: ...
 
     def score(self, src_ids: list[list[int]], tgt_ids: list[list[int]], decode: DecodeConfig,
               progress: bool) -> list[list[float]]: ...
@@ -190,26 +192,29 @@ class Translator:
                            self.cfg.decode.quantize, self.device)
 
     def translate(self, lines: list[str], beam_size: int | None = None, progress: bool = False,
-                  target_lang: str | None = None) -> list[str]:
+                  target_lang: str | None = None, prefixes: list[str] | None = None) -> list[str]:
         """Translate each line (beam size: `beam_size`, else the run's `decode.beam_size`; into
         `target_lang`, else `decode.target_lang`, see `source_ids`); an empty line gives an empty
-        line, one longer than the model allows is truncated with a warning."""
+        line, one longer than the model allows is truncated with a warning. With `prefixes` (one per
+        line, "" none), each translation begins with its prefix (`_prefixes`)."""
         texts, src_ids = self._sources(lines, target_lang)
-        hyp_ids = self.engine.translate(src_ids, self.cfg.decode, self._beam(beam_size), progress)
+        hyp_ids = self.engine.translate(src_ids, self.cfg.decode, self._beam(beam_size), progress,
+                                        self._prefixes(texts, src_ids, prefixes))
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         return [hyp if text else "" for text, hyp in zip(texts, hypotheses)]
 
     def translate_n_best(self, lines: list[str], n_best: int = 1, beam_size: int | None = None,
                          sampling: Sampling | None = None, progress: bool = False,
-                         target_lang: str | None = None, alignments: bool = False,
-                         alignment_layer: int | None = None) -> list[list[Translation]]:
+                         target_lang: str | None = None, prefixes: list[str] | None = None,
+                         alignments: bool = False, alignment_layer: int | None = None) -> list[list[Translation]]:
         """Each line's `n_best` translations with their scores: the best of beam search, best first
         (beam 1: greedy; the first is what `translate` gives), or with `sampling`, samples in the order
-        drawn; with `alignments`, each with its word alignment (`align`). An empty line gets one empty
-        translation, scored 0."""
+        drawn; each beginning with the line's prefix, as `translate` says, whose tokens' log-probabilities
+        the scores include; with `alignments`, each with its word alignment (`align`). An empty line gets
+        one empty translation, scored 0."""
         texts, src_ids = self._sources(lines, target_lang)
         hypotheses = self.engine.hypotheses(src_ids, self.cfg.decode, self._beam(beam_size), n_best, sampling,
-                                            progress)
+                                            progress, self._prefixes(texts, src_ids, prefixes))
         results = []
         for text, hyps in zip(texts, hypotheses):
             if not text:
@@ -274,17 +279,50 @@ class Translator:
         return [ScoredPair(self.tokenizers.tgt_pieces(ids) + [EOS], log_probs)
                 for ids, log_probs in zip(tgt_ids, scored)]
 
-    def attention(self, line: str, layer: int = -1, beam_size: int | None = None) -> AttentionMap:
-        """Translate one line and return where decoder layer `layer` (-1: the last) of the torch
-        engine's model looked; a line too long is truncated with a warning, as in `translate`."""
+    def attention(self, line: str, layer: int = -1, beam_size: int | None = None, prefix: str = "") -> AttentionMap:
+        """Translate one line (beginning with `prefix`, as in `translate`) and return where decoder
+        layer `layer` (-1: the last) of the torch engine's model looked; a line too long is truncated
+        with a warning, as in `translate`."""
         from transformer_mt.decode.plotting import cross_attention_labels
 
-        src_ids = self._sources([line])[1][0][:token_room(self.max_len)]  # as the engines cut it
-        hyp_ids = self.engine.translate([src_ids], self.cfg.decode, self._beam(beam_size), False)[0]
+        texts, sources = self._sources([line])
+        src_ids = sources[0][:token_room(self.max_len)]  # as the engines cut it
+        hyp_ids = self.engine.translate([src_ids], self.cfg.decode, self._beam(beam_size), False,
+                                        self._prefixes(texts, sources, [prefix]))[0]
         weights = self.engine.cross_attention(src_ids, hyp_ids, layer)
         src_pieces, tgt_pieces = cross_attention_labels(
             self.tokenizers.src_pieces(src_ids), self.tokenizers.tgt_pieces(hyp_ids), EOS, self.max_len)
         return AttentionMap(weights, src_pieces, tgt_pieces, self.tokenizers.decode_tgt([hyp_ids])[0])
+
+    def prefix_problem(self, src_ids: list[int], prefix_ids: list[int]) -> str | None:
+        """Why `prefix_ids` cannot begin the translation of `src_ids` (None: it can): the sentence's
+        length cap (`length_caps`) counts the prefix and must leave room for EOS after it."""
+        source_length = min(len(src_ids), token_room(self.max_len)) + 1  # cut as the engines cut it, with EOS
+        decode = self.cfg.decode
+        [cap] = length_caps([source_length], decode.max_len_a, decode.max_len_b, self.max_len)
+        if len(prefix_ids) < cap:
+            return None
+        return (f"the prefix is {len(prefix_ids)} tokens; this sentence's translation is capped at {cap} tokens "
+                f"with its EOS (decode.max_len_a={decode.max_len_a:g} × {source_length} source tokens with EOS + "
+                f"decode.max_len_b={decode.max_len_b}, at most model.max_len={self.max_len}): give a shorter prefix")
+
+    def _prefixes(self, texts: list[str], src_ids: list[list[int]],
+                  prefixes: list[str] | None) -> list[list[int]] | None:
+        """The target ids each translation begins with: each line's prefix, stripped and tokenized as
+        a target sentence ("" or an empty line: none); None when there are none. A prefix that does
+        not fit its sentence's cap (`prefix_problem`) is refused, naming its line (from 1)."""
+        if prefixes is None:
+            return None
+        if len(prefixes) != len(texts):
+            raise ValueError(f"{len(prefixes)} prefixes for {len(texts)} lines")
+        wanted = [prefix.strip() if text else "" for text, prefix in zip(texts, prefixes)]
+        if not any(wanted):
+            return None
+        prefix_ids = self.tokenizers.encode_tgt(wanted)
+        for number, (ids, prefix) in enumerate(zip(src_ids, prefix_ids), start=1):
+            if problem := self.prefix_problem(ids, prefix):
+                raise DataError(f"line {number}: {problem}")
+        return prefix_ids
 
     def _beam(self, beam_size: int | None) -> int:
         return self.cfg.decode.beam_size if beam_size is None else beam_size

@@ -24,17 +24,31 @@ PAGE = "serve_page.html"  # the web page at /, beside this module
 
 def build_app(translator, batcher, limits: Limits):
     """The FastAPI application around `batcher`'s translator; every error is `{"error": one line}`."""
+    from typing import Annotated, Union
+
     from fastapi import FastAPI, Request
     from fastapi.responses import HTMLResponse, JSONResponse
-    from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+    from pydantic import (BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, StrictStr, Tag,
+                          ValidationError)
     from starlette.exceptions import HTTPException
     from starlette.requests import ClientDisconnect
+
+    class Sentence(BaseModel):
+        """A sentence whose translation begins with `prefix` ("": none)."""
+
+        model_config = ConfigDict(extra="forbid")
+        source: StrictStr
+        prefix: StrictStr = ""
+
+    # A string, or an object (a Sentence): only the branch of the item's kind reports problems.
+    Item = Annotated[Union[Annotated[StrictStr, Tag("text")], Annotated[Sentence, Tag("object")]],
+                     Discriminator(lambda item: "object" if isinstance(item, (dict, Sentence)) else "text")]
 
     class TranslateRequest(BaseModel):
         """The body of `POST /translate`."""
 
         model_config = ConfigDict(extra="forbid")
-        sentences: list[StrictStr] = Field(min_length=1)
+        sentences: list[Item] = Field(min_length=1)
         beam_size: StrictInt | None = Field(None, ge=1)
         n_best: StrictInt = Field(1, ge=1)
         scores: StrictBool = False
@@ -65,11 +79,13 @@ def build_app(translator, batcher, limits: Limits):
                 "target_lang": translator.cfg.decode.target_lang,
                 "target_tags": list(translator.tokenizers.language_tags), "beam_size": limits.default_beam,
                 "max_beam": limits.max_beam, "max_sentences": limits.max_sentences,
-                "max_sentence_characters": limits.max_sentence_characters, "max_body_bytes": limits.max_body_bytes,
+                "max_sentence_characters": limits.max_sentence_characters,
+                "max_prefix_characters": limits.max_prefix_characters, "max_body_bytes": limits.max_body_bytes,
                 **vars(batcher.stats())}
 
     def checked(body: bytes):
-        """The request in `body`, its decoding options and source tokens (on a thread: JSON and tokenizing)."""
+        """The request in `body`, its decoding options, sentences, prefixes and source tokens (on a
+        thread: JSON and tokenizing)."""
         try:
             parsed = json.loads(body)
         except RecursionError:
@@ -89,9 +105,9 @@ def build_app(translator, batcher, limits: Limits):
         except ClientDisconnect:  # nobody to answer
             logger.info("a client went away before sending its whole request")
             return JSONResponse({"error": "the client disconnected"}, status_code=400)
-        asked, options, tokens = await asyncio.to_thread(checked, body)
+        asked, options, sentences, prefixes, tokens = await asyncio.to_thread(checked, body)
         try:
-            results = await asyncio.wrap_future(batcher.submit(asked.sentences, tokens, options))
+            results = await asyncio.wrap_future(batcher.submit(sentences, tokens, options, prefixes))
         except Exception as err:
             raise RequestError(500, f"translation failed: {err}") from None
         answer: dict = {"translations": [translations[0].text for translations in results]}
@@ -112,8 +128,13 @@ def _validation_message(err) -> str:
     """pydantic's first complaint about a request body as one line: where, then what."""
     problems = sorted(err.errors(), key=lambda problem: problem["type"] != "extra_forbidden")  # a misspelt key first
     first = problems[0]
-    where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"]).lstrip(".")
-    if first["type"] == "extra_forbidden":
+    loc = first["loc"]
+    if loc[:1] == ("sentences",) and len(loc) > 2:  # sentences[i].<text or object>...: the union's tag goes
+        loc = loc[:2] + loc[3:]
+    where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
+    if first["type"] == "extra_forbidden" and len(loc) > 2:
+        message = f"{where}: not a field of a sentence (source, prefix)"
+    elif first["type"] == "extra_forbidden":
         message = (f"{where}: not a field of a translation request (sentences, beam_size, n_best, scores, "
                    "target_lang, alignments)")
     elif first["type"] == "too_short":  # the only list with a least length: sentences

@@ -1,9 +1,12 @@
 """What one request to `tmt serve` may ask for (`Limits`) and its checks against them: the body's size
-as it arrives, then the number of sentences, their characters and tokens, the beam and the n-best list."""
+as it arrives, then the number of sentences, their characters and tokens (and their prefixes'), the beam
+and the n-best list."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from transformer_mt.core.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -16,23 +19,26 @@ class Limits:
     default_beam: int
     max_sentence_characters: int  # more cannot fit in max_tokens tokens: refused before tokenizing
     max_body_bytes: int
+    max_prefix_characters: int  # as max_sentence_characters, in target tokens
 
 
 # A character of a sentence in a JSON body takes at most 6 bytes (`\u00e8`, as json.dumps escapes it);
-# 1 KiB more holds the rest of the request.
-JSON_CHARACTER_BYTES, JSON_OVERHEAD_BYTES = 6, 1024
+# a sentence with a prefix, `{"source": "", "prefix": ""}, ` around them, 30 more; 1 KiB more holds the
+# rest of the request.
+JSON_CHARACTER_BYTES, JSON_SENTENCE_BYTES, JSON_OVERHEAD_BYTES = 6, 30, 1024
 
 
-def largest_request_bytes(max_sentences: int, max_sentence_characters: int) -> int:
-    """The body of the largest request the other limits take, every character escaped: the default
-    body limit, which refuses no request the others take and nothing larger."""
-    return max_sentences * max_sentence_characters * JSON_CHARACTER_BYTES + JSON_OVERHEAD_BYTES
+def largest_request_bytes(max_sentences: int, max_sentence_characters: int, max_prefix_characters: int) -> int:
+    """The body of the largest request the other limits take, every character escaped, every sentence
+    with a prefix: the default body limit, which refuses no request the others take and nothing larger."""
+    sentence = (max_sentence_characters + max_prefix_characters) * JSON_CHARACTER_BYTES + JSON_SENTENCE_BYTES
+    return max_sentences * sentence + JSON_OVERHEAD_BYTES
 
 
-def sentence_character_bound(tokenizers, max_tokens: int) -> int:
-    """The most characters `max_tokens` source tokens can spell: every character of a sentence, spaces
-    included (Metaspace), belongs to one token, of at most the longest token's length (NFC aside)."""
-    return max_tokens * max(len(piece) for piece in tokenizers.src.get_vocab(with_added_tokens=True))
+def character_bound(tokenizer, max_tokens: int) -> int:
+    """The most characters `max_tokens` tokens of `tokenizer` can spell: every character of a sentence,
+    spaces included (Metaspace), belongs to one token, of at most the longest token's length (NFC aside)."""
+    return max_tokens * max(len(piece) for piece in tokenizer.get_vocab(with_added_tokens=True))
 
 
 class RequestError(Exception):
@@ -61,8 +67,10 @@ async def read_body(request, limit: int) -> bytes:
 
 
 def check_request(asked, translator, limits: Limits):
-    """The request's decoding `Options` and source tokens, or a `RequestError` naming what is too much.
-    A sentence longer than `limits.max_sentence_characters` is refused before it is tokenized."""
+    """The request's decoding `Options`, its sentences, their prefixes ("" none) and their source
+    tokens, or a `RequestError` naming what is too much. A sentence (a prefix) longer than
+    `limits.max_sentence_characters` (`max_prefix_characters`) is refused before it is tokenized; a
+    prefix must leave room under its sentence's length cap (`Translator.prefix_problem`)."""
     from transformer_mt.serve.batcher import Options
 
     if len(asked.sentences) > limits.max_sentences:
@@ -75,28 +83,38 @@ def check_request(asked, translator, limits: Limits):
     if asked.n_best > beam:
         raise RequestError(422, f"n_best: {asked.n_best} is more than beam search keeps with beam_size {beam}; "
                                 f"ask for beam_size {asked.n_best} or more")
-    for number, sentence in enumerate(asked.sentences):
-        try:
-            sentence.encode("utf-8")
-        except UnicodeEncodeError as err:
-            raise RequestError(422, f"sentences[{number}]: not text (a lone surrogate "
-                                    f"\\u{ord(sentence[err.start]):04x})") from None
-    sentences = [sentence.strip() for sentence in asked.sentences]
-    for number, sentence in enumerate(sentences):
-        if len(sentence) > limits.max_sentence_characters:
-            longest = limits.max_sentence_characters // limits.max_tokens
-            raise RequestError(413, f"sentences[{number}]: {len(sentence):,} characters; this model translates at "
-                                    f"most {limits.max_sentence_characters:,} (model.max_len - 1 tokens of at most "
-                                    f"{longest} characters)")
-    from transformer_mt.core.errors import UsageError
-
+    items = [(item, "") if isinstance(item, str) else (item.source, item.prefix) for item in asked.sentences]
+    sentences = _texts([source for source, _ in items], "sentences[{}]", limits.max_sentence_characters, limits)
+    prefixes = _texts([prefix for _, prefix in items], "sentences[{}].prefix", limits.max_prefix_characters, limits)
     try:  # a multilingual model's tag counts as a token
-        lengths = [len(ids) for ids in translator.source_ids(sentences, asked.target_lang, "target_lang")]
+        src_ids = translator.source_ids(sentences, asked.target_lang, "target_lang")
     except UsageError as err:  # an unknown or missing target language
         raise RequestError(422, str(err)) from None
-    for number, length in enumerate(lengths):
-        if length > limits.max_tokens:
-            raise RequestError(413, f"sentences[{number}]: {length} tokens; this model translates at most "
+    for number, ids in enumerate(src_ids):
+        if len(ids) > limits.max_tokens:
+            raise RequestError(413, f"sentences[{number}]: {len(ids)} tokens; this model translates at most "
                                     f"{limits.max_tokens} (model.max_len - 1)")
+    if any(prefixes):
+        for number, (ids, prefix) in enumerate(zip(src_ids, translator.tokenizers.encode_tgt(prefixes))):
+            if problem := translator.prefix_problem(ids, prefix):
+                raise RequestError(413, f"sentences[{number}].prefix: {problem}")
     options = Options(beam, asked.n_best, asked.scores or asked.n_best > 1, asked.target_lang, asked.alignments)
-    return options, sum(lengths) + len(lengths)  # each with its EOS
+    return options, sentences, prefixes, sum(map(len, src_ids)) + len(src_ids)  # each with its EOS
+
+
+def _texts(texts: list[str], where: str, max_characters: int, limits: Limits) -> list[str]:
+    """`texts` stripped, or a `RequestError` at `where` (formatted with the index) for one that is
+    not text or has more than `max_characters` characters (`max_tokens` tokens of the longest)."""
+    for number, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise RequestError(422, f"{where.format(number)}: not text (a lone surrogate "
+                                    f"\\u{ord(text[err.start]):04x})") from None
+    stripped = [text.strip() for text in texts]
+    for number, text in enumerate(stripped):
+        if len(text) > max_characters:
+            raise RequestError(413, f"{where.format(number)}: {len(text):,} characters; this model translates at "
+                                    f"most {max_characters:,} (model.max_len - 1 tokens of at most "
+                                    f"{max_characters // limits.max_tokens} characters)")
+    return stripped

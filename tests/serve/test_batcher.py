@@ -33,8 +33,8 @@ class RecordingTranslator:
         self._record(lines, Options(beam_size, target_lang=target_lang))
         return [f"{prefix}{line}/{beam_size}" for line, prefix in zip(lines, prefixes)]
 
-    def translate_n_best(self, lines, n_best, beam_size, prefixes, target_lang=None):
-        self._record(lines, Options(beam_size, n_best, True, target_lang))
+    def translate_n_best(self, lines, n_best, beam_size, prefixes, target_lang=None, alignments=False):
+        self._record(lines, Options(beam_size, n_best, True, target_lang, alignments))
         return [[Translation(f"{prefix}{line}/{beam_size}#{k}", -float(k), []) for k in range(n_best)]
                 for line, prefix in zip(lines, prefixes)]
 

@@ -147,6 +147,12 @@ def test_concurrent_clients_get_translates_translations_in_shared_batches(server
     assert status == 200 and health["status"] == "ok" and health["engine"] == "ctranslate2"
     assert health["requests"] == 200 and health["sentences"] == sum(map(len, requests)) and health["queued"] == 0
     assert 1 < health["largest_batch_requests"] <= 8 and health["batches"] < 200
+    # word alignments, as `tmt translate --alignments` gives them
+    aligned = [json.loads(line) for line in translate_file(tmt_here, workdir, SOURCES[:3], "--beam", "3", "--n-best",
+                                                           "2", "--format", "jsonl", "--alignments")]
+    status, answer = server.post({"sentences": SOURCES[:3], "beam_size": 3, "n_best": 2, "alignments": True})
+    assert status == 200 and answer["alignments"] == [entry["alignments"][0] for entry in aligned]
+    assert [[h["alignment"] for h in hyps] for hyps in answer["n_best"]] == [entry["alignments"] for entry in aligned]
     code, stderr = server.stop()
     assert code == 0, stderr
 
@@ -168,7 +174,7 @@ def test_bad_requests_get_a_4xx_with_one_line_and_the_server_keeps_answering(ser
         ({"sentences": ["a"], "scores": "yes"}, 422, "scores: input should be a valid boolean"),
         ({"sentences": ["a"], "beam": 2}, 422, "beam: not a field of a translation request"),
         ({"sentence": "a"}, 422, "sentence: not a field of a translation request (sentences, beam_size, n_best, "
-                                 "scores, target_lang) (and 1 more problem)"),
+                                 "scores, target_lang, alignments) (and 1 more problem)"),
         ({"sentences": ["a"], "target_lang": "ita"}, 422, "target language 'ita': this model has no target-language "
                                                           "tags (>>xxx<<); it translates into it: leave out target_lang"),
         ({"sentences": ["a", "b", "c", "d"]}, 413, "sentences: 4 sentences; this server takes at most 3"),

@@ -8,6 +8,8 @@ import math
 import textwrap
 from pathlib import Path
 
+from transformer_mt.core.errors import UsageError
+
 STDIO = "-"  # `tmt translate --input -` / `--output -`: stdin / stdout, as in most command-line tools
 
 
@@ -70,6 +72,24 @@ def add_target_lang(parser: argparse.ArgumentParser) -> None:
                              "data.corpora): puts its tag >>LANG<< before each source; needed when the model knows "
                              "several; a line that begins with a tag of the model keeps its own (default: the run's "
                              "decode.target_lang)")
+
+
+def add_alignment_arguments(parser: argparse.ArgumentParser) -> None:
+    """--alignments and --alignment-layer (translate, score)."""
+    group = parser.add_argument_group("word alignments (the Translating guide)")
+    group.add_argument("--alignments", action="store_true",
+                       help="the word alignment of each translation (tmt score: of each target) from the model's "
+                            "cross-attention, as Pharaoh links '<source word>-<target word>' (0-0 1-2 ...; words "
+                            "split at spaces, from 0): text output, after a TAB at the end of its line (cut -f to split off a file as fast_align "
+                            "writes); jsonl, in an \"alignments\" field")
+    group.add_argument("--alignment-layer", type=int, metavar="N",
+                       help="with --alignments: the decoder layer whose attention aligns, 0 the first, -1 the last "
+                            "(default: the second to last, or the only one)")
+
+
+def check_alignment_arguments(args: argparse.Namespace) -> None:
+    if args.alignment_layer is not None and not args.alignments:
+        raise UsageError("--alignment-layer picks the layer --alignments reads: add --alignments")
 
 
 def _number(convert: type, accept, requirement: str):

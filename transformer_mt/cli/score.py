@@ -9,11 +9,13 @@ import logging
 import sys
 from pathlib import Path
 
-from transformer_mt.cli.arguments import STDIO, add_command, add_target_lang, path_or_dash
+from transformer_mt.cli.arguments import (STDIO, add_alignment_arguments, add_command, add_target_lang,
+                                          check_alignment_arguments, path_or_dash)
 from transformer_mt.cli.common import check_not_kept, check_output, load_translator, run_dir_of
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.core.errors import DataError, UsageError
 from transformer_mt.core.files import write_lines
+from transformer_mt.decode.alignment import pharaoh
 
 SCORE_EXAMPLES = """examples:
   # one line each: log-prob<TAB>per token
@@ -22,6 +24,8 @@ SCORE_EXAMPLES = """examples:
   paste test.en test.it | tmt score --run runs/demo
   # every token's log-prob
   tmt score --run runs/demo --source test.en --target test.it --format jsonl
+  # and each pair's word alignment after a TAB
+  tmt score --run runs/demo --source test.en --target test.it --alignments
 """
 
 
@@ -50,6 +54,7 @@ def add_parser(commands) -> None:
                          help="where to score (default auto: CUDA, else MPS, else the CPU)")
     add_target_lang(scoring)
     scoring.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bar")
+    add_alignment_arguments(scoring)
     scoring.set_defaults(beam=None, length_penalty=None)  # what the shared run loader reads
 
 
@@ -57,6 +62,7 @@ def run_score(args: argparse.Namespace) -> None:
     setup_logging(logging.WARNING)
     if bool(args.source) != bool(args.target):
         raise UsageError("--source and --target go together (or give source<TAB>target lines on stdin)")
+    check_alignment_arguments(args)
     if args.output == STDIO:
         args.output = None
     check_output(args.output, inputs={"--source": args.source, "--target": args.target})
@@ -64,13 +70,17 @@ def run_score(args: argparse.Namespace) -> None:
     check_not_kept(args.output, "--output", run_dir_of(args))  # before loading, which may write into the run
     translator = load_translator(args)
     scored = translator.score(sources, targets, progress=bool(args.source) and not args.quiet)
+    alignments = [pharaoh(links) for links in translator.align(sources, targets, args.alignment_layer)] \
+        if args.alignments else None
     if args.format == "jsonl":
         lines = [json.dumps({"source": src, "target": tgt, "log_prob": round(pair.log_prob, 4),
                              "per_token": round(pair.per_token, 4), "tokens": pair.tokens,
-                             "token_log_probs": [round(p, 4) for p in pair.token_log_probs]}, ensure_ascii=False)
-                 for src, tgt, pair in zip(sources, targets, scored)]
+                             "token_log_probs": [round(p, 4) for p in pair.token_log_probs],
+                             **({"alignment": alignments[i]} if alignments is not None else {})}, ensure_ascii=False)
+                 for i, (src, tgt, pair) in enumerate(zip(sources, targets, scored))]
     else:
-        lines = [f"{pair.log_prob:.4f}\t{pair.per_token:.4f}" for pair in scored]
+        lines = [f"{pair.log_prob:.4f}\t{pair.per_token:.4f}" + (f"\t{alignments[i]}" if alignments is not None else "")
+                 for i, pair in enumerate(scored)]
     if args.output:
         write_lines(args.output, lines)
     else:

@@ -11,8 +11,9 @@ import logging
 import sys
 from pathlib import Path
 
-from transformer_mt.cli.arguments import (STDIO, add_command, add_model_arguments, non_negative_int, path_or_dash,
-                                          positive_float, positive_int, probability, seed_number)
+from transformer_mt.cli.arguments import (STDIO, add_alignment_arguments, add_command, add_model_arguments,
+                                          check_alignment_arguments, non_negative_int, path_or_dash, positive_float,
+                                          positive_int, probability, seed_number)
 from transformer_mt.cli.common import check_not_kept, check_output, load_translator, run_dir_of, shown
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.config.schema import BLEU_TOKENIZERS
@@ -39,6 +40,8 @@ TRANSLATE_EXAMPLES = """examples:
   # every translation begins with "Mia"; or a prefix per line of a jsonl file
   tmt translate --run runs/demo --prefix "Mia" "My sister is at home."
   tmt translate --run runs/demo --input-format jsonl --input requests.jsonl
+  # translation<TAB>word alignment (Pharaoh links: source word-target word)
+  tmt translate --run runs/demo --alignments "Where is the station?"
 """
 
 EVALUATE_EXAMPLES = """examples:
@@ -96,6 +99,7 @@ def add_parser(commands) -> None:
     lists.add_argument("--seed", type=seed_number, metavar="N",
                        help="with --sample: the random seed (default 0); the same input (lines and their order), "
                             "options and seed give the same samples on the same device")
+    add_alignment_arguments(translate)
 
 
 def add_evaluate_parser(commands) -> None:
@@ -203,9 +207,11 @@ def _check_options(args: argparse.Namespace) -> None:
         if args.show_attention.suffix[1:].lower() not in formats:
             raise UsageError(f"--show-attention {args.show_attention}: name a picture file ending in "
                              f"{', '.join('.' + name for name in formats)}")
-    if args.show_attention and (args.n_best > 1 or args.scores or args.format != "text" or args.sample):
+    check_alignment_arguments(args)
+    if args.show_attention and (args.n_best > 1 or args.scores or args.format != "text" or args.sample
+                                or args.alignments):
         raise UsageError("--show-attention draws the best translation of one sentence; leave out --n-best, "
-                         "--scores, --format and --sample")
+                         "--scores, --format, --sample and --alignments")
     if args.interactive:
         given = [name for name, value in (("sentences as arguments", args.text), ("--input", args.input),
                                           ("--output", args.output), ("--show-attention", args.show_attention))
@@ -249,10 +255,10 @@ def _sentences_and_prefixes(lines: list[str], args: argparse.Namespace, where: s
 def _translate_lines(translator, lines: list[str], prefixes: list[str] | None, args: argparse.Namespace,
                      progress: bool, first_number: int = 0) -> list[str]:
     """The output lines for `lines` (their translations beginning with `prefixes`): one translation
-    each, or with --n-best, --scores, --format jsonl or --sample, the lists the Translating guide
-    describes: jsonl, an object per line; text, a line per translation,
-    `[<number from first_number>\t][<score>\t]<translation>`."""
-    if args.n_best == 1 and not args.scores and args.format == "text" and not args.sample:
+    each, or with --n-best, --scores, --format jsonl, --sample or --alignments, the lists the
+    Translating guide describes: jsonl, an object per line; text, a line per translation,
+    `[<number from first_number>\t][<score>\t]<translation>[\t<links>]`."""
+    if args.n_best == 1 and not args.scores and args.format == "text" and not args.sample and not args.alignments:
         return translator.translate(lines, beam_size=args.beam, progress=progress, prefixes=prefixes)
     beam = args.beam or translator.cfg.decode.beam_size
     if not args.sample and args.n_best > beam:  # the run's beam size, when --beam was left out
@@ -265,16 +271,19 @@ def _translate_lines(translator, lines: list[str], prefixes: list[str] | None, a
         sampling = Sampling(temperature=args.temperature or 1.0, top_k=args.top_k or 0, top_p=args.top_p or 1.0,
                             seed=args.seed or 0)
     results = translator.translate_n_best(lines, n_best=args.n_best, beam_size=1 if args.sample else beam,
-                                          sampling=sampling, progress=progress, prefixes=prefixes)
+                                          sampling=sampling, progress=progress, prefixes=prefixes,
+                                          alignments=args.alignments, alignment_layer=args.alignment_layer)
     if args.format == "jsonl":
         return [json.dumps({"source": line, "hypotheses": [t.text for t in translations],
-                            "scores": [t.score for t in translations], "tokens": [t.tokens for t in translations]},
+                            "scores": [t.score for t in translations], "tokens": [t.tokens for t in translations],
+                            **({"alignments": [t.alignment for t in translations]} if args.alignments else {})},
                            ensure_ascii=False) for line, translations in zip(lines, results)]
     outputs = []
     for number, translations in enumerate(results, start=first_number):
         for translation in translations:
             score = [f"{translation.score:.4f}"] if args.scores else []
-            outputs.append("\t".join(([str(number)] if args.n_best > 1 else []) + score + [translation.text]))
+            links = [translation.alignment] if args.alignments else []
+            outputs.append("\t".join(([str(number)] if args.n_best > 1 else []) + score + [translation.text] + links))
     return outputs
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,16 @@ def model_source(ids: Sequence[T], max_len: int, eos: T = EOS_ID) -> list[T]:
     """A source as the model reads it: cut to `token_room(max_len)` tokens (ids, or pieces with
     `eos` the EOS piece), then EOS."""
     return [*ids[:token_room(max_len)], eos]
+
+
+def word_indices(text: str, offsets: Sequence[tuple[int, int]], shift: int = 0) -> list[int | None]:
+    """For each piece, by its character span in `text` (`offsets`, each moved by `shift`), the index
+    in `text.split()` of the word holding its first non-space character; None for a piece of spaces."""
+    word_at: list[int | None] = [None] * len(text)  # character -> its word
+    for number, word in enumerate(re.finditer(r"\S+", text)):
+        word_at[word.start():word.end()] = [number] * (word.end() - word.start())
+    return [next((word_at[i] for i in range(start + shift, end + shift) if word_at[i] is not None), None)
+            for start, end in offsets]
 
 
 def is_language_tag(piece: str) -> bool:
@@ -91,20 +102,38 @@ class TokenizerPair:
         """Token ids of each source line, without special tokens. A line that begins with one of
         `language_tags` keeps it as its first token (the rest encoded as `MarianTokenizer` does);
         the others begin with `tag`'s token when a tag is given (one of `language_tags`)."""
-        tags = self.language_tags
-        if not tags:
+        if not self.language_tags:
             return [e.ids for e in self.src.encode_batch(lines, add_special_tokens=False)]
+        firsts, texts = self._split_tags(lines, tag)
+        return [first + e.ids for first, e in zip(firsts, self.src.encode_batch(texts, add_special_tokens=False))]
+
+    def encode_src_words(self, lines: list[str], tag: str | None = None) -> list[tuple[list[int], list[int | None]]]:
+        """`encode_src`'s ids of each line, with the word of the line (`word_indices`) each id
+        belongs to; a tag's is None."""
+        firsts, texts = self._split_tags(lines, tag)
+        return [(first + e.ids, [None] * len(first) + word_indices(line, e.offsets, len(line) - len(text)))
+                for line, first, text, e in zip(lines, firsts, texts,
+                                                self.src.encode_batch(texts, add_special_tokens=False))]
+
+    def _split_tags(self, lines: list[str], tag: str | None) -> tuple[list[list[int]], list[str]]:
+        """Each line's first ids (its known leading tag's, else `tag`'s, else none) and the text after them."""
+        tags = self.language_tags
         firsts, texts = [], []
         for line in lines:
-            lead, rest = leading_tag(line)
+            lead, rest = leading_tag(line) if tags else (None, line)
             known = lead in tags
             firsts.append([tags[lead]] if known else [tags[tag]] if tag else [])
             texts.append(rest if known else line)
-        return [first + e.ids for first, e in zip(firsts, self.src.encode_batch(texts, add_special_tokens=False))]
+        return firsts, texts
 
     def encode_tgt(self, lines: list[str]) -> list[list[int]]:
         """Token ids of each target line, without special tokens."""
         return [e.ids for e in self.tgt.encode_batch(lines, add_special_tokens=False)]
+
+    def encode_tgt_words(self, lines: list[str]) -> list[tuple[list[int], list[int | None]]]:
+        """`encode_tgt`'s ids of each line, with the word of the line (`word_indices`) each belongs to."""
+        return [(e.ids, word_indices(line, e.offsets))
+                for line, e in zip(lines, self.tgt.encode_batch(lines, add_special_tokens=False))]
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
         """Detokenised text for each id sequence; special tokens are dropped."""

@@ -7,6 +7,7 @@ import torch
 from matplotlib.figure import Figure
 
 from transformer_mt.data.tokenization import model_source, token_room
+from transformer_mt.decode.torch_engine import cross_attention_maps
 from transformer_mt.model.transformer import Transformer
 
 
@@ -14,14 +15,7 @@ def cross_attention_map(model: Transformer, src_ids: list[int], hyp_ids: list[in
                         device: torch.device, layer: int = -1) -> torch.Tensor:
     """Head-averaged cross-attention of decoder `layer` while producing `hyp_ids` + EOS from
     `src_ids` + EOS (teacher-forced on the hypothesis): (T + 1, S + 1), fp32 on the CPU."""
-    src = torch.tensor([model_source(src_ids, model.cfg.max_len, eos_id)], device=device)  # (1, S+1)
-    tgt_in = torch.tensor([[bos_id, *hyp_ids[:token_room(model.cfg.max_len)]]], device=device)  # (1, T+1)
-    was_training = model.training
-    model.eval()
-    try:
-        return model.cross_attention(src, tgt_in, layer)[0].mean(dim=0).cpu()  # (H, T+1, S+1) -> (T+1, S+1)
-    finally:
-        model.train(was_training)
+    return cross_attention_maps(model, [src_ids], [hyp_ids], layer, bos_id=bos_id, eos_id=eos_id, device=device)[0]
 
 
 def cross_attention_labels(src_pieces: list[str], hyp_pieces: list[str], eos: str, max_len: int

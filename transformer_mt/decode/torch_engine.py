@@ -4,13 +4,15 @@ token-budget batches."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from transformer_mt.config.schema import DecodeConfig
 from transformer_mt.core.runtime import Precision, pick_attention
 from transformer_mt.data.batching import pad_sequences, sorted_batches
-from transformer_mt.data.tokenization import BOS_ID, EOS_ID, model_source
+from transformer_mt.data.tokenization import BOS_ID, EOS_ID, model_source, token_room
 from transformer_mt.decode.generator import StepGraphs, beam_search, sample_decode
 from transformer_mt.decode.hypotheses import Hypothesis, Sampling
 from transformer_mt.model.transformer import Transformer
@@ -45,9 +47,13 @@ class TorchEngine:
                          **self.common)
 
     def cross_attention(self, src_ids: list[int], hyp_ids: list[int], layer: int) -> torch.Tensor:
-        from transformer_mt.decode.plotting import cross_attention_map
+        return cross_attention_maps(self.model, [src_ids], [hyp_ids], layer, **self.common)[0]
 
-        return cross_attention_map(self.model, src_ids, hyp_ids, layer=layer, **self.common)
+    def cross_attentions(self, src_ids: list[list[int]], tgt_ids: list[list[int]], layer: int,
+                         decode: DecodeConfig) -> list[torch.Tensor]:
+        """`cross_attention_maps` of these pairs, in batches of `decode.batch_tokens`."""
+        return cross_attention_maps(self.model, src_ids, tgt_ids, layer, batch_tokens=decode.batch_tokens,
+                                    **self.common)
 
 
 def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: DecodeConfig, *,
@@ -116,28 +122,57 @@ def score_ids(model: Transformer, src_seqs: list[list[int]], tgt_seqs: list[list
     """Each target's per-token log-probabilities given its source (teacher-forced, the target's
     tokens then EOS) under the distribution the search draws from (padding and BOS excluded), in length-sorted batches of `decode_cfg.batch_tokens`, in input order.
     Sources are cut as `model_source` cuts them; targets must fit (`token_room(max_len)`)."""
+    attention = pick_attention(decode_cfg.attention_backend, device, "decode")
+    results: list = [None] * len(src_seqs)
+    for chunk, src_ids, tgt_in in teacher_forced_batches(model, src_seqs, tgt_seqs, decode_cfg.batch_tokens, bos_id,
+                                                         eos_id, device, "score" if progress else None):
+        tgt_out = pad_sequences([[*tgt_seqs[i], eos_id] for i in chunk], model.pad_id).to(device)  # (B, T)
+        with precision.autocast(), attention.enabled():
+            logits = model(src_ids, tgt_in, pack=False).float()  # (B·T, V)
+        logits[:, [model.pad_id, bos_id]] = torch.finfo(logits.dtype).min  # as the search: never emitted
+        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, tgt_out.view(-1, 1))
+        log_probs = log_probs.view(tgt_out.shape).cpu()  # (B, T)
+        for row, i in enumerate(chunk):
+            results[i] = log_probs[row, : len(tgt_seqs[i]) + 1].tolist()
+    return results
+
+
+@torch.no_grad()
+def cross_attention_maps(model: Transformer, src_seqs: list[list[int]], tgt_seqs: list[list[int]], layer: int, *,
+                         bos_id: int, eos_id: int, device: torch.device, batch_tokens: int = 4096
+                         ) -> list[torch.Tensor]:
+    """Each pair's head-averaged cross-attention of decoder `layer` while producing the target + EOS
+    from the source + EOS (teacher-forced, fp32): (T + 1, S + 1) on the CPU, row t where the decoder
+    looked to produce target token t. Both sides are cut as `model_source` cuts a source."""
+    room = token_room(model.cfg.max_len)
+    tgt_seqs = [ids[:room] for ids in tgt_seqs]
+    results: list = [None] * len(src_seqs)
+    for chunk, src_ids, tgt_in in teacher_forced_batches(model, src_seqs, tgt_seqs, batch_tokens, bos_id, eos_id,
+                                                         device):
+        weights = model.cross_attention(src_ids, tgt_in, layer).mean(dim=1).cpu()  # (B, H, T, S) -> (B, T, S)
+        for row, i in enumerate(chunk):
+            results[i] = weights[row, : len(tgt_seqs[i]) + 1, : min(len(src_seqs[i]), room) + 1]
+    return results
+
+
+def teacher_forced_batches(model: Transformer, src_seqs: list[list[int]], tgt_seqs: list[list[int]],
+                           batch_tokens: int, bos_id: int, eos_id: int, device: torch.device,
+                           progress: str | None = None) -> Iterator[tuple[np.ndarray, torch.Tensor, torch.Tensor]]:
+    """The pairs in length-sorted batches of `batch_tokens`, the model in eval mode: each batch's
+    indices, padded sources (cut as `model_source` cuts them, then EOS) and BOS + targets; with
+    `progress`, a bar of that name at a terminal."""
     sources = [model_source(s, model.cfg.max_len, eos_id) for s in src_seqs]
-    batches = sorted_batches([max(len(s), len(t) + 1) for s, t in zip(sources, tgt_seqs)], decode_cfg.batch_tokens)
+    batches = sorted_batches([max(len(s), len(t) + 1) for s, t in zip(sources, tgt_seqs)], batch_tokens)
     if progress and sys.stderr.isatty():
         from tqdm import tqdm
 
-        batches = tqdm(batches, desc="score", unit="batch", file=sys.stderr, leave=False)
-    attention = pick_attention(decode_cfg.attention_backend, device, "decode")
-    results: list = [None] * len(sources)
+        batches = tqdm(batches, desc=progress, unit="batch", file=sys.stderr, leave=False)
     was_training = model.training
     model.eval()
     try:
         for chunk in batches:
             src_ids = pad_sequences([sources[i] for i in chunk], model.pad_id).to(device)  # (B, S)
             tgt_in = pad_sequences([[bos_id, *tgt_seqs[i]] for i in chunk], model.pad_id).to(device)  # (B, T)
-            tgt_out = pad_sequences([[*tgt_seqs[i], eos_id] for i in chunk], model.pad_id).to(device)  # (B, T)
-            with precision.autocast(), attention.enabled():
-                logits = model(src_ids, tgt_in, pack=False).float()  # (B·T, V)
-            logits[:, [model.pad_id, bos_id]] = torch.finfo(logits.dtype).min  # as the search: never emitted
-            log_probs = torch.log_softmax(logits, dim=-1).gather(-1, tgt_out.view(-1, 1))
-            log_probs = log_probs.view(tgt_out.shape).cpu()  # (B, T)
-            for row, i in enumerate(chunk):
-                results[i] = log_probs[row, : len(tgt_seqs[i]) + 1].tolist()
+            yield chunk, src_ids, tgt_in
     finally:
         model.train(was_training)
-    return results

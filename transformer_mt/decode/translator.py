@@ -18,6 +18,7 @@ from transformer_mt.core.errors import CheckpointError, ConfigError, DataError, 
 from transformer_mt.core.files import describe_os_error
 from transformer_mt.core.run_layout import find_checkpoint
 from transformer_mt.data.tokenization import EOS, TokenizerPair, leading_tag, token_room
+from transformer_mt.decode.alignment import alignment_layer, pharaoh, word_links
 from transformer_mt.decode.ct2_engine import CT2Engine, conversion_dir, convert, find_conversion
 from transformer_mt.decode.hypotheses import Hypothesis, length_caps
 
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     import torch
 
     from transformer_mt.decode.hypotheses import Sampling
+    from transformer_mt.decode.torch_engine import TorchEngine
     from transformer_mt.runs.checkpoint import LoadedRun
 
 logger = logging.getLogger(__name__)
@@ -95,6 +97,7 @@ class Translator:
         self.checkpoint = checkpoint  # the weights' file, which names `tmt evaluate`'s output
         self.step = step  # the training step the checkpoint was saved at
         self.max_len = cfg.model.max_len  # sources are cut to `token_room(max_len)` tokens and EOS
+        self._attention_engine: TorchEngine | None = None  # on CTranslate2, the torch model that aligns
         self._warn_quantize_ignored()
 
     @classmethod
@@ -202,12 +205,13 @@ class Translator:
 
     def translate_n_best(self, lines: list[str], n_best: int = 1, beam_size: int | None = None,
                          sampling: Sampling | None = None, progress: bool = False,
-                         target_lang: str | None = None, prefixes: list[str] | None = None
-                         ) -> list[list[Translation]]:
+                         target_lang: str | None = None, prefixes: list[str] | None = None,
+                         alignments: bool = False, alignment_layer: int | None = None) -> list[list[Translation]]:
         """Each line's `n_best` translations with their scores: the best of beam search, best first
         (beam 1: greedy; the first is what `translate` gives), or with `sampling`, samples in the order
         drawn; each beginning with the line's prefix, as `translate` says, whose tokens' log-probabilities
-        the scores include. An empty line gets one empty translation, scored 0."""
+        the scores include; with `alignments`, each with its word alignment (`align`). An empty line gets
+        one empty translation, scored 0."""
         texts, src_ids = self._sources(lines, target_lang)
         hypotheses = self.engine.hypotheses(src_ids, self.cfg.decode, self._beam(beam_size), n_best, sampling,
                                             progress, self._prefixes(texts, src_ids, prefixes))
@@ -219,7 +223,47 @@ class Translator:
             decoded = self.tokenizers.decode_tgt([hyp.ids for hyp in hyps])
             results.append([Translation(translation, hyp.score, self.tokenizers.tgt_pieces(hyp.ids))
                             for translation, hyp in zip(decoded, hyps)])
+        if alignments:
+            pairs = [(line, translation) for line, translations in zip(lines, results) for translation in translations]
+            links = iter(self.align([line for line, _ in pairs], [t.text for _, t in pairs], alignment_layer,
+                                    target_lang))
+            results = [[dataclasses.replace(t, alignment=pharaoh(next(links))) for t in translations]
+                       for translations in results]
         return results
+
+    def align(self, sources: list[str], targets: list[str], layer: int | None = None,
+              target_lang: str | None = None) -> list[list[tuple[int, int]]]:
+        """The word alignment of each (source, target) pair, as (source word, target word) links
+        between the words of the stripped lines (`str.split()`, from 0): from the cross-attention of
+        decoder `layer` (None: `alignment.DEFAULT_LAYER`), heads averaged, teacher-forced on the
+        target's tokens (`alignment.word_links`). Always computed by the torch model, so the same on
+        both engines; on CTranslate2 the run's checkpoint is loaded with torch the first time."""
+        n_layers = self.cfg.model.n_decoder_layers
+        if layer is not None and not -n_layers <= layer < n_layers:
+            raise UsageError(f"--alignment-layer {layer}: the model has {n_layers} decoder layers "
+                             f"(0..{n_layers - 1}, or -1 for the last)")
+        texts = [line.strip() for line in sources]
+        src = self.tokenizers.encode_src_words(texts, self._target_tag(texts, target_lang))
+        tgt = self.tokenizers.encode_tgt_words([line.strip() for line in targets])
+        maps = self._attention().cross_attentions([ids for ids, _ in src], [ids for ids, _ in tgt],
+                                                  alignment_layer(layer, n_layers), self.cfg.decode)
+        return [word_links(weights.tolist(), src_words, tgt_words)
+                for weights, (_, src_words), (_, tgt_words) in zip(maps, src, tgt)]
+
+    def _attention(self) -> TorchEngine:
+        """The torch engine that computes cross-attention: this translator's, or on CTranslate2 the
+        same checkpoint's weights loaded with torch on the same device (once)."""
+        if self.engine.name == "torch":
+            return self.engine
+        if self._attention_engine is None:
+            from transformer_mt.core.runtime import pick_device, pick_precision
+            from transformer_mt.decode.torch_engine import TorchEngine
+            from transformer_mt.runs.checkpoint import load_run
+
+            run = load_run(self.run_dir, self.checkpoint, self.tokenizers)
+            device = pick_device(self.device)
+            self._attention_engine = TorchEngine(run.model.to(device), device, pick_precision("fp32", device))
+        return self._attention_engine
 
     def score(self, sources: list[str], targets: list[str], progress: bool = False) -> list[ScoredPair]:
         """The model's log-probability of each target given its source, token by token (the target's
@@ -289,6 +333,11 @@ class Translator:
         a line's own leading tag (`>>ita<<`, as `MarianTokenizer` reads it), else that of `target_lang`
         (else `decode.target_lang`). Refused in one line: a tag the model does not know, and no tag
         for a non-empty line when the model knows two or more (the message names `asked_as`)."""
+        return self.tokenizers.encode_src(lines, self._target_tag(lines, target_lang, asked_as))
+
+    def _target_tag(self, lines: list[str], target_lang: str | None = None,
+                    asked_as: str = "--target-lang (decode.target_lang)") -> str | None:
+        """The tag `source_ids` puts before lines without their own (None: none), after its checks."""
         tags = self.tokenizers.language_tags
         lang = target_lang or self.cfg.decode.target_lang
         codes = [tag[2:-2] for tag in tags]
@@ -308,7 +357,7 @@ class Translator:
                 raise UsageError(f"this model translates into {len(tags)} languages ({_few(codes)}): choose one with "
                                  f"{asked_as}, or begin each line with its tag such as "
                                  f"{next(iter(tags))} (line {number} has none)")
-        return self.tokenizers.encode_src(lines, None if lang is None else language_tag(lang))
+        return None if lang is None else language_tag(lang)
 
     def _sources(self, lines: list[str], target_lang: str | None = None) -> tuple[list[str], list[list[int]]]:
         """The stripped lines and their source ids, warning of those longer than model.max_len (cut)."""
@@ -335,6 +384,7 @@ class Translation:
     text: str
     score: float  # log-probability (EOS included) / GNMT length penalty ((5 + length) / 6)^α
     tokens: list[str]  # the target BPE pieces the model produced, without BOS and EOS
+    alignment: str | None = None  # its words' links to the source's in Pharaoh format, when asked for
 
 
 @dataclass(frozen=True)

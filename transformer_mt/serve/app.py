@@ -53,6 +53,7 @@ def build_app(translator, batcher, limits: Limits):
         n_best: StrictInt = Field(1, ge=1)
         scores: StrictBool = False
         target_lang: StrictStr | None = None
+        alignments: StrictBool = False
 
     page = resources.files("transformer_mt.serve").joinpath(PAGE).read_text(encoding="utf-8")
     app = FastAPI(title="tmt", docs_url=None, redoc_url=None, openapi_url=None)  # no pages from a CDN
@@ -112,8 +113,11 @@ def build_app(translator, batcher, limits: Limits):
         answer: dict = {"translations": [translations[0].text for translations in results]}
         if asked.scores:
             answer["scores"] = [translations[0].score for translations in results]
+        if asked.alignments:
+            answer["alignments"] = [translations[0].alignment for translations in results]
         if asked.n_best > 1:
-            answer["n_best"] = [[{"translation": t.text, "score": t.score} for t in translations]
+            answer["n_best"] = [[{"translation": t.text, "score": t.score,
+                                  **({"alignment": t.alignment} if asked.alignments else {})} for t in translations]
                                 for translations in results]
         return answer
 
@@ -132,7 +136,7 @@ def _validation_message(err) -> str:
         message = f"{where}: not a field of a sentence (source, prefix)"
     elif first["type"] == "extra_forbidden":
         message = (f"{where}: not a field of a translation request (sentences, beam_size, n_best, scores, "
-                   "target_lang)")
+                   "target_lang, alignments)")
     elif first["type"] == "too_short":  # the only list with a least length: sentences
         message = f"{where}: an empty list; give one sentence or more"
     elif not where:

@@ -22,6 +22,7 @@ class Options:
     n_best: int = 1
     scores: bool = False  # n-best lists with scores (`Translator.translate_n_best`), else best translations only
     target_lang: str | None = None  # a multilingual model's target language; None: the server's
+    alignments: bool = False  # each translation with its word alignment
 
 
 @dataclass(eq=False)  # a job is itself: two equal requests are two jobs
@@ -130,9 +131,10 @@ class Batcher:
         lines = [sentence for job in jobs for sentence in job.sentences]
         prefixes = [prefix for job in jobs for prefix in job.prefixes]
         try:
-            if options.scores:
+            if options.scores or options.alignments:
                 results = self.translator.translate_n_best(lines, n_best=options.n_best, beam_size=options.beam_size,
-                                                           target_lang=options.target_lang, prefixes=prefixes)
+                                                           target_lang=options.target_lang, prefixes=prefixes,
+                                                           alignments=options.alignments)
             else:
                 results = [[Translation(text, 0.0, [])] for text in
                            self.translator.translate(lines, beam_size=options.beam_size,

@@ -98,7 +98,7 @@ def check_request(asked, translator, limits: Limits):
         for number, (ids, prefix) in enumerate(zip(src_ids, translator.tokenizers.encode_tgt(prefixes))):
             if problem := translator.prefix_problem(ids, prefix):
                 raise RequestError(413, f"sentences[{number}].prefix: {problem}")
-    options = Options(beam, asked.n_best, asked.scores or asked.n_best > 1, asked.target_lang)
+    options = Options(beam, asked.n_best, asked.scores or asked.n_best > 1, asked.target_lang, asked.alignments)
     return options, sentences, prefixes, sum(map(len, src_ids)) + len(src_ids)  # each with its EOS
 
 

@@ -296,8 +296,8 @@ LIMITED_ENV = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE"
 
 def forked(function, *, cwd: Path, env: dict[str, str] = LIMITED_ENV, limit: int | None = None,
            namespace: bool = False, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`function()` in a child forked from this test process, its return value (or `sys.exit`'s) the exit
-    code: a process of its own (its exit code or killing signal, limits, mounts, nothing it changes
+    """`function()` in a child forked from this test process, its return value (or `sys.exit`'s; None:
+    0) the exit code: a process of its own (its exit code or killing signal, limits, mounts, nothing it changes
     reaches this one), without the seconds a fresh interpreter takes to import torch, tmt and their
     libraries (imported here first). Its stdin is empty; stdout and stderr are returned as text.
     `limit`: files may not grow past `limit` bytes (`size_limited`); `namespace`: it runs as root in user

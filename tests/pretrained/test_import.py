@@ -69,12 +69,17 @@ def train_marian(folder: Path) -> Opus:
     return Opus(folder, model, tokenizer)
 
 
+def read_opus(folder: Path) -> Opus:
+    """A saved test model and its tokenizer, as transformers reads them."""
+    return Opus(folder, transformers.MarianMTModel.from_pretrained(folder).eval(),
+                transformers.MarianTokenizer.from_pretrained(folder))
+
+
 @pytest.fixture(scope="module")
 def opus(tmp_path_factory) -> Opus:
     """The test model, trained once for the session and loaded from its folder in each worker."""
     folder = built_once(tmp_path_factory, "opus", lambda root: train_marian(root / "opus-mt-en-it")) / "opus-mt-en-it"
-    return Opus(folder, transformers.MarianMTModel.from_pretrained(folder).eval(),
-                transformers.MarianTokenizer.from_pretrained(folder))
+    return read_opus(folder)
 
 
 @pytest.fixture(scope="module")
@@ -368,8 +373,7 @@ def opus_tagged(opus: Opus, tmp_path_factory) -> Opus:
         model.save_pretrained(folder)
 
     folder = built_once(tmp_path_factory, "opus-tagged", build) / "opus-mt-en-roa"
-    return Opus(folder, transformers.MarianMTModel.from_pretrained(folder).eval(),
-                transformers.MarianTokenizer.from_pretrained(folder))
+    return read_opus(folder)
 
 
 @pytest.fixture(scope="module")

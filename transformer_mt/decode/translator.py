@@ -348,8 +348,10 @@ class Translator:
             close = difflib.get_close_matches(lang, codes, n=1)
             raise UsageError(f"target language {lang!r}: this model has no tag {language_tag(lang)} ("
                              + (f"did you mean {close[0]!r}? " if close else "") + f"it knows {_few(codes)})")
+        if not tags:
+            return None
         for number, line in enumerate(lines, start=1):
-            lead = leading_tag(line)[0] if tags else None
+            lead = leading_tag(line)[0]
             if lead is not None and lead not in tags:
                 raise UsageError(f"line {number} begins with {lead}, not a tag of this model (it knows "
                                  f"{_few(codes)}, written >>xxx<<)")

@@ -127,13 +127,13 @@ def pair_scores(sources: Sequence[str], hypotheses: list[str], references: Seque
     """BLEU and chrF of each language pair of a multilingual set (against one reference each, or
     several reference lists), its sources grouped by their leading target-language tag (`en-ita`
     for `>>ita<<`), by pair name: {pair: {sentences, bleu, chrf}}; {} when no source begins with a tag."""
-    from transformer_mt.data.tokenization import is_language_tag, leading_tag
+    from transformer_mt.data.tokenization import leading_tag
 
     streams = reference_streams(references)
     rows: dict[str, list[int]] = {}
     for i, source in enumerate(sources):
-        tag = leading_tag(source)[0]
-        if tag is not None and is_language_tag(tag):
+        tag = leading_tag(source)[0]  # `>>xxx<<` or None
+        if tag is not None:
             rows.setdefault(f"{src_lang}-{tag[2:-2]}", []).append(i)
     pairs = {}
     for pair, own in sorted(rows.items()):

@@ -117,7 +117,7 @@ def test_the_imported_run_holds_a_config_tokenizers_checkpoint_and_summary(opus,
     assert cfg.model.activation == "swish" and cfg.model.output_bias and cfg.model.norm == "post"
     assert cfg.model.max_len == 64 and cfg.decode.beam_size == 4
     assert cfg.tokenizer.vocab_size == len(opus.tokenizer) + 1  # tmt's BOS beside Marian's <pad>
-    assert not cfg.tokenizer.joint and not cfg.model.share_embeddings  # two spm models, one vocabulary
+    assert not cfg.tokenizer.joint and cfg.model.share_embeddings  # two spm models over one vocabulary, one embedding
     assert (imported / ".tmt-run").is_file()
     assert (imported / "tokenizer.src.json").is_file() and (imported / "tokenizer.tgt.json").is_file()
     state = load_checkpoint(imported / "checkpoints" / "best.pt")
@@ -206,6 +206,15 @@ def test_an_imported_run_is_a_train_init_from_parent(imported, tmp_path):
     parent = load_parent(child)
     assert parent.checkpoint.name == "best.pt" and parent.record["step"] == 0
     assert "output_proj.bias" in parent.weights
+
+
+def test_the_imported_model_keeps_one_embedding_for_both_sides_and_the_output(imported):
+    # Marian's two SentencePiece models share one vocabulary, and the model one embedding: tmt's
+    # too, so fine-tuning updates (and AdamW holds state for) one copy, as transformers does.
+    from transformer_mt.runs.checkpoint import load_run
+
+    model = load_run(imported).model
+    assert model.src_embed.weight is model.tgt_embed.weight is model.output_proj.weight
 
 
 def test_an_existing_run_dir_is_refused_and_kept(opus, monkeypatch, capsys, tmp_path):

@@ -188,7 +188,8 @@ class ModelConfig:
     """Longest sequence in tokens: longer training pairs are dropped, longer inputs to
     translate are truncated."""
     share_embeddings: bool = True
-    """Share source and target embeddings (requires `tokenizer.joint`)."""
+    """Share source and target embeddings: one vocabulary for both sides (`tokenizer.joint`, or an
+    imported model's two SentencePiece models over one vocabulary)."""
     tie_output: bool = True
     """Tie the output projection to the target embedding (Press & Wolf 2017)."""
     output_bias: bool = False
@@ -220,7 +221,10 @@ class ModelConfig:
         p.at_least("model.max_len", self.max_len, 2, " (a token and end-of-sentence)")
         for key in ("dropout", "attention_dropout", "activation_dropout"):
             p.fraction(f"model.{key}", getattr(self, key))
-        if self.share_embeddings and not cfg.tokenizer.joint:
+        # A run that trains its tokenizers trains one vocabulary per side unless joint; inherited ones
+        # (train.init_from, an import) may be two over one vocabulary, as the parent's weights were.
+        trains_tokenizers = not cfg.train.init_from and cfg.data.format != "none"
+        if self.share_embeddings and not cfg.tokenizer.joint and trains_tokenizers:
             p.add("model.share_embeddings: true needs tokenizer.joint: true (one vocabulary for both sides)",
                   "tokenizer.joint")
 

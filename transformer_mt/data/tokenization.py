@@ -80,6 +80,12 @@ class TokenizerPair:
     def joint(self) -> bool:
         return self.src is self.tgt
 
+    @property
+    def one_vocabulary(self) -> bool:
+        """Both sides give ids of one vocabulary: a joint tokenizer, or two over the same pieces (an
+        imported Marian model's SentencePiece models)."""
+        return self.joint or self.src.get_vocab(with_added_tokens=True) == self.tgt.get_vocab(with_added_tokens=True)
+
     def __setstate__(self, state: dict) -> None:
         # Unpickling (in worker processes) rebuilds each Tokenizer from JSON, which lacks `_text_is_text`'s flag.
         self.__dict__.update(state)

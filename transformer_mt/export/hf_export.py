@@ -64,7 +64,7 @@ def export_hf(run_dir: Path, output_dir: Path, checkpoint: Path | None = None) -
 def check_exportable(cfg: Config, tokenizers: TokenizerPair) -> None:
     """Refuse, in one line naming the setting, what no transformers class computes as tmt does. Two
     tokenizers over one vocabulary (an imported Marian model's) export the source one."""
-    if not cfg.tokenizer.joint and tokenizers.src.get_vocab() != tokenizers.tgt.get_vocab():
+    if not tokenizers.one_vocabulary:
         raise UsageError("tokenizer.joint: false (one vocabulary per side) cannot be exported to Hugging Face: "
                          "AutoTokenizer loads one tokenizer for both sides")
     if cfg.model.norm == "pre" and not cfg.model.share_embeddings:

@@ -27,6 +27,23 @@ def sinusoidal_positions(length: int, d_model: int) -> torch.Tensor:
     return table
 
 
+class _UniqueRows(torch.autograd.Function):
+    """x (M, ...) -> its rows at `index` (N,), distinct indices. The gradient goes back by a copy:
+    `index_select`'s backward sums into a zeroed tensor (`index_add_`) in case an index repeats,
+    which on a CPU is a scalar scatter several times slower than the copy."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(index)
+        ctx.n_rows = x.shape[0]
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (index,) = ctx.saved_tensors
+        return grad.new_zeros(ctx.n_rows, *grad.shape[1:]).index_copy_(0, index, grad), None
+
+
 @dataclass(frozen=True)
 class Packing:
     """Which positions of a right-padded (B, L) batch are the model's rows, in row-major order:
@@ -61,7 +78,7 @@ class Packing:
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, L, ...) -> its rows (N, ...)."""
         flat = x.flatten(0, 1)
-        return flat if self.index is None else flat.index_select(0, self.index)
+        return flat if self.index is None else _UniqueRows.apply(flat, self.index)
 
     def pad(self, rows: torch.Tensor) -> torch.Tensor:
         """rows (N, C) -> (B, L, C), zeros at the positions that are not rows."""
@@ -107,7 +124,7 @@ def _reference_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pack:
     out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=None if causal else key_mask[:, None, None, :],
                                          is_causal=causal, dropout_p=dropout)  # (P, H, L, Dh)
     at = q_pack.segment_of_rows() * L + q_pack.positions()  # (Nq,) each row's place in (P, L)
-    return out.transpose(1, 2).flatten(0, 1).index_select(0, at)
+    return _UniqueRows.apply(out.transpose(1, 2).flatten(0, 1), at)
 
 
 def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pack: Packing, k_pack: Packing,

@@ -5,7 +5,6 @@ written; the run directory is written as a new folder beside it and renamed into
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 import re
@@ -129,8 +128,6 @@ def run_config(folder: Path, model: str, run_dir: Path, model_cfg, tokenizers: T
                vocab_size: int) -> Config:
     """The run's config: the model's, its tokenizers' size, its languages, no corpus (`data.format:
     none`), and decoding with the beams of its generation_config.json."""
-    if not tokenizers.joint:  # two SentencePiece models over one vocabulary: tmt's embeddings per side
-        model_cfg = dataclasses.replace(model_cfg, share_embeddings=False)
     src, tgt = languages(folder, model)
     generation = read_json_object(folder / "generation_config.json")
     beams = generation.get("num_beams")

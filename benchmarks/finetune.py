@@ -7,8 +7,9 @@ One process:
    58,101 vocabulary entries) with random weights, and its tokenizer: two SentencePiece unigram
    models trained on the corpus's training split (source and target), their pieces as
    `vocab.json`, padded with unused pieces up to `--vocab-size` when the corpus yields fewer (so
-   the embeddings and the output layer cost what OPUS-MT's do); writes both with
-   `save_pretrained` and turns the folder into a tmt run with `tmt import`;
+   the embeddings and the output layer cost what OPUS-MT's do); trains it `--fit-steps` steps
+   on the training pairs (a plain loop, untimed) so that it ends its sentences as a trained model
+   does; writes both with `save_pretrained` and turns the folder into a tmt run with `tmt import`;
 2. fine-tunes it from the same weights with tmt (the `Trainer` that `tmt train` builds for a config
    naming only `data` and `train`, with `train.init_from` the imported run) and with transformers'
    `Seq2SeqTrainer` (the folder's `MarianMTModel`), fp32, AdamW with tmt's settings, label
@@ -23,8 +24,8 @@ One process:
    `--max-tokens` generated tokens, on tmt's CTranslate2 engine (fp32, and on a CPU int8 as
    `tmt translate --quantize int8`), tmt's torch engine and `MarianMTModel.generate`, after one
    untimed batch each; the engines take each batch in turn, in rotating order. All start from token ids (tokenization is left out of the clocks); speed is
-   generated tokens (without EOS) per second and sentences per second. A random model seldom ends
-   a sentence, so most run to the cap in every engine.
+   generated tokens (without EOS) per second and sentences per second. A random model
+   (`--fit-steps 0`) seldom ends a sentence, so most run to the cap in every engine.
 
 Prints one JSON line per figure, `{"figure": "<label>-train", ...}` and `{"figure": "<label>-decode", ...}`,
 with the commit, the CPU, the threads and the versions of torch, transformers and CTranslate2.
@@ -95,6 +96,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     decode.add_argument("--max-tokens", type=int, default=64,
                         help="generated tokens per sentence, at most (default 64)")
     decode.add_argument("--sentences", type=int, default=0, help="test sources decoded (default 0: all)")
+    decode.add_argument("--fit-steps", type=int, default=60,
+                        help="train the random model this many steps (batches of 32 training pairs) before it "
+                             "is saved, so that it ends its sentences as a trained model does; 0: decode the "
+                             "random model, which seldom ends one (default 60)")
+    decode.add_argument("--fit-lr", type=float, default=5e-4, help="the fitting's peak learning rate (default 5e-4)")
     parser.add_argument("--label", default="finetune", help="the figures' name: <label>-train, <label>-decode")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="after timing, profile tmt's and the Hugging Face steps again over the timed batches "
@@ -102,6 +108,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if min(args.threads, args.steps, args.warmup_steps, args.batch_size, args.beam, args.max_tokens) < 1:
         parser.error("--threads, --steps, --warmup-steps, --batch-size, --beam and --max-tokens must be at least 1")
+    if args.fit_steps < 0:
+        parser.error("--fit-steps must be at least 0")
     return args
 
 
@@ -161,13 +169,45 @@ def write_marian_folder(folder: Path, args: argparse.Namespace, tgt_lang: str,
         share_encoder_decoder_embeddings=True, tie_word_embeddings=True)
     torch.manual_seed(args.seed)
     model = MarianMTModel(config)
+    fitted = fit(model, tokenizer, train_pairs, args)
     model.generation_config.num_beams = args.beam
     model.generation_config.max_length = 512
     # No EOS forced at the length cap (OPUS-MT forces one): every engine generates the tokens of its choice.
     model.generation_config.bad_words_ids = [[pad]]  # as OPUS-MT's: padding is never generated
     model.save_pretrained(folder)
     return {"vocab_size": len(vocab), "spm_pieces": pieces, "parameters": model.num_parameters(), "pad": pad,
-            "eos": tokenizer.eos_token_id}
+            "eos": tokenizer.eos_token_id, **fitted}
+
+
+FIT_BATCH = 32  # training pairs a fitting step
+
+
+def fit(model, tokenizer, pairs: list[tuple[str, str]], args: argparse.Namespace) -> dict:
+    """Train the random model `--fit-steps` steps on random batches of the training pairs (teacher
+    forcing, AdamW, 10 % linear warm-up): decoding's speed depends on where sentences end, and a
+    random model runs every one to the cap. The first and last steps' losses (a plain loop, untimed)."""
+    if not args.fit_steps:
+        return {"fit_steps": 0}
+    generator = torch.Generator().manual_seed(args.seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.fit_lr, betas=(0.9, 0.98), eps=1e-9)
+    warmup = max(1, args.fit_steps // 10)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    model.to(args.device).train()
+    losses = []
+    for _ in range(args.fit_steps):
+        rows = torch.randint(len(pairs), (FIT_BATCH,), generator=generator).tolist()
+        batch = tokenizer([pairs[i][0] for i in rows], text_target=[pairs[i][1] for i in rows], padding=True,
+                          return_tensors="pt").to(args.device)
+        batch["labels"] = batch["labels"].masked_fill(batch["labels"] == tokenizer.pad_token_id, -100)
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    model.to("cpu").eval()
+    return {"fit_steps": args.fit_steps, "fit_loss_first": round(losses[0], 3), "fit_loss_last": round(losses[-1], 3)}
 
 
 def tmt_import(folder: Path, run_dir: Path) -> None:
@@ -341,28 +381,32 @@ def decode(args: argparse.Namespace, folder: Path, run_dir: Path, sources: list[
         except TmtError as err:  # e.g. a CTranslate2 build without CUDA
             print(f"# tmt's CTranslate2 engine: left out on {device.type} ({err}); its figures are null")
     # One engine batch of each batch, capped at --max-tokens.
+    # No length penalty in any engine: transformers' and tmt's conventions differ, and the engines must
+    # choose the same translations (counted below) for their speeds to compare.
     settings = dataclasses.replace(tmt["torch"].cfg.decode, max_len_a=0.0, max_len_b=args.max_tokens,
-                                   batch_tokens=1 << 20)
+                                   batch_tokens=1 << 20, length_penalty=0.0)
     src_ids = tmt["torch"].tokenizers.encode_src(sources)
     tokenizer = MarianTokenizer.from_pretrained(folder)
     marian = MarianMTModel.from_pretrained(folder).eval().to(device)
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    vocab_rows = MarianVocab.of(len(tokenizer), pad=pad, unk=tokenizer.unk_token_id, eos=eos, decoder_start=pad).rows
 
     def tmt_engine(translator, quantize: str = "none"):
         decoding = dataclasses.replace(settings, quantize=quantize)
 
-        def run(lo: int, hi: int) -> int:
-            hyps = translator.engine.translate(src_ids[lo:hi], decoding, args.beam, False)
-            return sum(len(h) for h in hyps)
+        def run(lo: int, hi: int) -> list[list[int]]:
+            return [[vocab_rows[t] for t in h] for h in translator.engine.translate(src_ids[lo:hi], decoding,
+                                                                                     args.beam, False)]
         return run
 
     marian_inputs = tokenizer(sources, return_tensors=None)["input_ids"]
 
-    def hf_generate(lo: int, hi: int) -> int:
+    def hf_generate(lo: int, hi: int) -> list[list[int]]:
         batch = tokenizer.pad({"input_ids": marian_inputs[lo:hi]}, return_tensors="pt").to(device)
         with torch.inference_mode():
-            out = marian.generate(**batch, num_beams=args.beam, max_new_tokens=args.max_tokens, do_sample=False)
-        return int(((out[:, 1:] != pad) & (out[:, 1:] != eos)).sum())  # after the start token, without EOS
+            out = marian.generate(**batch, num_beams=args.beam, max_new_tokens=args.max_tokens, do_sample=False,
+                                  length_penalty=0.0)
+        return [[t for t in row[1:] if t not in (pad, eos)] for row in out.tolist()]  # after the start token
 
     engines = {"tmt_torch": tmt_engine(tmt["torch"]), "hf_generate": hf_generate}
     if "ctranslate2" in tmt:
@@ -373,24 +417,28 @@ def decode(args: argparse.Namespace, folder: Path, run_dir: Path, sources: list[
     for run in engines.values():  # warm-up
         run(*spans[0])
     seconds = dict.fromkeys(engines, 0.0)
-    tokens = dict.fromkeys(engines, 0)
+    outputs: dict[str, list[list[int]]] = {name: [] for name in engines}
     names = list(engines)
     for k, span in enumerate(spans):  # batch by batch, in rotating order
         for name in names[k % len(names):] + names[:k % len(names)]:
             synchronize(device)
             started = time.perf_counter()
-            tokens[name] += engines[name](*span)
+            found = engines[name](*span)
             synchronize(device)
             seconds[name] += time.perf_counter() - started
+            outputs[name] += found
+    tokens = {name: sum(len(h) for h in hyps) for name, hyps in outputs.items()}  # generated, without EOS
+    # Translations identical to generate's (int8 weights may choose others).
+    same = {name: sum(a == b for a, b in zip(hyps, outputs["hf_generate"])) for name, hyps in outputs.items()}
     rate = {name: tokens[name] / seconds[name] for name in engines}
     per_sentence = {name: len(sources) / seconds[name] for name in engines}
     for name in ("tmt_ct2", "tmt_ct2_int8"):  # null where left out
         rate[name], per_sentence[name] = rate.get(name), per_sentence.get(name)
     print(f"# decoding: {len(sources)} test sources in batches of {args.batch_size}, beam {args.beam}, at most "
-          f"{args.max_tokens} tokens each, after one untimed batch each")
+          f"{args.max_tokens} tokens each, after one untimed batch each; the model was fitted {args.fit_steps} steps")
     for name in engines:
         print(f"{name:<14} {seconds[name]:8.2f} s  {tokens[name]:>7} tokens  {rate[name]:10.1f} tokens/s  "
-              f"{per_sentence[name]:8.2f} sentences/s")
+              f"{per_sentence[name]:8.2f} sentences/s  {same[name]:>4} of {len(sources)} as generate's")
     ratio = per_sentence["tmt_ct2"] and per_sentence["tmt_ct2"] / per_sentence["hf_generate"]
     return {"ct2_tokens_per_s": rate["tmt_ct2"] and round(rate["tmt_ct2"], 1),
             "torch_tokens_per_s": round(rate["tmt_torch"], 1),
@@ -404,7 +452,8 @@ def decode(args: argparse.Namespace, folder: Path, run_dir: Path, sources: list[
             "ct2_int8_vs_hf": per_sentence["tmt_ct2_int8"] and round(per_sentence["tmt_ct2_int8"]
                                                                      / per_sentence["hf_generate"], 3),
             "goal": GOALS["decode"], "met": ratio and ratio >= GOALS["decode"],
-            "generated_tokens": tokens, "sentences": len(sources), "batch_size": args.batch_size, "beam": args.beam,
+            "generated_tokens": tokens, "same_as_generate": same, "sentences": len(sources),
+            "batch_size": args.batch_size, "beam": args.beam,
             "max_tokens": args.max_tokens}
 
 
@@ -435,16 +484,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# Marian d_model={args.d_model} layers={args.layers}+{args.layers} heads={args.heads} ffn={args.ffn} "
               f"swish, vocab.json {built['vocab_size']:,} entries ({built['spm_pieces']:,} SentencePiece pieces of "
               f"{args.data.name}'s train split, the rest unused), {built['parameters'] / 1e6:.1f}M parameters; "
-              f"built and imported in {time.perf_counter() - started:.1f}s; {args.device}, {args.threads} thread(s)")
+              f"{fitting(built)}built and imported in {time.perf_counter() - started:.1f}s; {args.device}, "
+              f"{args.threads} thread(s)")
         context = {"commit": commit(), "device": device_name(args.device), "cpu": cpu_name(), "threads": args.threads,
                    "data": args.data.name, "d_model": args.d_model, "layers": args.layers, "heads": args.heads,
                    "ffn": args.ffn, "vocab_size": built["vocab_size"], "spm_pieces": built["spm_pieces"],
-                   "parameters": built["parameters"], **versions()}
+                   "parameters": built["parameters"], "fit_steps": built["fit_steps"],
+                   "fit_loss_last": built.get("fit_loss_last"), **versions()}
         figure = {"figure": f"{args.label}-train", **finetune(args, work, folder, run_dir, tgt_lang, built), **context}
         print(json.dumps(figure), flush=True)
         figure = {"figure": f"{args.label}-decode", **decode(args, folder, run_dir, sources), **context}
         print(json.dumps(figure), flush=True)
     return 0
+
+
+def fitting(built: dict) -> str:
+    if not built["fit_steps"]:
+        return "random weights; "
+    return f"fitted {built['fit_steps']} steps (loss {built['fit_loss_first']} -> {built['fit_loss_last']}); "
 
 
 def clocks() -> tuple[float, float]:

@@ -15,7 +15,7 @@ from tests.helpers import REPO
 NEEDED = ("transformers", "sentencepiece", "accelerate", "ctranslate2")
 TINY = ["--d-model", "32", "--layers", "1", "--heads", "2", "--ffn", "64", "--vocab-size", "1000", "--spm-vocab", "200",
         "--warmup-steps", "1", "--steps", "2", "--batch-tokens", "512", "--max-tokens", "6", "--batch-size", "16",
-        "--beam", "2", "--sentences", "40", "--label", "tiny"]
+        "--beam", "2", "--sentences", "40", "--fit-steps", "3", "--label", "tiny"]
 
 
 @pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in NEEDED),
@@ -41,6 +41,9 @@ def test_a_tiny_run_prints_a_train_and_a_decode_figure_of_the_same_work(tmp_path
     # Decoding: the same 40 sources, each engine at most 6 tokens a sentence.
     assert decode["sentences"] == 40 and (decode["batch_size"], decode["beam"]) == (16, 2)
     assert all(0 < n <= 40 * 6 for n in decode["generated_tokens"].values())
+    # Fitted 3 steps first; with no length penalty, tmt's fp32 engines choose generate's translations.
+    assert decode["fit_steps"] == 3 and train["fit_loss_last"] > 0
+    assert decode["same_as_generate"]["tmt_torch"] == decode["same_as_generate"]["tmt_ct2"] == 40
     for engine in ("ct2", "torch", "hf_generate"):
         assert decode[f"{engine}_tokens_per_s"] > 0 and decode[f"{engine}_sentences_per_s"] > 0
     assert decode["ct2_vs_hf"] == pytest.approx(decode["ct2_sentences_per_s"] / decode["hf_generate_sentences_per_s"],

@@ -21,7 +21,7 @@ class CorpusEntry:
     """Hub dataset name or local directory, as `data.path`."""
     weight: float = 1.0
     """Pairs of this corpus per epoch, per pair (see `data.corpora`); must be positive."""
-    format: Literal["hub", "text", "tsv", "jsonl"] | None = None
+    format: Literal["hub", "text", "tsv", "jsonl", "tmx"] | None = None
     """As `data.format`; unset: `data.format`."""
     hub_config: str | None = None
     """As `data.hub_config`; unset: `data.hub_config`."""
@@ -49,15 +49,19 @@ class CorpusEntry:
 class DataConfig:
     """Where the parallel corpus comes from and how it is filtered."""
 
-    format: Literal["hub", "text", "tsv", "jsonl", "none"] = "text"
+    format: Literal["hub", "text", "tsv", "jsonl", "tmx", "none"] = "text"
     """`hub`: a HuggingFace Hub dataset with a `translation` column or a text column per language;
     `text`: aligned files `{split}.{lang}[.gz]`; `tsv`: `{split}.tsv` (source, a tab, target);
-    `jsonl`: `{split}.jsonl`; `none`: no corpus (a run written by `tmt import`, whose model was
-    trained elsewhere; `path` stays empty)."""
+    `jsonl`: `{split}.jsonl`; `tmx`: `{split}.tmx` (Translation Memory eXchange, as OPUS ships
+    it: each `<tu>`'s `<tuv>`s matched to `src_lang` and `tgt_lang` by `xml:lang`, case-insensitively
+    and by primary subtag, `en-US` being `en`); every local file may be gzipped (`.gz`) and is
+    streamed; `none`: no corpus (a run written by `tmt import`, whose model was trained elsewhere;
+    `path` stays empty)."""
     path: str = ""
-    """Hub dataset name (e.g. `Helsinki-NLP/opus_books`) or a local directory; a relative
-    directory is resolved against the config file's directory, or, given with `--set`, against
-    the current directory."""
+    """Hub dataset name (e.g. `Helsinki-NLP/opus_books`), a local directory, or a `.tmx` /
+    `.tmx.gz` file (read as TMX whatever `format` says: the training split, validation and test
+    carved from it); a relative path is resolved against the config file's directory, or, given
+    with `--set`, against the current directory."""
     hub_config: str | None = None
     """Hub dataset configuration name, e.g. `en-it`."""
     revision: str | None = None
@@ -93,7 +97,7 @@ class DataConfig:
     def validate(self, p: Problems, cfg: Config) -> None:
         if self.format == "none":
             if self.path or self.corpora:
-                p.add("data.format: none names no corpus; set data.format to text, tsv, jsonl or hub for "
+                p.add("data.format: none names no corpus; set data.format to text, tsv, jsonl, tmx or hub for "
                       f"data.{'path' if self.path else 'corpora'}", "data.path", "data.corpora")
         elif self.corpora:
             if self.path:

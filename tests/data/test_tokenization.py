@@ -2,6 +2,8 @@ import json
 import pickle
 from pathlib import Path
 
+import pytest
+
 from transformer_mt.config.schema import TokenizerConfig
 from transformer_mt.data import tokenization
 from transformer_mt.data.tokenization import BOS, EOS, PAD, UNK, TokenizerPair, train_tokenizers
@@ -59,12 +61,16 @@ def test_progress_bars_stay_off_when_stderr_is_not_a_terminal(capsys):
     assert capsys.readouterr().err == ""  # captured stderr is not a TTY
 
 
-def test_max_train_pairs_trains_the_tokenizers_on_the_seeded_sample(tiny_corpus, tmp_path):
+@pytest.mark.parametrize("unset", [False, True])
+def test_max_train_pairs_trains_the_tokenizers_on_the_seeded_sample(tiny_corpus, tmp_path, monkeypatch, unset):
     from tests.helpers import tiny_config
+    from transformer_mt.config import schema
     from transformer_mt.data.corpus import load_corpus, sample_rows
     from transformer_mt.train.preparation import prepare_data
 
-    cfg = tiny_config(tiny_corpus, tokenizer={"max_train_pairs": 4})
+    if unset:  # the automatic sample, made smaller than this corpus
+        monkeypatch.setattr(schema, "AUTO_MAX_TRAIN_PAIRS", 4)
+    cfg = tiny_config(tiny_corpus, tokenizer={} if unset else {"max_train_pairs": 4})
     run = tmp_path / "run"
     tokenizers, *_ = prepare_data(cfg, run)
     train = load_corpus(cfg.data, cfg.seed, run).train  # the same rows training saw

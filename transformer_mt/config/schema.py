@@ -123,6 +123,9 @@ class DataConfig:
         p.at_least("data.num_proc", self.num_proc, 1, " (or unset for automatic)")
 
 
+AUTO_MAX_TRAIN_PAIRS = 1_000_000  # `tokenizer.max_train_pairs` unset: the BPE's sample (measured in the data guide)
+
+
 @dataclass(frozen=True)
 class TokenizerConfig:
     """BPE tokenizers trained on the training split (HuggingFace `tokenizers`)."""
@@ -134,8 +137,15 @@ class TokenizerConfig:
     min_frequency: int = 2
     """A merge must occur at least this often in the training split."""
     max_train_pairs: int | None = None
-    """Train the BPE on at most this many training pairs, a seeded random sample; unset: all.
-    Counting words is most of the tokenizer's training time."""
+    """Train the BPE on at most this many training pairs, a seeded random sample; unset: at most
+    1,000,000 (a sample of that size segments held-out text as the whole corpus does, at a
+    fraction of the time: see the data guide); a number above the training split's size: all of
+    it. Counting words is most of the tokenizer's training time."""
+
+    @property
+    def train_pairs(self) -> int:
+        """The most training pairs the BPE learns from: `max_train_pairs`, or when unset `AUTO_MAX_TRAIN_PAIRS`."""
+        return self.max_train_pairs if self.max_train_pairs is not None else AUTO_MAX_TRAIN_PAIRS
     bpe_dropout: float = 0.0
     """BPE-dropout probability on the training pairs (Provilkov et al. 2020; 0.1 is the paper's, 0:
     off), from `bpe_dropout_variants` segmentations cached ahead; validation, test and translation
@@ -155,7 +165,7 @@ class TokenizerConfig:
         p.fraction("tokenizer.bpe_dropout", self.bpe_dropout, " (0 = off)")
         p.at_least("tokenizer.bpe_dropout_variants", self.bpe_dropout_variants, 1)
         p.at_least("tokenizer.bpe_dropout_start_epoch", self.bpe_dropout_start_epoch, 0)
-        p.at_least("tokenizer.max_train_pairs", self.max_train_pairs, 1, " (or unset for all pairs)")
+        p.at_least("tokenizer.max_train_pairs", self.max_train_pairs, 1, " (or unset for automatic)")
 
 
 @dataclass(frozen=True)

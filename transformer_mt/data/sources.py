@@ -183,7 +183,7 @@ def iter_lines(path: Path) -> Iterator[list[str]]:
             data = b"".join([*partial, block[:cut]])
             partial = [block[cut:]] if cut < len(block) else []
             yield _decode_lines(path, data, lines_before)
-            lines_before += data.count(b"\n")
+            lines_before = f.lines  # every "\n" read so far: `partial` holds none
         if partial:  # the last line has no "\n"
             yield _decode_lines(path, b"".join(partial), lines_before)
 

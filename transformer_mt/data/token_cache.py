@@ -24,7 +24,7 @@ from transformer_mt.core.errors import DataError, missing_from_rank0
 from transformer_mt.core.files import naming, removed_on_failure
 from transformer_mt.core.signals import signals_deferred
 from transformer_mt.data.batching import Batch, PackShape, make_batch_from_flat, make_pack_from_flat, padded_length
-from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, token_room
+from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, WordIds, token_room
 
 if TYPE_CHECKING:
     import datasets
@@ -230,8 +230,10 @@ def _encode(split: datasets.Dataset, tokenizers: TokenizerPair, max_len: int, dr
     import datasets
 
     dropping = tokenizers.with_bpe_dropout(bpe_dropout) if bpe_dropout else None
+    src_words = WordIds(tokenizers.src)
+    words = (src_words, src_words if tokenizers.joint else WordIds(tokenizers.tgt))
     encode = functools.partial(_encode_rows, tokenizers=tokenizers, keep=token_room(max_len), drop_long=drop_long,
-                               dropping=dropping)
+                               dropping=dropping, words=words)
     if num_proc == 1:
         files = [_encode_shard(split, encode, cache_file, f"tokenize {name}" if bar else None)]
     else:
@@ -345,9 +347,11 @@ def _list_array(ids: list[list[int]]) -> pa.Array:
 
 
 def _encode_rows(rows: dict, *, tokenizers: TokenizerPair, keep: int, drop_long: bool,
-                 dropping: TokenizerPair | None = None) -> dict:
-    """Token ids of rows, at most `keep` a side (longer pairs dropped or cut); `dropping`: BPE-dropout ids instead."""
-    src_ids, tgt_ids = tokenizers.encode_src(rows["src"]), tokenizers.encode_tgt(rows["tgt"])
+                 dropping: TokenizerPair | None = None, words: tuple[WordIds, WordIds] | None = None) -> dict:
+    """Token ids of rows, at most `keep` a side (longer pairs dropped or cut); `dropping`: BPE-dropout ids instead;
+    `words`: the source's and the target's `WordIds`."""
+    src_words, tgt_words = words or (None, None)
+    src_ids, tgt_ids = tokenizers.encode_src(rows["src"], words=src_words), tokenizers.encode_tgt(rows["tgt"], tgt_words)
     fits = list(range(len(src_ids)))
     if drop_long:
         fits = [i for i, (s, t) in enumerate(zip(src_ids, tgt_ids)) if len(s) <= keep and len(t) <= keep]

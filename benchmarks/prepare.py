@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import checkout_env, commit, cpu_name
+from common import checkout_env, commit, cpu_name, synthetic_corpus
 
 # The log line that ends each phase, in order.
 PHASES = (("read_s", "corpus: "), ("bpe_s", "trained BPE tokenizers"), ("tokenize_s", "valid split: tokenized"),
@@ -106,10 +106,7 @@ def encode_batch_rate(run_dir: Path) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    corpus = args.work / f"synthetic-{args.pairs}"
-    if not (corpus / "train.it").is_file():
-        subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "make_synthetic_corpus.py"), "--pairs",
-                        str(args.pairs), "--out", str(corpus)], check=True)
+    corpus = synthetic_corpus(args.work, args.pairs)
     config, run_dir = args.work / "prepare.yaml", args.work / f"run-{time.strftime('%Y%m%d-%H%M%S')}"
     write_config(config, corpus)
     load_before = os.getloadavg()[0]

@@ -11,7 +11,7 @@ import pytest
 from transformer_mt.core.errors import DataError
 from transformer_mt.data import sources as data_sources
 from transformer_mt.data.corpus import load_corpus
-from tests.data.test_data import make_cfg, pairs_of, write_lines
+from tests.data.test_data import data_dir, make_cfg, pairs_of, run_dir, write_lines  # noqa: F401 (fixtures)
 
 HEADER = ('<?xml version="1.0" encoding="utf-8"?>\n<tmx version="1.4">\n<header creationtool="test" '
           'datatype="plaintext" segtype="sentence" adminlang="en" srclang="en" o-tmf="none"/>\n<body>\n')
@@ -34,20 +34,6 @@ def write(path: Path, text: str) -> Path:
 
 def numbered_units(n: int) -> list[str]:
     return [tuv("en", f"sentence {i}") + tuv("it", f"frase {i}") for i in range(n)]
-
-
-@pytest.fixture
-def run_dir(tmp_path: Path) -> Path:
-    path = tmp_path / "run"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path) -> Path:
-    path = tmp_path / "data"
-    path.mkdir()
-    return path
 
 
 def test_tmx_languages_match_by_primary_subtag_in_any_case_and_only_the_text_of_a_segment_is_kept(

@@ -65,7 +65,7 @@ def run_tmt(config: Path, run_dir: Path, overrides: list[str], log: Path) -> tup
                "--no-progress", *[arg for override in overrides for arg in ("--set", override)]]
     started = time.perf_counter()
     ends: dict[str, float] = {}
-    with open(log, "w", encoding="utf-8") as saved:
+    with open(log, "w", encoding="utf-8", buffering=1) as saved:  # line by line: follow it with tail -f
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                    env=checkout_env(OMP_NUM_THREADS="1"))
         for line in process.stdout:

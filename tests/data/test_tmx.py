@@ -56,6 +56,13 @@ def test_tmx_languages_match_by_primary_subtag_in_any_case_and_only_the_text_of_
     assert "train.tmx.gz: skipped 1 <tu>(s) without both en and it" in caplog.text
 
 
+def test_a_tmx_language_with_a_region_matches_that_region_only(tmp_path):
+    path = write(tmp_path / "train.tmx", tmx([tuv("pt-PT", "autocarro") + tuv("pt_BR", "ônibus") + tuv("en", "bus"),
+                                              tuv("pt", "olá") + tuv("en-GB", "hello")]))
+    assert list(data_sources._tmx_pairs(path, "pt-BR", "en")) == [("ônibus", "bus")]
+    assert list(data_sources._tmx_pairs(path, "pt", "en")) == [("autocarro", "bus"), ("olá", "hello")]
+
+
 @pytest.mark.parametrize("name", ["en-it.tmx.gz", "Corpus.TMX"])
 def test_a_tmx_file_as_data_path_is_the_training_split_with_valid_and_test_carved(tmp_path, run_dir, name):
     path = write(tmp_path / name, tmx(numbered_units(20)))

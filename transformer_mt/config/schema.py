@@ -59,8 +59,8 @@ class DataConfig:
     `path` stays empty)."""
     path: str = ""
     """Hub dataset name (e.g. `Helsinki-NLP/opus_books`), a local directory, or a `.tmx` /
-    `.tmx.gz` file (read as TMX whatever `format` says: the training split, validation and test
-    carved from it); a relative path is resolved against the config file's directory, or, given
+    `.tmx.gz` file (read as TMX with any `format` but `hub`: the training split, validation and
+    test carved from it); a relative path is resolved against the config file's directory, or, given
     with `--set`, against the current directory."""
     hub_config: str | None = None
     """Hub dataset configuration name, e.g. `en-it`."""

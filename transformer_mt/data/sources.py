@@ -307,7 +307,7 @@ def _tmx_pairs(path: Path, src_lang: str, tgt_lang: str) -> Iterator[Pair]:
     """The source and target `<seg>` of each `<tu>`, its `<tuv>`s matched by `xml:lang` (or TMX 1.1's `lang`)
     case-insensitively and by primary subtag (`en-US` is `en`); a `<tu>` without both languages is skipped.
     Streamed: each `<tu>` is dropped from the tree once read."""
-    wanted = src_lang.lower(), tgt_lang.lower()
+    wanted = src_lang.lower().replace("_", "-"), tgt_lang.lower().replace("_", "-")
     seen: set[str] = set()  # the languages of the file, for the error when none matches
     skipped = pairs = 0
     body = None
@@ -322,10 +322,10 @@ def _tmx_pairs(path: Path, src_lang: str, tgt_lang: str) -> Iterator[Pair]:
                     continue
                 segs: list[str | None] = [None, None]
                 for tuv in element.iter("tuv"):
-                    lang = (tuv.get(XML_LANG) or tuv.get("lang") or "").lower()
+                    lang = (tuv.get(XML_LANG) or tuv.get("lang") or "").lower().replace("_", "-")
                     seen.add(lang)
                     for side, code in enumerate(wanted):
-                        if segs[side] is None and code in (lang, lang.replace("_", "-").split("-")[0]):
+                        if segs[side] is None and code in (lang, lang.split("-")[0]):
                             seg = tuv.find("seg")
                             segs[side] = "" if seg is None else _seg_text(seg)
                 if segs[0] is None or segs[1] is None:

@@ -141,11 +141,6 @@ class TokenizerConfig:
     1,000,000 (a sample of that size segments held-out text as the whole corpus does, at a
     fraction of the time: see the data guide); a number above the training split's size: all of
     it. Counting words is most of the tokenizer's training time."""
-
-    @property
-    def train_pairs(self) -> int:
-        """The most training pairs the BPE learns from: `max_train_pairs`, or when unset `AUTO_MAX_TRAIN_PAIRS`."""
-        return self.max_train_pairs if self.max_train_pairs is not None else AUTO_MAX_TRAIN_PAIRS
     bpe_dropout: float = 0.0
     """BPE-dropout probability on the training pairs (Provilkov et al. 2020; 0.1 is the paper's, 0:
     off), from `bpe_dropout_variants` segmentations cached ahead; validation, test and translation
@@ -156,6 +151,11 @@ class TokenizerConfig:
     bpe_dropout_start_epoch: int = 0
     """The first epoch (counted from 0) trained on `bpe_dropout` segmentations; the epochs before it
     train on plain BPE."""
+
+    @property
+    def train_pairs(self) -> int:
+        """The most training pairs the BPE learns from: `max_train_pairs`, or when unset `AUTO_MAX_TRAIN_PAIRS`."""
+        return self.max_train_pairs if self.max_train_pairs is not None else AUTO_MAX_TRAIN_PAIRS
 
     def validate(self, p: Problems, cfg: Config) -> None:
         n_special = 4  # PAD, UNK, BOS, EOS

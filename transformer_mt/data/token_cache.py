@@ -225,8 +225,8 @@ def _encode_to_entry(split: datasets.Dataset, tokenizers: TokenizerPair, max_len
 def _encode(split: datasets.Dataset, tokenizers: TokenizerPair, max_len: int, drop_long: bool,
             cache_file: Path, name: str, num_proc: int, bpe_dropout: float = 0.0, bar: bool = False
             ) -> datasets.Dataset:
-    """Encode the split into `cache_file` (`encode_batch` on the Rust threads of `tokenizers`), or one file
-    per shard of `num_proc` processes of tmt's own pool (one Rust thread each); `bar`: a progress bar."""
+    """Encode the split into `cache_file`, or one file per shard of `num_proc` processes of tmt's own pool (a line
+    as its words' ids, `WordIds`; `encode_batch` on one Rust thread a process); `bar`: a progress bar."""
     import datasets
 
     dropping = tokenizers.with_bpe_dropout(bpe_dropout) if bpe_dropout else None

@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def write_config(path: Path, corpus: Path) -> None:
+def write_prepare_config(path: Path, corpus: Path) -> None:
     lines = ["name: prepare", "seed: 1",
              f"data: {{format: text, path: {corpus}, src_lang: en, tgt_lang: it}}",
              "tokenizer: {vocab_size: 8000, joint: true}",
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     corpus = synthetic_corpus(args.work, args.pairs)
     config, run_dir = args.work / "prepare.yaml", args.work / f"run-{time.strftime('%Y%m%d-%H%M%S')}"
-    write_config(config, corpus)
+    write_prepare_config(config, corpus)
     load_before = os.getloadavg()[0]
     phases, peak_rss_mb = run_tmt(config, run_dir, args.set, args.work / "train-output.log")
     total = sum(phases.values())

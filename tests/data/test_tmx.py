@@ -76,7 +76,7 @@ def test_a_tmx_file_as_data_path_is_the_training_split_with_valid_and_test_carve
 
 def test_any_other_file_as_data_path_is_refused(tmp_path, run_dir):
     path = write(tmp_path / "train.en", "hello\n")
-    with pytest.raises(DataError, match=r"data.path: .*train\.en' is not a directory .* nor a \.tmx or \.tmx\.gz file"):
+    with pytest.raises(DataError, match=r"data.path: .*train\.en' is a file; expected a directory \(data.format: text\) or a \.tmx or \.tmx\.gz file"):
         load_corpus(make_cfg(path), seed=1, run_dir=run_dir)
 
 

@@ -59,12 +59,14 @@ def local_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
     """The sources of train, valid and test in the directory `data.path` (None: no such split), from file metadata;
     a `.tmx` or `.tmx.gz` file as `data.path` is the training split alone."""
     directory = Path(cfg.path)
-    if directory.is_file() and is_tmx(directory):
+    if directory.is_file():
+        if not is_tmx(directory):
+            raise DataError(f"data.path: {cfg.path!r} is a file; expected a directory (data.format: {cfg.format}) "
+                            "or a .tmx or .tmx.gz file")
         return {"train": _file_source([directory], _local_chunks("tmx", cfg, [directory])), "valid": None,
                 "test": None}
     if not directory.is_dir():
-        raise DataError(f"data.path: {cfg.path!r} is not a directory (data.format: {cfg.format}) nor a "
-                        ".tmx or .tmx.gz file")
+        raise DataError(f"data.path: {cfg.path!r} is not a directory (data.format: {cfg.format})")
     sources = {split: _local_split(cfg, directory, split) for split in SPLITS}
     if sources["train"] is None:
         expected = [f"{directory / name} (or {directory / name}.gz)" for name in _local_file_names(cfg, "train")]

@@ -65,6 +65,18 @@ def read_corpus(directory: Path, src_lang: str) -> tuple[str, list[tuple[str, st
     return tgt_lang, train, [src for src, _ in test if src]
 
 
+def synthetic_corpus(work: Path, pairs: int) -> Path:
+    """The folder of `make_synthetic_corpus.py`'s corpus of `pairs` pairs in `work`, made the first time."""
+    import subprocess
+    import sys
+
+    corpus = work / f"synthetic-{pairs}"
+    if not (corpus / "train.it").is_file():
+        subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "make_synthetic_corpus.py"), "--pairs",
+                        str(pairs), "--out", str(corpus)], check=True)
+    return corpus
+
+
 def _existing(path: Path) -> Path:
     gz = path.with_name(path.name + ".gz")
     return path if path.is_file() else gz

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from transformer_mt.core.run_layout import RunDir
 
-from common import checkout_env
+from common import checkout_env, synthetic_corpus
 
 SAMPLE_EVERY_S = 0.2
 
@@ -99,10 +99,7 @@ def write_config(path: Path, corpus: Path, steps: int, num_proc: int | None) -> 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    corpus = args.work / f"synthetic-{args.pairs}"
-    if not (corpus / "train.it").is_file():
-        subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "make_synthetic_corpus.py"), "--pairs",
-                        str(args.pairs), "--out", str(corpus)], check=True)
+    corpus = synthetic_corpus(args.work, args.pairs)
     config, run_dir = args.work / "memory.yaml", args.work / "run"
     write_config(config, corpus, args.steps, args.num_proc)
     env = checkout_env(OMP_NUM_THREADS="1")

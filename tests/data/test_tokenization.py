@@ -2,6 +2,8 @@ import json
 import pickle
 from pathlib import Path
 
+import pytest
+
 from transformer_mt.config.schema import TokenizerConfig
 from transformer_mt.data import tokenization
 from transformer_mt.data.tokenization import BOS, EOS, PAD, UNK, TokenizerPair, train_tokenizers
@@ -59,12 +61,16 @@ def test_progress_bars_stay_off_when_stderr_is_not_a_terminal(capsys):
     assert capsys.readouterr().err == ""  # captured stderr is not a TTY
 
 
-def test_max_train_pairs_trains_the_tokenizers_on_the_seeded_sample(tiny_corpus, tmp_path):
+@pytest.mark.parametrize("unset", [False, True])
+def test_max_train_pairs_trains_the_tokenizers_on_the_seeded_sample(tiny_corpus, tmp_path, monkeypatch, unset):
     from tests.helpers import tiny_config
+    from transformer_mt.config import schema
     from transformer_mt.data.corpus import load_corpus, sample_rows
     from transformer_mt.train.preparation import prepare_data
 
-    cfg = tiny_config(tiny_corpus, tokenizer={"max_train_pairs": 4})
+    if unset:  # the automatic sample, made smaller than this corpus
+        monkeypatch.setattr(schema, "AUTO_MAX_TRAIN_PAIRS", 4)
+    cfg = tiny_config(tiny_corpus, tokenizer={} if unset else {"max_train_pairs": 4})
     run = tmp_path / "run"
     tokenizers, *_ = prepare_data(cfg, run)
     train = load_corpus(cfg.data, cfg.seed, run).train  # the same rows training saw
@@ -120,3 +126,38 @@ def test_a_source_is_cut_to_all_but_one_position_then_eos():
     assert model_source(list(range(10, 20)), max_len=8) == [10, 11, 12, 13, 14, 15, 16, EOS_ID]
     assert model_source((), max_len=8) == [EOS_ID]
     assert model_source(list("abcdefghij"), max_len=4, eos="</s>") == ["a", "b", "c", "</s>"]  # pieces too
+
+
+# Lines a word cache could get wrong: spaces of every kind, text not in NFC, punctuation, special
+# token strings, tags, scripts without spaces, an empty line.
+TRICKY = ["Hello, world!", "  two  spaces and ends ", "tab\there", "no\u00a0break space", "", " ",
+          "cafe\u0301 decomposed", "café composed", "\u0301starts with a combining mark", "(quoted) «words»",
+          "Strike <s>this</s> out <pad>", "mid >>ita<< tag", "中文没有空格。", "emoji 🙂 here", "x" * 300,
+          "L'hôtel dell'arte: 3.5%", "trailing space ", "line\u2028separator"]
+
+
+@pytest.mark.parametrize("joint", [True, False])
+def test_word_ids_give_what_encode_batch_gives(joint, monkeypatch):
+    tags = (">>ita<<", ">>fra<<")
+    pair = train_tokenizers(TokenizerConfig(vocab_size=150, min_frequency=1, joint=joint), SRC + TRICKY,
+                            TGT + TRICKY, tags=tags)
+    monkeypatch.setattr(tokenization.WordIds, "MAX_WORDS", 12)  # the cache starts again several times
+    src_words, tgt_words = tokenization.WordIds(pair.src), tokenization.WordIds(pair.tgt)
+    assert src_words.usable and tgt_words.usable  # tmt's BPE: the cache is used
+    lines = SRC + TGT + TRICKY + [">>fra<< " + line for line in TRICKY]
+    for start in range(0, len(lines), 7):  # chunk after chunk, as the token cache encodes
+        chunk = lines[start:start + 7]
+        assert pair.encode_src(chunk, words=src_words) == pair.encode_src(chunk)
+        assert pair.encode_src(chunk, ">>ita<<", words=src_words) == pair.encode_src(chunk, ">>ita<<")
+        assert pair.encode_tgt(chunk, tgt_words) == pair.encode_tgt(chunk)
+    assert 0 < len(src_words.ids) <= 12
+
+
+def test_word_ids_encode_whole_lines_with_a_tokenizer_of_another_kind():
+    pair = train_tokenizers(TokenizerConfig(vocab_size=150, min_frequency=1), SRC, TGT)
+    assert not tokenization.WordIds(pair.with_bpe_dropout(0.1).src).usable  # each occurrence segmented afresh
+    other = tokenization.Tokenizer.from_str(pair.src.to_str())
+    other.pre_tokenizer = tokenization.pre_tokenizers.Whitespace()
+    words = tokenization.WordIds(other)
+    assert not words.usable
+    assert words.encode(TRICKY) == tokenization.encode_batch(other, TRICKY) and not words.ids

@@ -287,7 +287,7 @@ def test_data_format_none_names_no_corpus(data, key):
     assert config_from_dict({"data": {"format": "none"}}).data.path == ""
     with pytest.raises(ConfigError) as refused:
         config_from_dict({"data": data})
-    assert refused.value.problems == [f"data.format: none names no corpus; set data.format to text, tsv, jsonl or "
+    assert refused.value.problems == [f"data.format: none names no corpus; set data.format to text, tsv, jsonl, tmx or "
                                       f"hub for {key}"]
 
 

@@ -13,7 +13,7 @@ from tests.helpers import PYTHONPATH, REPO
 
 BENCHMARKS = REPO / "benchmarks"
 HARNESS = ["batches.py", "decode.py", "finetune.py", "memory.py", "serve.py", "train.py", "goal_figures.py", "recipe_figures.py",
-           "make_synthetic_corpus.py"]
+           "make_synthetic_corpus.py", "prepare.py"]
 
 
 def files(folder: str) -> list[str]:

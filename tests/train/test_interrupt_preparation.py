@@ -26,8 +26,11 @@ def big_config(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, str(REPO / "benchmarks" / "make_synthetic_corpus.py"), "--pairs", str(PAIRS),
                     "--out", str(root / "corpus"), "--vocab", "2000"], check=True, capture_output=True)
     config = root / "big.yaml"
+    # A BPE-dropout segmentation is encoded line by line (no word is looked up: each is drawn afresh), so
+    # tokenizing takes seconds even on an idle machine, where the plain ids alone would take one.
     save_config(tiny_config(root / "corpus", data={"num_proc": 2, "max_words": 1000}, model={"max_len": 128},
-                            train={"batch_tokens": 256}, tokenizer={"vocab_size": 300, "max_train_pairs": 2000}),
+                            train={"batch_tokens": 256}, tokenizer={"vocab_size": 300, "max_train_pairs": 2000,
+                                                                    "bpe_dropout": 0.1, "bpe_dropout_variants": 1}),
                 config)
     return config
 

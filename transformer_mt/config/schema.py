@@ -21,7 +21,7 @@ class CorpusEntry:
     """Hub dataset name or local directory, as `data.path`."""
     weight: float = 1.0
     """Pairs of this corpus per epoch, per pair (see `data.corpora`); must be positive."""
-    format: Literal["hub", "text", "tsv", "jsonl"] | None = None
+    format: Literal["hub", "text", "tsv", "jsonl", "tmx"] | None = None
     """As `data.format`; unset: `data.format`."""
     hub_config: str | None = None
     """As `data.hub_config`; unset: `data.hub_config`."""
@@ -49,15 +49,19 @@ class CorpusEntry:
 class DataConfig:
     """Where the parallel corpus comes from and how it is filtered."""
 
-    format: Literal["hub", "text", "tsv", "jsonl", "none"] = "text"
+    format: Literal["hub", "text", "tsv", "jsonl", "tmx", "none"] = "text"
     """`hub`: a HuggingFace Hub dataset with a `translation` column or a text column per language;
     `text`: aligned files `{split}.{lang}[.gz]`; `tsv`: `{split}.tsv` (source, a tab, target);
-    `jsonl`: `{split}.jsonl`; `none`: no corpus (a run written by `tmt import`, whose model was
-    trained elsewhere; `path` stays empty)."""
+    `jsonl`: `{split}.jsonl`; `tmx`: `{split}.tmx` (Translation Memory eXchange, as OPUS ships
+    it: each `<tu>`'s `<tuv>`s matched to `src_lang` and `tgt_lang` by `xml:lang`, case-insensitively
+    and by primary subtag, `en-US` being `en`); every local file may be gzipped (`.gz`) and is
+    streamed; `none`: no corpus (a run written by `tmt import`, whose model was trained elsewhere;
+    `path` stays empty)."""
     path: str = ""
-    """Hub dataset name (e.g. `Helsinki-NLP/opus_books`) or a local directory; a relative
-    directory is resolved against the config file's directory, or, given with `--set`, against
-    the current directory."""
+    """Hub dataset name (e.g. `Helsinki-NLP/opus_books`), a local directory, or a `.tmx` /
+    `.tmx.gz` file (read as TMX with any `format` but `hub`: the training split, validation and
+    test carved from it); a relative path is resolved against the config file's directory, or, given
+    with `--set`, against the current directory."""
     hub_config: str | None = None
     """Hub dataset configuration name, e.g. `en-it`."""
     revision: str | None = None
@@ -93,7 +97,7 @@ class DataConfig:
     def validate(self, p: Problems, cfg: Config) -> None:
         if self.format == "none":
             if self.path or self.corpora:
-                p.add("data.format: none names no corpus; set data.format to text, tsv, jsonl or hub for "
+                p.add("data.format: none names no corpus; set data.format to text, tsv, jsonl, tmx or hub for "
                       f"data.{'path' if self.path else 'corpora'}", "data.path", "data.corpora")
         elif self.corpora:
             if self.path:
@@ -119,6 +123,9 @@ class DataConfig:
         p.at_least("data.num_proc", self.num_proc, 1, " (or unset for automatic)")
 
 
+AUTO_MAX_TRAIN_PAIRS = 1_000_000  # `tokenizer.max_train_pairs` unset: the BPE's sample (measured in the data guide)
+
+
 @dataclass(frozen=True)
 class TokenizerConfig:
     """BPE tokenizers trained on the training split (HuggingFace `tokenizers`)."""
@@ -130,8 +137,10 @@ class TokenizerConfig:
     min_frequency: int = 2
     """A merge must occur at least this often in the training split."""
     max_train_pairs: int | None = None
-    """Train the BPE on at most this many training pairs, a seeded random sample; unset: all.
-    Counting words is most of the tokenizer's training time."""
+    """Train the BPE on at most this many training pairs, a seeded random sample; unset: at most
+    1,000,000 (a sample of that size segments held-out text as the whole corpus does, at a
+    fraction of the time: see the data guide); a number above the training split's size: all of
+    it. Counting words is most of the tokenizer's training time."""
     bpe_dropout: float = 0.0
     """BPE-dropout probability on the training pairs (Provilkov et al. 2020; 0.1 is the paper's, 0:
     off), from `bpe_dropout_variants` segmentations cached ahead; validation, test and translation
@@ -143,6 +152,11 @@ class TokenizerConfig:
     """The first epoch (counted from 0) trained on `bpe_dropout` segmentations; the epochs before it
     train on plain BPE."""
 
+    @property
+    def train_pairs(self) -> int:
+        """The most training pairs the BPE learns from: `max_train_pairs`, or when unset `AUTO_MAX_TRAIN_PAIRS`."""
+        return self.max_train_pairs if self.max_train_pairs is not None else AUTO_MAX_TRAIN_PAIRS
+
     def validate(self, p: Problems, cfg: Config) -> None:
         n_special = 4  # PAD, UNK, BOS, EOS
         if self.vocab_size <= n_special:
@@ -151,7 +165,7 @@ class TokenizerConfig:
         p.fraction("tokenizer.bpe_dropout", self.bpe_dropout, " (0 = off)")
         p.at_least("tokenizer.bpe_dropout_variants", self.bpe_dropout_variants, 1)
         p.at_least("tokenizer.bpe_dropout_start_epoch", self.bpe_dropout_start_epoch, 0)
-        p.at_least("tokenizer.max_train_pairs", self.max_train_pairs, 1, " (or unset for all pairs)")
+        p.at_least("tokenizer.max_train_pairs", self.max_train_pairs, 1, " (or unset for automatic)")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""Parallel text as `SplitSource`s, streams of pair chunks: from local files (text, tsv, jsonl, maybe gzipped)
-or a Hugging Face Hub dataset (or a folder saved from one)."""
+"""Parallel text as `SplitSource`s, streams of pair chunks: from local files (text, tsv, jsonl, TMX, maybe
+gzipped; all streamed) or a Hugging Face Hub dataset (or a folder saved from one)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import re
 import socket
 import sys
 import threading
+import xml.etree.ElementTree as ET
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from itertools import chain, islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
+from xml.parsers.expat import ErrorString
 
 from transformer_mt.config.schema import DataConfig
 from transformer_mt.core.errors import DataError
@@ -54,8 +56,15 @@ class SplitSource:
 
 
 def local_sources(cfg: DataConfig) -> dict[str, SplitSource | None]:
-    """The sources of train, valid and test in the directory `data.path` (None: no such split), from file metadata."""
+    """The sources of train, valid and test in the directory `data.path` (None: no such split), from file metadata;
+    a `.tmx` or `.tmx.gz` file as `data.path` is the training split alone."""
     directory = Path(cfg.path)
+    if directory.is_file():
+        if not is_tmx(directory):
+            raise DataError(f"data.path: {cfg.path!r} is a file; expected a directory (data.format: {cfg.format}) "
+                            "or a .tmx or .tmx.gz file")
+        return {"train": _file_source([directory], _local_chunks("tmx", cfg, [directory])), "valid": None,
+                "test": None}
     if not directory.is_dir():
         raise DataError(f"data.path: {cfg.path!r} is not a directory (data.format: {cfg.format})")
     sources = {split: _local_split(cfg, directory, split) for split in SPLITS}
@@ -85,10 +94,15 @@ def _local_split(cfg: DataConfig, directory: Path, split: str) -> SplitSource | 
         raise DataError(f"{split} split: {missing[0]} (or {missing[0]}.gz) not found, "
                         f"but {next(f for f in files if f is not None)} exists")
     present = [f for f in files if f is not None]
-    # The key: resolved path, size and modification time of each file; cheap, and changes when a file does.
-    key = "\n".join(f"{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime_ns}" for path in present)
-    return SplitSource(", ".join(map(str, present)), hashlib.blake2b(key.encode("utf-8"), digest_size=16).hexdigest(),
-                       _local_chunks(cfg, present))
+    return _file_source(present, _local_chunks(cfg.format, cfg, present))
+
+
+def _file_source(files: list[Path], chunks: Callable[[], Iterator[PairChunk]]) -> SplitSource:
+    """A split read from `files`, keyed by their resolved paths, sizes and modification times (cheap, and
+    changes when a file does)."""
+    key = "\n".join(f"{path.resolve()}:{path.stat().st_size}:{path.stat().st_mtime_ns}" for path in files)
+    return SplitSource(", ".join(map(str, files)), hashlib.blake2b(key.encode("utf-8"), digest_size=16).hexdigest(),
+                       chunks)
 
 
 def _one_of(names: Iterable[str], conjunction: str) -> str:
@@ -115,36 +129,65 @@ def _find_file(path: Path) -> Path | None:
     return path if path.is_file() else gz_path if gz_path.is_file() else None
 
 
-def _local_chunks(cfg: DataConfig, files: list[Path]) -> Callable[[], Iterator[PairChunk]]:
-    if cfg.format == "text":
+def _local_chunks(file_format: str, cfg: DataConfig, files: list[Path]) -> Callable[[], Iterator[PairChunk]]:
+    if file_format == "text":
         return lambda: iter_aligned_files(files[0], files[1], CHUNK_ROWS)
-    pairs = _tsv_pairs if cfg.format == "tsv" else _jsonl_pairs
+    pairs = {"tsv": _tsv_pairs, "jsonl": _jsonl_pairs, "tmx": _tmx_pairs}[file_format]
     return lambda: _rechunk(pairs(files[0], cfg.src_lang, cfg.tgt_lang), CHUNK_ROWS)
+
+
+def is_tmx(path: Path) -> bool:
+    """Whether a file's name says TMX: `.tmx` or `.tmx.gz`, in any case."""
+    return path.name.lower().endswith((".tmx", ".tmx.gz"))
+
+
+class _Reader:
+    """A binary file, maybe gzipped, read in blocks: counts the bytes and the "\\n"s read so far, and names
+    the file and where it broke (line, uncompressed byte) when it cannot be read on."""
+
+    def __init__(self, path: Path):
+        self.path, self.bytes, self.lines = path, 0, 0
+        try:
+            self.file = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+        except OSError as err:
+            raise DataError(f"{path}: cannot read ({err})") from None
+
+    def read(self, size: int | None = None) -> bytes:
+        try:
+            block = self.file.read(size or READ_CHUNK_BYTES)
+        except (OSError, EOFError, zlib.error) as err:  # not gzip, a truncated or damaged .gz, a disk error
+            raise DataError(f"{self.path}: cannot read from line {self.lines + 1} on (uncompressed byte "
+                            f"{self.bytes}): {err}") from None
+        self.bytes += len(block)
+        self.lines += block.count(b"\n")
+        return block
+
+    def __enter__(self) -> _Reader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()
 
 
 def iter_lines(path: Path) -> Iterator[list[str]]:
     """Lines of a UTF-8 file, maybe gzipped, in chunks of a few MB: split on "\\n", without "\\n" or
     "\\r\\n" and a starting byte-order mark; an encoding error names its line."""
-    opener = gzip.open if path.suffix == ".gz" else open
     lines_before = 0  # "\n"s in the chunks yielded so far, for error messages
     partial: list[bytes] = []  # the start of a line that goes on in the next block: holds no "\n"
-    try:
-        with opener(path, "rb") as f:
-            while block := f.read(READ_CHUNK_BYTES):
-                if lines_before == 0 and not partial:  # the first block
-                    refuse_cr_line_breaks(path, block)
-                cut = block.rfind(b"\n") + 1
-                if cut == 0:
-                    partial.append(block)
-                    continue
-                data = b"".join([*partial, block[:cut]])
-                partial = [block[cut:]] if cut < len(block) else []
-                yield _decode_lines(path, data, lines_before)
-                lines_before += data.count(b"\n")
-            if partial:  # the last line has no "\n"
-                yield _decode_lines(path, b"".join(partial), lines_before)
-    except (OSError, EOFError, zlib.error) as err:  # unreadable, not gzip, a truncated or damaged .gz
-        raise DataError(f"{path}: cannot read ({err})") from None
+    with _Reader(path) as f:
+        while block := f.read():
+            if lines_before == 0 and not partial:  # the first block
+                refuse_cr_line_breaks(path, block)
+            cut = block.rfind(b"\n") + 1
+            if cut == 0:
+                partial.append(block)
+                continue
+            data = b"".join([*partial, block[:cut]])
+            partial = [block[cut:]] if cut < len(block) else []
+            yield _decode_lines(path, data, lines_before)
+            lines_before = f.lines  # every "\n" read so far: `partial` holds none
+        if partial:  # the last line has no "\n"
+            yield _decode_lines(path, b"".join(partial), lines_before)
 
 
 def refuse_cr_line_breaks(source: Path | str, first_block: bytes) -> None:
@@ -255,6 +298,66 @@ def _jsonl_pairs(path: Path, src_lang: str, tgt_lang: str) -> Iterator[Pair]:
         if isinstance(record, dict) and isinstance(record.get("translation"), dict):
             record = record["translation"]
         yield pair_from_record(record, src_lang, tgt_lang, where=f"{path}:{lineno}")
+
+
+XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
+# Inline elements of a TMX segment whose content is markup of the original document, not text.
+TMX_CODES = frozenset({"bpt", "ept", "it", "ph", "ut"})
+
+
+def _tmx_pairs(path: Path, src_lang: str, tgt_lang: str) -> Iterator[Pair]:
+    """The source and target `<seg>` of each `<tu>`, its `<tuv>`s matched by `xml:lang` (or TMX 1.1's `lang`)
+    case-insensitively and by primary subtag (`en-US` is `en`); a `<tu>` without both languages is skipped.
+    Streamed: each `<tu>` is dropped from the tree once read."""
+    wanted = src_lang.lower().replace("_", "-"), tgt_lang.lower().replace("_", "-")
+    seen: set[str] = set()  # the languages of the file, for the error when none matches
+    skipped = pairs = 0
+    body = None
+    with _Reader(path) as f:
+        try:
+            for event, element in ET.iterparse(f, events=("start", "end")):
+                if event == "start":
+                    if element.tag == "body":
+                        body = element
+                    continue
+                if element.tag != "tu":
+                    continue
+                segs: list[str | None] = [None, None]
+                for tuv in element.iter("tuv"):
+                    lang = (tuv.get(XML_LANG) or tuv.get("lang") or "").lower().replace("_", "-")
+                    seen.add(lang)
+                    for side, code in enumerate(wanted):
+                        if segs[side] is None and code in (lang, lang.split("-")[0]):
+                            seg = tuv.find("seg")
+                            segs[side] = "" if seg is None else _seg_text(seg)
+                if segs[0] is None or segs[1] is None:
+                    skipped += 1
+                else:
+                    pairs += 1
+                    yield (one_line(segs[0], src_lang, str(path)), one_line(segs[1], tgt_lang, str(path)))
+                element.clear()
+                if body is not None:
+                    body.clear()  # the read <tu>s leave the tree: memory stays that of one
+        except ET.ParseError as err:
+            line, column = err.position
+            raise DataError(f"{path}:{line}: not valid TMX ({ErrorString(err.code)} at column "
+                            f"{column + 1})") from None
+    if skipped:
+        found = ", ".join(sorted(seen - {""})) or "none"
+        if not pairs:
+            raise DataError(f"{path}: no <tu> has both data.src_lang={src_lang!r} and data.tgt_lang={tgt_lang!r} "
+                            f"(the xml:lang of its <tuv>s: {found})")
+        logger.warning("%s: skipped %d <tu>(s) without both %s and %s", path, skipped, src_lang, tgt_lang)
+
+
+def _seg_text(seg: ET.Element) -> str:
+    """A `<seg>`'s text: its inline elements' text (`<hi>`, `<sub>`) but not the original's codes (`<bpt>`, `<ph>`, ...)."""
+    parts = [seg.text or ""]
+    for child in seg:
+        if child.tag not in TMX_CODES:
+            parts.append(_seg_text(child))
+        parts.append(child.tail or "")
+    return "".join(parts)
 
 
 # Line breaks inside a record's text (JSONL, hub rows): a sentence stays on one line.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import hashlib
@@ -14,6 +13,7 @@ import shutil
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
 from unittest import mock
@@ -24,7 +24,7 @@ from transformer_mt.core.errors import DataError, missing_from_rank0
 from transformer_mt.core.files import naming, removed_on_failure
 from transformer_mt.core.signals import signals_deferred
 from transformer_mt.data.batching import Batch, PackShape, make_batch_from_flat, make_pack_from_flat, padded_length
-from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, token_room
+from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID, TokenizerPair, WordIds, token_room
 
 if TYPE_CHECKING:
     import datasets
@@ -159,15 +159,9 @@ def tokenize_split(split: datasets.Dataset, text_digest: str, tokenizers: Tokeni
         logger.info("%s split: token ids from the cache %s", name, path)
     elif prepared:
         raise missing_from_rank0(path)
-    else:
-        was_enabled = datasets.is_progress_bar_enabled()
-        if not (progress and sys.stderr.isatty()):
-            datasets.disable_progress_bars()  # not a terminal: the log line below says what happened
-        try:
-            dataset = _encode_to_entry(split, tokenizers, max_len, drop_long, path, name, num_proc, bpe_dropout)
-        finally:
-            if was_enabled:
-                datasets.enable_progress_bars()
+    else:  # a bar only on a terminal: the log line below says what happened
+        dataset = _encode_to_entry(split, tokenizers, max_len, drop_long, path, name, num_proc, bpe_dropout,
+                                   progress and sys.stderr.isatty())
     if len(dataset) == 0:
         raise DataError(f"no {'training' if drop_long else name} pair fits in model.max_len={max_len} tokens")
     removed = len(split) - len(dataset)
@@ -200,14 +194,15 @@ def _load_entry(path: Path) -> datasets.Dataset | None:
 
 
 def _encode_to_entry(split: datasets.Dataset, tokenizers: TokenizerPair, max_len: int, drop_long: bool,
-                     path: Path, name: str, num_proc: int, bpe_dropout: float = 0.0) -> datasets.Dataset:
+                     path: Path, name: str, num_proc: int, bpe_dropout: float = 0.0, bar: bool = False
+                     ) -> datasets.Dataset:
     """Encode into a temporary folder listed by `entry.json`, renamed into place; drop the split's older entries."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(path.name + ".tmp")
     shutil.rmtree(temp, ignore_errors=True)
     temp.mkdir()
     with removed_on_failure(temp, f"the token cache of the {name} split"):  # Ctrl-C, a full disk: no half entry
-        dataset = _encode(split, tokenizers, max_len, drop_long, temp / "ids.arrow", name, num_proc, bpe_dropout)
+        dataset = _encode(split, tokenizers, max_len, drop_long, temp / "ids.arrow", name, num_proc, bpe_dropout, bar)
         if len(dataset) == 0:
             shutil.rmtree(temp, ignore_errors=True)
             return dataset
@@ -228,19 +223,24 @@ def _encode_to_entry(split: datasets.Dataset, tokenizers: TokenizerPair, max_len
 
 
 def _encode(split: datasets.Dataset, tokenizers: TokenizerPair, max_len: int, drop_long: bool,
-            cache_file: Path, name: str, num_proc: int, bpe_dropout: float = 0.0) -> datasets.Dataset:
-    """Encode the split into `cache_file`, or one file per shard of `num_proc` processes of tmt's own pool."""
+            cache_file: Path, name: str, num_proc: int, bpe_dropout: float = 0.0, bar: bool = False
+            ) -> datasets.Dataset:
+    """Encode the split into `cache_file`, or one file per shard of `num_proc` processes of tmt's own pool (a line
+    as its words' ids, `WordIds`; `encode_batch` on one Rust thread a process); `bar`: a progress bar."""
     import datasets
 
     dropping = tokenizers.with_bpe_dropout(bpe_dropout) if bpe_dropout else None
+    src_words = WordIds(tokenizers.src)
+    words = (src_words, src_words if tokenizers.joint else WordIds(tokenizers.tgt))
     encode = functools.partial(_encode_rows, tokenizers=tokenizers, keep=token_room(max_len), drop_long=drop_long,
-                               dropping=dropping)
+                               dropping=dropping, words=words)
     if num_proc == 1:
-        files = [_encode_shard(split, encode, cache_file, f"tokenize {name}")]
+        files = [_encode_shard(split, encode, cache_file, f"tokenize {name}" if bar else None)]
     else:
         shards = [(split.shard(num_proc, index, contiguous=True), encode,
                    cache_file.with_name(f"{cache_file.stem}_{index:05d}_of_{num_proc:05d}.arrow"),
-                   f"tokenize {name} (1 of {num_proc} shards)" if index == 0 else None) for index in range(num_proc)]
+                   f"tokenize {name} (1 of {num_proc} shards)" if index == 0 and bar else None)
+                  for index in range(num_proc)]
         with mock.patch.dict(os.environ, TOKENIZERS_PARALLELISM="false"):  # one Rust thread per process
             files = _encode_in_processes(shards, name)
     return datasets.concatenate_datasets([datasets.Dataset.from_file(file) for file in files])
@@ -307,45 +307,51 @@ def _worker_setup(parent: int) -> None:
 
 
 def _encode_shard(split: datasets.Dataset, encode, cache_file: Path, desc: str | None) -> str:
-    """Encode `split` into `cache_file`, its name returned (a pool process would pickle a Dataset back whole)."""
-    import datasets
+    """Encode `split` into the Arrow stream `cache_file`, `ENCODE_BATCH_ROWS` rows at a time, and return its name
+    (a pool process would pickle a Dataset back whole); `desc`: the label of a progress bar (None: no bar)."""
+    import pyarrow as pa
+    from tqdm import tqdm
 
-    if desc is None:
-        datasets.disable_progress_bars()  # one bar, the first shard's, stands for all
-    features = datasets.Features({"src_ids": datasets.Sequence(datasets.Value("int32")),
-                                  "tgt_ids": datasets.Sequence(datasets.Value("int32")),
-                                  "src_len": datasets.Value("int32"), "tgt_len": datasets.Value("int32")})
-    # A batched map may return fewer rows than it gets, because it replaces every input column.
-    try:
-        with naming(cache_file), _bars_cleared_when_done():
-            split.map(encode, batched=True, batch_size=ENCODE_BATCH_ROWS, remove_columns=split.column_names,
-                      features=features, cache_file_name=str(cache_file), load_from_cache_file=False, desc=desc)
-    except ValueError as err:  # datasets writes to the file it closed after a failed write: that write's error
-        if isinstance(err.__context__, OSError):
-            context = err.__context__
-            context.filename = context.filename or str(cache_file)
-            raise context from None
-        raise
+    schema = _id_features().arrow_schema  # with `datasets`' metadata: its files, read by `Dataset.from_file`
+    rows = split.with_format("arrow")
+    with naming(cache_file), pa.OSFile(str(cache_file), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer, \
+            tqdm(total=len(split), desc=desc, unit="pair", unit_scale=True, leave=False, file=sys.stderr,
+                 dynamic_ncols=True, disable=desc is None) as bar:
+        for start in range(0, len(split), ENCODE_BATCH_ROWS):
+            text = rows[start:start + ENCODE_BATCH_ROWS]  # a zero-copy pyarrow slice of the memory-mapped corpus
+            ids = encode({"src": text.column("src").to_pylist(), "tgt": text.column("tgt").to_pylist()})
+            writer.write_batch(pa.record_batch([_list_array(ids["src_ids"]), _list_array(ids["tgt_ids"]),
+                                                pa.array(ids["src_len"], pa.int32()),
+                                                pa.array(ids["tgt_len"], pa.int32())], schema=schema))
+            bar.update(text.num_rows)
     return str(cache_file)
 
 
-@contextlib.contextmanager
-def _bars_cleared_when_done():
-    """While inside, `datasets.map`'s bar (`arrow_dataset.hf_tqdm`) leaves the terminal once done, as tmt's do."""
-    from datasets import arrow_dataset
+def _id_features() -> datasets.Features:
+    """The columns of a token cache entry."""
+    import datasets
 
-    class ClearedBar(arrow_dataset.hf_tqdm):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **{"leave": False, **kwargs})
+    return datasets.Features({"src_ids": datasets.Sequence(datasets.Value("int32")),
+                              "tgt_ids": datasets.Sequence(datasets.Value("int32")),
+                              "src_len": datasets.Value("int32"), "tgt_len": datasets.Value("int32")})
 
-    with mock.patch.object(arrow_dataset, "hf_tqdm", ClearedBar):
-        yield
+
+def _list_array(ids: list[list[int]]) -> pa.Array:
+    """A list<int32> Arrow array of id lists, built from numpy (pyarrow's own conversion is slower)."""
+    import pyarrow as pa
+
+    offsets = np.zeros(len(ids) + 1, dtype=np.int32)
+    np.cumsum(np.fromiter(map(len, ids), dtype=np.int32, count=len(ids)), out=offsets[1:])
+    values = np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
 
 
 def _encode_rows(rows: dict, *, tokenizers: TokenizerPair, keep: int, drop_long: bool,
-                 dropping: TokenizerPair | None = None) -> dict:
-    """Token ids of rows, at most `keep` a side (longer pairs dropped or cut); `dropping`: BPE-dropout ids instead."""
-    src_ids, tgt_ids = tokenizers.encode_src(rows["src"]), tokenizers.encode_tgt(rows["tgt"])
+                 dropping: TokenizerPair | None = None, words: tuple[WordIds, WordIds] | None = None) -> dict:
+    """Token ids of rows, at most `keep` a side (longer pairs dropped or cut); `dropping`: BPE-dropout ids instead;
+    `words`: the source's and the target's `WordIds`."""
+    src_words, tgt_words = words or (None, None)
+    src_ids, tgt_ids = tokenizers.encode_src(rows["src"], words=src_words), tokenizers.encode_tgt(rows["tgt"], tgt_words)
     fits = list(range(len(src_ids)))
     if drop_long:
         fits = [i for i, (s, t) in enumerate(zip(src_ids, tgt_ids)) if len(s) <= keep and len(t) <= keep]
@@ -355,6 +361,7 @@ def _encode_rows(rows: dict, *, tokenizers: TokenizerPair, keep: int, drop_long:
         dropped_tgt = dropping.encode_tgt([rows["tgt"][i] for i in fits])
         src_ids = [d if len(d) <= keep else p for d, p in zip(dropped_src, src_ids)]
         tgt_ids = [d if len(d) <= keep else p for d, p in zip(dropped_tgt, tgt_ids)]
-    src_ids, tgt_ids = [ids[:keep] for ids in src_ids], [ids[:keep] for ids in tgt_ids]
+    if not drop_long:  # cut; with drop_long every pair left fits
+        src_ids, tgt_ids = [ids[:keep] for ids in src_ids], [ids[:keep] for ids in tgt_ids]
     return {"src_ids": src_ids, "tgt_ids": tgt_ids, "src_len": [len(s) for s in src_ids],
             "tgt_len": [len(t) for t in tgt_ids]}

@@ -7,9 +7,10 @@ import json
 import logging
 import re
 import sys
+import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -104,14 +105,16 @@ class TokenizerPair:
         vocab = self.src.get_vocab(with_added_tokens=True)
         return {piece: i for piece, i in sorted(vocab.items(), key=lambda item: item[1]) if is_language_tag(piece)}
 
-    def encode_src(self, lines: list[str], tag: str | None = None) -> list[list[int]]:
+    def encode_src(self, lines: list[str], tag: str | None = None, words: WordIds | None = None) -> list[list[int]]:
         """Token ids of each source line, without special tokens. A line that begins with one of
         `language_tags` keeps it as its first token (the rest encoded as `MarianTokenizer` does);
-        the others begin with `tag`'s token when a tag is given (one of `language_tags`)."""
+        the others begin with `tag`'s token when a tag is given (one of `language_tags`). `words`:
+        the source tokenizer's `WordIds`, which gives the same ids faster on a large corpus."""
+        encode = words.encode if words is not None else partial(encode_batch, self.src)
         if not self.language_tags:
-            return [e.ids for e in self.src.encode_batch(lines, add_special_tokens=False)]
+            return encode(lines)
         firsts, texts = self._split_tags(lines, tag)
-        return [first + e.ids for first, e in zip(firsts, self.src.encode_batch(texts, add_special_tokens=False))]
+        return [first + ids for first, ids in zip(firsts, encode(texts))]
 
     def encode_src_words(self, lines: list[str], tag: str | None = None) -> list[tuple[list[int], list[int | None]]]:
         """`encode_src`'s ids of each line, with the word of the line (`word_indices`) each id
@@ -132,9 +135,9 @@ class TokenizerPair:
             texts.append(rest if known else line)
         return firsts, texts
 
-    def encode_tgt(self, lines: list[str]) -> list[list[int]]:
-        """Token ids of each target line, without special tokens."""
-        return [e.ids for e in self.tgt.encode_batch(lines, add_special_tokens=False)]
+    def encode_tgt(self, lines: list[str], words: WordIds | None = None) -> list[list[int]]:
+        """Token ids of each target line, without special tokens (`words`: as `encode_src`'s, the target's)."""
+        return words.encode(lines) if words is not None else encode_batch(self.tgt, lines)
 
     def encode_tgt_words(self, lines: list[str]) -> list[tuple[list[int], list[int | None]]]:
         """`encode_tgt`'s ids of each line, with the word of the line (`word_indices`) each belongs to."""
@@ -195,6 +198,46 @@ class TokenizerPair:
         return (directory / JOINT_FILE).is_file() or (directory / SRC_FILE).is_file()
 
 
+def encode_batch(tokenizer: Tokenizer, lines: list[str]) -> list[list[int]]:
+    """Token ids of each line, without special tokens (the Rust threads of `tokenizers` share the lines)."""
+    return [e.ids for e in tokenizer.encode_batch(lines, add_special_tokens=False)]
+
+
+class WordIds:
+    """`encode_batch`'s ids of lines, from a cache of each word's ids (a corpus repeats its words: several
+    times faster). tmt's BPE splits a line at every space before anything else, so a line of words
+    separated by single spaces (NFC, as the tokenizer's normalizer leaves it) is its words' ids end to
+    end; any other line, and a tokenizer of another kind (SentencePiece's, BPE-dropout's), are encoded
+    whole. At most `MAX_WORDS` words are kept (then the cache starts again)."""
+
+    MAX_WORDS = 500_000
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: dict[str, list[int]] = {}
+        settings = json.loads(tokenizer.to_str())
+        self.usable = (settings["normalizer"] == {"type": "NFC"} and settings["pre_tokenizer"] == _PRE_TOKENIZER
+                       and settings["model"]["type"] == "BPE" and not settings["model"].get("dropout")
+                       and all(token["special"] for token in settings["added_tokens"]))
+
+    def encode(self, lines: list[str]) -> list[list[int]]:
+        if not self.usable:
+            return encode_batch(self.tokenizer, lines)
+        split = [line.split() for line in lines]
+        whole = [i for i, (line, words) in enumerate(zip(lines, split))
+                 if " ".join(words) != line or not (line.isascii() or unicodedata.is_normalized("NFC", line))]
+        new = list({word for words in split for word in words if word not in self.ids})
+        if len(self.ids) + len(new) > self.MAX_WORDS:
+            self.ids.clear()
+            new = list({word for words in split for word in words})
+        self.ids.update(zip(new, encode_batch(self.tokenizer, new)))
+        get = self.ids.__getitem__
+        out = [list(chain.from_iterable(map(get, words))) for words in split]
+        for i, ids in zip(whole, encode_batch(self.tokenizer, [lines[i] for i in whole])):
+            out[i] = ids
+        return out
+
+
 def train_tokenizers(cfg: TokenizerConfig, src_lines: Iterable[str], tgt_lines: Iterable[str],
                      progress: bool = False, n_lines: int | None = None, tags: Sequence[str] = ()) -> TokenizerPair:
     """Train BPE, joint or one per language, reading the lines once; `n_lines` per side sizes the progress bar.
@@ -219,10 +262,7 @@ def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int, desc: s
     tokenizer = Tokenizer(models.BPE(unk_token=UNK))
     _text_is_text(tokenizer)
     tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always"),
-        pre_tokenizers.Punctuation(behavior="isolated"),
-    ])
+    tokenizer.pre_tokenizer = _pre_tokenizer()
     tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
     trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
                                   special_tokens=[*SPECIAL_TOKENS, *tags], show_progress=False)
@@ -239,6 +279,21 @@ def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int, desc: s
                        desc, kept.left_out, MAX_WORD_CHARS)
     _check_special_ids(tokenizer, "trained tokenizer")
     return tokenizer
+
+
+def _pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    """SentencePiece-style words: "▁" for each space and before the first word, punctuation on its own."""
+    return pre_tokenizers.Sequence([pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always"),
+                                    pre_tokenizers.Punctuation(behavior="isolated")])
+
+
+def _pre_tokenizer_settings() -> dict:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = _pre_tokenizer()
+    return json.loads(tokenizer.to_str())["pre_tokenizer"]
+
+
+_PRE_TOKENIZER = _pre_tokenizer_settings()  # as a tokenizer file holds it
 
 
 class _KeptLines:

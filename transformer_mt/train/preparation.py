@@ -53,7 +53,7 @@ def prepare_data(cfg: Config, run_dir: Path, progress: bool = False, world_size:
         logger.info("copied the tokenizers of %s (train.init_from)", cfg.train.init_from)
     else:
         started = time.perf_counter()
-        rows = data_module.sample_rows(len(corpus.train), cfg.tokenizer.max_train_pairs, cfg.seed)
+        rows = data_module.sample_rows(len(corpus.train), cfg.tokenizer.train_pairs, cfg.seed)
         if rows is not None:
             logger.info("training the tokenizers on %d of the %d training pairs (tokenizer.max_train_pairs)",
                         len(rows), len(corpus.train))

@@ -47,7 +47,7 @@ class CorpusEntry:
 
 FILTER_OPTIONS = {  # each filter of `data.filters` -> its options (besides `name` and `splits`)
     "dedup": ("normalize", "source_only"), "length": ("unit", "min_length", "max_length"),
-    "length_ratio": ("unit", "max_ratio"), "copies": ("max_similarity",), "language": ("languages", "min_score"),
+    "length_ratio": ("unit", "max_ratio"), "copies": ("max_similarity",), "language": ("languages", "min_confidence"),
     "characters": ("min_letters", "min_script", "scripts"), "numbers": (), "html": ("urls",)}
 
 
@@ -77,9 +77,10 @@ class FilterEntry:
     lowercased sides, 1: equal) are removed (default 0.9)."""
     languages: tuple[str, str] | None = None
     """`language`: the ISO 639-1 codes the two sides must be identified as (default: `src_lang`, `tgt_lang`)."""
-    min_score: float | None = None
-    """`language`: also removed when a side's identified language has a lower probability (default 0: the
-    most probable language must be the expected one)."""
+    min_confidence: float | None = None
+    """`language`: a side is removed when it is identified as another language with this probability or
+    more (default 0.5; 0: whenever its most probable language is another). Short sentences are often
+    identified wrongly but with a low probability."""
     min_letters: float | None = None
     """`characters`: pairs with a side whose letters are a smaller share of its non-space characters are
     removed (default 0.5); a side with a control character or U+FFFD (a decoding error) always is."""
@@ -115,7 +116,7 @@ class FilterEntry:
         if self.min_length is not None and self.max_length is not None and self.min_length > self.max_length:
             p.add(f"{key}.min_length: {self.min_length} is more than max_length {self.max_length}")
         p.at_least(f"{key}.max_ratio", self.max_ratio, 1)
-        for option in ("max_similarity", "min_score", "min_letters", "min_script"):
+        for option in ("max_similarity", "min_confidence", "min_letters", "min_script"):
             if (value := getattr(self, option)) is not None and not 0 <= value <= 1:
                 p.add(f"{key}.{option}: must be in [0, 1], got {value}")
 

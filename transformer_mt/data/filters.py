@@ -161,7 +161,7 @@ class Copies(Filter):
 
 
 class Language(Filter):
-    """A side not identified (py3langid) as its language, or with a probability below `min_score`."""
+    """A side identified (py3langid, all its languages) as another language with `min_confidence` or more."""
 
     def __init__(self, entry: FilterEntry, label: str, cfg: DataConfig):
         super().__init__(entry, label, cfg)
@@ -180,13 +180,13 @@ class Language(Filter):
                                 f"languages to two of the ISO 639-1 codes py3langid knows, e.g. [en, it]")
 
     def scan(self, src, tgt) -> np.ndarray:
-        min_score = self.option("min_score", 0.0)
+        min_confidence = self.option("min_confidence", 0.5)
         out = np.zeros(len(src), dtype=bool)
         for side, lang in zip((src, tgt), self.languages):
             for i, text in enumerate(side.to_pylist()):
                 if not out[i]:
-                    found, score = self.identifier.classify(text)
-                    out[i] = found != lang or score < min_score
+                    found, probability = self.identifier.classify(text)
+                    out[i] = found != lang and probability >= min_confidence
         return out
 
 

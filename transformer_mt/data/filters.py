@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,11 +167,10 @@ class Language(Filter):
     def __init__(self, entry: FilterEntry, label: str, cfg: DataConfig):
         super().__init__(entry, label, cfg)
         try:
-            from py3langid import langid
+            self.identifier = _identifier()
         except ImportError:
             raise DataError(f"data.filters: the {label} filter needs py3langid: pip install 'transformer-mt[langid]'") \
                 from None
-        self.identifier = langid.LanguageIdentifier.from_model_file(langid.MODEL_FILE, norm_probs=True)
         self.languages = self.option("languages", (cfg.src_lang, cfg.tgt_lang))
         known = set(self.identifier.nb_classes)
         for code in self.languages:
@@ -188,6 +188,14 @@ class Language(Filter):
                     found, probability = self.identifier.classify(text)
                     out[i] = found != lang and probability >= min_confidence
         return out
+
+
+@functools.cache
+def _identifier():
+    """py3langid's identifier with probabilities, loaded once (a second)."""
+    from py3langid import langid
+
+    return langid.LanguageIdentifier.from_model_file(langid.MODEL_FILE, norm_probs=True)
 
 
 class Characters(Filter):

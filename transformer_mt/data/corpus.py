@@ -311,14 +311,14 @@ def _write_raw(sources: tuple[SplitSource, ...], path: Path, cfg: DataConfig,
                 src, tgt = pa.array(src, pa.string()), pa.array(tgt, pa.string())
                 writer.write_batch(pa.record_batch([src, tgt], schema=schema))
                 src, tgt = src.fill_null(""), tgt.fill_null("")
-                own.append(_verdicts(src, tgt, cfg))
+                own.append(rule_verdicts(src, tgt, cfg))
                 for scan, one in zip(scans, filters):
                     scan.append(one.scan(src, tgt))
             verdicts.append(np.concatenate(own) if own else np.zeros(0, dtype=np.uint8))
     return verdicts, [np.concatenate(scan) if scan else np.zeros(0) for scan in scans]
 
 
-def _verdicts(src, tgt, cfg: DataConfig) -> np.ndarray:
+def rule_verdicts(src, tgt, cfg: DataConfig) -> np.ndarray:
     """(N,) uint8 of two Arrow string arrays: 0 (kept), or the first filter that drops the pair from a training split."""
     n_src, n_tgt = word_counts(src), word_counts(tgt)
     longer, shorter = np.maximum(n_src, n_tgt), np.minimum(n_src, n_tgt)

@@ -229,3 +229,15 @@ def test_the_noisy_demo_corpus_is_what_its_script_makes(tmp_path: Path):
     for name in ("train.en", "train.it", "valid.en", "test.it"):
         assert (tmp_path / name).read_bytes() == (NOISY / name).read_bytes(), name
     assert np.sum([1 for _ in open(NOISY / "train.en", encoding="utf-8")]) == 787
+
+
+def test_summary_json_keeps_each_filters_counts(tmp_path: Path):
+    from transformer_mt.train.preparation import preview_report
+
+    cfg = config_from_dict({"data": {"path": str(NOISY), "filters": ["dedup", "copies"]},
+                            "tokenizer": {"vocab_size": 500}, "train": {"device": "cpu"}})
+    report, _, _ = preview_report(cfg, tmp_path / "runs" / "x", progress=False)
+    assert report.to_dict()["filtered"] == [{"filter": "dedup", "split": "train", "removed": 62, "seen": 776},
+                                            {"filter": "copies", "split": "train", "removed": 17, "seen": 714}]
+    assert [example for one in report.filtered for example in one.examples][3] == (
+        "Milan is in the north.", "Milan is in the north.")

@@ -70,6 +70,7 @@ def test_characters_removes_control_characters_decoding_errors_few_letters_and_a
     assert removed({"name": "characters", "scripts": ["Latin", "Cyrillic"]}, pairs[4:5]) == []
     assert removed({"name": "characters", "min_letters": 0.1}, pairs[3:4]) == []
     assert removed("characters", [("Привет", "Привет")], src_lang="ru", tgt_lang="uk") == []
+    assert removed("characters", [("Hello", "Привет")], src_lang="en_GB", tgt_lang="ru-RU") == []
 
 
 def test_numbers_compares_the_numbers_of_both_sides_without_separators():

@@ -72,6 +72,11 @@ def build_filters(cfg: DataConfig) -> list[Filter]:
             for i, entry in enumerate(cfg.filters)]
 
 
+def base_code(lang: str) -> str:
+    """`pt` of `pt_BR`, `pt-BR` or `PT`: the language of a code with its region."""
+    return re.split("[-_]", lang.lower())[0]
+
+
 def _pc():
     import pyarrow.compute as pc
 
@@ -171,7 +176,7 @@ class Language(Filter):
         except ImportError:
             raise DataError(f"data.filters: the {label} filter needs py3langid: pip install 'transformer-mt[langid]'") \
                 from None
-        self.languages = self.option("languages", (cfg.src_lang, cfg.tgt_lang))
+        self.languages = self.option("languages", (base_code(cfg.src_lang), base_code(cfg.tgt_lang)))
         known = set(self.identifier.nb_classes)
         for code in self.languages:
             if code not in known:
@@ -203,7 +208,7 @@ class Characters(Filter):
 
     def __init__(self, entry: FilterEntry, label: str, cfg: DataConfig):
         super().__init__(entry, label, cfg)
-        scripts = self.option("scripts", tuple(SCRIPTS.get(lang.lower()) for lang in (cfg.src_lang, cfg.tgt_lang)))
+        scripts = self.option("scripts", tuple(SCRIPTS.get(base_code(lang)) for lang in (cfg.src_lang, cfg.tgt_lang)))
         if None in scripts:
             lang = (cfg.src_lang, cfg.tgt_lang)[scripts.index(None)]
             raise DataError(f"data.filters: the {label} filter knows no script for the language {lang!r}; set its "

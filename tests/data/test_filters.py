@@ -225,7 +225,7 @@ def test_the_noisy_demo_corpus_is_what_its_script_makes(tmp_path: Path):
     import subprocess
     import sys
 
-    subprocess.run([sys.executable, str(REPO / "scripts" / "make_noisy_demo.py"), "--out", str(tmp_path)], check=True,
+    subprocess.run([sys.executable, str(REPO / "tools" / "make_noisy_demo.py"), "--out", str(tmp_path)], check=True,
                    capture_output=True)
     for name in ("train.en", "train.it", "valid.en", "test.it"):
         assert (tmp_path / name).read_bytes() == (NOISY / name).read_bytes(), name

@@ -1,7 +1,7 @@
 """Make transformer_mt/corpora/noisy_en_it: the demo corpus with the noise of a web corpus added, for the
 data guide's "Cleaning a web corpus" and the tests of `data.filters`.
 
-    python scripts/make_noisy_demo.py            # writes transformer_mt/corpora/noisy_en_it
+    python tools/make_noisy_demo.py            # writes transformer_mt/corpora/noisy_en_it
 
 Its training split is the demo's 640 pairs, then (seeded, in random places) exact and near repeats,
 untranslated and nearly untranslated targets, targets in another language, pairs whose target holds

@@ -131,7 +131,8 @@ def test_a_language_or_script_a_filter_cannot_check_is_one_line_naming_it():
     (["html", {"name": "length", "max_lenght": 9}], "data.filters[1].max_lenght: unknown key (did you mean "
                                                     "'max_length'?)"),
     ([{"name": "copies", "max_similarity": 1.5}], "data.filters[0].max_similarity: must be in [0, 1], got 1.5"),
-    ([{"name": "dedup", "splits": ["train", "dev"]}], "data.filters[0].splits: 'dev' (str) is not one of train, valid, test"),
+    ([{"name": "dedup", "splits": ["train", "dev"]}],
+     "data.filters[0].splits: 'dev' (str) is not one of train, valid, test"),
     ([{"max_length": 9}], "data.filters[0].name: missing"),
 ])
 def test_a_filter_or_option_that_does_not_exist_is_a_config_error(filters, message):
@@ -141,7 +142,8 @@ def test_a_filter_or_option_that_does_not_exist_is_a_config_error(filters, messa
 
 
 def test_word_counts_over_a_chunk_are_count_words():
-    texts = ["I would like to eat an apple.", "我想吃一个苹果。", "I like 寿司 a lot", "", "  a\u00a0b\u2003c\x1cd\x85e  ",
+    texts = ["I would like to eat an apple.", "我想吃一个苹果。", "I like 寿司 a lot", "",
+             "  a\u00a0b\u2003c\x1cd\x85e  ",
              "tab\tand\nnewline\x0bvertical"]
     assert word_counts(pa.array(texts)).tolist() == [len(t.split()) if not any("\u3040" <= c for c in t.strip())
                                                      else count_words(t) for t in texts]
@@ -167,7 +169,8 @@ def test_the_removed_pairs_are_counted_and_written_per_filter_and_split(tmp_path
                                                                   ("Thank you.", "Grazie.")]
     assert corpus.valid["src"] == ["Hello!"] and len(corpus.test) == 2  # test: never filtered unless named
     got = [(c.filter, c.split, c.removed, c.seen) for c in corpus.filtered]
-    assert got == [("dedup", "train", 2, 7), ("html", "train", 1, 5), ("copies", "train", 1, 4), ("html", "valid", 1, 2)]
+    assert got == [("dedup", "train", 2, 7), ("html", "train", 1, 5), ("copies", "train", 1, 4),
+                   ("html", "valid", 1, 2)]
     folder = tmp_path / "run" / "corpus_cache" / "removed"
     assert (folder / "train.dedup.tsv").read_text(encoding="utf-8") == "hello\tciao\nGood night.\tBuonanotte.\n"
     assert (folder / "valid.html.tsv").read_text(encoding="utf-8") == "<i>No</i>\t<i>No</i>\n"

@@ -319,7 +319,8 @@ def _write_raw(sources: tuple[SplitSource, ...], path: Path, cfg: DataConfig,
 
 
 def rule_verdicts(src, tgt, cfg: DataConfig) -> np.ndarray:
-    """(N,) uint8 of two Arrow string arrays: 0 (kept), or the first filter that drops the pair from a training split."""
+    """(N,) uint8 of two Arrow string arrays: 0 (kept), or the first rule filter that drops the pair from a training
+    split."""
     n_src, n_tgt = word_counts(src), word_counts(tgt)
     longer, shorter = np.maximum(n_src, n_tgt), np.minimum(n_src, n_tgt)
     out = np.where(longer > cfg.max_length_ratio * np.maximum(shorter, 1), LENGTH_RATIO, 0).astype(np.uint8)

@@ -147,7 +147,7 @@ class DataReport:
                  f"{100 * f.count.removed / max(f.count.seen, 1):.1f}%"] for f in self.filtered],
             *([[f"  {f.count.filter} e.g.", f.shown()]] for f in self.filtered if f.examples),
             self.filtered and [["  all removed pairs", "in the run directory's corpus_cache/removed/"
-                                                       f"{{split}}.{{filter}}.tsv (the first {MAX_REMOVED_LINES:,} of each)"]],
+                                f"{{split}}.{{filter}}.tsv (the first {MAX_REMOVED_LINES:,} of each)"]],
             [["BPE tokens per sentence", *(f"p{p}" for p in PERCENTILES), "max"]]
             + [[f"  {split} {lang[side]}", *(f"{stats.percentiles[p]:,}" for p in PERCENTILES), f"{stats.max:,}"]
                for (split, side), stats in self.lengths.items()],

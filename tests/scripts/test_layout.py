@@ -1,5 +1,6 @@
 """Where each script lives: the benchmark harness in benchmarks/ (its shared helpers once, in
-benchmarks/common.py), what users run on their data in scripts/, the docs checkers in tools/."""
+benchmarks/common.py), what users run on their data in scripts/, the docs checkers and the docs'
+noisy corpus maker in tools/."""
 
 import ast
 import re
@@ -13,7 +14,7 @@ from tests.helpers import PYTHONPATH, REPO
 
 BENCHMARKS = REPO / "benchmarks"
 HARNESS = ["batches.py", "decode.py", "finetune.py", "memory.py", "serve.py", "train.py", "goal_figures.py", "recipe_figures.py",
-           "make_synthetic_corpus.py", "prepare.py"]
+           "make_synthetic_corpus.py", "prepare.py", "filters.py"]
 
 
 def files(folder: str) -> list[str]:
@@ -23,7 +24,8 @@ def files(folder: str) -> list[str]:
 def test_scripts_keeps_what_users_run_on_their_data_and_benchmarks_and_tools_the_rest():
     assert files("scripts") == ["multi30k_tokenize.py", "prepare_tatoeba.py", "source_use.py"]
     assert files("benchmarks") == sorted(HARNESS + ["common.py", "gpu_runbook.sh"])
-    assert files("tools") == ["check_docs_site.sh", "check_serve_page.py", "count_assertions.py", "docs_reference.py"]
+    assert files("tools") == ["check_docs_site.sh", "check_serve_page.py", "count_assertions.py", "docs_reference.py",
+                              "make_noisy_demo.py"]
 
 
 def test_a_helper_two_benchmarks_use_is_written_once_in_common():

@@ -347,7 +347,7 @@ def test_a_checkpoint_from_before_a_config_key_existed_resumes_with_its_default(
     added_since = (("train", "lr_schedule"), ("train", "min_lr"), ("model", "encoder_layers"),
                    ("model", "decoder_layers"), ("train", "ema_decay"), ("train", "init_from"),
                    ("tokenizer", "bpe_dropout"), ("tokenizer", "bpe_dropout_variants"), ("data", "corpora"),
-                   ("tokenizer", "bpe_dropout_start_epoch"))
+                   ("tokenizer", "bpe_dropout_start_epoch"), ("data", "filters"), ("data", "max_filtered_share"))
     saved_yaml = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
     for section, key in added_since:
         del ckpt["config"][section][key]  # as an older tmt wrote it

@@ -18,6 +18,10 @@ DATA_EXAMPLES = """examples:
       --set model.max_len=32
   # steps per epoch at another token budget
   tmt data --config configs/demo.yaml --set train.batch_tokens=4096
+  # what data.filters remove, filter by filter, with examples
+  tmt data --config configs/noisy-demo.yaml
+  tmt data --config configs/demo.yaml \\
+      --set 'data.filters=[dedup, {name: length, max_length: 50}]'
 
 Nothing is written: tokenizers are trained in a temporary folder, or reused from the run
 directory (--run-dir, default runs/<name>) when its data and tokenizer settings are the same.

@@ -243,6 +243,8 @@ def _build(cls: type, raw: Any, prefix: str, problems: Problems) -> Any:
                 problems.found.append(f"{prefix}{name}: expected a list of mappings, got {_show(entries)}")
                 problems.defaulted.append(f"{prefix}{name}")
                 continue
+            named = "name" in [f.name for f in dataclasses.fields(_entry_type(hint))]  # `- dedup`: {name: dedup}
+            entries = [{"name": entry} if named and isinstance(entry, str) else entry for entry in entries]
             values[name] = tuple(_build(_entry_type(hint), entry, f"{prefix}{name}[{i}].", problems)
                                  for i, entry in enumerate(entries))
         elif raw[name] is None and defaults[name] == "":  # `path:` or `--set data.path=null`: unset, as the default

@@ -45,6 +45,85 @@ class CorpusEntry:
             p.add(f"{key}.target_lang: {problem}")
 
 
+FILTER_OPTIONS = {  # each filter of `data.filters` -> its options (besides `name` and `splits`)
+    "dedup": ("normalize", "source_only"), "length": ("unit", "min_length", "max_length"),
+    "length_ratio": ("unit", "max_ratio"), "copies": ("max_similarity",), "language": ("languages", "min_confidence"),
+    "characters": ("min_letters", "min_script", "scripts"), "numbers": (), "html": ("urls",)}
+
+
+@dataclass(frozen=True)
+class FilterEntry:
+    """One filter of `data.filters`: its name, the splits it cleans and its options (unset: the filter's default)."""
+
+    name: str = ""
+    """`dedup`, `length`, `length_ratio`, `copies`, `language`, `characters`, `numbers` or `html`."""
+    splits: tuple[Literal["train", "valid", "test"], ...] = ("train",)
+    """The splits it removes pairs from; validation and test only when named here."""
+    normalize: bool | None = None
+    """`dedup`: also pairs equal once lowercased, without punctuation and with single spaces (default true;
+    false: exact copies only)."""
+    source_only: bool | None = None
+    """`dedup`: pairs whose source repeats an earlier one, whatever their targets (default false)."""
+    unit: Literal["words", "characters"] | None = None
+    """`length`, `length_ratio`: count words (as `max_words` counts them) or characters (default words)."""
+    min_length: int | None = None
+    """`length`: pairs with a shorter side are removed (default 1)."""
+    max_length: int | None = None
+    """`length`: pairs with a longer side are removed (default 100 words, 1000 characters)."""
+    max_ratio: float | None = None
+    """`length_ratio`: pairs whose longer side is more than this many times the shorter are removed (default 3)."""
+    max_similarity: float | None = None
+    """`copies`: pairs whose target is this similar to the source or more (difflib's character ratio of the
+    lowercased sides, 1: equal) are removed (default 0.9)."""
+    languages: tuple[str, str] | None = None
+    """`language`: the ISO 639-1 codes the two sides must be identified as (default: `src_lang`, `tgt_lang`)."""
+    min_confidence: float | None = None
+    """`language`: a side is removed when it is identified as another language with this probability or
+    more (default 0.5; 0: whenever its most probable language is another). Short sentences are often
+    identified wrongly but with a low probability."""
+    min_letters: float | None = None
+    """`characters`: pairs with a side whose letters are a smaller share of its non-space characters are
+    removed (default 0.5); a side with a control character or U+FFFD (a decoding error) always is."""
+    min_script: float | None = None
+    """`characters`: pairs with a side whose letters are less than this share in the side's script are
+    removed (default 0.9)."""
+    scripts: tuple[str, str] | None = None
+    """`characters`: the Unicode scripts of the two sides, e.g. `[Latin, Cyrillic]` (default: from
+    `src_lang` and `tgt_lang`, for the languages the data guide lists)."""
+    urls: bool | None = None
+    """`html`: also pairs with a side that is a URL or e-mail address alone (default true); markup
+    (tags, entities) always."""
+
+    def validate(self, p: Problems, key: str) -> None:
+        """Check this entry, `key` being `data.filters[i]`."""
+        if self.name not in FILTER_OPTIONS:
+            close = difflib.get_close_matches(self.name, FILTER_OPTIONS, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"the filters are {', '.join(FILTER_OPTIONS)}"
+            p.add(f"{key}.name: {self.name!r} is not a filter ({hint})" if self.name else
+                  f"{key}.name: missing; the filters are {', '.join(FILTER_OPTIONS)}")
+            return
+        own = FILTER_OPTIONS[self.name]
+        for option in FILTER_OPTIONS_ALL:
+            if getattr(self, option) is not None and option not in own:
+                close = difflib.get_close_matches(option, own, n=1)
+                hint = f"did you mean '{close[0]}'?" if close else (
+                    f"its options are {', '.join(own)}" if own else "it has no options but splits")
+                p.add(f"{key}.{option}: not an option of the {self.name} filter ({hint})")
+        if not self.splits:
+            p.add(f"{key}.splits: empty; name the splits to clean, e.g. [train]")
+        for option in ("min_length", "max_length"):
+            p.at_least(f"{key}.{option}", getattr(self, option), 0)
+        if self.min_length is not None and self.max_length is not None and self.min_length > self.max_length:
+            p.add(f"{key}.min_length: {self.min_length} is more than max_length {self.max_length}")
+        p.at_least(f"{key}.max_ratio", self.max_ratio, 1)
+        for option in ("max_similarity", "min_confidence", "min_letters", "min_script"):
+            if (value := getattr(self, option)) is not None and not 0 <= value <= 1:
+                p.add(f"{key}.{option}: must be in [0, 1], got {value}")
+
+
+FILTER_OPTIONS_ALL = tuple(dict.fromkeys(option for options in FILTER_OPTIONS.values() for option in options))
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where the parallel corpus comes from and how it is filtered."""
@@ -88,6 +167,15 @@ class DataConfig:
     """Several corpora trained on together, instead of `path`: a list of `{path: ..., weight: 2.0}`
     entries, each drawing round(weight × its pairs) pairs per epoch (seeded). Validation and test
     come from the first corpus, or with `target_lang` tags from every corpus (see the data guide)."""
+    filters: tuple[FilterEntry, ...] = ()
+    """Filters that clean the corpus when it is read, in order, each a name (its defaults) or
+    `{name: length, max_length: 80, splits: [train, valid]}`: `dedup`, `length`, `length_ratio`,
+    `copies`, `language`, `characters`, `numbers`, `html` (options: the data guide's "Cleaning a web
+    corpus"). The training split only, unless a filter's `splits` names others; the pairs each removes
+    are counted in the data report and written to `corpus_cache/removed/`."""
+    max_filtered_share: float = 0.5
+    """Training stops before it starts when `filters` remove more than this share of the training
+    pairs (a filter's options are likely wrong); 1 allows any share but all."""
 
     @property
     def tags(self) -> tuple[str, ...]:
@@ -121,6 +209,10 @@ class DataConfig:
         for key in ("valid_size", "test_size", "max_words", "max_length_ratio"):
             p.at_least(f"data.{key}", getattr(self, key), 1)
         p.at_least("data.num_proc", self.num_proc, 1, " (or unset for automatic)")
+        for i, entry in enumerate(self.filters):
+            entry.validate(p, f"data.filters[{i}]")
+        if not 0 < self.max_filtered_share <= 1:
+            p.add(f"data.max_filtered_share: must be in (0, 1], got {self.max_filtered_share}")
 
 
 AUTO_MAX_TRAIN_PAIRS = 1_000_000  # `tokenizer.max_train_pairs` unset: the BPE's sample (measured in the data guide)

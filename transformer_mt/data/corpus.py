@@ -19,6 +19,8 @@ from transformer_mt.config.schema import CorpusEntry, DataConfig, language_tag
 from transformer_mt.core.errors import DataError, missing_from_rank0
 from transformer_mt.core.files import naming, removed_on_failure, write_text_atomic
 from transformer_mt.core.run_layout import RunDir
+from transformer_mt.data.filters import (REMOVED_DIR, Filter, FilterCount, apply_filters, build_filters,
+                                         counts_record, filter_counts, word_counts, write_removed)
 from transformer_mt.data.sources import SPLITS, SplitSource, hub_sources, local_sources
 
 if TYPE_CHECKING:
@@ -31,8 +33,6 @@ EMPTY, TOO_LONG, LENGTH_RATIO = 1, 2, 3  # per-row filter verdicts (0: kept), in
 MANIFEST_FILE = "corpus.json"
 CORPUS_FORMAT = 2  # bump when the files or the filters change meaning
 HASH_BLOCK_BYTES = 8 << 20
-# Kana and CJK ideographs: scripts without spaces between words, where one character is about one word.
-_UNSPACED = re.compile("[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f]")
 # `data.path`, `data.format`, ... in a message about one corpus: the keys its entry sets for itself.
 _SOURCE_KEYS = re.compile(r"\bdata\.(%s)\b" % "|".join(
     field.name for field in dataclasses.fields(CorpusEntry) if field.name not in ("weight", "target_lang")))
@@ -49,6 +49,8 @@ class Corpus:
     digests: dict[str, str]  # each split's content digest: what caches derived from it are keyed by
     carved: tuple[str, ...]  # the splits carved from train
     train_parts: tuple[tuple[str, int], ...]  # (path, pairs) of each corpus in `train`, in row order
+    filtered: tuple[FilterCount, ...] = ()  # what each of `data.filters` removed, per split it cleans
+    directory: Path | None = None  # corpus_cache/, where the removed pairs are
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ def load_corpus(cfg: DataConfig, seed: int, run_dir: Path, *, prepared: bool = F
         if changed:
             logger.warning("the %s split(s) changed since this run last read its data (other files, other "
                            "contents or other filters); it goes on with the new pairs", ", ".join(changed))
+    _check_filtered_share(filter_counts(manifest), cfg)
     # From the sources: a manifest may lack `carved`.
     return _open_corpus(directory, manifest, carved=tuple(split for split in SPLITS if opened.sources[split] is None))
 
@@ -121,7 +124,8 @@ def _open_corpus(directory: Path, manifest: dict, carved: tuple[str, ...] | None
     logger.info("corpus: %d train, %d valid, %d test pairs", *(len(splits[s]) for s in SPLITS))
     recorded = manifest.get("train_parts") or [["", len(splits["train"])]]
     parts = tuple((str(label), int(rows)) for label, rows in recorded)
-    return Corpus(**splits, removed=manifest["removed"], digests=manifest["digests"], carved=carved, train_parts=parts)
+    return Corpus(**splits, removed=manifest["removed"], digests=manifest["digests"], carved=carved, train_parts=parts,
+                  filtered=filter_counts(manifest), directory=directory)
 
 
 def _paths(cfg: DataConfig) -> str:
@@ -205,6 +209,8 @@ def _corpus_key(cfg: DataConfig, seed: int, sources: dict[str, SplitSource | Non
                 "tgt_lang": cfg.tgt_lang, "max_words": cfg.max_words, "max_length_ratio": cfg.max_length_ratio,
                 "valid_size": cfg.valid_size, "test_size": cfg.test_size, "seed": seed,
                 "sources": {split: source.key if source else None for split, source in sources.items()}}
+    if cfg.filters:  # absent without: the caches written before `data.filters` stay valid
+        settings["filters"] = [dataclasses.asdict(entry) for entry in cfg.filters]
     return hashlib.blake2b(json.dumps(settings, sort_keys=True).encode("utf-8"), digest_size=16).hexdigest()
 
 
@@ -230,11 +236,12 @@ def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key
     build = RunDir(run_dir).corpus_build
     shutil.rmtree(build, ignore_errors=True)  # left by an interrupted start
     build.mkdir(parents=True)
-    parts = {}  # split -> each of its sources' verdicts (train: one per corpus)
+    filters = build_filters(cfg)
+    parts, scans = {}, {}  # split -> each of its sources' verdicts (train: one per corpus); `filters`' scans
     for split, source in sources.items():
         if source is not None:
-            parts[split] = _write_raw(opened.train_parts if split == "train" else (source,),
-                                      build / f"raw-{split}.arrow", cfg)
+            parts[split], scans[split] = _write_raw(opened.train_parts if split == "train" else (source,),
+                                                    build / f"raw-{split}.arrow", cfg, filters)
             logger.info("read %d %s pairs from %s", sum(map(len, parts[split])), split, source.description)
     for label, own in zip(opened.labels, parts["train"]):
         if len(own) == 0:
@@ -244,15 +251,26 @@ def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key
     carve_from = sum(map(len, parts["train"])) if cfg.tags else len(parts["train"][0])
     plan = carving_plan(cfg, seed, carve_from, {s for s in SPLITS if sources[s] is None}, run_dir)
     removed = dict.fromkeys(FILTERS, 0)
-    rows, digests = {}, {}
+    rows, digests, filtered = {}, {}, []
+    (build / REMOVED_DIR).mkdir()
     for split in SPLITS:
         origin = split if sources[split] is not None else "train"
         selected, split_removed = _select(split, verdicts[origin], plan)
-        _check_not_empty(split, selected, split_removed, cfg)
+        selected, by_filters = apply_filters(filters, split, scans[origin], selected)
+        for one, gone, seen in by_filters:
+            name = f"{REMOVED_DIR}/{split}.{one.label}.tsv"
+            write_removed(_arrow_batches(build / f"raw-{origin}.arrow"), gone, build / name)
+            filtered.append(FilterCount(one.label, split, len(gone), seen, name))
+        _check_not_empty(split, selected, {**split_removed, **{f"filters.{count.filter}": count.removed
+                                                               for count in filtered if count.split == split}}, cfg)
         for name, count in split_removed.items():
             removed[name] += count
             if count:
                 logger.info("%s: removed %d pairs (%s)", split, count, name)
+        for count in filtered:
+            if count.split == split:
+                logger.info("%s: data.filters %s removed %d of %d pairs", split, count.filter, count.removed,
+                            count.seen)
         path = build / f"{split}.arrow"
         _write_selected(build / f"raw-{origin}.arrow", selected, path)
         rows[split], digests[split] = int(selected.sum()), _file_digest(path)
@@ -265,7 +283,7 @@ def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key
     if plan:
         _warn_of_repeated_pairs(build / "train.arrow", {split: build / f"{split}.arrow" for split in plan})
     manifest = {"format": CORPUS_FORMAT, "key": key, "rows": rows, "removed": removed, "digests": digests,
-                "train_parts": train_parts,
+                "train_parts": train_parts, "filtered": counts_record(filtered),
                 "carved": list(plan), "splits_digest": _file_digest(RunDir(run_dir).splits) if plan else None}
     with naming(build / MANIFEST_FILE):
         (build / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
@@ -278,44 +296,48 @@ def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key
     return manifest
 
 
-def _write_raw(sources: tuple[SplitSource, ...], path: Path, cfg: DataConfig) -> list[np.ndarray]:
-    """Stream `sources` in turn into an Arrow file, unfiltered -> each source's (N_source,) uint8 verdicts."""
+def _write_raw(sources: tuple[SplitSource, ...], path: Path, cfg: DataConfig,
+               filters: list[Filter]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Stream `sources` in turn into an Arrow file, unfiltered -> (each source's (N_source,) uint8 verdicts,
+    each of `filters`' (N,) scan of the file)."""
     import pyarrow as pa
 
     schema = pa.schema([("src", pa.string()), ("tgt", pa.string())])
-    verdicts = []
+    verdicts, scans = [], [[] for _ in filters]
     with naming(path), pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
         for source in sources:
             own = []
             for src, tgt in source.chunks():
-                writer.write_batch(pa.record_batch([pa.array(src, pa.string()), pa.array(tgt, pa.string())],
-                                                   schema=schema))
-                own.append(_verdicts(src, tgt, cfg))
+                src, tgt = pa.array(src, pa.string()), pa.array(tgt, pa.string())
+                writer.write_batch(pa.record_batch([src, tgt], schema=schema))
+                src, tgt = src.fill_null(""), tgt.fill_null("")
+                own.append(rule_verdicts(src, tgt, cfg))
+                for scan, one in zip(scans, filters):
+                    scan.append(one.scan(src, tgt))
             verdicts.append(np.concatenate(own) if own else np.zeros(0, dtype=np.uint8))
-    return verdicts
+    return verdicts, [np.concatenate(scan) if scan else np.zeros(0) for scan in scans]
 
 
-def _verdicts(src: list[str], tgt: list[str], cfg: DataConfig) -> np.ndarray:
-    """(N,) uint8: 0 (kept), or the first filter that drops the pair from a training split."""
-    out = np.zeros(len(src), dtype=np.uint8)
-    for i, (s, t) in enumerate(zip(src, tgt)):
-        if not s or not t:
-            out[i] = EMPTY
-            continue
-        n_src, n_tgt = count_words(s), count_words(t)
-        if max(n_src, n_tgt) > cfg.max_words:
-            out[i] = TOO_LONG
-        elif max(n_src, n_tgt) / max(min(n_src, n_tgt), 1) > cfg.max_length_ratio:
-            out[i] = LENGTH_RATIO
+def rule_verdicts(src, tgt, cfg: DataConfig) -> np.ndarray:
+    """(N,) uint8 of two Arrow string arrays: 0 (kept), or the first rule filter that drops the pair from a training
+    split."""
+    n_src, n_tgt = word_counts(src), word_counts(tgt)
+    longer, shorter = np.maximum(n_src, n_tgt), np.minimum(n_src, n_tgt)
+    out = np.where(longer > cfg.max_length_ratio * np.maximum(shorter, 1), LENGTH_RATIO, 0).astype(np.uint8)
+    out[longer > cfg.max_words] = TOO_LONG
+    import pyarrow.compute as pc
+
+    empty = (pc.utf8_length(src).to_numpy(zero_copy_only=False) == 0) | (
+        pc.utf8_length(tgt).to_numpy(zero_copy_only=False) == 0)
+    out[empty] = EMPTY
     return out
 
 
 def count_words(text: str) -> int:
     """Whitespace-separated words, each Chinese or Japanese character counting as one."""
-    n_unspaced = len(_UNSPACED.findall(text))
-    if not n_unspaced:
-        return len(text.split())
-    return n_unspaced + len(_UNSPACED.sub(" ", text).split())
+    import pyarrow as pa
+
+    return int(word_counts(pa.array([text], pa.string()))[0])
 
 
 def _select(split: str, verdicts: np.ndarray, plan: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, int]]:
@@ -335,6 +357,7 @@ def _select(split: str, verdicts: np.ndarray, plan: dict[str, np.ndarray]) -> tu
 
 
 def _check_not_empty(split: str, selected: np.ndarray, removed: dict[str, int], cfg: DataConfig) -> None:
+    """`removed`: the pairs each filter removed from `split`, the rule filters' then `filters.{label}`'s."""
     if selected.any():
         return
     if split == "train":
@@ -342,8 +365,23 @@ def _check_not_empty(split: str, selected: np.ndarray, removed: dict[str, int], 
         advice = {"empty": "pairs with an empty side: check the files' columns or line alignment",
                   "too_long": "check data.max_words", "length_ratio": "check data.max_length_ratio"}
         raise DataError(f"no training pairs left after filtering (removed: {counts}); "
-                        + "; ".join(advice[name] for name, count in removed.items() if count))
+                        + "; ".join(advice.get(name, f"check data.{name}'s options") for name, count in removed.items()
+                                    if count))
     raise DataError(f"the {split} split of {_paths(cfg).partition(', ')[0]} has no pairs with text on both sides")
+
+
+def _check_filtered_share(counts: tuple[FilterCount, ...], cfg: DataConfig) -> None:
+    """Stop when `data.filters` removed more than `data.max_filtered_share` of the training pairs."""
+    train = [count for count in counts if count.split == "train"]
+    if not train:
+        return
+    seen, removed = train[0].seen, sum(count.removed for count in train)
+    if removed > cfg.max_filtered_share * seen:
+        worst = ", ".join(f"{count.filter} {count.removed:,}" for count in sorted(train, key=lambda c: -c.removed)
+                          if count.removed)
+        raise DataError(f"data.filters removed {removed:,} of {seen:,} training pairs ({100 * removed / seen:.1f}%: "
+                        f"{worst}), more than data.max_filtered_share={cfg.max_filtered_share:g}; check those "
+                        f"filters' options, or raise data.max_filtered_share")
 
 
 def _arrow_batches(path: Path) -> Iterator:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -12,6 +13,7 @@ import numpy as np
 from transformer_mt.config.schema import Config
 from transformer_mt.data.batching import TokenBatchSampler, pack_shape
 from transformer_mt.data.corpus import SPLITS, Corpus, iter_text_batches
+from transformer_mt.data.filters import MAX_REMOVED_LINES, FilterCount, removed_examples
 from transformer_mt.data.tokenization import UNK_ID, TokenizerPair
 
 if TYPE_CHECKING:
@@ -57,6 +59,20 @@ class FrozenParts:
 
 
 @dataclass(frozen=True)
+class Filtered:
+    """What one filter of `data.filters` removed from one split, with a few of its pairs."""
+
+    count: FilterCount
+    examples: tuple[tuple[str, str], ...]  # (source, target) of the first pairs removed
+
+    def shown(self, width: int = 40) -> str:
+        """`Hello! → Ciao!   ...`, each side cut at `width` characters."""
+        cut = [text if len(text) <= width else text[:width - 1] + "…" for pair in self.examples for text in pair]
+        cut = [re.sub(r"[\x00-\x1f\x7f-\x9f]", lambda c: f"\\x{ord(c[0]):02x}", text) for text in cut]  # visible
+        return "   ".join(f"{src} → {tgt}" for src, tgt in zip(cut[::2], cut[1::2]))
+
+
+@dataclass(frozen=True)
 class DataReport:
     """A corpus as the model will see it; per-epoch counts are the first epoch's, train `lengths` plain BPE's."""
 
@@ -80,6 +96,7 @@ class DataReport:
     corpora: tuple[CorpusShare, ...] | None = None  # with data.corpora
     pack_tokens: tuple[int, int] | None = None  # packed batches (train.batching): source, target tokens of a pack
     frozen: FrozenParts | None = None  # with train.freeze
+    filtered: tuple[Filtered, ...] = ()  # with data.filters
 
     @property
     def steps_per_epoch(self) -> float:
@@ -106,7 +123,9 @@ class DataReport:
                     ("rate", "variants", "tgt_token_ratio", "start_epoch"), self.bpe_dropout)),
                 "corpora": None if self.corpora is None else [dataclasses.asdict(c) for c in self.corpora],
                 "pack_tokens": None if self.pack_tokens is None else list(self.pack_tokens),
-                "frozen": None if self.frozen is None else dataclasses.asdict(self.frozen)}
+                "frozen": None if self.frozen is None else dataclasses.asdict(self.frozen),
+                "filtered": [{key: value for key, value in dataclasses.asdict(f.count).items() if key != "file"}
+                             for f in self.filtered]}
 
     def render(self) -> str:
         """The report as a compact text table: a label column, then aligned cells per block."""
@@ -123,6 +142,12 @@ class DataReport:
                 + [[f"  {c.path}" + (f" ({c.pair})" if c.pair else ""), f"{c.pairs:,}", f"{c.tgt_tokens:,}", f"{c.weight:g}", f"{100 * c.share:.1f}%",
                     f"{100 * c.tgt_share:.1f}%"] for c in self.corpora]),
             [["removed by filters", *(f"{name} {count:,}" for name, count in self.removed.items())]],
+            self.filtered and [["data.filters", "split", "removed", "of", "share"]] + [
+                [f"  {f.count.filter}", f.count.split, f"{f.count.removed:,}", f"{f.count.seen:,}",
+                 f"{100 * f.count.removed / max(f.count.seen, 1):.1f}%"] for f in self.filtered],
+            *([[f"  {f.count.filter} e.g.", f.shown()]] for f in self.filtered if f.examples),
+            self.filtered and [["  all removed pairs", "in the run directory's corpus_cache/removed/"
+                                f"{{split}}.{{filter}}.tsv (the first {MAX_REMOVED_LINES:,} of each)"]],
             [["BPE tokens per sentence", *(f"p{p}" for p in PERCENTILES), "max"]]
             + [[f"  {split} {lang[side]}", *(f"{stats.percentiles[p]:,}" for p in PERCENTILES), f"{stats.max:,}"]
                for (split, side), stats in self.lengths.items()],
@@ -193,6 +218,8 @@ def build_report(cfg: Config, corpus: Corpus, tokenizers: TokenizerPair, train: 
                                    if cfg.tokenizer.bpe_dropout and cfg.tokenizer.bpe_dropout_start_epoch else None),
         corpora=_corpus_shares(cfg, train, train_tgt, first_epoch) if cfg.data.corpora else None,
         pack_tokens=None if pack is None else (pack.src_tokens, pack.tgt_tokens),
+        filtered=tuple(Filtered(count, tuple(removed_examples(corpus.directory / count.file)))
+                       for count in corpus.filtered),
     )
 
 

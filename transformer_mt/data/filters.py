@@ -1,0 +1,318 @@
+"""`data.filters`: rules that clean a corpus as it is read, each over a chunk of pairs at a time
+(Arrow's RE2 regexes over the whole chunk where they can), and the pairs each removed, written for reading."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from transformer_mt.config.schema import DataConfig, FilterEntry
+from transformer_mt.core.errors import DataError
+
+REMOVED_DIR = "removed"  # in corpus_cache/: `{split}.{filter}.tsv`, the pairs each filter removed
+MAX_REMOVED_LINES = 10_000  # per file
+# Python's whitespace (`str.split`) as an RE2 class; Kana and CJK ideographs, one word a character.
+SPACE = r"[\t-\r\x1c-\x20\x85\p{Z}]"
+UNSPACED = "[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\\x{20000}-\\x{2fa1f}]"
+CONTROL = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\x{fffd}]"  # control characters (not tab or newlines), U+FFFD
+MARKUP = r"<[A-Za-z!/][^<>]*>|&(?:#[0-9]+|#[xX][0-9A-Fa-f]+|[A-Za-z]+);"  # tags, comments, entities
+URL_ONLY = r"^\s*(?:(?:https?|ftp)://\S+|www\.\S+|[^\s@]+@[^\s@]+\.[A-Za-z]{2,})\s*$"
+NUMBER = re.compile(r"\d+(?:[.,]\d+)*")  # 1,000.5 and 1.000,5 alike: compared without separators
+# Each language's script(s) as RE2 names `characters` checks (ISO 639-1 codes).
+SCRIPTS = {
+    **dict.fromkeys("af ca cs cy da de en eo es et eu fi fr ga gl hr hu id is it lt lv ms mt nl no nb nn pl pt ro sk "
+                    "sl sq sv sw tl tr vi".split(), "Latin"),
+    **dict.fromkeys("be bg kk ky mk mn ru uk".split(), "Cyrillic"), "sr": "Cyrillic+Latin",
+    "el": "Greek", "ar": "Arabic", "fa": "Arabic", "ur": "Arabic", "he": "Hebrew", "hi": "Devanagari",
+    "mr": "Devanagari", "ne": "Devanagari", "bn": "Bengali", "ta": "Tamil", "te": "Telugu", "th": "Thai",
+    "ka": "Georgian", "hy": "Armenian", "zh": "Han", "ja": "Han+Hiragana+Katakana", "ko": "Hangul+Han"}
+
+
+@dataclass(frozen=True)
+class FilterCount:
+    """What one filter removed from one split: `removed` of the `seen` pairs that reached it."""
+
+    filter: str  # its label: the name, or `name[i]` when `data.filters` names it twice
+    split: str
+    removed: int
+    seen: int
+    file: str  # the removed pairs' file, in corpus_cache/
+
+
+class Filter:
+    """One filter of `data.filters`: `scan` a chunk of pairs, then `removed` of the rows still kept."""
+
+    def __init__(self, entry: FilterEntry, label: str, cfg: DataConfig):
+        self.entry, self.label, self.splits = entry, label, entry.splits
+
+    def option(self, name: str, default):
+        """The entry's option `name`, or the filter's default when unset."""
+        value = getattr(self.entry, name)
+        return default if value is None else value
+
+    def scan(self, src, tgt) -> np.ndarray:
+        """(N,) bool of two Arrow string arrays: the pairs this filter removes."""
+        raise NotImplementedError
+
+    def removed(self, scanned: np.ndarray) -> np.ndarray:
+        """(M,) bool: which of the rows still kept this filter removes, from their `scan` values in row order."""
+        return scanned.astype(bool)
+
+
+def build_filters(cfg: DataConfig) -> list[Filter]:
+    """The filters of `cfg.filters`, in order; a language or script they cannot check is a DataError."""
+    names = [entry.name for entry in cfg.filters]
+    return [KINDS[entry.name](entry, entry.name if names.count(entry.name) == 1 else f"{entry.name}[{i}]", cfg)
+            for i, entry in enumerate(cfg.filters)]
+
+
+def base_code(lang: str) -> str:
+    """`pt` of `pt_BR`, `pt-BR` or `PT`: the language of a code with its region."""
+    return re.split("[-_]", lang.lower())[0]
+
+
+def _pc():
+    import pyarrow.compute as pc
+
+    return pc
+
+
+def counts(texts, pattern: str) -> np.ndarray:
+    """(N,) int64: the matches of RE2 `pattern` in each string of an Arrow array."""
+    return _pc().count_substring_regex(texts, pattern).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def matches(texts, pattern: str) -> np.ndarray:
+    """(N,) bool: the strings of an Arrow array where RE2 `pattern` matches."""
+    return _pc().match_substring_regex(texts, pattern).to_numpy(zero_copy_only=False)
+
+
+def word_counts(texts) -> np.ndarray:
+    """(N,) int64: `count_words` of each string of an Arrow array."""
+    spaced = _pc().replace_substring_regex(texts, UNSPACED, " ")
+    return counts(texts, UNSPACED) + counts(spaced, f"[^{SPACE[1:-1]}]+")
+
+
+def lengths(texts, unit: str) -> np.ndarray:
+    """(N,) int64: words (as `max_words` counts them) or characters of each string."""
+    if unit == "words":
+        return word_counts(texts)
+    return _pc().utf8_length(texts).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def normalized(texts):
+    """Lowercased, punctuation and symbols dropped, spaces single: what `dedup` compares."""
+    pc = _pc()
+    text = pc.replace_substring_regex(pc.utf8_lower(texts), r"[\p{P}\p{S}]+", "")
+    return pc.utf8_trim_whitespace(pc.replace_substring_regex(text, SPACE + "+", " "))
+
+
+class Dedup(Filter):
+    """A pair equal to an earlier kept pair (its source alone with `source_only`)."""
+
+    def scan(self, src, tgt) -> np.ndarray:
+        pc = _pc()
+        if self.option("normalize", True):
+            src, tgt = normalized(src), normalized(tgt)
+        keys = src if self.option("source_only", False) else pc.binary_join_element_wise(src, tgt, "\t")
+        return np.fromiter((hash(key) for key in keys.to_pylist()), dtype=np.int64, count=len(keys))
+
+    def removed(self, scanned: np.ndarray) -> np.ndarray:
+        out = np.ones(len(scanned), dtype=bool)
+        out[np.unique(scanned, return_index=True)[1]] = False  # each key's first row stays
+        return out
+
+
+class Length(Filter):
+    """A side shorter than `min_length` or longer than `max_length`."""
+
+    def scan(self, src, tgt) -> np.ndarray:
+        unit = self.option("unit", "words")
+        low, high = self.option("min_length", 1), self.option("max_length", 100 if unit == "words" else 1000)
+        n_src, n_tgt = lengths(src, unit), lengths(tgt, unit)
+        return (np.minimum(n_src, n_tgt) < low) | (np.maximum(n_src, n_tgt) > high)
+
+
+class LengthRatio(Filter):
+    """The longer side more than `max_ratio` times the shorter."""
+
+    def scan(self, src, tgt) -> np.ndarray:
+        unit = self.option("unit", "words")
+        n_src, n_tgt = lengths(src, unit), lengths(tgt, unit)
+        return np.maximum(n_src, n_tgt) > self.option("max_ratio", 3.0) * np.maximum(np.minimum(n_src, n_tgt), 1)
+
+
+class Copies(Filter):
+    """A target equal or nearly equal to its source (difflib's ratio of the normalised sides)."""
+
+    def scan(self, src, tgt) -> np.ndarray:
+        pc = _pc()
+        threshold = self.option("max_similarity", 0.9)
+        src, tgt = (pc.utf8_trim_whitespace(pc.replace_substring_regex(pc.utf8_lower(side), SPACE + "+", " "))
+                    for side in (src, tgt))
+        n_src, n_tgt = lengths(src, "characters"), lengths(tgt, "characters")
+        # difflib's ratio is at most 2·min / (sum of the lengths): only pairs of close lengths need it.
+        out = np.zeros(len(src), dtype=bool)
+        candidates = np.flatnonzero(2 * np.minimum(n_src, n_tgt) >= threshold * np.maximum(n_src + n_tgt, 1))
+        for i, s, t in zip(candidates, src.take(candidates).to_pylist(), tgt.take(candidates).to_pylist()):
+            matcher = difflib.SequenceMatcher(None, s, t, autojunk=False)
+            out[i] = s == t or (matcher.quick_ratio() >= threshold and matcher.ratio() >= threshold)
+        return out
+
+
+class Language(Filter):
+    """A side identified (py3langid, all its languages) as another language with `min_confidence` or more."""
+
+    def __init__(self, entry: FilterEntry, label: str, cfg: DataConfig):
+        super().__init__(entry, label, cfg)
+        try:
+            self.identifier = _identifier()
+        except ImportError:
+            raise DataError(f"data.filters: the {label} filter needs py3langid: pip install 'transformer-mt[langid]'") \
+                from None
+        self.languages = self.option("languages", (base_code(cfg.src_lang), base_code(cfg.tgt_lang)))
+        known = set(self.identifier.nb_classes)
+        for code in self.languages:
+            if code not in known:
+                source = f"{label}.languages" if entry.languages else "src_lang/tgt_lang"
+                raise DataError(f"data.filters: the {label} filter cannot identify {code!r} (from {source}); set its "
+                                f"languages to two of the ISO 639-1 codes py3langid knows, e.g. [en, it]")
+
+    def scan(self, src, tgt) -> np.ndarray:
+        min_confidence = self.option("min_confidence", 0.5)
+        out = np.zeros(len(src), dtype=bool)
+        for side, lang in zip((src, tgt), self.languages):
+            for i, text in enumerate(side.to_pylist()):
+                if not out[i]:
+                    found, probability = self.identifier.classify(text)
+                    out[i] = found != lang and probability >= min_confidence
+        return out
+
+
+@functools.cache
+def _identifier():
+    """py3langid's identifier with probabilities, loaded once (a second)."""
+    from py3langid import langid
+
+    return langid.LanguageIdentifier.from_model_file(langid.MODEL_FILE, norm_probs=True)
+
+
+class Characters(Filter):
+    """A side with a control character or U+FFFD, too few letters, or too few letters in its script."""
+
+    def __init__(self, entry: FilterEntry, label: str, cfg: DataConfig):
+        super().__init__(entry, label, cfg)
+        scripts = self.option("scripts", tuple(SCRIPTS.get(base_code(lang)) for lang in (cfg.src_lang, cfg.tgt_lang)))
+        if None in scripts:
+            lang = (cfg.src_lang, cfg.tgt_lang)[scripts.index(None)]
+            raise DataError(f"data.filters: the {label} filter knows no script for the language {lang!r}; set its "
+                            "scripts, e.g. scripts: [Latin, Cyrillic]")
+        self.patterns = ["[" + "".join(rf"\p{{{name}}}" for name in side.split("+")) + "]" for side in scripts]
+        import pyarrow as pa
+
+        for side, pattern in zip(scripts, self.patterns):
+            try:
+                counts(pa.array([""]), pattern)
+            except pa.ArrowInvalid:
+                raise DataError(f"data.filters: {label}.scripts: {side!r} is not a Unicode script name (e.g. Latin, "
+                                "Cyrillic, Greek, Arabic, Han; several joined by +)") from None
+
+    def scan(self, src, tgt) -> np.ndarray:
+        out = np.zeros(len(src), dtype=bool)
+        for side, script in zip((src, tgt), self.patterns):
+            letters, visible = counts(side, r"[\p{L}\p{M}]"), counts(side, f"[^{SPACE[1:-1]}]")
+            out |= matches(side, CONTROL)
+            out |= letters < self.option("min_letters", 0.5) * visible
+            out |= counts(side, script) < self.option("min_script", 0.9) * counts(side, r"\p{L}")
+        return out
+
+
+class Numbers(Filter):
+    """Sides with different numbers (digits compared without their `.` and `,` separators)."""
+
+    def scan(self, src, tgt) -> np.ndarray:
+        out = np.zeros(len(src), dtype=bool)
+        digits = np.flatnonzero(matches(src, r"\p{Nd}") | matches(tgt, r"\p{Nd}"))
+        for i, s, t in zip(digits, src.take(digits).to_pylist(), tgt.take(digits).to_pylist()):
+            out[i] = _numbers(s) != _numbers(t)
+        return out
+
+
+def _numbers(text: str) -> set[str]:
+    return {re.sub("[.,]", "", number) for number in NUMBER.findall(text)}
+
+
+class Html(Filter):
+    """Markup (tags, comments, entities) on a side; with `urls`, a side that is a URL or e-mail address alone."""
+
+    def scan(self, src, tgt) -> np.ndarray:
+        out = matches(src, MARKUP) | matches(tgt, MARKUP)
+        if self.option("urls", True):
+            out |= matches(src, URL_ONLY) | matches(tgt, URL_ONLY)
+        return out
+
+
+KINDS = {"dedup": Dedup, "length": Length, "length_ratio": LengthRatio, "copies": Copies, "language": Language,
+         "characters": Characters, "numbers": Numbers, "html": Html}
+
+
+def apply_filters(filters: list[Filter], split: str, scans: list[np.ndarray],
+                  selected: np.ndarray) -> tuple[np.ndarray, list[tuple[Filter, np.ndarray, int]]]:
+    """`selected` (N,) bool rows of a split less what each filter for `split` removes, in order
+    -> (the rows kept, [(filter, the row numbers it removed, the rows it saw)])."""
+    kept = selected.copy()
+    removed = []
+    for one, scanned in zip(filters, scans):
+        if split not in one.splits:
+            continue
+        rows = np.flatnonzero(kept)
+        gone = rows[one.removed(scanned[rows])]
+        kept[gone] = False
+        removed.append((one, gone, len(rows)))
+    return kept, removed
+
+
+def write_removed(batches, rows: np.ndarray, path: Path) -> None:
+    """The first `MAX_REMOVED_LINES` of `rows` (sorted) of a split's record `batches` as `source<TAB>target` lines."""
+    import pyarrow as pa
+
+    rows = rows[:MAX_REMOVED_LINES]
+    start = 0
+    with open(path, "w", encoding="utf-8") as out:
+        for batch in batches:
+            wanted = rows[np.searchsorted(rows, start):np.searchsorted(rows, start + batch.num_rows)] - start
+            start += batch.num_rows
+            if len(wanted):
+                taken = batch.take(pa.array(wanted))
+                for src, tgt in zip(taken.column("src").to_pylist(), taken.column("tgt").to_pylist()):
+                    out.write(f"{_one_line(src)}\t{_one_line(tgt)}\n")
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"[\t\r\n]", " ", text)
+
+
+def removed_examples(path: Path, n: int = 3) -> list[tuple[str, str]]:
+    """The first `n` pairs of a removed-pairs file (none when it is missing)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [line.rstrip("\n") for _, line in zip(range(n), f)]
+    except OSError:
+        return []
+    return [tuple(line.split("\t", 1)) for line in lines]
+
+
+def filter_counts(manifest: dict) -> tuple[FilterCount, ...]:
+    """The counts a corpus manifest records (none before `data.filters`)."""
+    return tuple(FilterCount(**entry) for entry in manifest.get("filtered", ()))
+
+
+def counts_record(counts_: list[FilterCount]) -> list[dict]:
+    """`FilterCount`s as the manifest keeps them."""
+    return [dataclasses.asdict(count) for count in counts_]

@@ -8,7 +8,7 @@ import math
 import textwrap
 from pathlib import Path
 
-from transformer_mt.core.errors import UsageError
+from transformer_mt.core.errors import DataError, UsageError
 
 STDIO = "-"  # `tmt translate --input -` / `--output -`: stdin / stdout, as in most command-line tools
 
@@ -72,6 +72,34 @@ def add_target_lang(parser: argparse.ArgumentParser) -> None:
                              "data.corpora): puts its tag >>LANG<< before each source; needed when the model knows "
                              "several; a line that begins with a tag of the model keeps its own (default: the run's "
                              "decode.target_lang)")
+
+
+def add_glossary_arguments(parser: argparse.ArgumentParser, what: str = "each translation") -> None:
+    """--glossary and --glossary-case (translate, evaluate, serve)."""
+    from transformer_mt.data.glossary import GLOSSARY_CASES
+
+    group = parser.add_argument_group("terminology (the Translating guide)")
+    group.add_argument("--glossary", type=Path, metavar="TERMS.tsv",
+                       help=f"a glossary, a line per term: source term<TAB>target term (# comments and blank lines "
+                            f"skipped); {what} of a sentence that holds a source term (whole words) contains its "
+                            "target term, by constrained beam search (beam 2 or more, the torch engine)")
+    group.add_argument("--glossary-case", choices=GLOSSARY_CASES, default=GLOSSARY_CASES[0],
+                       help="how --glossary's source terms match: insensitive (default: a term written in lower "
+                            "case also matches at the start of a sentence) or sensitive (acronyms, names)")
+
+
+def read_glossary_option(args: argparse.Namespace):
+    """The --glossary file read (`data.glossary.read_glossary`), None without one: before a model loads."""
+    from transformer_mt.data.glossary import read_glossary
+
+    return None if args.glossary is None else read_glossary(args.glossary, args.glossary_case)
+
+
+def check_glossary_terms(glossary, translator) -> None:
+    """Refuse, naming its line, a glossary's target term that the run's target vocabulary cannot spell."""
+    for term in glossary.terms if glossary is not None else ():
+        if problem := translator.term_problem(term.target):
+            raise DataError(f"glossary {glossary.path} line {term.line}: {problem}")
 
 
 def add_alignment_arguments(parser: argparse.ArgumentParser) -> None:

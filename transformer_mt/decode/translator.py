@@ -356,10 +356,11 @@ class Translator:
         if not text:
             return "an empty term"
         encoded = self.tokenizers.tgt.encode(text, add_special_tokens=False)
-        unknown = [text[start:end] for token, (start, end) in zip(encoded.ids, encoded.offsets) if token == UNK_ID]
+        unknown = "".join(dict.fromkeys(character for token, (start, end) in zip(encoded.ids, encoded.offsets)
+                                        if token == UNK_ID for character in text[start:end]))
         if unknown:
-            return (f"the term {term!r} has {', '.join(map(repr, unknown))}, which the target vocabulary cannot "
-                    "spell (it would come out as <unk>)")
+            return (f"the term {term!r} has characters the target vocabulary cannot spell ({unknown!r}; they would "
+                    "come out as <unk>)")
         return None
 
     def terms_problem(self, src_ids: list[int], prefix_ids: list[int], terms: list[str], beam: int) -> str | None:

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import transformer_mt.decode.generator as decoding
-from tests.helpers import (BOS, EOS, PAD, RANDOM_V, SOURCES, assert_same_hypotheses, random_model, random_prefixes,
-                           random_sources, teacher_forced_log_prob)
-from transformer_mt.core.errors import DataError
+from tests.helpers import (BOS, EOS, PAD, SOURCES, assert_same_hypotheses, random_model, random_prefixes,
+                           random_sources, random_terms, teacher_forced_log_prob)
+from transformer_mt.core.errors import DataError, UsageError
 from transformer_mt.data.glossary import read_glossary
 from transformer_mt.decode.generator import StepGraphs, beam_search
 from transformer_mt.decode.search import allocation_order, bank, matched_after
@@ -68,18 +68,6 @@ def test_a_bad_glossary_is_one_line_naming_the_file_and_line(tmp_path: Path, con
 
 
 # --- the constrained search ----------------------------------------------------------------------
-
-def random_terms(seed: int, batch: int, most: int = 2, longest: int = 3) -> torch.Tensor:
-    """Terms for random_model's sentences: sentence b has b % (most + 1) terms of 1 to `longest` tokens,
-    (B, most, longest) long padded with PAD."""
-    gen = torch.Generator().manual_seed(seed + 2000)
-    terms = torch.full((batch, most, longest), PAD)
-    for b in range(batch):
-        for n in range(b % (most + 1)):
-            length = int(torch.randint(1, longest + 1, (1,), generator=gen))
-            terms[b, n, :length] = torch.randint(4, RANDOM_V, (length,), generator=gen)
-    return terms
-
 
 def term_lists(terms: torch.Tensor) -> list[list[list[int]]]:
     return [[term[term != PAD].tolist() for term in sentence if (term != PAD).any()] for sentence in terms]
@@ -231,6 +219,16 @@ def test_bad_glossaries_and_constraints_are_one_line(workdir: Path, tmt_here, ar
                       cwd=workdir, stdin=stdin)
     assert result.returncode in (1, 2) and "Traceback" not in result.stderr
     assert result.stderr.splitlines()[-1] == f"tmt: error: {message}", result.stderr
+
+
+def test_the_ctranslate2_engine_refuses_constraints_in_one_line(workdir: Path):
+    from transformer_mt.decode.translator import Translator
+
+    translator = Translator.from_run(workdir / "runs" / "tiny", device="cpu", engine="ctranslate2")
+    assert translator.translate(["Where is the station?"], beam_size=3, constraints=[[]])  # no terms: fine
+    with pytest.raises(UsageError, match=r"^constraints \(a glossary's terms\) need the torch engine; CTranslate2 has "
+                                         r"no lexical constraints: translate with --engine torch \(or auto\)$"):
+        translator.translate(["Where is the station?"], beam_size=3, constraints=[["stazione"]])
 
 
 # --- the demo ----------------------------------------------------------------------------------

@@ -185,7 +185,7 @@ def test_bad_requests_get_a_4xx_with_one_line_and_the_server_keeps_answering(ser
         ({"sentences": ["a", {"source": "b", "prefix": 3}]}, 422, "sentences[1].prefix: input should be a valid string"),
         ({"sentences": [{"source": "b", "prefix": None}]}, 422, "sentences[0].prefix: input should be a valid string"),
         ({"sentences": [{"source": "b", "prefx": "c"}]}, 422, "sentences[0].prefx: not a field of a sentence (source, "
-                                                              "prefix)"),
+                                                              "prefix, constraints)"),
         ({"sentences": [{"prefix": "c"}]}, 422, "sentences[0].source: field required"),
         ({"sentences": [{"source": "Good morning.", "prefix": "la " * 30}]}, 413,
          "sentences[0].prefix: the prefix is 30 tokens; this sentence's translation is capped at 17 tokens with its "

@@ -434,6 +434,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
             print(f"  {line}")
     penalty = f", length penalty {alpha:g}" if beam > 1 else ""  # greedy decoding has none
     penalty += f", {translator.quantized} weights" if translator.quantized else ""
+    penalty += f", the terms of {args.glossary}" if glossary is not None else ""
     print(f"{len(result.hypotheses)} sentences, beam {beam}{penalty}; hypotheses in {shown(output)}",
           file=sys.stderr)
 

@@ -82,7 +82,8 @@ def add_glossary_arguments(parser: argparse.ArgumentParser, what: str = "each tr
     group.add_argument("--glossary", type=Path, metavar="TERMS.tsv",
                        help=f"a glossary, a line per term: source term<TAB>target term (# comments and blank lines "
                             f"skipped); {what} of a sentence that holds a source term (whole words) contains its "
-                            "target term, by constrained beam search (beam 2 or more, the torch engine)")
+                            "target term, by constrained beam search (beam 2 or more, K - 1 terms a sentence for "
+                            "a beam of K; the torch engine)")
     group.add_argument("--glossary-case", choices=GLOSSARY_CASES, default=GLOSSARY_CASES[0],
                        help="how --glossary's source terms match: insensitive (default: a term written in lower "
                             "case also matches at the start of a sentence) or sensitive (acronyms, names)")

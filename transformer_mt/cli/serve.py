@@ -9,8 +9,9 @@ import logging
 import signal
 import sys
 
-from transformer_mt.cli.arguments import (add_command, add_glossary_arguments, add_model_arguments, check_glossary_terms,
-                                          non_negative_float, port_number, positive_int, read_glossary_option)
+from transformer_mt.cli.arguments import (add_command, add_glossary_arguments, add_model_arguments,
+                                          check_glossary_terms, non_negative_float, port_number, positive_int,
+                                          read_glossary_option)
 from transformer_mt.cli.common import load_translator, shown
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.core.errors import TmtError, UsageError

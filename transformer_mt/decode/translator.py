@@ -38,8 +38,8 @@ class Engine(Protocol):
     translation (`translate`; beam 1: greedy), its `n_best` best, best first, or with `sampling`
     `n_best` samples (`hypotheses`), each beginning with its source's `prefixes` ids where given (the
     length cap counts them; they fit, with room for EOS); the torch engine also takes `terms=`, the ids of
-    terms each translation contains (`search.ConstrainedBeamState`); the head-averaged cross-attention (T + 1, S + 1) of decoder
-    `layer` producing `hyp_ids` + EOS; the log-probability of each target id and then EOS given its
+    terms each translation contains (`search.ConstrainedBeamState`); the head-averaged cross-attention
+    (T + 1, S + 1) of decoder `layer` producing `hyp_ids` + EOS; the log-probability of each target id and then EOS given its
     source (`score`, teacher-forced)."""
 
     name: str  # "torch" or "ctranslate2"

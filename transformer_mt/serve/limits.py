@@ -110,7 +110,7 @@ def check_request(asked, translator, limits: Limits, glossary=None):
         if len(ids) > limits.max_tokens:
             raise RequestError(413, f"sentences[{number}]: {len(ids)} tokens; this model translates at most "
                                     f"{limits.max_tokens} (model.max_len - 1)")
-    prefix_ids = translator.tokenizers.encode_tgt(prefixes)
+    prefix_ids = translator.tokenizers.encode_tgt(prefixes) if any(prefixes) else [[] for _ in prefixes]
     if any(prefixes):
         for number, (ids, prefix) in enumerate(zip(src_ids, prefix_ids)):
             if problem := translator.prefix_problem(ids, prefix):

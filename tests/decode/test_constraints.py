@@ -43,6 +43,9 @@ def test_a_glossary_matches_whole_words_longest_first_in_order_each_term_once(tm
     assert glossary.matches("un caffè, non caffèlatte") == [("caffè", "caffè")]  # Unicode word boundaries
     assert glossary.matches("The  train\tstation") == [("train station", "stazione")]  # any spaces between words
     assert glossary.targets("cat") == ["gatto"] and [t.line for t in glossary.terms] == [3, 4, 5, 6, 7]
+    # a match that case folding spells otherwise (Turkish dotless ı, upper case I) still finds its term
+    turkish = read_glossary(write(tmp_path / "tr.tsv", "ılık\ttiepido\n"))
+    assert turkish.matches("ILIK su") == [("ılık", "tiepido")]
 
 
 def test_a_case_sensitive_glossary_matches_the_terms_as_written(tmp_path: Path):
@@ -211,6 +214,9 @@ def test_tmt_evaluate_with_a_glossary_forces_its_terms_and_names_its_hypotheses(
      'stdin line 1: "constraints" has an empty term'),
     (["--input-format", "jsonl", "--beam", "3"], None, '{"source": "Good morning.", "constraints": "stazione"}\n',
      'stdin line 1: "constraints" must be a list of strings, got "stazione"'),
+    (["--input-format", "jsonl", "--show-attention", "a.png"], None,
+     '{"source": "Good morning.", "constraints": ["pane"]}\n',
+     '--show-attention draws a translation without terms forced; leave out the line\'s "constraints"'),
 ])
 def test_bad_glossaries_and_constraints_are_one_line(workdir: Path, tmt_here, args, glossary, stdin, message):
     if glossary is not None:

@@ -172,6 +172,9 @@ def run_translate(args: argparse.Namespace) -> None:
             raise UsageError(f"--show-attention draws one sentence; got {len(lines)}")
         if not lines[0].strip():
             raise UsageError("--show-attention: the sentence is empty; there is no attention to draw")
+        if constraints:
+            raise UsageError('--show-attention draws a translation without terms forced; leave out the line\'s '
+                             '"constraints"')
         if args.output and args.output.resolve() == args.show_attention.resolve():
             raise UsageError(f"--output and --show-attention are the same file ({args.output}); give two names")
     files = {"--output": args.output, "--show-attention": args.show_attention}
@@ -226,9 +229,8 @@ def _check_options(args: argparse.Namespace) -> None:
                                 or args.alignments):
         raise UsageError("--show-attention draws the best translation of one sentence; leave out --n-best, "
                          "--scores, --format, --sample and --alignments")
-    if args.show_attention and (args.glossary or args.input_format == "jsonl"):
-        raise UsageError("--show-attention draws a translation without terms forced; leave out --glossary and "
-                         "--input-format jsonl")
+    if args.show_attention and args.glossary:
+        raise UsageError("--show-attention draws a translation without terms forced; leave out --glossary")
     if args.sample and args.glossary:
         raise UsageError("--glossary forces terms by beam search; --sample draws each token freely: leave out one")
     if args.interactive:

@@ -59,10 +59,6 @@ class Glossary:
         """The target terms a translation of `source_line` must contain (`matches`' second halves)."""
         return [target for _, target in self.matches(source_line)]
 
-    def line_of(self, target: str) -> int:
-        """The glossary line (from 1) of the first entry with this target term."""
-        return next(term.line for term in self.terms if term.target == target)
-
 
 def _pattern(source: str) -> str:
     return r"\s+".join(re.escape(word) for word in source.split())

@@ -165,7 +165,7 @@ class BeamState:
 class ConstrainedBeamState(BeamState):
     """Beam search whose finished hypotheses contain every term of their sentence (hard lexical
     constraints), by dynamic beam allocation (Post & Vilar 2018) in fixed shapes (Hu et al. 2019). A
-    beam's bank is the number of term tokens it has met (`banks`). Each step's candidates are each beam's
+    beam's bank is the number of term tokens it has met (`bank`). Each step's candidates are each beam's
     2K best tokens and the next token of each of its terms not yet met; the live beams are taken from
     the banks in turn, highest first (each bank's best, then each bank's second, ...), so the beam that
     has met the most always goes on and meets one token more per step. A beam may end (EOS, or any

@@ -187,6 +187,8 @@ def test_tmt_evaluate_with_a_glossary_forces_its_terms_and_names_its_hypotheses(
 
 
 @pytest.mark.parametrize("args, glossary, stdin, message", [
+    (["--glossary", "g\x00.tsv"], None, None, "tmt translate: argument --glossary: a file name cannot hold a NUL "
+                                               "character"),
     (["--glossary", "g.tsv"], "station\tstazione\ncoffee caffè\n", None,
      "glossary g.tsv line 2: no tab; write source term<TAB>target term"),
     (["--glossary", "g.tsv"], b"station\tstazione\ncoffee\tcaff\xe8\n", None,

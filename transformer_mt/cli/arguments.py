@@ -44,8 +44,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, progress: bool = True) 
     """--run / --checkpoint, --beam, --length-penalty, --quantize, --engine, --device and --target-lang, shared
     by translate, evaluate and serve (with --quiet where a progress bar is drawn)."""
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--run", type=Path, help="run directory (default: the most recently updated run under ./runs)")
-    source.add_argument("--checkpoint", type=Path, help="a checkpoint file inside a run's checkpoints/ folder")
+    source.add_argument("--run", type=file_path,
+                        help="run directory (default: the most recently updated run under ./runs)")
+    source.add_argument("--checkpoint", type=file_path, help="a checkpoint file inside a run's checkpoints/ folder")
     parser.add_argument("--beam", type=positive_int, metavar="K",
                         help="beam size (default: the run's decode.beam_size; 1 = greedy)")
     parser.add_argument("--length-penalty", type=non_negative_float, metavar="ALPHA",
@@ -79,7 +80,7 @@ def add_glossary_arguments(parser: argparse.ArgumentParser, what: str = "each tr
     from transformer_mt.data.glossary import GLOSSARY_CASES
 
     group = parser.add_argument_group("terminology (the Translating guide)")
-    group.add_argument("--glossary", type=Path, metavar="TERMS.tsv",
+    group.add_argument("--glossary", type=file_path, metavar="TERMS.tsv",
                        help=f"a glossary, a line per term: source term<TAB>target term (# comments and blank lines "
                             f"skipped); {what} of a sentence that holds a source term (whole words) contains its "
                             "target term, by constrained beam search (beam 2 or more, K - 1 terms a sentence for "
@@ -155,6 +156,13 @@ def language_code(text: str) -> str:
     return text
 
 
+def file_path(text: str) -> Path:
+    """A path that can name a file: no NUL character (the system's calls stop at one)."""
+    if "\x00" in text:
+        raise argparse.ArgumentTypeError("a file name cannot hold a NUL character")
+    return Path(text)
+
+
 def path_or_dash(text: str) -> Path | str:
     """A path, or `STDIO` for exactly "-" (so that `./-` still names a file called -)."""
-    return STDIO if text == STDIO else Path(text)
+    return STDIO if text == STDIO else file_path(text)

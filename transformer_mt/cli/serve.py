@@ -24,9 +24,9 @@ SERVE_EXAMPLES = """examples:
   # a sentence whose translation begins with a prefix
   curl -s localhost:8000/translate \\
       -d '{"sentences": [{"source": "My sister is at home.", "prefix": "Mia"}]}'
-  # a sentence whose translation contains a term (beam 2 or more, the torch engine)
-  curl -s localhost:8000/translate -d '{"beam_size": 4,
-      "sentences": [{"source": "She takes the train.", "constraints": ["treno"]}]}'
+  # a translation that contains a term (beam 2 or more, the torch engine)
+  curl -s localhost:8000/translate -d '{"beam_size": 4, "sentences":
+      [{"source": "She takes the train.", "constraints": ["treno"]}]}'
   # every request's sentences with a glossary's terms
   tmt serve --run runs/demo --beam 4 --glossary terms.tsv
   tmt serve --run runs/demo --host 0.0.0.0 --port 8080 --max-wait-ms 20 \\

@@ -9,12 +9,11 @@ import functools
 import json
 import logging
 import sys
-from pathlib import Path
 
 from transformer_mt.cli.arguments import (STDIO, add_alignment_arguments, add_command, add_glossary_arguments,
                                           add_model_arguments, check_alignment_arguments, check_glossary_terms,
-                                          non_negative_int, path_or_dash, positive_float, positive_int, probability,
-                                          read_glossary_option, seed_number)
+                                          file_path, non_negative_int, path_or_dash, positive_float, positive_int,
+                                          probability, read_glossary_option, seed_number)
 from transformer_mt.cli.common import check_not_kept, check_output, load_translator, run_dir_of, shown
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.config.schema import BLEU_TOKENIZERS
@@ -75,7 +74,7 @@ def add_parser(commands) -> None:
     translate.add_argument("--prefix", metavar="TEXT",
                            help="begin every translation with TEXT (tokenized as target text; the model "
                                 "continues from it); the output is the whole translation, TEXT included")
-    translate.add_argument("--show-attention", type=Path, metavar="FILE.png",
+    translate.add_argument("--show-attention", type=file_path, metavar="FILE.png",
                            help="draw the cross-attention of the (single) sentence's translation to FILE.png "
                                 "(or .jpg, .pdf, .svg, ...: the format the suffix names)")
     translate.add_argument("--attention-layer", type=int, metavar="N",
@@ -117,8 +116,8 @@ def add_evaluate_parser(commands) -> None:
     add_model_arguments(evaluate)
     evaluate.add_argument("--split", choices=["valid", "test"], default="test",
                           help="which split of the run's own data to score (default: test)")
-    evaluate.add_argument("--src", type=Path, help="source file to translate instead of a split (needs --ref)")
-    evaluate.add_argument("--ref", type=Path, nargs="+", metavar="REF",
+    evaluate.add_argument("--src", type=file_path, help="source file to translate instead of a split (needs --ref)")
+    evaluate.add_argument("--ref", type=file_path, nargs="+", metavar="REF",
                           help="reference translations of --src, line by line; several files: several references "
                                "of each sentence (sacreBLEU's multi-reference scores)")
     evaluate.add_argument("--bootstrap", type=non_negative_int, default=1000, metavar="N",
@@ -136,7 +135,8 @@ def add_evaluate_parser(commands) -> None:
                                "train.bleu_tokenize, normally 13a; none for pre-tokenized text)")
     evaluate.add_argument("--output", type=path_or_dash,
                           help="where to write the hypotheses (default: in <run>/evaluation/, named "
-                               "<name>.<checkpoint>.beam<K>[.lp<ALPHA>][.int8][.glossary-<file>-<digest>].txt)")
+                               "<name>.<checkpoint>.beam<K>[.lp<ALPHA>][.int8].txt; with --glossary, "
+                               ".glossary-<file>-<digest> before .txt)")
     add_glossary_arguments(evaluate, "the translation")
 
 

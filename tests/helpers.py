@@ -153,6 +153,29 @@ def random_prefixes(seed: int, batch: int, max_len: int = 4) -> torch.Tensor:
     return prefixes
 
 
+def random_terms(seed: int, batch: int, most: int = 2, longest: int = 3) -> torch.Tensor:
+    """Terms for random_model's sentences: sentence b has b % (most + 1) terms of 1 to `longest` tokens,
+    (B, most, longest) long padded with PAD."""
+    gen = torch.Generator().manual_seed(seed + 2000)
+    terms = torch.full((batch, most, longest), PAD)
+    for b in range(batch):
+        for n in range(b % (most + 1)):
+            length = int(torch.randint(1, longest + 1, (1,), generator=gen))
+            terms[b, n, :length] = torch.randint(4, RANDOM_V, (length,), generator=gen)
+    return terms
+
+
+def teacher_forced_log_prob(model: Transformer, src: torch.Tensor, ids: list[int], ended: bool) -> float:
+    """The log-probability of `ids` (then EOS if `ended`) given src (S,) under the distribution the
+    search draws from (PAD and BOS never generated), teacher-forced."""
+    tgt = torch.tensor([[BOS] + ids])
+    logits = model(src[None], tgt).float()  # (T, V)
+    logits[:, PAD] = logits[:, BOS] = torch.finfo(logits.dtype).min
+    log_probs = torch.log_softmax(logits, dim=-1)
+    targets = ids + [EOS] if ended else ids
+    return sum(log_probs[t, token].item() for t, token in enumerate(targets))
+
+
 def assert_same_hypotheses(got, expected):
     """The same n-best lists, token for token, with the same log-probs and scores up to rounding
     (the reference drops finished sentences' rows, which changes the batch the products see)."""

@@ -16,8 +16,9 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers import (BOS, EOS, TINY_PAIRS, assert_same_hypotheses, make_trainer, random_model, random_prefixes,
-                           random_sources, read_scalars, run_cli, tiny_config, write_corpus)
+from tests.helpers import (BOS, EOS, PAD, TINY_PAIRS, assert_same_hypotheses, make_trainer, random_model,
+                           random_prefixes, random_sources, random_terms, read_scalars, run_cli, tiny_config,
+                           write_corpus)
 from transformer_mt.decode.generator import StepGraphs, beam_search, greedy_decode
 from transformer_mt.model import transformer
 from transformer_mt.runs.checkpoint import load_checkpoint
@@ -413,6 +414,20 @@ def test_prefixes_replayed_from_a_cuda_graph_give_the_eager_output():
             got = beam_search(model, src, graphs=StepGraphs(), capture=DEVICE == "cuda", **settings)
             assert_same_hypotheses(got, expected)
             assert all(h.ids[:3] == prefixes[0].tolist() for h in got[0])  # the first sentence's, 3 tokens
+
+
+def test_constraints_replayed_from_a_cuda_graph_give_the_eager_output():
+    for seed in range(2):
+        model, src = random_model(seed).to(DEVICE), random_sources(seed, batch=5, max_len=20).to(DEVICE)
+        terms, prefixes = random_terms(seed, batch=5).to(DEVICE), random_prefixes(seed, batch=5, max_len=3).to(DEVICE)
+        for extra in ({}, {"prefixes": prefixes}):
+            settings = {"bos_id": BOS, "eos_id": EOS, "beam_size": 4, "max_len_a": 1.5, "max_len_b": 8, "n_best": 2,
+                        "terms": terms, **extra}
+            expected = beam_search(model, src, **settings)
+            got = beam_search(model, src, graphs=StepGraphs(), capture=DEVICE == "cuda", **settings)
+            assert_same_hypotheses(got, expected)
+            first = terms[1][0][terms[1][0] != PAD].tolist()  # the second sentence's term
+            assert all(any(h.ids[i:i + len(first)] == first for i in range(len(h.ids))) for h in got[1])
 
 
 def test_batches_of_one_padded_shape_replay_one_captured_step_on_the_device():

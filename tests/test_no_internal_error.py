@@ -109,9 +109,10 @@ OPTIONS = {
     "train": ["--config", "--run-dir", "--set", "--resume", "--overwrite", "--quiet"],
     "data": ["--config", "--run-dir", "--set", "--quiet"],
     "translate": ["--run", "--checkpoint", "--input", "--output", "--show-attention", "--attention-layer", "--beam",
-                  "--length-penalty", "--device", "--quiet", "--alignments", "--alignment-layer"],
+                  "--length-penalty", "--device", "--quiet", "--alignments", "--alignment-layer", "--glossary",
+                  "--glossary-case", "--input-format"],
     "evaluate": ["--run", "--checkpoint", "--split", "--src", "--ref", "--tokenize", "--output", "--beam",
-                 "--length-penalty", "--device", "--bootstrap", "--comet", "--no-diagnostics"],
+                 "--length-penalty", "--device", "--bootstrap", "--comet", "--no-diagnostics", "--glossary"],
     "score": ["--run", "--checkpoint", "--source", "--target", "--format", "--output", "--engine", "--device",
               "--alignments", "--alignment-layer"],
     "compare": ["--ref", "--format", "--tokenize", "--bootstrap", "--trials", "--examples"],
@@ -120,7 +121,7 @@ OPTIONS = {
     "average": ["--run", "--last", "--output"],
     "import": ["--run-dir"],  # its MODEL: a stray word (a Hub id is looked up offline)
     "serve": ["--run", "--checkpoint", "--port", "--max-wait-ms", "--batch-tokens", "--max-sentences", "--max-beam",
-              "--beam"],  # no --host: a name looked up in DNS could wait
+              "--beam", "--glossary"],  # no --host: a name looked up in DNS could wait
 }
 arguments = st.sampled_from(PATHS) | numbers_as_text | st.text(max_size=8) | st.sampled_from(DOTTED).map(
     lambda key: f"{key}=1")

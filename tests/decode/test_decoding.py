@@ -6,19 +6,11 @@ from hypothesis import strategies as st
 import transformer_mt.decode.generator as decoding
 from tests.decode.beam_reference import reference_beam_search
 from tests.helpers import (BOS, EOS, PAD, assert_same_hypotheses, make_run, random_model, random_prefixes,
-                           random_sources)
+                           random_sources, teacher_forced_log_prob)
 from transformer_mt.config.schema import ModelConfig
 from transformer_mt.decode.generator import StepGraphs, beam_search, greedy_decode, sample_decode
 from transformer_mt.decode.hypotheses import Sampling
 from transformer_mt.model.transformer import Transformer
-
-def teacher_forced_log_prob(model: Transformer, src: torch.Tensor, ids: list[int], ended: bool) -> float:
-    tgt = torch.tensor([[BOS] + ids])
-    logits = model(src[None], tgt).float()  # (T, V)
-    logits[:, PAD] = logits[:, BOS] = torch.finfo(logits.dtype).min
-    log_probs = torch.log_softmax(logits, dim=-1)
-    targets = ids + [EOS] if ended else ids
-    return sum(log_probs[t, token].item() for t, token in enumerate(targets))
 
 
 def test_decoding_logits_are_fp32_under_bf16_autocast():

@@ -242,7 +242,7 @@ def test_jsonl_input_begins_each_translation_with_its_lines_prefix(workdir: Path
     (["--input-format", "jsonl"], '{"source": "b", "prefix": null}\n', 1,
      'stdin line 1: "prefix" must be a string, got null'),
     (["--input-format", "jsonl"], '{"source": "b", "prefx": "c"}\n', 1,
-     'stdin line 1: "prefx" is not a field of an input line (source, prefix)'),
+     'stdin line 1: "prefx" is not a field of an input line (source, prefix, constraints)'),
     (["--input-format", "jsonl"], '{"prefix": "c"}\n', 1, 'stdin line 1: no "source", the sentence to translate'),
     (["--input-format", "jsonl"], '["b"]\n', 1, 'stdin line 1: not a JSON object such as {"source"'),
     (["--input-format", "jsonl"], '{"source": "b",\n', 1, "stdin line 1: not valid JSON (Expecting"),

@@ -29,11 +29,12 @@ class RecordingTranslator:
         if "boom" in lines:
             raise RuntimeError("the engine failed")
 
-    def translate(self, lines, beam_size, prefixes, target_lang=None):
+    def translate(self, lines, beam_size, prefixes, target_lang=None, constraints=None):
         self._record(lines, Options(beam_size, target_lang=target_lang))
         return [f"{prefix}{line}/{beam_size}" for line, prefix in zip(lines, prefixes)]
 
-    def translate_n_best(self, lines, n_best, beam_size, prefixes, target_lang=None, alignments=False):
+    def translate_n_best(self, lines, n_best, beam_size, prefixes, target_lang=None, alignments=False,
+                         constraints=None):
         self._record(lines, Options(beam_size, n_best, True, target_lang, alignments))
         return [[Translation(f"{prefix}{line}/{beam_size}#{k}", -float(k), []) for k in range(n_best)]
                 for line, prefix in zip(lines, prefixes)]

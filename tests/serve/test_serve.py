@@ -185,7 +185,7 @@ def test_bad_requests_get_a_4xx_with_one_line_and_the_server_keeps_answering(ser
         ({"sentences": ["a", {"source": "b", "prefix": 3}]}, 422, "sentences[1].prefix: input should be a valid string"),
         ({"sentences": [{"source": "b", "prefix": None}]}, 422, "sentences[0].prefix: input should be a valid string"),
         ({"sentences": [{"source": "b", "prefx": "c"}]}, 422, "sentences[0].prefx: not a field of a sentence (source, "
-                                                              "prefix)"),
+                                                              "prefix, constraints)"),
         ({"sentences": [{"prefix": "c"}]}, 422, "sentences[0].source: field required"),
         ({"sentences": [{"source": "Good morning.", "prefix": "la " * 30}]}, 413,
          "sentences[0].prefix: the prefix is 30 tokens; this sentence's translation is capped at 17 tokens with its "
@@ -312,3 +312,38 @@ def test_the_default_body_limit_takes_every_request_the_other_limits_take(server
     assert server.post(body[:-2] + b" " * (health["max_body_bytes"] - len(body) + 1) + b"]}")[0] == 413
     server.stop()
 
+
+
+def test_a_glossary_and_a_sentences_constraints_put_their_terms_in_its_translation(workdir, tmt_here):
+    (workdir / "g.tsv").write_text("station\tstazione\ncoffee\tcaffè\n", encoding="utf-8")
+    items = [{"source": "Where is the station?"}, {"source": "Good morning.", "constraints": ["pane"]},
+             {"source": "The coffee is hot.", "constraints": ["caldo"]}]
+    expected = translate_file(tmt_here, workdir, [json.dumps(item) for item in items], "--input-format", "jsonl",
+                              "--glossary", "g.tsv", "--beam", "3")
+    server = Server(workdir, "--glossary", "g.tsv", "--beam", "3")  # auto: torch, said once
+    try:
+        assert sum("translating with the torch engine" in line for line in server.lines) == 1
+        status, answer = server.post({"sentences": ["Where is the station?", *items[1:]], "scores": True})
+        assert status == 200 and answer["translations"] == expected, answer
+        assert all(term in text for term, text in zip(["stazione", "pane", "caffè"], answer["translations"]))
+        assert "caldo" in answer["translations"][2]
+        assert server.get("health")[1]["glossary"] == "g.tsv"
+        cases = [
+            ({"sentences": ["Where is the station?"], "beam_size": 1}, 422,
+             "sentences[0].constraints: constraints (a glossary's terms) need beam search with a beam of 2 or more"),
+            ({"sentences": [{"source": "Good morning.", "constraints": ["кофе"]}]}, 422,
+             "sentences[0].constraints: the term 'кофе' has characters the target vocabulary cannot spell"),
+            ({"sentences": [{"source": "The coffee is hot.", "constraints": ["caldo", "è"]}]}, 422,
+             "sentences[0].constraints: 3 terms; a beam of 3 holds at most 2"),
+            ({"sentences": [{"source": "Good morning.", "constraints": [3]}]}, 422,
+             "sentences[0].constraints[0]: input should be a valid string"),
+            ({"sentences": [{"source": "Good morning.", "constraint": ["pane"]}]}, 422,
+             "sentences[0].constraint: not a field of a sentence (source, prefix, constraints)"),
+        ]
+        for body, status, message in cases:
+            got, answer = server.post(body)
+            assert got == status and answer["error"].startswith(message), (body, answer)
+        code, stderr = server.stop()
+        assert code == 0, stderr
+    finally:
+        server.kill()

@@ -8,7 +8,7 @@ import math
 import textwrap
 from pathlib import Path
 
-from transformer_mt.core.errors import UsageError
+from transformer_mt.core.errors import DataError, UsageError
 
 STDIO = "-"  # `tmt translate --input -` / `--output -`: stdin / stdout, as in most command-line tools
 
@@ -44,8 +44,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, progress: bool = True) 
     """--run / --checkpoint, --beam, --length-penalty, --quantize, --engine, --device and --target-lang, shared
     by translate, evaluate and serve (with --quiet where a progress bar is drawn)."""
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--run", type=Path, help="run directory (default: the most recently updated run under ./runs)")
-    source.add_argument("--checkpoint", type=Path, help="a checkpoint file inside a run's checkpoints/ folder")
+    source.add_argument("--run", type=file_path,
+                        help="run directory (default: the most recently updated run under ./runs)")
+    source.add_argument("--checkpoint", type=file_path, help="a checkpoint file inside a run's checkpoints/ folder")
     parser.add_argument("--beam", type=positive_int, metavar="K",
                         help="beam size (default: the run's decode.beam_size; 1 = greedy)")
     parser.add_argument("--length-penalty", type=non_negative_float, metavar="ALPHA",
@@ -72,6 +73,35 @@ def add_target_lang(parser: argparse.ArgumentParser) -> None:
                              "data.corpora): puts its tag >>LANG<< before each source; needed when the model knows "
                              "several; a line that begins with a tag of the model keeps its own (default: the run's "
                              "decode.target_lang)")
+
+
+def add_glossary_arguments(parser: argparse.ArgumentParser, what: str = "each translation") -> None:
+    """--glossary and --glossary-case (translate, evaluate, serve)."""
+    from transformer_mt.data.glossary import GLOSSARY_CASES
+
+    group = parser.add_argument_group("terminology (the Translating guide)")
+    group.add_argument("--glossary", type=file_path, metavar="TERMS.tsv",
+                       help=f"a glossary, a line per term: source term<TAB>target term (# comments and blank lines "
+                            f"skipped); {what} of a sentence that holds a source term (whole words) contains its "
+                            "target term, by constrained beam search (beam 2 or more, K - 1 terms a sentence for "
+                            "a beam of K; the torch engine)")
+    group.add_argument("--glossary-case", choices=GLOSSARY_CASES, default=GLOSSARY_CASES[0],
+                       help="how --glossary's source terms match: insensitive (default: a term written in lower "
+                            "case also matches at the start of a sentence) or sensitive (acronyms, names)")
+
+
+def read_glossary_option(args: argparse.Namespace):
+    """The --glossary file read (`data.glossary.read_glossary`), None without one: before a model loads."""
+    from transformer_mt.data.glossary import read_glossary
+
+    return None if args.glossary is None else read_glossary(args.glossary, args.glossary_case)
+
+
+def check_glossary_terms(glossary, translator) -> None:
+    """Refuse, naming its line, a glossary's target term that the run's target vocabulary cannot spell."""
+    for term in glossary.terms if glossary is not None else ():
+        if problem := translator.term_problem(term.target):
+            raise DataError(f"glossary {glossary.path} line {term.line}: {problem}")
 
 
 def add_alignment_arguments(parser: argparse.ArgumentParser) -> None:
@@ -126,6 +156,13 @@ def language_code(text: str) -> str:
     return text
 
 
+def file_path(text: str) -> Path:
+    """A path that can name a file: no NUL character (the system's calls stop at one)."""
+    if "\x00" in text:
+        raise argparse.ArgumentTypeError("a file name cannot hold a NUL character")
+    return Path(text)
+
+
 def path_or_dash(text: str) -> Path | str:
     """A path, or `STDIO` for exactly "-" (so that `./-` still names a file called -)."""
-    return STDIO if text == STDIO else Path(text)
+    return STDIO if text == STDIO else file_path(text)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from pathlib import Path
 
-from transformer_mt.cli.arguments import add_command, positive_int
+from transformer_mt.cli.arguments import add_command, file_path, positive_int
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.core.errors import CheckpointError, UsageError
 from transformer_mt.core.files import make_parent_dir
@@ -24,10 +23,10 @@ AVERAGE_EXAMPLES = """examples:
 def add_parser(commands) -> None:
     """`tmt average`: its options, help and examples."""
     average = add_command(commands, "average", "average the weights of a run's last step checkpoints", AVERAGE_EXAMPLES)
-    average.add_argument("--run", type=Path, required=True, help="run directory")
+    average.add_argument("--run", type=file_path, required=True, help="run directory")
     average.add_argument("--last", type=positive_int, default=5, metavar="N",
                          help="how many of the newest step checkpoints to average (default 5)")
-    average.add_argument("--output", type=Path,
+    average.add_argument("--output", type=file_path,
                          help="default: <run>/checkpoints/average_steps_<first>-<last>.pt (keep it in "
                               "<run>/checkpoints/ so that --checkpoint finds the run's tokenizers)")
 

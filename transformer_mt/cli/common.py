@@ -14,11 +14,12 @@ from transformer_mt.core.files import check_parent_dir
 from transformer_mt.core.run_layout import RunDir, latest_run
 
 
-def load_translator(args: argparse.Namespace):
+def load_translator(args: argparse.Namespace, constrained: bool = False):
     """The run's (or checkpoint's, or newest run's) `Translator` on --engine, else the run's
-    decode.engine; --show-attention draws from the torch engine's model, which auto then picks."""
+    decode.engine; --show-attention draws from the torch engine's model, which auto then picks; so do
+    `constrained` translations (a glossary's terms), which CTranslate2 cannot make (said on stderr)."""
     from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
-    from transformer_mt.decode.translator import Translator
+    from transformer_mt.decode.translator import Translator, pick_engine
     from transformer_mt.runs.summary import training_now
 
     run_dir = run_dir_of(args)
@@ -26,6 +27,14 @@ def load_translator(args: argparse.Namespace):
     if getattr(args, "show_attention", None):
         if engine == "ctranslate2":
             raise UsageError("--show-attention draws from the torch engine's model; leave out --engine ctranslate2")
+        engine = "torch"
+    if constrained and engine != "torch":
+        if engine == "ctranslate2":
+            raise UsageError("--engine ctranslate2 cannot force a glossary's terms (CTranslate2 has no lexical "
+                             "constraints): leave out --engine, or use --engine torch")
+        if pick_engine("auto", args.device) == "ctranslate2":
+            print("tmt: translating with the torch engine: CTranslate2 cannot force a glossary's terms",
+                  file=sys.stderr)
         engine = "torch"
     translator = Translator.from_run(run_dir, checkpoint=args.checkpoint, device=args.device, engine=engine)
     data = translator.cfg.data

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformer_mt.cli.arguments import add_command, non_negative_int, positive_int
+from transformer_mt.cli.arguments import add_command, file_path, non_negative_int, positive_int
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.config.schema import BLEU_TOKENIZERS
 from transformer_mt.core.errors import DataError, UsageError
@@ -31,10 +31,10 @@ def add_parser(commands) -> None:
     compare = add_command(commands, "compare", "compare runs or hypothesis files on one test set: intervals, "
                                                 "significance, seed groups, config differences, sentences",
                            COMPARE_EXAMPLES)
-    compare.add_argument("systems", nargs="+", type=Path, metavar="RUN_OR_FILE",
+    compare.add_argument("systems", nargs="+", type=file_path, metavar="RUN_OR_FILE",
                          help="run directories (their final test: evaluation/test_scores.json and its hypotheses) "
                               "or hypothesis files, one line per test sentence; the first is the baseline")
-    compare.add_argument("--ref", type=Path, nargs="+", metavar="REF",
+    compare.add_argument("--ref", type=file_path, nargs="+", metavar="REF",
                          help="reference file(s) of the test set, line by line (default: the runs' own test split; "
                               "needed for hypothesis files alone)")
     compare.add_argument("--format", choices=["text", "markdown", "json"], default="text",
@@ -49,7 +49,7 @@ def add_parser(commands) -> None:
     compare.add_argument("--comet", metavar="MODEL",
                          help="add each system's COMET score (no test of its difference): a Hub model name or a "
                               "downloaded model folder; needs the comet extra (pip install 'transformer-mt[comet]')")
-    compare.add_argument("--src", type=Path, help="the test set's sources, for --comet with hypothesis files")
+    compare.add_argument("--src", type=file_path, help="the test set's sources, for --comet with hypothesis files")
     compare.add_argument("--examples", type=non_negative_int, default=3, metavar="K",
                          help="sentences shown where each system gains most over the first by sentence chrF, and "
                               "where it loses most (default 3)")

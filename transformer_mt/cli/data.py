@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from transformer_mt.cli.arguments import add_command
+from transformer_mt.cli.arguments import add_command, file_path
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.core.errors import TmtError
 
@@ -32,8 +32,8 @@ def add_parser(commands) -> None:
     """`tmt data`: its options, help and examples."""
     data = add_command(commands, "data", "report on the data before training: pairs, filters, lengths, "
                                              "unknown tokens, steps per epoch", DATA_EXAMPLES)
-    data.add_argument("--config", required=True, type=Path, help="YAML config file")
-    data.add_argument("--run-dir", type=Path, help="a run whose tokenizers and data split to reuse, read only "
+    data.add_argument("--config", required=True, type=file_path, help="YAML config file")
+    data.add_argument("--run-dir", type=file_path, help="a run whose tokenizers and data split to reuse, read only "
                                                    "(default: runs/<name from config>, if it exists)")
     data.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                       help="override a config value, e.g. --set model.max_len=64 (repeatable)")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 
-from transformer_mt.cli.arguments import add_command
+from transformer_mt.cli.arguments import add_command, file_path
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.core.errors import UsageError
 
@@ -25,9 +24,9 @@ def add_parser(commands) -> None:
     export.add_argument("--format", choices=["ctranslate2", "hf"], default="ctranslate2",
                         help="the engine to export to: ctranslate2 (a CTranslate2 model directory, the default) "
                              "or hf (a Hugging Face transformers model folder)")
-    export.add_argument("--run", type=Path, required=True, help="run directory")
-    export.add_argument("--output", type=Path, required=True, help="new model directory to write")
-    export.add_argument("--checkpoint", type=Path, help="default: best.pt, else the newest step checkpoint")
+    export.add_argument("--run", type=file_path, required=True, help="run directory")
+    export.add_argument("--output", type=file_path, required=True, help="new model directory to write")
+    export.add_argument("--checkpoint", type=file_path, help="default: best.pt, else the newest step checkpoint")
     export.add_argument("--quantization", help="CTranslate2 weight type: int8, int8_float16, float16, ... "
                                                "(default: float32; --format ctranslate2 only)")
 

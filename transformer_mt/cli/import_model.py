@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from pathlib import Path
 
-from transformer_mt.cli.arguments import add_command
+from transformer_mt.cli.arguments import add_command, file_path
 from transformer_mt.cli.log_setup import setup_logging
 
 IMPORT_EXAMPLES = """examples:
@@ -24,7 +23,7 @@ def add_parser(commands) -> None:
     parser.add_argument("model", metavar="MODEL",
                         help="a folder written by transformers' save_pretrained (the model and its "
                              "MarianTokenizer files), or a Hugging Face Hub id, downloaded when online")
-    parser.add_argument("--run-dir", type=Path, required=True, help="the new run directory to write")
+    parser.add_argument("--run-dir", type=file_path, required=True, help="the new run directory to write")
 
 
 def run_import(args: argparse.Namespace) -> None:

@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from transformer_mt.cli.arguments import add_command
+from transformer_mt.cli.arguments import add_command, file_path
 from transformer_mt.core.errors import UsageError
 
 RUNS_EXAMPLES = """examples:
@@ -20,7 +20,7 @@ RUNS_EXAMPLES = """examples:
 def add_parser(commands) -> None:
     """`tmt runs`: its options, help and examples."""
     runs = add_command(commands, "runs", "list training runs: status, steps, best BLEU, last update", RUNS_EXAMPLES)
-    runs.add_argument("--dir", type=Path,
+    runs.add_argument("--dir", type=file_path,
                       help="folder holding run directories, also grouped one folder deeper (runs/<group>/<name>), "
                            "or one run directory (default: runs)")
 

@@ -7,10 +7,9 @@ import argparse
 import json
 import logging
 import sys
-from pathlib import Path
 
 from transformer_mt.cli.arguments import (STDIO, add_alignment_arguments, add_command, add_target_lang,
-                                          check_alignment_arguments, path_or_dash)
+                                          check_alignment_arguments, file_path, path_or_dash)
 from transformer_mt.cli.common import check_not_kept, check_output, load_translator, run_dir_of
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.core.errors import DataError, UsageError
@@ -34,11 +33,12 @@ def add_parser(commands) -> None:
     scoring = add_command(commands, "score", "the model's log-probability of given translations (source, target "
                                               "pairs)", SCORE_EXAMPLES)
     source = scoring.add_mutually_exclusive_group()
-    source.add_argument("--run", type=Path, help="run directory (default: the most recently updated run under ./runs)")
-    source.add_argument("--checkpoint", type=Path, help="a checkpoint file inside a run's checkpoints/ folder")
-    scoring.add_argument("--source", type=Path, help="source sentences, one per line (needs --target; default: "
+    source.add_argument("--run", type=file_path,
+                        help="run directory (default: the most recently updated run under ./runs)")
+    source.add_argument("--checkpoint", type=file_path, help="a checkpoint file inside a run's checkpoints/ folder")
+    scoring.add_argument("--source", type=file_path, help="source sentences, one per line (needs --target; default: "
                                                      "source<TAB>target lines on stdin)")
-    scoring.add_argument("--target", type=Path, help="the translations to score, line by line with --source")
+    scoring.add_argument("--target", type=file_path, help="the translations to score, line by line with --source")
     scoring.add_argument("--format", choices=["text", "jsonl"], default="text",
                          help="text (default): '<log-probability><TAB><per token>' a line, the sum over the "
                               "target's tokens and EOS, then divided by their number; jsonl: an object a line "

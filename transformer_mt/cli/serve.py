@@ -9,7 +9,9 @@ import logging
 import signal
 import sys
 
-from transformer_mt.cli.arguments import add_command, add_model_arguments, non_negative_float, port_number, positive_int
+from transformer_mt.cli.arguments import (add_command, add_glossary_arguments, add_model_arguments,
+                                          check_glossary_terms, non_negative_float, port_number, positive_int,
+                                          read_glossary_option)
 from transformer_mt.cli.common import load_translator, shown
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.core.errors import TmtError, UsageError
@@ -22,6 +24,11 @@ SERVE_EXAMPLES = """examples:
   # a sentence whose translation begins with a prefix
   curl -s localhost:8000/translate \\
       -d '{"sentences": [{"source": "My sister is at home.", "prefix": "Mia"}]}'
+  # a translation that contains a term (beam 2 or more, the torch engine)
+  curl -s localhost:8000/translate -d '{"beam_size": 4, "sentences":
+      [{"source": "She takes the train.", "constraints": ["treno"]}]}'
+  # every request's sentences with a glossary's terms
+  tmt serve --run runs/demo --beam 4 --glossary terms.tsv
   tmt serve --run runs/demo --host 0.0.0.0 --port 8080 --max-wait-ms 20 \\
       --batch-tokens 8192
 
@@ -52,7 +59,8 @@ def add_parser(commands) -> None:
     serve.add_argument("--max-body-bytes", type=positive_int, metavar="N",
                        help="the largest request body, refused (413) before it is read (default: what "
                             "--max-sentences sentences of the longest the model translates, each with the "
-                            "longest prefix, take as JSON)")
+                            "longest prefix and constraints, take as JSON)")
+    add_glossary_arguments(serve, "every translation")
 
 
 def run_serve(args: argparse.Namespace) -> None:
@@ -66,9 +74,11 @@ def run_serve(args: argparse.Namespace) -> None:
     from transformer_mt.serve.limits import Limits, character_bound, largest_request_bytes
 
     setup_logging(logging.WARNING)
+    glossary = read_glossary_option(args)
     listener = listen(args.host, args.port)  # before loading: a port in use fails at once
     try:
-        translator = load_translator(args)
+        translator = load_translator(args, constrained=glossary is not None)
+        check_glossary_terms(glossary, translator)
         default_beam = args.beam or translator.cfg.decode.beam_size
         if default_beam > args.max_beam:
             where = "--beam" if args.beam else "the run's decode.beam_size"
@@ -80,8 +90,9 @@ def run_serve(args: argparse.Namespace) -> None:
         max_tokens = token_room(translator.max_len)
         max_characters = character_bound(translator.tokenizers.src, max_tokens)
         max_prefix_characters = character_bound(translator.tokenizers.tgt, max_tokens)  # a prefix: fewer tokens
+        max_terms = args.max_beam - 1 if translator.engine.name == "torch" else 0  # a beam of K holds K - 1 terms
         max_body = args.max_body_bytes or largest_request_bytes(args.max_sentences, max_characters,
-                                                                max_prefix_characters)
+                                                                max_prefix_characters, max_terms)
         limits = Limits(args.max_sentences, args.max_beam, max_tokens, default_beam, max_characters, max_body,
                         max_prefix_characters)
         batcher = Batcher(translator, args.batch_tokens or translator.cfg.decode.batch_tokens, args.max_wait_ms / 1000)
@@ -94,7 +105,7 @@ def run_serve(args: argparse.Namespace) -> None:
     started = (f"tmt: serving {shown(translator.run_dir)} ({data.src_lang}->{data.tgt_lang}, "
                f"{translator.checkpoint.name}, {translator.engine.name} on {translator.device}) at {url}; "
                "Ctrl-C or SIGTERM stops it")
-    stopped_by = serve_until_stopped(build_app(translator, batcher, limits), listener,
+    stopped_by = serve_until_stopped(build_app(translator, batcher, limits, glossary), listener,
                                      on_start=lambda: print(started, file=sys.stderr, flush=True),
                                      on_stop=batcher.drain)
     batcher.close()

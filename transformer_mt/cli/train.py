@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from transformer_mt.cli.arguments import add_command
+from transformer_mt.cli.arguments import add_command, file_path
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.core.errors import (ConfigError, DataError, TmtError, TrainingStopped, WriteError, error_line,
                                         interrupted)
@@ -32,8 +32,8 @@ TRAIN_EXAMPLES = """examples:
 def add_parser(commands) -> None:
     """`tmt train`: its options, help and examples."""
     train = add_command(commands, "train", "train a model from a YAML config", TRAIN_EXAMPLES)
-    train.add_argument("--config", required=True, type=Path, help="YAML config file")
-    train.add_argument("--run-dir", type=Path, help="where the run is written (default: runs/<name from config>)")
+    train.add_argument("--config", required=True, type=file_path, help="YAML config file")
+    train.add_argument("--run-dir", type=file_path, help="where the run is written (default: runs/<name from config>)")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value, e.g. --set train.lr=3e-4 (repeatable)")
     train.add_argument("--resume", action="store_true", help="continue from the run's newest checkpoint")

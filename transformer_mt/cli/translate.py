@@ -9,11 +9,11 @@ import functools
 import json
 import logging
 import sys
-from pathlib import Path
 
-from transformer_mt.cli.arguments import (STDIO, add_alignment_arguments, add_command, add_model_arguments,
-                                          check_alignment_arguments, non_negative_int, path_or_dash, positive_float,
-                                          positive_int, probability, seed_number)
+from transformer_mt.cli.arguments import (STDIO, add_alignment_arguments, add_command, add_glossary_arguments,
+                                          add_model_arguments, check_alignment_arguments, check_glossary_terms,
+                                          file_path, non_negative_int, path_or_dash, positive_float, positive_int,
+                                          probability, read_glossary_option, seed_number)
 from transformer_mt.cli.common import check_not_kept, check_output, load_translator, run_dir_of, shown
 from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.config.schema import BLEU_TOKENIZERS
@@ -42,6 +42,8 @@ TRANSLATE_EXAMPLES = """examples:
   tmt translate --run runs/demo --input-format jsonl --input requests.jsonl
   # translation<TAB>word alignment (Pharaoh links: source word-target word)
   tmt translate --run runs/demo --alignments "Where is the station?"
+  # a glossary's target terms in every translation whose source has the term
+  tmt translate --run runs/demo --beam 4 --glossary terms.tsv --input test.en
 """
 
 EVALUATE_EXAMPLES = """examples:
@@ -51,6 +53,8 @@ EVALUATE_EXAMPLES = """examples:
   tmt evaluate --run runs/m30k --src test.en --ref test.de --tokenize none
   # two references of each sentence
   tmt evaluate --run runs/demo --src test.en --ref test.it other.it
+  # the test split translated with a glossary's terms forced
+  tmt evaluate --run runs/demo --beam 4 --glossary terms.tsv
 """
 
 
@@ -64,11 +68,13 @@ def add_parser(commands) -> None:
                            help="write translations here instead of stdout (- = stdout)")
     translate.add_argument("--input-format", choices=["text", "jsonl"], default="text",
                            help="text (default): a sentence per line; jsonl: a JSON object per line, "
-                                '{"source": "...", "prefix": "..."}, the prefix optional ("": none)')
+                                '{"source": "...", "prefix": "...", "constraints": ["...", ...]}, the prefix '
+                                '("": none) and the constraints (target terms the translation must contain, '
+                                "beam 2 or more, the torch engine) optional")
     translate.add_argument("--prefix", metavar="TEXT",
                            help="begin every translation with TEXT (tokenized as target text; the model "
                                 "continues from it); the output is the whole translation, TEXT included")
-    translate.add_argument("--show-attention", type=Path, metavar="FILE.png",
+    translate.add_argument("--show-attention", type=file_path, metavar="FILE.png",
                            help="draw the cross-attention of the (single) sentence's translation to FILE.png "
                                 "(or .jpg, .pdf, .svg, ...: the format the suffix names)")
     translate.add_argument("--attention-layer", type=int, metavar="N",
@@ -100,6 +106,7 @@ def add_parser(commands) -> None:
                        help="with --sample: the random seed (default 0); the same input (lines and their order), "
                             "options and seed give the same samples on the same device")
     add_alignment_arguments(translate)
+    add_glossary_arguments(translate)
 
 
 def add_evaluate_parser(commands) -> None:
@@ -109,8 +116,8 @@ def add_evaluate_parser(commands) -> None:
     add_model_arguments(evaluate)
     evaluate.add_argument("--split", choices=["valid", "test"], default="test",
                           help="which split of the run's own data to score (default: test)")
-    evaluate.add_argument("--src", type=Path, help="source file to translate instead of a split (needs --ref)")
-    evaluate.add_argument("--ref", type=Path, nargs="+", metavar="REF",
+    evaluate.add_argument("--src", type=file_path, help="source file to translate instead of a split (needs --ref)")
+    evaluate.add_argument("--ref", type=file_path, nargs="+", metavar="REF",
                           help="reference translations of --src, line by line; several files: several references "
                                "of each sentence (sacreBLEU's multi-reference scores)")
     evaluate.add_argument("--bootstrap", type=non_negative_int, default=1000, metavar="N",
@@ -128,7 +135,9 @@ def add_evaluate_parser(commands) -> None:
                                "train.bleu_tokenize, normally 13a; none for pre-tokenized text)")
     evaluate.add_argument("--output", type=path_or_dash,
                           help="where to write the hypotheses (default: in <run>/evaluation/, named "
-                               "<name>.<checkpoint>.beam<K>[.lp<ALPHA>][.int8].txt)")
+                               "<name>.<checkpoint>.beam<K>[.lp<ALPHA>][.int8].txt; with --glossary, "
+                               ".glossary-<file>-<digest> before .txt)")
+    add_glossary_arguments(evaluate, "the translation")
 
 
 def run_translate(args: argparse.Namespace) -> None:
@@ -136,6 +145,7 @@ def run_translate(args: argparse.Namespace) -> None:
 
     setup_logging(logging.WARNING)
     _check_options(args)
+    glossary = read_glossary_option(args)
     # Typing at a terminal with nothing else to read or write: translate each line as it comes.
     interactive = args.interactive or (not args.text and args.input is None and args.output is None
                                        and args.show_attention is None and sys.stdin.isatty())
@@ -144,7 +154,9 @@ def run_translate(args: argparse.Namespace) -> None:
     if args.output == STDIO:
         args.output = None  # `--output -`: stdout, as without --output
     if interactive:
-        _translate_interactively(load_translator(args), args)
+        translator = load_translator(args, constrained=glossary is not None)
+        check_glossary_terms(glossary, translator)
+        _translate_interactively(translator, args, glossary)
         return
     if args.input:
         lines, where = read_lines(args.input), str(args.input)
@@ -154,12 +166,15 @@ def run_translate(args: argparse.Namespace) -> None:
         if not lines:
             raise UsageError("nothing to translate: give sentences as arguments, --input FILE, "
                              "or one per line on stdin")
-    lines, prefixes = _sentences_and_prefixes(lines, args, where)
+    lines, prefixes, constraints = _sentences_and_prefixes(lines, args, where, glossary=glossary)
     if args.show_attention:  # one non-empty sentence, and a file of its own
         if len(lines) != 1:
             raise UsageError(f"--show-attention draws one sentence; got {len(lines)}")
         if not lines[0].strip():
             raise UsageError("--show-attention: the sentence is empty; there is no attention to draw")
+        if constraints:
+            raise UsageError('--show-attention draws a translation without terms forced; leave out the line\'s '
+                             '"constraints"')
         if args.output and args.output.resolve() == args.show_attention.resolve():
             raise UsageError(f"--output and --show-attention are the same file ({args.output}); give two names")
     files = {"--output": args.output, "--show-attention": args.show_attention}
@@ -167,11 +182,13 @@ def run_translate(args: argparse.Namespace) -> None:
         check_output(path, option, inputs={"--input": args.input})
     for option, path in files.items():  # before loading: that may convert the run (into <run>/ctranslate2/)
         check_not_kept(path, option, run_dir_of(args))
-    translator = load_translator(args)
+    translator = load_translator(args, constrained=constraints is not None)
+    check_glossary_terms(glossary, translator)
     if args.show_attention:
         outputs = [_draw_attention(translator, lines[0], prefixes[0] if prefixes else "", args)]
     else:
-        outputs = _translate_lines(translator, lines, prefixes, args, progress=bool(args.input) and not args.quiet)
+        outputs = _translate_lines(translator, lines, prefixes, args, progress=bool(args.input) and not args.quiet,
+                                   constraints=constraints)
     if args.output:
         write_lines(args.output, outputs)
     else:
@@ -212,6 +229,10 @@ def _check_options(args: argparse.Namespace) -> None:
                                 or args.alignments):
         raise UsageError("--show-attention draws the best translation of one sentence; leave out --n-best, "
                          "--scores, --format, --sample and --alignments")
+    if args.show_attention and args.glossary:
+        raise UsageError("--show-attention draws a translation without terms forced; leave out --glossary")
+    if args.sample and args.glossary:
+        raise UsageError("--glossary forces terms by beam search; --sample draws each token freely: leave out one")
     if args.interactive:
         given = [name for name, value in (("sentences as arguments", args.text), ("--input", args.input),
                                           ("--output", args.output), ("--show-attention", args.show_attention))
@@ -221,17 +242,19 @@ def _check_options(args: argparse.Namespace) -> None:
                              f"leave out {', '.join(given)}")
 
 
-def _sentences_and_prefixes(lines: list[str], args: argparse.Namespace, where: str,
-                            first_number: int = 1) -> tuple[list[str], list[str] | None]:
-    """The sentences to translate and the prefix each translation begins with (None: none): the
-    lines and --prefix, or with --input-format jsonl each line's "source" and "prefix" strings (the
-    prefix optional, "": none; a blank line: an empty sentence); a line that is not such an object is
-    refused as `<where> line <number>`."""
+def _sentences_and_prefixes(lines: list[str], args: argparse.Namespace, where: str, first_number: int = 1,
+                            glossary=None) -> tuple[list[str], list[str] | None, list[list[str]] | None]:
+    """The sentences to translate, the prefix each translation begins with (None: none) and the terms
+    each must contain (None: none): the lines and --prefix, or with --input-format jsonl each line's
+    "source" and "prefix" strings and "constraints" list of strings (prefix and constraints optional,
+    "": no prefix; a blank line: an empty sentence); a line that is not such an object is refused as
+    `<where> line <number>`. The `glossary`'s target terms of each sentence come before its own."""
     from transformer_mt.data.sources import one_line
 
     if args.input_format == "text":
-        return lines, None if args.prefix is None else [args.prefix] * len(lines)
-    sentences, prefixes = [], []
+        terms = None if glossary is None else [glossary.targets(line) for line in lines]
+        return lines, None if args.prefix is None else [args.prefix] * len(lines), terms
+    sentences, prefixes, constraints = [], [], []
     for number, line in enumerate(lines, start=first_number):
         place = f"{where} {number}" if where == "sentence argument" else f"{where} line {number}"
         try:
@@ -240,26 +263,35 @@ def _sentences_and_prefixes(lines: list[str], args: argparse.Namespace, where: s
             raise DataError(f"{place}: not valid JSON ({err})") from None
         if not isinstance(record, dict):
             raise DataError(f'{place}: not a JSON object such as {{"source": "Good morning.", "prefix": "Buon"}}')
-        if unknown := sorted(set(record) - {"source", "prefix"}):
-            raise DataError(f'{place}: "{unknown[0]}" is not a field of an input line (source, prefix)')
+        if unknown := sorted(set(record) - {"source", "prefix", "constraints"}):
+            raise DataError(f'{place}: "{unknown[0]}" is not a field of an input line (source, prefix, constraints)')
         if line.strip() and "source" not in record:
             raise DataError(f'{place}: no "source", the sentence to translate')
+        terms = record.pop("constraints", [])
+        if not isinstance(terms, list) or not all(isinstance(term, str) for term in terms):
+            raise DataError(f'{place}: "constraints" must be a list of strings, got {json.dumps(terms)[:40]}')
         for key, value in record.items():
             if not isinstance(value, str):
                 raise DataError(f'{place}: "{key}" must be a string, got {json.dumps(value)[:40]}')
+        for term in terms:
+            if not one_line(term, "constraints", place):
+                raise DataError(f'{place}: "constraints" has an empty term')
         sentences.append(one_line(record.get("source"), "source", place))
         prefixes.append(one_line(record.get("prefix"), "prefix", place))
-    return sentences, prefixes
+        constraints.append((glossary.targets(sentences[-1]) if glossary else []) + terms)
+    return sentences, prefixes, constraints if any(constraints) or glossary else None
 
 
 def _translate_lines(translator, lines: list[str], prefixes: list[str] | None, args: argparse.Namespace,
-                     progress: bool, first_number: int = 0) -> list[str]:
-    """The output lines for `lines` (their translations beginning with `prefixes`): one translation
+                     progress: bool, first_number: int = 0, constraints: list[list[str]] | None = None) -> list[str]:
+    """The output lines for `lines` (their translations beginning with `prefixes`, containing the
+    terms of `constraints`): one translation
     each, or with --n-best, --scores, --format jsonl, --sample or --alignments, the lists the
     Translating guide describes: jsonl, an object per line; text, a line per translation,
     `[<number from first_number>\t][<score>\t]<translation>[\t<links>]`."""
     if args.n_best == 1 and not args.scores and args.format == "text" and not args.sample and not args.alignments:
-        return translator.translate(lines, beam_size=args.beam, progress=progress, prefixes=prefixes)
+        return translator.translate(lines, beam_size=args.beam, progress=progress, prefixes=prefixes,
+                                    constraints=constraints)
     beam = args.beam or translator.cfg.decode.beam_size
     if not args.sample and args.n_best > beam:  # the run's beam size, when --beam was left out
         raise UsageError(f"--n-best {args.n_best}: beam search keeps only the run's decode.beam_size={beam} "
@@ -272,7 +304,8 @@ def _translate_lines(translator, lines: list[str], prefixes: list[str] | None, a
                             seed=args.seed or 0)
     results = translator.translate_n_best(lines, n_best=args.n_best, beam_size=1 if args.sample else beam,
                                           sampling=sampling, progress=progress, prefixes=prefixes,
-                                          alignments=args.alignments, alignment_layer=args.alignment_layer)
+                                          alignments=args.alignments, alignment_layer=args.alignment_layer,
+                                          constraints=constraints)
     if args.format == "jsonl":
         return [json.dumps({"source": line, "hypotheses": [t.text for t in translations],
                             "scores": [t.score for t in translations], "tokens": [t.tokens for t in translations],
@@ -287,7 +320,7 @@ def _translate_lines(translator, lines: list[str], prefixes: list[str] | None, a
     return outputs
 
 
-def _translate_interactively(translator, args: argparse.Namespace) -> None:
+def _translate_interactively(translator, args: argparse.Namespace, glossary=None) -> None:
     """A prompt; each line is translated as soon as it is entered (the model loaded once), its
     output on stdout at once. Ctrl-D (end of input) ends it."""
     data = translator.cfg.data
@@ -297,8 +330,10 @@ def _translate_interactively(translator, args: argparse.Namespace) -> None:
               "time; Ctrl-D to quit", file=sys.stderr)
     number = 0
     while (line := _prompt(f"{data.src_lang}> " if at_terminal else "", number + 1)) is not None:
-        lines, prefixes = _sentences_and_prefixes([line], args, "stdin", first_number=number + 1)
-        for output in _translate_lines(translator, lines, prefixes, args, progress=False, first_number=number):
+        lines, prefixes, constraints = _sentences_and_prefixes([line], args, "stdin", first_number=number + 1,
+                                                               glossary=glossary)
+        for output in _translate_lines(translator, lines, prefixes, args, progress=False, first_number=number,
+                                       constraints=constraints):
             print(output)
         sys.stdout.flush()
         number += 1
@@ -365,7 +400,9 @@ def run_evaluate(args: argparse.Namespace) -> None:
 
         comet = Comet.load(args.comet)
     check_not_kept(args.output, "--output", run_dir_of(args))  # before loading, which may write into the run
-    translator = load_translator(args)
+    glossary = read_glossary_option(args)
+    translator = load_translator(args, constrained=glossary is not None)
+    check_glossary_terms(glossary, translator)
     tokenize = args.tokenize or translator.cfg.train.bleu_tokenize
     problem = bleu_tokenizer_problem(tokenize)  # before translating
     if problem:
@@ -376,8 +413,10 @@ def run_evaluate(args: argparse.Namespace) -> None:
     alpha = translator.cfg.decode.length_penalty
     output = args.output or RunDir(translator.run_dir).hypotheses(
         name, translator.checkpoint.stem, beam, alpha=alpha if args.length_penalty is not None else None,
-        quantized=translator.quantized)
-    result = evaluate_test_set(functools.partial(translator.translate, beam_size=beam, progress=not args.quiet),
+        quantized=translator.quantized, glossary=args.glossary)
+    constraints = None if glossary is None else [glossary.targets(source) for source in sources]
+    result = evaluate_test_set(functools.partial(translator.translate, beam_size=beam, progress=not args.quiet,
+                                                 constraints=constraints),
                                sources, references, output, tokenize=tokenize, n_bootstrap=args.bootstrap,
                                src_lang=translator.cfg.data.src_lang, comet=comet, device=translator.device,
                                diagnostics=args.diagnostics)
@@ -397,6 +436,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
             print(f"  {line}")
     penalty = f", length penalty {alpha:g}" if beam > 1 else ""  # greedy decoding has none
     penalty += f", {translator.quantized} weights" if translator.quantized else ""
+    penalty += f", the terms of {args.glossary}" if glossary is not None else ""
     print(f"{len(result.hypotheses)} sentences, beam {beam}{penalty}; hypotheses in {shown(output)}",
           file=sys.stderr)
 

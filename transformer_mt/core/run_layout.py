@@ -72,15 +72,17 @@ class RunDir:
         return self.validation / f"step_{step:08d}.txt"
 
     def hypotheses(self, name: str, checkpoint_stem: str, beam: int, alpha: float | None = None,
-                   quantized: str | None = None) -> Path:
+                   quantized: str | None = None, glossary: Path | None = None) -> Path:
         """A test-set evaluation's hypotheses (training's final test: `name` "test"; `tmt evaluate`: a
-        split or `source_file_name`): `{name}.{checkpoint_stem}.beam{beam}[.lp{alpha}][.{quantized}].txt`.
+        split or `source_file_name`):
+        `{name}.{checkpoint_stem}.beam{beam}[.lp{alpha}][.{quantized}][.glossary-{file}-{digest}].txt`.
         Named after the checkpoint and decoding, so scoring another checkpoint or setting never
         overwrites the hypotheses behind test_scores.json. `alpha`, a length penalty chosen for this
         evaluation, is named only with a beam (greedy decoding has none); `quantized` ("int8") never
-        replaces the fp32 hypotheses."""
+        replaces the fp32 hypotheses, nor translations with a `glossary`'s terms those without."""
         settings = f"beam{beam}" + (f".lp{alpha:g}" if alpha is not None and beam > 1 else "")
         settings += f".{quantized}" if quantized else ""
+        settings += f".glossary-{self.source_file_name(glossary).removeprefix('file-')}" if glossary else ""
         return self.evaluation / f"{name}.{checkpoint_stem}.{settings}.txt"
 
     @staticmethod

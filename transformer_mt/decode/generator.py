@@ -14,10 +14,10 @@ import torch
 from transformer_mt.core.cuda_graphs import capture_graph
 from transformer_mt.data.batching import round_up
 from transformer_mt.decode.hypotheses import Hypothesis, Sampling
-from transformer_mt.decode.search import BeamState, SampleState
+from transformer_mt.decode.search import BeamState, ConstrainedBeamState, SampleState
 from transformer_mt.model.transformer import KVCache, Transformer
 
-State = BeamState | SampleState
+State = BeamState | SampleState  # ConstrainedBeamState is a BeamState
 CHECK_EVERY = 8  # fixed-shape steps between the host's checks whether every sentence is done
 # (limits, capacity, position, forced) -> the search's first state
 StartState = Callable[[torch.Tensor, int, torch.Tensor, torch.Tensor | None], State]
@@ -45,15 +45,19 @@ def greedy_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos
 def beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_id: int, beam_size: int,
                 max_len_a: float, max_len_b: int, alpha: float = 0.6, n_best: int = 1,
                 prefixes: torch.Tensor | None = None, graphs: StepGraphs | None = None, capture: bool = False,
-                drop_finished: float | None = None) -> list[list[Hypothesis]]:
+                drop_finished: float | None = None, terms: torch.Tensor | None = None) -> list[list[Hypothesis]]:
     """Beam search with K = `beam_size` beams per sentence (`BeamState.advance`): src_ids (B, S)
     long -> for each sentence its `n_best` hypotheses, best first. Beam size 1 is greedy decoding.
-    (`search` says what `graphs`, `capture` and `drop_finished` do; default 0.25 greedy, else 0.)"""
-    start = functools.partial(BeamState.start, beam_size=beam_size, n_best=n_best, bos_id=bos_id, eos_id=eos_id,
-                              pad_id=model.pad_id, alpha=alpha)
+    With `terms` (B, N, T) long, each sentence's terms' ids padded with `model.pad_id`, every hypothesis
+    contains all of its sentence's (`ConstrainedBeamState`). (`search` says what `graphs`, `capture`
+    and `drop_finished` do; default 0.25 greedy, else 0.)"""
+    start = functools.partial(BeamState.start if terms is None else functools.partial(ConstrainedBeamState.start,
+                                                                                      terms=terms),
+                              beam_size=beam_size, n_best=n_best, bos_id=bos_id, eos_id=eos_id, pad_id=model.pad_id,
+                              alpha=alpha)
     return search(model, src_ids, start, rows_per_sentence=beam_size, bos_id=bos_id, eos_id=eos_id,
                   max_len_a=max_len_a, max_len_b=max_len_b, prefixes=prefixes, graphs=graphs, capture=capture,
-                  key=("beam", beam_size, n_best, alpha),
+                  key=("beam", beam_size, n_best, alpha, None if terms is None else tuple(terms.shape[1:])),
                   drop_finished=(0.25 if beam_size == 1 else 0.0) if drop_finished is None else drop_finished)
 
 

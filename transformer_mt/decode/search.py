@@ -1,11 +1,12 @@
 """The search algorithms, one step on tensors with no host sync (a CUDA graph can replay it): beam
 search (greedy is one beam) and sampling. Sentence b's K rows are b·K .. b·K + K - 1; C caps the
 generated tokens; `tokens` holds BOS, then each row's generated ids, pad beyond. A state with `forced`
-(B, C) long generates those tokens first (a target prefix; pad beyond each sentence's)."""
+(B, C) long generates those tokens first (a target prefix; pad beyond each sentence's).
+`ConstrainedBeamState` is beam search whose hypotheses contain given terms."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import NamedTuple
 
 import torch
@@ -158,6 +159,129 @@ class BeamState:
         return [[Hypothesis(strip_generated(ids, self.eos_id, self.pad_id), log_prob, score)
                  for ids, log_prob, score in zip(*sentence) if score > float("-inf")]
                 for sentence in zip(tokens, log_probs, scores)]
+
+
+@dataclass
+class ConstrainedBeamState(BeamState):
+    """Beam search whose finished hypotheses contain every term of their sentence (hard lexical
+    constraints), by dynamic beam allocation (Post & Vilar 2018) in fixed shapes (Hu et al. 2019). A
+    beam's bank is the number of term tokens it has met (`bank`). Each step's candidates are each beam's
+    2K best tokens and the next token of each of its terms not yet met; the live beams are taken from
+    the banks in turn, highest first (each bank's best, then each bank's second, ...), so the beam that
+    has met the most always goes on and meets one token more per step. A beam may end (EOS, or any
+    candidate at the cap) only once it has met every term."""
+
+    terms: torch.Tensor | None = None  # (B, N, T) long: each sentence's terms' ids, pad beyond (a row of pad: none)
+    term_lengths: torch.Tensor | None = None  # (B, N) long
+    matched: torch.Tensor | None = None  # (B·K, N) long: tokens of each term the beam's last tokens spell; its
+    # length once the term occurred
+
+    @classmethod
+    def start(cls, limits: torch.Tensor, capacity: int, position: torch.Tensor, forced: torch.Tensor | None = None,
+              *, terms: torch.Tensor, beam_size: int, **settings) -> ConstrainedBeamState:
+        """`BeamState.start` with each sentence's terms (B', N, T) long, pad beyond (B' <= B: the
+        batch's filler sentences have none)."""
+        state = super().start(limits, capacity, position, forced, beam_size=beam_size, **settings)
+        padded = terms.new_full((limits.shape[0], *terms.shape[1:]), state.pad_id)
+        padded[:terms.shape[0]] = terms
+        state.terms, state.term_lengths = padded, (padded != state.pad_id).sum(dim=2)
+        state.matched = torch.zeros(limits.shape[0] * beam_size, terms.shape[1], dtype=torch.long,
+                                    device=terms.device)
+        return state
+
+    def best_candidates(self, log_probs: torch.Tensor) -> Candidates:
+        """Each sentence's candidates (B, P), P = K·(2K + N), in the order of dynamic beam allocation:
+        rank r in its bank (by summed log-prob) before rank r + 1, and within a rank the higher bank
+        first; dead candidates (-inf) last. EOS is no candidate before every term is met; at the cap,
+        no candidate that has not met them all."""
+        BK, V = log_probs.shape
+        B, N = self.terms.shape[:2]
+        K = BK // B
+        lengths = self.term_lengths.repeat_interleave(K, dim=0)  # (B·K, N)
+        terms = self.terms.repeat_interleave(K, dim=0)  # (B·K, N, T)
+        met = self.matched >= lengths  # (B·K, N)
+        eos = torch.arange(V, device=log_probs.device) == self.eos_id  # (V,)
+        log_probs = log_probs.masked_fill(eos[None, :] & ~met.all(dim=1, keepdim=True), float("-inf"))
+        W = min(2 * K, V)
+        top_scores, top_tokens = log_probs.topk(W, dim=1)  # (B·K, W) each
+        wanted = next_term_tokens(terms, self.matched)  # (B·K, N)
+        # Each unmet term's next token once, unless it is among the row's best already.
+        earlier = torch.ones(N, N, dtype=torch.bool, device=wanted.device).tril(-1)  # [n, m]: m before n
+        repeated = ((wanted[:, :, None] == wanted[:, None, :]) & earlier & ~met[:, None, :]).any(dim=2)
+        fresh = ~met & ~repeated & ~(wanted[:, :, None] == top_tokens[:, None, :]).any(dim=2)
+        term_scores = log_probs.gather(1, wanted).masked_fill(~fresh, float("-inf"))
+        tokens = torch.cat([top_tokens, wanted], dim=1)  # (B·K, W + N)
+        scores = self.scores[:, None] + torch.cat([top_scores, term_scores], dim=1)
+        banks = bank(matched_after(self.matched, lengths, terms, tokens), lengths[:, None, :])  # (B·K, W + N)
+        all_met = banks == self.term_lengths.sum(dim=1).repeat_interleave(K)[:, None]
+        at_cap = (self.position + 1 >= self.limits).repeat_interleave(K)[:, None]  # (B·K, 1)
+        scores = scores.masked_fill(at_cap & ~all_met, float("-inf"))
+        P = K * (W + N)
+        scores, banks, tokens = scores.view(B, P), banks.view(B, P), tokens.view(B, P)
+        order = allocation_order(scores, banks, top_bank=self.terms.shape[1] * self.terms.shape[2])
+        first_row = torch.arange(0, BK, K, device=log_probs.device)[:, None]  # (B, 1)
+        return Candidates(scores.gather(1, order), first_row + order // (W + N), tokens.gather(1, order))
+
+    def continue_live(self, candidates: Candidates, at_cap: torch.Tensor) -> torch.Tensor:
+        """The first K candidates that do not end, in allocation order, go on (`BeamState.continue_live`,
+        which puts them best first), each with what it has matched of its terms."""
+        K, P = self.rows_per_sentence, candidates.scores.shape[1]
+        places = torch.arange(P, device=candidates.scores.device).expand_as(candidates.scores)
+        ending = (candidates.tokens == self.eos_id).long()
+        pick = (places + P * ending).topk(K, dim=1, largest=False)[1]  # (B, K)
+        rows = super().continue_live(Candidates(*(field.gather(1, pick) for field in candidates)), at_cap)
+        new_tokens = self.tokens.index_select(1, self.position).squeeze(1)  # (B·K,)
+        lengths = self.term_lengths.repeat_interleave(K, dim=0)
+        self.matched.copy_(matched_after(self.matched.index_select(0, rows), lengths,
+                                         self.terms.repeat_interleave(K, dim=0), new_tokens[:, None])[:, 0])
+        return rows
+
+    def select(self, sentences: torch.Tensor) -> ConstrainedBeamState:
+        K = self.rows_per_sentence
+        rows = (sentences[:, None] * K + torch.arange(K, device=sentences.device)).flatten()  # (B'·K,)
+        base = super().select(sentences)
+        return ConstrainedBeamState(**{f.name: getattr(base, f.name) for f in fields(BeamState)},
+                                    terms=self.terms[sentences], term_lengths=self.term_lengths[sentences],
+                                    matched=self.matched[rows])
+
+
+def next_term_tokens(terms: torch.Tensor, matched: torch.Tensor) -> torch.Tensor:
+    """Each term's next token (R, N) long after `matched` (R, N) of its tokens, terms (R, N, T) (a met
+    term's is its last token's neighbour or padding: ignored)."""
+    return terms.gather(2, matched.clamp(max=terms.shape[2] - 1)[:, :, None]).squeeze(2)
+
+
+def matched_after(matched: torch.Tensor, lengths: torch.Tensor, terms: torch.Tensor,
+                  tokens: torch.Tensor) -> torch.Tensor:
+    """What each row has matched of its terms (R, C, N) after adding each of `tokens` (R, C), from
+    `matched` (R, N) of terms (R, N, T) of `lengths` (R, N): one more where the token is the term's next,
+    else 1 where it is its first, else 0; a met term stays met. (A restart finds no overlap of a term with
+    itself: that only undercounts, so a term counted met is always in the output.)"""
+    met = (matched >= lengths)[:, None, :]  # (R, 1, N)
+    added = tokens[:, :, None]  # (R, C, 1)
+    going_on = next_term_tokens(terms, matched)[:, None, :] == added  # (R, C, N)
+    restart = (terms[:, None, :, 0] == added).long()
+    return torch.where(met, matched[:, None, :], torch.where(going_on, matched[:, None, :] + 1, restart))
+
+
+def bank(matched: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The term tokens met (..., N) -> (...): every token of the met terms, and the most of one unmet
+    term (several terms under way at once overlap in the output, so only the longest counts)."""
+    met = matched >= lengths
+    return torch.where(met, lengths, 0).sum(dim=-1) + torch.where(met, 0, matched).max(dim=-1).values
+
+
+def allocation_order(scores: torch.Tensor, banks: torch.Tensor, top_bank: int) -> torch.Tensor:
+    """The order (B, P) long of dynamic beam allocation over candidates scores (B, P) fp32 in banks
+    (B, P) long (at most `top_bank`): by rank in the bank, best first, then by bank, highest first;
+    -inf last."""
+    P = scores.shape[1]
+    earlier = torch.ones(P, P, dtype=torch.bool, device=scores.device).tril(-1)  # [i, j]: j comes before i
+    ahead = (scores[:, None, :] > scores[:, :, None]) | ((scores[:, None, :] == scores[:, :, None]) & earlier)
+    rank = (ahead & (banks[:, None, :] == banks[:, :, None])).sum(dim=2)  # (B, P)
+    places = torch.arange(P, device=scores.device)
+    key = (rank * (top_bank + 1) + top_bank - banks).masked_fill(scores == float("-inf"), P * (top_bank + 1))
+    return (key * P + places).topk(P, dim=1, largest=False)[1]
 
 
 def allowed_tokens(log_probs: torch.Tensor, forced: torch.Tensor, position: torch.Tensor, pad_id: int) -> torch.Tensor:

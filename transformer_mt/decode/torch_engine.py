@@ -11,7 +11,7 @@ import torch
 
 from transformer_mt.config.schema import DecodeConfig
 from transformer_mt.core.runtime import Precision, pick_attention
-from transformer_mt.data.batching import pad_sequences, sorted_batches
+from transformer_mt.data.batching import pad_sequences, round_up, sorted_batches
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, model_source, token_room
 from transformer_mt.decode.generator import StepGraphs, beam_search, sample_decode
 from transformer_mt.decode.hypotheses import Hypothesis, Sampling
@@ -30,16 +30,17 @@ class TorchEngine:
         self.precision = precision
 
     def translate(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, progress: bool,
-                  prefixes: list[list[int]] | None = None) -> list[list[int]]:
+                  prefixes: list[list[int]] | None = None,
+                  terms: list[list[list[int]]] | None = None) -> list[list[int]]:
         return translate_ids(self.model, src_ids, decode, precision=self.precision, beam_size=beam_size,
-                             progress=progress, prefixes=prefixes, **self.common)
+                             progress=progress, prefixes=prefixes, terms=terms, **self.common)
 
     def hypotheses(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, n_best: int,
-                   sampling: Sampling | None, progress: bool,
-                   prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+                   sampling: Sampling | None, progress: bool, prefixes: list[list[int]] | None = None,
+                   terms: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
         return translate_hypotheses(self.model, src_ids, decode, precision=self.precision, beam_size=beam_size,
                                     n_best=n_best, sampling=sampling, progress=progress, prefixes=prefixes,
-                                    **self.common)
+                                    terms=terms, **self.common)
 
     def score(self, src_ids: list[list[int]], tgt_ids: list[list[int]], decode: DecodeConfig,
               progress: bool) -> list[list[float]]:
@@ -59,22 +60,25 @@ class TorchEngine:
 def translate_ids(model: Transformer, src_seqs: list[list[int]], decode_cfg: DecodeConfig, *,
                   bos_id: int, eos_id: int, device: torch.device, precision: Precision,
                   beam_size: int | None = None, progress: bool = False,
-                  prefixes: list[list[int]] | None = None) -> list[list[int]]:
+                  prefixes: list[list[int]] | None = None,
+                  terms: list[list[list[int]]] | None = None) -> list[list[int]]:
     """The best translation of each source id list (no special tokens): greedy when the beam size
     (`beam_size`, else `decode_cfg.beam_size`) is 1, else beam search."""
     return [hyps[0].ids for hyps in translate_hypotheses(
         model, src_seqs, decode_cfg, bos_id=bos_id, eos_id=eos_id, device=device, precision=precision,
-        beam_size=beam_size, progress=progress, prefixes=prefixes)]
+        beam_size=beam_size, progress=progress, prefixes=prefixes, terms=terms)]
 
 
 def translate_hypotheses(model: Transformer, src_seqs: list[list[int]], decode_cfg: DecodeConfig, *,
                          bos_id: int, eos_id: int, device: torch.device, precision: Precision,
                          beam_size: int | None = None, n_best: int = 1, sampling: Sampling | None = None,
-                         progress: bool = False, prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+                         progress: bool = False, prefixes: list[list[int]] | None = None,
+                         terms: list[list[list[int]]] | None = None) -> list[list[Hypothesis]]:
     """Each source's `n_best` best hypotheses of beam search, best first (beam 1: greedy), or with
     `sampling`, `n_best` samples drawn from one generator seeded with `sampling.seed`; decoded in
     length-sorted batches of `decode_cfg.batch_tokens` (counting each beam or sample), in input order.
-    Each hypothesis begins with its source's `prefixes` ids (none where empty or None)."""
+    Each hypothesis begins with its source's `prefixes` ids (none where empty or None) and, in beam
+    search, contains each of its source's `terms` (id lists; the caller checks they fit)."""
     alpha = decode_cfg.length_penalty
     beam_size = decode_cfg.beam_size if beam_size is None else beam_size
     capture = decode_cfg.cuda_graphs and device.type == "cuda"
@@ -83,12 +87,13 @@ def translate_hypotheses(model: Transformer, src_seqs: list[list[int]], decode_c
     common = {"bos_id": bos_id, "eos_id": eos_id, "max_len_a": decode_cfg.max_len_a,
               "max_len_b": decode_cfg.max_len_b}
 
-    def decode(src_ids: torch.Tensor, forced: torch.Tensor | None) -> list[list[Hypothesis]]:
+    def decode(src_ids: torch.Tensor, forced: torch.Tensor | None,
+               batch_terms: torch.Tensor | None) -> list[list[Hypothesis]]:
         if sampling is not None:
             return sample_decode(model, src_ids, sampling=sampling, generator=generator, n_samples=n_best,
                                  alpha=alpha, prefixes=forced, **common)
         return beam_search(model, src_ids, beam_size=beam_size, alpha=alpha, n_best=n_best, prefixes=forced,
-                           graphs=graphs, capture=capture, **common)
+                           graphs=graphs, capture=capture, terms=batch_terms, **common)
 
     attention = pick_attention(decode_cfg.attention_backend, device, "decode")
     sources = [model_source(s, model.cfg.max_len, eos_id) for s in src_seqs]
@@ -107,12 +112,27 @@ def translate_hypotheses(model: Transformer, src_seqs: list[list[int]], decode_c
             forced = None  # a batch without prefixes searches as before
             if prefixes is not None and any(prefixes[i] for i in chunk):
                 forced = pad_sequences([prefixes[i] for i in chunk], model.pad_id).to(device)
+            batch_terms = None  # a batch without terms searches as before
+            if terms is not None and any(terms[i] for i in chunk):
+                batch_terms = pad_terms([terms[i] for i in chunk], model.pad_id).to(device)
             with precision.autocast(), attention.enabled():
-                for i, output in zip(chunk, decode(src_ids, forced)):
+                for i, output in zip(chunk, decode(src_ids, forced, batch_terms)):
                     results[i] = output
     finally:
         model.train(was_training)
     return results
+
+
+def pad_terms(terms: list[list[list[int]]], pad_id: int) -> torch.Tensor:
+    """Each sentence's terms (id lists) as one tensor (B, N, T) long padded with `pad_id`, N and T
+    rounded up (to 2 and 4) so that more batches share a captured step's shape."""
+    n = round_up(max(max(len(sentence) for sentence in terms), 1), 2)
+    t = round_up(max((len(term) for sentence in terms for term in sentence), default=1), 4)
+    padded = torch.full((len(terms), n, t), pad_id, dtype=torch.long)
+    for b, sentence in enumerate(terms):
+        for i, term in enumerate(sentence):
+            padded[b, i, :len(term)] = torch.tensor(term)
+    return padded
 
 
 @torch.no_grad()

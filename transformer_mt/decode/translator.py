@@ -17,7 +17,7 @@ from transformer_mt.config.schema import Config, DecodeConfig, language_tag
 from transformer_mt.core.errors import CheckpointError, ConfigError, DataError, TmtError, UsageError
 from transformer_mt.core.files import describe_os_error
 from transformer_mt.core.run_layout import find_checkpoint
-from transformer_mt.data.tokenization import EOS, TokenizerPair, leading_tag, token_room
+from transformer_mt.data.tokenization import EOS, UNK_ID, TokenizerPair, leading_tag, token_room
 from transformer_mt.decode.alignment import alignment_layer, pharaoh, word_links
 from transformer_mt.decode.ct2_engine import CT2Engine, conversion_dir, convert, find_conversion
 from transformer_mt.decode.hypotheses import Hypothesis, length_caps
@@ -37,8 +37,9 @@ class Engine(Protocol):
     length-sorted batches of `decode.batch_tokens`, results in input order: each source's best
     translation (`translate`; beam 1: greedy), its `n_best` best, best first, or with `sampling`
     `n_best` samples (`hypotheses`), each beginning with its source's `prefixes` ids where given (the
-    length cap counts them; they fit, with room for EOS); the head-averaged cross-attention (T + 1, S + 1) of decoder
-    `layer` producing `hyp_ids` + EOS; the log-probability of each target id and then EOS given its
+    length cap counts them; they fit, with room for EOS); the torch engine also takes `terms=`, the ids of
+    terms each translation contains (`search.ConstrainedBeamState`); the head-averaged cross-attention
+    (T + 1, S + 1) of decoder `layer` producing `hyp_ids` + EOS; the log-probability of each target id and then EOS given its
     source (`score`, teacher-forced)."""
 
     name: str  # "torch" or "ctranslate2"
@@ -192,29 +193,48 @@ class Translator:
                            self.cfg.decode.quantize, self.device)
 
     def translate(self, lines: list[str], beam_size: int | None = None, progress: bool = False,
-                  target_lang: str | None = None, prefixes: list[str] | None = None) -> list[str]:
+                  target_lang: str | None = None, prefixes: list[str] | None = None,
+                  constraints: list[list[str]] | None = None) -> list[str]:
         """Translate each line (beam size: `beam_size`, else the run's `decode.beam_size`; into
         `target_lang`, else `decode.target_lang`, see `source_ids`); an empty line gives an empty
         line, one longer than the model allows is truncated with a warning. With `prefixes` (one per
-        line, "" none), each translation begins with its prefix (`_prefixes`)."""
+        line, "" none), each translation begins with its prefix (`_prefixes`); with `constraints` (a
+        list of target terms per line), each contains its line's terms (`_terms`)."""
         texts, src_ids = self._sources(lines, target_lang)
-        hyp_ids = self.engine.translate(src_ids, self.cfg.decode, self._beam(beam_size), progress,
-                                        self._prefixes(texts, src_ids, prefixes))
+        beam = self._beam(beam_size)
+        prefix_ids = self._prefixes(texts, src_ids, prefixes)
+        terms = self._terms(texts, src_ids, prefix_ids, constraints, beam)
+        if terms is None:
+            hyp_ids = self.engine.translate(src_ids, self.cfg.decode, beam, progress, prefix_ids)
+        else:
+            hyp_ids = self.engine.translate(src_ids, self.cfg.decode, beam, progress, prefix_ids, terms=terms)
         hypotheses = self.tokenizers.decode_tgt(hyp_ids)
         return [hyp if text else "" for text, hyp in zip(texts, hypotheses)]
 
     def translate_n_best(self, lines: list[str], n_best: int = 1, beam_size: int | None = None,
                          sampling: Sampling | None = None, progress: bool = False,
                          target_lang: str | None = None, prefixes: list[str] | None = None,
-                         alignments: bool = False, alignment_layer: int | None = None) -> list[list[Translation]]:
+                         alignments: bool = False, alignment_layer: int | None = None,
+                         constraints: list[list[str]] | None = None) -> list[list[Translation]]:
         """Each line's `n_best` translations with their scores: the best of beam search, best first
         (beam 1: greedy; the first is what `translate` gives), or with `sampling`, samples in the order
         drawn; each beginning with the line's prefix, as `translate` says, whose tokens' log-probabilities
-        the scores include; with `alignments`, each with its word alignment (`align`). An empty line gets
-        one empty translation, scored 0."""
+        the scores include; containing the line's `constraints` as `translate` says (beam search only:
+        a list may then hold fewer than `n_best`); with `alignments`, each with its word alignment
+        (`align`). An empty line gets one empty translation, scored 0."""
         texts, src_ids = self._sources(lines, target_lang)
-        hypotheses = self.engine.hypotheses(src_ids, self.cfg.decode, self._beam(beam_size), n_best, sampling,
-                                            progress, self._prefixes(texts, src_ids, prefixes))
+        beam = self._beam(beam_size)
+        prefix_ids = self._prefixes(texts, src_ids, prefixes)
+        if sampling is not None and constraints is not None and any(constraints):
+            raise UsageError("constraints (a glossary's terms) need beam search; sampling draws each token freely: "
+                             "leave out --sample or the constraints")
+        terms = self._terms(texts, src_ids, prefix_ids, constraints, beam)
+        if terms is None:
+            hypotheses = self.engine.hypotheses(src_ids, self.cfg.decode, beam, n_best, sampling, progress,
+                                                prefix_ids)
+        else:
+            hypotheses = self.engine.hypotheses(src_ids, self.cfg.decode, beam, n_best, sampling, progress,
+                                                prefix_ids, terms=terms)
         results = []
         for text, hyps in zip(texts, hypotheses):
             if not text:
@@ -323,6 +343,77 @@ class Translator:
             if problem := self.prefix_problem(ids, prefix):
                 raise DataError(f"line {number}: {problem}")
         return prefix_ids
+
+    def term_ids(self, term: str) -> list[int]:
+        """A target term's ids as the tokenizer spells it inside a sentence: each word with its
+        word-boundary mark (Metaspace's `▁`), as the pieces after a space."""
+        return self.tokenizers.encode_tgt([" ".join(term.split())])[0]
+
+    def term_problem(self, term: str) -> str | None:
+        """Why `term` cannot be forced into a translation (None: it can): empty, or characters the
+        target vocabulary cannot spell (they would come out as <unk>)."""
+        text = " ".join(term.split())
+        if not text:
+            return "an empty term"
+        encoded = self.tokenizers.tgt.encode(text, add_special_tokens=False)
+        unknown = "".join(dict.fromkeys(character for token, (start, end) in zip(encoded.ids, encoded.offsets)
+                                        if token == UNK_ID for character in text[start:end]))
+        if unknown:
+            return (f"the term {term!r} has characters the target vocabulary cannot spell ({unknown!r}; they would "
+                    "come out as <unk>)")
+        return None
+
+    def terms_problem(self, src_ids: list[int], prefix_ids: list[int], terms: list[str], beam: int) -> str | None:
+        """Why a sentence's `terms` cannot all be forced into its translation (None: they can): a term
+        `term_problem` refuses; more than K - 1 terms for a beam of K; or term tokens that, after the
+        prefix, leave no room for EOS under the sentence's length cap (`length_caps`). Each term counts once."""
+        terms = list(dict.fromkeys(" ".join(term.split()) for term in terms))
+        for term in terms:
+            if problem := self.term_problem(term):
+                return problem
+        if len(terms) > beam - 1:
+            return (f"{len(terms)} terms; a beam of {beam} holds at most {beam - 1} (a beam for each bank of terms "
+                    f"met, one for none): use a beam of {len(terms) + 1} or more")
+        source_length = min(len(src_ids), token_room(self.max_len)) + 1  # cut as the engines cut it, with EOS
+        decode = self.cfg.decode
+        [cap] = length_caps([source_length], decode.max_len_a, decode.max_len_b, self.max_len)
+        needed = len(prefix_ids) + sum(len(self.term_ids(term)) for term in terms)
+        if needed < cap:
+            return None
+        return (f"the terms{' and the prefix' if prefix_ids else ''} are {needed} tokens; this sentence's translation "
+                f"is capped at {cap} tokens with its EOS (decode.max_len_a={decode.max_len_a:g} × {source_length} "
+                f"source tokens with EOS + decode.max_len_b={decode.max_len_b}, at most model.max_len={self.max_len})")
+
+    def constraints_problem(self, beam: int) -> str | None:
+        """Why this translator cannot force terms with a beam of `beam` (None: it can)."""
+        if self.engine.name != "torch":
+            return ("constraints (a glossary's terms) need the torch engine; CTranslate2 has no lexical constraints: "
+                    "translate with --engine torch (or auto)")
+        if beam < 2:
+            return ("constraints (a glossary's terms) need beam search with a beam of 2 or more: one beam would always "
+                    "follow the hypothesis that has met the most terms, putting them first")
+        return None
+
+    def _terms(self, texts: list[str], src_ids: list[list[int]], prefix_ids: list[list[int]] | None,
+               constraints: list[list[str]] | None, beam: int) -> list[list[list[int]]] | None:
+        """The ids of the terms each translation must contain: each line's `constraints`, each term
+        once (`term_ids`; an empty line: none); None when there are none. Refused in one line: what
+        `constraints_problem` refuses, and terms `terms_problem` refuses, naming the line (from 1)."""
+        if constraints is None:
+            return None
+        if len(constraints) != len(texts):
+            raise ValueError(f"{len(constraints)} constraint lists for {len(texts)} lines")
+        wanted = [list(dict.fromkeys(" ".join(term.split()) for term in terms)) if text else []
+                  for text, terms in zip(texts, constraints)]
+        if not any(wanted):
+            return None
+        if problem := self.constraints_problem(beam):
+            raise UsageError(problem)
+        for number, (terms, source, prefix) in enumerate(zip(wanted, src_ids, prefix_ids or [[]] * len(texts)),
+                                                         start=1):
+            if problem := self.terms_problem(source, prefix, terms, beam):
+                raise DataError(f"line {number}: {problem}")
+        return [[self.term_ids(term) for term in terms] for terms in wanted]
 
     def _beam(self, beam_size: int | None) -> int:
         return self.cfg.decode.beam_size if beam_size is None else beam_size

@@ -22,8 +22,9 @@ logger = logging.getLogger(__name__)
 PAGE = "serve_page.html"  # the web page at /, beside this module
 
 
-def build_app(translator, batcher, limits: Limits):
-    """The FastAPI application around `batcher`'s translator; every error is `{"error": one line}`."""
+def build_app(translator, batcher, limits: Limits, glossary=None):
+    """The FastAPI application around `batcher`'s translator, forcing the terms of `glossary`
+    (`data.glossary.Glossary`, None: none); every error is `{"error": one line}`."""
     from typing import Annotated, Union
 
     from fastapi import FastAPI, Request
@@ -34,11 +35,12 @@ def build_app(translator, batcher, limits: Limits):
     from starlette.requests import ClientDisconnect
 
     class Sentence(BaseModel):
-        """A sentence whose translation begins with `prefix` ("": none)."""
+        """A sentence whose translation begins with `prefix` ("": none) and contains each of `constraints`."""
 
         model_config = ConfigDict(extra="forbid")
         source: StrictStr
         prefix: StrictStr = ""
+        constraints: list[StrictStr] = Field(default_factory=list)
 
     # A string, or an object (a Sentence): only the branch of the item's kind reports problems.
     Item = Annotated[Union[Annotated[StrictStr, Tag("text")], Annotated[Sentence, Tag("object")]],
@@ -81,11 +83,12 @@ def build_app(translator, batcher, limits: Limits):
                 "max_beam": limits.max_beam, "max_sentences": limits.max_sentences,
                 "max_sentence_characters": limits.max_sentence_characters,
                 "max_prefix_characters": limits.max_prefix_characters, "max_body_bytes": limits.max_body_bytes,
+                "glossary": None if glossary is None else str(glossary.path),
                 **vars(batcher.stats())}
 
     def checked(body: bytes):
-        """The request in `body`, its decoding options, sentences, prefixes and source tokens (on a
-        thread: JSON and tokenizing)."""
+        """The request in `body`, its decoding options, sentences, prefixes, constraints and source
+        tokens (on a thread: JSON and tokenizing)."""
         try:
             parsed = json.loads(body)
         except RecursionError:
@@ -96,7 +99,7 @@ def build_app(translator, batcher, limits: Limits):
             asked = TranslateRequest.model_validate(parsed)
         except ValidationError as err:
             raise RequestError(422, _validation_message(err)) from None
-        return asked, *check_request(asked, translator, limits)
+        return asked, *check_request(asked, translator, limits, glossary)
 
     @app.post("/translate")
     async def translate(request: Request):
@@ -105,9 +108,9 @@ def build_app(translator, batcher, limits: Limits):
         except ClientDisconnect:  # nobody to answer
             logger.info("a client went away before sending its whole request")
             return JSONResponse({"error": "the client disconnected"}, status_code=400)
-        asked, options, sentences, prefixes, tokens = await asyncio.to_thread(checked, body)
+        asked, options, sentences, prefixes, constraints, tokens = await asyncio.to_thread(checked, body)
         try:
-            results = await asyncio.wrap_future(batcher.submit(sentences, tokens, options, prefixes))
+            results = await asyncio.wrap_future(batcher.submit(sentences, tokens, options, prefixes, constraints))
         except Exception as err:
             raise RequestError(500, f"translation failed: {err}") from None
         answer: dict = {"translations": [translations[0].text for translations in results]}
@@ -133,7 +136,7 @@ def _validation_message(err) -> str:
         loc = loc[:2] + loc[3:]
     where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
     if first["type"] == "extra_forbidden" and len(loc) > 2:
-        message = f"{where}: not a field of a sentence (source, prefix)"
+        message = f"{where}: not a field of a sentence (source, prefix, constraints)"
     elif first["type"] == "extra_forbidden":
         message = (f"{where}: not a field of a translation request (sentences, beam_size, n_best, scores, "
                    "target_lang, alignments)")

@@ -29,6 +29,7 @@ class Options:
 class _Job:
     sentences: list[str]
     prefixes: list[str]  # the text each translation begins with ("": none)
+    constraints: list[list[str]]  # the terms each translation contains
     tokens: int  # source tokens with their EOS: what the budget counts
     options: Options
     future: Future
@@ -65,11 +66,14 @@ class Batcher:
         self._worker = threading.Thread(target=self._work, name="tmt-translator", daemon=True)
         self._worker.start()
 
-    def submit(self, sentences: list[str], tokens: int, options: Options, prefixes: list[str] | None = None) -> Future:
+    def submit(self, sentences: list[str], tokens: int, options: Options, prefixes: list[str] | None = None,
+               constraints: list[list[str]] | None = None) -> Future:
         """Queue one request of `tokens` source tokens (its translations beginning with `prefixes`,
-        "" or None: none); the future gives a `Translation` list per sentence (one, the best, unless
-        `options.scores`), or the error its batch raised."""
-        job = _Job(sentences, prefixes or [""] * len(sentences), tokens, options, Future())
+        "" or None: none, and containing the terms of `constraints`, None: none); the future gives a
+        `Translation` list per sentence (one, the best, unless `options.scores`), or the error its batch
+        raised."""
+        job = _Job(sentences, prefixes or [""] * len(sentences), constraints or [[] for _ in sentences], tokens,
+                   options, Future())
         with self._lock:
             if self._closed:
                 raise RuntimeError("the batcher is closed")
@@ -130,15 +134,15 @@ class Batcher:
         options = jobs[0].options
         lines = [sentence for job in jobs for sentence in job.sentences]
         prefixes = [prefix for job in jobs for prefix in job.prefixes]
+        constraints = [terms for job in jobs for terms in job.constraints]
+        asked = {"beam_size": options.beam_size, "target_lang": options.target_lang, "prefixes": prefixes,
+                 "constraints": constraints if any(constraints) else None}
         try:
             if options.scores or options.alignments:
-                results = self.translator.translate_n_best(lines, n_best=options.n_best, beam_size=options.beam_size,
-                                                           target_lang=options.target_lang, prefixes=prefixes,
-                                                           alignments=options.alignments)
+                results = self.translator.translate_n_best(lines, n_best=options.n_best, alignments=options.alignments,
+                                                           **asked)
             else:
-                results = [[Translation(text, 0.0, [])] for text in
-                           self.translator.translate(lines, beam_size=options.beam_size,
-                                                     target_lang=options.target_lang, prefixes=prefixes)]
+                results = [[Translation(text, 0.0, [])] for text in self.translator.translate(lines, **asked)]
         except Exception as err:  # the batch's requests fail with it; the worker goes on with the next
             logger.error("translating a batch of %d request(s) failed: %s", len(jobs), err)
             for job in jobs:

@@ -180,3 +180,41 @@ def test_comet_in_compare_of_hypothesis_files_needs_their_sources(files, tmp_pat
                                         "whose test split has them)"
     code, out, err = compare(args + ["--src", str(files["weak.txt"]) + ".missing"], monkeypatch, capsys, tmp_path)
     assert code == 1 and "weak.txt.missing: cannot read" in err and len(err.strip().splitlines()) == 1
+
+
+def test_compare_with_a_glossary_tests_term_accuracy_as_the_other_metrics(tmp_path: Path, monkeypatch, capsys):
+    from tests.evaluate.test_terms import GLOSSARY, HYPOTHESES, REFERENCES, SOURCES
+
+    files = {"src.en": SOURCES, "ref.it": REFERENCES, "misses.it": HYPOTHESES, "references.it": REFERENCES}
+    for name, lines in files.items():
+        (tmp_path / name).write_text("".join(line + "\n" for line in lines * 30), encoding="utf-8")
+    (tmp_path / "terms.tsv").write_text(GLOSSARY, encoding="utf-8")
+    args = ["misses.it", "references.it", "--ref", "ref.it", "--src", "src.en", "--glossary", "terms.tsv",
+            "--bootstrap", "200", "--trials", "500"]
+    code, out, err = compare([*args, "--format", "json"], monkeypatch, capsys, tmp_path)
+    assert code == 0, err
+    report = json.loads(out)
+    misses, references = (system["scores"]["terms"] for system in report["systems"])
+    assert misses["score"] == 71.43 and references["score"] == 85.71  # 5 and 6 of the 7 terms, by hand
+    assert references["significant"] and references["p_bootstrap"] < 0.01 and "p_bootstrap" not in misses
+    assert report["test_set"]["glossary"] == "terms.tsv" and "terms randomization" in report["signatures"]
+    code, out, _ = compare(args, monkeypatch, capsys, tmp_path)
+    header, first = out.splitlines()[2:4]
+    assert header.split()[-2:] == ["Term", "accuracy"] and first.split()[-3] == "71.43"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--glossary", "terms.tsv"], "--glossary reads the sources too: add --src FILE (or compare runs, whose test "
+                                  "split has them)"),
+    (["--glossary", "terms.tsv", "--src", "src.en"], "--glossary terms.tsv: no source sentence of the test set "
+                                                     "holds one of its terms"),
+    (["--glossary", "bad.tsv", "--src", "src.en"], "glossary bad.tsv line 1: no tab; write source term<TAB>target term"),
+])
+def test_a_glossary_in_compare_without_sources_or_terms_gets_one_line(files, tmp_path: Path, monkeypatch, capsys,
+                                                                       args, message):
+    (tmp_path / "terms.tsv").write_text("train\ttreno\n", encoding="utf-8")
+    (tmp_path / "bad.tsv").write_text("train treno\n", encoding="utf-8")
+    (tmp_path / "src.en").write_text("".join(f"sentence {i}\n" for i in range(120)), encoding="utf-8")
+    code, out, err = compare([str(files["weak.txt"]), str(files["better.txt"]), "--ref", str(files["ref.txt"]), *args],
+                             monkeypatch, capsys, tmp_path)
+    assert code != 0 and out == "" and err.strip() == f"tmt: error: {message}", err

@@ -184,6 +184,7 @@ def test_tmt_evaluate_with_a_glossary_forces_its_terms_and_names_its_hypotheses(
     assert result.returncode == 0, result.stderr
     [hypotheses] = (workdir / "runs" / "tiny" / "evaluation").glob("test.*.beam3.glossary-g.tsv-*.txt")
     assert "caffè" in hypotheses.read_text(encoding="utf-8").splitlines()[0]  # "The coffee is hot."
+    assert "Term accuracy = 100.00  nrefs:1|case:insensitive" in result.stdout  # every term, as forced
 
 
 @pytest.mark.parametrize("args, glossary, stdin, message", [

@@ -15,6 +15,7 @@ from transformer_mt.cli.log_setup import setup_logging
 from transformer_mt.config.schema import BLEU_TOKENIZERS
 from transformer_mt.core.errors import DataError, UsageError
 from transformer_mt.core.run_layout import RunDir
+from transformer_mt.data.glossary import GLOSSARY_CASES
 
 COMPARE_EXAMPLES = """examples:
   # the demo against another seed of it (the first is the baseline)
@@ -23,6 +24,8 @@ COMPARE_EXAMPLES = """examples:
   tmt compare base.it new.it --ref test.it        # hypothesis files
   # tables to paste into a report
   tmt compare runs/demo runs/demo-seed2 --format markdown
+  # term accuracy too: the share of a glossary's terms each system's translations contain
+  tmt compare base.it terms.it --ref test.it --src test.en --glossary terms.tsv
 """
 
 
@@ -49,7 +52,16 @@ def add_parser(commands) -> None:
     compare.add_argument("--comet", metavar="MODEL",
                          help="add each system's COMET score (no test of its difference): a Hub model name or a "
                               "downloaded model folder; needs the comet extra (pip install 'transformer-mt[comet]')")
-    compare.add_argument("--src", type=file_path, help="the test set's sources, for --comet with hypothesis files")
+    compare.add_argument("--src", type=file_path,
+                         help="the test set's sources, for --comet and --glossary with hypothesis files")
+    compare.add_argument("--glossary", type=file_path, metavar="TERMS.tsv",
+                         help="add term accuracy, tested as the other metrics: of the glossary's target terms whose "
+                              "source term a sentence holds (source term<TAB>target term a line; whole words), the "
+                              "share the system's translation contains (exact match, as the WMT 2021 terminology "
+                              "task counts it)")
+    compare.add_argument("--glossary-case", choices=GLOSSARY_CASES, default=GLOSSARY_CASES[0],
+                         help="how --glossary's terms match, in sources and translations: insensitive (default) "
+                              "or sensitive")
     compare.add_argument("--examples", type=non_negative_int, default=3, metavar="K",
                          help="sentences shown where each system gains most over the first by sentence chrF, and "
                               "where it loses most (default 3)")
@@ -69,8 +81,9 @@ class System:
 
 def run_compare(args: argparse.Namespace) -> None:
     from transformer_mt.data.sources import read_lines
+    from transformer_mt.cli.arguments import read_glossary_option
     from transformer_mt.evaluate.comparison import config_differences, paired_tests, seed_groups, winning_segments
-    from transformer_mt.evaluate.metrics import METRICS, bleu_tokenizer_problem, pair_scores
+    from transformer_mt.evaluate.metrics import bleu_tokenizer_problem, pair_scores
 
     setup_logging(logging.WARNING)
     if len(args.systems) < 2:
@@ -82,26 +95,33 @@ def run_compare(args: argparse.Namespace) -> None:
         from transformer_mt.evaluate.comet import comet_checkpoint
 
         comet_checkpoint(args.comet)
+    glossary = read_glossary_option(args)
     systems = [_load_system(path) for path in args.systems]
     references = _references(systems, [[line.strip() for line in read_lines(path)] for path in args.ref or []],
                              args.ref or [])
     sources, comet = None, None
+    if args.comet or glossary is not None:
+        sources = _sources(systems, args.src, len(references[0]), "--comet" if args.comet else "--glossary")
+    if glossary is not None and not any(glossary.targets(source) for source in sources):
+        raise UsageError(f"--glossary {args.glossary}: no source sentence of the test set holds one of its terms")
     if args.comet:  # loaded once for every system, once the inputs are known to be there
         from transformer_mt.evaluate.comet import Comet
 
-        sources = _sources(systems, args.src, len(references[0]))
         comet = Comet.load(args.comet)
     tokenize = args.tokenize or next((s.tokenize for s in systems if s.tokenize), "13a")
     named = [(system.name, system.hypotheses) for system in systems]
-    comparison = paired_tests(named, references, tokenize=tokenize, n_bootstrap=args.bootstrap, n_trials=args.trials)
+    comparison = paired_tests(named, references, tokenize=tokenize, n_bootstrap=args.bootstrap, n_trials=args.trials,
+                              glossary=glossary, sources=sources)
     first = {}  # a run given again is no seed of its own group: it would be counted twice
     groups = seed_groups([s.config if first.setdefault(path.resolve(), i) == i else None
                           for i, (path, s) in enumerate(zip(args.systems, systems))],
-                         {metric: [r.score for r in comparison.results[metric]] for metric in METRICS})
+                         {metric: [r.score for r in rows] for metric, rows in comparison.results.items()})
     differences = config_differences([s.config for s in systems])
     segments = [winning_segments(s.hypotheses, systems[0].hypotheses, references, args.examples)
                 for s in systems[1:]]
     report = _report(systems, references, tokenize, comparison, groups, differences, segments)
+    if glossary is not None:
+        report["test_set"]["glossary"] = str(args.glossary)
     run = next((s for s in systems if s.sources is not None), None)
     if run is not None:  # a multilingual test set (its sources begin with target-language tags): each pair's scores
         for system, entry in zip(systems, report["systems"]):
@@ -176,8 +196,8 @@ def _references(systems: list[System], given: list[list[str]], paths: list[Path]
     return references
 
 
-def _sources(systems: list[System], path: Path | None, count: int) -> list[str]:
-    """The test sources COMET reads: --src, else a run's own."""
+def _sources(systems: list[System], path: Path | None, count: int, reader: str) -> list[str]:
+    """The test sources `reader` (--comet, --glossary) reads: --src, else a run's own."""
     if path is not None:
         from transformer_mt.data.sources import read_lines
 
@@ -187,14 +207,13 @@ def _sources(systems: list[System], path: Path | None, count: int) -> list[str]:
         return sources
     run = next((s for s in systems if s.sources is not None), None)
     if run is None:
-        raise UsageError("--comet reads the sources too: add --src FILE (or compare runs, whose test split has them)")
+        raise UsageError(f"{reader} reads the sources too: add --src FILE (or compare runs, whose test split has "
+                         "them)")
     return run.sources
 
 
 def _report(systems, references, tokenize, comparison, groups, differences, segments) -> dict:
     """Everything `compare` found, as JSON-ready values (scores rounded to 2 decimals, p to 4)."""
-    from transformer_mt.evaluate.metrics import METRICS
-
     def result(r) -> dict:
         entry = {"score": round(r.score, 2), "ci95": [round(r.mean - r.ci, 2), round(r.mean + r.ci, 2)]}
         if r.p_bootstrap is not None:
@@ -206,7 +225,7 @@ def _report(systems, references, tokenize, comparison, groups, differences, segm
         "test_set": {"sentences": len(references[0]), "references": len(references), "tokenize": tokenize},
         "systems": [{"name": s.name, "kind": "file" if s.config is None else "run",
                      "seed": s.config.get("seed") if s.config else None,
-                     "scores": {metric: result(comparison.results[metric][i]) for metric in METRICS},
+                     "scores": {metric: result(rows[i]) for metric, rows in comparison.results.items()},
                      "config_differences": {key: [_plain(a), _plain(b)] for key, a, b in differences[i]}}
                     for i, s in enumerate(systems)],
         "seed_groups": [{"systems": [systems[i].name for i in g.members], "seeds": g.seeds,
@@ -226,17 +245,17 @@ def _plain(value):
 def _tables(report: dict, markdown: bool) -> str:
     """The report as aligned text tables, or as markdown tables."""
     from transformer_mt.evaluate.comparison import metric_name
-    from transformer_mt.evaluate.metrics import METRICS
 
     test = report["test_set"]
+    metrics = [m for m in report["systems"][0]["scores"] if m != "comet"]  # METRICS, then term accuracy
     out = [f"{test['sentences']} sentences, {test['references']} reference(s), BLEU tokenizer {test['tokenize']}; "
            f"p: paired bootstrap / approximate randomisation against {report['systems'][0]['name']}"
            + (" (* below 0.05 in both)" if len(report["systems"]) > 1 else ""), ""]
     comet = "comet_model" in test
-    rows = [["system", *[metric_name(m) for m in METRICS], *(["COMET"] if comet else [])]]
+    rows = [["system", *[metric_name(m) for m in metrics], *(["COMET"] if comet else [])]]
     for system in report["systems"]:
         cells = [system["name"]]
-        for metric in METRICS:
+        for metric in metrics:
             r = system["scores"][metric]
             cell = f"{r['score']:.2f} [{r['ci95'][0]:.2f}, {r['ci95'][1]:.2f}]"
             if "p_bootstrap" in r:
@@ -254,10 +273,10 @@ def _tables(report: dict, markdown: bool) -> str:
         out += _table(rows, markdown) + [""]
     groups = [g for g in report["seed_groups"] if len(g["systems"]) > 1]
     if groups:
-        rows = [["seed group", "seeds", *[f"{metric_name(m)} mean ± sd" for m in METRICS]]]
+        rows = [["seed group", "seeds", *[f"{metric_name(m)} mean ± sd" for m in metrics]]]
         for group in groups:
             rows.append([", ".join(group["systems"]), ", ".join(map(str, group["seeds"])),
-                         *[f"{group['mean'][m]:.2f} ± {group['sd'][m]:.2f}" for m in METRICS]])
+                         *[f"{group['mean'][m]:.2f} ± {group['sd'][m]:.2f}" for m in metrics]])
         out += _table(rows, markdown) + [""]
     for system in report["systems"][1:]:
         changes = system["config_differences"]

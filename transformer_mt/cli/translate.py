@@ -383,7 +383,7 @@ def _draw_attention(translator, line: str, prefix: str, args: argparse.Namespace
 
 
 def run_evaluate(args: argparse.Namespace) -> None:
-    from transformer_mt.evaluate.metrics import METRICS, bleu_tokenizer_problem
+    from transformer_mt.evaluate.metrics import bleu_tokenizer_problem
     from transformer_mt.evaluate.test_set import evaluate_test_set
 
     setup_logging(logging.WARNING)
@@ -419,9 +419,11 @@ def run_evaluate(args: argparse.Namespace) -> None:
                                                  constraints=constraints),
                                sources, references, output, tokenize=tokenize, n_bootstrap=args.bootstrap,
                                src_lang=translator.cfg.data.src_lang, comet=comet, device=translator.device,
-                               diagnostics=args.diagnostics)
-    for metric in METRICS:
-        print(f"{result.scores[metric].shown(metric)}  {result.scores[metric].signature}")
+                               diagnostics=args.diagnostics, glossary=glossary)
+    for metric, found in result.scores.by_metric.items():  # METRICS, then term accuracy with a glossary
+        print(f"{found.shown(metric)}  {found.signature}")
+    if glossary is not None and "terms" not in result.scores.by_metric:
+        print(f"Term accuracy: no source sentence holds a term of {args.glossary}")
     if result.comet is not None:
         print(f"COMET = {result.comet.score:.4f}  model:{result.comet.model}")
     if result.pairs:  # a multilingual set: its sources begin with target-language tags

@@ -64,6 +64,13 @@ def _pattern(source: str) -> str:
     return r"\s+".join(re.escape(word) for word in source.split())
 
 
+def holds_term(text: str, term: str, case_sensitive: bool = False) -> bool:
+    """Whether `text` contains `term` as whole words (any run of spaces between its words), as a
+    glossary matches its source terms: how term accuracy finds a target term in a translation."""
+    flags = 0 if case_sensitive else re.IGNORECASE
+    return re.search(rf"(?<!\w){_pattern(term)}(?!\w)", text, flags) is not None
+
+
 def read_glossary(path: Path, case: str = GLOSSARY_CASES[0]) -> Glossary:
     """The glossary in `path`, UTF-8: a line `source term<TAB>target term` per entry, spaces around
     each term ignored; blank lines and lines starting with `#` skipped. Refused in one line naming the

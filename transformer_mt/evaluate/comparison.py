@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from transformer_mt.evaluate.metrics import METRICS, NAMES, reference_streams, sacrebleu_metrics
+from transformer_mt.evaluate.metrics import METRICS, NAMES, reference_streams, sacrebleu_metrics, term_metric
 
 SIGNIFICANT = 0.05  # p below this: the difference from the first system is called significant
 
@@ -38,35 +38,40 @@ class Comparison:
     the signatures of the tests."""
 
     names: list[str]
-    results: dict[str, list[SystemResult]] = field(default_factory=dict)  # metric -> one per system
+    results: dict[str, list[SystemResult]] = field(default_factory=dict)  # metric -> one per system, in order
     signatures: dict[str, str] = field(default_factory=dict)  # "<metric> bootstrap" / "<metric> randomization"
 
 
 def paired_tests(systems: list[tuple[str, list[str]]], references: Sequence[str] | Sequence[Sequence[str]],
                  tokenize: str = "13a", n_bootstrap: int = 1000, n_trials: int = 10000,
-                 metrics: Sequence[str] = METRICS) -> Comparison:
+                 metrics: Sequence[str] = METRICS, glossary=None, sources: Sequence[str] | None = None) -> Comparison:
     """sacreBLEU's paired bootstrap resampling (`n_bootstrap` resamples, which also give each
     system's 95 % interval) and approximate randomisation (`n_trials`) of every system against the
-    first, on each metric; seeded as sacreBLEU seeds them (`SACREBLEU_SEED`, default 12345). A
-    system whose translations are the first's, line for line, differs by nothing: p = 1 (sacreBLEU
-    counts no resample as at least as different, and would give its smallest p)."""
+    first, on each metric, and on term accuracy with a `glossary` and the `sources`; seeded as
+    sacreBLEU seeds them (`SACREBLEU_SEED`, default 12345). A system whose translations are the
+    first's, line for line, differs by nothing: p = 1 (sacreBLEU counts no resample as at least as
+    different, and would give its smallest p)."""
     from sacrebleu.significance import PairedTest
 
-    streams = reference_streams(references)
     comparison = Comparison([name for name, _ in systems])
     found = {}
     for test, samples in (("bs", n_bootstrap), ("ar", n_trials)):
-        chosen = sacrebleu_metrics(tokenize, metrics)
-        paired = PairedTest(systems, chosen, streams, test_type=test, n_samples=samples,
-                            n_ar_confidence=-1 if test == "ar" else 0)
-        signatures, scores = paired()
-        # sacreBLEU names its results (BLEU, chrF2, chrF2++, TER): they come in the order asked.
-        named = [key for key in scores if key != "System"]
-        for metric, key in zip(chosen, named):
-            found[(metric, test)] = scores[key]
-            comparison.signatures[f"{metric} {'bootstrap' if test == 'bs' else 'randomization'}"] = \
-                str(signatures[key])
-    for metric in metrics:
+        # Term accuracy reads other references (each sentence's terms): a test of its own.
+        groups = [(sacrebleu_metrics(tokenize, metrics), reference_streams(references))]
+        if glossary is not None:
+            name, metric, streams = term_metric(glossary, sources)
+            groups.append(({name: metric}, streams))
+        for chosen, streams in groups:
+            paired = PairedTest(systems, chosen, streams, test_type=test, n_samples=samples,
+                                n_ar_confidence=-1 if test == "ar" else 0)
+            signatures, scores = paired()
+            # sacreBLEU names its results (BLEU, chrF2, chrF2++, TER): they come in the order asked.
+            named = [key for key in scores if key != "System"]
+            for metric, key in zip(chosen, named):
+                found[(metric, test)] = scores[key]
+                comparison.signatures[f"{metric} {'bootstrap' if test == 'bs' else 'randomization'}"] = \
+                    str(signatures[key])
+    for metric in [*metrics, *(["terms"] if glossary is not None else [])]:
         rows = []
         for i, (bootstrap, randomized) in enumerate(zip(found[(metric, "bs")], found[(metric, "ar")])):
             same = i > 0 and systems[i][1] == systems[0][1]

@@ -1,5 +1,6 @@
 """Corpus-level scores of translations with sacreBLEU: BLEU, chrF, chrF++ and TER with their
-signatures, and 95 % confidence intervals by sacreBLEU's bootstrap resampling."""
+signatures, term accuracy against a glossary, and 95 % confidence intervals by sacreBLEU's
+bootstrap resampling."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 METRICS = ("bleu", "chrf", "chrf++", "ter")  # TER is an error rate: lower is better
-NAMES = {"bleu": "BLEU", "chrf": "chrF", "chrf++": "chrF++", "ter": "TER"}  # as sacreBLEU prints them
+NAMES = {"bleu": "BLEU", "chrf": "chrF", "chrf++": "chrF++", "ter": "TER",  # as sacreBLEU prints them
+         "terms": "Term accuracy"}  # with a glossary: evaluate/terms.py
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,14 @@ def sacrebleu_metrics(tokenize: str = "13a", names: Sequence[str] = METRICS) -> 
     return {name: build[name]() for name in names}
 
 
+def term_metric(glossary, sources: Sequence[str]) -> tuple[str, object, list[list[str]]]:
+    """Term accuracy's name, sacreBLEU metric and reference stream (each source's target terms) for
+    a `data.glossary.Glossary` over `sources`."""
+    from transformer_mt.evaluate.terms import TermAccuracy, term_references
+
+    return "terms", TermAccuracy(glossary.case_sensitive), [term_references(glossary, sources)]
+
+
 def reference_streams(references: Sequence[str] | Sequence[Sequence[str]]) -> list[list[str]]:
     """One reference per hypothesis (a list of strings), or several such lists, as sacreBLEU's streams."""
     if not references or isinstance(references[0], str):
@@ -98,13 +108,20 @@ def reference_streams(references: Sequence[str] | Sequence[Sequence[str]]) -> li
 
 
 def score(hypotheses: list[str], references: Sequence[str] | Sequence[Sequence[str]], tokenize: str = "13a",
-          n_bootstrap: int = 1, metrics: Sequence[str] = METRICS) -> Scores:
+          n_bootstrap: int = 1, metrics: Sequence[str] = METRICS, glossary=None,
+          sources: Sequence[str] | None = None) -> Scores:
     """`metrics` of detokenised hypotheses against one reference each, or several reference lists
-    (sacreBLEU defaults). `n_bootstrap` > 1: each score's 95 % interval from that many bootstrap
-    resamples, seeded as sacreBLEU seeds them (`SACREBLEU_SEED`, default 12345)."""
+    (sacreBLEU defaults); with a `glossary` and the `sources`, term accuracy (`terms`) too, when
+    a source holds a term.
+    `n_bootstrap` > 1: each score's 95 % interval from that many bootstrap resamples, seeded as
+    sacreBLEU seeds them (`SACREBLEU_SEED`, default 12345)."""
     streams = reference_streams(references)
+    chosen = [(name, metric, streams) for name, metric in sacrebleu_metrics(tokenize, metrics).items()]
+    terms = term_metric(glossary, sources) if glossary is not None else None
+    if terms is not None and any(terms[2][0]):  # some sentence calls for a term
+        chosen.append(terms)
     results = {}
-    for name, metric in sacrebleu_metrics(tokenize, metrics).items():
+    for name, metric, streams in chosen:
         if n_bootstrap <= 1:
             results[name] = MetricScore(metric.corpus_score(hypotheses, streams).score, str(metric.get_signature()))
             continue

@@ -32,15 +32,16 @@ class SetEvaluation:
 def evaluate_test_set(translate: Callable[[list[str]], list[str]], sources: list[str],
                       references: Sequence[Sequence[str]], output: Path, *, tokenize: str, n_bootstrap: int,
                       src_lang: str, comet: Comet | None = None, device=None,
-                      diagnostics: bool = False) -> SetEvaluation:
+                      diagnostics: bool = False, glossary=None) -> SetEvaluation:
     """Translate `sources` with `translate` (a `Translator`'s, or training's model), score them
     against each list of `references` (sacreBLEU's `tokenize`; intervals from `n_bootstrap` resamples
     when over 1), and BLEU and chrF of each language pair when sources begin with target-language tags
     (named from `src_lang`), and write them to `output`; with `comet` (scored on `device`) and
-    `diagnostics`, those too, against the first reference."""
+    `diagnostics`, those too, against the first reference; with a `glossary`, term accuracy."""
     started = time.perf_counter()
     hypotheses = translate(sources)
-    scores = score(hypotheses, references, tokenize=tokenize, n_bootstrap=n_bootstrap)
+    scores = score(hypotheses, references, tokenize=tokenize, n_bootstrap=n_bootstrap, glossary=glossary,
+                   sources=sources)
     pairs = pair_scores(sources, hypotheses, references, src_lang, tokenize)
     write_lines(output, hypotheses)
     seconds = time.perf_counter() - started

@@ -24,7 +24,7 @@ COMPARE_EXAMPLES = """examples:
   tmt compare base.it new.it --ref test.it        # hypothesis files
   # tables to paste into a report
   tmt compare runs/demo runs/demo-seed2 --format markdown
-  # term accuracy too: the share of a glossary's terms each system's translations contain
+  # term accuracy too: the share of a glossary's terms the translations hold
   tmt compare base.it terms.it --ref test.it --src test.en --glossary terms.tsv
 """
 

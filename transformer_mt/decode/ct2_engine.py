@@ -111,8 +111,8 @@ class CT2Engine:
                    sampling: Sampling | None, progress: bool,
                    prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
         found, sources, caps = self._search(src_ids, decode, beam_size, n_best, sampling, progress, prefixes)
-        # CTranslate2 ranks beams with its own length penalty, and samples scores at the sampling
-        # temperature: each translation is scored again here, as tmt scores it.
+        # CTranslate2 ranks beams as tmt does but scores samples at the sampling temperature:
+        # each translation is scored again here, as tmt scores it.
         flat = [(i, ids) for i, hyps in enumerate(found) for ids in hyps]
         scored = self._translator(decode).score_batch(
             [sources[i] for i, _ in flat], [[self.tgt_tokens[t] for t in ids] for _, ids in flat],

@@ -442,7 +442,7 @@ class DecodeConfig:
     beam_size: int = 1
     """Beams per sentence for `tmt translate` and `tmt evaluate`; 1 is greedy decoding.
     Validation during training always decodes greedily."""
-    length_penalty: float = 0.6
+    length_penalty: float = 1.0
     """Length-penalty α for beam search: hypotheses are ranked by log-prob / length^α, the length
     counting the EOS (as CTranslate2 and transformers rank them); 0 ranks by raw log-prob (favours
     short outputs)."""

@@ -13,7 +13,7 @@ from transformer_mt.model.transformer import Packing, Transformer
 
 @torch.inference_mode()
 def reference_beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_id: int, beam_size: int,
-                max_len_a: float, max_len_b: int, alpha: float = 0.6, n_best: int = 1) -> list[list[Hypothesis]]:
+                max_len_a: float, max_len_b: int, alpha: float = 1.0, n_best: int = 1) -> list[list[Hypothesis]]:
     """Beam search with K = `beam_size` beams per sentence, batched over sentences.
 
     src_ids (B, S) long -> for each sentence, its `n_best` hypotheses, best first. Beams are

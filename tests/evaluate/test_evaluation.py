@@ -211,7 +211,7 @@ def test_a_length_penalty_option_reaches_beam_search_and_names_evaluates_output(
     assert code == 0 and seen[-1] == (2, 0.0), err
     code, _, err = run_cli(["translate", "--run", str(tiny_run), "--engine", "torch", "hello"], monkeypatch, capsys,
                            tiny_run.parent)
-    assert code == 0 and seen[-1][1] == 0.6, err  # the run's decode.length_penalty
+    assert code == 0 and seen[-1][1] == 1.0, err  # the run's decode.length_penalty
     for bad in ("-1", "nan", "x"):
         with pytest.raises(SystemExit) as exit_:  # argparse's usage error
             run_cli(["translate", "--run", str(tiny_run), "--length-penalty", bad, "hello"], monkeypatch, capsys,

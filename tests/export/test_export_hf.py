@@ -5,16 +5,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import SOURCES, encode_pairs, make_run, run_cli
+from tests.helpers import REPO, SOURCES, encode_pairs, make_run, run_cli
 from transformer_mt.core.errors import UsageError
 from transformer_mt.data.tokenization import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.decode.generator import greedy_decode, max_target_lengths
+from transformer_mt.decode.hypotheses import length_caps
 from transformer_mt.export.hf_export import export_hf
 from transformer_mt.decode.translator import Translator
 from transformer_mt.runs.checkpoint import load_checkpoint, save_atomic
 
 # Short caps, so that some translations end at their cap and others with EOS before it.
 CAP = {"max_len_a": 0.5, "max_len_b": 2}
+DEMO_TEST = REPO / "transformer_mt" / "corpora" / "demo_en_it" / "test.en"
 
 
 @pytest.fixture(scope="module")
@@ -24,28 +26,38 @@ def transformers():
 
 @pytest.fixture
 def hf_dir(tmp_path: Path, request) -> Path:
-    """The export's folder, named for the test: transformers copies its custom_generate into a cache
-    folder of that name, which tests running side by side then never share."""
+    """The export's folder, named for the test."""
     return tmp_path / re.sub(r"\W", "_", request.node.name)
 
 
-def load_folder(transformers, folder: Path, trust_remote_code: bool = True):
+def load_folder(transformers, folder: Path):
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(folder)
     return tokenizer, model.eval()
 
 
-def tmt_translate(run_dir: Path, beam: int, lines: list[str] = SOURCES, **decode) -> list[str]:
-    translator = Translator.from_run(run_dir, device="cpu", engine="torch")
+def tmt_translate(run_dir: Path, beam: int, lines: list[str] = SOURCES, engine: str = "torch", **decode) -> list[str]:
+    translator = Translator.from_run(run_dir, device="cpu", engine=engine)
     translator.set_decoding(**decode)
     return translator.translate(lines, beam_size=beam)
 
 
-def hf_translate(tokenizer, model, beam: int, lines: list[str] = SOURCES, **generate) -> list[str]:
-    batch = tokenizer(lines, return_tensors="pt", padding=True)  # one batch: per-sentence caps matter
-    with torch.no_grad():
-        ids = model.generate(**batch, num_beams=beam, **generate)
-    return tokenizer.batch_decode(ids, skip_special_tokens=True)
+def hf_translate(tokenizer, model, beam: int | None, lines: list[str] = SOURCES, *, max_len_a: float,
+                 max_len_b: int, **generate) -> list[str]:
+    """The folder's stock `generate` (`beam` None: the folder's `num_beams`) with tmt's cap of each
+    sentence, a·S + b tokens: one call per cap (`max_length`: the start token and the cap), as the CTranslate2 engine decodes."""
+    sources = tokenizer(lines, truncation=True).input_ids
+    caps = length_caps([len(ids) for ids in sources], max_len_a, max_len_b, model.config.max_position_embeddings)
+    beams = {} if beam is None else {"num_beams": beam}
+    translations = [""] * len(lines)
+    for cap in set(caps):
+        members = [i for i, c in enumerate(caps) if c == cap]
+        batch = tokenizer.pad({"input_ids": [sources[i] for i in members]}, return_tensors="pt")
+        with torch.no_grad():
+            ids = model.generate(**batch, max_length=cap + 1, **beams, **generate)  # the start token, then cap
+        for i, text in zip(members, tokenizer.batch_decode(ids, skip_special_tokens=True)):
+            translations[i] = text
+    return translations
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
@@ -56,9 +68,9 @@ def test_transformers_generate_equals_tmt_translate(transformers, tmp_path: Path
     tokenizer, model = load_folder(transformers, hf_dir)
     assert type(model).__name__ == {"pre": "PegasusForConditionalGeneration", "post": "MarianMTModel"}[norm]
 
-    for alpha in (0.6, 2.0):  # the run's default, and one that ranks long hypotheses far higher
+    for alpha in (1.0, 2.0):  # the default, and one that ranks long hypotheses far higher
         expected = tmt_translate(tmp_path / "run", beam, length_penalty=alpha, **CAP)
-        assert hf_translate(tokenizer, model, beam, length_penalty=alpha, **CAP) == expected
+        assert hf_translate(tokenizer, model, beam, length_penalty=alpha, early_stopping=True, **CAP) == expected
     assert len(set(expected)) > 1
 
 
@@ -75,7 +87,7 @@ def test_the_batch_compared_ends_both_at_caps_and_before(tmp_path: Path, norm: s
 def test_the_exported_network_computes_tmts_log_probs(hf_dir: Path, transformers, tmp_path: Path):
     model, tokenizers = make_run(tmp_path / "run", "post", True)
     export_hf(tmp_path / "run", hf_dir)
-    _, hf_model = load_folder(transformers, hf_dir, trust_remote_code=False)
+    _, hf_model = load_folder(transformers, hf_dir)
     src_ids, tgt_in_ids, _ = encode_pairs(tokenizers)
     with torch.no_grad():
         logits = model(src_ids, tgt_in_ids, pack=False).view(*tgt_in_ids.shape, -1)  # (B, T, V)
@@ -130,7 +142,7 @@ def test_a_model_card_from_the_runs_summary(hf_dir: Path, transformers, workdir:
     for fact in (f"{test['bleu']:.2f}", test["bleu_signature"], f"{test['chrf']:.2f}", test["chrf_signature"],
                  summary["provenance"]["device"], f"{summary['parameters']:,}",
                  f"{summary['data']['pairs']['train']:,} train",
-                 "en → it", "PegasusForConditionalGeneration", "trust_remote_code=True"):
+                 "en → it", "PegasusForConditionalGeneration", "truncation=True"):
         assert fact in card
     minutes, seconds = divmod(round(summary["train_seconds"]), 60)
     assert f"{minutes} min {seconds} s of training" in card
@@ -145,7 +157,7 @@ def test_the_cli_exports_hf_and_refuses_what_it_cannot(transformers, tmp_path: P
     out = tmp_path / "hf"
     names = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
     assert names == {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
-                     "tokenizer_config.json", "special_tokens_map.json", "README.md", "custom_generate/generate.py"}
+                     "tokenizer_config.json", "special_tokens_map.json", "README.md"}
     before = sorted(p.name for p in out.iterdir())
     code, _, err = run_cli(["export", "--format", "hf", "--run", "run", "--output", "hf"], monkeypatch, capsys,
                            tmp_path)
@@ -218,19 +230,46 @@ def test_a_checkpoint_with_an_ema_exports_its_ema_weights(hf_dir: Path, transfor
     assert hf_translate(tokenizer, model, 1, **CAP) == expected
 
 
-def test_generate_cuts_a_source_longer_than_max_len_as_tmt_does(hf_dir: Path, transformers, tmp_path: Path):
+def test_generate_on_a_source_cut_as_tmt_cuts_it_translates_as_tmt(hf_dir: Path, transformers, tmp_path: Path):
     model, _ = make_run(tmp_path / "run", "post", True)
     export_hf(tmp_path / "run", hf_dir)
     tokenizer, hf_model = load_folder(transformers, hf_dir)
-    lines = [" ".join(SOURCES * 20), SOURCES[0]]  # the first over max_len tokens, uncut by the tokenizer
+    lines = [" ".join(SOURCES * 20), SOURCES[0]]  # the first over max_len tokens, cut by the tokenizer
     assert len(tokenizer(lines[0]).input_ids) > 2 * model.cfg.max_len
-    assert hf_translate(tokenizer, hf_model, 4, lines) == tmt_translate(tmp_path / "run", 4, lines)
+    decode = {"max_len_a": 1.5, "max_len_b": 10, "length_penalty": 1.0}
+    expected = tmt_translate(tmp_path / "run", 4, lines, **decode)
+    assert hf_translate(tokenizer, hf_model, 4, lines, early_stopping=True, **decode) == expected
 
 
-def test_a_greedy_run_loads_without_warnings_and_beam_search_keeps_its_length_penalty(hf_dir: Path, transformers,
-                                                                                    tmp_path: Path):
-    # transformers warns that length_penalty and early_stopping "may be ignored" when num_beams is 1;
-    # the run's α must still rank the beams of a generate(num_beams=4).
+def test_beam_search_is_identical_on_torch_ctranslate2_and_the_folders_stock_generate(hf_dir: Path, transformers,
+                                                                                      tmp_path: Path):
+    # One rule on the three: of each step's 2K best continuations by log-prob, the top K that end are
+    # set aside, scored log-prob / length^α (length: generated tokens with the EOS); a sentence is done
+    # once K have ended (transformers' early_stopping=True), or at its cap. The folder's
+    # generation_config.json (4 beams, α, early_stopping) asks transformers for it.
+    pytest.importorskip("ctranslate2")
+    make_run(tmp_path / "run", "post", True)
+    best = tmp_path / "run" / "checkpoints" / "best.pt"
+    state = load_checkpoint(best)
+    state["config"]["decode"].update(beam_size=4)
+    save_atomic(state, best)
+    export_hf(tmp_path / "run", hf_dir)
+    tokenizer, model = load_folder(transformers, hf_dir)
+    lines = DEMO_TEST.read_text(encoding="utf-8").splitlines()
+    decode = {"max_len_a": 1.5, "max_len_b": 10}  # the run's
+    greedy = tmt_translate(tmp_path / "run", 1, lines, **decode)
+    for beam in (4, 5):
+        on_torch = tmt_translate(tmp_path / "run", beam, lines, **decode)
+        assert tmt_translate(tmp_path / "run", beam, lines, engine="ctranslate2", **decode) == on_torch
+        assert hf_translate(tokenizer, model, None if beam == 4 else beam, lines, **decode) == on_torch
+        # This briefly trained model's beams choose between ends of many lengths, the empty one among them.
+        assert len(set(on_torch)) > 5 and sum(b != g for b, g in zip(on_torch, greedy)) > len(lines) // 4
+
+
+def test_a_greedy_run_loads_without_warnings_and_beams_rank_by_the_alpha_asked(hf_dir: Path, transformers,
+                                                                              tmp_path: Path):
+    # transformers warns that length_penalty and early_stopping "may be ignored" when num_beams is 1:
+    # a greedy run's folder leaves them out, and a generate(num_beams=4) names them.
     make_run(tmp_path / "run", "post", True)
     best = tmp_path / "run" / "checkpoints" / "best.pt"
     state = load_checkpoint(best)
@@ -240,7 +279,7 @@ def test_a_greedy_run_loads_without_warnings_and_beam_search_keeps_its_length_pe
     transformers.GenerationConfig.from_pretrained(hf_dir).validate(strict=True)  # raises on flags "ignored"
     tokenizer, model = load_folder(transformers, hf_dir)
     assert hf_translate(tokenizer, model, 1, **CAP) == tmt_translate(tmp_path / "run", 1, **CAP)
-    beam = hf_translate(tokenizer, model, 4, **CAP)
+    beam = hf_translate(tokenizer, model, 4, length_penalty=2.0, early_stopping=True, **CAP)
     assert beam == tmt_translate(tmp_path / "run", 4, length_penalty=2.0, **CAP)
     assert beam != tmt_translate(tmp_path / "run", 4, length_penalty=0.0, **CAP)  # α ranks these beams
 

@@ -87,8 +87,8 @@ def add_parser(commands) -> None:
                        help="the K best translations of each sentence (K at most the beam size), best first; "
                             "text output: one line each, '<sentence number from 0><TAB>[<score><TAB>]<translation>'")
     lists.add_argument("--scores", action="store_true",
-                       help="put each translation's score before it and a TAB: its log-probability over the GNMT "
-                            "length penalty ((5 + length) / 6)^alpha, as beam search ranks them")
+                       help="put each translation's score before it and a TAB: its log-probability over the length "
+                            "penalty length^alpha (the length counting the EOS), as beam search ranks them")
     lists.add_argument("--format", choices=["text", "jsonl"], default="text",
                        help="text (default), or jsonl: one JSON object per sentence with source, hypotheses, "
                             "scores and tokens (BPE pieces)")

@@ -552,9 +552,10 @@ class DecodeConfig:
     beam_size: int = 1
     """Beams per sentence for `tmt translate` and `tmt evaluate`; 1 is greedy decoding.
     Validation during training always decodes greedily."""
-    length_penalty: float = 0.6
-    """GNMT length-penalty α for beam search: hypotheses are ranked by
-    log-prob / ((5 + length) / 6)^α; 0 ranks by raw log-prob (favours short outputs)."""
+    length_penalty: float = 1.0
+    """Length-penalty α for beam search: hypotheses are ranked by log-prob / length^α, the length
+    counting the EOS (as CTranslate2 and transformers rank them); 0 ranks by raw log-prob (favours
+    short outputs)."""
     cuda_graphs: bool = True
     """Greedy and beam search on a CUDA GPU run fixed-shape decoder steps replayed as a CUDA
     graph (the same output; a step is then one launch instead of hundreds). `false`: eager steps."""

@@ -105,14 +105,19 @@ class CT2Engine:
 
     def translate(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, progress: bool,
                   prefixes: list[list[int]] | None = None) -> list[list[int]]:
+        if prefixes is not None and beam_size > 1:  # ranked as `hypotheses` ranks them
+            return [hyps[0].ids for hyps in self.hypotheses(src_ids, decode, beam_size, 1, None, progress, prefixes)]
         return [hyps[0] for hyps in self._search(src_ids, decode, beam_size, 1, None, progress, prefixes)[0]]
 
     def hypotheses(self, src_ids: list[list[int]], decode: DecodeConfig, beam_size: int, n_best: int,
                    sampling: Sampling | None, progress: bool,
                    prefixes: list[list[int]] | None = None) -> list[list[Hypothesis]]:
-        found, sources, caps = self._search(src_ids, decode, beam_size, n_best, sampling, progress, prefixes)
-        # CTranslate2 ranks beams with its own length penalty, and samples scores at the sampling
-        # temperature: each translation is scored again here, as tmt scores it.
+        # CTranslate2 leaves a prefix's log-probabilities out of its beams' scores (not out of their
+        # lengths): with a prefix, all its K finished hypotheses are ranked here, as tmt ranks them.
+        rerank = prefixes is not None and sampling is None
+        found, sources, caps = self._search(src_ids, decode, beam_size, beam_size if rerank else n_best, sampling,
+                                            progress, prefixes)
+        # It scores samples at the sampling temperature: each translation is scored again, as tmt scores it.
         flat = [(i, ids) for i, hyps in enumerate(found) for ids in hyps]
         scored = self._translator(decode).score_batch(
             [sources[i] for i, _ in flat], [[self.tgt_tokens[t] for t in ids] for _, ids in flat],
@@ -125,6 +130,8 @@ class CT2Engine:
             log_prob = sum(log_probs)
             penalty = length_penalty(length, decode.length_penalty)
             results[i].append(Hypothesis(ids, log_prob, log_prob / penalty))
+        if rerank:
+            results = [sorted(hyps, key=lambda hyp: -hyp.score)[:n_best] for hyps in results]
         return results
 
     def score(self, src_ids: list[list[int]], tgt_ids: list[list[int]], decode: DecodeConfig,

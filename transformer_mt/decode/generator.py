@@ -43,7 +43,7 @@ def greedy_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos
 
 
 def beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_id: int, beam_size: int,
-                max_len_a: float, max_len_b: int, alpha: float = 0.6, n_best: int = 1,
+                max_len_a: float, max_len_b: int, alpha: float = 1.0, n_best: int = 1,
                 prefixes: torch.Tensor | None = None, graphs: StepGraphs | None = None, capture: bool = False,
                 drop_finished: float | None = None, terms: torch.Tensor | None = None) -> list[list[Hypothesis]]:
     """Beam search with K = `beam_size` beams per sentence (`BeamState.advance`): src_ids (B, S)
@@ -63,7 +63,7 @@ def beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_i
 
 def sample_decode(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_id: int, max_len_a: float,
                   max_len_b: int, sampling: Sampling, generator: torch.Generator, n_samples: int = 1,
-                  alpha: float = 0.6, prefixes: torch.Tensor | None = None) -> list[list[Hypothesis]]:
+                  alpha: float = 1.0, prefixes: torch.Tensor | None = None) -> list[list[Hypothesis]]:
     """Draw `n_samples` translations per source (`Sampling` says how): src_ids (B, S) long -> for
     each sentence its samples in the order drawn, scored as beam search scores its hypotheses."""
     start = functools.partial(SampleState.start, sampling=sampling, generator=generator, bos_id=bos_id,

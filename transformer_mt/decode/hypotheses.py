@@ -1,4 +1,4 @@
-"""What a search returns and how it ranks: `Hypothesis`, the GNMT length penalty, each sentence's
+"""What a search returns and how it ranks: `Hypothesis`, the length penalty, each sentence's
 length cap, and the settings of sampling; torch-free, for every engine."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ if TYPE_CHECKING:
 
 
 def length_penalty(length: int, alpha: float) -> float:
-    """GNMT length penalty ((5 + length) / 6)^α (Wu et al. 2016, §7); α = 0 turns it off."""
-    return ((5.0 + length) / 6.0) ** alpha
+    """length^α, `length` the generated tokens with the EOS (a target prefix's too), as CTranslate2,
+    transformers and fairseq divide a hypothesis's log-probability; α = 0 turns it off."""
+    return float(length) ** alpha
 
 
 def length_caps(source_lengths: list[int], max_len_a: float, max_len_b: int, model_max_len: int) -> list[int]:

@@ -475,7 +475,7 @@ class Translation:
     """One translation of a sentence, with what rescoring needs."""
 
     text: str
-    score: float  # log-probability (EOS included) / GNMT length penalty ((5 + length) / 6)^α
+    score: float  # log-probability (EOS included) / length^α, the length counting the EOS
     tokens: list[str]  # the target BPE pieces the model produced, without BOS and EOS
     alignment: str | None = None  # its words' links to the source's in Pharaoh format, when asked for
 

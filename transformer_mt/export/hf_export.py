@@ -23,8 +23,6 @@ from transformer_mt.runs.run_dir import check_free_if_inside, write_export
 
 logger = logging.getLogger(__name__)
 
-GENERATE_SOURCE = Path(__file__).with_name("hf_generate.py")  # the folder's custom_generate/generate.py
-
 # tmt's norm -> (transformers' model_type, its class): the classes whose layers compute tmt's
 MODEL_CLASSES = {"post": ("marian", "MarianMTModel"), "pre": ("pegasus", "PegasusForConditionalGeneration")}
 
@@ -32,8 +30,7 @@ MODEL_CLASSES = {"post": ("marian", "MarianMTModel"), "pre": ("pegasus", "Pegasu
 def export_hf(run_dir: Path, output_dir: Path, checkpoint: Path | None = None) -> None:
     """Write a folder that `transformers` loads (`AutoModelForSeq2SeqLM`, `AutoTokenizer`) for a run
     (`checkpoint` as `tmt translate` chooses, its EMA weights when it has them): safetensors weights,
-    config.json, generation_config.json (the run's decoding), the tokenizer, a model card and
-    custom_generate/generate.py (tmt's length cap and length penalty in `generate`)."""
+    config.json, generation_config.json (the run's decoding), the tokenizer and a model card."""
     from safetensors.torch import save
 
     target = check_new_dir(output_dir, "--output")
@@ -46,14 +43,12 @@ def export_hf(run_dir: Path, output_dir: Path, checkpoint: Path | None = None) -
              "tokenizer.json": hf_tokenizer(run.tokenizers, run.cfg.model.max_len),
              "tokenizer_config.json": _json(tokenizer_config(run.cfg.model.max_len)),
              "special_tokens_map.json": _json(SPECIAL_TOKENS_MAP),
-             "README.md": model_card(_read_summary(run_dir), run.cfg, run.model, run.checkpoint.name),
-             "custom_generate/generate.py": GENERATE_SOURCE.read_text(encoding="utf-8")}
+             "README.md": model_card(_read_summary(run_dir), run.cfg, run.model, run.checkpoint.name)}
 
     def write(folder: Path) -> None:
         with naming(folder / "model.safetensors"):
             (folder / "model.safetensors").write_bytes(save(weights, metadata={"format": "pt"}))
         for name, text in files.items():
-            (folder / name).parent.mkdir(exist_ok=True)
             with naming(folder / name):
                 (folder / name).write_text(text, encoding="utf-8")
 
@@ -168,17 +163,14 @@ def hf_config(model: Transformer, cfg: Config) -> dict:
 
 
 def generation_config(cfg: Config) -> dict:
-    """generation_config.json: the run's decoding. `length_penalty` is tmt's GNMT α, which
-    custom_generate/generate.py applies as tmt does; `max_len_a`/`max_len_b` its per-sentence cap.
-    A greedy run keeps α as `gnmt_length_penalty`, for a generate() asked for beams: transformers
-    warns of a `length_penalty` or `early_stopping` beside `num_beams` 1."""
+    """generation_config.json: the run's decoding, which transformers' own beam search runs as tmt's:
+    log-prob / length^α (`length_penalty`), a sentence done once `num_beams` hypotheses have ended
+    (`early_stopping`). A greedy run leaves both out (transformers warns of them beside one beam)."""
     d = cfg.decode
-    beams = {"length_penalty": d.length_penalty, "early_stopping": True} if d.beam_size > 1 else \
-        {"gnmt_length_penalty": d.length_penalty}
+    beams = {"length_penalty": d.length_penalty, "early_stopping": True} if d.beam_size > 1 else {}
     return {"decoder_start_token_id": BOS_ID, "bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID,
             "forced_eos_token_id": None, "num_beams": d.beam_size, **beams,
-            "max_length": cfg.model.max_len + 1,  # the start token and max_len tokens
-            "max_len_a": d.max_len_a, "max_len_b": d.max_len_b}
+            "max_length": cfg.model.max_len + 1}  # the start token and max_len tokens
 
 
 SPECIAL_TOKENS_MAP = {"bos_token": BOS, "eos_token": EOS, "unk_token": UNK, "pad_token": PAD}
@@ -285,18 +277,22 @@ def model_card(summary: dict, cfg: Config, model: Transformer, checkpoint: str) 
         lines.append("The run has no test scores.")
     if isinstance(summary.get("best_bleu"), (int, float)) and summary["best_bleu"] >= 0:
         lines += ["", f"Best validation BLEU {summary['best_bleu']:.2f} at step {summary.get('best_step')}."]
+    alpha = cfg.decode.length_penalty
+    beams = (f" with `num_beams` {cfg.decode.beam_size}" if cfg.decode.beam_size > 1 else
+             f" (greedily; with `num_beams` above 1, pass `length_penalty={alpha:g}` and `early_stopping=True`)")
     lines += [
         "", "## How to use", "", "```python",
         "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer", "",
         'tokenizer = AutoTokenizer.from_pretrained("MODEL_DIR")  # this folder, or its Hub repository',
-        'model = AutoModelForSeq2SeqLM.from_pretrained("MODEL_DIR", trust_remote_code=True)',
-        'batch = tokenizer(["A sentence to translate."], return_tensors="pt", padding=True)',
+        'model = AutoModelForSeq2SeqLM.from_pretrained("MODEL_DIR")',
+        'batch = tokenizer(["A sentence to translate."], return_tensors="pt", padding=True, truncation=True)',
         "print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))", "```", "",
-        "`trust_remote_code=True` loads `custom_generate/generate.py`, which decodes as tmt does: at most "
-        f"{cfg.decode.max_len_a:g}·S + {cfg.decode.max_len_b} tokens for a source of S tokens, and beam search "
-        f"(`num_beams`, {cfg.decode.beam_size} by default) ranking hypotheses by GNMT's length penalty "
-        f"((5 + length) / 6)^{cfg.decode.length_penalty:g}: the same translations as `tmt translate`. Without it, "
-        "`generate` caps every sentence of a batch at `max_length` and ranks beams by log-prob / length^α.",
+        f"`generate` decodes as tmt does{beams}: hypotheses ranked by log-probability / length^{alpha:g} "
+        "(`length_penalty`; the length counts the end-of-sentence token), a sentence finished once `num_beams` "
+        "hypotheses have ended (`early_stopping=True`), as tmt and CTranslate2 search. tmt also caps each sentence at "
+        f"{cfg.decode.max_len_a:g}·S + {cfg.decode.max_len_b} tokens for a source of S tokens (its end-of-sentence "
+        "token included); `generate` caps a whole batch at `max_new_tokens` (by default `max_length`): a "
+        "sentence that reaches tmt's cap gets tmt's translation when `max_new_tokens` is that cap.",
         ""]
     return "\n".join(lines)
 

@@ -56,8 +56,9 @@
 #                  1 and 32 against HF MarianMTModel.generate of the same size (and CTranslate2 where it is
 #                  installed), then 1,000 test sentences with beam 5 (`decode_1000_beam5_s`, start-up not
 #                  counted); with CUDNN=1 then the same with cuDNN's attention forced, the kernel auto avoids.
-#   finetune       benchmarks/finetune.py: a random Marian of OPUS-MT's size (d_model 512, 6+6 layers,
-#                  58,101 entries) built with transformers, `tmt import`ed, fine-tuned by tmt and by
+#   finetune       benchmarks/finetune.py: a Marian of OPUS-MT's size (d_model 512, 6+6 layers,
+#                  58,101 entries) built with transformers and fitted 60 steps so that it ends its
+#                  sentences, `tmt import`ed, fine-tuned by tmt and by
 #                  Seq2SeqTrainer on the same batches (fp32, AdamW), then decoded at batch 32, beam 4 by
 #                  tmt's CTranslate2 and torch engines and `generate`; on cuda (figures finetune-cuda-train,
 #                  finetune-cuda-decode), then on the host's CPU (finetune-cpu-*). Needs sentencepiece and

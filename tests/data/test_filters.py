@@ -144,10 +144,10 @@ def test_a_filter_or_option_that_does_not_exist_is_a_config_error(filters, messa
 def test_word_counts_over_a_chunk_are_count_words():
     texts = ["I would like to eat an apple.", "我想吃一个苹果。", "I like 寿司 a lot", "",
              "  a\u00a0b\u2003c\x1cd\x85e  ",
-             "tab\tand\nnewline\x0bvertical"]
+             "tab\tand\nnewline\x0bvertical", " \u2003 ", "trailing \u3000", "\x1c lead\x1f  and  inner\x85"]
     assert word_counts(pa.array(texts)).tolist() == [len(t.split()) if not any("\u3040" <= c for c in t.strip())
                                                      else count_words(t) for t in texts]
-    assert word_counts(pa.array(texts)).tolist() == [7, 8, 6, 0, 5, 4]
+    assert word_counts(pa.array(texts)).tolist() == [7, 8, 6, 0, 5, 4, 0, 1, 3]
 
 
 # --- the corpus, its removed pairs and its report ---------------------------------------------

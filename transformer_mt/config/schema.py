@@ -73,8 +73,9 @@ class FilterEntry:
     max_ratio: float | None = None
     """`length_ratio`: pairs whose longer side is more than this many times the shorter are removed (default 3)."""
     max_similarity: float | None = None
-    """`copies`: pairs whose target is this similar to the source or more (difflib's character ratio of the
-    lowercased sides, 1: equal) are removed (default 0.9)."""
+    """`copies`: pairs whose target is this similar to the source or more (the character Indel similarity of
+    the lowercased sides, 2 x their longest common subsequence / their lengths, 1: equal) are removed
+    (default 0.9)."""
     languages: tuple[str, str] | None = None
     """`language`: the ISO 639-1 codes the two sides must be identified as (default: `src_lang`, `tgt_lang`)."""
     min_confidence: float | None = None

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 FILTERS = ("empty", "too_long", "length_ratio")
 EMPTY, TOO_LONG, LENGTH_RATIO = 1, 2, 3  # per-row filter verdicts (0: kept), in the order the filters apply
 MANIFEST_FILE = "corpus.json"
-CORPUS_FORMAT = 2  # bump when the files or the filters change meaning
+CORPUS_FORMAT = 3  # bump when the files or the filters change meaning
 HASH_BLOCK_BYTES = 8 << 20
 # `data.path`, `data.format`, ... in a message about one corpus: the keys its entry sets for itself.
 _SOURCE_KEYS = re.compile(r"\bdata\.(%s)\b" % "|".join(

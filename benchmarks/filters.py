@@ -1,9 +1,11 @@
 """How many pairs a second each filter of `data.filters` cleans (and the rule filters of `data.max_words`
-and `data.max_length_ratio`), one core, on pairs drawn from the noisy demo corpus.
+and `data.max_length_ratio`), one core (`copies`: rapidfuzz's threads on every core), on pairs drawn from the
+noisy demo corpus.
 
     python benchmarks/filters.py --pairs 200000
 
-Each filter scans the pairs in chunks of --chunk, as the corpus is read; the language filter needs
+Each filter scans the pairs in chunks of --chunk, as the corpus is read, alone (what it measures of the
+pairs is not shared with the filters before it, as it is when they run together); the language filter needs
 py3langid (`pip install 'transformer-mt[langid]'`).
 """
 
@@ -19,7 +21,7 @@ import pyarrow as pa
 from transformer_mt.config.loading import config_from_dict
 from transformer_mt.config.schema import FILTER_OPTIONS
 from transformer_mt.data.corpus import rule_verdicts
-from transformer_mt.data.filters import build_filters
+from transformer_mt.data.filters import Pairs, build_filters
 
 NOISY = Path(__file__).resolve().parents[1] / "transformer_mt" / "corpora" / "noisy_en_it"
 
@@ -33,12 +35,12 @@ def main() -> None:
     rows = [random.Random(0).randrange(len(src)) for _ in range(args.pairs)]
     src, tgt = pa.array([src[i] for i in rows]), pa.array([tgt[i] for i in rows])
     cfg = config_from_dict({"data": {"path": str(NOISY), "filters": list(FILTER_OPTIONS)}}).data
-    scans = {"max_words, max_length_ratio": lambda s, t: rule_verdicts(s, t, cfg)}
+    scans = {"max_words, max_length_ratio": lambda pairs: rule_verdicts(pairs, cfg)}
     scans.update({one.label: one.scan for one in build_filters(cfg)})
     for name, scan in scans.items():
         start = time.perf_counter()
         for first in range(0, args.pairs, args.chunk):
-            scan(src.slice(first, args.chunk), tgt.slice(first, args.chunk))
+            scan(Pairs(src.slice(first, args.chunk), tgt.slice(first, args.chunk)))
         print(f"{name:28} {args.pairs / (time.perf_counter() - start):>12,.0f} pairs/s")
 
 

@@ -15,7 +15,7 @@ from transformer_mt.config.loading import config_from_dict
 from transformer_mt.config.schema import DataConfig
 from transformer_mt.core.errors import ConfigError, DataError
 from transformer_mt.data.corpus import count_words, load_corpus
-from transformer_mt.data.filters import MAX_REMOVED_LINES, build_filters, word_counts
+from transformer_mt.data.filters import MAX_REMOVED_LINES, Pairs, build_filters, word_counts
 
 NOISY = REPO / "transformer_mt" / "corpora" / "noisy_en_it"
 
@@ -30,7 +30,7 @@ def removed(entry, pairs: list[tuple[str, str]], **data) -> list[tuple[str, str]
     """The pairs that the one filter `entry` removes from `pairs` (a training split)."""
     (one,) = build_filters(data_config(entry, **data))
     src, tgt = (pa.array(side, pa.string()) for side in zip(*pairs))
-    gone = one.removed(one.scan(src, tgt))
+    gone = one.removed(one.scan(Pairs(src, tgt)))
     return [pair for pair, out in zip(pairs, gone) if out]
 
 

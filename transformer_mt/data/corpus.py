@@ -6,9 +6,12 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,7 +22,7 @@ from transformer_mt.config.schema import CorpusEntry, DataConfig, language_tag
 from transformer_mt.core.errors import DataError, missing_from_rank0
 from transformer_mt.core.files import naming, removed_on_failure, write_text_atomic
 from transformer_mt.core.run_layout import RunDir
-from transformer_mt.data.filters import (REMOVED_DIR, Filter, FilterCount, apply_filters, build_filters,
+from transformer_mt.data.filters import (REMOVED_DIR, Filter, FilterCount, Pairs, apply_filters, build_filters,
                                          counts_record, filter_counts, word_counts, write_removed)
 from transformer_mt.data.sources import SPLITS, SplitSource, hub_sources, local_sources
 
@@ -304,32 +307,40 @@ def _write_raw(sources: tuple[SplitSource, ...], path: Path, cfg: DataConfig,
 
     schema = pa.schema([("src", pa.string()), ("tgt", pa.string())])
     verdicts, scans = [], [[] for _ in filters]
-    with naming(path), pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+
+    def scan(src, tgt) -> tuple[np.ndarray, list[np.ndarray]]:
+        pairs = Pairs(src.fill_null(""), tgt.fill_null(""))
+        return rule_verdicts(pairs, cfg), [one.scan(pairs) for one in filters]
+
+    # Arrow's kernels let go of the GIL: chunks are scanned on every core while the next ones are read.
+    workers = os.cpu_count() or 1
+    with naming(path), pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer, \
+            ThreadPoolExecutor(workers) as pool:
         for source in sources:
-            own = []
+            pending: deque[Future] = deque()
+            done = []  # each chunk's (verdicts, scans), in order
             for src, tgt in source.chunks():
                 src, tgt = pa.array(src, pa.string()), pa.array(tgt, pa.string())
                 writer.write_batch(pa.record_batch([src, tgt], schema=schema))
-                src, tgt = src.fill_null(""), tgt.fill_null("")
-                own.append(rule_verdicts(src, tgt, cfg))
-                for scan, one in zip(scans, filters):
-                    scan.append(one.scan(src, tgt))
-            verdicts.append(np.concatenate(own) if own else np.zeros(0, dtype=np.uint8))
+                pending.append(pool.submit(scan, src, tgt))
+                if len(pending) > 2 * workers:  # memory bounded: a few chunks in flight
+                    done.append(pending.popleft().result())
+            done.extend(future.result() for future in pending)
+            verdicts.append(np.concatenate([own for own, _ in done]) if done else np.zeros(0, dtype=np.uint8))
+            for i, into in enumerate(scans):
+                into.extend(scanned[i] for _, scanned in done)
     return verdicts, [np.concatenate(scan) if scan else np.zeros(0) for scan in scans]
 
 
-def rule_verdicts(src, tgt, cfg: DataConfig) -> np.ndarray:
-    """(N,) uint8 of two Arrow string arrays: 0 (kept), or the first rule filter that drops the pair from a training
+def rule_verdicts(pairs: Pairs, cfg: DataConfig) -> np.ndarray:
+    """(N,) uint8 of a chunk of pairs: 0 (kept), or the first rule filter that drops the pair from a training
     split."""
-    n_src, n_tgt = word_counts(src), word_counts(tgt)
+    n_src, n_tgt = pairs.lengths("words")
     longer, shorter = np.maximum(n_src, n_tgt), np.minimum(n_src, n_tgt)
     out = np.where(longer > cfg.max_length_ratio * np.maximum(shorter, 1), LENGTH_RATIO, 0).astype(np.uint8)
     out[longer > cfg.max_words] = TOO_LONG
-    import pyarrow.compute as pc
-
-    empty = (pc.utf8_length(src).to_numpy(zero_copy_only=False) == 0) | (
-        pc.utf8_length(tgt).to_numpy(zero_copy_only=False) == 0)
-    out[empty] = EMPTY
+    chars_src, chars_tgt = pairs.lengths("characters")
+    out[(chars_src == 0) | (chars_tgt == 0)] = EMPTY
     return out
 
 

@@ -16,8 +16,7 @@ from transformer_mt.core.errors import DataError
 
 REMOVED_DIR = "removed"  # in corpus_cache/: `{split}.{filter}.tsv`, the pairs each filter removed
 MAX_REMOVED_LINES = 10_000  # per file
-# Python's whitespace (`str.split`) as an RE2 class; Kana and CJK ideographs, one word a character.
-SPACE = r"[\t-\r\x1c-\x20\x85\p{Z}]"
+# Kana and CJK ideographs, one word a character.
 UNSPACED = "[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\\x{20000}-\\x{2fa1f}]"
 CONTROL = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\x{fffd}]"  # control characters (not tab or newlines), U+FFFD
 MARKUP = r"<[A-Za-z!/][^<>]*>|&(?:#[0-9]+|#[xX][0-9A-Fa-f]+|[A-Za-z]+);"  # tags, comments, entities
@@ -55,8 +54,8 @@ class Filter:
         value = getattr(self.entry, name)
         return default if value is None else value
 
-    def scan(self, src, tgt) -> np.ndarray:
-        """(N,) bool of two Arrow string arrays: the pairs this filter removes."""
+    def scan(self, pairs: Pairs) -> np.ndarray:
+        """(N,) bool: the pairs of the chunk this filter removes."""
         raise NotImplementedError
 
     def removed(self, scanned: np.ndarray) -> np.ndarray:
@@ -114,20 +113,61 @@ def lengths(texts, unit: str) -> np.ndarray:
     return _pc().utf8_length(texts).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def normalized(texts):
-    """Lowercased, punctuation and symbols dropped, spaces single: what `dedup` compares."""
-    pc = _pc()
-    text = pc.replace_substring_regex(pc.utf8_lower(texts), r"[\p{P}\p{S}]+", "")
-    return pc.utf8_trim_whitespace(pc.replace_substring_regex(text, SPACE + "+", " "))
+class Pairs:
+    """A chunk of pairs, `src` and `tgt` Arrow string arrays without nulls, and what several filters measure
+    of its sides, each computed once: the `sides`' methods take 0 (source) or 1 (target)."""
+
+    def __init__(self, src, tgt):
+        self.src, self.tgt = src, tgt
+        self._measured: dict[tuple[str, int], object] = {}
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def _once(self, name: str, side: int, compute):
+        if (name, side) not in self._measured:
+            self._measured[name, side] = compute((self.src, self.tgt)[side])
+        return self._measured[name, side]
+
+    def words(self, side: int):
+        """Arrow list array: each string's words (`str.split`'s; "" for a blank string)."""
+        pc = _pc()
+        return self._once("words", side, lambda texts: pc.utf8_split_whitespace(pc.utf8_trim_whitespace(texts)))
+
+    def visible(self, side: int) -> np.ndarray:
+        """(N,) int64: each string's characters but whitespace."""
+        return self._once("visible", side, lambda _: lengths(_pc().binary_join(self.words(side), ""), "characters"))
+
+    def lengths(self, unit: str) -> tuple[np.ndarray, np.ndarray]:
+        """Both sides' `lengths` in `unit`, words or characters."""
+        return tuple(self._once(f"{unit} counted", side, lambda texts: self._word_counts(side, texts) if unit == "words"
+                                else lengths(texts, unit)) for side in (0, 1))
+
+    def _word_counts(self, side: int, texts) -> np.ndarray:
+        if _pc().any(_pc().match_substring_regex(texts, UNSPACED)).as_py():
+            return word_counts(texts)
+        words = _pc().list_value_length(self.words(side)).to_numpy(zero_copy_only=False).astype(np.int64)
+        words[self.visible(side) == 0] = 0
+        return words
+
+    def lowered(self, side: int):
+        """The strings lowercased, with single spaces and none around: what `copies` compares."""
+        return self._once("lowered", side, lambda _: _pc().utf8_lower(_pc().binary_join(self.words(side), " ")))
+
+    def normalized(self, side: int):
+        """`lowered`, punctuation and symbols dropped: what `dedup` compares."""
+        pc = _pc()
+        dropped = pc.replace_substring_regex(self.lowered(side), r"[\p{P}\p{S}]+", "")
+        return pc.utf8_trim_whitespace(pc.replace_substring_regex(dropped, " {2,}", " "))
 
 
 class Dedup(Filter):
     """A pair equal to an earlier kept pair (its source alone with `source_only`)."""
 
-    def scan(self, src, tgt) -> np.ndarray:
+    def scan(self, pairs: Pairs) -> np.ndarray:
         pc = _pc()
-        if self.option("normalize", True):
-            src, tgt = normalized(src), normalized(tgt)
+        src, tgt = (pairs.normalized(0), pairs.normalized(1)) if self.option("normalize", True) else (pairs.src,
+                                                                                                       pairs.tgt)
         keys = src if self.option("source_only", False) else pc.binary_join_element_wise(src, tgt, "\t")
         return np.fromiter((hash(key) for key in keys.to_pylist()), dtype=np.int64, count=len(keys))
 
@@ -140,19 +180,18 @@ class Dedup(Filter):
 class Length(Filter):
     """A side shorter than `min_length` or longer than `max_length`."""
 
-    def scan(self, src, tgt) -> np.ndarray:
+    def scan(self, pairs: Pairs) -> np.ndarray:
         unit = self.option("unit", "words")
         low, high = self.option("min_length", 1), self.option("max_length", 100 if unit == "words" else 1000)
-        n_src, n_tgt = lengths(src, unit), lengths(tgt, unit)
+        n_src, n_tgt = pairs.lengths(unit)
         return (np.minimum(n_src, n_tgt) < low) | (np.maximum(n_src, n_tgt) > high)
 
 
 class LengthRatio(Filter):
     """The longer side more than `max_ratio` times the shorter."""
 
-    def scan(self, src, tgt) -> np.ndarray:
-        unit = self.option("unit", "words")
-        n_src, n_tgt = lengths(src, unit), lengths(tgt, unit)
+    def scan(self, pairs: Pairs) -> np.ndarray:
+        n_src, n_tgt = pairs.lengths(self.option("unit", "words"))
         return np.maximum(n_src, n_tgt) > self.option("max_ratio", 3.0) * np.maximum(np.minimum(n_src, n_tgt), 1)
 
 
@@ -160,14 +199,12 @@ class Copies(Filter):
     """A target equal or nearly equal to its source: the Indel similarity of the normalised sides,
     2 x their longest common subsequence / their lengths (rapidfuzz's `ratio`, every core)."""
 
-    def scan(self, src, tgt) -> np.ndarray:
+    def scan(self, pairs: Pairs) -> np.ndarray:
         from rapidfuzz.distance import Indel
         from rapidfuzz.process import cpdist
 
-        pc = _pc()
         threshold = self.option("max_similarity", 0.9)
-        src, tgt = (pc.utf8_trim_whitespace(pc.replace_substring_regex(pc.utf8_lower(side), SPACE + "+", " "))
-                    for side in (src, tgt))
+        src, tgt = pairs.lowered(0), pairs.lowered(1)
         n_src, n_tgt = lengths(src, "characters"), lengths(tgt, "characters")
         # The ratio is at most 2·min / (sum of the lengths): only pairs of close lengths need it.
         out = np.zeros(len(src), dtype=bool)
@@ -197,10 +234,10 @@ class Language(Filter):
                 raise DataError(f"data.filters: the {label} filter cannot identify {code!r} (from {source}); set its "
                                 f"languages to two of the ISO 639-1 codes py3langid knows, e.g. [en, it]")
 
-    def scan(self, src, tgt) -> np.ndarray:
+    def scan(self, pairs: Pairs) -> np.ndarray:
         min_confidence = self.option("min_confidence", 0.5)
-        out = np.zeros(len(src), dtype=bool)
-        for side, lang in zip((src, tgt), self.languages):
+        out = np.zeros(len(pairs), dtype=bool)
+        for side, lang in zip((pairs.src, pairs.tgt), self.languages):
             for i, text in enumerate(side.to_pylist()):
                 if not out[i]:
                     found, probability = self.identifier.classify(text)
@@ -236,15 +273,15 @@ class Characters(Filter):
                 raise DataError(f"data.filters: {label}.scripts: {side!r} is not a Unicode script name (e.g. Latin, "
                                 "Cyrillic, Greek, Arabic, Han; several joined by +)") from None
 
-    def scan(self, src, tgt) -> np.ndarray:
+    def scan(self, pairs: Pairs) -> np.ndarray:
         pc = _pc()
-        out = np.zeros(len(src), dtype=bool)
-        for side, script in zip((src, tgt), self.patterns):
+        out = np.zeros(len(pairs), dtype=bool)
+        for i, (side, script) in enumerate(zip((pairs.src, pairs.tgt), self.patterns)):
             marked = pc.replace_substring_regex(side, r"[^\p{L}\p{M}]+", "")  # its letters and their marks
             letters = pc.replace_substring_regex(marked, r"\p{M}+", "")
             n_letters = lengths(letters, "characters")
             out |= matches(side, CONTROL)
-            out |= lengths(marked, "characters") < self.option("min_letters", 0.5) * length_without(side, SPACE)
+            out |= lengths(marked, "characters") < self.option("min_letters", 0.5) * pairs.visible(i)
             out |= length_without(letters, f"[^{script}]") < self.option("min_script", 0.9) * n_letters
         return out
 
@@ -252,7 +289,8 @@ class Characters(Filter):
 class Numbers(Filter):
     """Sides with different numbers (digits compared without their `.` and `,` separators)."""
 
-    def scan(self, src, tgt) -> np.ndarray:
+    def scan(self, pairs: Pairs) -> np.ndarray:
+        src, tgt = pairs.src, pairs.tgt
         out = np.zeros(len(src), dtype=bool)
         digits = np.flatnonzero(matches(src, r"\p{Nd}") | matches(tgt, r"\p{Nd}"))
         for i, s, t in zip(digits, src.take(digits).to_pylist(), tgt.take(digits).to_pylist()):
@@ -267,7 +305,8 @@ def _numbers(text: str) -> set[str]:
 class Html(Filter):
     """Markup (tags, comments, entities) on a side; with `urls`, a side that is a URL or e-mail address alone."""
 
-    def scan(self, src, tgt) -> np.ndarray:
+    def scan(self, pairs: Pairs) -> np.ndarray:
+        src, tgt = pairs.src, pairs.tgt
         out = matches(src, MARKUP) | matches(tgt, MARKUP)
         if self.option("urls", True):
             out |= matches(src, URL_ONLY) | matches(tgt, URL_ONLY)

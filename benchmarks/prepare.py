@@ -2,6 +2,7 @@
 
     python benchmarks/prepare.py --pairs 1000000 --work /tmp/tmt-prepare
     python benchmarks/prepare.py --pairs 10000000 --work /tmp/tmt-prepare
+    python benchmarks/prepare.py --pairs 10000000 --work /tmp/tmt-prepare --opusfilter /opt/opusfilter/bin/opusfilter
 
 Makes (once) a synthetic corpus of --pairs pairs with benchmarks/make_synthetic_corpus.py in
 --work, then runs `python -m transformer_mt train` on it in a new run directory for one step
@@ -19,6 +20,14 @@ processes (`getrusage`'s `ru_maxrss`; it counts resident pages of the memory-map
 Then, in this process, the ceiling: the run's own tokenizers' `encode_batch` (Rust threads on
 every core, nothing else) over the same training pairs, read from the run's corpus cache,
 `encode_batch_pairs_per_s`; `tokenize_vs_encode_batch` is tmt's tokenizing rate over it.
+With --filters, the run cleans the training pairs with the rule filters of `data.filters` that
+OpusFilter also has (RULE_FILTERS; its read_s is then read and filter). --opusfilter COMMAND (the
+`opusfilter` command of an environment of its own: `pip install opusfilter` brings scikit-learn,
+pandas, lingua and more) implies --filters and then runs OpusFilter on the same training files:
+its `remove_duplicates` step and one `filter` step with the matching filters (OPUSFILTER_FILTERS),
+the filter step on as many processes as there are cores (its `default_n_jobs`), from the raw text
+files to filtered ones, `opusfilter_s`; each tool's pairs kept are printed beside (the rules differ
+in detail: OpusFilter's duplicates compare letters only, its `copies` is a Levenshtein ratio).
 Linux or macOS. The last line of output is one JSON object.
 """
 
@@ -27,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -34,6 +44,18 @@ import time
 from pathlib import Path
 
 from common import checkout_env, commit, cpu_name, synthetic_corpus
+
+# tmt's rule filters that OpusFilter has too (not `language`: a model, not a rule), at their defaults, and
+# OpusFilter's counterparts with the same settings (dedup: its remove_duplicates step, lowercased letters).
+RULE_FILTERS = ("dedup", "length", "length_ratio", "copies", "characters", "numbers", "html")
+OPUSFILTER_FILTERS = """\
+        - LengthFilter: {unit: word, min_length: 1, max_length: 100}
+        - LengthRatioFilter: {unit: word, threshold: 3}
+        - SimilarityFilter: {unit: char, threshold: 0.9, lowercase: true}
+        - CharacterScoreFilter: {scripts: [Latin, Latin], thresholds: [0.9, 0.9]}
+        - NonZeroNumeralsFilter: {threshold: 0.5}
+        - HtmlTagFilter: {}
+"""
 
 # The log line that ends each phase, in order.
 PHASES = (("read_s", "corpus: "), ("bpe_s", "trained BPE tokenizers"), ("tokenize_s", "valid split: tokenized"),
@@ -46,7 +68,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--work", type=Path, required=True, help="folder for the corpus and the runs")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for the run, as tmt train's --set (repeatable)")
-    return parser.parse_args(argv)
+    parser.add_argument("--filters", action="store_true", help=f"clean the pairs with {', '.join(RULE_FILTERS)}")
+    parser.add_argument("--opusfilter", metavar="COMMAND",
+                        help="OpusFilter's `opusfilter` command: time it on the same pairs (implies --filters)")
+    args = parser.parse_args(argv)
+    if args.opusfilter or args.filters:
+        args.filters = True
+        args.set = [f"data.filters=[{','.join(RULE_FILTERS)}]", *args.set]
+    return args
 
 
 def write_prepare_config(path: Path, corpus: Path) -> None:
@@ -59,8 +88,9 @@ def write_prepare_config(path: Path, corpus: Path) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def run_tmt(config: Path, run_dir: Path, overrides: list[str], log: Path) -> tuple[dict[str, float], int]:
-    """`tmt train` on `config` -> (seconds of each of PHASES, peak RSS in MB of its largest process)."""
+def run_tmt(config: Path, run_dir: Path, overrides: list[str], log: Path) -> tuple[dict[str, float], int, int]:
+    """`tmt train` on `config` -> (seconds of each of PHASES, peak RSS in MB of its largest process, training
+    pairs kept)."""
     command = [sys.executable, "-m", "transformer_mt", "train", "--config", str(config), "--run-dir", str(run_dir),
                "--no-progress", *[arg for override in overrides for arg in ("--set", override)]]
     started = time.perf_counter()
@@ -81,7 +111,34 @@ def run_tmt(config: Path, run_dir: Path, overrides: list[str], log: Path) -> tup
     for name, _ in PHASES:
         phases[name], before = round(ends[name] - before, 1), ends[name]
     kilobytes = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # Linux: kB; macOS: bytes
-    return phases, round(kilobytes / (2**20 if sys.platform == "darwin" else 2**10))
+    kept = int(re.search(r"corpus: (\d+) train", log.read_text(encoding="utf-8")).group(1))
+    return phases, round(kilobytes / (2**20 if sys.platform == "darwin" else 2**10)), kept
+
+
+def run_opusfilter(command: str, corpus: Path, work: Path) -> tuple[float, int]:
+    """OpusFilter's duplicates and filter steps from `corpus`'s training files -> (seconds, pairs kept)."""
+    out = work / f"opusfilter-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir()
+    train = [str(corpus / f"train.{lang}") for lang in ("en", "it")]
+    (out / "config.yaml").write_text(
+        f"common: {{output_directory: {out}, default_n_jobs: {os.cpu_count()}}}\n"
+        "steps:\n"
+        "  - type: remove_duplicates\n"
+        f"    parameters: {{inputs: [{train[0]}, {train[1]}], outputs: [dedup.en, dedup.it], lowercase: true, "
+        "letters_only: true}\n"
+        "  - type: filter\n"
+        "    parameters:\n"
+        "      inputs: [dedup.en, dedup.it]\n"
+        "      outputs: [filtered.en, filtered.it]\n"
+        "      filters:\n" + OPUSFILTER_FILTERS, encoding="utf-8")
+    started = time.perf_counter()
+    with open(out / "opusfilter.log", "w", encoding="utf-8") as log:
+        done = subprocess.run([command, str(out / "config.yaml")], stdout=log, stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        sys.exit(f"prepare: {command} failed (exit {done.returncode}); see {out / 'opusfilter.log'}")
+    with open(out / "filtered.en", "rb") as kept:
+        return seconds, sum(1 for _ in kept)
 
 
 def encode_batch_rate(run_dir: Path) -> float:
@@ -110,16 +167,21 @@ def main(argv: list[str] | None = None) -> None:
     config, run_dir = args.work / "prepare.yaml", args.work / f"run-{time.strftime('%Y%m%d-%H%M%S')}"
     write_prepare_config(config, corpus)
     load_before = os.getloadavg()[0]
-    phases, peak_rss_mb = run_tmt(config, run_dir, args.set, args.work / "train-output.log")
+    phases, peak_rss_mb, kept = run_tmt(config, run_dir, args.set, args.work / "train-output.log")
     total = sum(phases.values())
     ceiling = encode_batch_rate(run_dir)
-    tokenize_rate = args.pairs / phases["tokenize_s"]
+    tokenize_rate = kept / phases["tokenize_s"]  # the pairs the filters left
     result = {"benchmark": "prepare", "pairs": args.pairs, **phases, "total_s": round(total, 1),
               "pairs_per_s": round(args.pairs / total), "tokenize_pairs_per_s": round(tokenize_rate),
               "encode_batch_pairs_per_s": round(ceiling), "tokenize_vs_encode_batch": round(tokenize_rate / ceiling, 2),
-              "peak_rss_mb": peak_rss_mb, "overrides": args.set, "cores": os.cpu_count(),
+              "peak_rss_mb": peak_rss_mb, "train_pairs_kept": kept}
+    if args.opusfilter:
+        seconds, opusfilter_kept = run_opusfilter(args.opusfilter, corpus, args.work)
+        result.update(opusfilter_s=round(seconds, 1), opusfilter_pairs_kept=opusfilter_kept,
+                      read_vs_opusfilter=round(seconds / phases["read_s"], 2))
+    result.update({"overrides": args.set, "cores": os.cpu_count(),
               "load_1min": [round(load_before, 1), round(os.getloadavg()[0], 1)], "cpu": cpu_name(),
-              "commit": commit()}
+              "commit": commit()})
     print(f"training log: {run_dir / 'train.log'}", file=sys.stderr)
     print(json.dumps(result))
 

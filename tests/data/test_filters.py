@@ -3,6 +3,7 @@ files and counts, the cache key, the data report, and the bad inputs."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -221,7 +222,27 @@ def test_tmt_data_lists_each_filter_with_its_count_share_and_examples(tmp_path: 
     assert lines[5].split() == ["dedup", "train", "60", "754", "8.0%"]
     assert "  dedup e.g.  " in out and "THE RESTAURANT IS OPEN. → il ristorante è aperto." in out
     assert "Are you at home?\\x07 → Sei a casa?" in out  # a control character shown as its code
+    assert "all removed pairs      with --removed DIR in DIR/, by tmt train in the run directory's" in out
     assert not (tmp_path / "runs").exists()
+
+
+def test_tmt_data_removed_writes_the_removed_pairs_into_a_new_folder_only(tmp_path: Path, monkeypatch, capsys):
+    config = tmp_path / "noisy.yaml"
+    config.write_text(f"data: {{path: {NOISY}, filters: [dedup, copies]}}\ntokenizer: {{vocab_size: 500}}\n",
+                      encoding="utf-8")
+    code, out, err = run_cli(["data", "--config", str(config), "--quiet", "--removed", "out"], monkeypatch, capsys,
+                             tmp_path)
+    assert code == 0, err
+    assert f"all removed pairs      in out{os.sep}{{split}}.{{filter}}.tsv" in out
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["train.copies.tsv", "train.dedup.tsv"]
+    assert (tmp_path / "out" / "train.copies.tsv").read_text(encoding="utf-8").splitlines()[0] == (
+        "Milan is in the north.\tMilan is in the north.")
+    before = (tmp_path / "out" / "train.dedup.tsv").read_bytes()
+    code, out, err = run_cli(["data", "--config", str(config), "--quiet", "--removed", "out"], monkeypatch, capsys,
+                             tmp_path)
+    assert code == 2 and err.strip() == "tmt: error: out already exists and is not an empty directory; choose " \
+                                        "another --removed"
+    assert (tmp_path / "out" / "train.dedup.tsv").read_bytes() == before
 
 
 def test_the_noisy_demo_corpus_is_what_its_script_makes(tmp_path: Path):

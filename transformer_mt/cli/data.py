@@ -20,11 +20,12 @@ DATA_EXAMPLES = """examples:
   tmt data --config configs/demo.yaml --set train.batch_tokens=4096
   # what data.filters remove, filter by filter, with examples
   tmt data --config configs/noisy-demo.yaml
+  tmt data --config configs/noisy-demo.yaml --removed removed-pairs/
   tmt data --config configs/demo.yaml \\
       --set 'data.filters=[dedup, {name: length, max_length: 50}]'
 
-Nothing is written: tokenizers are trained in a temporary folder, or reused from the run
-directory (--run-dir, default runs/<name>) when its data and tokenizer settings are the same.
+Nothing is written (but --removed DIR): tokenizers are trained in a temporary folder, or reused from
+the run directory (--run-dir, default runs/<name>) when its data and tokenizer settings are the same.
 """
 
 
@@ -37,6 +38,9 @@ def add_parser(commands) -> None:
                                                    "(default: runs/<name from config>, if it exists)")
     data.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                       help="override a config value, e.g. --set model.max_len=64 (repeatable)")
+    data.add_argument("--removed", type=file_path, metavar="DIR",
+                      help="write the pairs each of data.filters removes into the new folder DIR, a file per filter "
+                           "and split (the first 10,000 lines of each)")
     data.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true", help="no progress bars")
 
 
@@ -60,13 +64,19 @@ def run_data(args: argparse.Namespace) -> None:
     from transformer_mt.train.preparation import preview_report
     from transformer_mt.train.trainer import check_freeze
 
+    from transformer_mt.core.files import check_new_dir
+
+    if args.removed is not None:
+        check_new_dir(args.removed, "--removed")
     run_dir = args.run_dir or Path("runs") / cfg.name
     if args.run_dir is not None and (problem := run_dir_problem(args.run_dir)):  # a typo is no "not reused"
         raise TmtError(f"--run-dir {args.run_dir}: {problem}")
     if cfg.train.init_from:
         check_parent(cfg)  # a config `tmt train` would refuse gets no report
     check_freeze(cfg)  # nor one that leaves nothing to train
-    report, notes, reuse = preview_report(cfg, run_dir, progress=not args.quiet)
+    report, notes, reuse = preview_report(cfg, run_dir, progress=not args.quiet, removed_to=args.removed)
+    if args.removed is not None and not report.filtered:
+        notes.append(f"--removed {args.removed}: nothing written, the config has no data.filters")
     if args.run_dir is not None and not reuse:
         notes.append(f"--run-dir {args.run_dir} not used: {data_settings_problem(cfg, args.run_dir)}")
     for note in notes:

@@ -97,6 +97,7 @@ class DataReport:
     pack_tokens: tuple[int, int] | None = None  # packed batches (train.batching): source, target tokens of a pack
     frozen: FrozenParts | None = None  # with train.freeze
     filtered: tuple[Filtered, ...] = ()  # with data.filters
+    removed_at: str = "in the run directory's corpus_cache/removed/"  # where the removed pairs' files are
 
     @property
     def steps_per_epoch(self) -> float:
@@ -146,8 +147,8 @@ class DataReport:
                 [f"  {f.count.filter}", f.count.split, f"{f.count.removed:,}", f"{f.count.seen:,}",
                  f"{100 * f.count.removed / max(f.count.seen, 1):.1f}%"] for f in self.filtered],
             *([[f"  {f.count.filter} e.g.", f.shown()]] for f in self.filtered if f.examples),
-            self.filtered and [["  all removed pairs", "in the run directory's corpus_cache/removed/"
-                                f"{{split}}.{{filter}}.tsv (the first {MAX_REMOVED_LINES:,} of each)"]],
+            self.filtered and [["  all removed pairs", f"{self.removed_at}{{split}}.{{filter}}.tsv (the first "
+                                                       f"{MAX_REMOVED_LINES:,} of each)"]],
             [["BPE tokens per sentence", *(f"p{p}" for p in PERCENTILES), "max"]]
             + [[f"  {split} {lang[side]}", *(f"{stats.percentiles[p]:,}" for p in PERCENTILES), f"{stats.max:,}"]
                for (split, side), stats in self.lengths.items()],

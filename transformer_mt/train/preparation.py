@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -14,9 +15,11 @@ import torch
 
 from transformer_mt.config.schema import Config, TrainConfig, frozen_prefixes
 from transformer_mt.core.errors import DataError, TmtError, missing_from_rank0
+from transformer_mt.core.files import os_errors_named, write_new_dir
 from transformer_mt.core.run_layout import JOINT_FILE, SRC_FILE, TGT_FILE, RunDir
 from transformer_mt.core.runtime import pick_device
 from transformer_mt.data import corpus as data_module
+from transformer_mt.data.filters import REMOVED_DIR
 from transformer_mt.data.report import DataReport, FrozenParts, build_report
 from transformer_mt.data.token_cache import TokenizedSplit, processes_for, tokenize_split
 from transformer_mt.data.tokenization import PAD_ID, TokenizerPair, train_tokenizers
@@ -93,8 +96,10 @@ def frozen_parts(cfg: Config, tokenizers: TokenizerPair) -> FrozenParts | None:
     return FrozenParts(cfg.train.freeze, model.freeze(frozen_prefixes(cfg.train.freeze)), model.num_parameters())
 
 
-def preview_report(cfg: Config, run_dir: Path, progress: bool) -> tuple[DataReport, list[str], bool]:
-    """`tmt data`: the data report of `cfg` prepared in a temporary folder, leaving no file behind
+def preview_report(cfg: Config, run_dir: Path, progress: bool,
+                   removed_to: Path | None = None) -> tuple[DataReport, list[str], bool]:
+    """`tmt data`: the data report of `cfg` prepared in a temporary folder, leaving no file behind but the
+    pairs `data.filters` removed in the new folder `removed_to` (`check_new_dir`'d) when given
     -> (report, notes for the user, whether `run_dir`'s tokenizers were used). An existing run's
     tokenizers, carved split and first BPE-dropout segmentation (not seeded: drawn again, it would
     give other lengths) are copied there first when the run has the same seed, data and tokenizer
@@ -126,6 +131,16 @@ def preview_report(cfg: Config, run_dir: Path, progress: bool) -> tuple[DataRepo
         except TmtError as err:  # name the run's file (a damaged splits.json, say), not its scratch copy
             err.args = tuple(str(arg).replace(scratch, str(run_dir)) for arg in err.args)
             raise
+        removed = RunDir(Path(scratch)).corpus_cache / REMOVED_DIR
+        if removed_to is not None and report.filtered:
+            with os_errors_named("the removed pairs", removed_to):
+                write_new_dir(removed_to, lambda folder: [shutil.copyfile(file, folder / file.name)
+                                                          for file in sorted(removed.iterdir())])
+    if removed_to is not None and report.filtered:
+        report = dataclasses.replace(report, removed_at=f"in {removed_to}{os.sep}")
+    elif report.filtered:
+        report = dataclasses.replace(report, removed_at="with --removed DIR in DIR/, by tmt train in the run "
+                                                        "directory's corpus_cache/removed/")
     if report.bpe_dropout is not None:
         report = dataclasses.replace(report, bpe_dropout=(report.bpe_dropout[0], variants, *report.bpe_dropout[2:]))
     return report, notes, reuse

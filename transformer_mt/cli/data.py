@@ -58,13 +58,12 @@ def run_data(args: argparse.Namespace) -> None:
     # Before torch is imported (but for a parent's settings): a config mistake is answered at once
     cfg = load_config(args.config, args.overrides, inherit)
 
+    from transformer_mt.core.files import check_new_dir
     from transformer_mt.core.run_layout import run_dir_problem
     from transformer_mt.runs.init_from import check_parent
     from transformer_mt.runs.run_dir import data_settings_problem
     from transformer_mt.train.preparation import preview_report
     from transformer_mt.train.trainer import check_freeze
-
-    from transformer_mt.core.files import check_new_dir
 
     if args.removed is not None:
         check_new_dir(args.removed, "--removed")

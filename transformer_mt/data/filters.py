@@ -115,7 +115,7 @@ def lengths(texts, unit: str) -> np.ndarray:
 
 class Pairs:
     """A chunk of pairs, `src` and `tgt` Arrow string arrays without nulls, and what several filters measure
-    of its sides, each computed once: the `sides`' methods take 0 (source) or 1 (target)."""
+    of its sides, each computed once (`side`: 0, the source, or 1, the target)."""
 
     def __init__(self, src, tgt):
         self.src, self.tgt = src, tgt
@@ -140,8 +140,10 @@ class Pairs:
 
     def lengths(self, unit: str) -> tuple[np.ndarray, np.ndarray]:
         """Both sides' `lengths` in `unit`, words or characters."""
-        return tuple(self._once(f"{unit} counted", side, lambda texts: self._word_counts(side, texts) if unit == "words"
-                                else lengths(texts, unit)) for side in (0, 1))
+        def count(side: int):
+            return lambda texts: self._word_counts(side, texts) if unit == "words" else lengths(texts, unit)
+
+        return tuple(self._once(f"{unit} counted", side, count(side)) for side in (0, 1))
 
     def _word_counts(self, side: int, texts) -> np.ndarray:
         if _pc().any(_pc().match_substring_regex(texts, UNSPACED)).as_py():

@@ -179,6 +179,25 @@ def test_the_removed_pairs_are_counted_and_written_per_filter_and_split(tmp_path
                                                               "valid.html.tsv"]
 
 
+def test_dedup_held_out_removes_training_pairs_that_repeat_a_validation_or_test_pair(tmp_path: Path):
+    cfg = noisy_config(tmp_path, {"name": "dedup", "held_out": True}, max_filtered_share=1)
+    corpus = load_corpus(cfg, 1, tmp_path / "run")
+    # "Hello!"/"Ciao!" is a validation (and test) pair; "hello"/"ciao" the same once normalised.
+    assert list(zip(corpus.train["src"], corpus.train["tgt"])) == [
+        ("Good night.", "Buonanotte."), ("<b>Yes</b>", "<b>Sì</b>"), ("Thank you.", "Grazie."), ("Thanks.", "Thanks.")]
+    assert corpus.valid["src"] == ["Hello!", "<i>No</i>"] and len(corpus.test) == 2  # held out, not filtered
+    assert [(c.filter, c.split, c.removed) for c in corpus.filtered] == [("dedup", "train", 3)]
+    carved = config_from_dict({"data": {"path": str(tmp_path / "data"), "valid_size": 2, "test_size": 2,
+                                        "filters": [{"name": "dedup", "held_out": True, "normalize": False}]}}).data
+    for name in ("valid.en", "valid.it", "test.en", "test.it"):
+        (tmp_path / "data" / name).unlink()
+    corpus = load_corpus(carved, 1, tmp_path / "run2")  # valid and test carved from train: no pair in both
+    held = set(zip(corpus.valid["src"], corpus.valid["tgt"])) | set(zip(corpus.test["src"], corpus.test["tgt"]))
+    assert not held & set(zip(corpus.train["src"], corpus.train["tgt"]))
+    with pytest.raises(ConfigError, match=r"data.filters\[0\].held_out: not an option of the length filter"):
+        data_config({"name": "length", "held_out": True})
+
+
 def test_the_removed_pairs_file_keeps_the_first_lines_only(tmp_path: Path, monkeypatch):
     from transformer_mt.data import filters
 

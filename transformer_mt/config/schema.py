@@ -46,7 +46,7 @@ class CorpusEntry:
 
 
 FILTER_OPTIONS = {  # each filter of `data.filters` -> its options (besides `name` and `splits`)
-    "dedup": ("normalize", "source_only"), "length": ("unit", "min_length", "max_length"),
+    "dedup": ("normalize", "source_only", "held_out"), "length": ("unit", "min_length", "max_length"),
     "length_ratio": ("unit", "max_ratio"), "copies": ("max_similarity",), "language": ("languages", "min_confidence"),
     "characters": ("min_letters", "min_script", "scripts"), "numbers": (), "html": ("urls",)}
 
@@ -64,6 +64,9 @@ class FilterEntry:
     false: exact copies only)."""
     source_only: bool | None = None
     """`dedup`: pairs whose source repeats an earlier one, whatever their targets (default false)."""
+    held_out: bool | None = None
+    """`dedup`: also training pairs that repeat a validation or test pair, compared the same way, so that
+    no test sentence is trained on (default false)."""
     unit: Literal["words", "characters"] | None = None
     """`length`, `length_ratio`: count words (as `max_words` counts them) or characters (default words)."""
     min_length: int | None = None

@@ -256,10 +256,15 @@ def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key
     removed = dict.fromkeys(FILTERS, 0)
     rows, digests, filtered = {}, {}, []
     (build / REMOVED_DIR).mkdir()
+    origins = {split: split if sources[split] is not None else "train" for split in SPLITS}
+    # Each filter's scan values of the validation and test pairs (`dedup`'s `held_out` removes them from train).
+    held_out = [np.concatenate([scans[origins[split]][i][_select(split, verdicts[origins[split]], plan)[0]]
+                                for split in SPLITS if split != "train"]) for i in range(len(filters))]
     for split in SPLITS:
-        origin = split if sources[split] is not None else "train"
+        origin = origins[split]
         selected, split_removed = _select(split, verdicts[origin], plan)
-        selected, by_filters = apply_filters(filters, split, scans[origin], selected)
+        selected, by_filters = apply_filters(filters, split, scans[origin], selected,
+                                             held_out if split == "train" else None)
         for one, gone, seen in by_filters:
             name = f"{REMOVED_DIR}/{split}.{one.label}.tsv"
             write_removed(_arrow_batches(build / f"raw-{origin}.arrow"), gone, build / name)
@@ -495,8 +500,9 @@ def _warn_of_repeated_pairs(train_path: Path, carved_paths: dict[str, Path]) -> 
     for split, pairs in repeated.items():
         if pairs:
             logger.warning("%d of the %d distinct %s pairs carved from train also occur in train (the corpus repeats "
-                           "pairs): %s BLEU will read high; deduplicate the corpus, or give it %s files", len(pairs),
-                           len(carved[split]), split, split, split)
+                           "pairs): %s BLEU will read high; remove them from train with data.filters: [{name: dedup, "
+                           "held_out: true}], or give the corpus %s files", len(pairs), len(carved[split]), split,
+                           split, split)
 
 
 # --- reading a split's text ---------------------------------------------------------------------

@@ -58,8 +58,9 @@ class Filter:
         """(N,) bool: the pairs of the chunk this filter removes."""
         raise NotImplementedError
 
-    def removed(self, scanned: np.ndarray) -> np.ndarray:
-        """(M,) bool: which of the rows still kept this filter removes, from their `scan` values in row order."""
+    def removed(self, scanned: np.ndarray, held_out: np.ndarray | None = None) -> np.ndarray:
+        """(M,) bool: which of the rows still kept this filter removes, from their `scan` values in row order
+        (`held_out`: the scan values of the validation and test pairs, when cleaning the training split)."""
         return scanned.astype(bool)
 
 
@@ -164,7 +165,8 @@ class Pairs:
 
 
 class Dedup(Filter):
-    """A pair equal to an earlier kept pair (its source alone with `source_only`)."""
+    """A pair equal to an earlier kept pair (its source alone with `source_only`); with `held_out`, a training
+    pair equal to a validation or test pair."""
 
     def scan(self, pairs: Pairs) -> np.ndarray:
         pc = _pc()
@@ -173,9 +175,11 @@ class Dedup(Filter):
         keys = src if self.option("source_only", False) else pc.binary_join_element_wise(src, tgt, "\t")
         return np.fromiter((hash(key) for key in keys.to_pylist()), dtype=np.int64, count=len(keys))
 
-    def removed(self, scanned: np.ndarray) -> np.ndarray:
+    def removed(self, scanned: np.ndarray, held_out: np.ndarray | None = None) -> np.ndarray:
         out = np.ones(len(scanned), dtype=bool)
         out[np.unique(scanned, return_index=True)[1]] = False  # each key's first row stays
+        if held_out is not None and self.option("held_out", False):
+            out |= np.isin(scanned, held_out)
         return out
 
 
@@ -319,17 +323,18 @@ KINDS = {"dedup": Dedup, "length": Length, "length_ratio": LengthRatio, "copies"
          "characters": Characters, "numbers": Numbers, "html": Html}
 
 
-def apply_filters(filters: list[Filter], split: str, scans: list[np.ndarray],
-                  selected: np.ndarray) -> tuple[np.ndarray, list[tuple[Filter, np.ndarray, int]]]:
-    """`selected` (N,) bool rows of a split less what each filter for `split` removes, in order
+def apply_filters(filters: list[Filter], split: str, scans: list[np.ndarray], selected: np.ndarray,
+                  held_out: list[np.ndarray] | None = None) -> tuple[np.ndarray, list[tuple[Filter, np.ndarray, int]]]:
+    """`selected` (N,) bool rows of a split less what each filter for `split` removes, in order (`held_out`:
+    each filter's scan values of the validation and test pairs, for the training split)
     -> (the rows kept, [(filter, the row numbers it removed, the rows it saw)])."""
     kept = selected.copy()
     removed = []
-    for one, scanned in zip(filters, scans):
+    for i, (one, scanned) in enumerate(zip(filters, scans)):
         if split not in one.splits:
             continue
         rows = np.flatnonzero(kept)
-        gone = rows[one.removed(scanned[rows])]
+        gone = rows[one.removed(scanned[rows], held_out[i] if held_out else None)]
         kept[gone] = False
         removed.append((one, gone, len(rows)))
     return kept, removed

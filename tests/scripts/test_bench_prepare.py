@@ -83,6 +83,6 @@ def test_with_opusfilter_tmt_runs_the_rule_filters_and_both_are_in_the_json_line
     train = (tmp_path / "synthetic-3000" / "train.en").read_text(encoding="utf-8").splitlines()
     # tmt's dedup normalises; the stand-in compares exact pairs: both keep at most the distinct pairs.
     assert 0 < result["train_pairs_kept"] <= len(set(train)) and result["opusfilter_pairs_kept"] > 0
-    assert result["opusfilter_s"] > 0 and result["read_vs_opusfilter"] > 0
+    assert result["opusfilter_s"] >= 0 and result["read_vs_opusfilter"] >= 0  # the stand-in takes no time
     assert yaml.safe_load((next(tmp_path.glob("opusfilter-*")) / "config.yaml").read_text())["common"][
         "default_n_jobs"] == os.cpu_count()

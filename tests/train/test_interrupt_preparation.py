@@ -92,6 +92,40 @@ def test_ctrl_c_while_two_processes_tokenize_stops_within_seconds(big_config: Pa
     assert not run_dir.exists()  # a first start stopped before training leaves no run: no entry, no temp folder
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_bpe_trains_stops_within_seconds(sig, tmp_path: Path):
+    """The BPE reads its lines on the tokenizers library's own threads, where no signal handler runs:
+    without a thread of its own the signal waited for the training's end (many seconds here)."""
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "make_synthetic_corpus.py"), "--pairs", "300000",
+                    "--out", str(tmp_path / "corpus"), "--vocab", "20000"], check=True, capture_output=True)
+    config, run_dir, err = tmp_path / "bpe.yaml", tmp_path / "run", tmp_path / "stderr"
+    save_config(tiny_config(tmp_path / "corpus", data={"max_words": 1000}, tokenizer={"vocab_size": 300}), config)
+    process = subprocess.Popen([sys.executable, "-m", "transformer_mt", "train", "--config", str(config),
+                                "--run-dir", str(run_dir), "--no-progress"], cwd=tmp_path,
+                               stdout=subprocess.DEVNULL, stderr=err.open("w"), start_new_session=True,
+                               env={**os.environ, "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"},
+                               preexec_fn=catch_sigint_as_in_a_terminal)
+    try:
+        deadline = time.monotonic() + 120
+        while "corpus: " not in err.read_text():  # read: the BPE starts on all 600,000 lines
+            assert process.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.05)
+        time.sleep(1)
+        assert process.poll() is None and "trained BPE" not in err.read_text(), err.read_text()
+        os.killpg(process.pid, sig)
+        code = process.wait(timeout=3)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running 3 s after {sig.name}; its stderr:\n{err.read_text()}")
+    finally:
+        if not group_is_gone(process.pid, 0):
+            os.killpg(process.pid, signal.SIGKILL)
+    text = err.read_text()
+    assert code == 128 + sig and "Traceback" not in text and "trained BPE" not in text, text
+    said = "interrupted" if sig == signal.SIGINT else "interrupted by SIGTERM"
+    assert text.strip().splitlines()[-1] == (f"tmt: {said}; continue with: tmt train --config {config} "
+                                             f"--run-dir {run_dir}")
+
+
 def test_tokenizing_processes_die_with_a_killed_parent(big_config: Path, tmp_path: Path):
     run_dir, err = tmp_path / "run", tmp_path / "stderr"
     process = start_until_tokenizing(big_config, run_dir, err)

@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import sys
+import threading
 import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -272,7 +273,7 @@ def _train_bpe(cfg: TokenizerConfig, lines: Iterator[str], n_lines: int, desc: s
     with tqdm(total=n_lines, desc=desc, unit="line", unit_scale=n_lines >= 10_000, leave=False, file=sys.stderr,
               dynamic_ncols=True, disable=not (progress and sys.stderr.isatty())) as bar:
         kept = _KeptLines(lines, bar)
-        tokenizer.train_from_iterator(kept, trainer=trainer, length=n_lines)
+        _train_from_lines(tokenizer, trainer, kept, n_lines)
     if kept.left_out:
         logger.warning("%s: left %d training line(s) with a run of over %d non-space characters out of BPE "
                        "training (they stay in the corpus; a pair longer than model.max_len tokens is not trained on)",
@@ -296,17 +297,45 @@ def _pre_tokenizer_settings() -> dict:
 _PRE_TOKENIZER = _pre_tokenizer_settings()  # as a tokenizer file holds it
 
 
+def _train_from_lines(tokenizer: Tokenizer, trainer, kept: _KeptLines, n_lines: int) -> None:
+    """`train_from_iterator` in a thread of its own. The training reads the lines on its Rust threads,
+    where no Python signal handler runs, and would keep Ctrl-C (or SIGTERM) waiting until it ends; the
+    main thread waits here instead, takes the signal at once, and the lines end the training."""
+    failed: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            tokenizer.train_from_iterator(kept, trainer=trainer, length=n_lines)
+        except BaseException as err:  # raised in the caller's thread
+            failed.append(err)
+
+    worker = threading.Thread(target=train, name="tmt-bpe", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+    except BaseException:
+        kept.stopped = True  # the lines raise: the training stops reading (its merges, once begun, run to the end)
+        raise
+    if failed:
+        raise failed[0]
+
+
 class _KeptLines:
-    """`lines` but those with a run of over `MAX_WORD_CHARS` non-space characters (`left_out`), counted in `bar`."""
+    """`lines` but those with a run of over `MAX_WORD_CHARS` non-space characters (`left_out`), counted in `bar`;
+    once `stopped`, an error within 10,000 lines."""
 
     def __init__(self, lines: Iterator[str], bar: tqdm):
         self.lines, self.bar = lines, bar
         self.left_out = 0
+        self.stopped = False
 
     def __iter__(self) -> Iterator[str]:
         read = 0
         for read, line in enumerate(self.lines, start=1):
             if read % 10_000 == 0:  # an update per line would cost more than the line
+                if self.stopped:
+                    raise RuntimeError("BPE training stopped")
                 self.bar.update(10_000)
             if len(line) > MAX_WORD_CHARS and max(map(len, line.split())) > MAX_WORD_CHARS:
                 self.left_out += 1

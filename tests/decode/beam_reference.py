@@ -13,7 +13,8 @@ from transformer_mt.model.transformer import Packing, Transformer
 
 @torch.inference_mode()
 def reference_beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: int, eos_id: int, beam_size: int,
-                max_len_a: float, max_len_b: int, alpha: float = 1.0, n_best: int = 1) -> list[list[Hypothesis]]:
+                max_len_a: float, max_len_b: int, alpha: float = 1.0, n_best: int = 1,
+                gaps: list[float] | None = None) -> list[list[Hypothesis]]:
     """Beam search with K = `beam_size` beams per sentence, batched over sentences.
 
     src_ids (B, S) long -> for each sentence, its `n_best` hypotheses, best first. Beams are
@@ -23,6 +24,10 @@ def reference_beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: 
     fall, so a live beam's best reachable score is its log-prob over the penalty at its length
     cap), or reaches its length cap. Beam size 1 gives exactly greedy decoding's output.
     Finished sentences leave the batch.
+
+    `gaps`, when given, receives the score gaps where the search chose between candidates (the K-th
+    and next candidate, the K-th and next live beam, neighbours in each n-best list): near zero, a
+    tie that rounding breaks, so another search may keep the other candidate.
     """
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size={beam_size}, got {n_best}")
@@ -65,6 +70,10 @@ def reference_beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: 
 
         # The K best candidates that did not end become the live beams.
         live_scores = cand_scores.masked_fill(cand_token == eos_id, float("-inf"))  # (N, 2K)
+        if gaps is not None:
+            gaps += (cand_scores[:, K - 1] - cand_scores[:, K]).tolist()
+            boundary = live_scores.topk(K + 1, dim=1).values
+            gaps += (boundary[:, K - 1] - boundary[:, K]).tolist()
         live_scores, pick = live_scores.topk(K, dim=1)  # (N, K) indices into the 2K candidates
         beam_rows = torch.arange(N, device=device)[:, None] * K + cand_beam.gather(1, pick)  # (N, K)
         next_tokens = cand_token.gather(1, pick)  # (N, K)
@@ -81,7 +90,10 @@ def reference_beam_search(model: Transformer, src_ids: torch.Tensor, *, bos_id: 
         memory, src_mask = memory.index_select(0, rows), src_mask.index_select(0, rows)
         active = [active[row] for row in still]
         step += 1
-    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:n_best] for hyps in finished]
+    ranked = [sorted(hyps, key=lambda h: h.score, reverse=True) for hyps in finished]
+    if gaps is not None:
+        gaps += [a.score - b.score for hyps in ranked for a, b in zip(hyps[:n_best], hyps[1:n_best + 1])]
+    return [hyps[:n_best] for hyps in ranked]
 
 
 def _set_aside(hyps: list[Hypothesis], prefix: list[int], token: int, log_prob: float, eos_id: int,

@@ -1,6 +1,6 @@
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import transformer_mt.decode.generator as decoding
@@ -99,7 +99,11 @@ def test_the_tensorised_beam_search_gives_the_reference_search_output(seed, batc
     src = random_sources(seed, batch=batch, max_len=data.draw(st.sampled_from([3, 9, 30]), label="max source length"))
     settings_ = dict(bos_id=BOS, eos_id=EOS, beam_size=beam, max_len_a=max_len_a, max_len_b=max_len_b, alpha=alpha,
                      n_best=data.draw(st.integers(1, beam), label="n_best"))
-    assert_same_hypotheses(beam_search(model, src, **settings_), reference_beam_search(model, src, **settings_))
+    gaps: list[float] = []
+    expected = reference_beam_search(model, src, **settings_, gaps=gaps)
+    # A tie is broken by rounding, which differs between the searches (NaN: two unused beams, no choice).
+    assume(min((gap for gap in gaps if gap == gap), default=1.0) > 1e-4)
+    assert_same_hypotheses(beam_search(model, src, **settings_), expected)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -36,6 +36,7 @@ EMPTY, TOO_LONG, LENGTH_RATIO = 1, 2, 3  # per-row filter verdicts (0: kept), in
 MANIFEST_FILE = "corpus.json"
 CORPUS_FORMAT = 3  # bump when the files or the filters change meaning
 HASH_BLOCK_BYTES = 8 << 20
+MAX_SCAN_THREADS = 8  # threads that scan the chunks of the corpus as it is read
 # `data.path`, `data.format`, ... in a message about one corpus: the keys its entry sets for itself.
 _SOURCE_KEYS = re.compile(r"\bdata\.(%s)\b" % "|".join(
     field.name for field in dataclasses.fields(CorpusEntry) if field.name not in ("weight", "target_lang")))
@@ -317,8 +318,9 @@ def _write_raw(sources: tuple[SplitSource, ...], path: Path, cfg: DataConfig,
         pairs = Pairs(src.fill_null(""), tgt.fill_null(""))
         return rule_verdicts(pairs, cfg), [one.scan(pairs) for one in filters]
 
-    # Arrow's kernels let go of the GIL: chunks are scanned on every core while the next ones are read.
-    workers = os.cpu_count() or 1
+    # Arrow's kernels let go of the GIL: chunks are scanned on several cores while the next ones are read (one
+    # reader feeds a few; the chunks in flight, each ~CHUNK_ROWS pairs, grow with them).
+    workers = min(os.cpu_count() or 1, MAX_SCAN_THREADS)
     with naming(path), pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer, \
             ThreadPoolExecutor(workers) as pool:
         for source in sources:

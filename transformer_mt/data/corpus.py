@@ -258,9 +258,12 @@ def _build(cfg: DataConfig, seed: int, opened: OpenedCorpora, run_dir: Path, key
     rows, digests, filtered = {}, {}, []
     (build / REMOVED_DIR).mkdir()
     origins = {split: split if sources[split] is not None else "train" for split in SPLITS}
-    # Each filter's scan values of the validation and test pairs (`dedup`'s `held_out` removes them from train).
-    held_out = [np.concatenate([scans[origins[split]][i][_select(split, verdicts[origins[split]], plan)[0]]
-                                for split in SPLITS if split != "train"]) for i in range(len(filters))]
+    # The scan values of the validation and test pairs, for the filters that remove them from train.
+    held_out: list[np.ndarray | None] = [None] * len(filters)
+    if any(one.uses_held_out for one in filters):
+        held = {split: _select(split, verdicts[origins[split]], plan)[0] for split in SPLITS if split != "train"}
+        held_out = [np.concatenate([scans[origins[split]][i][picked] for split, picked in held.items()])
+                    if one.uses_held_out else None for i, one in enumerate(filters)]
     for split in SPLITS:
         origin = origins[split]
         selected, split_removed = _select(split, verdicts[origin], plan)

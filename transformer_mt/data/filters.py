@@ -48,6 +48,7 @@ class Filter:
 
     def __init__(self, entry: FilterEntry, label: str, cfg: DataConfig):
         self.entry, self.label, self.splits = entry, label, entry.splits
+        self.uses_held_out = False  # whether `removed` needs the validation and test pairs' scans
 
     def option(self, name: str, default):
         """The entry's option `name`, or the filter's default when unset."""
@@ -60,7 +61,8 @@ class Filter:
 
     def removed(self, scanned: np.ndarray, held_out: np.ndarray | None = None) -> np.ndarray:
         """(M,) bool: which of the rows still kept this filter removes, from their `scan` values in row order
-        (`held_out`: the scan values of the validation and test pairs, when cleaning the training split)."""
+        (`held_out`: with `uses_held_out`, the scan values of the validation and test pairs, when cleaning the
+        training split)."""
         return scanned.astype(bool)
 
 
@@ -168,6 +170,10 @@ class Dedup(Filter):
     """A pair equal to an earlier kept pair (its source alone with `source_only`); with `held_out`, a training
     pair equal to a validation or test pair."""
 
+    def __init__(self, entry: FilterEntry, label: str, cfg: DataConfig):
+        super().__init__(entry, label, cfg)
+        self.uses_held_out = self.option("held_out", False)
+
     def scan(self, pairs: Pairs) -> np.ndarray:
         pc = _pc()
         src, tgt = (pairs.normalized(0), pairs.normalized(1)) if self.option("normalize", True) else (pairs.src,
@@ -178,7 +184,7 @@ class Dedup(Filter):
     def removed(self, scanned: np.ndarray, held_out: np.ndarray | None = None) -> np.ndarray:
         out = np.ones(len(scanned), dtype=bool)
         out[np.unique(scanned, return_index=True)[1]] = False  # each key's first row stays
-        if held_out is not None and self.option("held_out", False):
+        if held_out is not None:
             out |= np.isin(scanned, held_out)
         return out
 
@@ -324,9 +330,10 @@ KINDS = {"dedup": Dedup, "length": Length, "length_ratio": LengthRatio, "copies"
 
 
 def apply_filters(filters: list[Filter], split: str, scans: list[np.ndarray], selected: np.ndarray,
-                  held_out: list[np.ndarray] | None = None) -> tuple[np.ndarray, list[tuple[Filter, np.ndarray, int]]]:
+                  held_out: list[np.ndarray | None] | None = None) -> tuple[np.ndarray,
+                                                                            list[tuple[Filter, np.ndarray, int]]]:
     """`selected` (N,) bool rows of a split less what each filter for `split` removes, in order (`held_out`:
-    each filter's scan values of the validation and test pairs, for the training split)
+    for the training split, each filter's scan values of the validation and test pairs, None where unused)
     -> (the rows kept, [(filter, the row numbers it removed, the rows it saw)])."""
     kept = selected.copy()
     removed = []

@@ -131,8 +131,8 @@ def preview_report(cfg: Config, run_dir: Path, progress: bool,
         except TmtError as err:  # name the run's file (a damaged splits.json, say), not its scratch copy
             err.args = tuple(str(arg).replace(scratch, str(run_dir)) for arg in err.args)
             raise
-        removed = RunDir(Path(scratch)).corpus_cache / REMOVED_DIR
         if removed_to is not None and report.filtered:
+            removed = RunDir(Path(scratch)).corpus_cache / REMOVED_DIR
             with os_errors_named("the removed pairs", removed_to):
                 write_new_dir(removed_to, lambda folder: [shutil.copyfile(file, folder / file.name)
                                                           for file in sorted(removed.iterdir())])

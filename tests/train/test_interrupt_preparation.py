@@ -42,20 +42,39 @@ def catch_sigint_as_in_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def start_until_tokenizing(config: Path, run_dir: Path, err: Path) -> subprocess.Popen:
-    """`tmt train` in a process group of its own, returned once it has begun tokenizing the train split."""
+def start_until(config: Path, run_dir: Path, err: Path, line: str, then_s: float) -> subprocess.Popen:
+    """`tmt train` in a process group of its own, its stderr in `err`, returned `then_s` seconds after it
+    logged `line` (still running)."""
     process = subprocess.Popen([sys.executable, "-m", "transformer_mt", "train", "--config", str(config),
                                 "--run-dir", str(run_dir), "--no-progress"], cwd=run_dir.parent,
                                stdout=subprocess.DEVNULL, stderr=err.open("w"), start_new_session=True,
                                env={**os.environ, "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"},
                                preexec_fn=catch_sigint_as_in_a_terminal)
     deadline = time.monotonic() + 120
-    while "trained BPE tokenizers" not in err.read_text():
+    while line not in err.read_text():
         assert process.poll() is None and time.monotonic() < deadline, err.read_text()
         time.sleep(0.05)
-    time.sleep(1.5)  # into the tokenizing processes' work (it takes several seconds)
+    time.sleep(then_s)
     assert process.poll() is None, err.read_text()
     return process
+
+
+def start_until_tokenizing(config: Path, run_dir: Path, err: Path) -> subprocess.Popen:
+    """`tmt train`, returned once it has begun tokenizing the train split (several seconds of work)."""
+    return start_until(config, run_dir, err, "trained BPE tokenizers", 1.5)
+
+
+def signal_group_and_wait(process: subprocess.Popen, sig: signal.Signals, within_s: float, err: Path) -> int:
+    """Send `sig` to the process's group, as a terminal's Ctrl-C does -> its exit code, within `within_s`
+    (else the test fails); nothing of the group is left either way."""
+    os.killpg(process.pid, sig)
+    try:
+        return process.wait(timeout=within_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running {within_s:g} s after {sig.name}; its stderr:\n{err.read_text()}")
+    finally:
+        if not group_is_gone(process.pid, 0):
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def group_is_gone(pgid: int, within_s: float) -> bool:
@@ -73,14 +92,7 @@ def group_is_gone(pgid: int, within_s: float) -> bool:
 def test_ctrl_c_while_two_processes_tokenize_stops_within_seconds(big_config: Path, tmp_path: Path):
     run_dir, err = tmp_path / "run", tmp_path / "stderr"
     process = start_until_tokenizing(big_config, run_dir, err)
-    os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
-    try:
-        code = process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"still running 5 s after SIGINT; its stderr:\n{err.read_text()}")
-    finally:
-        if not group_is_gone(process.pid, 0):
-            os.killpg(process.pid, signal.SIGKILL)
+    code = signal_group_and_wait(process, signal.SIGINT, 5, err)
     text = err.read_text()
     assert code == 130, text
     assert "Traceback" not in text and "ForkPoolWorker" not in text, text
@@ -100,25 +112,9 @@ def test_a_signal_while_the_bpe_trains_stops_within_seconds(sig, tmp_path: Path)
                     "--out", str(tmp_path / "corpus"), "--vocab", "20000"], check=True, capture_output=True)
     config, run_dir, err = tmp_path / "bpe.yaml", tmp_path / "run", tmp_path / "stderr"
     save_config(tiny_config(tmp_path / "corpus", data={"max_words": 1000}, tokenizer={"vocab_size": 300}), config)
-    process = subprocess.Popen([sys.executable, "-m", "transformer_mt", "train", "--config", str(config),
-                                "--run-dir", str(run_dir), "--no-progress"], cwd=tmp_path,
-                               stdout=subprocess.DEVNULL, stderr=err.open("w"), start_new_session=True,
-                               env={**os.environ, "PYTHONPATH": PYTHONPATH, "OMP_NUM_THREADS": "1"},
-                               preexec_fn=catch_sigint_as_in_a_terminal)
-    try:
-        deadline = time.monotonic() + 120
-        while "corpus: " not in err.read_text():  # read: the BPE starts on all 600,000 lines
-            assert process.poll() is None and time.monotonic() < deadline, err.read_text()
-            time.sleep(0.05)
-        time.sleep(1)
-        assert process.poll() is None and "trained BPE" not in err.read_text(), err.read_text()
-        os.killpg(process.pid, sig)
-        code = process.wait(timeout=3)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"still running 3 s after {sig.name}; its stderr:\n{err.read_text()}")
-    finally:
-        if not group_is_gone(process.pid, 0):
-            os.killpg(process.pid, signal.SIGKILL)
+    process = start_until(config, run_dir, err, "corpus: ", 1)  # read: the BPE starts on all 600,000 lines
+    assert "trained BPE" not in err.read_text(), err.read_text()
+    code = signal_group_and_wait(process, sig, 3, err)
     text = err.read_text()
     assert code == 128 + sig and "Traceback" not in text and "trained BPE" not in text, text
     said = "interrupted" if sig == signal.SIGINT else "interrupted by SIGTERM"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO
+from tests.scripts import benchmark_module
 
 SCRIPT = REPO / "benchmarks" / "decode.py"
 SMALL = ["--n-sentences", "64", "--n-batch1", "8", "--gen-tokens", "10", "--batch-sizes", "1,32"]
@@ -19,12 +20,7 @@ SMALL = ["--n-sentences", "64", "--n-batch1", "8", "--gen-tokens", "10", "--batc
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_decode", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(SCRIPT.parent))  # where `python benchmarks/decode.py` finds common.py
-        patch.setitem(sys.modules, "bench_decode", module)  # where @dataclass looks its module up
-        spec.loader.exec_module(module)
+    with benchmark_module(SCRIPT, "bench_decode") as module:
         yield module
 
 

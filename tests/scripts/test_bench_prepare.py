@@ -2,7 +2,6 @@
 files, and ends in one JSON line. OpusFilter (its own environment, heavy dependencies) is stood in for by
 a command that checks the config it is given as OpusFilter reads it and applies its duplicates step."""
 
-import importlib.util
 import json
 import os
 import sys
@@ -13,6 +12,7 @@ import pytest
 import yaml
 
 from tests.helpers import REPO
+from tests.scripts import benchmark_module
 
 SCRIPT = REPO / "benchmarks" / "prepare.py"
 
@@ -38,12 +38,7 @@ FAKE_OPUSFILTER = textwrap.dedent('''\
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_prepare", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(SCRIPT.parent))  # where `python benchmarks/prepare.py` finds common.py
-        patch.setitem(sys.modules, "bench_prepare", module)
-        spec.loader.exec_module(module)
+    with benchmark_module(SCRIPT, "bench_prepare") as module:
         yield module
 
 

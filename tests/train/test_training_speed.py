@@ -65,7 +65,8 @@ def pairs_of(trainer: Trainer) -> tuple[list[list[int]], list[list[int]]]:
 def loss_per_token(model, batches) -> float:
     total, tokens = 0.0, 0
     for batch in batches:
-        total += label_smoothed_loss(model(batch.src_ids, batch.tgt_in_ids, pack=False), batch.tgt_out_ids, PAD_ID, 0.1).item()
+        states = model.target_states(batch.src_ids, batch.tgt_in_ids, pack=False)
+        total += label_smoothed_loss(*model.output_operands(states), batch.tgt_out_ids.flatten(), PAD_ID, 0.1).item()
         tokens += batch.n_tgt_tokens
     return total / tokens
 

@@ -435,11 +435,16 @@ class Transformer(nn.Module):
 
     def forward(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, pack: bool = True,
                 offsets: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> torch.Tensor:
-        """Teacher-forced logits of the target rows: src_ids (B, S), tgt_in_ids (B, T) -> (Nt, V).
-        `pack`: the rows are the real target tokens, else every position (Nt = B·T). `offsets`: a pack
-        (B = 1), its source and target segment offsets (P+1,) int32 and longest segment; every position
-        is a row. The logits take autocast's dtype, except fp32 under fp16 (the projection's weight
-        gradient would overflow)."""
+        """Teacher-forced logits of the target rows: src_ids (B, S), tgt_in_ids (B, T) -> (Nt, V)
+        (`target_states`, then `project`)."""
+        return self.project(self.target_states(src_ids, tgt_in_ids, pack, offsets))
+
+    def target_states(self, src_ids: torch.Tensor, tgt_in_ids: torch.Tensor, pack: bool = True,
+                      offsets: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> torch.Tensor:
+        """Teacher-forced final decoder states of the target rows: src_ids (B, S), tgt_in_ids (B, T) ->
+        (Nt, D). `pack`: the rows are the real target tokens, else every position (Nt = B·T).
+        `offsets`: a pack (B = 1), its source and target segment offsets (P+1,) int32 and longest
+        segment; every position is a row."""
         if offsets is not None:
             src_offsets, tgt_offsets, longest = offsets
             src = Packing.packed(src_offsets, src_ids.shape[1], longest)
@@ -447,11 +452,22 @@ class Transformer(nn.Module):
         else:
             packed = Packing.of if pack else Packing.dense
             src, tgt = packed(src_ids != self.pad_id), packed(tgt_in_ids != self.pad_id)
-        states = self.decode(tgt_in_ids, tgt, self.encode(src_ids, src), src)  # (Nt, D)
-        device_type = src_ids.device.type
-        if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.float16:
-            return self.logits(states)
-        return self.output_proj(states)
+        return self.decode(tgt_in_ids, tgt, self.encode(src_ids, src), src)
+
+    def output_operands(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The output layer's states (N, D), weight (V, D) and bias (V,) or None in the logits' dtype:
+        autocast's, except fp32 under fp16 (the projection's weight gradient would overflow)."""
+        device_type = states.device.type
+        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else states.dtype
+        dtype = torch.float32 if dtype == torch.float16 else dtype
+        bias = self.output_proj.bias
+        return states.to(dtype), self.output_proj.weight.to(dtype), None if bias is None else bias.to(dtype)
+
+    def project(self, states: torch.Tensor) -> torch.Tensor:
+        """Final states (N, D) -> logits (N, V) in the dtype of `output_operands`."""
+        operands = self.output_operands(states)
+        with torch.autocast(device_type=states.device.type, enabled=False):
+            return F.linear(*operands)
 
     def logits(self, states: torch.Tensor) -> torch.Tensor:
         """Decoder states (N, D) -> fp32 logits (N, V), even under autocast (bf16 would tie close tokens)."""

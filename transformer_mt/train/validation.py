@@ -70,8 +70,9 @@ class Evaluator:
         for indices in batches[self.dist.rank::self.dist.world_size]:  # each rank its share
             batch = self.valid_data.batch(indices, self.pad_to_multiple).to(self.device)
             with self.precision.autocast(), self.attention.enabled():
-                logits = self.model(batch.src_ids, batch.tgt_in_ids)  # (Nt, V) at the real target tokens
-            total += label_smoothed_loss(logits, batch.tgt_out_ids[batch.tgt_in_ids != PAD_ID], PAD_ID, 0.0)
+                states = self.model.target_states(batch.src_ids, batch.tgt_in_ids)  # (Nt, D) at the real targets
+                targets = batch.tgt_out_ids[batch.tgt_in_ids != PAD_ID]
+                total += label_smoothed_loss(*self.model.output_operands(states), targets, PAD_ID, 0.0)
             tokens += batch.n_tgt_tokens
         loss_sum, tokens = self.dist.sum_(torch.stack([total, total.new_tensor(tokens)])).tolist()
         return loss_sum / tokens

@@ -74,7 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--src-lang", default="en", help="source language suffix (default en; the other is the target)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--threads", type=int, default=1,
-                        help="torch threads and CTranslate2's intra_threads, for every engine (default 1)")
+                        help="torch threads and CTranslate2's threads (tmt's engine: int8 one batch per thread), "
+                             "for every engine (default 1)")
     parser.add_argument("--seed", type=int, default=1)
     size = parser.add_argument_group("the model (default: OPUS-MT's)")
     size.add_argument("--d-model", type=int, default=512)

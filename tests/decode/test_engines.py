@@ -349,12 +349,59 @@ def test_the_engine_setting_is_a_config_key_and_an_option(pre_norm_run: Path, tm
 
 @pytest.mark.parametrize("setting, threads", [("1", 1), ("3", 3), ("", 2), ("many", 2)])
 def test_ctranslate2_decodes_on_omp_num_threads_threads(pre_norm_run: Path, monkeypatch, setting: str, threads: int):
+    # fp32: one worker of every thread; int8 weights: one worker of one thread each, but a seeded
+    # sampler one worker of them all.
     import ctranslate2
 
     made = []
-    monkeypatch.setattr(ctranslate2, "Translator", lambda *args, **options: made.append(options["intra_threads"]))
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # two cores: the default's cap
+    monkeypatch.setattr(ctranslate2, "Translator",
+                        lambda *args, **options: made.append((options["inter_threads"], options["intra_threads"])))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)  # two cores: the default
     monkeypatch.setenv("OMP_NUM_THREADS", setting)
     translator = Translator.from_run(pre_norm_run, engine="ctranslate2")
     translator.engine._translator(translator.cfg.decode)
-    assert made == [threads]
+    translator.set_decoding(quantize="int8")
+    translator.engine._translator(translator.cfg.decode)
+    translator.engine._translator(translator.cfg.decode, seed=1)
+    assert made == [(1, threads), (threads, 1), (1, threads)]
+
+
+def test_loading_a_ctranslate2_translator_leaves_torchs_threads_as_they_were(pre_norm_run: Path):
+    # CTranslate2 sets the loading thread's OpenMP threads to its workers' (one here); torch shares them.
+    translator = Translator.from_run(pre_norm_run, engine="ctranslate2")
+    translator.engine.threads = 3
+    translator.set_decoding(quantize="int8")
+    torch.set_num_threads(2)  # the autouse fixture puts back one thread
+    translator.translate(["Good"], beam_size=1)
+    assert torch.get_num_threads() == 2
+
+
+def test_a_call_cut_across_workers_translates_as_one_worker_does(pre_norm_run: Path, monkeypatch):
+    # int8 weights on three workers: each call is cut into batches decoded side by side, within the
+    # token budget.
+    import ctranslate2
+
+    calls = []
+    translate_batch = ctranslate2.Translator.translate_batch
+
+    def recording(self, source, *args, **options):
+        calls.append((len(source), options["max_batch_size"], self.num_translators))
+        return translate_batch(self, source, *args, **options)
+
+    monkeypatch.setattr(ctranslate2.Translator, "translate_batch", recording)
+    one, three = (Translator.from_run(pre_norm_run, engine="ctranslate2") for _ in range(2))
+    one.engine.threads, three.engine.threads = 1, 3
+    for translator in (one, three):
+        translator.set_decoding(quantize="int8")
+    for beam_size in (1, 4):
+        assert three.translate(SENTENCES, beam_size=beam_size) == one.translate(SENTENCES, beam_size=beam_size)
+    n_best = [[t for hyps in translator.translate_n_best(SENTENCES, n_best=3, beam_size=4) for t in hyps]
+              for translator in (one, three)]
+    assert [t.text for t in n_best[1]] == [t.text for t in n_best[0]]
+    assert [t.score for t in n_best[1]] == pytest.approx([t.score for t in n_best[0]], abs=1e-4)
+    cut = [(n, size) for n, size, workers in calls if workers == 3]
+    assert cut and all(size < n * 64 for n, size in cut if n >= 3)  # smaller batches than the whole call
+    for translator in (one, three):
+        translator.set_decoding(batch_tokens=64)  # the budget caps the batches: 64 // 4 rows
+    assert three.translate(SENTENCES, beam_size=4) == one.translate(SENTENCES, beam_size=4)
+    assert calls[-1][1] <= 16

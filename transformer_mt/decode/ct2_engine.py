@@ -96,7 +96,7 @@ class CT2Engine:
         self.model_dir = model_dir
         self.device = device
         self.max_len = max_len
-        self.threads = 0  # CTranslate2's intra_threads (0: its default, capped at this process's cores)
+        self.threads = 0  # CPU threads (0: OMP_NUM_THREADS, else this process's cores, at most 4)
         sides = ["shared"] * 2 if (model_dir / "shared_vocabulary.json").exists() else ["source", "target"]
         self.src_tokens, self.tgt_tokens = [json.loads((model_dir / f"{side}_vocabulary.json").read_text("utf-8"))
                                             for side in sides]
@@ -160,10 +160,11 @@ class CT2Engine:
         for i, cap in enumerate(caps):
             groups.setdefault(cap, []).append(i)
         rows = n_best if sampling is not None else beam_size  # decoded rows per sentence
+        budget = max(1, decode.batch_tokens // rows)  # source tokens of a batch, padding counted
         options = dict(beam_size=beam_size, num_hypotheses=n_best, length_penalty=decode.length_penalty,
-                       min_decoding_length=0, max_input_length=self.max_len, batch_type="tokens",
-                       max_batch_size=max(1, decode.batch_tokens // rows))
+                       min_decoding_length=0, max_input_length=self.max_len, batch_type="tokens")
         translator = self._translator(decode, None if sampling is None else sampling.seed)
+        workers = translator.num_translators
         if sampling is not None:
             options.update(beam_size=1, sampling_topk=sampling.top_k, sampling_topp=sampling.top_p,
                            sampling_temperature=sampling.temperature)
@@ -175,8 +176,13 @@ class CT2Engine:
             batches = tqdm(batches, desc="translate", unit="length", file=sys.stderr, leave=False)
         for cap, members in batches:
             prefix = None if targets is None else [targets[i] for i in members]
+            # CTranslate2 sorts a call's sources longest first and cuts batches of at most
+            # max_batch_size tokens with padding, which its workers decode in parallel: no batch
+            # above the budget, and a call within it still cut into one batch per worker.
+            longest = max(1, max(len(sources[i]) for i in members))
+            shares = -(-len(members) // workers) * longest
             results = translator.translate_batch([sources[i] for i in members], prefix, max_decoding_length=cap,
-                                                 **options)
+                                                 max_batch_size=min(budget, shares), **options)
             for i, result in zip(members, results):
                 found[i] = [[self.tgt_ids[token] for token in tokens] for tokens in result.hypotheses]
         return found, sources, caps
@@ -190,12 +196,22 @@ class CT2Engine:
         if seed is not None or compute_type not in self._translators:
             if seed is not None:
                 ctranslate2.set_random_seed(seed)
-            # CTranslate2's default of 4 threads on fewer cores has OpenMP threads spin against each other;
-            # OMP_NUM_THREADS, which sets torch's threads, sets these too.
+            # int8 weights on a CPU: one worker per thread, each decoding its own batches on one core
+            # (CTranslate2's int8 products gain little from more threads; batches side by side do).
+            # fp32: one worker on every thread (its products stream the weights from memory, whose
+            # bandwidth parallel batches would share). A seeded sampler keeps one worker, so that its
+            # draws do not depend on which worker took which batch. CTranslate2's default of 4 threads
+            # on fewer cores has OpenMP threads spin against each other; OMP_NUM_THREADS, which sets
+            # torch's threads, sets these too.
             threads = self.threads or _omp_threads() or min(4, len(os.sched_getaffinity(0))
                                                             if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-            translator = ctranslate2.Translator(str(self.model_dir), device=self.device,
-                                                compute_type=compute_type, intra_threads=threads)
+            workers = threads if compute_type == "int8" and seed is None else 1
+            torch = sys.modules.get("torch")  # loading sets the calling thread's OpenMP threads, torch's too
+            torch_threads = torch.get_num_threads() if torch is not None else 0
+            translator = ctranslate2.Translator(str(self.model_dir), device=self.device, compute_type=compute_type,
+                                                inter_threads=workers, intra_threads=threads // workers)
+            if torch is not None:
+                torch.set_num_threads(torch_threads)
             if seed is not None:
                 return translator
             self._translators[compute_type] = translator

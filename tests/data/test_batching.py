@@ -176,7 +176,7 @@ def test_breaking_length_ties_by_target_length_keeps_every_example_and_pads_targ
 
 def test_filler_rows_up_to_a_static_shape_change_neither_the_loss_nor_the_gradients():
     from tests.helpers import random_model
-    from transformer_mt.train.loss import label_smoothed_loss
+    from transformer_mt.train.loss import StepLoss
 
     model = random_model(0).train()  # dropout 0.0 in random_model: the two passes see the same network
     gen = torch.Generator().manual_seed(3)
@@ -191,8 +191,7 @@ def test_filler_rows_up_to_a_static_shape_change_neither_the_loss_nor_the_gradie
 
     def loss_and_grads(b):
         model.zero_grad(set_to_none=True)
-        states = model.target_states(b.src_ids, b.tgt_in_ids, pack=False)
-        loss = label_smoothed_loss(*model.output_operands(states), b.tgt_out_ids.flatten(), 0, 0.1)
+        loss = StepLoss(model)(b.src_ids, b.tgt_in_ids, b.tgt_out_ids, 0.1, pack=False)
         loss.backward()
         return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
 

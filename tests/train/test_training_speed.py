@@ -23,7 +23,7 @@ from transformer_mt.runs.run_dir import prepare_run_dir
 from transformer_mt.train import interval as interval_module
 from transformer_mt.train.batches import activation_bytes_per_token, device_batch_tokens, resolve_batch_tokens
 from transformer_mt.train.interval import peak_flops_of, peak_flops_per_s
-from transformer_mt.train.loss import label_smoothed_loss
+from transformer_mt.train.loss import StepLoss
 from transformer_mt.train.trainer import Trainer
 
 
@@ -65,8 +65,7 @@ def pairs_of(trainer: Trainer) -> tuple[list[list[int]], list[list[int]]]:
 def loss_per_token(model, batches) -> float:
     total, tokens = 0.0, 0
     for batch in batches:
-        states = model.target_states(batch.src_ids, batch.tgt_in_ids, pack=False)
-        total += label_smoothed_loss(*model.output_operands(states), batch.tgt_out_ids.flatten(), PAD_ID, 0.1).item()
+        total += StepLoss(model)(batch.src_ids, batch.tgt_in_ids, batch.tgt_out_ids, 0.1, pack=False).item()
         tokens += batch.n_tgt_tokens
     return total / tokens
 

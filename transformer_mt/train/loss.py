@@ -38,7 +38,6 @@ class _OutputLayerLoss(torch.autograd.Function):
             torch.addcmul(real * (-epsilon / vocab), p, scale, out=p)
             p.scatter_add_(1, target_ids[:, None], real * (epsilon - 1.0))
             ctx.save_for_backward(p, states, weight)
-            ctx.has_bias = bias is not None
         return loss
 
     @staticmethod
@@ -50,7 +49,7 @@ class _OutputLayerLoss(torch.autograd.Function):
             grad_states = (g @ weight).mul_(grad_loss)  # (N, D)
         if ctx.needs_input_grad[1]:
             grad_weight = g.t() @ (states * grad_loss)  # (V, D): the scalar on the small operand
-        if ctx.has_bias and ctx.needs_input_grad[2]:
+        if ctx.needs_input_grad[2]:  # False for a None bias
             grad_bias = (grad_z.sum(0) * grad_loss).to(states.dtype)  # (V,)
         return grad_states, grad_weight, grad_bias, None, None, None
 
@@ -67,8 +66,9 @@ def label_smoothed_loss(states: torch.Tensor, weight: torch.Tensor, bias: torch.
 
 
 class StepLoss(nn.Module):
-    """What a training step differentiates: the summed label-smoothed loss of a batch under `model`
-    (DDP and torch.compile wrap this module, so that the loss runs inside their forward)."""
+    """The summed label-smoothed loss of a batch under `model`: what a training step differentiates
+    (DDP and torch.compile wrap this module, so that the loss runs inside their forward) and
+    validation sums (ε 0)."""
 
     def __init__(self, model: Transformer):
         super().__init__()

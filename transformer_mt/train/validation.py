@@ -21,7 +21,7 @@ from transformer_mt.core.runtime import AttentionKernels, Precision
 from transformer_mt.data import corpus as data_module
 from transformer_mt.data.batching import sorted_batches
 from transformer_mt.data.token_cache import TokenizedSplit
-from transformer_mt.data.tokenization import BOS_ID, EOS, EOS_ID, PAD_ID, TokenizerPair
+from transformer_mt.data.tokenization import BOS_ID, EOS, EOS_ID, TokenizerPair
 from transformer_mt.evaluate.diagnostics import diagnose
 from transformer_mt.evaluate.metrics import METRICS, pair_line, pair_scores, score
 from transformer_mt.evaluate.test_set import evaluate_test_set
@@ -31,7 +31,7 @@ from transformer_mt.model.transformer import Transformer
 from transformer_mt.runs.checkpoint import (CheckpointDir, average_checkpoints, load_checkpoint, save_atomic,
                                             translation_weights)
 from transformer_mt.train.optional_outputs import OptionalWriter
-from transformer_mt.train.loss import label_smoothed_loss
+from transformer_mt.train.loss import StepLoss
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +70,7 @@ class Evaluator:
         for indices in batches[self.dist.rank::self.dist.world_size]:  # each rank its share
             batch = self.valid_data.batch(indices, self.pad_to_multiple).to(self.device)
             with self.precision.autocast(), self.attention.enabled():
-                states = self.model.target_states(batch.src_ids, batch.tgt_in_ids)  # (Nt, D) at the real targets
-                targets = batch.tgt_out_ids[batch.tgt_in_ids != PAD_ID]
-                total += label_smoothed_loss(*self.model.output_operands(states), targets, PAD_ID, 0.0)
+                total += StepLoss(self.model)(batch.src_ids, batch.tgt_in_ids, batch.tgt_out_ids, 0.0)  # real targets
             tokens += batch.n_tgt_tokens
         loss_sum, tokens = self.dist.sum_(torch.stack([total, total.new_tensor(tokens)])).tolist()
         return loss_sum / tokens
